@@ -1,0 +1,80 @@
+"""Argument checks for ``selective_scan_2d``: every error names the argument and what was expected."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def _require_tensor(name: str, value: object) -> Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+    return value
+
+
+def _require_shape(name: str, tensor: Tensor, expected: tuple[int, ...], meaning: str) -> None:
+    if tuple(tensor.shape) != expected:
+        raise ValueError(f"{name} must have shape {meaning} = {expected}, got {tuple(tensor.shape)}")
+
+
+def _require_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_scan_inputs(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    height: int,
+    width: int,
+) -> tuple[int, int, int, int, int]:
+    """Validate the scan's arguments; return ``(batch, dim, length, groups, nstate)``.
+
+    Expected: u, delta (batch, dim, L) with L == height * width; A (dim, N); B, C
+    (batch, groups, N, L) with dim % groups == 0; D, delta_bias (dim,) or None; all floating point
+    and on one device.
+    """
+    u = _require_tensor("u", u)
+    if u.dim() != 3:
+        raise ValueError(f"u must be 3-D (batch, dim, L), got shape {tuple(u.shape)}")
+    batch, dim, length = u.shape
+    height = _require_positive_int("height", height)
+    width = _require_positive_int("width", width)
+    if length != height * width:
+        raise ValueError(
+            f"u has L={length} positions but height*width = {height}*{width} = {height * width}; "
+            "L must equal height * width"
+        )
+    _require_shape("delta", _require_tensor("delta", delta), (batch, dim, length), "(batch, dim, L)")
+    A = _require_tensor("A", A)
+    if A.dim() != 2 or A.shape[0] != dim:
+        raise ValueError(f"A must have shape (dim, N) with dim={dim}, got {tuple(A.shape)}")
+    nstate = A.shape[1]
+    if nstate < 1:
+        raise ValueError("A must have at least one state (N >= 1)")
+    B = _require_tensor("B", B)
+    if B.dim() != 4:
+        raise ValueError(f"B must be 4-D (batch, groups, N, L), got shape {tuple(B.shape)}")
+    groups = B.shape[1]
+    if groups < 1 or dim % groups != 0:
+        raise ValueError(f"dim={dim} must be divisible by the number of groups in B ({groups})")
+    _require_shape("B", B, (batch, groups, nstate, length), "(batch, groups, N, L)")
+    _require_shape("C", _require_tensor("C", C), (batch, groups, nstate, length), "(batch, groups, N, L)")
+    for name, vec in (("D", D), ("delta_bias", delta_bias)):
+        if vec is not None:
+            _require_shape(name, _require_tensor(name, vec), (dim,), "(dim,)")
+    named = [("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("delta_bias", delta_bias)]
+    for name, tensor in named[1:]:
+        if tensor is not None and tensor.device != u.device:
+            raise ValueError(f"{name} is on {tensor.device} but u is on {u.device}; all inputs must share a device")
+    return batch, dim, length, groups, nstate
