@@ -1,0 +1,113 @@
+"""Build and install vmamba2d.
+
+Extensions:
+    vmamba2d._C_cpu   C++ CPU kernel from csrc/cpu (always, when torch is importable at build time)
+    vmamba2d._C_cuda  CUDA kernel from csrc/cuda (when torch has CUDA and a CUDA toolkit is found)
+
+Build with the project's torch already installed: ``pip install --no-build-isolation -e .``.
+
+Environment variables:
+    TORCH_CUDA_ARCH_LIST        CUDA archs (default "8.0;9.0+PTX": A100, H100/H200, PTX for newer)
+    VMAMBA2D_SKIP_CUDA_BUILD=1  never build the CUDA extension
+    VMAMBA2D_SKIP_CPU_BUILD=1   never build the CPU extension (it is then JIT-compiled on first use)
+    MAX_JOBS                    parallel compile jobs (ninja)
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_CUDA_ARCH_LIST = "8.0;9.0+PTX"
+CXX_FLAGS = ["-O3", "-std=c++17"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
+
+
+def _sources(folder: str, *patterns: str) -> list[str]:
+    found = []
+    for pattern in patterns:
+        found += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / folder).glob(pattern))
+    return found
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0") == "1"
+
+
+def _extensions() -> tuple[list, dict]:
+    try:
+        import torch
+        from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+    except ImportError:
+        print("vmamba2d: torch is not importable at build time; skipping the compiled kernels "
+              "(the CPU kernel will be JIT-compiled on first use).")
+        return [], {}
+
+    extensions = []
+    if _flag("VMAMBA2D_SKIP_CPU_BUILD"):
+        print("vmamba2d: VMAMBA2D_SKIP_CPU_BUILD=1, not building the CPU extension.")
+    else:
+        extensions.append(CppExtension(
+            "vmamba2d._C_cpu", _sources("cpu", "*.cpp"), extra_compile_args={"cxx": CXX_FLAGS},
+        ))
+
+    cuda_sources = _sources("cuda", "*.cpp", "*.cu")
+    if _flag("VMAMBA2D_SKIP_CUDA_BUILD"):
+        print("vmamba2d: VMAMBA2D_SKIP_CUDA_BUILD=1, not building the CUDA extension.")
+    elif not cuda_sources:
+        print("vmamba2d: no CUDA sources under csrc/cuda; not building the CUDA extension.")
+    elif torch.version.cuda is None:
+        print(f"vmamba2d: torch {torch.__version__} is a CPU-only build; not building the CUDA "
+              "extension (install a CUDA-enabled torch to build it).")
+    elif CUDA_HOME is None:
+        print("vmamba2d: no CUDA toolkit found (set CUDA_HOME or put nvcc on PATH); "
+              "not building the CUDA extension.")
+    else:
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCH_LIST)
+        print(f"vmamba2d: building the CUDA extension with {CUDA_HOME} for "
+              f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}")
+        extensions.append(CUDAExtension(
+            "vmamba2d._C_cuda", cuda_sources,
+            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
+        ))
+    return extensions, {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+
+ext_modules, cmdclass = _extensions()
+
+setup(
+    name="vmamba2d",
+    version="0.1.0",
+    description="2D selective state-space vision backbones (2DVMamba) for PyTorch, timm and mmseg",
+    long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["vmamba2d", "vmamba2d.*"]),
+    include_package_data=True,
+    package_data={"vmamba2d": ["assets/*"]},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    install_requires=[
+        "torch>=2.4",
+        "timm>=1.0.9",
+        "numpy",
+        "safetensors",
+        "fvcore>=0.1.5",
+        "pyyaml",
+        "tqdm",
+        "pillow",
+        "matplotlib",
+    ],
+    extras_require={
+        "seg": [
+            "mmengine>=0.10,<1.0",
+            "mmsegmentation==1.2.2",
+            "mmcv-lite==2.1.0",
+            "ftfy",
+            "regex",
+        ],
+        "dev": ["pytest>=7", "ninja"],
+    },
+)
