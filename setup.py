@@ -46,11 +46,14 @@ def _extensions() -> tuple[list, dict]:
         return [], {}
 
     extensions = []
+    cpu_sources = _sources("cpu", "*.cpp")
     if _flag("VMAMBA2D_SKIP_CPU_BUILD"):
         print("vmamba2d: VMAMBA2D_SKIP_CPU_BUILD=1, not building the CPU extension.")
+    elif not cpu_sources:
+        print("vmamba2d: no C++ sources under csrc/cpu; not building the CPU extension.")
     else:
         extensions.append(CppExtension(
-            "vmamba2d._C_cpu", _sources("cpu", "*.cpp"), extra_compile_args={"cxx": CXX_FLAGS},
+            "vmamba2d._C_cpu", cpu_sources, extra_compile_args={"cxx": CXX_FLAGS},
         ))
 
     cuda_sources = _sources("cuda", "*.cpp", "*.cu")

@@ -1,0 +1,36 @@
+# The README's two commands: `make demo` and `make test`. Each creates/updates the virtual
+# environment in $(VENV), installs vmamba2d with its extensions and extras, then runs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.vmamba2d-installed
+PYTEST_ARGS ?=
+export MAX_JOBS ?= 2
+
+.PHONY: setup demo test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Torch first (pinned by constraints.txt), then the package built against it without build
+# isolation, so pip never swaps the torch build or downloads a second one for the build.
+$(STAMP): $(PY) setup.py constraints.txt $(wildcard csrc/*/*)
+	$(PIP) install -c constraints.txt torch torchvision "setuptools>=64" wheel ninja
+	$(PIP) install -c constraints.txt --no-build-isolation -e ".[dev,seg]"
+	$(PY) -c "import vmamba2d.ops as o; print('vmamba2d backends:', o.backend_info())"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) tools/demo.py
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) tools/bench_scan.py --out benchmarks/scan_cpu.md
+
+clean:
+	rm -rf build *.egg-info vmamba2d/*.so $(STAMP)
