@@ -21,8 +21,8 @@ from setuptools import find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_CUDA_ARCH_LIST = "8.0;9.0+PTX"
-CXX_FLAGS = ["-O3", "-std=c++17"]
-NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
+CXX_FLAGS = ["-O3", "-std=c++20"]
+NVCC_FLAGS = ["-O3", "-std=c++20", "-lineinfo", "--expt-relaxed-constexpr"]
 
 
 def _sources(folder: str, *patterns: str) -> list[str]:

@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Optional
 
 CPU_SOURCES_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
-CPU_CXX_FLAGS = ["-O3", "-std=c++17"]
+CPU_CXX_FLAGS = ["-O3", "-std=c++20"]
 
 _failure_reasons: dict[str, str] = {}
 _sources: dict[str, str] = {}
