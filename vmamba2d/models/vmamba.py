@@ -1,0 +1,430 @@
+"""VMamba v2 and 2DVMamba backbones for timm.
+
+Architecture (VMamba v2, forward type "v05_noz", channels-first throughout):
+stem "v2" (conv3x3/2 -> LN2d -> GELU -> conv3x3/2 -> LN2d), four stages of VSS blocks
+(x + DropPath(SS2D(LN2d(x))); x + DropPath(MLP(LN2d(x)))), a "v3" downsample (conv3x3/2 -> LN2d)
+at the start of stages 1-3, a final LN2d, global average pooling and a linear classifier.
+
+``scan="2d"`` is 2DVMamba (every SS2D route is a 2D selective scan); ``scan="1d"`` is the VMamba
+baseline (1D scans of the same routes). Both have identical parameters, so one checkpoint loads into
+either. Registered names: ``vmamba2d_{tiny,small,base}`` and ``vmamba_{tiny,small,base}``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import ClassifierHead, DropPath, LayerNorm2d, Mlp, trunc_normal_
+from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
+
+from .ss2d import LAYER_NORM_EPS, SS2D
+from .weights import checkpoint_filter_fn
+
+Tensor = torch.Tensor
+
+__all__ = ["VMamba", "VSSBlock", "VMambaStage", "Stem", "Downsample", "checkpoint_filter_fn"]
+
+
+def _norm(channels: int) -> nn.Module:
+    return LayerNorm2d(channels, eps=LAYER_NORM_EPS)
+
+
+class Stem(nn.Module):
+    """Patch embedding "v2": two 3x3 stride-2 convs, (B, in_chans, H, W) -> (B, dim, H/4, W/4).
+
+    It also validates the network input (4-D, ``in_chans`` channels, sides multiples of
+    ``size_multiple``) so every entry point, ``features_only`` wrappers included, rejects bad input
+    before any kernel runs.
+    """
+
+    def __init__(self, in_chans: int, dim: int, size_multiple: int) -> None:
+        super().__init__()
+        self.in_chans = in_chans
+        self.size_multiple = size_multiple
+        self.conv1 = nn.Conv2d(in_chans, dim // 2, kernel_size=3, stride=2, padding=1)
+        self.norm1 = _norm(dim // 2)
+        self.act = nn.GELU()
+        self.conv2 = nn.Conv2d(dim // 2, dim, kernel_size=3, stride=2, padding=1)
+        self.norm2 = _norm(dim)
+
+    def check_input(self, x: object) -> None:
+        """Raise TypeError / ValueError unless x is a (B, in_chans, H, W) float tensor with H, W
+        multiples of ``size_multiple``."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"input must be a torch.Tensor of shape (B, {self.in_chans}, H, W), got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"input must be a floating-point tensor, got dtype {x.dtype}")
+        if x.dim() != 4:
+            raise ValueError(f"input must be 4-D (B, {self.in_chans}, H, W), got shape {tuple(x.shape)}")
+        if x.shape[1] != self.in_chans:
+            raise ValueError(
+                f"input must have in_chans={self.in_chans} channels (B, {self.in_chans}, H, W), got shape {tuple(x.shape)}"
+            )
+        height, width = x.shape[-2:]
+        m = self.size_multiple
+        if height % m != 0 or width % m != 0 or height == 0 or width == 0:
+            raise ValueError(
+                f"input height and width must be positive multiples of {m} (the network's total stride), "
+                f"got {height}x{width}"
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.check_input(x)
+        x = self.act(self.norm1(self.conv1(x)))
+        return self.norm2(self.conv2(x))
+
+
+class Downsample(nn.Module):
+    """Downsample "v3": 3x3 stride-2 conv then LN2d, (B, C, H, W) -> (B, C_out, H/2, W/2)."""
+
+    def __init__(self, dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(dim, out_dim, kernel_size=3, stride=2, padding=1)
+        self.norm = _norm(out_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(self.conv(x))
+
+
+class VSSBlock(nn.Module):
+    """x + DropPath(SS2D(LN2d(x))); x + DropPath(MLP(LN2d(x))) on (B, C, H, W) maps."""
+
+    def __init__(
+        self,
+        dim: int,
+        drop_path: float = 0.0,
+        mlp_ratio: float = 4.0,
+        proj_drop: float = 0.0,
+        **ss2d_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.norm = _norm(dim)
+        self.op = SS2D(dim, proj_drop=proj_drop, **ss2d_kwargs)
+        self.norm2 = _norm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, use_conv=True)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path(self.op(self.norm(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class VMambaStage(nn.Module):
+    """Optional downsample followed by ``depth`` VSS blocks; gradient checkpointing per block."""
+
+    def __init__(
+        self,
+        dim: int,
+        out_dim: int,
+        depth: int,
+        downsample: bool,
+        drop_path: Sequence[float],
+        **block_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.grad_checkpointing = False
+        self.downsample = Downsample(dim, out_dim) if downsample else nn.Identity()
+        self.blocks = nn.Sequential(*[VSSBlock(out_dim, drop_path=drop_path[i], **block_kwargs) for i in range(depth)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.downsample(x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            return checkpoint_seq(self.blocks, x)
+        return self.blocks(x)
+
+
+class VMamba(nn.Module):
+    """VMamba v2 / 2DVMamba image classifier and backbone (timm model API).
+
+    Args:
+        in_chans: input image channels.
+        num_classes: classifier outputs (0 for no classifier).
+        global_pool: pooling before the classifier ("avg", "max", "avgmax", "" for none).
+        dims: stage widths (an int means (d, 2d, 4d, 8d)).
+        depths: blocks per stage.
+        d_state: SSM state size N.
+        ssm_ratio: SS2D inner width / block width.
+        dt_rank: "auto" (ceil(C/16)) or an int.
+        d_conv: SS2D depthwise conv size.
+        conv_bias: bias on the SS2D depthwise conv.
+        mlp_ratio: MLP hidden width / block width.
+        scan: "2d" (2DVMamba) or "1d" (VMamba).
+        scan_backend: backend for :func:`vmamba2d.ops.selective_scan_2d` ("auto", "cpu", "cuda",
+            "torch", "reference").
+        drop_rate: dropout before the classifier.
+        proj_drop_rate: dropout after SS2D's out_proj and inside the MLP.
+        drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
+
+    Inputs are (B, in_chans, H, W) with H and W multiples of 32 (square or not).
+    """
+
+    def __init__(
+        self,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "avg",
+        dims: Union[int, Sequence[int]] = 96,
+        depths: Sequence[int] = (2, 2, 8, 2),
+        d_state: int = 1,
+        ssm_ratio: float = 1.0,
+        dt_rank: Union[int, str] = "auto",
+        d_conv: int = 3,
+        conv_bias: bool = False,
+        mlp_ratio: float = 4.0,
+        scan: str = "2d",
+        scan_backend: str = "auto",
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans < 1:
+            raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        depths = tuple(depths)
+        if not depths or any(d < 1 for d in depths):
+            raise ValueError(f"depths must be a non-empty sequence of positive ints, got {depths}")
+        num_stages = len(depths)
+        dims = tuple(dims * 2**i for i in range(num_stages)) if isinstance(dims, int) else tuple(dims)
+        if len(dims) != num_stages:
+            raise ValueError(f"dims must have one width per stage ({num_stages}), got {dims}")
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.scan = scan
+        self.dims = dims
+        self.drop_rate = drop_rate
+        self.grad_checkpointing = False
+
+        size_multiple = 4 * 2 ** (num_stages - 1)
+        self.stem = Stem(in_chans, dims[0], size_multiple=size_multiple)
+        num_blocks = sum(depths)
+        drop_paths = [drop_path_rate * i / max(num_blocks - 1, 1) for i in range(num_blocks)]
+        block_kwargs = dict(
+            d_state=d_state, ssm_ratio=ssm_ratio, dt_rank=dt_rank, d_conv=d_conv, conv_bias=conv_bias,
+            scan=scan, scan_backend=scan_backend, mlp_ratio=mlp_ratio, proj_drop=proj_drop_rate,
+        )
+        stages = []
+        self.feature_info = []
+        first_block = 0
+        for i in range(num_stages):
+            stages.append(
+                VMambaStage(
+                    dims[max(i - 1, 0)], dims[i], depths[i], downsample=i > 0,
+                    drop_path=drop_paths[first_block:first_block + depths[i]], **block_kwargs,
+                )
+            )
+            first_block += depths[i]
+            self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2**i, module=f"stages.{i}"))
+        self.stages = nn.Sequential(*stages)
+        self.num_features = self.head_hidden_size = dims[-1]
+        self.norm = _norm(dims[-1])
+        self.head = ClassifierHead(dims[-1], num_classes, pool_type=global_pool, drop_rate=drop_rate)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # VMamba initialises its Linear layers (here: Linear and the 1x1 "Linear2d" convs) with
+        # trunc_normal(0.02) and zero bias; 3x3 convs keep PyTorch's default.
+        is_pointwise = isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1)
+        if isinstance(module, nn.Linear) or is_pointwise:
+            trunc_normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set:
+        """Names of parameters to exclude from weight decay: SS2D's A_logs and Ds (as VMamba)."""
+        return {name for name, _ in self.named_parameters() if name.endswith((".A_logs", ".Ds"))}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        """Regexes grouping parameters by stem / stage / block (for layer-wise LR decay)."""
+        return dict(
+            stem=r"^stem",
+            blocks=r"^stages\.(\d+)" if coarse else [
+                (r"^stages\.(\d+)\.downsample", (0,)),
+                (r"^stages\.(\d+)\.blocks\.(\d+)", None),
+                (r"^norm", (99999,)),
+            ],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each VSS block in backward instead of storing its activations."""
+        self.grad_checkpointing = enable
+        for stage in self.stages:
+            stage.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """Replace the classifier with ``num_classes`` outputs (0 removes it); optionally change pooling."""
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        self.num_classes = num_classes
+        self.head.reset(num_classes, pool_type=global_pool, in_features=self.num_features)
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: Optional[Union[int, List[int]]] = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> Union[List[Tensor], Tuple[Tensor, List[Tensor]]]:
+        """Stage outputs (NCHW) for stage ``indices`` (last n if int, all if None).
+
+        Args:
+            x: (B, in_chans, H, W) images.
+            indices: stages to return.
+            norm: apply the final norm to the last stage's output if it is taken.
+            stop_early: stop after the last requested stage.
+            output_fmt: only "NCHW".
+            intermediates_only: return only the list of stage outputs.
+        Returns:
+            list of (B, dims[i], H / 2^(i+2), W / 2^(i+2)), or (final features, that list).
+        """
+        if output_fmt != "NCHW":
+            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        last_index = len(self.stages) - 1
+        stages = self.stages if not stop_early else self.stages[: max_index + 1]
+        intermediates = []
+        x = self.stem(x)
+        for index, stage in enumerate(stages):
+            x = stage(x)
+            if index in take_indices:
+                intermediates.append(self.norm(x) if norm and index == last_index else x)
+        if intermediates_only:
+            return intermediates
+        if index == last_index:
+            x = self.norm(x)
+        return x, intermediates
+
+    def prune_intermediate_layers(
+        self,
+        indices: Union[int, List[int]] = 1,
+        prune_norm: bool = False,
+        prune_head: bool = True,
+    ) -> List[int]:
+        """Drop the stages after the last of ``indices`` (and the head / final norm if asked)."""
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        pruned_end = max_index < len(self.stages) - 1
+        self.stages = self.stages[: max_index + 1]
+        if prune_norm or pruned_end:
+            self.norm = nn.Identity()
+        if pruned_end:
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+        if prune_head or pruned_end:
+            self.reset_classifier(0, "")
+        return take_indices
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """(B, in_chans, H, W) -> normalised last-stage map (B, num_features, H/32, W/32)."""
+        x = self.stem(x)
+        x = self.stages(x)
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """(B, num_features, h, w) -> logits (B, num_classes), or pooled features if pre_logits."""
+        return self.head(x, pre_logits=True) if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, in_chans, H, W) -> (B, num_classes) logits (pooled features when num_classes=0)."""
+        return self.forward_head(self.forward_features(x))
+
+
+def _create_vmamba(variant: str, pretrained: bool = False, **kwargs: Any) -> VMamba:
+    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
+    return build_model_with_cfg(
+        VMamba,
+        variant,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
+        **kwargs,
+    )
+
+
+def _cfg(**kwargs: Any) -> Dict[str, Any]:
+    # No download location on purpose: pretrained weights come from a local file via
+    # pretrained_cfg_overlay=dict(file=...).
+    return {
+        "url": "",
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "pool_size": (7, 7),
+        "crop_pct": 0.875,
+        "interpolation": "bicubic",
+        "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD,
+        "first_conv": "stem.conv1",
+        "classifier": "head.fc",
+        **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({
+    "vmamba2d_tiny": _cfg(),
+    "vmamba2d_small": _cfg(),
+    "vmamba2d_base": _cfg(),
+    "vmamba_tiny": _cfg(),
+    "vmamba_small": _cfg(),
+    "vmamba_base": _cfg(),
+})
+
+# Variant hyper-parameters (DESIGN.md section 2). drop_path_rate stays a training choice (timm
+# convention: 0 unless passed); the paper trains T/S/B with 0.2 / 0.3 / 0.6.
+_TINY = dict(dims=96, depths=(2, 2, 8, 2), d_state=1, ssm_ratio=1.0)
+_SMALL = dict(dims=96, depths=(2, 2, 15, 2), d_state=1, ssm_ratio=2.0)
+_BASE = dict(dims=128, depths=(2, 2, 15, 2), d_state=1, ssm_ratio=2.0)
+
+
+def _variant(name: str, arch: Dict[str, Any], scan: str, pretrained: bool, kwargs: Dict[str, Any]) -> VMamba:
+    if "scan" in kwargs:
+        other = "vmamba_" if scan == "2d" else "vmamba2d_"
+        raise TypeError(f"{name} always uses scan={scan!r}; use the {other}* models for the other scan")
+    return _create_vmamba(name, pretrained=pretrained, **{**arch, "scan": scan, **kwargs})
+
+
+@register_model
+def vmamba2d_tiny(pretrained: bool = False, **kwargs: Any) -> VMamba:
+    """2DVMamba-T: VMamba v2 tiny with 2D selective scans."""
+    return _variant("vmamba2d_tiny", _TINY, "2d", pretrained, kwargs)
+
+
+@register_model
+def vmamba2d_small(pretrained: bool = False, **kwargs: Any) -> VMamba:
+    """2DVMamba-S: VMamba v2 small with 2D selective scans."""
+    return _variant("vmamba2d_small", _SMALL, "2d", pretrained, kwargs)
+
+
+@register_model
+def vmamba2d_base(pretrained: bool = False, **kwargs: Any) -> VMamba:
+    """2DVMamba-B: VMamba v2 base with 2D selective scans."""
+    return _variant("vmamba2d_base", _BASE, "2d", pretrained, kwargs)
+
+
+@register_model
+def vmamba_tiny(pretrained: bool = False, **kwargs: Any) -> VMamba:
+    """VMamba-T (v2, "v05_noz"): the 1D-scan baseline."""
+    return _variant("vmamba_tiny", _TINY, "1d", pretrained, kwargs)
+
+
+@register_model
+def vmamba_small(pretrained: bool = False, **kwargs: Any) -> VMamba:
+    """VMamba-S (v2, "v05_noz"): the 1D-scan baseline."""
+    return _variant("vmamba_small", _SMALL, "1d", pretrained, kwargs)
+
+
+@register_model
+def vmamba_base(pretrained: bool = False, **kwargs: Any) -> VMamba:
+    """VMamba-B (v2, "v05_noz"): the 1D-scan baseline."""
+    return _variant("vmamba_base", _BASE, "1d", pretrained, kwargs)
