@@ -1,0 +1,236 @@
+"""Training options: built-in recipe defaults < YAML recipe (``--config``) < command-line flags.
+
+The built-in defaults are the DESIGN.md §4 ImageNet-1K recipe (Swin recipe + EMA); the YAML files
+under ``configs/classification/`` restate it per model with that model's drop-path rate.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import yaml
+
+from .errors import UsageError
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "classification"
+AMP_CHOICES = ("bf16", "fp16", "none")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class TrainConfig:
+    """Every option of a training run; field names match the YAML keys and the CLI flags."""
+
+    model: Optional[str] = None
+    data_dir: Optional[str] = None
+    output: Optional[str] = None
+    resume: Optional[str] = None
+    device: str = "auto"
+    amp: str = "bf16"
+    seed: int = 0
+    workers: int = 8
+    pin_memory: bool = True
+    progress: bool = True
+    log_interval: int = 50
+    # schedule and batch
+    epochs: int = 300
+    batch_size: int = 128  # per process
+    accum_steps: int = 1
+    img_size: int = 224
+    # optimizer: lr, warmup_lr and min_lr are per `lr_base_batch` images and scaled linearly by
+    # the total batch (batch_size x world size x accum_steps) / lr_base_batch (0: no scaling).
+    opt: str = "adamw"
+    lr: float = 5e-4
+    warmup_lr: float = 5e-7
+    min_lr: float = 5e-6
+    lr_base_batch: int = 512
+    weight_decay: float = 0.05
+    opt_eps: float = 1e-8
+    opt_betas: list = field(default_factory=lambda: [0.9, 0.999])
+    sched: str = "cosine"
+    warmup_epochs: int = 20
+    clip_grad: Optional[float] = 5.0
+    # regularisation and augmentation
+    drop_path: float = 0.1
+    smoothing: float = 0.1
+    mixup: float = 0.8
+    cutmix: float = 1.0
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    mixup_mode: str = "batch"
+    aa: Optional[str] = "rand-m9-mstd0.5-inc1"
+    color_jitter: float = 0.4
+    reprob: float = 0.25
+    remode: str = "pixel"
+    recount: int = 1
+    interpolation: str = "bicubic"
+    crop_pct: Optional[float] = 0.875  # eval: resize img_size / crop_pct, then centre crop
+    # EMA of the weights
+    model_ema: bool = True
+    model_ema_decay: float = 0.9999
+
+    def total_batch(self, world_size: int) -> int:
+        """Images per optimizer update across all processes."""
+        return self.batch_size * world_size * self.accum_steps
+
+    def lr_scale(self, world_size: int) -> float:
+        """Factor applied to lr, warmup_lr and min_lr (1.0 when lr_base_batch is 0)."""
+        if self.lr_base_batch == 0:
+            return 1.0
+        return self.total_batch(world_size) / self.lr_base_batch
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, YAML/JSON-serialisable copy."""
+        return dataclasses.asdict(self)
+
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def resolve_config_path(config: str) -> Path:
+    """A YAML path, or a bare recipe name looked up in ``configs/classification/<name>.yaml``."""
+    path = Path(config)
+    if path.is_file():
+        return path
+    named = CONFIG_DIR / f"{config}.yaml"
+    if path.suffix == "" and named.is_file():
+        return named
+    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise UsageError(f"--config: no such file '{config}' (and no recipe of that name in "
+                     f"{CONFIG_DIR}; available: {', '.join(available) or 'none'})")
+
+
+def load_yaml_recipe(path: Path) -> dict[str, Any]:
+    """Read a recipe YAML (a flat mapping of TrainConfig fields), rejecting unknown keys."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise UsageError(f"--config: {path} is not valid YAML: {error}") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"--config: {path} must hold a mapping of options, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(FIELD_NAMES))
+    if unknown:
+        raise UsageError(f"--config: {path} has unknown option(s) {unknown}; "
+                         f"known options: {', '.join(FIELD_NAMES)}")
+    return data
+
+
+def _optional_float(text: str) -> Optional[float]:
+    return None if text.lower() in ("none", "null") else float(text)
+
+
+def _optional_str(text: str) -> Optional[str]:
+    return None if text.lower() in ("none", "null", "") else text
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    """CLI of classification/train.py; options not given are absent from the namespace."""
+    p = argparse.ArgumentParser(
+        description="Train an image classifier (any timm model; vmamba2d models registered) on an "
+                    "ImageNet-layout folder: <data-dir>/train/<class>/*, <data-dir>/val/<class>/*.",
+        argument_default=argparse.SUPPRESS)
+    p.add_argument("--config", help="recipe YAML, or a name under configs/classification/")
+    p.add_argument("--model", help="timm model name, e.g. vmamba2d_tiny")
+    p.add_argument("--data-dir", help="folder holding train/ and val/ class folders")
+    p.add_argument("--output", help="run folder: checkpoints, metrics.jsonl, config.yaml, logs")
+    p.add_argument("--resume", help="checkpoint path, or 'auto' for <output>/last.pth if present")
+    p.add_argument("--device", choices=DEVICE_CHOICES)
+    p.add_argument("--amp", choices=AMP_CHOICES, help="autocast dtype (fp16 also uses a GradScaler)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--workers", type=int, help="data-loading processes per training process")
+    p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, help="tqdm bar on rank 0")
+    p.add_argument("--log-interval", type=int, help="progress-bar refresh interval in steps")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int, help="images per process per micro-step")
+    p.add_argument("--accum-steps", type=int, help="micro-steps per optimizer update")
+    p.add_argument("--img-size", type=int)
+    p.add_argument("--opt", help="timm optimizer name (recipe: adamw)")
+    p.add_argument("--lr", type=float, help="learning rate per --lr-base-batch images")
+    p.add_argument("--warmup-lr", type=float)
+    p.add_argument("--min-lr", type=float)
+    p.add_argument("--lr-base-batch", type=int, help="batch the lrs are given for (0: no scaling)")
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--opt-eps", type=float)
+    p.add_argument("--opt-betas", type=float, nargs=2)
+    p.add_argument("--sched", help="timm scheduler name (recipe: cosine)")
+    p.add_argument("--warmup-epochs", type=int)
+    p.add_argument("--clip-grad", type=_optional_float, help="max grad norm, or 'none'")
+    p.add_argument("--drop-path", type=float)
+    p.add_argument("--smoothing", type=float, help="label smoothing")
+    p.add_argument("--mixup", type=float, help="mixup alpha (0: off)")
+    p.add_argument("--cutmix", type=float, help="cutmix alpha (0: off)")
+    p.add_argument("--mixup-prob", type=float)
+    p.add_argument("--mixup-switch-prob", type=float)
+    p.add_argument("--mixup-mode", choices=("batch", "pair", "elem"))
+    p.add_argument("--aa", type=_optional_str, help="timm auto-augment string, or 'none'")
+    p.add_argument("--color-jitter", type=float)
+    p.add_argument("--reprob", type=float, help="random-erasing probability")
+    p.add_argument("--remode", choices=("const", "rand", "pixel"))
+    p.add_argument("--recount", type=int)
+    p.add_argument("--interpolation", choices=("bilinear", "bicubic", "nearest", "random"))
+    p.add_argument("--crop-pct", type=_optional_float, help="eval crop fraction ('none': model's)")
+    p.add_argument("--model-ema", action=argparse.BooleanOptionalAction)
+    p.add_argument("--model-ema-decay", type=float)
+    return p
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Reject option values that cannot work, naming the option."""
+    for name in ("model", "data_dir", "output"):
+        if not getattr(cfg, name):
+            raise UsageError(f"--{name.replace('_', '-')} is required (flag or recipe key '{name}')")
+    positive = ("epochs", "batch_size", "accum_steps", "img_size", "log_interval")
+    for name in positive:
+        if int(getattr(cfg, name)) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.workers < 0:
+        raise UsageError(f"--workers must be >= 0, got {cfg.workers}")
+    if cfg.lr_base_batch < 0:
+        raise UsageError(f"--lr-base-batch must be >= 0, got {cfg.lr_base_batch}")
+    if cfg.warmup_epochs < 0 or (cfg.warmup_epochs > 0 and cfg.warmup_epochs >= cfg.epochs):
+        raise UsageError(f"--warmup-epochs must be in [0, epochs={cfg.epochs}), got {cfg.warmup_epochs}")
+    for name in ("lr", "warmup_lr", "min_lr", "weight_decay", "drop_path", "smoothing", "mixup",
+                 "cutmix", "reprob", "color_jitter"):
+        if float(getattr(cfg, name)) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    for name in ("drop_path", "smoothing", "reprob", "mixup_prob", "mixup_switch_prob"):
+        if float(getattr(cfg, name)) > 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be <= 1, got {getattr(cfg, name)}")
+    if not 0 <= cfg.model_ema_decay < 1:
+        raise UsageError(f"--model-ema-decay must be in [0, 1), got {cfg.model_ema_decay}")
+    if cfg.crop_pct is not None and not 0 < cfg.crop_pct <= 1:
+        raise UsageError(f"--crop-pct must be in (0, 1], got {cfg.crop_pct}")
+    if cfg.clip_grad is not None and cfg.clip_grad <= 0:
+        raise UsageError(f"--clip-grad must be > 0 or 'none', got {cfg.clip_grad}")
+    if cfg.amp not in AMP_CHOICES:
+        raise UsageError(f"--amp must be one of {AMP_CHOICES}, got {cfg.amp!r}")
+    if cfg.device not in DEVICE_CHOICES:
+        raise UsageError(f"--device must be one of {DEVICE_CHOICES}, got {cfg.device!r}")
+    if len(cfg.opt_betas) != 2:
+        raise UsageError(f"--opt-betas needs two values, got {cfg.opt_betas}")
+    if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
+        raise UsageError(f"--batch-size must be even when mixup/cutmix is on, got {cfg.batch_size}")
+
+
+def resolve_train_config(argv: Optional[Sequence[str]] = None) -> TrainConfig:
+    """Parse argv and merge: TrainConfig defaults < --config YAML < explicit flags; validated."""
+    given = vars(build_train_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    config = given.pop("config", None)
+    if config:
+        values.update(load_yaml_recipe(resolve_config_path(config)))
+    values.update(given)
+    try:
+        cfg = TrainConfig(**values)
+    except TypeError as error:
+        raise UsageError(f"invalid options: {error}") from error
+    if isinstance(cfg.opt_betas, tuple):
+        cfg.opt_betas = list(cfg.opt_betas)
+    validate_config(cfg)
+    return cfg

@@ -1,0 +1,134 @@
+"""ImageNet-layout folders, timm transforms and (distributed) data loaders.
+
+Layout: ``<data-dir>/train/<class>/<image>`` and ``<data-dir>/val/<class>/<image>``; the class
+list (sorted folder names) must be identical in both splits.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+from timm.data import create_transform, resolve_data_config
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torchvision.datasets import ImageFolder
+
+from .errors import UsageError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def list_classes(split_dir: Path, what: str) -> list[str]:
+    """Sorted class folder names of one split; errors for a missing split or empty class."""
+    if not split_dir.is_dir():
+        raise UsageError(f"{what}: folder not found: {split_dir}")
+    classes = sorted(entry.name for entry in split_dir.iterdir() if entry.is_dir())
+    if not classes:
+        raise UsageError(f"{what}: {split_dir} has no class sub-folders (expected "
+                         f"{split_dir}/<class>/<image>)")
+    empty = [name for name in classes
+             if not any(f.suffix.lower() in IMAGE_EXTENSIONS for f in (split_dir / name).rglob("*"))]
+    if empty:
+        raise UsageError(f"{what}: class folder(s) without images ({', '.join(IMAGE_EXTENSIONS)}) in "
+                         f"{split_dir}: {', '.join(empty[:10])}" + (" ..." if len(empty) > 10 else ""))
+    return classes
+
+
+def check_train_val_classes(data_dir: Path) -> list[str]:
+    """The shared class list of ``data_dir/train`` and ``data_dir/val`` (error if they differ)."""
+    if not data_dir.is_dir():
+        raise UsageError(f"--data-dir: folder not found: {data_dir}")
+    train = list_classes(data_dir / "train", "--data-dir train split")
+    val = list_classes(data_dir / "val", "--data-dir val split")
+    if train != val:
+        only_train = sorted(set(train) - set(val))
+        only_val = sorted(set(val) - set(train))
+        raise UsageError(
+            f"--data-dir: class folders differ between train ({len(train)}) and val ({len(val)}): "
+            f"only in train: {only_train[:10]}, only in val: {only_val[:10]}")
+    return train
+
+
+def resolve_val_dir(data_dir: Path) -> Path:
+    """``data_dir/val`` when it exists, else ``data_dir`` itself (a bare class-folder tree)."""
+    return data_dir / "val" if (data_dir / "val").is_dir() else data_dir
+
+
+def model_data_config(model: torch.nn.Module, img_size: int, interpolation: Optional[str],
+                      crop_pct: Optional[float]) -> dict[str, Any]:
+    """timm data config (input_size, interpolation, mean, std, crop_pct) with our overrides."""
+    overrides: dict[str, Any] = {"input_size": (3, img_size, img_size)}
+    if interpolation is not None:
+        overrides["interpolation"] = interpolation
+    if crop_pct is not None:
+        overrides["crop_pct"] = crop_pct
+    return resolve_data_config(overrides, model=model)
+
+
+def eval_transform(data_config: dict[str, Any]):
+    """Resize to img_size / crop_pct (shorter side), centre-crop img_size, normalise."""
+    return create_transform(data_config["input_size"], is_training=False,
+                            interpolation=data_config["interpolation"], mean=data_config["mean"],
+                            std=data_config["std"], crop_pct=data_config["crop_pct"],
+                            crop_mode=data_config.get("crop_mode"))
+
+
+def train_transform(data_config: dict[str, Any], *, auto_augment: Optional[str], color_jitter: float,
+                    re_prob: float, re_mode: str, re_count: int):
+    """Random-resized crop + flip + RandAugment/colour jitter + normalise + random erasing."""
+    return create_transform(data_config["input_size"], is_training=True, auto_augment=auto_augment,
+                            color_jitter=color_jitter, interpolation=data_config["interpolation"],
+                            mean=data_config["mean"], std=data_config["std"], re_prob=re_prob,
+                            re_mode=re_mode, re_count=re_count)
+
+
+class ShardSampler(Sampler[int]):
+    """Rank r takes indices r, r + world, r + 2·world, ... (no padding, so sums over ranks are exact)."""
+
+    def __init__(self, num_samples: int, rank: int, world_size: int) -> None:
+        self.indices = list(range(rank, num_samples, world_size))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def make_image_folder(split_dir: Path, transform, expected_classes: Optional[Sequence[str]] = None
+                      ) -> ImageFolder:
+    """torchvision ImageFolder over ``split_dir``; class list checked against ``expected_classes``."""
+    dataset = ImageFolder(str(split_dir), transform=transform)
+    if expected_classes is not None and list(dataset.classes) != list(expected_classes):
+        raise UsageError(f"{split_dir}: classes {dataset.classes[:10]} do not match the expected "
+                         f"{list(expected_classes)[:10]}")
+    return dataset
+
+
+def train_loader(dataset: ImageFolder, *, batch_size: int, rank: int, world_size: int, seed: int,
+                 workers: int, pin_memory: bool) -> DataLoader:
+    """Shuffled loader; DistributedSampler (seeded, call ``sampler.set_epoch``) even for 1 process.
+
+    Full batches only (mixup needs even, equal batches); each rank sees len/world images per epoch.
+    """
+    if len(dataset) < batch_size * world_size:
+        raise UsageError(f"train split has {len(dataset)} images, fewer than one batch "
+                         f"({batch_size} per process x {world_size} processes)")
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=seed, drop_last=True)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                      pin_memory=pin_memory, drop_last=True, persistent_workers=workers > 0)
+
+
+def eval_loader(dataset: ImageFolder, *, batch_size: int, rank: int, world_size: int,
+                workers: int, pin_memory: bool) -> DataLoader:
+    """Ordered loader over this rank's shard (every image counted exactly once over all ranks)."""
+    sampler = ShardSampler(len(dataset), rank, world_size)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                      pin_memory=pin_memory, drop_last=False)
+
+
+def updates_per_epoch(batches_per_epoch: int, accum_steps: int) -> int:
+    """Optimizer updates in one epoch (the last, shorter accumulation group still updates)."""
+    return math.ceil(batches_per_epoch / accum_steps)

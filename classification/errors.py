@@ -1,0 +1,5 @@
+"""The one exception type the command-line tools turn into a clean error message."""
+
+
+class UsageError(ValueError):
+    """Bad user input (paths, model names, checkpoints, options): reported, exit code 2."""

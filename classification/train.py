@@ -1,0 +1,292 @@
+"""Train an image classifier on an ImageNet-layout folder (DESIGN.md §4 recipe by default).
+
+Single process:   python classification/train.py --config vmamba2d_tiny --data-dir DATA --output RUN
+Several GPUs:     torchrun --nproc_per_node 8 classification/train.py --config vmamba2d_tiny ...
+Continue a run:   add --resume auto (picks RUN/last.pth; starts fresh when there is none)
+
+Every epoch ends with a validation pass (model and EMA) and an atomic ``RUN/last.pth``;
+``RUN/best.pth`` holds the weights of the best validation top-1 so far. Metrics go to
+``RUN/metrics.jsonl`` (and TensorBoard under ``RUN/tensorboard`` when installed).
+"""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+if __package__ in (None, ""):  # run as a script: import from the repository root, not from here
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import numpy as np
+import torch
+import yaml
+from timm.data import Mixup
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+from torch.nn.parallel import DistributedDataParallel
+
+from classification.checkpoint import (BEST_NAME, CHECKPOINT_FORMAT, LAST_NAME, atomic_torch_save,
+                                       capture_rng_state, check_state_dict_matches,
+                                       find_auto_resume, is_training_checkpoint,
+                                       load_checkpoint_file, restore_rng_state)
+from classification.config import TrainConfig, resolve_train_config
+from classification.data import (check_train_val_classes, eval_loader, eval_transform,
+                                 make_image_folder, model_data_config, train_loader,
+                                 train_transform, updates_per_epoch)
+from classification.distributed import (DistContext, barrier, gather_objects, init_distributed,
+                                        shutdown_distributed)
+from classification.engine import TrainState, evaluate, train_one_epoch
+from classification.errors import UsageError
+from classification.logging_utils import MetricsWriter, setup_logger
+from classification.models import check_model_name, create_classifier
+
+# Options that may change when a run is resumed without changing what is being trained.
+RESUME_FREE_OPTIONS = {"resume", "output", "device", "workers", "pin_memory", "progress",
+                       "log_interval", "data_dir", "epochs"}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_resume(cfg: TrainConfig, output: Path) -> Optional[Path]:
+    """Checkpoint to resume from, refusing anything that would overwrite another run."""
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {output} exists and is not a folder")
+    existing = find_auto_resume(output)
+    if cfg.resume is None:
+        if existing is not None:
+            raise UsageError(f"--output {output} already holds a training run ({existing}); pass "
+                             "--resume auto to continue it, or choose another --output")
+        return None
+    if cfg.resume == "auto":
+        return existing
+    path = Path(cfg.resume)
+    if not path.is_file():
+        raise UsageError(f"--resume: checkpoint not found: {path}")
+    if existing is not None and path.resolve() != existing.resolve():
+        raise UsageError(f"--output {output} already holds a run ({existing}); resuming {path} "
+                         "there would overwrite it. Use --resume auto or another --output")
+    return path
+
+
+def load_resume_checkpoint(path: Path, cfg: TrainConfig, classes: list[str],
+                           model: torch.nn.Module, logger) -> dict[str, Any]:
+    """Read and validate a training checkpoint against the model, classes and recipe."""
+    checkpoint = load_checkpoint_file(path)
+    if not is_training_checkpoint(checkpoint):
+        raise UsageError(f"--resume {path} is not a checkpoint written by classification/train.py "
+                         "(to start from pretrained weights, fine-tune from a fresh run instead)")
+    if checkpoint["model_name"] != cfg.model:
+        raise UsageError(f"--resume {path} was trained as '{checkpoint['model_name']}', "
+                         f"not --model '{cfg.model}'")
+    if list(checkpoint["classes"]) != classes:
+        raise UsageError(f"--resume {path} was trained on {len(checkpoint['classes'])} other "
+                         f"classes than the {len(classes)} in --data-dir")
+    check_state_dict_matches(model, checkpoint["model"], f"--resume {path}")
+    saved = checkpoint["config"]
+    changed = sorted(k for k, v in cfg.to_dict().items()
+                     if k not in RESUME_FREE_OPTIONS and saved.get(k) != v)
+    if changed:
+        logger.warning("resuming with changed options: %s",
+                       ", ".join(f"{k}: {saved.get(k)!r} -> {getattr(cfg, k)!r}" for k in changed))
+    return checkpoint
+
+
+def build_loss(cfg: TrainConfig) -> torch.nn.Module:
+    """Soft-target CE under mixup/cutmix (smoothing folded into the mixed targets), else
+    label-smoothing CE, else plain CE."""
+    if cfg.mixup > 0 or cfg.cutmix > 0:
+        return SoftTargetCrossEntropy()
+    if cfg.smoothing > 0:
+        return LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
+    return torch.nn.CrossEntropyLoss()
+
+
+def build_mixup(cfg: TrainConfig, num_classes: int) -> Optional[Mixup]:
+    """timm Mixup/CutMix (with label smoothing) when either alpha is > 0."""
+    if cfg.mixup <= 0 and cfg.cutmix <= 0:
+        return None
+    return Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
+                 switch_prob=cfg.mixup_switch_prob, mode=cfg.mixup_mode,
+                 label_smoothing=cfg.smoothing, num_classes=num_classes)
+
+
+def training_checkpoint(*, cfg: TrainConfig, classes: list[str], model: torch.nn.Module,
+                        ema: Optional[ModelEmaV3], optimizer, scheduler, scaler, epoch: int,
+                        state: TrainState, rng: list, best_top1: float, best_epoch: int,
+                        metrics: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Everything needed to continue exactly after ``epoch`` (0-based) has finished."""
+    return {
+        "format": CHECKPOINT_FORMAT, "model_name": cfg.model, "classes": classes,
+        "config": cfg.to_dict(), "epoch": epoch + 1, "global_step": state.global_step,
+        "model": model.state_dict(), "model_ema": ema.module.state_dict() if ema else None,
+        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(), "rng": rng, "world_size": world_size,
+        "best_top1": best_top1, "best_epoch": best_epoch, "metrics": metrics,
+    }
+
+
+def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
+    """Run (or continue) the training described by ``cfg``; returns the last epoch's metrics."""
+    logger = setup_logger(ctx.is_main)
+    # --- validate everything before writing anything ---------------------------------------
+    data_dir = Path(cfg.data_dir)
+    classes = check_train_val_classes(data_dir)
+    check_model_name(cfg.model)
+    output = Path(cfg.output)
+    resume_path = resolve_resume(cfg, output)
+
+    seed_everything(cfg.seed)  # same initial weights on every rank
+    model = create_classifier(cfg.model, len(classes), cfg.drop_path)
+    checkpoint = None
+    if resume_path is not None:
+        checkpoint = load_resume_checkpoint(resume_path, cfg, classes, model, logger)
+        model.load_state_dict(checkpoint["model"])
+    model.to(ctx.device)
+
+    data_config = model_data_config(model, cfg.img_size, cfg.interpolation, cfg.crop_pct)
+    train_set = make_image_folder(
+        data_dir / "train",
+        train_transform(data_config, auto_augment=cfg.aa, color_jitter=cfg.color_jitter,
+                        re_prob=cfg.reprob, re_mode=cfg.remode, re_count=cfg.recount), classes)
+    val_set = make_image_folder(data_dir / "val", eval_transform(data_config), classes)
+    pin = cfg.pin_memory and ctx.device.type == "cuda"
+    loader = train_loader(train_set, batch_size=cfg.batch_size, rank=ctx.rank,
+                          world_size=ctx.world_size, seed=cfg.seed, workers=cfg.workers,
+                          pin_memory=pin)
+    val_loader = eval_loader(val_set, batch_size=cfg.batch_size, rank=ctx.rank,
+                             world_size=ctx.world_size, workers=cfg.workers, pin_memory=pin)
+
+    scale = cfg.lr_scale(ctx.world_size)
+    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=cfg.lr * scale,
+                                    weight_decay=cfg.weight_decay, eps=cfg.opt_eps,
+                                    betas=tuple(cfg.opt_betas), filter_bias_and_bn=True)
+    steps_per_epoch = updates_per_epoch(len(loader), cfg.accum_steps)
+    scheduler, _ = create_scheduler_v2(optimizer, sched=cfg.sched, num_epochs=cfg.epochs,
+                                       warmup_epochs=cfg.warmup_epochs,
+                                       warmup_lr=cfg.warmup_lr * scale, min_lr=cfg.min_lr * scale,
+                                       step_on_epochs=False, updates_per_epoch=steps_per_epoch)
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.amp == "fp16")
+    ema = ModelEmaV3(model, decay=cfg.model_ema_decay) if cfg.model_ema else None
+    state = TrainState()
+    start_epoch, best_top1, best_epoch = 0, -1.0, -1
+    if checkpoint is not None:
+        if ema is not None:
+            if checkpoint.get("model_ema") is None:
+                logger.warning("checkpoint has no EMA weights; the EMA restarts from the model")
+            else:
+                ema.module.load_state_dict(checkpoint["model_ema"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        scaler.load_state_dict(checkpoint["scaler"])
+        start_epoch = checkpoint["epoch"]
+        state.global_step = checkpoint["global_step"]
+        best_top1, best_epoch = checkpoint["best_top1"], checkpoint["best_epoch"]
+        scheduler.step_update(num_updates=state.global_step)
+
+    # --- from here on files are written (rank 0 only) ---------------------------------------
+    if ctx.is_main:
+        output.mkdir(parents=True, exist_ok=True)
+        logger = setup_logger(True, output / "log.txt")
+        if checkpoint is None:
+            (output / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    metrics = MetricsWriter(output, enabled=ctx.is_main, logger=logger)
+    logger.info("model %s: %.2fM parameters, %d classes, %d train / %d val images",
+                cfg.model, sum(p.numel() for p in model.parameters()) / 1e6, len(classes),
+                len(train_set), len(val_set))
+    logger.info("%d process(es) on %s; total batch %d (lr scale %.4g: lr %.3g, warmup %.3g, "
+                "min %.3g); %d updates/epoch; amp %s", ctx.world_size, ctx.device.type,
+                cfg.total_batch(ctx.world_size), scale, cfg.lr * scale, cfg.warmup_lr * scale,
+                cfg.min_lr * scale, steps_per_epoch, cfg.amp)
+    if checkpoint is not None:
+        logger.info("resumed from %s: %d epoch(s) done, step %d, best top-1 %.2f",
+                    resume_path, start_epoch, state.global_step, best_top1)
+        rng = checkpoint["rng"]
+        if len(rng) == ctx.world_size:
+            restore_rng_state(rng[ctx.rank])
+        else:
+            logger.warning("checkpoint was written by %d process(es), this run has %d: random "
+                           "streams are re-seeded, so augmentation will differ from an "
+                           "uninterrupted run", len(rng), ctx.world_size)
+            seed_everything(cfg.seed + 1000 * start_epoch + ctx.rank)
+    else:
+        seed_everything(cfg.seed + ctx.rank)  # different augmentation on every rank
+
+    train_model: torch.nn.Module = model
+    if ctx.distributed:
+        train_model = DistributedDataParallel(
+            model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    loss_fn = build_loss(cfg)
+    mixup_fn = build_mixup(cfg, len(classes))
+
+    record: dict[str, Any] = {}
+    if start_epoch >= cfg.epochs:
+        logger.info("nothing to do: %d of %d epochs already done", start_epoch, cfg.epochs)
+    for epoch in range(start_epoch, cfg.epochs):
+        loader.sampler.set_epoch(epoch)
+        train_stats = train_one_epoch(
+            model=model, train_model=train_model, loader=loader, optimizer=optimizer,
+            scheduler=scheduler, loss_fn=loss_fn, mixup_fn=mixup_fn, ema=ema, scaler=scaler,
+            amp=cfg.amp, accum_steps=cfg.accum_steps, clip_grad=cfg.clip_grad, state=state,
+            epoch=epoch, ctx=ctx, progress=cfg.progress, log_interval=cfg.log_interval)
+        scheduler.step(epoch + 1)
+        val = evaluate(model, val_loader, ctx, cfg.amp, cfg.progress, desc="val")
+        record = {"type": "epoch", "epoch": epoch, "step": state.global_step, **train_stats,
+                  "val_top1": val["top1"], "val_top5": val["top5"], "val_loss": val["loss"]}
+        epoch_best = val["top1"]
+        if ema is not None:
+            ema_val = evaluate(ema.module, val_loader, ctx, cfg.amp, cfg.progress, desc="val ema")
+            record.update(ema_top1=ema_val["top1"], ema_top5=ema_val["top5"],
+                          ema_loss=ema_val["loss"])
+            epoch_best = max(epoch_best, ema_val["top1"])
+        improved = epoch_best > best_top1
+        if improved:
+            best_top1, best_epoch = epoch_best, epoch
+        record.update(best_top1=best_top1, best_epoch=best_epoch)
+        rng = gather_objects(capture_rng_state(), ctx)
+        if ctx.is_main:
+            ckpt = training_checkpoint(cfg=cfg, classes=classes, model=model, ema=ema,
+                                       optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                                       epoch=epoch, state=state, rng=rng, best_top1=best_top1,
+                                       best_epoch=best_epoch, metrics=record,
+                                       world_size=ctx.world_size)
+            atomic_torch_save(ckpt, output / LAST_NAME)
+            if improved:
+                weights_only = {k: v for k, v in ckpt.items()
+                                if k not in ("optimizer", "scheduler", "scaler", "rng")}
+                atomic_torch_save(weights_only, output / BEST_NAME)
+            metrics.write(record, step=state.global_step)
+        logger.info("epoch %d/%d step %d: loss %.4f lr %.3g | val top-1 %.2f top-5 %.2f%s | best "
+                    "%.2f (epoch %d) | %.0f img/s", epoch + 1, cfg.epochs, state.global_step,
+                    train_stats["train_loss"], train_stats["lr"], val["top1"], val["top5"],
+                    f" | ema top-1 {record['ema_top1']:.2f}" if ema is not None else "",
+                    best_top1, best_epoch + 1, train_stats["train_img_per_s"])
+    metrics.close()
+    barrier(ctx)
+    return record
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """CLI entry point; returns the process exit code (2 for bad input)."""
+    try:
+        cfg = resolve_train_config(argv)
+        ctx = init_distributed(cfg.device)
+        try:
+            train(cfg, ctx)
+        finally:
+            shutdown_distributed()
+    except UsageError as error:
+        print(f"train.py: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
