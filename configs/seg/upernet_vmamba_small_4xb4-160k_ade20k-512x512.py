@@ -1,0 +1,14 @@
+# UperNet + VMamba (v2, 1D scan)-Small on ADE20K, 512x512 crops, 160k iterations, 4 GPUs x 4 images.
+# ImageNet-1K weights of the backbone (ours or official VMamba v2), e.g. with
+#   --cfg-options model.backbone.init_cfg.checkpoint=path/to/weights.pth
+_base_ = [
+    '_base_/models/upernet_vmamba2d.py',
+    '_base_/datasets/ade20k.py',
+    '_base_/default_runtime.py',
+    '_base_/schedules/schedule_160k.py',
+]
+model = dict(
+    backbone=dict(
+        model_name='vmamba_small',
+        drop_path_rate=0.3,
+        init_cfg=dict(type='Pretrained', checkpoint='pretrained/vmamba_small_in1k.pth')))

@@ -1,0 +1,58 @@
+"""Train a segmentor (mmsegmentation 1.x config) with mmengine's Runner.
+
+Single process:   python seg/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CKPT]]
+Multi-GPU:        torchrun --nproc_per_node=4 seg/train.py CONFIG --launcher pytorch
+Slurm:            srun ... python seg/train.py CONFIG --launcher slurm
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import vmamba2d.seg  # noqa: E402,F401  (mmcv-lite compatibility, checkpoint allow-list, backbone)
+from mmengine.config import DictAction  # noqa: E402
+from mmengine.registry import RUNNERS  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+from vmamba2d.seg.runtime import check_dataset_folders, enable_amp, load_config, set_resume  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Train a segmentor (mmseg config).")
+    parser.add_argument("config", help="config file, e.g. configs/seg/upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py")
+    parser.add_argument("--work-dir", help="folder for logs and checkpoints (default ./work_dirs/<config name>)")
+    parser.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
+                        help="resume: without a value from the work dir's latest checkpoint, or from CKPT")
+    parser.add_argument("--amp", action="store_true", help="mixed-precision training (CUDA)")
+    parser.add_argument("--auto-scale-lr", action="store_true",
+                        help="scale the learning rate by total batch / auto_scale_lr.base_batch_size")
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default=None,
+                        help="override config entries, e.g. train_dataloader.batch_size=2")
+    parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none",
+                        help="job launcher (pytorch = torchrun)")
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.cfg_options, args.launcher, args.work_dir)
+    check_dataset_folders(cfg, ("train_dataloader", "val_dataloader"))
+    if args.amp:
+        enable_amp(cfg)
+    set_resume(cfg, args.resume)
+    if args.auto_scale_lr:
+        if cfg.get("auto_scale_lr") is None:
+            raise ValueError("--auto-scale-lr: the config defines no auto_scale_lr=dict(base_batch_size=...)")
+        cfg.auto_scale_lr.enable = True
+    runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
+    runner.train()
+
+
+if __name__ == "__main__":
+    main()

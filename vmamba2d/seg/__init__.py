@@ -1,0 +1,16 @@
+"""mmsegmentation integration: ``import vmamba2d.seg`` (or ``custom_imports=dict(imports=['vmamba2d.seg'])``
+in an mmseg config) makes mmseg importable with mmcv-lite, lets torch's ``weights_only`` loading read
+mmengine checkpoints, and registers :class:`VMamba2DBackbone` in mmseg's MODELS registry.
+"""
+from .mmcv_compat import compat_layer_active, install_mmcv_ops_compat
+
+install_mmcv_ops_compat()  # before anything imports mmseg.models / mmseg.utils
+
+from .checkpoint_safety import allow_mmengine_checkpoint_globals  # noqa: E402
+
+allow_mmengine_checkpoint_globals()
+
+from .backbone import VMamba2DBackbone  # noqa: E402
+
+__all__ = ["VMamba2DBackbone", "allow_mmengine_checkpoint_globals", "compat_layer_active",
+           "install_mmcv_ops_compat"]
