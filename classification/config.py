@@ -25,6 +25,7 @@ class TrainConfig:
     """Every option of a training run; field names match the YAML keys and the CLI flags."""
 
     model: Optional[str] = None
+    model_kwargs: dict = field(default_factory=dict)  # extra timm.create_model arguments
     data_dir: Optional[str] = None
     output: Optional[str] = None
     resume: Optional[str] = None
@@ -128,6 +129,20 @@ def _optional_str(text: str) -> Optional[str]:
     return None if text.lower() in ("none", "null", "") else text
 
 
+def parse_model_kwargs(items: Sequence[str]) -> dict[str, Any]:
+    """``["dims=16", "depths=[1,1,1,1]"]`` → ``{"dims": 16, "depths": [1, 1, 1, 1]}`` (YAML values)."""
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--model-kwargs: expected KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key] = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            raise UsageError(f"--model-kwargs: cannot parse the value of {key!r}: {error}") from error
+    return kwargs
+
+
 def build_train_parser() -> argparse.ArgumentParser:
     """CLI of classification/train.py; options not given are absent from the namespace."""
     p = argparse.ArgumentParser(
@@ -136,6 +151,8 @@ def build_train_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS)
     p.add_argument("--config", help="recipe YAML, or a name under configs/classification/")
     p.add_argument("--model", help="timm model name, e.g. vmamba2d_tiny")
+    p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE",
+                   help="extra model arguments, e.g. depths=[1,1,1,1] (YAML values)")
     p.add_argument("--data-dir", help="folder holding train/ and val/ class folders")
     p.add_argument("--output", help="run folder: checkpoints, metrics.jsonl, config.yaml, logs")
     p.add_argument("--resume", help="checkpoint path, or 'auto' for <output>/last.pth if present")
@@ -212,6 +229,8 @@ def validate_config(cfg: TrainConfig) -> None:
         raise UsageError(f"--amp must be one of {AMP_CHOICES}, got {cfg.amp!r}")
     if cfg.device not in DEVICE_CHOICES:
         raise UsageError(f"--device must be one of {DEVICE_CHOICES}, got {cfg.device!r}")
+    if not isinstance(cfg.model_kwargs, dict):
+        raise UsageError(f"model_kwargs must be a mapping, got {cfg.model_kwargs!r}")
     if len(cfg.opt_betas) != 2:
         raise UsageError(f"--opt-betas needs two values, got {cfg.opt_betas}")
     if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
@@ -225,6 +244,9 @@ def resolve_train_config(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     config = given.pop("config", None)
     if config:
         values.update(load_yaml_recipe(resolve_config_path(config)))
+    if "model_kwargs" in given:
+        given["model_kwargs"] = {**values.get("model_kwargs", {}),
+                                 **parse_model_kwargs(given["model_kwargs"])}
     values.update(given)
     try:
         cfg = TrainConfig(**values)

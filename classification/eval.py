@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 if __package__ in (None, ""):  # run as a script: import from the repository root, not from here
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from classification.config import AMP_CHOICES, DEVICE_CHOICES
+from classification.config import AMP_CHOICES, DEVICE_CHOICES, parse_model_kwargs
 from classification.data import (eval_loader, eval_transform, list_classes, make_image_folder,
                                  model_data_config, resolve_val_dir)
 from classification.distributed import DistContext, init_distributed, shutdown_distributed
@@ -36,6 +36,8 @@ def build_eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help=".pth / .safetensors weights")
     p.add_argument("--data-dir", required=True,
                    help="folder with val/<class>/* (or the class folders directly)")
+    p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE", default=None,
+                   help="extra model arguments (default: those stored in our training checkpoints)")
     p.add_argument("--use-ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--crop-pct", type=float, default=None,
@@ -66,8 +68,9 @@ def run_eval(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
     val_dir = resolve_val_dir(data_dir)
     classes = list_classes(val_dir, "--data-dir")
     check_model_name(args.model)
+    model_kwargs = parse_model_kwargs(args.model_kwargs) if args.model_kwargs else None
     model = load_model_for_eval(args.model, Path(args.checkpoint), len(classes), args.use_ema,
-                                args.trust_checkpoint).to(ctx.device)
+                                args.trust_checkpoint, model_kwargs).to(ctx.device)
     data_config = model_data_config(model, args.img_size, args.interpolation, args.crop_pct)
     dataset = make_image_folder(val_dir, eval_transform(data_config), classes)
     loader = eval_loader(dataset, batch_size=args.batch_size, rank=ctx.rank,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import timm
 import torch
@@ -23,15 +23,16 @@ def check_model_name(name: str) -> None:
     raise UsageError(f"--model: unknown model name '{name}' (not registered in timm{hint})")
 
 
-def create_classifier(name: str, num_classes: int, drop_path: float = 0.0) -> torch.nn.Module:
+def create_classifier(name: str, num_classes: int, drop_path: float = 0.0,
+                      model_kwargs: Optional[dict[str, Any]] = None) -> torch.nn.Module:
     """A randomly initialised ``name`` with a ``num_classes``-way head and stochastic depth."""
     check_model_name(name)
-    kwargs: dict[str, Any] = {"num_classes": num_classes}
+    kwargs: dict[str, Any] = {**(model_kwargs or {}), "num_classes": num_classes}
     if drop_path > 0:
         kwargs["drop_path_rate"] = drop_path
     try:
         return timm.create_model(name, pretrained=False, **kwargs)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         raise UsageError(f"--model {name}: cannot be built with {kwargs} ({error})") from error
 
 
@@ -59,10 +60,12 @@ def select_state_dict(checkpoint: Any, use_ema: bool, source: str) -> dict[str, 
 
 
 def load_model_for_eval(name: str, checkpoint_path: Path, num_classes: int, use_ema: bool,
-                        trust_checkpoint: bool = False) -> torch.nn.Module:
+                        trust_checkpoint: bool = False,
+                        model_kwargs: Optional[dict[str, Any]] = None) -> torch.nn.Module:
     """Build ``name`` with ``num_classes`` outputs and load ``checkpoint_path`` into it, strictly.
 
-    Our training checkpoints are loaded as they are; other files (official VMamba releases, plain
+    Our training checkpoints are loaded as they are (with the ``model_kwargs`` they were trained
+    with, unless ``model_kwargs`` is given); other files (official VMamba releases, plain
     state dicts) go through timm's pretrained loading (``pretrained_cfg_overlay=state_dict``) so the
     model's own checkpoint filter converts foreign layouts.
     """
@@ -74,12 +77,15 @@ def load_model_for_eval(name: str, checkpoint_path: Path, num_classes: int, use_
         if checkpoint.get("model_name") != name:
             raise UsageError(f"{source} was trained as '{checkpoint.get('model_name')}', "
                              f"not --model '{name}'")
-        model = timm.create_model(name, pretrained=False, num_classes=num_classes)
+        if model_kwargs is None:
+            model_kwargs = checkpoint.get("config", {}).get("model_kwargs", {})
+        model = create_classifier(name, num_classes, model_kwargs=model_kwargs)
         check_state_dict_matches(model, state, source)
         model.load_state_dict(state, strict=True)
         return model
     try:
         return timm.create_model(name, pretrained=True, num_classes=num_classes,
+                                 **(model_kwargs or {}),
                                  pretrained_cfg_overlay={"state_dict": state,
                                                          "num_classes": num_classes})
     except RuntimeError as error:

@@ -144,7 +144,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
     resume_path = resolve_resume(cfg, output)
 
     seed_everything(cfg.seed)  # same initial weights on every rank
-    model = create_classifier(cfg.model, len(classes), cfg.drop_path)
+    model = create_classifier(cfg.model, len(classes), cfg.drop_path, cfg.model_kwargs)
     checkpoint = None
     if resume_path is not None:
         checkpoint = load_resume_checkpoint(resume_path, cfg, classes, model, logger)
@@ -239,7 +239,8 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
         scheduler.step(epoch + 1)
         val = evaluate(model, val_loader, ctx, cfg.amp, cfg.progress, desc="val")
         record = {"type": "epoch", "epoch": epoch, "step": state.global_step, **train_stats,
-                  "val_top1": val["top1"], "val_top5": val["top5"], "val_loss": val["loss"]}
+                  "val_top1": val["top1"], "val_top5": val["top5"], "val_loss": val["loss"],
+                  "val_images": val["images"]}
         epoch_best = val["top1"]
         if ema is not None:
             ema_val = evaluate(ema.module, val_loader, ctx, cfg.amp, cfg.progress, desc="val ema")

@@ -1,0 +1,312 @@
+"""classification/train.py and eval.py on a generated tiny ImageFolder (CPU, 32x32 images).
+
+Most runs call ``main(argv)`` in-process; the torchrun test and one eval run use subprocesses.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # the classification/ scripts package lives at the repository root
+    sys.path.insert(0, str(REPO))
+
+from classification import eval as eval_cli
+from classification import train as train_cli
+from classification.checkpoint import BEST_NAME, LAST_NAME, load_checkpoint_file
+from classification.config import resolve_train_config
+from classification.errors import UsageError
+from classification.logging_utils import read_metrics
+from tiny_imagefolder import make_tiny_imagefolder
+
+TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 8 * 3, 4 * 3, 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """One intra-op thread: faster on a shared 2-core machine, and reproducible."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    return make_tiny_imagefolder(tmp_path_factory.mktemp("imagefolder"))
+
+
+def quick_args(data: Path, output: Path, epochs: int, model: str = "test_convnext",
+               batch_size: int = 8) -> list[str]:
+    """A fast, learnable setting: no mixup / RandAugment / erasing / jitter, fixed lr."""
+    return ["--model", model, "--data-dir", str(data), "--output", str(output),
+            "--epochs", str(epochs), "--batch-size", str(batch_size), "--img-size", "32",
+            "--device", "cpu", "--amp", "none", "--workers", "0", "--seed", "7",
+            "--warmup-epochs", "1", "--warmup-lr", "1e-4", "--lr", "3e-3", "--min-lr", "1e-5",
+            "--lr-base-batch", "0", "--mixup", "0", "--cutmix", "0", "--smoothing", "0",
+            "--reprob", "0", "--aa", "none", "--color-jitter", "0", "--model-ema-decay", "0.8",
+            "--no-progress"]
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def epoch_records(output: Path) -> list[dict]:
+    return [r for r in read_metrics(output / "metrics.jsonl") if r["type"] == "epoch"]
+
+
+@pytest.fixture(scope="module")
+def reference_run(data_root, tmp_path_factory) -> Path:
+    """An uninterrupted 3-epoch run."""
+    output = tmp_path_factory.mktemp("reference") / "run"
+    assert train_cli.main(quick_args(data_root, output, epochs=3)) == 0
+    return output
+
+
+def test_loss_goes_down_and_run_folder_is_complete(reference_run):
+    records = epoch_records(reference_run)
+    assert [r["epoch"] for r in records] == [0, 1, 2]
+    assert [r["step"] for r in records] == [3, 6, 9]  # 24 images / batch 8, one update per batch
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert records[-1]["val_loss"] < records[0]["val_loss"]
+    assert records[-1]["val_top1"] >= 90.0  # chance is 33 %
+    assert all(r["val_images"] == VAL_IMAGES for r in records)
+    for name in (LAST_NAME, BEST_NAME, "config.yaml", "log.txt"):
+        assert (reference_run / name).is_file(), name
+    assert not [p.name for p in reference_run.iterdir() if ".tmp" in p.name]
+    last = load_checkpoint_file(reference_run / LAST_NAME)
+    assert (last["epoch"], last["global_step"], last["model_name"]) == (3, 9, "test_convnext")
+    assert last["classes"] == ["blue", "green", "red"]
+    assert set(last) >= {"model", "model_ema", "optimizer", "scheduler", "scaler", "rng",
+                         "best_top1"}
+    # cosine schedule reached the floor on the last update
+    assert last["optimizer"]["param_groups"][0]["lr"] == pytest.approx(1e-5)
+
+
+class SimulatedCrash(Exception):
+    pass
+
+
+def test_kill_mid_epoch_then_resume_auto_matches_uninterrupted_run(
+        data_root, reference_run, tmp_path, monkeypatch):
+    output = tmp_path / "run"
+    real_train_one_epoch = train_cli.train_one_epoch
+
+    class CrashingLoader:
+        """The epoch-2 loader: two batches are trained (weights change), then the process dies."""
+
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __len__(self):
+            return len(self.loader)
+
+        def __iter__(self):
+            for index, batch in enumerate(self.loader):
+                if index == 2:
+                    raise SimulatedCrash
+                yield batch
+
+    def crash_in_third_epoch(**kwargs):
+        if kwargs["epoch"] == 2:
+            kwargs["loader"] = CrashingLoader(kwargs["loader"])
+        return real_train_one_epoch(**kwargs)
+
+    monkeypatch.setattr(train_cli, "train_one_epoch", crash_in_third_epoch)
+    with pytest.raises(SimulatedCrash):
+        train_cli.main(quick_args(data_root, output, epochs=3))
+    saved = load_checkpoint_file(output / LAST_NAME)
+    assert (saved["epoch"], saved["global_step"]) == (2, 6)  # only the unfinished epoch is lost
+
+    monkeypatch.setattr(train_cli, "train_one_epoch", real_train_one_epoch)
+    assert train_cli.main(quick_args(data_root, output, epochs=3) + ["--resume", "auto"]) == 0
+
+    resumed, reference = epoch_records(output), epoch_records(reference_run)
+    assert [r["epoch"] for r in resumed] == [0, 1, 2]
+    for got, want in zip(resumed, reference):
+        for key in ("step", "train_loss", "lr", "val_top1", "val_loss", "ema_top1", "ema_loss"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    final, expected = load_checkpoint_file(output / LAST_NAME), load_checkpoint_file(
+        reference_run / LAST_NAME)
+    assert final["global_step"] == expected["global_step"] == 9
+    for part in ("model", "model_ema"):
+        for key, value in expected[part].items():
+            torch.testing.assert_close(final[part][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_torchrun_two_cpu_processes(data_root, tmp_path):
+    output = tmp_path / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+               str(REPO / "classification" / "train.py"),
+               *quick_args(data_root, output, epochs=2, batch_size=4)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = epoch_records(output)
+    # 24 images over 2 processes x 4 per batch: 3 updates per epoch; val images counted once
+    assert [(r["epoch"], r["step"]) for r in records] == [(0, 3), (1, 6)]
+    assert all(r["val_images"] == VAL_IMAGES for r in records)
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    last = load_checkpoint_file(output / LAST_NAME)
+    assert last["world_size"] == 2 and len(last["rng"]) == 2
+    assert not any(k.startswith("module.") for k in last["model"])
+
+
+def run_eval(capsys, argv: list[str]) -> dict:
+    assert eval_cli.main([*argv, "--device", "cpu", "--workers", "0", "--no-progress"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_eval_reports_the_training_runs_accuracy(data_root, reference_run, tmp_path, capsys):
+    best = load_checkpoint_file(reference_run / BEST_NAME)
+    record = best["metrics"]
+    common = ["--model", "test_convnext", "--data-dir", str(data_root), "--img-size", "32",
+              "--crop-pct", "0.875", "--interpolation", "bicubic", "--batch-size", "5"]
+    model_result = run_eval(capsys, [*common, "--checkpoint", str(reference_run / BEST_NAME)])
+    assert model_result["images"] == VAL_IMAGES
+    assert model_result["top1"] == pytest.approx(record["val_top1"])
+    assert model_result["loss"] == pytest.approx(record["val_loss"], rel=1e-5)
+    assert model_result["top5"] == 100.0  # 3 classes: the true one is always in the top 5
+    assert model_result["img_per_s"] > 0
+    ema_result = run_eval(capsys, [*common, "--checkpoint", str(reference_run / BEST_NAME),
+                                   "--use-ema"])
+    assert ema_result["loss"] == pytest.approx(record["ema_loss"], rel=1e-5)
+    # a plain state dict goes through timm's pretrained loading and gives the same numbers
+    plain = tmp_path / "plain.pth"
+    torch.save(best["model"], plain)
+    plain_result = run_eval(capsys, [*common, "--checkpoint", str(plain)])
+    assert plain_result["loss"] == pytest.approx(model_result["loss"], rel=1e-6)
+    # an official-style file ({"model": ..., "model_ema": ...}) with --use-ema
+    official = tmp_path / "official.pth"
+    torch.save({"model": best["model"], "model_ema": best["model_ema"]}, official)
+    official_result = run_eval(capsys, [*common, "--checkpoint", str(official), "--use-ema"])
+    assert official_result["loss"] == pytest.approx(ema_result["loss"], rel=1e-6)
+
+
+def test_vmamba2d_model_trains_and_evaluates(data_root, tmp_path, capsys):
+    output = tmp_path / "vm"
+    tiny = ["--model-kwargs", "dims=16", "depths=[1,1,1,1]", "scan_backend=torch"]
+    argv = quick_args(data_root, output, epochs=2, model="vmamba2d_tiny") + tiny
+    assert train_cli.main(argv + ["--drop-path", "0.1"]) == 0
+    capsys.readouterr()
+    records = epoch_records(output)
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert records[-1]["step"] == 6
+    # model_kwargs come from the checkpoint; --data-dir may point at the val folder itself
+    evaluated = run_eval(capsys, ["--model", "vmamba2d_tiny", "--checkpoint",
+                                  str(output / LAST_NAME), "--data-dir", str(data_root / "val"),
+                                  "--img-size", "32", "--crop-pct", "0.875"])
+    assert evaluated["top1"] == pytest.approx(records[-1]["val_top1"])
+    assert evaluated["images"] == VAL_IMAGES
+
+
+# ---------------------------------------------------------------- bad input ----------------
+
+def expect_usage_error(capsys, argv: list[str], *fragments: str, cli=train_cli) -> str:
+    assert cli.main(argv) == 2
+    message = capsys.readouterr().err
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_missing_and_empty_data_dir(tmp_path, capsys):
+    output = tmp_path / "out"
+    expect_usage_error(capsys, quick_args(tmp_path / "nowhere", output, 2), "--data-dir",
+                       "not found")
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    (tmp_path / "empty" / "val").mkdir()
+    expect_usage_error(capsys, quick_args(tmp_path / "empty", output, 2), "no class sub-folders")
+    (tmp_path / "empty" / "train" / "cat").mkdir()
+    expect_usage_error(capsys, quick_args(tmp_path / "empty", output, 2), "without images", "cat")
+    assert not output.exists()
+
+
+def test_train_and_val_classes_differ(tmp_path, capsys):
+    data = make_tiny_imagefolder(tmp_path / "data", train_per_class=2, val_per_class=1)
+    (data / "val" / "red").rename(data / "val" / "purple")
+    output = tmp_path / "out"
+    expect_usage_error(capsys, quick_args(data, output, 2), "differ", "red", "purple")
+    assert not output.exists()
+
+
+def test_unknown_model_name(data_root, tmp_path, capsys):
+    output = tmp_path / "out"
+    expect_usage_error(capsys, quick_args(data_root, output, 2, model="vmamba2d_tinny"),
+                       "unknown model name 'vmamba2d_tinny'", "vmamba2d_tiny")
+    assert not output.exists()
+    expect_usage_error(capsys, ["--model", "no_such_net", "--checkpoint", "x.pth", "--data-dir",
+                                str(data_root)], "unknown model name", cli=eval_cli)
+
+
+def test_existing_run_is_never_overwritten(data_root, reference_run, tmp_path, capsys):
+    before = file_digest(reference_run / LAST_NAME)
+    expect_usage_error(capsys, quick_args(data_root, reference_run, 2), "already holds",
+                       "--resume auto")
+    other = tmp_path / "other.pth"
+    other.write_bytes((reference_run / LAST_NAME).read_bytes())
+    expect_usage_error(capsys, quick_args(data_root, reference_run, 2) + ["--resume", str(other)],
+                       "would overwrite")
+    assert file_digest(reference_run / LAST_NAME) == before
+
+
+def test_resume_from_another_models_checkpoint(data_root, reference_run, tmp_path, capsys):
+    output = tmp_path / "out"
+    checkpoint = str(reference_run / LAST_NAME)
+    expect_usage_error(capsys, quick_args(data_root, output, 2, model="test_resnet")
+                       + ["--resume", checkpoint], "trained as 'test_convnext'", "test_resnet")
+    # same name but other weights: keys are checked before anything is loaded or written
+    foreign = tmp_path / "foreign.pth"
+    ckpt = load_checkpoint_file(reference_run / LAST_NAME)
+    ckpt["model"] = {"fc.weight": torch.zeros(3, 4)}
+    torch.save(ckpt, foreign)
+    expect_usage_error(capsys, quick_args(data_root, output, 2) + ["--resume", str(foreign)],
+                       "missing key", "unexpected key(s): fc.weight")
+    assert not output.exists()
+    expect_usage_error(capsys, ["--model", "test_resnet", "--checkpoint", checkpoint,
+                                "--data-dir", str(data_root)], "trained as 'test_convnext'",
+                       cli=eval_cli)
+    plain = tmp_path / "plain.pth"
+    torch.save(ckpt["model_ema"], plain)
+    expect_usage_error(capsys, ["--model", "test_resnet", "--checkpoint", str(plain),
+                                "--data-dir", str(data_root), "--device", "cpu"],
+                       "does not fit model 'test_resnet'", cli=eval_cli)
+
+
+def test_recipe_files_hold_the_design_recipe():
+    expected_drop_path = {"tiny": 0.2, "small": 0.3, "base": 0.6}
+    for family in ("vmamba2d", "vmamba"):
+        for size, drop_path in expected_drop_path.items():
+            name = f"{family}_{size}"
+            cfg = resolve_train_config(["--config", name, "--data-dir", "d", "--output", "o"])
+            assert cfg.model == name and cfg.drop_path == drop_path
+            assert (cfg.epochs, cfg.warmup_epochs, cfg.weight_decay, cfg.clip_grad) == (
+                300, 20, 0.05, 5.0)
+            assert (cfg.mixup, cfg.cutmix, cfg.smoothing, cfg.reprob) == (0.8, 1.0, 0.1, 0.25)
+            assert cfg.aa == "rand-m9-mstd0.5-inc1" and cfg.model_ema_decay == 0.9999
+            # 8 processes x 128 = 1024 images per update → lr 1e-3 (DESIGN.md §4)
+            assert cfg.lr * cfg.lr_scale(world_size=8) == pytest.approx(1e-3)
+    with pytest.raises(UsageError, match="--config"):
+        resolve_train_config(["--config", "no_such_recipe", "--data-dir", "d", "--output", "o"])
+    cfg = resolve_train_config(["--config", "vmamba2d_tiny", "--data-dir", "d", "--output", "o",
+                                "--clip-grad", "none", "--no-model-ema", "--accum-steps", "8",
+                                "--batch-size", "128"])
+    assert cfg.clip_grad is None and cfg.model_ema is False
+    assert cfg.lr * cfg.lr_scale(world_size=1) == pytest.approx(1e-3)
