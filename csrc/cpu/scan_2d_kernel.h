@@ -1,0 +1,294 @@
+// 2D selective scan on CPU: the per-(batch, channel) forward and backward kernels on raw pointers.
+//
+// Recurrence (DESIGN.md section 1), per batch b, channel d, state n, pixel p = i * W + j:
+//   dt = softplus(delta + delta_bias[d])   (identity without softplus)
+//   a  = exp(dt * A[d, n])
+//   hh[i, j] = a[i, j] * hh[i, j - 1] + dt * B[g, n, p] * u      (horizontal)
+//   h[i, j]  = a[i, j] * h[i - 1, j]  + hh[i, j]                  (vertical)
+//   y = sum_n C[g, n, p] * h + D[d] * u
+//
+// The kernels work on one state map of L = H * W values at a time, in a small per-task workspace,
+// so the N per-state maps are never held for more than one (batch, channel) pair. Loops along a
+// row are written over contiguous memory so the compiler vectorises them; the horizontal
+// recurrences, which are serial along a row, are interleaved over several rows to hide latency.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace vmamba2d {
+namespace cpu {
+
+struct ScanShape {
+  int64_t batch;
+  int64_t dim;
+  int64_t groups;
+  int64_t nstate;
+  int64_t height;
+  int64_t width;
+
+  int64_t length() const { return height * width; }
+  int64_t channels_per_group() const { return dim / groups; }
+};
+
+// Read-only inputs, all contiguous and of one scalar type T.
+// u, delta: (batch, dim, L); A: (dim, N); B, C: (batch, groups, N, L); D, delta_bias: (dim,) or null.
+template <typename T>
+struct ScanInputs {
+  const T* u;
+  const T* delta;
+  const T* A;
+  const T* B;
+  const T* C;
+  const T* D;
+  const T* delta_bias;
+  bool delta_softplus;
+};
+
+// Number of rows whose serial horizontal recurrences are advanced together.
+constexpr int64_t kRowInterleave = 8;
+
+template <typename T>
+inline T softplus(T z) {
+  // Same threshold as torch.nn.functional.softplus (beta 1, threshold 20).
+  return z > T(20) ? z : std::log1p(std::exp(z));
+}
+
+template <typename T>
+inline T sigmoid(T z) {
+  return T(1) / (T(1) + std::exp(-z));
+}
+
+// dt[p] = softplus(delta[p] + bias) (or without softplus); also dt_u[p] = dt[p] * u[p].
+template <typename T>
+void compute_dt(const T* delta, const T* u, T bias, bool use_softplus, int64_t length, T* dt, T* dt_u) {
+  if (use_softplus) {
+    for (int64_t p = 0; p < length; ++p) dt[p] = softplus(delta[p] + bias);
+  } else {
+    for (int64_t p = 0; p < length; ++p) dt[p] = delta[p] + bias;
+  }
+  for (int64_t p = 0; p < length; ++p) dt_u[p] = dt[p] * u[p];
+}
+
+// decay[p] = exp(dt[p] * a_rate) and x[p] = dt_u[p] * b[p] for one state.
+template <typename T>
+void discretize_state(const T* dt, const T* dt_u, const T* b, T a_rate, int64_t length, T* decay, T* x) {
+  for (int64_t p = 0; p < length; ++p) decay[p] = std::exp(dt[p] * a_rate);
+  for (int64_t p = 0; p < length; ++p) x[p] = dt_u[p] * b[p];
+}
+
+// In place: values[i, j] <- decay[i, j] * values[i, j - 1] + values[i, j] along every row.
+template <typename T>
+void scan_rows_forward(const T* decay, T* values, int64_t height, int64_t width) {
+  int64_t i = 0;
+  for (; i + kRowInterleave <= height; i += kRowInterleave) {
+    T carry[kRowInterleave] = {};
+    for (int64_t j = 0; j < width; ++j) {
+      for (int64_t r = 0; r < kRowInterleave; ++r) {
+        const int64_t p = (i + r) * width + j;
+        carry[r] = decay[p] * carry[r] + values[p];
+        values[p] = carry[r];
+      }
+    }
+  }
+  for (; i < height; ++i) {
+    T carry = T(0);
+    for (int64_t j = 0; j < width; ++j) {
+      const int64_t p = i * width + j;
+      carry = decay[p] * carry + values[p];
+      values[p] = carry;
+    }
+  }
+}
+
+// In place, right to left: values[i, j] <- values[i, j] + decay[i, j + 1] * values[i, j + 1].
+template <typename T>
+void scan_rows_reverse(const T* decay, T* values, int64_t height, int64_t width) {
+  int64_t i = 0;
+  for (; i + kRowInterleave <= height; i += kRowInterleave) {
+    T carry[kRowInterleave] = {};  // decay[i, j + 1] * values[i, j + 1]
+    for (int64_t j = width - 1; j >= 0; --j) {
+      for (int64_t r = 0; r < kRowInterleave; ++r) {
+        const int64_t p = (i + r) * width + j;
+        const T v = values[p] + carry[r];
+        values[p] = v;
+        carry[r] = decay[p] * v;
+      }
+    }
+  }
+  for (; i < height; ++i) {
+    T carry = T(0);
+    for (int64_t j = width - 1; j >= 0; --j) {
+      const int64_t p = i * width + j;
+      const T v = values[p] + carry;
+      values[p] = v;
+      carry = decay[p] * v;
+    }
+  }
+}
+
+// Workspace of one task: `count` arrays of L values each.
+template <typename T>
+class Workspace {
+ public:
+  Workspace(int64_t length, int64_t count) : length_(length), data_(static_cast<size_t>(length * count)) {}
+  T* array(int64_t index) { return data_.data() + index * length_; }
+
+ private:
+  int64_t length_;
+  std::vector<T> data_;
+};
+
+constexpr int64_t kForwardArrays = 4;  // dt, dt_u, decay, state
+
+// y for one (batch, channel): y[p] = sum_n C[n, p] * h_n[p] + D * u[p].
+template <typename T>
+void forward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d, T* y,
+                     Workspace<T>& ws) {
+  const int64_t L = s.length();
+  const int64_t W = s.width;
+  const int64_t g = d / s.channels_per_group();
+  const int64_t offset = (b * s.dim + d) * L;
+  const T* u = in.u + offset;
+  const T* B = in.B + (b * s.groups + g) * s.nstate * L;
+  const T* C = in.C + (b * s.groups + g) * s.nstate * L;
+  T* dt = ws.array(0);
+  T* dt_u = ws.array(1);
+  T* decay = ws.array(2);
+  T* h = ws.array(3);
+
+  compute_dt(in.delta + offset, u, in.delta_bias ? in.delta_bias[d] : T(0), in.delta_softplus, L, dt, dt_u);
+  const T skip = in.D ? in.D[d] : T(0);
+  for (int64_t p = 0; p < L; ++p) y[p] = skip * u[p];
+
+  for (int64_t n = 0; n < s.nstate; ++n) {
+    const T* b_n = B + n * L;
+    const T* c_n = C + n * L;
+    discretize_state(dt, dt_u, b_n, in.A[d * s.nstate + n], L, decay, h);
+    scan_rows_forward(decay, h, s.height, W);
+    for (int64_t j = 0; j < W; ++j) y[j] += c_n[j] * h[j];
+    for (int64_t i = 1; i < s.height; ++i) {
+      const int64_t row = i * W;
+      for (int64_t j = 0; j < W; ++j) {
+        h[row + j] += decay[row + j] * h[row - W + j];
+        y[row + j] += c_n[row + j] * h[row + j];
+      }
+    }
+  }
+}
+
+// Where one backward task writes. du, ddelta: (L,) of its channel; dB, dC: (N, L) accumulators of
+// its (batch, group) (shared by the channels of the task, never by two tasks);
+// dA: (N,) and dD, ddelta_bias: scalars, per (batch, channel), reduced over the batch afterwards.
+template <typename T>
+struct ChannelGrads {
+  T* du;
+  T* ddelta;
+  T* dB;
+  T* dC;
+  T* dA;
+  T* dD;
+  T* ddelta_bias;
+};
+
+constexpr int64_t kBackwardArrays = 8;  // dt, dt_u, ddt, decay, hh, h, lambda, mu
+
+// Gradients of one (batch, channel), recomputing the forward scans state by state.
+// Adjoints: lambda = dL/dh, mu = dL/dhh:
+//   lambda[i, j] = C dy + a[i + 1, j] lambda[i + 1, j]        (reverse vertical)
+//   mu[i, j]     = lambda[i, j] + a[i, j + 1] mu[i, j + 1]     (reverse horizontal)
+//   dx = mu,  da[i, j] = lambda[i, j] h[i - 1, j] + mu[i, j] hh[i, j - 1]
+// then through a = exp(dt A), x = dt B u and dt = softplus(delta + bias).
+template <typename T>
+void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d, const T* dy,
+                      const ChannelGrads<T>& out, Workspace<T>& ws) {
+  const int64_t L = s.length();
+  const int64_t H = s.height;
+  const int64_t W = s.width;
+  const int64_t g = d / s.channels_per_group();
+  const int64_t offset = (b * s.dim + d) * L;
+  const T* u = in.u + offset;
+  const T* B = in.B + (b * s.groups + g) * s.nstate * L;
+  const T* C = in.C + (b * s.groups + g) * s.nstate * L;
+  T* dt = ws.array(0);
+  T* dt_u = ws.array(1);
+  T* ddt = ws.array(2);
+  T* decay = ws.array(3);
+  T* hh = ws.array(4);
+  T* h = ws.array(5);
+  T* lambda = ws.array(6);
+  T* mu = ws.array(7);
+
+  const T bias = in.delta_bias ? in.delta_bias[d] : T(0);
+  compute_dt(in.delta + offset, u, bias, in.delta_softplus, L, dt, dt_u);
+  const T skip = in.D ? in.D[d] : T(0);
+  T dskip = T(0);
+  for (int64_t p = 0; p < L; ++p) {
+    out.du[p] = skip * dy[p];
+    dskip += dy[p] * u[p];
+    ddt[p] = T(0);
+  }
+  if (out.dD) *out.dD = dskip;
+
+  for (int64_t n = 0; n < s.nstate; ++n) {
+    const T* b_n = B + n * L;
+    const T* c_n = C + n * L;
+    T* db_n = out.dB + n * L;
+    T* dc_n = out.dC + n * L;
+    const T a_rate = in.A[d * s.nstate + n];
+
+    // Recompute hh and h.
+    discretize_state(dt, dt_u, b_n, a_rate, L, decay, hh);
+    scan_rows_forward(decay, hh, H, W);
+    std::copy(hh, hh + W, h);
+    for (int64_t i = 1; i < H; ++i) {
+      const int64_t row = i * W;
+      for (int64_t j = 0; j < W; ++j) h[row + j] = decay[row + j] * h[row - W + j] + hh[row + j];
+    }
+    for (int64_t p = 0; p < L; ++p) dc_n[p] += dy[p] * h[p];
+
+    // lambda: reverse vertical scan of C * dy.
+    const int64_t last = (H - 1) * W;
+    for (int64_t j = 0; j < W; ++j) lambda[last + j] = c_n[last + j] * dy[last + j];
+    for (int64_t i = H - 2; i >= 0; --i) {
+      const int64_t row = i * W;
+      for (int64_t j = 0; j < W; ++j) {
+        lambda[row + j] = c_n[row + j] * dy[row + j] + decay[row + W + j] * lambda[row + W + j];
+      }
+    }
+    // mu: reverse horizontal scan of lambda.
+    std::copy(lambda, lambda + L, mu);
+    scan_rows_reverse(decay, mu, H, W);
+
+    // d(decay) -> d(dt) and dA; dx = mu -> dB, d(dt), du.
+    T da_rate = T(0);
+    for (int64_t i = 0; i < H; ++i) {
+      const int64_t row = i * W;
+      for (int64_t j = 0; j < W; ++j) {
+        const int64_t p = row + j;
+        const T from_above = i > 0 ? lambda[p] * h[p - W] : T(0);
+        const T from_left = j > 0 ? mu[p] * hh[p - 1] : T(0);
+        const T dlog_decay = (from_above + from_left) * decay[p];  // dL/d(dt * A)
+        da_rate += dlog_decay * dt[p];
+        ddt[p] += dlog_decay * a_rate + mu[p] * b_n[p] * u[p];
+        db_n[p] += mu[p] * dt_u[p];
+        out.du[p] += mu[p] * dt[p] * b_n[p];
+      }
+    }
+    out.dA[n] = da_rate;
+  }
+
+  T dbias = T(0);
+  const T* delta = in.delta + offset;
+  for (int64_t p = 0; p < L; ++p) {
+    const T grad = in.delta_softplus ? ddt[p] * sigmoid(delta[p] + bias) : ddt[p];
+    out.ddelta[p] = grad;
+    dbias += grad;
+  }
+  if (out.ddelta_bias) *out.ddelta_bias = dbias;
+}
+
+}  // namespace cpu
+}  // namespace vmamba2d

@@ -1,0 +1,49 @@
+"""FLOP counting for the 2D selective-scan custom op with fvcore.
+
+fvcore traces models with ``torch.jit.trace``; the compiled scan shows up as a node named after its
+custom op (``vmamba2d::selective_scan_2d_fwd``). Register the handles with
+``FlopCountAnalysis(model, inputs).set_op_handle(**FVCORE_OP_HANDLES)``, or
+``set_op_handle(name, handle)`` for each item.
+
+Convention (DESIGN.md section 1, one multiply-add = one flop): 15 * B * L * D * N, plus B * D * L
+for the ``D * u`` skip term when ``D`` is given.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from .fused import FWD_OP_NAME
+
+# Argument positions in the op's schema (u, delta, A, B, C, D, ...).
+_U, _A, _D = 0, 2, 5
+
+
+def scan_2d_flops(batch: int, dim: int, length: int, nstate: int, with_d: bool) -> int:
+    """FLOPs of one 2D selective scan over u (batch, dim, length) with ``nstate`` states."""
+    return 15 * batch * length * dim * nstate + (batch * dim * length if with_d else 0)
+
+
+def _tensor_sizes(value: Any) -> Optional[list[int]]:
+    """Static sizes of a traced tensor value, or None when it is not a tensor of known shape."""
+    value_type = value.type()
+    if value_type.kind() != "TensorType":
+        return None
+    return value_type.sizes()
+
+
+def selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
+    """fvcore op handle for ``vmamba2d::selective_scan_2d_fwd``: the flops of one node.
+
+    ``inputs`` are the node's traced argument values: u (batch, dim, L) first, A (dim, N) third,
+    D (dim,) or None sixth.
+    """
+    u_sizes = _tensor_sizes(inputs[_U])
+    a_sizes = _tensor_sizes(inputs[_A])
+    if u_sizes is None or a_sizes is None:
+        raise ValueError(f"{FWD_OP_NAME}: the traced graph has no static shapes for u / A")
+    batch, dim, length = u_sizes
+    with_d = inputs[_D].type().kind() != "NoneType"
+    return scan_2d_flops(batch, dim, length, a_sizes[1], with_d)
+
+
+FVCORE_OP_HANDLES: dict[str, Callable[[list, list], int]] = {FWD_OP_NAME: selective_scan_2d_flop_jit}

@@ -1,0 +1,186 @@
+"""The compiled 2D selective-scan kernels as ``torch.library`` custom ops.
+
+Two ops, both implemented by the extension for the inputs' device (``vmamba2d._C_cpu`` or its JIT
+build for CPU tensors, ``vmamba2d._C_cuda`` for CUDA tensors):
+
+    vmamba2d::selective_scan_2d_fwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus, height,
+                                    width, out_fp32) -> y
+    vmamba2d::selective_scan_2d_bwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus, height,
+                                    width, dy) -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
+
+Each has a fake (meta) implementation, so ``torch.compile(fullgraph=True)`` traces through them,
+and the forward op's autograd formula calls the backward op, which recomputes the scan from the
+saved inputs (nothing but the inputs is kept between forward and backward). The backward op
+returns empty tensors for ``dD`` / ``ddelta_bias`` when ``D`` / ``delta_bias`` are None.
+
+Dtypes: the CPU kernel computes in fp32 (fp64 for fp64 inputs), so fp16 / bf16 inputs (e.g. under
+autocast) are cast to fp32 before the op; the CUDA kernel takes fp32 / fp16 / bf16 scan inputs
+directly with fp32 ``A``, ``D`` and ``delta_bias`` and accumulates in fp32. The casts happen outside
+the op, so autograd returns every gradient in its input's dtype.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+from . import _extensions
+
+Tensor = torch.Tensor
+
+FWD_OP_NAME = "vmamba2d::selective_scan_2d_fwd"
+BWD_OP_NAME = "vmamba2d::selective_scan_2d_bwd"
+
+_CUDA_SCAN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _kernel_module(device: torch.device) -> ModuleType:
+    if device.type == "cuda":
+        module, kind = _extensions.cuda_extension(), "cuda"
+    elif device.type == "cpu":
+        module, kind = _extensions.cpu_extension(), "cpu"
+    else:
+        raise ValueError(f"the compiled 2D scan kernels take CPU or CUDA tensors, got {device}")
+    if module is None:
+        raise RuntimeError(f"the {kind} 2D scan kernel is unavailable: {_extensions.failure_reason(kind)}")
+    return module
+
+
+@torch.library.custom_op(FWD_OP_NAME, mutates_args=())
+def selective_scan_2d_fwd(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    delta_softplus: bool,
+    height: int,
+    width: int,
+    out_fp32: bool,
+) -> Tensor:
+    """Kernel forward: y (batch, dim, L), fp32 if ``out_fp32`` else u's dtype.
+
+    Inputs contiguous; u, delta (batch, dim, L) and B, C (batch, groups, N, L) of one dtype;
+    A (dim, N), D and delta_bias (dim,) or None.
+    """
+    return _kernel_module(u.device).forward(
+        u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32
+    )
+
+
+@selective_scan_2d_fwd.register_fake
+def _selective_scan_2d_fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32):
+    return u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype)
+
+
+@torch.library.custom_op(BWD_OP_NAME, mutates_args=())
+def selective_scan_2d_bwd(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    delta_softplus: bool,
+    height: int,
+    width: int,
+    dy: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Kernel backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias), each shaped and typed like its input.
+
+    dy is (batch, dim, L), contiguous. dD / ddelta_bias are empty (shape (0,)) when D /
+    delta_bias is None.
+    """
+    grads = _kernel_module(u.device).backward(
+        u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy
+    )
+    du, ddelta, dA, dB, dC, dD, dbias = grads
+    like = (u, delta, A, B, C)
+    du, ddelta, dA, dB, dC = (g.to(t.dtype) for g, t in zip((du, ddelta, dA, dB, dC), like))
+    dD = dD.to(D.dtype) if D is not None else A.new_empty(0)
+    dbias = dbias.to(delta_bias.dtype) if delta_bias is not None else A.new_empty(0)
+    return du, ddelta, dA, dB, dC, dD, dbias
+
+
+@selective_scan_2d_bwd.register_fake
+def _selective_scan_2d_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy):
+    optional = tuple(
+        torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias)
+    )
+    return tuple(torch.empty_like(t) for t in (u, delta, A, B, C)) + optional
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, _ = inputs
+    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias)
+    ctx.scan_args = (delta_softplus, height, width)
+
+
+def _backward(ctx, dy: Tensor):
+    u, delta, A, B, C, D, delta_bias = ctx.saved_tensors
+    du, ddelta, dA, dB, dC, dD, dbias = selective_scan_2d_bwd(
+        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous()
+    )
+    return (
+        du, ddelta, dA, dB, dC,
+        dD if D is not None else None,
+        dbias if delta_bias is not None else None,
+        None, None, None, None,
+    )
+
+
+selective_scan_2d_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _kernel_dtypes(u: Tensor, delta: Tensor, B: Tensor, C: Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(scan dtype for u / delta / B / C, dtype for A / D / delta_bias) that the kernel takes."""
+    common = u.dtype
+    for t in (delta, B, C):
+        common = torch.promote_types(common, t.dtype)
+    if u.device.type == "cpu":
+        compute = torch.float64 if common == torch.float64 else torch.float32
+        return compute, compute
+    if common not in _CUDA_SCAN_DTYPES:
+        raise TypeError(
+            f"the cuda 2D scan kernel takes float32, float16 or bfloat16 inputs, got {common}; "
+            "use backend='torch' for float64"
+        )
+    return common, torch.float32
+
+
+def selective_scan_2d_fused(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    delta_softplus: bool,
+    height: int,
+    width: int,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """2D selective scan on the compiled kernel of the inputs' device (differentiable).
+
+    Args (already validated by :func:`vmamba2d.ops.validation.check_scan_inputs`): u, delta
+    (batch, dim, L); A (dim, N); B, C (batch, groups, N, L); D, delta_bias (dim,) or None;
+    L == height * width. Any strides and floating dtypes.
+    Returns: y (batch, dim, L) in ``out_dtype``.
+    """
+    scan_dtype, param_dtype = _kernel_dtypes(u, delta, B, C)
+
+    def prepare(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+        return None if t is None else t.to(dtype).contiguous()
+
+    out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
+    y = selective_scan_2d_fwd(
+        prepare(u, scan_dtype), prepare(delta, scan_dtype), prepare(A, param_dtype),
+        prepare(B, scan_dtype), prepare(C, scan_dtype), prepare(D, param_dtype),
+        prepare(delta_bias, param_dtype), bool(delta_softplus), int(height), int(width), out_fp32,
+    )
+    return y.to(out_dtype)
