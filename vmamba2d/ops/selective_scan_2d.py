@@ -31,6 +31,8 @@ MAX_NSTATE = {"cpu": 256, "cuda": 64}
 _warned_fallbacks: set[str] = set()
 
 
+# torch.compile treats the answer as a constant instead of tracing the import / JIT build.
+@torch.compiler.assume_constant_result
 def _kernel_available(name: str) -> bool:
     loader = _extensions.cuda_extension if name == "cuda" else _extensions.cpu_extension
     return loader() is not None
