@@ -310,3 +310,35 @@ def test_recipe_files_hold_the_design_recipe():
                                 "--batch-size", "128"])
     assert cfg.clip_grad is None and cfg.model_ema is False
     assert cfg.lr * cfg.lr_scale(world_size=1) == pytest.approx(1e-3)
+
+
+def test_gradient_accumulation_matches_the_full_batch(data_root, tmp_path):
+    """batch 4 x 2 accumulation steps = batch 8 (same images per update, per-sample norms).
+
+    SGD without clipping, so a wrongly scaled accumulated gradient changes the weights."""
+    overrides = ["--warmup-epochs", "0", "--drop-path", "0", "--opt", "sgd", "--lr", "0.05",
+                 "--clip-grad", "none"]
+    full, accumulated = tmp_path / "full", tmp_path / "accumulated"
+    assert train_cli.main(quick_args(data_root, full, 1) + overrides) == 0
+    assert train_cli.main(quick_args(data_root, accumulated, 1, batch_size=4) + overrides
+                          + ["--accum-steps", "2"]) == 0
+    want, got = (load_checkpoint_file(p / LAST_NAME) for p in (full, accumulated))
+    assert want["global_step"] == got["global_step"] == 3
+    for key, value in want["model"].items():
+        torch.testing.assert_close(got["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_mixed_precision_with_recipe_augmentation(data_root, tmp_path, amp):
+    """AMP (fp16 with a GradScaler) plus the recipe's mixup/cutmix, RandAugment, erasing, jitter."""
+    output = tmp_path / amp
+    recipe_augmentation = ["--mixup", "0.8", "--cutmix", "1.0", "--smoothing", "0.1",
+                           "--reprob", "0.25", "--aa", "rand-m9-mstd0.5-inc1",
+                           "--color-jitter", "0.4", "--accum-steps", "2", "--batch-size", "4"]
+    assert train_cli.main(quick_args(data_root, output, 2) + ["--amp", amp]
+                          + recipe_augmentation) == 0
+    records = epoch_records(output)
+    assert [r["step"] for r in records] == [3, 6]
+    assert all(torch.isfinite(torch.tensor(r["train_loss"])) for r in records)
+    scaler = load_checkpoint_file(output / LAST_NAME)["scaler"]
+    assert bool(scaler) == (amp == "fp16")  # GradScaler state only when it is enabled
