@@ -88,6 +88,6 @@ def load_model_for_eval(name: str, checkpoint_path: Path, num_classes: int, use_
                                  **(model_kwargs or {}),
                                  pretrained_cfg_overlay={"state_dict": state,
                                                          "num_classes": num_classes})
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # strict load_state_dict / checkpoint filter
         raise UsageError(f"{source} does not fit model '{name}' with {num_classes} classes: "
                          " ".join(str(error).split())[:800]) from error

@@ -215,6 +215,42 @@ def test_vmamba2d_model_trains_and_evaluates(data_root, tmp_path, capsys):
                                   "--img-size", "32", "--crop-pct", "0.875"])
     assert evaluated["top1"] == pytest.approx(records[-1]["val_top1"])
     assert evaluated["images"] == VAL_IMAGES
+    # the same weights in the public VMamba v2 layout (DESIGN.md §2) load through timm's filter
+    trained = load_checkpoint_file(output / LAST_NAME)
+    official = tmp_path / "official_layout.pth"
+    torch.save({"model": official_vmamba_layout(trained["model"]),
+                "model_ema": official_vmamba_layout(trained["model_ema"])}, official)
+    common = ["--model", "vmamba2d_tiny", *tiny, "--data-dir", str(data_root), "--img-size", "32",
+              "--crop-pct", "0.875", "--checkpoint", str(official)]
+    from_official = run_eval(capsys, common)
+    assert from_official["loss"] == pytest.approx(evaluated["loss"], rel=1e-6)
+    ema_from_official = run_eval(capsys, [*common, "--use-ema"])
+    assert ema_from_official["loss"] == pytest.approx(records[-1]["ema_loss"], rel=1e-5)
+
+
+def official_vmamba_layout(state_dict: dict) -> dict:
+    """Rename our VMamba keys to the public VMamba v2 names (DESIGN.md §2); 1x1 convs → Linear."""
+    stem = {"conv1": "0", "norm1": "2", "conv2": "5", "norm2": "7"}
+    renamed = {}
+    for key, value in state_dict.items():
+        parts = key.split(".")
+        if parts[0] == "stem":
+            name = f"patch_embed.{stem[parts[1]]}." + ".".join(parts[2:])
+        elif parts[0] == "stages" and parts[2] == "blocks":
+            name = f"layers.{parts[1]}." + ".".join(parts[2:])
+        elif parts[0] == "stages" and parts[2] == "downsample":
+            index = {"conv": "1", "norm": "3"}[parts[3]]
+            name = f"layers.{int(parts[1]) - 1}.downsample.{index}." + ".".join(parts[4:])
+        elif parts[0] == "norm":
+            name = "classifier." + key
+        elif parts[:2] == ["head", "fc"]:
+            name = "classifier.head." + ".".join(parts[2:])
+        else:
+            raise AssertionError(f"unexpected key {key}")
+        if value.dim() == 4 and value.shape[2:] == (1, 1):
+            value = value.flatten(1)
+        renamed[name] = value
+    return renamed
 
 
 # ---------------------------------------------------------------- bad input ----------------
