@@ -64,6 +64,9 @@ def resolve_resume(cfg: TrainConfig, output: Path) -> Optional[Path]:
         if existing is not None:
             raise UsageError(f"--output {output} already holds a training run ({existing}); pass "
                              "--resume auto to continue it, or choose another --output")
+        if output.is_dir() and any(output.iterdir()):
+            raise UsageError(f"--output {output} is not empty; choose a new folder (or pass "
+                             "--resume auto to (re)start the run kept there)")
         return None
     if cfg.resume == "auto":
         return existing
@@ -142,6 +145,9 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
     check_model_name(cfg.model)
     output = Path(cfg.output)
     resume_path = resolve_resume(cfg, output)
+    if len(set(gather_objects(str(resume_path), ctx))) > 1:
+        raise UsageError(f"processes disagree on what to resume from --output {output}: it must "
+                         "be on a filesystem shared by all nodes")
 
     seed_everything(cfg.seed)  # same initial weights on every rank
     model = create_classifier(cfg.model, len(classes), cfg.drop_path, cfg.model_kwargs)

@@ -301,6 +301,10 @@ def test_existing_run_is_never_overwritten(data_root, reference_run, tmp_path, c
     expect_usage_error(capsys, quick_args(data_root, reference_run, 2) + ["--resume", str(other)],
                        "would overwrite")
     assert file_digest(reference_run / LAST_NAME) == before
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("keep me")
+    expect_usage_error(capsys, quick_args(data_root, tmp_path / "busy", 2), "not empty")
+    assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
 
 
 def test_resume_from_another_models_checkpoint(data_root, reference_run, tmp_path, capsys):
