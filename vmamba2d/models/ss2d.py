@@ -140,9 +140,11 @@ class SS2D(nn.Module):
         dt_proj = self.dt_projs_weight[order].reshape(k * d_inner, r, 1)
         dts = F.conv1d(dts.reshape(batch, k * r, length), dt_proj, groups=k)  # (B, K*Di, L)
 
-        A = -torch.exp(self.A_logs.float()).view(k, d_inner, n)[order].reshape(k * d_inner, n)
-        D = self.Ds.float().view(k, d_inner)[order].reshape(-1)
-        delta_bias = self.dt_projs_bias.float()[order].reshape(-1)
+        # The scan's small parameters stay in (at least) fp32 under AMP, as in VMamba.
+        param_dtype = torch.promote_types(self.A_logs.dtype, torch.float32)
+        A = -torch.exp(self.A_logs.to(param_dtype)).view(k, d_inner, n)[order].reshape(k * d_inner, n)
+        D = self.Ds.to(param_dtype).view(k, d_inner)[order].reshape(-1)
+        delta_bias = self.dt_projs_bias.to(param_dtype)[order].reshape(-1)
         Bs, Cs = Bs.contiguous(), Cs.contiguous()
 
         if self.scan == "1d":
