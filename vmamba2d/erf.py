@@ -50,6 +50,7 @@ def create_feature_model(
     input_size: int,
     checkpoint: Optional[str] = None,
     pretrained: bool = False,
+    model_kwargs: Optional[dict] = None,
 ) -> LastStageFeatures:
     """Builds timm model ``name`` returning its last-stage feature map, in eval mode.
 
@@ -60,16 +61,18 @@ def create_feature_model(
             (Swin, ViT), others ignore it.
         checkpoint: optional weights file, loaded through timm's ``pretrained_cfg_overlay``.
         pretrained: load timm's default pretrained weights (ignored when ``checkpoint`` is set).
+        model_kwargs: extra ``timm.create_model`` arguments (e.g. smaller ``dims`` / ``depths``).
     Returns:
         module mapping (batch, 3, S, S) images to (batch, C, h, w) features.
     """
     import timm
 
-    import vmamba2d  # noqa: F401  (registers our models with timm)
+    import vmamba2d.models  # noqa: F401  (registers our models with timm)
 
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise ValueError(f"checkpoint must be an existing file, got {checkpoint!r}")
-    kwargs = dict(features_only=True, out_indices=(-1,), pretrained=pretrained or checkpoint is not None)
+    kwargs = dict(model_kwargs or {}, features_only=True, out_indices=(-1,),
+                  pretrained=pretrained or checkpoint is not None)
     if checkpoint is not None:
         kwargs["pretrained_cfg_overlay"] = dict(file=str(checkpoint))
     try:
@@ -269,23 +272,60 @@ def area_ratios(heatmap: np.ndarray, thresholds: Sequence[float] = ERF_THRESHOLD
     return {t: high_contribution_area(heatmap, t)[1] for t in thresholds}
 
 
-def axis_mass_fraction(erf_map: np.ndarray, half_width: int) -> float:
+def axis_mass_fraction(erf_map: np.ndarray, half_width: int, exclude_radius: int = -1) -> float:
     """Fraction of ``erf_map``'s mass within ``half_width`` pixels of the centre row or column.
 
     A model whose scans run along rows and columns (VMamba's 1D routes) puts more of its ERF on
     this cross than one whose information spreads over 2D neighbourhoods.
+
+    Args:
+        erf_map: (H, W) non-negative map.
+        half_width: the cross is the rows |i - H // 2| <= half_width and the columns likewise.
+        exclude_radius: when >= 0, the centred square of side 2 * exclude_radius + 1 (the local
+            peak every model has) is left out of both the cross and the total.
     """
     if half_width < 0:
         raise ValueError(f"half_width must be >= 0, got {half_width}")
     height, width = erf_map.shape
-    cy, cx = height // 2, width // 2
-    rows = np.abs(np.arange(height) - cy)[:, None] <= half_width
-    cols = np.abs(np.arange(width) - cx)[None, :] <= half_width
-    return float(erf_map[rows | cols].sum() / erf_map.sum())
+    dy = np.abs(np.arange(height) - height // 2)[:, None]
+    dx = np.abs(np.arange(width) - width // 2)[None, :]
+    kept = np.maximum(dy, dx) > exclude_radius
+    cross = (dy <= half_width) | (dx <= half_width)
+    total = erf_map[kept].sum()
+    if total <= 0:
+        raise ValueError("erf_map has no mass outside the excluded centre")
+    return float(erf_map[kept & cross].sum() / total)
 
 
-def plot_erf_grid(heatmaps: Sequence[np.ndarray], titles: Sequence[str], path: str | Path) -> Path:
-    """Saves the heatmaps side by side (one row, titled, shared [0, 1] colour scale) as a PNG."""
+def log_heatmap(erf_map: np.ndarray, decades: float = 4.0) -> np.ndarray:
+    """``log10(map / max)`` mapped from [-decades, 0] to [0, 1] (clipped): shows weak far-field
+    structure that the linear-looking ``normalized_heatmap`` hides when the peak dominates."""
+    if decades <= 0:
+        raise ValueError(f"decades must be > 0, got {decades}")
+    peak = erf_map.max()
+    if not np.isfinite(erf_map).all() or (erf_map < 0).any() or peak <= 0:
+        raise ValueError("erf_map must be finite, non-negative and not all zero")
+    with np.errstate(divide="ignore"):
+        scaled = np.log10(erf_map / peak)
+    return np.clip(scaled / decades + 1.0, 0.0, 1.0)
+
+
+def random_feature_maps(num_maps: int, channels: int, size: int, seed: int = 0) -> Iterator[Tensor]:
+    """Yields ``num_maps`` seeded standard-normal (channels, size, size) maps: inputs for the ERF
+    of a single mixer layer (e.g. one SS2D) rather than of a whole backbone."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(num_maps):
+        yield torch.randn(channels, size, size, generator=generator)
+
+
+def plot_erf_grid(
+    heatmaps: Sequence[np.ndarray],
+    titles: Sequence[str],
+    path: str | Path,
+    columns: Optional[int] = None,
+    colorbar_label: str = "log10(ERF + 1) / max",
+) -> Path:
+    """Saves [0, 1] heatmaps as a titled grid (``columns`` per row, default one row) PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -293,15 +333,19 @@ def plot_erf_grid(heatmaps: Sequence[np.ndarray], titles: Sequence[str], path: s
 
     if len(heatmaps) != len(titles) or not heatmaps:
         raise ValueError("heatmaps and titles must be non-empty and of equal length")
-    count = len(heatmaps)
-    figure, axes = plt.subplots(1, count, figsize=(4 * count + 0.8, 4.3), squeeze=False)
+    columns = columns or len(heatmaps)
+    rows = math.ceil(len(heatmaps) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns + 0.8, 4.3 * rows), squeeze=False)
     image = None
-    for axis, heatmap, title in zip(axes[0], heatmaps, titles):
-        image = axis.imshow(heatmap, cmap="RdYlGn", vmin=0.0, vmax=1.0, interpolation="nearest")
-        axis.set_title(title, fontsize=11)
+    for index, axis in enumerate(axes.flat):
         axis.set_xticks([])
         axis.set_yticks([])
-    figure.colorbar(image, ax=axes[0].tolist(), fraction=0.046 / count, pad=0.02)
+        if index >= len(heatmaps):
+            axis.set_axis_off()
+            continue
+        image = axis.imshow(heatmaps[index], cmap="RdYlGn", vmin=0.0, vmax=1.0, interpolation="nearest")
+        axis.set_title(titles[index], fontsize=10)
+    figure.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046 / columns, pad=0.02, label=colorbar_label)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100, bbox_inches="tight")

@@ -1,0 +1,137 @@
+#!/usr/bin/env python
+"""Parameters and FLOPs (fvcore convention: one multiply-add = one flop) of timm models.
+
+Example:
+
+    python tools/flops.py --models vmamba_tiny vmamba2d_tiny convnext_tiny \
+        --input-sizes 224 512x2048 --breakdown --out benchmarks/flops.md
+
+Totals come from ``vmamba2d.count_flops`` (which registers the 2D-scan op's FLOP handle); the
+per-operator breakdown (``--breakdown``) is fvcore's ``by_operator()`` of the same analysis.
+Prints markdown tables and, with --out, writes them to a file.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+def parse_input_size(text: str) -> tuple[int, int]:
+    """``"224"`` -> (224, 224); ``"512x2048"`` -> (512, 2048) (height x width)."""
+    parts = text.lower().split("x")
+    try:
+        sides = [int(p) for p in parts]
+    except ValueError:
+        sides = []
+    if len(sides) not in (1, 2) or min(sides) < 1:
+        raise argparse.ArgumentTypeError(f"input size must be N or HxW (positive integers), got {text!r}")
+    return (sides[0], sides[-1])
+
+
+def create_model(name: str, input_size: tuple[int, int]) -> nn.Module:
+    """timm model ``name`` (random init, eval mode) for inputs of ``input_size`` (height, width).
+
+    ``img_size`` is passed to models that take it (Swin, ViT); convolutional models reject it.
+    """
+    import timm
+
+    import vmamba2d.models  # noqa: F401  (registers our models with timm)
+
+    try:
+        model = timm.create_model(name, img_size=input_size)
+    except TypeError as error:
+        if "img_size" not in str(error):
+            raise
+        model = timm.create_model(name)
+    return model.eval()
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def measure(name: str, input_size: tuple[int, int], breakdown: bool) -> dict:
+    """Params, total FLOPs and (optionally) FLOPs by operator of ``name`` at ``input_size``."""
+    import vmamba2d
+
+    model = create_model(name, input_size)
+    shape = (3, *input_size)
+    row = {"model": name, "input": f"{input_size[0]}x{input_size[1]}",
+           "params": count_params(model), "flops": vmamba2d.count_flops(model, shape)}
+    if breakdown:
+        row["by_operator"] = flops_by_operator(model, shape)
+    return row
+
+
+def flops_by_operator(model: nn.Module, input_size: tuple[int, int, int]) -> dict[str, int]:
+    """fvcore's per-operator FLOPs of ``model`` on one (C, H, W) input, 2D-scan handle included.
+
+    The same analysis as ``vmamba2d.count_flops`` (its total must equal the sum of this breakdown;
+    ``run`` checks that).
+    """
+    from fvcore.nn import FlopCountAnalysis
+
+    from vmamba2d.ops.flops import FVCORE_OP_HANDLES
+
+    with torch.no_grad():
+        analysis = FlopCountAnalysis(model, torch.zeros(1, *input_size)).set_op_handle(**FVCORE_OP_HANDLES)
+        analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+        return dict(analysis.by_operator())
+
+
+def totals_table(rows: list[dict]) -> str:
+    lines = ["| model | input | params (M) | GFLOPs |", "|---|---|---:|---:|"]
+    lines += [f"| {r['model']} | {r['input']} | {r['params'] / 1e6:.2f} | {r['flops'] / 1e9:.2f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def breakdown_table(row: dict) -> str:
+    total = sum(row["by_operator"].values())
+    lines = [f"**{row['model']} @ {row['input']}** (total {total / 1e9:.3f} GFLOPs)", "",
+             "| operator | GFLOPs | share |", "|---|---:|---:|"]
+    for op, flops in sorted(row["by_operator"].items(), key=lambda item: -item[1]):
+        lines.append(f"| {op} | {flops / 1e9:.3f} | {100 * flops / total:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["vmamba_tiny", "vmamba2d_tiny"], help="timm model names")
+    parser.add_argument("--input-sizes", nargs="+", type=parse_input_size, default=[(224, 224)],
+                        help="N or HxW, e.g. 224 512x2048")
+    parser.add_argument("--breakdown", action="store_true", help="also print FLOPs per operator")
+    parser.add_argument("--out", default=None, help="write the tables to this markdown file")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """Measures every (model, input size) pair; prints (and writes) the markdown tables."""
+    rows = [measure(name, size, args.breakdown) for name in args.models for size in args.input_sizes]
+    for row in rows:
+        if args.breakdown and sum(row["by_operator"].values()) != row["flops"]:
+            raise RuntimeError(f"{row['model']} @ {row['input']}: the per-operator breakdown sums to "
+                               f"{sum(row['by_operator'].values())}, vmamba2d.count_flops gives {row['flops']}")
+    text = totals_table(rows)
+    if args.breakdown:
+        text += "\n" + "\n".join(breakdown_table(row) for row in rows)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"wrote {out}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
