@@ -1,0 +1,401 @@
+"""mmsegmentation integration: mmcv-lite stand-in, checkpoint allow-list, backbone, configs,
+train / resume / test / TTA entry points, parity of the UperNet + 2DVMamba-T model (CPU)."""
+from __future__ import annotations
+
+import importlib.util
+import io
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("mmseg", reason="the seg extra (mmsegmentation, mmengine, mmcv) is not installed")
+
+import vmamba2d.seg  # noqa: E402  (before mmseg.models: installs the mmcv.ops stand-in if needed)
+from mmengine.config import Config  # noqa: E402
+from mmengine.logging import HistoryBuffer  # noqa: E402
+from mmengine.model import revert_sync_batchnorm  # noqa: E402
+from mmseg.registry import MODELS  # noqa: E402
+from mmseg.utils import register_all_modules  # noqa: E402
+from vmamba2d.seg.mmcv_compat import compiled_mmcv_ops_available  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs" / "seg").glob("upernet_*.py"))
+TINY_CONFIG = ROOT / "configs" / "seg" / "upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py"
+TINY_DIMS = (16, 32, 64, 128)
+
+register_all_modules(init_default_scope=False)
+
+
+def _build(model_cfg):
+    """MODELS.build under mmseg's default scope (as the Runner does)."""
+    from mmengine.registry import DefaultScope
+
+    with DefaultScope.overwrite_default_scope("mmseg"):
+        return MODELS.build(model_cfg)
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"seg_{name}", ROOT / "seg" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tiny_model_options() -> list:
+    """--cfg-options shrinking the config's model (backbone dims 16..128, one block per stage)."""
+    return [
+        "model.backbone.init_cfg=None",
+        f"model.backbone.model_kwargs.dims={TINY_DIMS[0]}",
+        "model.backbone.model_kwargs.depths=[1,1,1,1]",
+        f"model.decode_head.in_channels=[{','.join(map(str, TINY_DIMS))}]",
+        "model.decode_head.channels=32",
+        f"model.auxiliary_head.in_channels={TINY_DIMS[2]}",
+        "model.auxiliary_head.channels=16",
+    ]
+
+
+def _run_options(data_root: Path, max_iters: int) -> list:
+    """--cfg-options for a seconds-long run: 64x64 crops, batch 2, no workers, tiny dataset."""
+    options = _tiny_model_options() + [
+        "model.data_preprocessor.size=(64,64)",
+        "train_dataloader.dataset.pipeline.2.scale=(128,64)",
+        "train_dataloader.dataset.pipeline.3.crop_size=(64,64)",
+        "val_dataloader.dataset.pipeline.1.scale=(128,64)",
+        "train_dataloader.batch_size=2",
+        f"train_cfg.max_iters={max_iters}",
+        "train_cfg.val_interval=2",
+        "default_hooks.checkpoint.interval=2",
+        "default_hooks.logger.interval=1",
+        "param_scheduler.0.end=1",
+        "param_scheduler.1.begin=1",
+        "param_scheduler.1.end=100",
+        "env_cfg.cudnn_benchmark=False",
+        "randomness.seed=0",
+    ]
+    for loader in ("train_dataloader", "val_dataloader", "test_dataloader"):
+        options += [f"{loader}.num_workers=0", f"{loader}.persistent_workers=False",
+                    f"{loader}.dataset.data_root={data_root}"]
+    return options
+
+
+@pytest.fixture(scope="module")
+def ade_root(tmp_path_factory) -> Path:
+    """A tiny dataset in ADE20K's layout: 4 training and 2 validation images (64-96 px, non-square),
+    labels 0 (ignored after reduce_zero_label) and 1..5 in blocks."""
+    import cv2
+
+    root = tmp_path_factory.mktemp("ade")
+    rng = np.random.default_rng(0)
+    for split, count in (("training", 4), ("validation", 2)):
+        (root / "images" / split).mkdir(parents=True)
+        (root / "annotations" / split).mkdir(parents=True)
+        for i in range(count):
+            height, width = (64, 96) if i % 2 else (80, 64)
+            label = np.zeros((height, width), np.uint8)
+            label[: height // 2] = 1 + i % 3
+            label[height // 2:, : width // 2] = 5
+            image = (label[..., None] * 40 + rng.integers(0, 30, (height, width, 3))).astype(np.uint8)
+            cv2.imwrite(str(root / "images" / split / f"im{i}.jpg"), image)
+            cv2.imwrite(str(root / "annotations" / split / f"im{i}.png"), label)
+    return root
+
+
+# ---------------------------------------------------------------------------------------------
+# mmcv-lite stand-in
+# ---------------------------------------------------------------------------------------------
+needs_compat = pytest.mark.skipif(compiled_mmcv_ops_available(),
+                                  reason="a full mmcv build is installed: the stand-in is not used")
+
+
+@needs_compat
+def test_compat_layer_is_active_and_mmseg_models_import():
+    import mmcv.ops
+    import mmseg.models  # noqa: F401  (fails on mmcv-lite without the stand-in)
+
+    assert vmamba2d.seg.compat_layer_active()
+    assert mmcv.ops.point_sample is vmamba2d.seg.mmcv_compat.point_sample
+    assert MODELS.get("VMamba2DBackbone") is vmamba2d.seg.VMamba2DBackbone
+
+
+@needs_compat
+def test_compat_point_sample_is_bilinear():
+    from mmcv.ops import point_sample
+
+    torch.manual_seed(0)
+    feature = torch.randn(2, 3, 5, 7)
+    # pixel (row 2, col 4) has its centre at ((4 + 0.5) / 7, (2 + 0.5) / 5); halfway between
+    # columns 1 and 2 of row 3 the value is their mean
+    points = torch.tensor([[(4.5 / 7, 2.5 / 5), (2.0 / 7, 3.5 / 5)]]).repeat(2, 1, 1)
+    sampled = point_sample(feature, points)
+    assert sampled.shape == (2, 3, 2)
+    torch.testing.assert_close(sampled[..., 0], feature[:, :, 2, 4])
+    torch.testing.assert_close(sampled[..., 1], (feature[:, :, 3, 1] + feature[:, :, 3, 2]) / 2)
+    grid = points.view(2, 1, 2, 2)
+    assert point_sample(feature, grid).shape == (2, 3, 1, 2)
+
+
+@needs_compat
+def test_compat_sigmoid_focal_loss_matches_mmseg_python_version():
+    from mmcv.ops import sigmoid_focal_loss
+    from mmseg.models.losses.focal_loss import py_sigmoid_focal_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 4, requires_grad=True)
+    target = torch.tensor([0, 3, 1, 4, 2, 3])  # 4 == background: every class negative
+    one_hot = torch.nn.functional.one_hot(target, 5)[:, :4]
+    ours = sigmoid_focal_loss(logits, target, 2.0, 0.25, None, "none")
+    reference = py_sigmoid_focal_loss(logits, one_hot, gamma=2.0, alpha=0.25, reduction="none")
+    torch.testing.assert_close(ours, reference)
+    torch.testing.assert_close(sigmoid_focal_loss(logits, target, 2.0, 0.25), reference.sum() / 6)
+    class_weight = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    weighted = sigmoid_focal_loss(logits, target, 2.0, 0.25, class_weight, "none")
+    per_row = torch.tensor([1.0, 4.0, 2.0, 1.0, 3.0, 4.0]).unsqueeze(1)  # weight[target], 1 for bg
+    torch.testing.assert_close(weighted, reference * per_row)
+    weighted.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+    with pytest.raises(ValueError, match="target"):
+        sigmoid_focal_loss(logits, target.float())
+
+
+@needs_compat
+def test_compat_compiled_only_ops_fail_clearly():
+    from mmcv.ops import PSAMask
+
+    with pytest.raises(NotImplementedError, match="PSAMask.*compiled"):
+        PSAMask("collect", (3, 3))
+    with pytest.raises(ImportError, match="nms"):
+        from mmcv.ops import nms  # noqa: F401
+
+
+# ---------------------------------------------------------------------------------------------
+# weights_only checkpoint loading
+# ---------------------------------------------------------------------------------------------
+class _Exploit:
+    def __reduce__(self):
+        return getattr, (HistoryBuffer, "__init__")
+
+
+def test_weights_only_load_of_mmengine_objects_and_nothing_more():
+    buffer = HistoryBuffer()
+    buffer.update(1.5)
+    buffer.update(2.5, count=2)  # mean = sum of values / sum of counts
+    stream = io.BytesIO()
+    torch.save({"log": buffer, "eta": np.float64(3.0), "best": np.float32(0.5),
+                "ids": np.arange(3, dtype=np.int64)}, stream)
+    stream.seek(0)
+    loaded = torch.load(stream, weights_only=True)
+    assert loaded["log"].mean() == pytest.approx(4.0 / 3.0) and loaded["log"].current() == 2.5
+    assert loaded["eta"] == 3.0 and loaded["best"] == np.float32(0.5)
+    np.testing.assert_array_equal(loaded["ids"], [0, 1, 2])
+
+    for forbidden in (_Exploit(), np.array([object()], dtype=object)):
+        stream = io.BytesIO()
+        torch.save({"x": forbidden}, stream)
+        stream.seek(0)
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(stream, weights_only=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# backbone
+# ---------------------------------------------------------------------------------------------
+def _tiny_backbone(**kwargs):
+    from vmamba2d.seg import VMamba2DBackbone
+
+    return VMamba2DBackbone("vmamba2d_tiny", model_kwargs=dict(dims=TINY_DIMS[0], depths=(1, 1, 1, 1)), **kwargs)
+
+
+def test_backbone_outputs_any_input_size_as_the_padded_input():
+    torch.manual_seed(0)
+    backbone = _tiny_backbone().eval()
+    image = torch.randn(1, 3, 70, 90)
+    with torch.no_grad():
+        outputs = backbone(image)
+        # reference: pad to 96 x 96 by hand, run the timm model, crop, apply the output norms
+        padded = torch.nn.functional.pad(image, (0, 6, 0, 26))
+        features = backbone.model.forward_intermediates(padded, indices=[0, 1, 2, 3], intermediates_only=True)
+    assert [tuple(o.shape) for o in outputs] == [(1, 16, 18, 23), (1, 32, 9, 12), (1, 64, 5, 6), (1, 128, 3, 3)]
+    for output, feature, norm in zip(outputs, features, backbone.out_norms):
+        torch.testing.assert_close(output, norm(feature[..., : output.shape[2], : output.shape[3]]))
+    assert backbone.out_channels == TINY_DIMS
+    # every parameter is used (DDP without find_unused_parameters)
+    backbone.train()
+    sum(o.sum() for o in backbone(torch.randn(1, 3, 64, 64))).backward()
+    assert all(p.grad is not None for p in backbone.parameters())
+
+
+def test_backbone_arguments_are_checked():
+    with pytest.raises(ValueError, match="model_name"):
+        _tiny_backbone_named("vmamba2d_tinyy")
+    with pytest.raises(ValueError, match="out_indices"):
+        _tiny_backbone(out_indices=(0, 4))
+    with pytest.raises(ValueError, match="init_cfg"):
+        _tiny_backbone(init_cfg=dict(type="Kaiming"))
+    with pytest.raises(ValueError, match="drop_path_rate"):
+        _tiny_backbone(drop_path_rate=1.5)
+    subset = _tiny_backbone(out_indices=(1, 2), with_cp=True)
+    assert len(subset.model.stages) == 3 and subset.model.grad_checkpointing
+    assert [o.shape[1] for o in subset(torch.randn(1, 3, 64, 64))] == [32, 64]
+
+
+def _tiny_backbone_named(name):
+    from vmamba2d.seg import VMamba2DBackbone
+
+    return VMamba2DBackbone(name)
+
+
+def test_backbone_loads_imagenet_checkpoints(tmp_path):
+    import timm
+    from mmengine.logging import MMLogger
+
+    torch.manual_seed(0)
+    source = timm.create_model("vmamba2d_tiny", dims=TINY_DIMS[0], depths=(1, 1, 1, 1), num_classes=10)
+    path = tmp_path / "in1k.pth"
+    torch.save({"model": source.state_dict(), "epoch": 3}, path)
+    backbone = _tiny_backbone(init_cfg=dict(type="Pretrained", checkpoint=str(path)))
+    MMLogger.get_instance("vmamba2d-test-seg")
+    backbone.init_weights()
+    loaded = backbone.model.state_dict()
+    for key, value in loaded.items():
+        torch.testing.assert_close(value, source.state_dict()[key])
+    assert len(loaded) == len(source.state_dict()) - 4  # final norm (2) and classifier (2) dropped
+
+    wrong = timm.create_model("vmamba2d_tiny", dims=8, depths=(1, 1, 1, 1))
+    torch.save({"model": wrong.state_dict()}, tmp_path / "wrong.pth")
+    with pytest.raises(ValueError, match="shape mismatches"):
+        _tiny_backbone(pretrained=str(tmp_path / "wrong.pth")).init_weights()
+    torch.save({"model": source.state_dict(), "args": _Exploit()}, tmp_path / "pickled.pth")
+    with pytest.raises(ValueError, match="trusted=True"):
+        _tiny_backbone(pretrained=str(tmp_path / "pickled.pth")).init_weights()
+    with pytest.raises(FileNotFoundError, match="missing.pth"):
+        _tiny_backbone(pretrained=str(tmp_path / "missing.pth")).init_weights()
+
+
+# ---------------------------------------------------------------------------------------------
+# configs
+# ---------------------------------------------------------------------------------------------
+def test_configs_follow_the_recipe_and_build():
+    assert [c.name for c in CONFIGS] == [
+        "upernet_vmamba2d_small_4xb4-160k_ade20k-512x512.py",
+        "upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py",
+        "upernet_vmamba_small_4xb4-160k_ade20k-512x512.py",
+        "upernet_vmamba_tiny_4xb4-160k_ade20k-512x512.py",
+    ]
+    for path in CONFIGS:
+        cfg = Config.fromfile(str(path))
+        size = "tiny" if "_tiny_" in path.name else "small"
+        scan = "vmamba2d" if "vmamba2d" in path.name else "vmamba"
+        backbone = cfg.model.backbone
+        assert backbone.model_name == f"{scan}_{size}"
+        assert backbone.drop_path_rate == {"tiny": 0.2, "small": 0.3}[size]
+        assert cfg.custom_imports.imports == ["vmamba2d.seg"]
+        assert cfg.train_cfg.max_iters == 160000 and cfg.train_dataloader.batch_size == 4
+        optimizer = cfg.optim_wrapper.optimizer
+        assert (optimizer.type, optimizer.lr, optimizer.weight_decay) == ("AdamW", 6e-5, 0.01)
+        assert cfg.param_scheduler[0].end == 1500 and cfg.param_scheduler[1].power == 1.0
+        assert cfg.crop_size == (512, 512) and cfg.model.decode_head.num_classes == 150
+        assert cfg.model.auxiliary_head.in_index == 2 and cfg.model.auxiliary_head.loss_decode.loss_weight == 0.4
+        model = _build(cfg.model)
+        assert list(model.backbone.out_channels) == list(cfg.model.decode_head.in_channels) == [96, 192, 384, 768]
+        # stochastic depth rises linearly over all blocks: the last block has the config's rate
+        assert model.backbone.model.stages[3].blocks[-1].drop_path.drop_prob == pytest.approx(backbone.drop_path_rate)
+        if path == TINY_CONFIG:
+            params = sum(p.numel() for p in model.parameters())
+            assert params == pytest.approx(62e6, abs=1.5e6), params  # VMamba-T anchor: 62M
+
+
+def test_optimizer_excludes_norms_and_ssm_parameters_from_weight_decay():
+    from mmengine.optim import build_optim_wrapper
+
+    cfg = Config.fromfile(str(TINY_CONFIG))
+    cfg.merge_from_dict(dict(_options_to_dict(_tiny_model_options())))
+    model = revert_sync_batchnorm(_build(cfg.model))
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    decay = {id(p): group["weight_decay"] for group in wrapper.optimizer.param_groups for p in group["params"]}
+    norm_types = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._BatchNorm)
+    norm_params = {id(p) for m in model.modules() if isinstance(m, norm_types) for p in m.parameters(recurse=False)}
+    names = dict(model.named_parameters())
+    for name, param in names.items():
+        no_decay = name.endswith((".A_logs", ".Ds")) or id(param) in norm_params
+        assert decay[id(param)] == (0.0 if no_decay else 0.01), name
+    assert any(n.endswith(".A_logs") for n in names) and any("out_norms" in n for n in names)
+    assert sum(1 for n in names if n.endswith("out_norm.weight")) == 4  # SS2D's LayerNorm2d, one per block
+
+
+def _options_to_dict(options: list) -> dict:
+    from mmengine.config import DictAction
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--o", nargs="+", action=DictAction)
+    return parser.parse_args(["--o", *options]).o
+
+
+# ---------------------------------------------------------------------------------------------
+# entry points: train -> resume -> test (single-scale, TTA); errors
+# ---------------------------------------------------------------------------------------------
+def test_train_validate_resume_and_test(ade_root, tmp_path):
+    train = _load_script("train")
+    test = _load_script("test")
+    work_dir = tmp_path / "work"
+    options = _run_options(ade_root, max_iters=2)
+    train.main([str(TINY_CONFIG), "--work-dir", str(work_dir), "--cfg-options", *options])
+    checkpoint = work_dir / "iter_2.pth"
+    assert checkpoint.is_file()
+    saved = torch.load(checkpoint, weights_only=True)  # mmengine checkpoint under weights_only
+    assert saved["meta"]["iter"] == 2
+    val_miou = saved["message_hub"]["log_scalars"]["val/mIoU"].current()  # validation after iteration 2
+    assert 0.0 <= val_miou <= 100.0
+
+    time.sleep(1.1)  # mmengine names runs by the second
+    options = _run_options(ade_root, max_iters=3)
+    train.main([str(TINY_CONFIG), "--work-dir", str(work_dir), "--resume", "--cfg-options", *options])
+    resumed = torch.load(work_dir / "iter_3.pth", weights_only=True)
+    assert resumed["meta"]["iter"] == 3
+    history = resumed["message_hub"]["log_scalars"]["train/loss"]
+    assert len(history._log_history) == 3  # 2 iterations before the resume, 1 after
+
+    time.sleep(1.1)
+    metrics = test.main([str(TINY_CONFIG), str(work_dir / "iter_3.pth"), "--work-dir", str(tmp_path / "ss"),
+                         "--cfg-options", *options])
+    assert 0.0 <= metrics["mIoU"] <= 100.0 and 0.0 <= metrics["aAcc"] <= 100.0
+    time.sleep(1.1)
+    tta_options = options + ["tta_scale_factors=[0.5,1.0]"]
+    metrics_tta = test.main([str(TINY_CONFIG), str(work_dir / "iter_3.pth"), "--tta", "--work-dir",
+                             str(tmp_path / "tta"), "--cfg-options", *tta_options])
+    assert 0.0 <= metrics_tta["mIoU"] <= 100.0
+
+
+def test_inference_on_a_non_square_ade20k_sized_image():
+    from mmseg.apis import inference_model, init_model
+
+    cfg = Config.fromfile(str(TINY_CONFIG))
+    cfg.merge_from_dict(_options_to_dict(_tiny_model_options()))
+    model = revert_sync_batchnorm(init_model(cfg, device="cpu"))
+    image = np.random.default_rng(0).integers(0, 255, (512, 683, 3), dtype=np.uint8)
+    result = inference_model(model, image)
+    assert tuple(result.pred_sem_seg.data.shape) == (1, 512, 683)
+    assert tuple(result.seg_logits.data.shape) == (150, 512, 683)
+
+
+def test_missing_dataset_and_bad_config_keys_fail_clearly(tmp_path):
+    train = _load_script("train")
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError, match="images/training"):
+        train.main([str(TINY_CONFIG), "--work-dir", str(tmp_path), "--cfg-options",
+                    f"train_dataloader.dataset.data_root={missing}"])
+    with pytest.raises(FileNotFoundError, match="config file"):
+        train.main([str(tmp_path / "no_config.py")])
+    cfg = Config.fromfile(str(TINY_CONFIG))
+    cfg.merge_from_dict({"model.backbone.window_size": 7})
+    with pytest.raises(TypeError, match="window_size"):
+        _build(cfg.model)
+    cfg = Config.fromfile(str(TINY_CONFIG))
+    cfg.merge_from_dict({"model.backbone.model_name": "vmamba2d_huge"})
+    with pytest.raises(ValueError, match="model_name"):
+        _build(cfg.model)
