@@ -1,8 +1,12 @@
 // vmamba2d._C_cuda: the CUDA 2D selective scan (same functions as vmamba2d._C_cpu) plus the host
 // emulation of the same kernel code used by the GPU-less tests.
+// Only c10/cuda and the CUDA runtime headers are used on the host side (not ATen/cuda, which
+// needs the cuBLAS / cuSPARSE headers that a minimal toolkit does not ship).
 #include <ATen/Context.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <torch/extension.h>
 
 #include <cstdlib>
@@ -21,7 +25,11 @@ struct CudaBackend {
 
   // As many warps (<= kMaxWarps, <= N) as the device's opt-in shared memory allows.
   static int backward_warps(int nstate) {
-    const size_t limit = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+    int device = 0;
+    int optin = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const size_t limit = static_cast<size_t>(optin);
     int nwarps = std::min(kMaxWarps, nstate);
     while (nwarps > 1 && smem_layout(true, nwarps, nstate).total > limit) --nwarps;
     TORCH_CHECK(smem_layout(true, nwarps, nstate).total <= limit,
@@ -32,11 +40,11 @@ struct CudaBackend {
   }
 
   static void forward(const Params& p, ElementType type, int nwarps, size_t smem_bytes) {
-    launch_forward(p, type, nwarps, smem_bytes, at::cuda::getCurrentCUDAStream());
+    launch_forward(p, type, nwarps, smem_bytes, c10::cuda::getCurrentCUDAStream().stream());
   }
 
   static void backward(const Params& p, ElementType type, int nwarps, size_t smem_bytes) {
-    launch_backward(p, type, nwarps, smem_bytes, at::cuda::getCurrentCUDAStream());
+    launch_backward(p, type, nwarps, smem_bytes, c10::cuda::getCurrentCUDAStream().stream());
   }
 
   static void poison(at::Tensor&) {}

@@ -1,0 +1,328 @@
+"""The CUDA 2D selective-scan kernel (vmamba2d._C_cuda).
+
+Three layers:
+  * build: the extension is importable wherever it was built (needs a CUDA torch and a toolkit,
+    no GPU);
+  * emulation (CPU, no GPU): the kernel's own block code (csrc/cuda/scan2d_kernel.cuh) run thread
+    by thread on the CPU through ``_C_cuda._emulate_forward/_backward``, with shared memory and
+    scratch poisoned with NaN, against an independent fp64 reference (the vectorised PyTorch
+    scan and its autograd);
+  * GPU (``-m cuda``, skipped without a GPU): the real kernel against the same reference, the CPU
+    kernel, every dtype, large and odd maps, deterministic mode, streams.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+from vmamba2d.ops import backend_info, selective_scan_2d
+
+HAS_GPU = torch.cuda.is_available()
+
+
+def _cuda_toolkit_present() -> bool:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return CUDA_HOME is not None
+
+
+def _cuda_module():
+    try:
+        return importlib.import_module("vmamba2d._C_cuda")
+    except ImportError:
+        return None
+
+
+CUDA_MODULE = _cuda_module()
+needs_module = pytest.mark.skipif(CUDA_MODULE is None, reason="vmamba2d._C_cuda is not built")
+needs_gpu = pytest.mark.skipif(not HAS_GPU or CUDA_MODULE is None, reason="needs a GPU and _C_cuda")
+
+
+# --------------------------------------------------------------------------------------------
+# inputs and the fp64 reference
+
+
+def make_inputs(batch, dim, groups, nstate, height, width, *, dtype=torch.float32, device="cpu",
+                use_d=True, use_bias=True, seed=0):
+    """Random scan inputs (never zeros): A negative, delta around the softplus knee."""
+    g = torch.Generator().manual_seed(seed)
+    length = height * width
+    rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    inputs = {
+        "u": rand(batch, dim, length),
+        "delta": rand(batch, dim, length) * 0.5 - 1.0,
+        "A": -(torch.rand(dim, nstate, generator=g) * 1.5 + 0.05),
+        "B": rand(batch, groups, nstate, length),
+        "C": rand(batch, groups, nstate, length),
+        "D": rand(dim) if use_d else None,
+        "delta_bias": rand(dim) * 0.3 if use_bias else None,
+    }
+    out = {}
+    for name, t in inputs.items():
+        if t is None:
+            out[name] = None
+            continue
+        keep_fp32 = name in ("A", "D", "delta_bias")
+        out[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
+    return out
+
+
+ORDER = ("u", "delta", "A", "B", "C", "D", "delta_bias")
+
+
+def reference(inputs, dy, height, width, softplus=True):
+    """fp64 CPU forward and gradients of every input via the pure-PyTorch backend's autograd."""
+    leaves = {
+        k: None if v is None else v.detach().cpu().double().requires_grad_() for k, v in inputs.items()
+    }
+    y = selective_scan_2d(
+        *(leaves[k] for k in ORDER), delta_softplus=softplus, height=height, width=width,
+        backend="torch",
+    )
+    y.backward(dy.detach().cpu().double())
+    grads = []
+    for k in ORDER:
+        t = leaves[k]
+        if t is None:
+            grads.append(None)
+        else:
+            grads.append(t.grad if t.grad is not None else torch.zeros_like(t))
+    return y.detach(), grads
+
+
+def assert_close(name, got, ref, rtol):
+    """Max-abs error relative to the reference's largest magnitude (robust for near-zero entries)."""
+    got = got.detach().cpu().double()
+    assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(got).all(), f"{name}: non-finite values"
+    scale = ref.abs().max().item() + 1e-12
+    err = (got - ref).abs().max().item() / scale
+    assert err <= rtol, f"{name}: relative error {err:.2e} > {rtol:.1e}"
+
+
+def check_all(kernel_fwd, kernel_bwd, inputs, height, width, *, rtol, softplus=True, dy_fp32=False,
+              out_fp32=False, deterministic=None, seed=1):
+    args = [inputs[k] for k in ORDER]
+    y = kernel_fwd(*args, softplus, height, width, out_fp32)
+    expected_dtype = torch.float32 if out_fp32 else inputs["u"].dtype
+    assert y.dtype == expected_dtype
+    gen = torch.Generator().manual_seed(seed)
+    dy = torch.randn(y.shape, generator=gen).to(
+        device=y.device, dtype=torch.float32 if dy_fp32 else inputs["u"].dtype)
+    extra = () if deterministic is None else (deterministic,)
+    grads = kernel_bwd(*args, softplus, height, width, dy, *extra)
+    y_ref, grads_ref = reference(inputs, dy, height, width, softplus)
+    assert_close("y", y, y_ref, rtol)
+    for name, got, ref, given in zip(ORDER, grads, grads_ref, args):
+        if given is None:
+            assert got is None, f"d{name} must be None when {name} is None"
+            continue
+        expected = torch.float32 if name in ("A", "D", "delta_bias") else inputs["u"].dtype
+        assert got.dtype == expected, f"d{name}: dtype {got.dtype}, expected {expected}"
+        assert_close("d" + name, got, ref, rtol)
+    return y, grads
+
+
+# --------------------------------------------------------------------------------------------
+# build / import (no GPU needed)
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="CPU-only torch: the CUDA extension is not built")
+@pytest.mark.skipif(os.environ.get("VMAMBA2D_SKIP_CUDA_BUILD") == "1", reason="CUDA build skipped")
+def test_cuda_extension_is_built_and_importable():
+    if not _cuda_toolkit_present():
+        pytest.skip("no CUDA toolkit: setup.py does not build the CUDA extension")
+    module = importlib.import_module("vmamba2d._C_cuda")
+    for name in ("forward", "backward"):
+        assert "delta_softplus" in getattr(module, name).__doc__
+    assert backend_info()["cuda_extension"] is True
+
+
+@needs_module
+def test_cuda_entry_points_reject_cpu_tensors():
+    x = make_inputs(1, 2, 1, 2, 3, 4)
+    with pytest.raises(RuntimeError, match="CUDA tensor"):
+        CUDA_MODULE.forward(*(x[k] for k in ORDER), True, 3, 4, False)
+
+
+# --------------------------------------------------------------------------------------------
+# the kernel code emulated on the CPU
+
+# (batch, dim, groups, N, height, width): packed small maps (several batch entries per tile,
+# partly filled), a single partial tile, several tiles with partial edges, 1xL and Lx1 maps.
+EMULATED_SHAPES = [
+    (5, 4, 2, 3, 7, 7),
+    (3, 2, 1, 2, 1, 1),
+    (2, 2, 1, 4, 13, 29),
+    (2, 4, 2, 3, 40, 70),
+    (1, 2, 1, 2, 1, 100),
+    (1, 2, 1, 2, 100, 1),
+    (1, 2, 1, 5, 33, 64),
+]
+
+
+@needs_module
+@pytest.mark.parametrize("shape", EMULATED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_emulated_kernel_matches_reference(shape):
+    batch, dim, groups, nstate, height, width = shape
+    inputs = make_inputs(batch, dim, groups, nstate, height, width, seed=sum(shape))
+    check_all(CUDA_MODULE._emulate_forward, CUDA_MODULE._emulate_backward, inputs, height, width,
+              rtol=2e-5, deterministic=False)
+
+
+@needs_module
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_emulated_kernel_without_optional_inputs(deterministic):
+    inputs = make_inputs(2, 4, 2, 3, 35, 20, use_d=False, use_bias=False, seed=7)
+    check_all(CUDA_MODULE._emulate_forward, CUDA_MODULE._emulate_backward, inputs, 35, 20,
+              rtol=2e-5, softplus=False, deterministic=deterministic)
+
+
+@needs_module
+def test_emulated_kernel_many_states_and_groups():
+    # N = 64 (4 warps x 16 states), 3 groups of 2 channels sharing B / C, packed 14x14 maps.
+    inputs = make_inputs(3, 6, 3, 64, 14, 14, seed=11)
+    check_all(CUDA_MODULE._emulate_forward, CUDA_MODULE._emulate_backward, inputs, 14, 14,
+              rtol=5e-5, deterministic=True)
+
+
+@needs_module
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_emulated_kernel_half_precision(dtype):
+    # fp16 / bf16 storage, fp32 accumulation; fp32 y and fp32 dy as under AMP.
+    inputs = make_inputs(2, 2, 1, 4, 36, 10, dtype=dtype, seed=3)
+    check_all(CUDA_MODULE._emulate_forward, CUDA_MODULE._emulate_backward, inputs, 36, 10,
+              rtol=3e-2, dy_fp32=True, out_fp32=True, deterministic=False)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU
+
+
+def cuda_fwd(*args):
+    return CUDA_MODULE.forward(*args)
+
+
+def cuda_bwd(*args):
+    return CUDA_MODULE.backward(*args)
+
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-2, torch.bfloat16: 6e-2}
+
+GPU_SHAPES = [
+    (5, 4, 2, 16, 7, 7),
+    (3, 4, 1, 16, 14, 14),
+    (2, 2, 1, 1, 13, 29),
+    (2, 4, 2, 64, 40, 70),
+    (2, 2, 1, 16, 1, 300),
+    (2, 2, 1, 16, 300, 1),
+    (1, 2, 1, 16, 200, 200),
+    (1, 2, 2, 1, 128, 512),
+]
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gpu_kernel_matches_reference(shape, dtype):
+    batch, dim, groups, nstate, height, width = shape
+    inputs = make_inputs(batch, dim, groups, nstate, height, width, dtype=dtype, device="cuda",
+                         seed=sum(shape))
+    check_all(cuda_fwd, cuda_bwd, inputs, height, width, rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_fp32_output_and_fp32_dy_with_bf16_inputs():
+    inputs = make_inputs(2, 4, 2, 16, 33, 45, dtype=torch.bfloat16, device="cuda", seed=5)
+    check_all(cuda_fwd, cuda_bwd, inputs, 33, 45, rtol=TOLERANCE[torch.bfloat16], out_fp32=True,
+              dy_fp32=True)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_without_optional_inputs_and_softplus():
+    inputs = make_inputs(2, 4, 2, 4, 50, 31, device="cuda", use_d=False, use_bias=False, seed=9)
+    check_all(cuda_fwd, cuda_bwd, inputs, 50, 31, rtol=1e-4, softplus=False)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_output_fully_written_over_poisoned_memory():
+    # Fill the caching allocator's blocks with NaN so y / du / ddelta start as NaN if reused;
+    # every element must come back finite and equal to the reference.
+    for _ in range(3):
+        junk = torch.full((1 << 22,), float("nan"), device="cuda")
+        del junk
+    inputs = make_inputs(3, 4, 2, 16, 45, 37, device="cuda", seed=13)
+    check_all(cuda_fwd, cuda_bwd, inputs, 45, 37, rtol=1e-4)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_matches_cpu_kernel_on_identical_inputs():
+    if not backend_info()["cpu_extension"]:
+        pytest.skip("the CPU kernel is unavailable")
+    inputs = make_inputs(2, 4, 2, 16, 24, 70, device="cuda", seed=17)
+    args = [inputs[k] for k in ORDER]
+    cpu_args = [None if t is None else t.cpu() for t in args]
+    y_gpu = selective_scan_2d(*args, height=24, width=70, backend="cuda")
+    y_cpu = selective_scan_2d(*cpu_args, height=24, width=70, backend="cpu")
+    assert_close("y gpu vs cpu", y_gpu, y_cpu.double(), 1e-4)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_public_op_non_contiguous_inputs_and_autograd():
+    batch, dim, groups, nstate, height, width = 2, 4, 2, 16, 20, 45
+    base = make_inputs(batch, dim, groups, nstate, height, width, device="cuda", seed=19)
+    # Non-contiguous u / delta / B / C: transposed storage with the same values.
+    nc = {k: v for k, v in base.items()}
+    for k in ("u", "delta"):
+        nc[k] = base[k].transpose(1, 2).contiguous().transpose(1, 2)
+    for k in ("B", "C"):
+        nc[k] = base[k].transpose(2, 3).contiguous().transpose(2, 3)
+    assert not nc["u"].is_contiguous() and not nc["B"].is_contiguous()
+    leaves = {k: None if v is None else v.clone().requires_grad_() for k, v in nc.items()}
+    y = selective_scan_2d(*(leaves[k] for k in ORDER), height=height, width=width, backend="cuda")
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).cuda()
+    y.backward(dy)
+    y_ref, grads_ref = reference(base, dy, height, width)
+    assert_close("y", y, y_ref, 1e-4)
+    for k, ref in zip(ORDER, grads_ref):
+        assert_close("d" + k, leaves[k].grad, ref, 1e-4)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_deterministic_mode_is_bitwise_reproducible(monkeypatch):
+    # 2 groups x 4 channels: dB / dC are shared by 4 channel blocks (the race case).
+    inputs = make_inputs(3, 8, 2, 16, 40, 40, device="cuda", seed=23)
+    args = [inputs[k] for k in ORDER]
+    dy = torch.randn(3, 8, 1600, generator=torch.Generator().manual_seed(4)).cuda()
+    atomic = CUDA_MODULE.backward(*args, True, 40, 40, dy)
+    monkeypatch.setenv("VMAMBA2D_DETERMINISTIC", "1")
+    first = CUDA_MODULE.backward(*args, True, 40, 40, dy)
+    second = CUDA_MODULE.backward(*args, True, 40, 40, dy)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    for name, a, b in zip(("du", "ddelta", "dA", "dB", "dC", "dD", "ddelta_bias"), first, atomic):
+        assert_close(name + " deterministic vs atomic", a, b.double(), 1e-5)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_respects_current_stream():
+    inputs = make_inputs(4, 4, 1, 16, 64, 64, device="cuda", seed=29)
+    args = [inputs[k] for k in ORDER]
+    expected = CUDA_MODULE.forward(*args, True, 64, 64, False)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        y = CUDA_MODULE.forward(*args, True, 64, 64, False)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(y, expected)
