@@ -160,7 +160,7 @@ class SS2D(nn.Module):
                 selective_scan_2d(
                     xs[:, channels], dts[:, channels], A[channels], Bs[:, first:last], Cs[:, first:last],
                     D[channels], delta_bias[channels], True,
-                    height=grid_h, width=grid_w, backend=self.scan_backend,
+                    height=int(grid_h), width=int(grid_w), backend=self.scan_backend,  # ints under jit.trace too
                 )
             )
         y = (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)).view(batch, k, d_inner, length)

@@ -1,0 +1,116 @@
+"""FLOP counting for VMamba / 2DVMamba models with fvcore.
+
+Convention (the one VMamba and 2DMamba publish): one multiply-add = one flop; convolutions, linear
+layers / matmuls, layer norms and pooling are counted by fvcore's default handles, element-wise ops
+(activations, additions, flips) are not; each selective scan counts 9 * B * L * D * N (+ B * D * L for
+the D skip) when it is a 1D scan and 15 * B * L * D * N (+ B * D * L) when it is a 2D scan
+(DESIGN.md section 1). The scan is visible to fvcore only as the compiled kernel's custom op, so the
+trace runs with the compiled backend of the model's device.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn as nn
+
+from .ops import resolve_backend
+
+__all__ = ["count_flops", "scan_1d_flops"]
+
+# Positions of height and width in the custom op's schema (u, delta, A, B, C, D, delta_bias,
+# delta_softplus, height, width, out_fp32).
+_HEIGHT, _WIDTH = 8, 9
+
+
+def scan_1d_flops(batch: int, dim: int, length: int, nstate: int, with_d: bool) -> int:
+    """FLOPs of one 1D selective scan over u (batch, dim, length): 9 * B * L * D * N (+ B * D * L)."""
+    return 9 * batch * length * dim * nstate + (batch * dim * length if with_d else 0)
+
+
+def _scan_handles() -> dict:
+    """fvcore handles for the scan op: 2D maps count as 2D scans, 1 x L or L x 1 maps as 1D scans."""
+    from .ops.flops import FVCORE_OP_HANDLES, _tensor_sizes  # imports the custom op definitions
+
+    handles = {}
+    for op_name, handle_2d in FVCORE_OP_HANDLES.items():
+
+        def handle(inputs: list, outputs: list, handle_2d=handle_2d, op_name=op_name) -> int:
+            height, width = inputs[_HEIGHT].toIValue(), inputs[_WIDTH].toIValue()
+            if not isinstance(height, int) or not isinstance(width, int):
+                raise ValueError(f"{op_name}: height / width are not constants in the traced graph")
+            if height > 1 and width > 1:
+                return handle_2d(inputs, outputs)
+            batch, dim, length = _tensor_sizes(inputs[0])
+            nstate = _tensor_sizes(inputs[2])[1]
+            return scan_1d_flops(batch, dim, length, nstate, inputs[5].type().kind() != "NoneType")
+
+        handles[op_name] = handle
+    return handles
+
+
+@contextlib.contextmanager
+def _compiled_scans(model: nn.Module, device: torch.device) -> Iterator[int]:
+    """Temporarily switch every module with a ``scan_backend`` to the device's compiled kernel.
+
+    Yields the number of such modules. Raises RuntimeError if the kernel is unavailable.
+    """
+    kernel = "cuda" if device.type == "cuda" else "cpu"
+    scanners = [m for m in model.modules() if hasattr(m, "scan_backend")]
+    if scanners:
+        try:
+            resolve_backend(kernel, device)
+        except (RuntimeError, ValueError) as err:
+            raise RuntimeError(
+                f"count_flops needs the compiled {kernel} scan kernel so that fvcore sees each scan as one "
+                f"op; it is unavailable ({err}). See vmamba2d.ops.backend_info()."
+            ) from err
+    saved = [m.scan_backend for m in scanners]
+    try:
+        for m in scanners:
+            m.scan_backend = kernel
+        yield len(scanners)
+    finally:
+        for m, backend in zip(scanners, saved):
+            m.scan_backend = backend
+
+
+def count_flops(model: nn.Module, input_size: Sequence[int] = (3, 224, 224)) -> int:
+    """FLOPs of one forward pass of ``model`` on a single (1, *input_size) image, counted by fvcore.
+
+    Args:
+        model: a VMamba / 2DVMamba model (or any module; modules with a ``scan_backend`` attribute
+            are traced with the compiled kernel of the model's device).
+        input_size: (channels, height, width).
+    Returns:
+        the flop count as an int (one multiply-add = one flop; see the module docstring).
+    Raises:
+        ValueError for a bad ``input_size``; RuntimeError when the compiled scan kernel is missing
+        or when the trace contains no scan although the model has scan modules.
+    """
+    from fvcore.nn import FlopCountAnalysis
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    input_size = tuple(input_size)
+    if len(input_size) != 3 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in input_size):
+        raise ValueError(f"input_size must be (channels, height, width) of positive ints, got {input_size}")
+    reference = next(model.parameters(), None)
+    device = reference.device if reference is not None else torch.device("cpu")
+    dtype = reference.dtype if reference is not None and reference.is_floating_point() else torch.float32
+    inputs = torch.zeros((1, *input_size), device=device, dtype=dtype)
+    was_training = model.training
+    model.eval()
+    try:
+        with _compiled_scans(model, device) as num_scanners, torch.no_grad():
+            handles = _scan_handles() if num_scanners else {}
+            analysis = FlopCountAnalysis(model, inputs).set_op_handle(**handles)
+            analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+            by_operator = analysis.by_operator()
+            total = int(analysis.total())
+    finally:
+        model.train(was_training)
+    if num_scanners and not any(by_operator.get(name.split("::")[-1], 0) or by_operator.get(name, 0) for name in handles):
+        raise RuntimeError(f"count_flops: the trace holds no scan op ({sorted(handles)}); the scans would go uncounted")
+    return total
