@@ -190,7 +190,11 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
             else:
                 ema.module.load_state_dict(checkpoint["model_ema"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
+        if checkpoint["config"]["epochs"] == cfg.epochs:
+            scheduler.load_state_dict(checkpoint["scheduler"])
+        else:  # keep the freshly built schedule for the new length
+            logger.warning("--epochs changed from %d to %d: the lr schedule is recomputed for %d "
+                           "epochs", checkpoint["config"]["epochs"], cfg.epochs, cfg.epochs)
         scaler.load_state_dict(checkpoint["scaler"])
         start_epoch = checkpoint["epoch"]
         state.global_step = checkpoint["global_step"]
@@ -271,7 +275,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
                 atomic_torch_save(weights_only, output / BEST_NAME)
             metrics.write(record, step=state.global_step)
         logger.info("epoch %d/%d step %d: loss %.4f lr %.3g | val top-1 %.2f top-5 %.2f%s | best "
-                    "%.2f (epoch %d) | %.0f img/s", epoch + 1, cfg.epochs, state.global_step,
+                    "%.2f (epoch %d) | %.1f img/s", epoch + 1, cfg.epochs, state.global_step,
                     train_stats["train_loss"], train_stats["lr"], val["top1"], val["top5"],
                     f" | ema top-1 {record['ema_top1']:.2f}" if ema is not None else "",
                     best_top1, best_epoch + 1, train_stats["train_img_per_s"])
