@@ -1,0 +1,244 @@
+#!/usr/bin/env python
+"""Throughput and peak memory of 2DVMamba-T against VMamba-T, ConvNeXt-T and Swin-T.
+
+For each model and batch size a fresh worker process builds the model, times inference
+(``torch.inference_mode``) and then full training steps (forward, cross-entropy, backward, AdamW
+step), and reports images per second and peak memory (CPU: the worker's peak resident set size;
+GPU: ``torch.cuda.max_memory_allocated``). Prints a markdown table; ``--out FILE`` also writes it.
+
+    python tools/bench_model.py                          # CPU, batch 1 and 16
+    python tools/bench_model.py --device cuda            # GPU, batch 128, fp32 and AMP
+    python tools/bench_model.py --batch-sizes 1 --iters 5 --out benchmarks/model_cpu.md
+
+Targets checked at the end: CPU inference of vmamba2d_tiny within 1.5x of vmamba_tiny and 3x of
+convnext_tiny; GPU: vmamba2d_tiny >= 0.9x vmamba_tiny and above VMamba-T's published 1686 img/s
+(A100, fp32, batch 128).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_MODELS = ["vmamba2d_tiny", "vmamba_tiny", "convnext_tiny", "swin_tiny_patch4_window7_224"]
+PUBLISHED_VMAMBA_T_IMG_S = 1686  # VMamba-T, A100, fp32, batch 128 (VMamba paper)
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a source checkout without installing
+
+
+def _synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_memory_mb(device: str) -> float:
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _timed(step, iters: int, warmup: int, device: str) -> float:
+    """Seconds per call of ``step`` after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        step()
+    _synchronize(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    _synchronize(device)
+    return (time.perf_counter() - start) / iters
+
+
+def run_worker(args: argparse.Namespace) -> dict:
+    """Measure one (model, batch, precision) in this process; returns the result row."""
+    import timm
+    import torch
+
+    import vmamba2d  # noqa: F401  (registers the vmamba models)
+
+    torch.manual_seed(0)
+    device, batch = args.device, args.batch_size
+    amp = args.precision == "amp"
+    model = timm.create_model(args.model, num_classes=1000).to(device)
+    images = torch.randn(batch, 3, args.img_size, args.img_size, device=device)
+    targets = torch.randint(0, 1000, (batch,), device=device)
+    autocast = torch.autocast(device_type=device, dtype=torch.bfloat16 if device == "cpu" else torch.float16, enabled=amp)
+
+    model.eval()
+
+    def infer():
+        with torch.inference_mode(), autocast:
+            model(images)
+
+    infer_s = _timed(infer, args.iters, args.warmup, device)
+    infer_peak = _peak_memory_mb(device)
+
+    row = dict(model=args.model, device=device, precision=args.precision, batch=batch,
+               infer_img_s=batch / infer_s, infer_peak_mb=infer_peak)
+    if not args.no_train:
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        scaler = torch.amp.GradScaler(device, enabled=amp and device == "cuda")
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+
+        def train_step():
+            with autocast:
+                loss = torch.nn.functional.cross_entropy(model(images), targets)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+
+        train_s = _timed(train_step, args.iters, args.warmup, device)
+        row.update(train_img_s=batch / train_s, train_peak_mb=_peak_memory_mb(device))
+    return row
+
+
+def _spawn(model: str, batch: int, precision: str, args: argparse.Namespace) -> dict:
+    command = [
+        sys.executable, str(Path(__file__).resolve()), "--worker", "--models", model, "--device", args.device,
+        "--batch-sizes", str(batch), "--precisions", precision, "--iters", str(args.iters),
+        "--warmup", str(args.warmup), "--img-size", str(args.img_size),
+    ] + (["--no-train"] if args.no_train else [])
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if result.returncode != 0:
+        raise RuntimeError(f"worker for {model} batch {batch} {precision} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _header(args: argparse.Namespace) -> list[str]:
+    import timm
+    import torch
+
+    import vmamba2d
+
+    def git(*cmd: str) -> str:
+        out = subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=REPO)
+        return out.stdout.strip() or "unknown"
+
+    dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") != "unknown" else ""
+    if args.device == "cuda":
+        machine = f"{torch.cuda.get_device_name()} ({torch.cuda.device_count()} visible)"
+        scan_backend = vmamba2d.ops.backend_info()["auto_cuda"]
+    else:
+        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+        scan_backend = vmamba2d.ops.backend_info()["auto_cpu"]
+    load = os.getloadavg()
+    return [
+        f"# Model throughput ({args.device})",
+        "",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- commit: {git('rev-parse', '--short', 'HEAD')}{dirty}",
+        f"- machine: {machine}; load average at start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
+        f"- software: python {platform.python_version()}, torch {torch.__version__}, timm {timm.__version__}",
+        f"- vmamba2d scan backend (auto): {scan_backend}",
+        f"- settings: input {args.img_size}x{args.img_size}, {args.warmup} warm-up + {args.iters} timed iterations, "
+        "inference under torch.inference_mode, training step = forward + cross-entropy + backward + AdamW step, "
+        "one fresh process per (model, batch, precision)",
+        f"- peak memory: {'torch.cuda.max_memory_allocated' if args.device == 'cuda' else 'peak RSS of the worker process (weights, activations, allocator caches, Python)'}",
+        "",
+    ]
+
+
+def _table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| model | precision | batch | inference img/s | training img/s | inference peak MiB | training peak MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        train = f"{r['train_img_s']:.2f}" if "train_img_s" in r else "-"
+        train_mem = f"{r['train_peak_mb']:.0f}" if "train_peak_mb" in r else "-"
+        lines.append(
+            f"| {r['model']} | {r['precision']} | {r['batch']} | {r['infer_img_s']:.2f} | {train} | "
+            f"{r['infer_peak_mb']:.0f} | {train_mem} |"
+        )
+    return lines
+
+
+def _targets(rows: list[dict], device: str) -> list[str]:
+    lookup = {(r["model"], r["precision"], r["batch"]): r["infer_img_s"] for r in rows}
+    lines = ["", "## Targets (inference throughput)", ""]
+    for (model, precision, batch), ours in sorted(lookup.items()):
+        if model != "vmamba2d_tiny":
+            continue
+        baseline = lookup.get(("vmamba_tiny", precision, batch))
+        convnext = lookup.get(("convnext_tiny", precision, batch))
+        if device == "cpu":
+            if baseline:
+                ok = ours * 1.5 >= baseline
+                lines.append(f"- batch {batch}: vmamba_tiny / vmamba2d_tiny = {baseline / ours:.2f}x (target <= 1.5x): {'met' if ok else 'NOT met'}")
+            if convnext:
+                ok = ours * 3 >= convnext
+                lines.append(f"- batch {batch}: convnext_tiny / vmamba2d_tiny = {convnext / ours:.2f}x (target <= 3x): {'met' if ok else 'NOT met'}")
+        else:
+            if baseline:
+                ok = ours >= 0.9 * baseline
+                lines.append(f"- {precision} batch {batch}: vmamba2d_tiny / vmamba_tiny = {ours / baseline:.2f} (target >= 0.9): {'met' if ok else 'NOT met'}")
+            if precision == "fp32":
+                ok = ours > PUBLISHED_VMAMBA_T_IMG_S
+                lines.append(f"- fp32 batch {batch}: vmamba2d_tiny {ours:.0f} img/s vs VMamba-T published {PUBLISHED_VMAMBA_T_IMG_S} img/s (A100): {'above' if ok else 'NOT above'}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, help="default: 1 16 on CPU, 128 on GPU")
+    parser.add_argument("--precisions", nargs="+", choices=["fp32", "amp"], help="default: fp32 on CPU, fp32 amp on GPU")
+    parser.add_argument("--iters", type=int, default=5, help="timed iterations per measurement")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before timing")
+    parser.add_argument("--img-size", type=int, default=224)
+    parser.add_argument("--no-train", action="store_true", help="measure inference only")
+    parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.iters < 1 or args.warmup < 0 or args.img_size < 32 or args.img_size % 32:
+        parser.error("--iters must be >= 1, --warmup >= 0, --img-size a positive multiple of 32")
+    args.batch_sizes = args.batch_sizes or ([128] if args.device == "cuda" else [1, 16])
+    args.precisions = args.precisions or (["fp32", "amp"] if args.device == "cuda" else ["fp32"])
+    if any(b < 1 for b in args.batch_sizes):
+        parser.error("--batch-sizes must be positive")
+
+    if args.worker:
+        args.model, args.batch_size, args.precision = args.models[0], args.batch_sizes[0], args.precisions[0]
+        print(json.dumps(run_worker(args)))
+        return 0
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a GPU")
+    lines = _header(args)
+    rows = []
+    for precision in args.precisions:
+        for batch in args.batch_sizes:
+            for model in args.models:
+                row = _spawn(model, batch, precision, args)
+                print(f"{model} {precision} batch {batch}: {row['infer_img_s']:.2f} img/s inference", file=sys.stderr)
+                rows.append(row)
+    lines += _table(rows) + _targets(rows, args.device)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        temporary = args.out.with_suffix(args.out.suffix + ".tmp")
+        temporary.write_text(text)
+        os.replace(temporary, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
