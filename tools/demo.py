@@ -26,6 +26,7 @@ import torch  # noqa: E402
 import vmamba2d  # noqa: E402
 import vmamba2d.models  # noqa: E402,F401  (registers the timm models)
 from vmamba2d import erf  # noqa: E402
+from vmamba2d.flops import count_flops  # noqa: E402
 from vmamba2d.ops import backend_info, resolve_backend, selective_scan_2d  # noqa: E402
 
 MIXER_DECADES = 5.0
@@ -83,7 +84,7 @@ def demo_model(checkpoint: str | None):
     kwargs = dict(pretrained=True, pretrained_cfg_overlay=dict(file=checkpoint)) if checkpoint else {}
     model = timm.create_model("vmamba2d_tiny", **kwargs).eval()
     params = sum(p.numel() for p in model.parameters())
-    flops = vmamba2d.count_flops(model, (3, 224, 224))
+    flops = count_flops(model, (3, 224, 224))
     print(f"weights: {checkpoint or 'random init'}")
     print(f"params {params / 1e6:.2f} M, FLOPs @224 {flops / 1e9:.2f} G (fvcore, 2D-scan handle included)")
     print(f"scan backend on CPU: {resolve_backend('auto', torch.device('cpu'))!r}")
@@ -133,7 +134,7 @@ def demo_erf(out: Path, input_size: int, num_images: int, mixer_size: int, mixer
                                         batch_size=num_images, progress=name, total=num_images)
         print(f"{name}: {num_images} images at {input_size}px in {time.perf_counter() - start:.1f} s")
         heatmaps.append(erf.normalized_heatmap(results[name].mean_map))
-        titles.append(f"{name}, whole backbone\nlog10(x+1)/max, {input_size}px, random init")
+        titles.append(f"{name}: whole backbone\nlog10(x+1)/max, {input_size}px, random init")
     mixer_maps = {}
     for name, scan in zip(names, ("1d", "2d")):
         torch.manual_seed(0)  # the same weights for both mixers: only the scan differs
@@ -141,8 +142,8 @@ def demo_erf(out: Path, input_size: int, num_images: int, mixer_size: int, mixer
         inputs = erf.random_feature_maps(mixer_maps_count, 96, mixer_size, seed=0)
         mixer_maps[name] = erf.compute_erf(mixer, inputs, batch_size=mixer_maps_count).mean_map
         heatmaps.append(erf.log_heatmap(mixer_maps[name], decades=MIXER_DECADES))
-        titles.append(f"{name}: one SS2D mixer ({scan} scan), random init\n"
-                      f"log10(x/max) over {MIXER_DECADES:g} decades, {mixer_size}x{mixer_size} map")
+        titles.append(f"{name}: one SS2D mixer ({scan} scan)\n"
+                      f"log10(x/max), {MIXER_DECADES:g} decades, {mixer_size}x{mixer_size}, random init")
     path = erf.plot_erf_grid(heatmaps, titles, out / "erf_demo.png", columns=2,
                              colorbar_label="normalised contribution (scale in titles)")
     rows = erf.area_ratio_rows(results)

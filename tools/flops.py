@@ -58,31 +58,34 @@ def count_params(model: nn.Module) -> int:
 
 def measure(name: str, input_size: tuple[int, int], breakdown: bool) -> dict:
     """Params, total FLOPs and (optionally) FLOPs by operator of ``name`` at ``input_size``."""
-    import vmamba2d
+    from vmamba2d.flops import count_flops
 
     model = create_model(name, input_size)
     shape = (3, *input_size)
     row = {"model": name, "input": f"{input_size[0]}x{input_size[1]}",
-           "params": count_params(model), "flops": vmamba2d.count_flops(model, shape)}
+           "params": count_params(model), "flops": count_flops(model, shape)}
     if breakdown:
         row["by_operator"] = flops_by_operator(model, shape)
     return row
 
 
 def flops_by_operator(model: nn.Module, input_size: tuple[int, int, int]) -> dict[str, int]:
-    """fvcore's per-operator FLOPs of ``model`` on one (C, H, W) input, 2D-scan handle included.
+    """fvcore's per-operator FLOPs of ``model`` on one (C, H, W) input.
 
-    The same analysis as ``vmamba2d.count_flops`` (its total must equal the sum of this breakdown;
-    ``run`` checks that).
+    Runs the same analysis as ``vmamba2d.count_flops`` (compiled scan kernel, 1D/2D scan handles;
+    ``run`` checks that the breakdown sums to its total).
     """
     from fvcore.nn import FlopCountAnalysis
 
-    from vmamba2d.ops.flops import FVCORE_OP_HANDLES
+    from vmamba2d.flops import _compiled_scans, _scan_handles
 
-    with torch.no_grad():
-        analysis = FlopCountAnalysis(model, torch.zeros(1, *input_size)).set_op_handle(**FVCORE_OP_HANDLES)
+    model.eval()
+    device = next(model.parameters()).device
+    with _compiled_scans(model, device) as num_scanners, torch.no_grad():
+        analysis = FlopCountAnalysis(model, torch.zeros(1, *input_size, device=device))
+        analysis.set_op_handle(**(_scan_handles() if num_scanners else {}))
         analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-        return dict(analysis.by_operator())
+        return {name: int(count) for name, count in analysis.by_operator().items()}
 
 
 def totals_table(rows: list[dict]) -> str:
