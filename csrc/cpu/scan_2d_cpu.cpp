@@ -70,6 +70,17 @@ OptTensor as_compute(const OptTensor& t, at::ScalarType dtype) {
   return t.has_value() ? OptTensor(as_compute(*t, dtype)) : std::nullopt;
 }
 
+// Per-thread scratch arrays (allocated here, on the calling thread, as one ATen tensor so that
+// memory profilers see it): (threads, arrays, L).
+Tensor thread_workspaces(const ScanShape& s, int64_t arrays, const Tensor& like) {
+  return at::empty({at::get_num_threads(), arrays, s.length()}, like.options());
+}
+
+template <typename T>
+Workspace<T> this_thread_workspace(T* workspaces, int64_t arrays, int64_t length) {
+  return Workspace<T>(workspaces + at::get_thread_num() * arrays * length, length);
+}
+
 template <typename T>
 ScanInputs<T> scan_inputs(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
                           const OptTensor& D, const OptTensor& delta_bias, bool delta_softplus) {
@@ -92,12 +103,14 @@ Tensor forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, const T
   const OptTensor D = as_compute(D_in, dtype);
   const OptTensor bias = as_compute(bias_in, dtype);
   Tensor y = at::empty(u.sizes(), u.options());
+  const Tensor workspaces = thread_workspaces(s, kForwardArrays, u);
 
   AT_DISPATCH_FLOATING_TYPES(dtype, "vmamba2d_scan_2d_cpu_forward", [&] {
     const ScanInputs<scalar_t> in = scan_inputs<scalar_t>(u, delta, A, B, C, D, bias, delta_softplus);
     scalar_t* y_ptr = y.data_ptr<scalar_t>();
+    scalar_t* scratch = workspaces.data_ptr<scalar_t>();
     at::parallel_for(0, s.batch * s.dim, 1, [&](int64_t begin, int64_t end) {
-      Workspace<scalar_t> ws(s.length(), kForwardArrays);
+      Workspace<scalar_t> ws = this_thread_workspace(scratch, kForwardArrays, s.length());
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / s.dim;
         const int64_t d = task % s.dim;
@@ -130,6 +143,7 @@ std::vector<OptTensor> backward(const Tensor& u, const Tensor& delta, const Tens
   Tensor dA_parts = at::empty({s.batch, s.dim, s.nstate}, u.options());
   Tensor dD_parts = at::empty({s.batch, s.dim}, u.options());
   Tensor dbias_parts = at::empty({s.batch, s.dim}, u.options());
+  const Tensor workspaces = thread_workspaces(s, kBackwardArrays, u);
 
   AT_DISPATCH_FLOATING_TYPES(dtype, "vmamba2d_scan_2d_cpu_backward", [&] {
     using T = scalar_t;
@@ -143,8 +157,9 @@ std::vector<OptTensor> backward(const Tensor& u, const Tensor& delta, const Tens
     T* dD_ptr = dD_parts.data_ptr<T>();
     T* dbias_ptr = dbias_parts.data_ptr<T>();
     const int64_t L = s.length();
+    T* scratch = workspaces.data_ptr<T>();
     at::parallel_for(0, s.batch * s.groups * chunks, 1, [&](int64_t begin, int64_t end) {
-      Workspace<T> ws(L, kBackwardArrays);
+      Workspace<T> ws = this_thread_workspace(scratch, kBackwardArrays, L);
       for (int64_t task = begin; task < end; ++task) {
         const int64_t chunk = task % chunks;
         const int64_t bg = task / chunks;  // b * groups + g

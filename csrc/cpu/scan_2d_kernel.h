@@ -14,9 +14,9 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <vector>
+
+#include "scan_2d_math.h"
 
 namespace vmamba2d {
 namespace cpu {
@@ -50,22 +50,11 @@ struct ScanInputs {
 // Number of rows whose serial horizontal recurrences are advanced together.
 constexpr int64_t kRowInterleave = 8;
 
-template <typename T>
-inline T softplus(T z) {
-  // Same threshold as torch.nn.functional.softplus (beta 1, threshold 20).
-  return z > T(20) ? z : std::log1p(std::exp(z));
-}
-
-template <typename T>
-inline T sigmoid(T z) {
-  return T(1) / (T(1) + std::exp(-z));
-}
-
 // dt[p] = softplus(delta[p] + bias) (or without softplus); also dt_u[p] = dt[p] * u[p].
 template <typename T>
 void compute_dt(const T* delta, const T* u, T bias, bool use_softplus, int64_t length, T* dt, T* dt_u) {
   if (use_softplus) {
-    for (int64_t p = 0; p < length; ++p) dt[p] = softplus(delta[p] + bias);
+    for (int64_t p = 0; p < length; ++p) dt[p] = Math<T>::softplus(delta[p] + bias);
   } else {
     for (int64_t p = 0; p < length; ++p) dt[p] = delta[p] + bias;
   }
@@ -75,7 +64,7 @@ void compute_dt(const T* delta, const T* u, T bias, bool use_softplus, int64_t l
 // decay[p] = exp(dt[p] * a_rate) and x[p] = dt_u[p] * b[p] for one state.
 template <typename T>
 void discretize_state(const T* dt, const T* dt_u, const T* b, T a_rate, int64_t length, T* decay, T* x) {
-  for (int64_t p = 0; p < length; ++p) decay[p] = std::exp(dt[p] * a_rate);
+  for (int64_t p = 0; p < length; ++p) decay[p] = Math<T>::exp(dt[p] * a_rate);
   for (int64_t p = 0; p < length; ++p) x[p] = dt_u[p] * b[p];
 }
 
@@ -129,16 +118,16 @@ void scan_rows_reverse(const T* decay, T* values, int64_t height, int64_t width)
   }
 }
 
-// Workspace of one task: `count` arrays of L values each.
+// Scratch memory of one thread: arrays of L values each, carved from caller-owned storage.
 template <typename T>
 class Workspace {
  public:
-  Workspace(int64_t length, int64_t count) : length_(length), data_(static_cast<size_t>(length * count)) {}
-  T* array(int64_t index) { return data_.data() + index * length_; }
+  Workspace(T* data, int64_t length) : data_(data), length_(length) {}
+  T* array(int64_t index) { return data_ + index * length_; }
 
  private:
+  T* data_;
   int64_t length_;
-  std::vector<T> data_;
 };
 
 constexpr int64_t kForwardArrays = 4;  // dt, dt_u, decay, state
@@ -193,6 +182,23 @@ struct ChannelGrads {
   T* ddelta_bias;
 };
 
+// One state's gradient terms through decay = exp(dt * A) and x = dt * B * u, given
+// ddecay = dL/d(decay) and mu = dL/dx: dA's per-pixel terms, and the accumulations into
+// d(dt), dB and du. The arrays never overlap (restrict lets the compiler vectorise).
+template <typename T>
+void chain_state_grads(const T* __restrict ddecay, const T* __restrict decay, const T* __restrict mu,
+                       const T* __restrict dt, const T* __restrict dt_u, const T* __restrict u,
+                       const T* __restrict b, T a_rate, int64_t length, T* __restrict da_terms,
+                       T* __restrict ddt, T* __restrict db, T* __restrict du) {
+  for (int64_t p = 0; p < length; ++p) {
+    const T dlog_decay = ddecay[p] * decay[p];  // dL/d(dt * A)
+    da_terms[p] = dlog_decay * dt[p];
+    ddt[p] += dlog_decay * a_rate + mu[p] * b[p] * u[p];
+    db[p] += mu[p] * dt_u[p];
+    du[p] += mu[p] * dt[p] * b[p];
+  }
+}
+
 constexpr int64_t kBackwardArrays = 8;  // dt, dt_u, ddt, decay, hh, h, lambda, mu
 
 // Gradients of one (batch, channel), recomputing the forward scans state by state.
@@ -224,13 +230,12 @@ void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, in
   const T bias = in.delta_bias ? in.delta_bias[d] : T(0);
   compute_dt(in.delta + offset, u, bias, in.delta_softplus, L, dt, dt_u);
   const T skip = in.D ? in.D[d] : T(0);
-  T dskip = T(0);
   for (int64_t p = 0; p < L; ++p) {
     out.du[p] = skip * dy[p];
-    dskip += dy[p] * u[p];
+    mu[p] = dy[p] * u[p];
     ddt[p] = T(0);
   }
-  if (out.dD) *out.dD = dskip;
+  if (out.dD) *out.dD = sum_values(mu, L);
 
   for (int64_t n = 0; n < s.nstate; ++n) {
     const T* b_n = B + n * L;
@@ -262,32 +267,27 @@ void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, in
     std::copy(lambda, lambda + L, mu);
     scan_rows_reverse(decay, mu, H, W);
 
-    // d(decay) -> d(dt) and dA; dx = mu -> dB, d(dt), du.
-    T da_rate = T(0);
+    // dL/d(decay), in place of lambda: lambda[i, j] h[i - 1, j] + mu[i, j] hh[i, j - 1].
+    T* ddecay = lambda;
+    std::fill(ddecay, ddecay + W, T(0));
+    for (int64_t p = W; p < L; ++p) ddecay[p] *= h[p - W];
     for (int64_t i = 0; i < H; ++i) {
       const int64_t row = i * W;
-      for (int64_t j = 0; j < W; ++j) {
-        const int64_t p = row + j;
-        const T from_above = i > 0 ? lambda[p] * h[p - W] : T(0);
-        const T from_left = j > 0 ? mu[p] * hh[p - 1] : T(0);
-        const T dlog_decay = (from_above + from_left) * decay[p];  // dL/d(dt * A)
-        da_rate += dlog_decay * dt[p];
-        ddt[p] += dlog_decay * a_rate + mu[p] * b_n[p] * u[p];
-        db_n[p] += mu[p] * dt_u[p];
-        out.du[p] += mu[p] * dt[p] * b_n[p];
-      }
+      for (int64_t j = 1; j < W; ++j) ddecay[row + j] += mu[row + j] * hh[row + j - 1];
     }
-    out.dA[n] = da_rate;
+    // Chain through decay = exp(dt * A) and x = dt * B * u (dx = mu); h is free for dA's terms.
+    T* da_terms = h;
+    chain_state_grads(ddecay, decay, mu, dt, dt_u, u, b_n, a_rate, L, da_terms, ddt, db_n, out.du);
+    out.dA[n] = sum_values(da_terms, L);
   }
 
-  T dbias = T(0);
   const T* delta = in.delta + offset;
-  for (int64_t p = 0; p < L; ++p) {
-    const T grad = in.delta_softplus ? ddt[p] * sigmoid(delta[p] + bias) : ddt[p];
-    out.ddelta[p] = grad;
-    dbias += grad;
+  if (in.delta_softplus) {
+    for (int64_t p = 0; p < L; ++p) out.ddelta[p] = ddt[p] * Math<T>::sigmoid(delta[p] + bias);
+  } else {
+    std::copy(ddt, ddt + L, out.ddelta);
   }
-  if (out.ddelta_bias) *out.ddelta_bias = dbias;
+  if (out.ddelta_bias) *out.ddelta_bias = sum_values(out.ddelta, L);
 }
 
 }  // namespace cpu

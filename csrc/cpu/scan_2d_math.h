@@ -1,0 +1,88 @@
+// Elementwise math for the CPU scan, written so that loops calling it vectorise.
+//
+// libm's expf / log1pf are opaque calls (and set errno), which keeps every loop using them scalar.
+// For float the kernel uses the approximations below instead: plain arithmetic and bit operations
+// the compiler turns into SIMD code, accurate to about 1 ulp (relative error < 2e-7). double keeps
+// libm, so float64 results (and gradchecks) are exact to double precision.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace vmamba2d {
+namespace cpu {
+
+// exp(x): x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite split of ln2), exp(r) by its degree-7
+// Taylor polynomial, 2^n built in the exponent bits. x is clamped to [-87, 88], where 2^n stays a
+// normal float; below -87 the result is exp(-87) = 1.6e-38 instead of a smaller denormal.
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float round_magic = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const float n = (x * 1.44269504088896341f + round_magic) - round_magic;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// log(1 + t) for t in [0, 1]: 2 atanh(s) with s = t / (2 + t) <= 1/3, by its odd series to s^13.
+inline float log1p_unit_approx(float t) {
+  const float s = t / (2.0f + t);
+  const float s2 = s * s;
+  float q = 1.0f / 13.0f;
+  q = q * s2 + 1.0f / 11.0f;
+  q = q * s2 + 1.0f / 9.0f;
+  q = q * s2 + 1.0f / 7.0f;
+  q = q * s2 + 1.0f / 5.0f;
+  q = q * s2 + 1.0f / 3.0f;
+  q = q * s2 + 1.0f;
+  return 2.0f * s * q;
+}
+
+template <typename T>
+struct Math;
+
+template <>
+struct Math<float> {
+  static float exp(float x) { return exp_approx(x); }
+  // softplus(z) = max(z, 0) + log(1 + exp(-|z|)), exact rearrangement valid for every z.
+  static float softplus(float z) { return std::max(z, 0.0f) + log1p_unit_approx(exp_approx(-std::fabs(z))); }
+  static float sigmoid(float z) { return 1.0f / (1.0f + exp_approx(-z)); }
+};
+
+template <>
+struct Math<double> {
+  static double exp(double x) { return std::exp(x); }
+  // Same threshold as torch.nn.functional.softplus (beta 1, threshold 20).
+  static double softplus(double z) { return z > 20.0 ? z : std::log1p(std::exp(z)); }
+  static double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+};
+
+// Sum of values[0 .. length) with eight interleaved partial sums (vectorisable, fixed order).
+template <typename T>
+T sum_values(const T* values, int64_t length) {
+  constexpr int64_t kLanes = 8;
+  T partial[kLanes] = {};
+  int64_t p = 0;
+  for (; p + kLanes <= length; p += kLanes) {
+    for (int64_t k = 0; k < kLanes; ++k) partial[k] += values[p + k];
+  }
+  T total = T(0);
+  for (; p < length; ++p) total += values[p];
+  for (int64_t k = 0; k < kLanes; ++k) total += partial[k];
+  return total;
+}
+
+}  // namespace cpu
+}  // namespace vmamba2d

@@ -1,0 +1,374 @@
+#!/usr/bin/env python
+"""Benchmark the 2D selective scan: forward and forward+backward time and peak memory per backend.
+
+Two settings (issue #2, DESIGN.md section 1):
+    table3  the paper's Table 3 operator setting: N=16 states, one channel per map, a batch of maps
+    model   a 2DVMamba-like layer: dim 384 in 4 groups, N=1, batch 2
+at map sizes 14x14, 56x56 and 200x200, for the backends
+    cpu / cuda  our compiled kernel (the device's)
+    torch       the vectorised pure-PyTorch backend
+    naive       the naive 2D scan written below: the N per-state maps are materialised, a Python
+                loop steps over the columns (horizontal scans of all rows at once) and then over the
+                rows (vertical scans), autograd does the backward
+    cuda-1d     (--device cuda only) our CUDA kernel on 1 x L maps, i.e. a 1D scan of the same length
+
+Time: median over --repeats runs after one warm-up run (the naive scan on maps above
+--naive-full-pixels gets --naive-repeats runs and no warm-up, it is slow). "fwd" runs under
+torch.no_grad(); "fwd+bwd" runs the forward with every input requiring grad and backward of a
+fixed random dy.
+Peak memory: the largest amount of tensor memory alive at once during one step, above what was
+allocated before it (the inputs). On CPU it is computed from the torch profiler's allocation
+events (every allocation and free made through PyTorch's CPU allocator, including the compiled
+kernel's per-thread workspaces, which it allocates as tensors); memory not allocated as tensors
+(Python objects, allocator caches) is not counted. On CUDA it is torch.cuda.max_memory_allocated.
+Cases whose estimated peak exceeds --memory-limit-gb are skipped and listed as such.
+
+Usage:
+    python tools/bench_scan.py                                   # CPU, everything, prints a table
+    python tools/bench_scan.py --out benchmarks/scan_cpu.md      # also writes it (with metadata)
+    python tools/bench_scan.py --device cuda --out benchmarks/scan_cuda.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from vmamba2d.ops import backend_info, selective_scan_2d  # noqa: E402
+
+Tensor = torch.Tensor
+Inputs = dict
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    batch: int
+    dim: int
+    groups: int
+    nstate: int
+
+    def describe(self) -> str:
+        return f"{self.key} (batch {self.batch}, dim {self.dim}, groups {self.groups}, N={self.nstate})"
+
+
+def make_settings(table3_batch: int) -> dict[str, Setting]:
+    return {
+        "table3": Setting("table3", batch=table3_batch, dim=1, groups=1, nstate=16),
+        "model": Setting("model", batch=2, dim=384, groups=4, nstate=1),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# The naive 2D scan (baseline)
+# ------------------------------------------------------------------------------------------------
+def naive_scan_2d(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
+                  delta_bias: Optional[Tensor], delta_softplus: bool, height: int, width: int) -> Tensor:
+    """Naive 2D selective scan: materialises the (batch, dim, N, H, W) per-state maps, then runs the
+    horizontal scans (a Python loop over columns) and the vertical scans (a loop over rows).
+
+    u, delta (batch, dim, L); A (dim, N); B, C (batch, groups, N, L); D, delta_bias (dim,) or None.
+    Returns y (batch, dim, L).
+    """
+    batch, dim, length = u.shape
+    groups, nstate = B.shape[1], A.shape[1]
+    per_group = dim // groups
+    dt = delta if delta_bias is None else delta + delta_bias[:, None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    grid = (batch, dim, nstate, height, width)
+    decay = torch.exp(dt[:, :, None, :] * A[:, :, None]).reshape(grid)
+    x = ((dt * u)[:, :, None, :] * B.repeat_interleave(per_group, dim=1)).reshape(grid)
+    columns = [x[..., 0]]
+    for j in range(1, width):
+        columns.append(decay[..., j] * columns[-1] + x[..., j])
+    hh = torch.stack(columns, dim=-1)
+    rows = [hh[..., 0, :]]
+    for i in range(1, height):
+        rows.append(decay[..., i, :] * rows[-1] + hh[..., i, :])
+    h = torch.stack(rows, dim=-2).reshape(batch, dim, nstate, length)
+    y = (h * C.repeat_interleave(per_group, dim=1)).sum(dim=2)
+    if D is not None:
+        y = y + D[:, None] * u
+    return y
+
+
+# ------------------------------------------------------------------------------------------------
+# Cases and measurement
+# ------------------------------------------------------------------------------------------------
+def make_inputs(setting: Setting, height: int, width: int, device: torch.device, seed: int = 0) -> Inputs:
+    gen = torch.Generator().manual_seed(seed)
+    b, d, g, n, length = setting.batch, setting.dim, setting.groups, setting.nstate, height * width
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=gen).to(device)
+
+    return dict(
+        u=randn(b, d, length),
+        delta=randn(b, d, length) - 2.0,
+        A=-torch.exp(randn(d, n) * 0.5),
+        B=randn(b, g, n, length),
+        C=randn(b, g, n, length),
+        D=torch.ones(d, device=device),
+        delta_bias=randn(d) * 0.1,
+    )
+
+
+def scan_function(backend: str) -> Callable[[Inputs, int, int], Tensor]:
+    """fn(inputs, height, width) -> y for a benchmark backend name."""
+    if backend == "naive":
+        return lambda t, h, w: naive_scan_2d(**t, delta_softplus=True, height=h, width=w)
+    if backend == "cuda-1d":
+        return lambda t, h, w: selective_scan_2d(**t, delta_softplus=True, height=1, width=h * w, backend="cuda")
+    return lambda t, h, w: selective_scan_2d(**t, delta_softplus=True, height=h, width=w, backend=backend)
+
+
+def estimated_peak_bytes(backend: str, setting: Setting, height: int, width: int) -> int:
+    """Rough upper bound of a fwd+bwd step's tensor memory (to skip cases that would swamp the machine)."""
+    state_maps = 4 * setting.batch * setting.dim * setting.nstate * height * width
+    if backend == "torch":  # every doubling step of both scans keeps ~5 state-map sized tensors
+        steps = math.ceil(math.log2(max(height, width, 2)))
+        return state_maps * (6 + 10 * steps)
+    if backend == "naive":
+        return state_maps * 12
+    return 4 * setting.batch * (3 * setting.dim + 4 * setting.groups * setting.nstate) * height * width
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def forward_step(fn, inputs: Inputs, height: int, width: int) -> Callable[[], None]:
+    def step() -> None:
+        with torch.no_grad():
+            fn(inputs, height, width)
+    return step
+
+
+def train_step(fn, inputs: Inputs, height: int, width: int) -> Callable[[], None]:
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in inputs.items()}
+    dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(1)).to(inputs["u"].device)
+
+    def step() -> None:
+        fn(leaves, height, width).backward(dy)
+        for leaf in leaves.values():  # the gradients count towards this step's peak, then go
+            leaf.grad = None
+    return step
+
+
+def median_seconds(step: Callable[[], None], device: torch.device, repeats: int, warmup: bool) -> float:
+    if warmup:
+        step()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def peak_bytes(step: Callable[[], None], device: torch.device) -> int:
+    """Peak tensor memory allocated during one ``step`` above what was allocated before it."""
+    if device.type == "cuda":
+        _sync(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        _sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    changes = sorted(
+        (event.start_ns(), event.nbytes())
+        for event in prof.profiler.kineto_results.events()
+        if event.name() == "[memory]" and event.device_type() == DeviceType.CPU
+    )
+    live = peak = 0
+    for _, nbytes in changes:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+@dataclass
+class Row:
+    setting: Setting
+    size: int
+    backend: str
+    fwd_s: Optional[float] = None
+    train_s: Optional[float] = None
+    fwd_peak: Optional[int] = None
+    train_peak: Optional[int] = None
+    note: str = ""
+
+
+def run_case(setting: Setting, size: int, backend: str, device: torch.device, args) -> Row:
+    row = Row(setting, size, backend)
+    estimate = estimated_peak_bytes(backend, setting, size, size)
+    if estimate > args.memory_limit_gb * 2**30:
+        row.note = f"skipped: est. {estimate / 2**30:.1f} GB > --memory-limit-gb {args.memory_limit_gb}"
+        return row
+    inputs = make_inputs(setting, size, size, device)
+    fn = scan_function(backend)
+    slow = backend == "naive" and size * size > args.naive_full_pixels
+    repeats = args.naive_repeats if slow else args.repeats
+    if slow:
+        row.note = f"{repeats} run(s), no warm-up"
+    fwd, train = forward_step(fn, inputs, size, size), train_step(fn, inputs, size, size)
+    row.fwd_s = median_seconds(fwd, device, repeats, warmup=not slow)
+    row.train_s = median_seconds(train, device, repeats, warmup=not slow)
+    row.fwd_peak = peak_bytes(fwd, device)
+    row.train_peak = peak_bytes(train, device)
+    return row
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+def _ms(seconds: Optional[float]) -> str:
+    return "—" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _mb(nbytes: Optional[int]) -> str:
+    return "—" if nbytes is None else f"{nbytes / 2**20:.2f}"
+
+
+def format_table(rows: list[Row]) -> str:
+    naive = {(r.setting.key, r.size): r for r in rows if r.backend == "naive"}
+    lines = [
+        "| setting | map | backend | fwd ms | fwd+bwd ms | fwd maps/s | peak MB fwd | peak MB fwd+bwd "
+        "| fwd+bwd speed-up vs naive | peak fwd+bwd vs naive | note |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        base = naive.get((r.setting.key, r.size))
+        speedup = mem_ratio = "—"
+        if base is not None and base.train_s and r.train_s and r.backend != "naive":
+            speedup = f"{base.train_s / r.train_s:.1f}×"
+            mem_ratio = f"{r.train_peak / base.train_peak:.2f}×" if base.train_peak else "—"
+        maps = r.setting.batch * r.setting.dim
+        rate = "—" if r.fwd_s is None else f"{maps / r.fwd_s:,.0f}"
+        lines.append(
+            f"| {r.setting.key} | {r.size}×{r.size} | {r.backend} | {_ms(r.fwd_s)} | {_ms(r.train_s)} | "
+            f"{rate} | {_mb(r.fwd_peak)} | {_mb(r.train_peak)} | {speedup} | {mem_ratio} | {r.note} |"
+        )
+    return "\n".join(lines)
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "vmamba2d/ops", "tools"],
+                               cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return out + (" (+ uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} logical cores visible, torch threads {torch.get_num_threads()}"
+
+
+def report_header(args, settings: dict[str, Setting], device: torch.device) -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    info = backend_info()
+    lines = [
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- commit: {_git_commit()}",
+        f"- machine: {machine_description(device)}; load average at start: {load}",
+        f"- torch {torch.__version__}, device {device}, float32, cpu kernel source: "
+        f"{info['cpu_extension_source']}",
+        f"- settings: " + "; ".join(settings[k].describe() for k in args.settings),
+        f"- repeats: median of {args.repeats} after 1 warm-up; naive maps > {args.naive_full_pixels} "
+        f"pixels: {args.naive_repeats} run(s) without warm-up",
+        "- peak memory: max tensor memory alive during one step above the inputs "
+        + ("(torch.cuda.max_memory_allocated)" if device.type == "cuda"
+           else "(from torch profiler allocation events; includes the kernel's workspaces)"),
+        f"- command: `python tools/bench_scan.py {' '.join(sys.argv[1:])}`",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[14, 56, 200], help="square map sides")
+    parser.add_argument("--settings", nargs="+", default=["table3", "model"], choices=["table3", "model"])
+    parser.add_argument("--backends", nargs="+", default=None,
+                        help="default: cpu torch naive (CPU) / cuda cuda-1d torch naive (CUDA)")
+    parser.add_argument("--table3-batch", type=int, default=8, help="maps per batch in the table3 setting")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--naive-repeats", type=int, default=1)
+    parser.add_argument("--naive-full-pixels", type=int, default=100 * 100,
+                        help="naive maps with more pixels get --naive-repeats runs and no warm-up")
+    parser.add_argument("--memory-limit-gb", type=float, default=3.0,
+                        help="skip cases whose estimated peak memory exceeds this")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible")
+    default_backends = ["cpu", "torch", "naive"] if device.type == "cpu" else ["cuda", "cuda-1d", "torch", "naive"]
+    backends = args.backends or default_backends
+    settings = make_settings(args.table3_batch)
+    header = report_header(args, settings, device)
+    print(header, flush=True)
+    rows = []
+    for key in args.settings:
+        for size in args.sizes:
+            for backend in backends:
+                row = run_case(settings[key], size, backend, device, args)
+                rows.append(row)
+                print(f"  {key} {size}x{size} {backend}: fwd {_ms(row.fwd_s)} ms, fwd+bwd {_ms(row.train_s)} ms, "
+                      f"peak {_mb(row.train_peak)} MB {row.note}", flush=True)
+    table = format_table(rows)
+    print()
+    print(table)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        title = f"# 2D selective scan benchmark ({device.type})\n\n"
+        args.out.write_text(title + header + "\n\n" + table + "\n")
+        print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
