@@ -15,13 +15,16 @@ Environment variables:
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_CUDA_ARCH_LIST = "8.0;9.0+PTX"
-CXX_FLAGS = ["-O3", "-std=c++20"]
+# -fno-trapping-math lets GCC vectorise the CPU scan's clamped exp / softplus loops (same results).
+CXX_FLAGS = ["-O3", "-std=c++20", "-fno-trapping-math"]
 NVCC_FLAGS = ["-O3", "-std=c++20", "-lineinfo", "--expt-relaxed-constexpr"]
 
 
@@ -36,7 +39,34 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "0") == "1"
 
 
+def _point_cuda_home_at_nvcc_toolkit() -> None:
+    """Set CUDA_HOME (when unset) to the toolkit that the nvcc on PATH really belongs to.
+
+    torch guesses CUDA_HOME as the folder above the first nvcc on PATH; when that nvcc is a wrapper
+    script (e.g. /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc) the guess has no CUDA
+    headers or libcudart and the CUDA extension fails to compile and link. ``nvcc --dryrun``
+    prints the real root as ``TOP=``.
+    """
+    nvcc = shutil.which("nvcc")
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or nvcc is None:
+        return
+    try:
+        dryrun = subprocess.run(
+            [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True, text=True, timeout=120,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return
+    for line in (dryrun.stdout + dryrun.stderr).splitlines():
+        if line.startswith("#$ TOP="):
+            top = Path(line.split("=", 1)[1].strip()).resolve()
+            if (top / "include" / "cuda_runtime_api.h").is_file():
+                os.environ["CUDA_HOME"] = str(top)
+            return
+
+
 def _extensions() -> tuple[list, dict]:
+    _point_cuda_home_at_nvcc_toolkit()
     try:
         import torch
         from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
