@@ -308,6 +308,25 @@ def test_configs_follow_the_recipe_and_build():
             assert params == pytest.approx(62e6, abs=1.5e6), params  # VMamba-T anchor: 62M
 
 
+@pytest.mark.slow
+def test_upernet_2dvmamba_tiny_flops_at_512x2048_match_the_paper():
+    """fvcore trace of the whole segmentor at 512x2048 (~40 s of CPU): 950G in the paper."""
+    from vmamba2d.ops import backend_info
+    from vmamba2d.seg.complexity import segmentor_complexity
+
+    if not backend_info()["cpu_extension"]:
+        pytest.skip("the compiled CPU scan kernel is not available: the scan op cannot be traced")
+    cfg = Config.fromfile(str(TINY_CONFIG))
+    result = segmentor_complexity(_build(cfg.model), (512, 2048))
+    assert result["params"] == pytest.approx(62e6, abs=1.5e6)
+    assert result["flops"] == pytest.approx(950e9, rel=0.03), result["flops"]
+    # scans, by DESIGN.md's convention: 4 routes x (15 L Di N + L Di) per block, Di = dim (ssm_ratio 1),
+    # N = 1, L = (512 / stride) x (2048 / stride), dims 96..768, depths 2, 2, 8, 2
+    expected_scan = sum(depth * 4 * 16 * (512 // stride) * (2048 // stride) * dim
+                        for depth, stride, dim in zip((2, 2, 8, 2), (4, 8, 16, 32), (96, 192, 384, 768)))
+    assert result["flops_by_operator"]["selective_scan_2d_fwd"] == expected_scan
+
+
 def test_optimizer_excludes_norms_and_ssm_parameters_from_weight_decay():
     from mmengine.optim import build_optim_wrapper
 

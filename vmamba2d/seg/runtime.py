@@ -19,7 +19,8 @@ def load_config(path: str, cfg_options: Optional[dict] = None, launcher: str = "
     """
     if not osp.isfile(path):
         raise FileNotFoundError(f"config file not found: {path}")
-    cfg = Config.fromfile(path)
+    # yapf formatting of the config text (for logs and the dumped copy) is cosmetic and costs seconds
+    cfg = Config.fromfile(path, format_python_code=False)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     cfg.launcher = launcher
