@@ -66,7 +66,7 @@ def test_registered_names_and_default_cfg():
 @pytest.mark.parametrize("name", ["vmamba2d_tiny", "vmamba_tiny"])
 def test_registered_variant_forward_backward(name):
     torch.manual_seed(0)
-    model = timm.create_model(name, scan_backend="torch", num_classes=7)
+    model = timm.create_model(name, num_classes=7)  # scan_backend="auto": the compiled kernel
     x = images(batch=1, height=32, width=32).requires_grad_()
     logits = model(x)
     assert logits.shape == (1, 7)
@@ -138,6 +138,35 @@ def test_ss2d_routes_match_per_route_reference(scan, height, width):
         op.Ds.uniform_(-1.0, 1.0)
     x = torch.randn(2, op.d_inner, height, width, dtype=torch.float64)
     torch.testing.assert_close(op.scan_routes(x), _ss2d_core_reference(op, x), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["vmamba2d_tiny", "vmamba_tiny"])
+def test_auto_backend_matches_torch_backend(name):
+    """The model on the default backend (compiled kernel when present) agrees with pure PyTorch."""
+    auto = narrow_model(name, scan_backend="auto")
+    reference = narrow_model(name)
+    x = images(height=32, width=96)
+    outputs, grads = [], []
+    for model in (auto, reference):
+        model.zero_grad()
+        out = model(x)
+        out.square().sum().backward()
+        outputs.append(out.detach())
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-4, atol=1e-5)
+    for key in grads[1]:
+        torch.testing.assert_close(grads[0][key], grads[1][key], rtol=1e-3, atol=1e-5, msg=key)
+
+
+def test_bfloat16_autocast_forward():
+    model = narrow_model(scan_backend="auto")
+    x = images(height=32, width=64)
+    with torch.no_grad():
+        expected = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = model(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, rtol=0.1, atol=0.05)
 
 
 def test_2d_and_1d_models_share_weights_but_not_scans():
