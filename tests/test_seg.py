@@ -248,6 +248,21 @@ def _tiny_backbone_named(name):
     return VMamba2DBackbone(name)
 
 
+def _official_name(native: str) -> str:
+    """Our parameter name -> the public VMamba v2 code's name (DESIGN.md section 2)."""
+    import re
+
+    stem = {"conv1": "0", "norm1": "2", "conv2": "5", "norm2": "7"}
+    if match := re.fullmatch(r"stem\.(\w+)\.(\w+)", native):
+        return f"patch_embed.{stem[match[1]]}.{match[2]}"
+    if match := re.fullmatch(r"stages\.(\d+)\.downsample\.(conv|norm)\.(\w+)", native):
+        return f"layers.{int(match[1]) - 1}.downsample.{'1' if match[2] == 'conv' else '3'}.{match[3]}"
+    if match := re.fullmatch(r"stages\.(\d+)\.blocks\.(.+)", native):
+        return f"layers.{match[1]}.blocks.{match[2]}"
+    return {"norm.weight": "classifier.norm.weight", "norm.bias": "classifier.norm.bias",
+            "head.fc.weight": "classifier.head.weight", "head.fc.bias": "classifier.head.bias"}[native]
+
+
 def test_backbone_loads_imagenet_checkpoints(tmp_path):
     import timm
     from mmengine.logging import MMLogger
@@ -263,6 +278,16 @@ def test_backbone_loads_imagenet_checkpoints(tmp_path):
     for key, value in loaded.items():
         torch.testing.assert_close(value, source.state_dict()[key])
     assert len(loaded) == len(source.state_dict()) - 4  # final norm (2) and classifier (2) dropped
+
+    # the same weights in the public VMamba v2 layout (Linear pointwise weights, classifier.*)
+    official = {_official_name(key): value.flatten(1) if value.dim() == 4 and value.shape[2:] == (1, 1) else value
+                for key, value in source.state_dict().items()}
+    assert any(k.startswith("classifier.head") for k in official)
+    torch.save({"model": official}, tmp_path / "official.pth")
+    from_official = _tiny_backbone(pretrained=str(tmp_path / "official.pth"))
+    from_official.init_weights()
+    for key, value in from_official.model.state_dict().items():
+        torch.testing.assert_close(value, source.state_dict()[key])
 
     wrong = timm.create_model("vmamba2d_tiny", dims=8, depths=(1, 1, 1, 1))
     torch.save({"model": wrong.state_dict()}, tmp_path / "wrong.pth")
@@ -402,8 +427,12 @@ def test_inference_on_a_non_square_ade20k_sized_image():
     assert tuple(result.seg_logits.data.shape) == (150, 512, 683)
 
 
-def test_missing_dataset_and_bad_config_keys_fail_clearly(tmp_path):
+def test_missing_dataset_and_bad_config_keys_fail_clearly(ade_root, tmp_path):
     train = _load_script("train")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--amp needs a CUDA device"):
+            train.main([str(TINY_CONFIG), "--amp", "--work-dir", str(tmp_path), "--cfg-options",
+                        *_run_options(ade_root, max_iters=2)])
     missing = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError, match="images/training"):
         train.main([str(TINY_CONFIG), "--work-dir", str(tmp_path), "--cfg-options",

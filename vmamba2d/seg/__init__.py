@@ -2,7 +2,14 @@
 in an mmseg config) makes mmseg importable with mmcv-lite, lets torch's ``weights_only`` loading read
 mmengine checkpoints, and registers :class:`VMamba2DBackbone` in mmseg's MODELS registry.
 """
-from .mmcv_compat import compat_layer_active, install_mmcv_ops_compat
+import importlib.util
+
+_MISSING = [name for name in ("mmengine", "mmcv", "mmseg") if importlib.util.find_spec(name) is None]
+if _MISSING:
+    raise ImportError(f"vmamba2d.seg needs {', '.join(_MISSING)}: install the seg extra, "
+                      "`pip install -e .[seg]` (mmsegmentation 1.2.2, mmengine, mmcv-lite 2.1.0)")
+
+from .mmcv_compat import compat_layer_active, install_mmcv_ops_compat  # noqa: E402
 
 install_mmcv_ops_compat()  # before anything imports mmseg.models / mmseg.utils
 
