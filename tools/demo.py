@@ -154,10 +154,12 @@ def demo_erf(out: Path, input_size: int, num_images: int, mixer_size: int, mixer
     print("1 px of the centre row/column, outside the central 7x7 (backbone; one SS2D mixer):\n")
     print(erf.markdown_table(rows))
     erf.write_tables(rows, out, stem="erf_demo")
-    print("At random init the residual branches are scaled down (trunc-normal 0.02 projections), so")
-    print("the two backbones' ERFs nearly coincide; the mixers show what training builds on: VMamba's")
-    print("1D scans route along rows/columns (a cross), each 2D scan over a whole quadrant (VMamba's")
-    print("four routes start at two opposite corners, so one mixer covers the top-left and bottom-right).")
+    print("At random init a scan's long-range terms are small next to the local ones (dt * B * C per")
+    print("pixel, about 1e-3 of the D * u skip), so the stem, downsampling and depthwise convolutions")
+    print("shape both backbones' ERFs and they nearly coincide. One mixer on a log scale shows the")
+    print("routing that training builds on: VMamba's 1D scans carry information along the centre row and")
+    print("column (a cross); the 2D scan spreads it over whole quadrants (the four routes start at two")
+    print("opposite corners, so one mixer covers the top-left and bottom-right quadrants).")
     return path
 
 
