@@ -226,3 +226,28 @@ def test_flops_tool_matches_timms_published_convnext_numbers():
     # timm's results table: convnext_tiny at 224, 4.47 GMACs, 28.59 M params.
     assert row["flops"] / 1e9 == pytest.approx(4.47, abs=0.01)
     assert row["params"] / 1e6 == pytest.approx(28.59, abs=0.01)
+
+
+def test_feature_model_loads_a_checkpoint_file(tmp_path):
+    import timm
+
+    torch.manual_seed(3)
+    reference = timm.create_model("resnet18").eval()
+    path = tmp_path / "resnet18_random.pth"
+    torch.save(reference.state_dict(), path)
+    torch.manual_seed(4)  # a different init, overwritten by the file
+    features = erf.create_feature_model("resnet18", 64, checkpoint=str(path))
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(features(images), reference.forward_features(images))
+
+
+def test_demo_erf_step_writes_figure_and_table(tmp_path, capsys):
+    demo = load_tool("demo")
+    path = demo.demo_erf(tmp_path, input_size=32, num_images=1, mixer_size=16, mixer_maps_count=2)
+    assert path == tmp_path / "erf_demo.png" and path.stat().st_size > 10_000
+    with open(tmp_path / "erf_demo.csv") as handle:
+        rows = {row["model"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {"vmamba_tiny", "vmamba2d_tiny"}
+    assert float(rows["vmamba_tiny"]["mixer_cross_mass"]) > float(rows["vmamba2d_tiny"]["mixer_cross_mass"])
+    assert "| vmamba2d_tiny | 1 | 0 |" in capsys.readouterr().out
