@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.checkpoints is not None and len(args.checkpoints) != len(args.models):
         parser.error(f"--checkpoints needs one entry per model ({len(args.models)}), "
                      f"got {len(args.checkpoints)}")
+    if args.data is not None and not Path(args.data).is_dir():
+        parser.error(f"--data must be an existing folder of images, got {args.data!r}")
     if args.num_images < 1 or args.input_size < 32:
         parser.error("--num-images must be >= 1 and --input-size >= 32")
     return args

@@ -50,7 +50,6 @@ def create_feature_model(
     input_size: int,
     checkpoint: Optional[str] = None,
     pretrained: bool = False,
-    model_kwargs: Optional[dict] = None,
 ) -> LastStageFeatures:
     """Builds timm model ``name`` returning its last-stage feature map, in eval mode.
 
@@ -61,7 +60,6 @@ def create_feature_model(
             (Swin, ViT), others ignore it.
         checkpoint: optional weights file, loaded through timm's ``pretrained_cfg_overlay``.
         pretrained: load timm's default pretrained weights (ignored when ``checkpoint`` is set).
-        model_kwargs: extra ``timm.create_model`` arguments (e.g. smaller ``dims`` / ``depths``).
     Returns:
         module mapping (batch, 3, S, S) images to (batch, C, h, w) features.
     """
@@ -71,8 +69,7 @@ def create_feature_model(
 
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise ValueError(f"checkpoint must be an existing file, got {checkpoint!r}")
-    kwargs = dict(model_kwargs or {}, features_only=True, out_indices=(-1,),
-                  pretrained=pretrained or checkpoint is not None)
+    kwargs = dict(features_only=True, out_indices=(-1,), pretrained=pretrained or checkpoint is not None)
     if checkpoint is not None:
         kwargs["pretrained_cfg_overlay"] = dict(file=str(checkpoint))
     try:
@@ -139,10 +136,11 @@ def contribution_maps(model: nn.Module, images: Tensor) -> Tensor:
     """Per-image input-gradient maps of the central output position.
 
     Args:
-        model: maps (batch, 3, S, S) to a (batch, C, h, w) feature map.
-        images: (batch, 3, S, S).
+        model: maps (batch, channels, S, S) inputs (images, or feature maps for a single layer)
+            to a (batch, C, h, w) feature map.
+        images: (batch, channels, S, S).
     Returns:
-        (batch, S, S): ReLU(d scalar / d image) summed over the 3 input channels, where
+        (batch, S, S): ReLU(d scalar / d image) summed over the input channels, where
         scalar = sum over the batch and channels of ReLU(feature[:, :, h // 2, w // 2]). Images do
         not interact in an eval-mode backbone, so each map only depends on its own image.
     """
@@ -173,12 +171,12 @@ def compute_erf(
     progress: Optional[str] = None,
     total: Optional[int] = None,
 ) -> ERFResult:
-    """Averages ``contribution_maps`` over ``images`` (each (3, S, S)), skipping maps with NaN.
+    """Averages ``contribution_maps`` over ``images`` (each (channels, S, S)), skipping NaN maps.
 
     Args:
         model: last-stage feature model (see ``create_feature_model``); its parameters are frozen
             for the duration (only input gradients are needed).
-        images: iterable of (3, S, S) tensors.
+        images: iterable of (channels, S, S) tensors.
         device: where to run.
         batch_size: images per forward/backward pass.
         progress: a tqdm description; None for no progress bar.
