@@ -47,8 +47,8 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     result = segmentor_complexity(model, shape)
     elapsed = time.perf_counter() - start
-    print(f"| config | input | params (M) | params w/o aux head (M) | FLOPs (G) |")
-    print(f"|---|---|---|---|---|")
+    print("| config | input | params (M) | params w/o aux head (M) | FLOPs (G) |")
+    print("|---|---|---|---|---|")
     print(f"| {os.path.basename(args.config)} | 1x3x{shape[0]}x{shape[1]} | {result['params'] / 1e6:.2f} "
           f"| {result['params_inference'] / 1e6:.2f} | {result['flops'] / 1e9:.1f} |")
     if result["unsupported_ops"]:
