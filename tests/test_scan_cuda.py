@@ -152,14 +152,18 @@ def test_cuda_entry_points_reject_cpu_tensors():
 # the kernel code emulated on the CPU
 
 # (batch, dim, groups, N, height, width): packed small maps (several batch entries per tile,
-# partly filled), a single partial tile, several tiles with partial edges, 1xL and Lx1 maps.
+# partly filled), a single partial tile, several tiles with partial edges, 1xL / Lx1 maps (maps
+# stacked across the tile, tiled along L; 40 maps = one full and one partial batch block), and
+# short-wide / tall-narrow maps (packed along one axis, tiled along the other).
 EMULATED_SHAPES = [
     (5, 4, 2, 3, 7, 7),
     (3, 2, 1, 2, 1, 1),
     (2, 2, 1, 4, 13, 29),
     (2, 4, 2, 3, 40, 70),
-    (1, 2, 1, 2, 1, 100),
-    (1, 2, 1, 2, 100, 1),
+    (40, 2, 1, 2, 1, 100),
+    (3, 2, 1, 2, 100, 1),
+    (5, 2, 1, 3, 6, 75),
+    (4, 2, 1, 3, 75, 6),
     (1, 2, 1, 5, 33, 64),
 ]
 
@@ -217,8 +221,9 @@ GPU_SHAPES = [
     (3, 4, 1, 16, 14, 14),
     (2, 2, 1, 1, 13, 29),
     (2, 4, 2, 64, 40, 70),
-    (2, 2, 1, 16, 1, 300),
-    (2, 2, 1, 16, 300, 1),
+    (40, 2, 1, 16, 1, 300),
+    (3, 2, 1, 16, 300, 1),
+    (5, 2, 2, 16, 6, 75),
     (1, 2, 1, 16, 200, 200),
     (1, 2, 2, 1, 128, 512),
 ]

@@ -32,12 +32,13 @@ constexpr int kMaxWarps = 4;   // warps per block; warp w owns states w, w + nwa
 constexpr int kForwardWarpBuffers = 1;   // B tile, then h; finally the warp's y partial
 constexpr int kBackwardWarpBuffers = 4;  // B (then du partial), C (then dL/dh), hh, dL/ddt
 
-// How maps are laid onto tiles.
-//  * "tiled": a map larger than one tile is cut into tiles_h x tiles_w tiles walked in row-major
-//    order; seg_h = seg_w = kTile (no segment boundary inside a tile); one map per block.
-//  * "packed": a map that fits into one tile is packed pack_rows x pack_cols times into a single
-//    tile (maps of consecutive batch entries of one channel); seg_h = height, seg_w = width are
-//    the segment lengths at which the scans restart.
+// How maps are laid onto tiles, per axis:
+//  * an extent larger than kTile is cut into tiles_h x tiles_w tiles walked in row-major order
+//    with carries between them; the segment length along that axis is kTile (no restart inside);
+//  * an extent that fits into a tile is packed pack_rows (pack_cols) times across the tile: maps
+//    of consecutive batch entries of one channel, one per segment of length seg_h = height
+//    (seg_w = width), at whose start the scans restart.
+// A block handles one channel and one batch block of pack_rows * pack_cols maps.
 struct Geometry {
   int batch;
   int dim;
@@ -69,7 +70,7 @@ struct Params {
   // Forward output (nullable: the backward's carry-recording pass writes no y).
   void* y;
   bool y_fp32;
-  // Tile carries, fp32, [map][slot][n][kTile] with map = b * dim + d (tiled mode only).
+  // Tile carries, fp32, [block][slot][n][kTile] with block = batch block * dim + d.
   // record == false: slot = tile column, overwritten band after band (vertical carries only).
   // record == true: slot = ti * tiles_w + tj, the carries INTO every tile (h from the left in
   // carry_h, from above in carry_v), kept for the backward pass.
@@ -86,7 +87,8 @@ struct Params {
   float* dA_part;   // (batch_blocks, dim, N)
   float* dD_part;   // (batch_blocks, dim)
   float* ddb_part;  // (batch_blocks, dim)
-  float* grad_carry_v;  // [map][tile column][n][kTile]: a * dL/dh of the first row of the tile below
+  // [block][tile column][n][kTile]: Abar * dL/dh of the first row of the tile below.
+  float* grad_carry_v;
   int channels_per_block;  // 1, or dim / groups in deterministic mode
   bool atomic_bc;          // accumulate dB / dC with atomics (false: the block owns its group)
 };

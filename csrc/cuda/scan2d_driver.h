@@ -40,7 +40,22 @@ inline ElementType element_type(at::ScalarType t) {
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
-// Tiled for maps larger than a tile; several maps of one channel packed into one tile otherwise.
+// Per axis: a map extent larger than a tile is cut into tiles (scanned in order, with carries);
+// an extent that fits into a tile is packed several times across it (maps of consecutive batch
+// entries, one per segment). E.g. 7x7 maps: 4x4 maps per tile; 1xL maps: 32 maps stacked in the
+// tile rows, the columns tiled along L.
+inline void plan_axis(int64_t extent, int& pack, int& segment, int& tiles) {
+  if (extent <= kTile) {
+    pack = static_cast<int>(kTile / extent);
+    segment = static_cast<int>(extent);
+    tiles = 1;
+  } else {
+    pack = 1;
+    segment = kTile;
+    tiles = ceil_div(extent, kTile);
+  }
+}
+
 inline Geometry plan_geometry(int64_t batch, int64_t dim, int64_t groups, int64_t nstate,
                               int64_t height, int64_t width) {
   Geometry g{};
@@ -51,24 +66,13 @@ inline Geometry plan_geometry(int64_t batch, int64_t dim, int64_t groups, int64_
   g.height = static_cast<int>(height);
   g.width = static_cast<int>(width);
   g.length = height * width;
-  if (height <= kTile && width <= kTile) {
-    const int64_t cols = std::min<int64_t>({kTile / width, kMaxPack, std::max<int64_t>(batch, 1)});
-    const int64_t rows = std::min<int64_t>(
-        {kTile / height, kMaxPack / cols, std::max<int64_t>(ceil_div(batch, cols), 1)});
-    g.pack_cols = static_cast<int>(cols);
-    g.pack_rows = static_cast<int>(rows);
-    g.seg_h = g.height;
-    g.seg_w = g.width;
-    g.tiles_h = 1;
-    g.tiles_w = 1;
-  } else {
-    g.pack_cols = 1;
-    g.pack_rows = 1;
-    g.seg_h = kTile;
-    g.seg_w = kTile;
-    g.tiles_h = ceil_div(height, kTile);
-    g.tiles_w = ceil_div(width, kTile);
-  }
+  plan_axis(width, g.pack_cols, g.seg_w, g.tiles_w);
+  plan_axis(height, g.pack_rows, g.seg_h, g.tiles_h);
+  // No more maps per tile than the slot tables hold or the batch has.
+  const int64_t batch_or_1 = std::max<int64_t>(batch, 1);
+  g.pack_cols = static_cast<int>(std::min<int64_t>({g.pack_cols, kMaxPack, batch_or_1}));
+  g.pack_rows = static_cast<int>(std::min<int64_t>(
+      {g.pack_rows, kMaxPack / g.pack_cols, ceil_div(batch_or_1, g.pack_cols)}));
   g.batch_blocks = ceil_div(batch, static_cast<int64_t>(g.pack_rows) * g.pack_cols);
   return g;
 }
@@ -189,8 +193,8 @@ at::Tensor forward_impl(const at::Tensor& u, const at::Tensor& delta, const at::
   p.y_fp32 = y.scalar_type() == at::kFloat;
   at::Tensor carry_v;
   if (g.tiles_h > 1) {
-    const int64_t maps = static_cast<int64_t>(g.batch) * g.dim;
-    carry_v = fp32_scratch(maps * g.tiles_w * g.nstate * kTile, u);
+    const int64_t blocks = static_cast<int64_t>(g.batch_blocks) * g.dim;
+    carry_v = fp32_scratch(blocks * g.tiles_w * g.nstate * kTile, u);
     Backend::poison(carry_v);
     p.carry_v = carry_v.data_ptr<float>();
   }
@@ -241,10 +245,10 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& u, const at::Tensor& del
   at::Tensor carry_v, carry_h, grad_carry_v;
   if (tiles > 1) {
     // Pass 1: the forward scan records the carries into every tile (no y).
-    const int64_t maps = static_cast<int64_t>(g.batch) * g.dim;
-    carry_v = fp32_scratch(maps * tiles * g.nstate * kTile, u);
-    carry_h = fp32_scratch(maps * tiles * g.nstate * kTile, u);
-    grad_carry_v = fp32_scratch(maps * g.tiles_w * g.nstate * kTile, u);
+    const int64_t blocks = static_cast<int64_t>(g.batch_blocks) * g.dim;
+    carry_v = fp32_scratch(blocks * tiles * g.nstate * kTile, u);
+    carry_h = fp32_scratch(blocks * tiles * g.nstate * kTile, u);
+    grad_carry_v = fp32_scratch(blocks * g.tiles_w * g.nstate * kTile, u);
     Backend::poison(carry_v);
     Backend::poison(carry_h);
     Backend::poison(grad_carry_v);

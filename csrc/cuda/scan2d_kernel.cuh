@@ -161,7 +161,7 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int d, char* smem)
   const T* Cp = static_cast<const T*>(p.C);
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
-  const int64_t map = static_cast<int64_t>(bb) * g.dim + d;  // tiled mode: one map per block
+  const int64_t map = static_cast<int64_t>(bb) * g.dim + d;  // this block's carry rows
   const int vslots = p.record ? g.tiles_h * g.tiles_w : g.tiles_w;
   const float dskip = p.D ? p.D[d] : 0.f;
 
@@ -272,7 +272,7 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cb, char* sme
 
   for (int k = 0; k < p.channels_per_block; ++k) {
     const int d = cb * p.channels_per_block + k;
-    const int64_t map = static_cast<int64_t>(bb) * g.dim + d;  // tiled mode: one map per block
+    const int64_t map = static_cast<int64_t>(bb) * g.dim + d;  // this block's carry rows
     const float dskip = p.D ? p.D[d] : 0.f;
     ctx.barrier();
     setup_slots(ctx, p, s, bb, d);
