@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -49,15 +50,21 @@ def _peak_memory_mb(device: str) -> float:
 
 
 def _timed(step, iters: int, warmup: int, device: str) -> float:
-    """Seconds per call of ``step`` after ``warmup`` untimed calls."""
+    """Median seconds per call of ``step`` over ``iters`` calls after ``warmup`` untimed calls.
+
+    The median (not the mean) keeps one call slowed by other processes on a shared machine from
+    dominating the result.
+    """
     for _ in range(warmup):
         step()
-    _synchronize(device)
-    start = time.perf_counter()
+    durations = []
     for _ in range(iters):
+        _synchronize(device)
+        start = time.perf_counter()
         step()
-    _synchronize(device)
-    return (time.perf_counter() - start) / iters
+        _synchronize(device)
+        durations.append(time.perf_counter() - start)
+    return statistics.median(durations)
 
 
 def run_worker(args: argparse.Namespace) -> dict:
@@ -111,7 +118,7 @@ def _spawn(model: str, batch: int, precision: str, args: argparse.Namespace) -> 
         sys.executable, str(Path(__file__).resolve()), "--worker", "--models", model, "--device", args.device,
         "--batch-sizes", str(batch), "--precisions", precision, "--iters", str(args.iters),
         "--warmup", str(args.warmup), "--img-size", str(args.img_size),
-    ] + (["--no-train"] if args.no_train else [])
+    ] + (["--no-train"] if args.no_train or batch not in args.train_batch_sizes else [])
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if result.returncode != 0:
         raise RuntimeError(f"worker for {model} batch {batch} {precision} failed:\n{result.stderr[-3000:]}")
@@ -144,7 +151,8 @@ def _header(args: argparse.Namespace) -> list[str]:
         f"- machine: {machine}; load average at start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
         f"- software: python {platform.python_version()}, torch {torch.__version__}, timm {timm.__version__}",
         f"- vmamba2d scan backend (auto): {scan_backend}",
-        f"- settings: input {args.img_size}x{args.img_size}, {args.warmup} warm-up + {args.iters} timed iterations, "
+        f"- settings: input {args.img_size}x{args.img_size}, {args.warmup} warm-up + {args.iters} timed iterations "
+        "(median reported), "
         "inference under torch.inference_mode, training step = forward + cross-entropy + backward + AdamW step, "
         "one fresh process per (model, batch, precision)",
         f"- peak memory: {'torch.cuda.max_memory_allocated' if args.device == 'cuda' else 'peak RSS of the worker process (weights, activations, allocator caches, Python)'}",
@@ -202,12 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before timing")
     parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--no-train", action="store_true", help="measure inference only")
+    parser.add_argument("--train-batch-sizes", nargs="+", type=int,
+                        help="batch sizes that also get a training measurement (default: all of --batch-sizes)")
     parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.img_size < 32 or args.img_size % 32:
         parser.error("--iters must be >= 1, --warmup >= 0, --img-size a positive multiple of 32")
     args.batch_sizes = args.batch_sizes or ([128] if args.device == "cuda" else [1, 16])
+    args.train_batch_sizes = args.train_batch_sizes or args.batch_sizes
     args.precisions = args.precisions or (["fp32", "amp"] if args.device == "cuda" else ["fp32"])
     if any(b < 1 for b in args.batch_sizes):
         parser.error("--batch-sizes must be positive")

@@ -11,7 +11,7 @@ either. Registered names: ``vmamba2d_{tiny,small,base}`` and ``vmamba_{tiny,smal
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
