@@ -172,6 +172,7 @@ def test_one_d_scans_concentrate_on_the_centre_cross():
 # ---------------------------------------------------------------- tools
 
 
+@pytest.mark.slow
 def test_erf_cli_writes_maps_grid_and_tables(tmp_path):
     tool = load_tool("erf")
     args = tool.parse_args(["--models", "resnet18", "vmamba2d_tiny", "--random-init", "--num-images", "2",
@@ -199,6 +200,7 @@ def test_erf_cli_rejects_bad_arguments():
         erf.create_feature_model("resnet18", 64, checkpoint="/nonexistent/weights.pth")
 
 
+@pytest.mark.slow
 def test_flops_tool_agrees_with_count_flops_and_the_scan_formula(tmp_path):
     tool = load_tool("flops")
     assert tool.parse_input_size("512x2048") == (512, 2048) and tool.parse_input_size("96") == (96, 96)
@@ -220,6 +222,7 @@ def test_flops_tool_agrees_with_count_flops_and_the_scan_formula(tmp_path):
     assert "| vmamba2d_tiny | 64x96 |" in text and "| operator | GFLOPs | share |" in text
 
 
+@pytest.mark.slow
 def test_flops_tool_matches_timms_published_convnext_numbers():
     tool = load_tool("flops")
     (row,) = tool.run(tool.parse_args(["--models", "convnext_tiny", "--input-sizes", "224"]))
@@ -242,6 +245,7 @@ def test_feature_model_loads_a_checkpoint_file(tmp_path):
         torch.testing.assert_close(features(images), reference.forward_features(images))
 
 
+@pytest.mark.slow
 def test_demo_erf_step_writes_figure_and_table(tmp_path, capsys):
     demo = load_tool("demo")
     path = demo.demo_erf(tmp_path, input_size=32, num_images=1, mixer_size=16, mixer_maps_count=2)

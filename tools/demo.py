@@ -26,7 +26,6 @@ import torch  # noqa: E402
 import vmamba2d  # noqa: E402
 import vmamba2d.models  # noqa: E402,F401  (registers the timm models)
 from vmamba2d import erf  # noqa: E402
-from vmamba2d.flops import count_flops  # noqa: E402
 from vmamba2d.ops import backend_info, resolve_backend, selective_scan_2d  # noqa: E402
 
 MIXER_DECADES = 5.0
@@ -84,7 +83,7 @@ def demo_model(checkpoint: str | None):
     kwargs = dict(pretrained=True, pretrained_cfg_overlay=dict(file=checkpoint)) if checkpoint else {}
     model = timm.create_model("vmamba2d_tiny", **kwargs).eval()
     params = sum(p.numel() for p in model.parameters())
-    flops = count_flops(model, (3, 224, 224))
+    flops = vmamba2d.count_flops(model, (3, 224, 224))
     print(f"weights: {checkpoint or 'random init'}")
     print(f"params {params / 1e6:.2f} M, FLOPs @224 {flops / 1e9:.2f} G (fvcore, 2D-scan handle included)")
     print(f"scan backend on CPU: {resolve_backend('auto', torch.device('cpu'))!r}")

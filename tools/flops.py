@@ -58,12 +58,12 @@ def count_params(model: nn.Module) -> int:
 
 def measure(name: str, input_size: tuple[int, int], breakdown: bool) -> dict:
     """Params, total FLOPs and (optionally) FLOPs by operator of ``name`` at ``input_size``."""
-    from vmamba2d.flops import count_flops
+    import vmamba2d
 
     model = create_model(name, input_size)
     shape = (3, *input_size)
     row = {"model": name, "input": f"{input_size[0]}x{input_size[1]}",
-           "params": count_params(model), "flops": count_flops(model, shape)}
+           "params": count_params(model), "flops": vmamba2d.count_flops(model, shape)}
     if breakdown:
         row["by_operator"] = flops_by_operator(model, shape)
     return row
