@@ -94,13 +94,17 @@ def naive_scan_2d(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
     grid = (batch, dim, nstate, height, width)
     decay = torch.exp(dt[:, :, None, :] * A[:, :, None]).reshape(grid)
     x = ((dt * u)[:, :, None, :] * B.repeat_interleave(per_group, dim=1)).reshape(grid)
-    columns = [x[..., 0]]
+    # unbind, not indexing in the loop: its backward is one stack instead of a full-size zero
+    # tensor per step (which would make the baseline quadratic, not just naive).
+    decay_columns, x_columns = decay.unbind(-1), x.unbind(-1)
+    columns = [x_columns[0]]
     for j in range(1, width):
-        columns.append(decay[..., j] * columns[-1] + x[..., j])
-    hh = torch.stack(columns, dim=-1)
-    rows = [hh[..., 0, :]]
+        columns.append(decay_columns[j] * columns[-1] + x_columns[j])
+    hh_rows = torch.stack(columns, dim=-1).unbind(-2)
+    decay_rows = decay.unbind(-2)
+    rows = [hh_rows[0]]
     for i in range(1, height):
-        rows.append(decay[..., i, :] * rows[-1] + hh[..., i, :])
+        rows.append(decay_rows[i] * rows[-1] + hh_rows[i])
     h = torch.stack(rows, dim=-2).reshape(batch, dim, nstate, length)
     y = (h * C.repeat_interleave(per_group, dim=1)).sum(dim=2)
     if D is not None:
@@ -172,17 +176,20 @@ def train_step(fn, inputs: Inputs, height: int, width: int) -> Callable[[], None
     return step
 
 
-def median_seconds(step: Callable[[], None], device: torch.device, repeats: int, warmup: bool) -> float:
+def median_seconds(step: Callable[[], None], device: torch.device, repeats: int,
+                   warmup: bool) -> tuple[float, float]:
+    """(median wall-clock seconds, median CPU seconds of this process, all threads) of ``step``."""
     if warmup:
         step()
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
         _sync(device)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         step()
         _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def peak_bytes(step: Callable[[], None], device: torch.device) -> int:
@@ -218,6 +225,7 @@ class Row:
     backend: str
     fwd_s: Optional[float] = None
     train_s: Optional[float] = None
+    train_cpu_s: Optional[float] = None
     fwd_peak: Optional[int] = None
     train_peak: Optional[int] = None
     note: str = ""
@@ -236,8 +244,8 @@ def run_case(setting: Setting, size: int, backend: str, device: torch.device, ar
     if slow:
         row.note = f"{repeats} run(s), no warm-up"
     fwd, train = forward_step(fn, inputs, size, size), train_step(fn, inputs, size, size)
-    row.fwd_s = median_seconds(fwd, device, repeats, warmup=not slow)
-    row.train_s = median_seconds(train, device, repeats, warmup=not slow)
+    row.fwd_s, _ = median_seconds(fwd, device, repeats, warmup=not slow)
+    row.train_s, row.train_cpu_s = median_seconds(train, device, repeats, warmup=not slow)
     row.fwd_peak = peak_bytes(fwd, device)
     row.train_peak = peak_bytes(train, device)
     return row
@@ -257,21 +265,21 @@ def _mb(nbytes: Optional[int]) -> str:
 def format_table(rows: list[Row]) -> str:
     naive = {(r.setting.key, r.size): r for r in rows if r.backend == "naive"}
     lines = [
-        "| setting | map | backend | fwd ms | fwd+bwd ms | fwd maps/s | peak MB fwd | peak MB fwd+bwd "
-        "| fwd+bwd speed-up vs naive | peak fwd+bwd vs naive | note |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| setting | map | backend | fwd ms | fwd+bwd ms | fwd+bwd CPU ms | fwd maps/s | peak MB fwd "
+        "| peak MB fwd+bwd | fwd+bwd speed-up vs naive (CPU time) | peak fwd+bwd vs naive | note |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         base = naive.get((r.setting.key, r.size))
         speedup = mem_ratio = "—"
         if base is not None and base.train_s and r.train_s and r.backend != "naive":
-            speedup = f"{base.train_s / r.train_s:.1f}×"
+            speedup = f"{base.train_s / r.train_s:.1f}× ({base.train_cpu_s / r.train_cpu_s:.1f}×)"
             mem_ratio = f"{r.train_peak / base.train_peak:.2f}×" if base.train_peak else "—"
         maps = r.setting.batch * r.setting.dim
         rate = "—" if r.fwd_s is None else f"{maps / r.fwd_s:,.0f}"
         lines.append(
             f"| {r.setting.key} | {r.size}×{r.size} | {r.backend} | {_ms(r.fwd_s)} | {_ms(r.train_s)} | "
-            f"{rate} | {_mb(r.fwd_peak)} | {_mb(r.train_peak)} | {speedup} | {mem_ratio} | {r.note} |"
+            f"{_ms(r.train_cpu_s)} | {rate} | {_mb(r.fwd_peak)} | {_mb(r.train_peak)} | {speedup} | {mem_ratio} | {r.note} |"
         )
     return "\n".join(lines)
 
@@ -301,6 +309,13 @@ def machine_description(device: torch.device) -> str:
     return f"{cpu}, {os.cpu_count()} logical cores visible, torch threads {torch.get_num_threads()}"
 
 
+def _cpu_kernel_isa() -> str:
+    from vmamba2d.ops import _extensions
+
+    module = _extensions.cpu_extension()
+    return module.isa() if module is not None and hasattr(module, "isa") else "unknown"
+
+
 def report_header(args, settings: dict[str, Setting], device: torch.device) -> str:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     info = backend_info()
@@ -308,11 +323,13 @@ def report_header(args, settings: dict[str, Setting], device: torch.device) -> s
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- commit: {_git_commit()}",
         f"- machine: {machine_description(device)}; load average at start: {load}",
-        f"- torch {torch.__version__}, device {device}, float32, cpu kernel source: "
-        f"{info['cpu_extension_source']}",
+        f"- torch {torch.__version__}, device {device}, float32, cpu kernel: "
+        f"{info['cpu_extension_source']} build, {_cpu_kernel_isa()} code path",
         f"- settings: " + "; ".join(settings[k].describe() for k in args.settings),
         f"- repeats: median of {args.repeats} after 1 warm-up; naive maps > {args.naive_full_pixels} "
         f"pixels: {args.naive_repeats} run(s) without warm-up",
+        "- times: wall clock; \"CPU ms\" is the CPU time of the process over the step, summed over "
+        "its threads (less sensitive to other processes competing for the cores)",
         "- peak memory: max tensor memory alive during one step above the inputs "
         + ("(torch.cuda.max_memory_allocated)" if device.type == "cuda"
            else "(from torch profiler allocation events; includes the kernel's workspaces)"),

@@ -14,9 +14,10 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
-#include "scan_2d_kernel.h"
+#include "scan_2d_isa.h"
 
 namespace vmamba2d {
 namespace cpu {
@@ -107,6 +108,7 @@ Tensor forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, const T
 
   AT_DISPATCH_FLOATING_TYPES(dtype, "vmamba2d_scan_2d_cpu_forward", [&] {
     const ScanInputs<scalar_t> in = scan_inputs<scalar_t>(u, delta, A, B, C, D, bias, delta_softplus);
+    const ChannelKernels<scalar_t> kernels = best_channel_kernels<scalar_t>();
     scalar_t* y_ptr = y.data_ptr<scalar_t>();
     scalar_t* scratch = workspaces.data_ptr<scalar_t>();
     at::parallel_for(0, s.batch * s.dim, 1, [&](int64_t begin, int64_t end) {
@@ -114,7 +116,7 @@ Tensor forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, const T
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / s.dim;
         const int64_t d = task % s.dim;
-        forward_channel(in, s, b, d, y_ptr + task * s.length(), ws);
+        kernels.forward(in, s, b, d, y_ptr + task * s.length(), ws);
       }
     });
   });
@@ -148,6 +150,7 @@ std::vector<OptTensor> backward(const Tensor& u, const Tensor& delta, const Tens
   AT_DISPATCH_FLOATING_TYPES(dtype, "vmamba2d_scan_2d_cpu_backward", [&] {
     using T = scalar_t;
     const ScanInputs<T> in = scan_inputs<T>(u, delta, A, B, C, D, bias, delta_softplus);
+    const ChannelKernels<T> kernels = best_channel_kernels<T>();
     const T* dy_ptr = dy.data_ptr<T>();
     T* du_ptr = du.data_ptr<T>();
     T* ddelta_ptr = ddelta.data_ptr<T>();
@@ -176,15 +179,16 @@ std::vector<OptTensor> backward(const Tensor& u, const Tensor& delta, const Tens
                                     dA_ptr + bd * s.nstate,
                                     dD_ptr + bd,
                                     dbias_ptr + bd};
-          backward_channel(in, s, b, d, dy_ptr + bd * L, out, ws);
+          kernels.backward(in, s, b, d, dy_ptr + bd * L, out, ws);
         }
       }
     });
   });
 
   // Fixed-order reductions: over chunks for dB / dC, over the batch for the per-channel grads.
-  Tensor dB = dB_parts.sum(2).to(B.scalar_type());
-  Tensor dC = dC_parts.sum(2).to(C.scalar_type());
+  // With one chunk per group the partial buffers already are dB / dC.
+  Tensor dB = (chunks == 1 ? dB_parts.view(B.sizes()) : dB_parts.sum(2)).to(B.scalar_type());
+  Tensor dC = (chunks == 1 ? dC_parts.view(C.sizes()) : dC_parts.sum(2)).to(C.scalar_type());
   Tensor dA = dA_parts.sum(0).to(A_in.scalar_type());
   OptTensor dD = D_in.has_value() ? OptTensor(dD_parts.sum(0).to(D_in->scalar_type())) : std::nullopt;
   OptTensor dbias = bias_in.has_value() ? OptTensor(dbias_parts.sum(0).to(bias_in->scalar_type())) : std::nullopt;
@@ -201,6 +205,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("delta_softplus"), pybind11::arg("height"),
         pybind11::arg("width"), pybind11::arg("out_fp32"));
+  m.def(
+      "isa", [] { return std::string(vmamba2d::cpu::best_channel_kernels<float>().isa); },
+      "The instruction-set build of the kernel this CPU runs: 'avx512', 'avx2' or 'baseline'");
   m.def("backward", &vmamba2d::cpu::backward,
         "2D selective scan backward -> [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None]",
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),

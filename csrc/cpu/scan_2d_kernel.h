@@ -7,45 +7,26 @@
 //   h[i, j]  = a[i, j] * h[i - 1, j]  + hh[i, j]                  (vertical)
 //   y = sum_n C[g, n, p] * h + D[d] * u
 //
-// The kernels work on one state map of L = H * W values at a time, in a small per-task workspace,
-// so the N per-state maps are never held for more than one (batch, channel) pair. Loops along a
+// The kernels work on one state map of L = H * W values at a time, in a per-thread workspace of a
+// few such maps, so the N per-state maps of a batch are never materialised. Loops along a
 // row are written over contiguous memory so the compiler vectorises them; the horizontal
 // recurrences, which are serial along a row, are interleaved over several rows to hide latency.
-#pragma once
+//
+// This file is compiled once per instruction set (scan_2d_isa_*.cpp): it must be included with
+// VMAMBA2D_ISA defined to the namespace of that build, so each build's functions stay distinct.
+#ifndef VMAMBA2D_ISA
+#error "define VMAMBA2D_ISA (the instruction-set namespace) before including scan_2d_kernel.h"
+#endif
 
 #include <algorithm>
 #include <cstdint>
 
 #include "scan_2d_math.h"
+#include "scan_2d_types.h"
 
 namespace vmamba2d {
 namespace cpu {
-
-struct ScanShape {
-  int64_t batch;
-  int64_t dim;
-  int64_t groups;
-  int64_t nstate;
-  int64_t height;
-  int64_t width;
-
-  int64_t length() const { return height * width; }
-  int64_t channels_per_group() const { return dim / groups; }
-};
-
-// Read-only inputs, all contiguous and of one scalar type T.
-// u, delta: (batch, dim, L); A: (dim, N); B, C: (batch, groups, N, L); D, delta_bias: (dim,) or null.
-template <typename T>
-struct ScanInputs {
-  const T* u;
-  const T* delta;
-  const T* A;
-  const T* B;
-  const T* C;
-  const T* D;
-  const T* delta_bias;
-  bool delta_softplus;
-};
+namespace VMAMBA2D_ISA {
 
 // Number of rows whose serial horizontal recurrences are advanced together.
 constexpr int64_t kRowInterleave = 8;
@@ -118,20 +99,6 @@ void scan_rows_reverse(const T* decay, T* values, int64_t height, int64_t width)
   }
 }
 
-// Scratch memory of one thread: arrays of L values each, carved from caller-owned storage.
-template <typename T>
-class Workspace {
- public:
-  Workspace(T* data, int64_t length) : data_(data), length_(length) {}
-  T* array(int64_t index) { return data_ + index * length_; }
-
- private:
-  T* data_;
-  int64_t length_;
-};
-
-constexpr int64_t kForwardArrays = 4;  // dt, dt_u, decay, state
-
 // y for one (batch, channel): y[p] = sum_n C[n, p] * h_n[p] + D * u[p].
 template <typename T>
 void forward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d, T* y,
@@ -168,20 +135,6 @@ void forward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int
   }
 }
 
-// Where one backward task writes. du, ddelta: (L,) of its channel; dB, dC: (N, L) accumulators of
-// its (batch, group) (shared by the channels of the task, never by two tasks);
-// dA: (N,) and dD, ddelta_bias: scalars, per (batch, channel), reduced over the batch afterwards.
-template <typename T>
-struct ChannelGrads {
-  T* du;
-  T* ddelta;
-  T* dB;
-  T* dC;
-  T* dA;
-  T* dD;
-  T* ddelta_bias;
-};
-
 // One state's gradient terms through decay = exp(dt * A) and x = dt * B * u, given
 // ddecay = dL/d(decay) and mu = dL/dx: dA's per-pixel terms, and the accumulations into
 // d(dt), dB and du. The arrays never overlap (restrict lets the compiler vectorise).
@@ -198,8 +151,6 @@ void chain_state_grads(const T* __restrict ddecay, const T* __restrict decay, co
     du[p] += mu[p] * dt[p] * b[p];
   }
 }
-
-constexpr int64_t kBackwardArrays = 8;  // dt, dt_u, ddt, decay, hh, h, lambda, mu
 
 // Gradients of one (batch, channel), recomputing the forward scans state by state.
 // Adjoints: lambda = dL/dh, mu = dL/dhh:
@@ -290,5 +241,6 @@ void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, in
   if (out.ddelta_bias) *out.ddelta_bias = sum_values(out.ddelta, L);
 }
 
+}  // namespace VMAMBA2D_ISA
 }  // namespace cpu
 }  // namespace vmamba2d

@@ -4,7 +4,11 @@
 // For float the kernel uses the approximations below instead: plain arithmetic and bit operations
 // the compiler turns into SIMD code, accurate to about 1 ulp (relative error < 2e-7). double keeps
 // libm, so float64 results (and gradchecks) are exact to double precision.
-#pragma once
+//
+// Like scan_2d_kernel.h, compiled once per instruction set inside namespace VMAMBA2D_ISA.
+#ifndef VMAMBA2D_ISA
+#error "define VMAMBA2D_ISA (the instruction-set namespace) before including scan_2d_math.h"
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +17,7 @@
 
 namespace vmamba2d {
 namespace cpu {
+namespace VMAMBA2D_ISA {
 
 // exp(x): x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite split of ln2), exp(r) by its degree-7
 // Taylor polynomial, 2^n built in the exponent bits. x is clamped to [-87, 88], where 2^n stays a
@@ -84,5 +89,6 @@ T sum_values(const T* values, int64_t length) {
   return total;
 }
 
+}  // namespace VMAMBA2D_ISA
 }  // namespace cpu
 }  // namespace vmamba2d

@@ -1,0 +1,82 @@
+// The CPU kernel is compiled once per instruction set (scan_2d_isa_*.cpp) and the best one the
+// running CPU supports is picked at run time, so the extension needs no -march flag: on x86-64
+// with GCC there are AVX-512, AVX2 + FMA and baseline (SSE2) builds; elsewhere only the baseline.
+#pragma once
+
+#include <cstdint>
+
+#include "scan_2d_types.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#define VMAMBA2D_X86_ISA_BUILDS 1
+#else
+#define VMAMBA2D_X86_ISA_BUILDS 0
+#endif
+
+// Declares the entry points of the build for namespace `isa`.
+#define VMAMBA2D_DECLARE_ISA_KERNELS(isa)                                                          \
+  namespace vmamba2d {                                                                             \
+  namespace cpu {                                                                                  \
+  namespace isa {                                                                                  \
+  template <typename T>                                                                            \
+  void forward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d, T* y,     \
+                       Workspace<T>& ws);                                                          \
+  template <typename T>                                                                            \
+  void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d,         \
+                        const T* dy, const ChannelGrads<T>& out, Workspace<T>& ws);                \
+  }                                                                                                \
+  }                                                                                                \
+  }
+
+// Instantiates the entry points for float and double (in the translation unit of `isa`'s build).
+#define VMAMBA2D_INSTANTIATE_ISA_KERNELS(isa)                                                      \
+  namespace vmamba2d {                                                                             \
+  namespace cpu {                                                                                  \
+  namespace isa {                                                                                  \
+  template void forward_channel<float>(const ScanInputs<float>&, const ScanShape&, int64_t, int64_t, \
+                                       float*, Workspace<float>&);                                 \
+  template void forward_channel<double>(const ScanInputs<double>&, const ScanShape&, int64_t,       \
+                                        int64_t, double*, Workspace<double>&);                     \
+  template void backward_channel<float>(const ScanInputs<float>&, const ScanShape&, int64_t,        \
+                                        int64_t, const float*, const ChannelGrads<float>&,          \
+                                        Workspace<float>&);                                        \
+  template void backward_channel<double>(const ScanInputs<double>&, const ScanShape&, int64_t,      \
+                                         int64_t, const double*, const ChannelGrads<double>&,       \
+                                         Workspace<double>&);                                      \
+  }                                                                                                \
+  }                                                                                                \
+  }
+
+VMAMBA2D_DECLARE_ISA_KERNELS(baseline)
+#if VMAMBA2D_X86_ISA_BUILDS
+VMAMBA2D_DECLARE_ISA_KERNELS(avx2)
+VMAMBA2D_DECLARE_ISA_KERNELS(avx512)
+#endif
+
+namespace vmamba2d {
+namespace cpu {
+
+// The per-channel kernels of one instruction-set build.
+template <typename T>
+struct ChannelKernels {
+  void (*forward)(const ScanInputs<T>&, const ScanShape&, int64_t, int64_t, T*, Workspace<T>&);
+  void (*backward)(const ScanInputs<T>&, const ScanShape&, int64_t, int64_t, const T*, const ChannelGrads<T>&,
+                   Workspace<T>&);
+  const char* isa;
+};
+
+// The fastest build this CPU can run.
+template <typename T>
+ChannelKernels<T> best_channel_kernels() {
+#if VMAMBA2D_X86_ISA_BUILDS
+  const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (has_avx2 && __builtin_cpu_supports("avx512f")) {
+    return {&avx512::forward_channel<T>, &avx512::backward_channel<T>, "avx512"};
+  }
+  if (has_avx2) return {&avx2::forward_channel<T>, &avx2::backward_channel<T>, "avx2"};
+#endif
+  return {&baseline::forward_channel<T>, &baseline::backward_channel<T>, "baseline"};
+}
+
+}  // namespace cpu
+}  // namespace vmamba2d

@@ -1,0 +1,17 @@
+// The kernel built for AVX2 + FMA (x86-64 with GCC), chosen at run time on CPUs that have them.
+#include "scan_2d_isa.h"
+
+#if VMAMBA2D_X86_ISA_BUILDS
+// Standard headers first, so that their inline code keeps the default target (it is shared with
+// the other builds); only the kernel below is compiled for the wider instruction set.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#pragma GCC target("avx2,fma")
+#define VMAMBA2D_ISA avx2
+#include "scan_2d_kernel.h"
+
+VMAMBA2D_INSTANTIATE_ISA_KERNELS(avx2)
+#endif

@@ -1,0 +1,17 @@
+// The kernel built for AVX-512F (x86-64 with GCC), chosen at run time on CPUs that have it.
+#include "scan_2d_isa.h"
+
+#if VMAMBA2D_X86_ISA_BUILDS
+// Standard headers first, so that their inline code keeps the default target (it is shared with
+// the other builds); only the kernel below is compiled for the wider instruction set.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#pragma GCC target("avx512f,avx2,fma,prefer-vector-width=512")
+#define VMAMBA2D_ISA avx512
+#include "scan_2d_kernel.h"
+
+VMAMBA2D_INSTANTIATE_ISA_KERNELS(avx512)
+#endif

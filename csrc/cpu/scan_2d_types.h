@@ -1,0 +1,67 @@
+// Plain data shared by the CPU scan's glue code and its per-ISA kernels (no code that depends on
+// the instruction set, so it can be included anywhere).
+#pragma once
+
+#include <cstdint>
+
+namespace vmamba2d {
+namespace cpu {
+
+struct ScanShape {
+  int64_t batch;
+  int64_t dim;
+  int64_t groups;
+  int64_t nstate;
+  int64_t height;
+  int64_t width;
+
+  int64_t length() const { return height * width; }
+  int64_t channels_per_group() const { return dim / groups; }
+};
+
+// Read-only inputs, all contiguous and of one scalar type T.
+// u, delta: (batch, dim, L); A: (dim, N); B, C: (batch, groups, N, L); D, delta_bias: (dim,) or null.
+template <typename T>
+struct ScanInputs {
+  const T* u;
+  const T* delta;
+  const T* A;
+  const T* B;
+  const T* C;
+  const T* D;
+  const T* delta_bias;
+  bool delta_softplus;
+};
+
+// Scratch memory of one thread: arrays of L values each, carved from caller-owned storage.
+template <typename T>
+class Workspace {
+ public:
+  Workspace(T* data, int64_t length) : data_(data), length_(length) {}
+  T* array(int64_t index) { return data_ + index * length_; }
+
+ private:
+  T* data_;
+  int64_t length_;
+};
+
+// Where one backward task writes. du, ddelta: (L,) of its channel; dB, dC: (N, L) accumulators of
+// its (batch, group) (shared by the channels of the task, never by two tasks);
+// dA: (N,) and dD, ddelta_bias: scalars, per (batch, channel), reduced over the batch afterwards.
+template <typename T>
+struct ChannelGrads {
+  T* du;
+  T* ddelta;
+  T* dB;
+  T* dC;
+  T* dA;
+  T* dD;
+  T* ddelta_bias;
+};
+
+constexpr int64_t kForwardArrays = 4;  // dt, dt_u, decay, state
+
+constexpr int64_t kBackwardArrays = 8;  // dt, dt_u, ddt, decay, hh, h, lambda, mu
+
+}  // namespace cpu
+}  // namespace vmamba2d
