@@ -206,6 +206,35 @@ def test_cpu_gradients_match_reference(case):
         torch.testing.assert_close(got[name], expected[name], rtol=1e-9, atol=1e-9, msg=name)
 
 
+@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
+def test_every_instruction_set_build_matches_reference(isa, monkeypatch):
+    from vmamba2d.ops import _extensions
+
+    monkeypatch.setenv("VMAMBA2D_CPU_ISA", isa)
+    if _extensions.cpu_extension().isa() != isa:
+        pytest.skip(f"this CPU (or compiler) has no {isa} build of the kernel")
+    height, width = 9, 13
+    inputs = make_inputs(2, 6, 2, 5, height, width, seed=43)
+    dy = torch.randn(2, 6, height * width, generator=torch.Generator().manual_seed(44), dtype=torch.float64)
+    expected = _grads(inputs, height, width, dy, reference_scan)
+    kernel = lambda **kw: selective_scan_2d(**kw, backend="cpu")  # noqa: E731
+    got64 = _grads(inputs, height, width, dy, kernel)
+    fp32 = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    got32 = _grads(fp32, height, width, dy.float(), kernel)
+    for name in expected:
+        torch.testing.assert_close(got64[name], expected[name], rtol=1e-9, atol=1e-9, msg=name)
+        torch.testing.assert_close(got32[name].double(), expected[name], rtol=1e-3, atol=1e-3, msg=name)
+    y32 = selective_scan_2d(**fp32, height=height, width=width, backend="cpu")
+    torch.testing.assert_close(y32.double(), reference_scan(**inputs, height=height, width=width),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_instruction_set_cap_is_rejected(monkeypatch):
+    monkeypatch.setenv("VMAMBA2D_CPU_ISA", "sse9")
+    with pytest.raises(ValueError, match="VMAMBA2D_CPU_ISA"):
+        selective_scan_2d(**_valid(), height=3, width=4, backend="cpu")
+
+
 def test_cpu_backward_is_deterministic_across_runs_and_threads():
     inputs = make_inputs(1, 16, 2, 4, 9, 11, dtype=torch.float32, seed=13)
     dy = torch.randn(1, 16, 99, generator=torch.Generator().manual_seed(14))

@@ -1,9 +1,13 @@
 // The CPU kernel is compiled once per instruction set (scan_2d_isa_*.cpp) and the best one the
 // running CPU supports is picked at run time, so the extension needs no -march flag: on x86-64
 // with GCC there are AVX-512, AVX2 + FMA and baseline (SSE2) builds; elsewhere only the baseline.
+// Set VMAMBA2D_CPU_ISA=baseline|avx2|avx512 to cap the choice (read at every call; for tests).
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "scan_2d_types.h"
 
@@ -65,16 +69,31 @@ struct ChannelKernels {
   const char* isa;
 };
 
-// The fastest build this CPU can run.
+// Instruction-set levels, lowest first; VMAMBA2D_CPU_ISA (one of these names) caps the choice.
+enum class IsaLevel { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+
+inline IsaLevel isa_cap_from_env() {
+  const char* value = std::getenv("VMAMBA2D_CPU_ISA");
+  if (value == nullptr || *value == '\0') return IsaLevel::kAvx512;
+  const std::string name(value);
+  if (name == "baseline") return IsaLevel::kBaseline;
+  if (name == "avx2") return IsaLevel::kAvx2;
+  if (name == "avx512") return IsaLevel::kAvx512;
+  throw std::invalid_argument("VMAMBA2D_CPU_ISA must be 'baseline', 'avx2' or 'avx512', got '" + name + "'");
+}
+
+// The fastest build this CPU can run (at most the level VMAMBA2D_CPU_ISA allows).
 template <typename T>
 ChannelKernels<T> best_channel_kernels() {
+  const IsaLevel cap = isa_cap_from_env();
 #if VMAMBA2D_X86_ISA_BUILDS
   const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (has_avx2 && __builtin_cpu_supports("avx512f")) {
+  if (cap >= IsaLevel::kAvx512 && has_avx2 && __builtin_cpu_supports("avx512f")) {
     return {&avx512::forward_channel<T>, &avx512::backward_channel<T>, "avx512"};
   }
-  if (has_avx2) return {&avx2::forward_channel<T>, &avx2::backward_channel<T>, "avx2"};
+  if (cap >= IsaLevel::kAvx2 && has_avx2) return {&avx2::forward_channel<T>, &avx2::backward_channel<T>, "avx2"};
 #endif
+  (void)cap;
   return {&baseline::forward_channel<T>, &baseline::backward_channel<T>, "baseline"};
 }
 
