@@ -46,14 +46,17 @@ needs_gpu = pytest.mark.skipif(not HAS_GPU or CUDA_MODULE is None, reason="needs
 
 
 def make_inputs(batch, dim, groups, nstate, height, width, *, dtype=torch.float32, device="cpu",
-                use_d=True, use_bias=True, seed=0):
-    """Random scan inputs (never zeros): A negative, delta around the softplus knee."""
+                use_d=True, use_bias=True, softplus=True, seed=0):
+    """Random scan inputs (never zeros): A negative; delta around the softplus knee, or already a
+    positive step size when ``softplus`` is False (a negative dt would make Abar > 1 and overflow
+    fp32 on large maps)."""
     g = torch.Generator().manual_seed(seed)
     length = height * width
     rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     inputs = {
         "u": rand(batch, dim, length),
-        "delta": rand(batch, dim, length) * 0.5 - 1.0,
+        "delta": (rand(batch, dim, length) * 0.5 - 1.0 if softplus
+                  else rand(batch, dim, length).abs() * 0.2 + 0.02),
         "A": -(torch.rand(dim, nstate, generator=g) * 1.5 + 0.05),
         "B": rand(batch, groups, nstate, length),
         "C": rand(batch, groups, nstate, length),
@@ -180,7 +183,7 @@ def test_emulated_kernel_matches_reference(shape):
 @needs_module
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_emulated_kernel_without_optional_inputs(deterministic):
-    inputs = make_inputs(2, 4, 2, 3, 35, 20, use_d=False, use_bias=False, seed=7)
+    inputs = make_inputs(2, 4, 2, 3, 35, 20, use_d=False, use_bias=False, softplus=False, seed=7)
     check_all(CUDA_MODULE._emulate_forward, CUDA_MODULE._emulate_backward, inputs, 35, 20,
               rtol=2e-5, softplus=False, deterministic=deterministic)
 
@@ -251,7 +254,8 @@ def test_gpu_fp32_output_and_fp32_dy_with_bf16_inputs():
 @pytest.mark.cuda
 @needs_gpu
 def test_gpu_without_optional_inputs_and_softplus():
-    inputs = make_inputs(2, 4, 2, 4, 50, 31, device="cuda", use_d=False, use_bias=False, seed=9)
+    inputs = make_inputs(2, 4, 2, 4, 50, 31, device="cuda", use_d=False, use_bias=False,
+                         softplus=False, seed=9)
     check_all(cuda_fwd, cuda_bwd, inputs, 50, 31, rtol=1e-4, softplus=False)
 
 
