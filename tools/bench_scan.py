@@ -13,7 +13,8 @@ at map sizes 14x14, 56x56 and 200x200, for the backends
     cuda-1d     (--device cuda only) our CUDA kernel on 1 x L maps, i.e. a 1D scan of the same length
 
 Time: median over --repeats runs after one warm-up run (the naive scan on maps above
---naive-full-pixels gets --naive-repeats runs and no warm-up, it is slow). "fwd" runs under
+--naive-full-pixels gets --naive-repeats runs and no warm-up, it is slow); the runs of the
+backends of one case are interleaved so that load from other processes hits them alike. "fwd" runs under
 torch.no_grad(); "fwd+bwd" runs the forward with every input requiring grad and backward of a
 fixed random dy.
 Peak memory: the largest amount of tensor memory alive at once during one step, above what was
@@ -176,20 +177,13 @@ def train_step(fn, inputs: Inputs, height: int, width: int) -> Callable[[], None
     return step
 
 
-def median_seconds(step: Callable[[], None], device: torch.device, repeats: int,
-                   warmup: bool) -> tuple[float, float]:
-    """(median wall-clock seconds, median CPU seconds of this process, all threads) of ``step``."""
-    if warmup:
-        step()
-    wall, cpu = [], []
-    for _ in range(repeats):
-        _sync(device)
-        start, start_cpu = time.perf_counter(), time.process_time()
-        step()
-        _sync(device)
-        wall.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-    return statistics.median(wall), statistics.median(cpu)
+def timed(step: Callable[[], None], device: torch.device) -> tuple[float, float]:
+    """(wall-clock seconds, CPU seconds of this process over all its threads) of one ``step``."""
+    _sync(device)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    step()
+    _sync(device)
+    return time.perf_counter() - start, time.process_time() - start_cpu
 
 
 def peak_bytes(step: Callable[[], None], device: torch.device) -> int:
@@ -231,24 +225,46 @@ class Row:
     note: str = ""
 
 
-def run_case(setting: Setting, size: int, backend: str, device: torch.device, args) -> Row:
-    row = Row(setting, size, backend)
-    estimate = estimated_peak_bytes(backend, setting, size, size)
-    if estimate > args.memory_limit_gb * 2**30:
-        row.note = f"skipped: est. {estimate / 2**30:.1f} GB > --memory-limit-gb {args.memory_limit_gb}"
-        return row
+def run_cases(setting: Setting, size: int, backends: list[str], device: torch.device, args) -> list[Row]:
+    """Measure every backend on one (setting, map size).
+
+    The timed runs are interleaved (round r times each backend once, then round r + 1), so that
+    load from other processes on a shared machine hits all backends alike; medians per backend.
+    """
     inputs = make_inputs(setting, size, size, device)
-    fn = scan_function(backend)
-    slow = backend == "naive" and size * size > args.naive_full_pixels
-    repeats = args.naive_repeats if slow else args.repeats
-    if slow:
-        row.note = f"{repeats} run(s), no warm-up"
-    fwd, train = forward_step(fn, inputs, size, size), train_step(fn, inputs, size, size)
-    row.fwd_s, _ = median_seconds(fwd, device, repeats, warmup=not slow)
-    row.train_s, row.train_cpu_s = median_seconds(train, device, repeats, warmup=not slow)
-    row.fwd_peak = peak_bytes(fwd, device)
-    row.train_peak = peak_bytes(train, device)
-    return row
+    rows, steps, runs = [], {}, {}
+    for backend in backends:
+        row = Row(setting, size, backend)
+        rows.append(row)
+        estimate = estimated_peak_bytes(backend, setting, size, size)
+        if estimate > args.memory_limit_gb * 2**30:
+            row.note = f"skipped: est. {estimate / 2**30:.1f} GB > --memory-limit-gb {args.memory_limit_gb}"
+            continue
+        fn = scan_function(backend)
+        steps[backend] = (forward_step(fn, inputs, size, size), train_step(fn, inputs, size, size))
+        slow = backend == "naive" and size * size > args.naive_full_pixels
+        runs[backend] = args.naive_repeats if slow else args.repeats
+        if slow:
+            row.note = f"{runs[backend]} run(s), no warm-up"
+        else:
+            for step in steps[backend]:
+                step()
+    times = {backend: ([], [], []) for backend in steps}  # fwd wall, fwd+bwd wall, fwd+bwd CPU
+    for round_index in range(max(runs.values(), default=0)):
+        for backend, (fwd, train) in steps.items():
+            if round_index < runs[backend]:
+                times[backend][0].append(timed(fwd, device)[0])
+                wall, cpu = timed(train, device)
+                times[backend][1].append(wall)
+                times[backend][2].append(cpu)
+    for row in rows:
+        if row.backend in steps:
+            fwd, train = steps[row.backend]
+            fwd_wall, train_wall, train_cpu = times[row.backend]
+            row.fwd_s, row.train_s = statistics.median(fwd_wall), statistics.median(train_wall)
+            row.train_cpu_s = statistics.median(train_cpu)
+            row.fwd_peak, row.train_peak = peak_bytes(fwd, device), peak_bytes(train, device)
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------
@@ -327,7 +343,7 @@ def report_header(args, settings: dict[str, Setting], device: torch.device) -> s
         f"{info['cpu_extension_source']} build, {_cpu_kernel_isa()} code path",
         f"- settings: " + "; ".join(settings[k].describe() for k in args.settings),
         f"- repeats: median of {args.repeats} after 1 warm-up; naive maps > {args.naive_full_pixels} "
-        f"pixels: {args.naive_repeats} run(s) without warm-up",
+        f"pixels: {args.naive_repeats} run(s) without warm-up; runs of the backends interleaved",
         "- times: wall clock; \"CPU ms\" is the CPU time of the process over the step, summed over "
         "its threads (less sensitive to other processes competing for the cores)",
         "- peak memory: max tensor memory alive during one step above the inputs "
@@ -372,11 +388,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     rows = []
     for key in args.settings:
         for size in args.sizes:
-            for backend in backends:
-                row = run_case(settings[key], size, backend, device, args)
+            for row in run_cases(settings[key], size, backends, device, args):
                 rows.append(row)
-                print(f"  {key} {size}x{size} {backend}: fwd {_ms(row.fwd_s)} ms, fwd+bwd {_ms(row.train_s)} ms, "
-                      f"peak {_mb(row.train_peak)} MB {row.note}", flush=True)
+                print(f"  {key} {size}x{size} {row.backend}: fwd {_ms(row.fwd_s)} ms, fwd+bwd "
+                      f"{_ms(row.train_s)} ms, peak {_mb(row.train_peak)} MB {row.note}", flush=True)
     table = format_table(rows)
     print()
     print(table)
