@@ -117,21 +117,27 @@ def naive_scan_2d(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
 # Cases and measurement
 # ------------------------------------------------------------------------------------------------
 def make_inputs(setting: Setting, height: int, width: int, device: torch.device, seed: int = 0) -> Inputs:
+    """Scan inputs in the range a freshly initialised 2DVMamba layer feeds the op (DESIGN.md
+    section 2): A = -(1..N) per channel, delta_bias the inverse softplus of a log-uniform step in
+    [1e-3, 0.1], delta = 0.5 * randn (the dt projection's output), D = 1, u / B / C ~ randn."""
     gen = torch.Generator().manual_seed(seed)
     b, d, g, n, length = setting.batch, setting.dim, setting.groups, setting.nstate, height * width
 
     def randn(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=gen).to(device)
+        return torch.randn(*shape, generator=gen)
 
-    return dict(
+    log_step = torch.empty(d).uniform_(math.log(1e-3), math.log(0.1), generator=gen)
+    step = torch.exp(log_step)
+    inputs = dict(
         u=randn(b, d, length),
-        delta=randn(b, d, length) - 2.0,
-        A=-torch.exp(randn(d, n) * 0.5),
+        delta=0.5 * randn(b, d, length),
+        A=-torch.arange(1, n + 1, dtype=torch.float32).repeat(d, 1),
         B=randn(b, g, n, length),
         C=randn(b, g, n, length),
-        D=torch.ones(d, device=device),
-        delta_bias=randn(d) * 0.1,
+        D=torch.ones(d),
+        delta_bias=step + torch.log(-torch.expm1(-step)),
     )
+    return {name: tensor.to(device) for name, tensor in inputs.items()}
 
 
 def scan_function(backend: str) -> Callable[[Inputs, int, int], Tensor]:
@@ -341,7 +347,8 @@ def report_header(args, settings: dict[str, Setting], device: torch.device) -> s
         f"- machine: {machine_description(device)}; load average at start: {load}",
         f"- torch {torch.__version__}, device {device}, float32, cpu kernel: "
         f"{info['cpu_extension_source']} build, {_cpu_kernel_isa()} code path",
-        f"- settings: " + "; ".join(settings[k].describe() for k in args.settings),
+        f"- settings: " + "; ".join(settings[k].describe() for k in args.settings)
+        + "; inputs as a freshly initialised 2DVMamba layer gives them (A = -(1..N), dt in [1e-3, 0.1])",
         f"- repeats: median of {args.repeats} after 1 warm-up; naive maps > {args.naive_full_pixels} "
         f"pixels: {args.naive_repeats} run(s) without warm-up; runs of the backends interleaved",
         "- times: wall clock; \"CPU ms\" is the CPU time of the process over the step, summed over "
