@@ -224,8 +224,10 @@ std::vector<OptTensor> backward(const Tensor& u, const Tensor& delta, const Tens
   Tensor dB = (chunks == 1 ? dB_parts.view(B.sizes()) : dB_parts.sum(2)).to(B.scalar_type());
   Tensor dC = (chunks == 1 ? dC_parts.view(C.sizes()) : dC_parts.sum(2)).to(C.scalar_type());
   Tensor dA = dA_parts.sum(0).to(A_in.scalar_type());
-  OptTensor dD = D_in.has_value() ? OptTensor(dD_parts.sum(0).to(D_in->scalar_type())) : std::nullopt;
-  OptTensor dbias = bias_in.has_value() ? OptTensor(dbias_parts.sum(0).to(bias_in->scalar_type())) : std::nullopt;
+  OptTensor dD;
+  if (D_in.has_value()) dD = dD_parts.sum(0).to(D_in->scalar_type());
+  OptTensor dbias;
+  if (bias_in.has_value()) dbias = dbias_parts.sum(0).to(bias_in->scalar_type());
   return {du, ddelta, dA, dB, dC, dD, dbias};
 }
 
