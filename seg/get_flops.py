@@ -3,8 +3,8 @@
     python seg/get_flops.py configs/seg/upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py --shape 512 2048
 
 FLOPs are those of inference on one image (backbone + decode head; the auxiliary head is
-training-only); the 2D selective scan is counted by its custom op's handle
-(vmamba2d.ops.flops.FVCORE_OP_HANDLES), which needs the compiled CPU kernel.
+training-only), counted by vmamba2d.flops.flops_by_operator: each selective scan is one custom-op
+node with its own FLOP handle, which needs the compiled CPU kernel.
 """
 from __future__ import annotations
 
@@ -51,9 +51,6 @@ def main(argv=None) -> dict:
     print("|---|---|---|---|---|")
     print(f"| {os.path.basename(args.config)} | 1x3x{shape[0]}x{shape[1]} | {result['params'] / 1e6:.2f} "
           f"| {result['params_inference'] / 1e6:.2f} | {result['flops'] / 1e9:.1f} |")
-    if result["unsupported_ops"]:
-        print("operators not counted (calls): "
-              + ", ".join(f"{name} ({calls})" for name, calls in sorted(result["unsupported_ops"].items())))
     print(f"(traced in {elapsed:.1f} s)")
     return result
 

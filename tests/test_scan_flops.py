@@ -50,3 +50,22 @@ def test_fvcore_counts_the_custom_op():
 def test_scan_2d_flops_formula():
     assert scan_2d_flops(batch=2, dim=384, length=56 * 56, nstate=1, with_d=True) == 16 * 2 * 384 * 3136
     assert scan_2d_flops(batch=1, dim=1, length=10, nstate=16, with_d=False) == 15 * 10 * 16
+
+
+@pytest.mark.parametrize("height, width", [(1, 20), (20, 1)])
+def test_fvcore_counts_a_map_with_a_side_of_one_as_a_1d_scan(height, width):
+    batch, dim, groups, nstate = 2, 6, 2, 3
+    length = height * width
+    gen = torch.Generator().manual_seed(1)
+    torch.manual_seed(1)
+    model = TwoScans(dim, nstate, height, width).eval()
+    inputs = (
+        torch.randn(batch, dim, length, generator=gen),
+        torch.randn(batch, groups, nstate, length, generator=gen),
+        torch.randn(batch, groups, 2 * nstate, length, generator=gen),
+    )
+    analysis = fvcore_nn.FlopCountAnalysis(model, inputs).set_op_handle(**FVCORE_OP_HANDLES)
+    analysis.unsupported_ops_warnings(False)
+    with_d = 9 * batch * length * dim * nstate + batch * dim * length
+    without_d = 9 * batch * length * dim * (2 * nstate)
+    assert analysis.total() == with_d + without_d

@@ -17,37 +17,7 @@ import torch.nn as nn
 
 from .ops import resolve_backend
 
-__all__ = ["count_flops", "scan_1d_flops"]
-
-# Positions of height and width in the custom op's schema (u, delta, A, B, C, D, delta_bias,
-# delta_softplus, height, width, out_fp32).
-_HEIGHT, _WIDTH = 8, 9
-
-
-def scan_1d_flops(batch: int, dim: int, length: int, nstate: int, with_d: bool) -> int:
-    """FLOPs of one 1D selective scan over u (batch, dim, length): 9 * B * L * D * N (+ B * D * L)."""
-    return 9 * batch * length * dim * nstate + (batch * dim * length if with_d else 0)
-
-
-def _scan_handles() -> dict:
-    """fvcore handles for the scan op: 2D maps count as 2D scans, 1 x L or L x 1 maps as 1D scans."""
-    from .ops.flops import FVCORE_OP_HANDLES, _tensor_sizes  # imports the custom op definitions
-
-    handles = {}
-    for op_name, handle_2d in FVCORE_OP_HANDLES.items():
-
-        def handle(inputs: list, outputs: list, handle_2d=handle_2d, op_name=op_name) -> int:
-            height, width = inputs[_HEIGHT].toIValue(), inputs[_WIDTH].toIValue()
-            if not isinstance(height, int) or not isinstance(width, int):
-                raise ValueError(f"{op_name}: height / width are not constants in the traced graph")
-            if height > 1 and width > 1:
-                return handle_2d(inputs, outputs)
-            batch, dim, length = _tensor_sizes(inputs[0])
-            nstate = _tensor_sizes(inputs[2])[1]
-            return scan_1d_flops(batch, dim, length, nstate, inputs[5].type().kind() != "NoneType")
-
-        handles[op_name] = handle
-    return handles
+__all__ = ["count_flops", "flops_by_operator"]
 
 
 @contextlib.contextmanager
@@ -76,20 +46,23 @@ def _compiled_scans(model: nn.Module, device: torch.device) -> Iterator[int]:
             m.scan_backend = backend
 
 
-def count_flops(model: nn.Module, input_size: Sequence[int] = (3, 224, 224)) -> int:
-    """FLOPs of one forward pass of ``model`` on a single (1, *input_size) image, counted by fvcore.
+def flops_by_operator(model: nn.Module, input_size: Sequence[int] = (3, 224, 224)) -> dict[str, int]:
+    """FLOPs of one forward pass of ``model`` on a (1, *input_size) image, per fvcore operator name.
 
     Args:
         model: a VMamba / 2DVMamba model (or any module; modules with a ``scan_backend`` attribute
             are traced with the compiled kernel of the model's device).
         input_size: (channels, height, width).
     Returns:
-        the flop count as an int (one multiply-add = one flop; see the module docstring).
+        {operator name: flops} (one multiply-add = one flop; see the module docstring); the scan
+        appears as ``selective_scan_2d_fwd``.
     Raises:
         ValueError for a bad ``input_size``; RuntimeError when the compiled scan kernel is missing
         or when the trace contains no scan although the model has scan modules.
     """
     from fvcore.nn import FlopCountAnalysis
+
+    from .ops.flops import FVCORE_OP_HANDLES
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -104,13 +77,20 @@ def count_flops(model: nn.Module, input_size: Sequence[int] = (3, 224, 224)) -> 
     model.eval()
     try:
         with _compiled_scans(model, device) as num_scanners, torch.no_grad():
-            handles = _scan_handles() if num_scanners else {}
-            analysis = FlopCountAnalysis(model, inputs).set_op_handle(**handles)
+            analysis = FlopCountAnalysis(model, inputs).set_op_handle(**FVCORE_OP_HANDLES)
             analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-            by_operator = analysis.by_operator()
-            total = int(analysis.total())
+            by_operator = {name: int(count) for name, count in analysis.by_operator().items()}
     finally:
         model.train(was_training)
-    if num_scanners and not any(by_operator.get(name.split("::")[-1], 0) or by_operator.get(name, 0) for name in handles):
-        raise RuntimeError(f"count_flops: the trace holds no scan op ({sorted(handles)}); the scans would go uncounted")
-    return total
+    scan_names = [name.split("::")[-1] for name in FVCORE_OP_HANDLES]
+    if num_scanners and not any(by_operator.get(name, 0) for name in scan_names):
+        raise RuntimeError(f"the fvcore trace holds no scan op ({scan_names}); the scans would go uncounted")
+    return by_operator
+
+
+def count_flops(model: nn.Module, input_size: Sequence[int] = (3, 224, 224)) -> int:
+    """Total FLOPs of one forward pass of ``model`` on a (1, *input_size) image (fvcore).
+
+    Same arguments, convention and errors as :func:`flops_by_operator`; returns the sum as an int.
+    """
+    return sum(flops_by_operator(model, input_size).values())

@@ -5,8 +5,9 @@ custom op (``vmamba2d::selective_scan_2d_fwd``). Register the handles with
 ``FlopCountAnalysis(model, inputs).set_op_handle(**FVCORE_OP_HANDLES)``, or
 ``set_op_handle(name, handle)`` for each item.
 
-Convention (DESIGN.md section 1, one multiply-add = one flop): 15 * B * L * D * N, plus B * D * L
-for the ``D * u`` skip term when ``D`` is given.
+Convention (DESIGN.md section 1, one multiply-add = one flop): a 2D scan counts 15 * B * L * D * N,
+a 1D scan (a 1 x L or L x 1 map: the op used as Mamba's scan) 9 * B * L * D * N; either plus
+B * D * L for the ``D * u`` skip term when ``D`` is given.
 """
 from __future__ import annotations
 
@@ -14,13 +15,19 @@ from typing import Any, Callable, Optional
 
 from .fused import FWD_OP_NAME
 
-# Argument positions in the op's schema (u, delta, A, B, C, D, ...).
-_U, _A, _D = 0, 2, 5
+# Argument positions in the op's schema (u, delta, A, B, C, D, delta_bias, delta_softplus, height,
+# width, out_fp32).
+_U, _A, _D, _HEIGHT, _WIDTH = 0, 2, 5, 8, 9
 
 
 def scan_2d_flops(batch: int, dim: int, length: int, nstate: int, with_d: bool) -> int:
     """FLOPs of one 2D selective scan over u (batch, dim, length) with ``nstate`` states."""
     return 15 * batch * length * dim * nstate + (batch * dim * length if with_d else 0)
+
+
+def scan_1d_flops(batch: int, dim: int, length: int, nstate: int, with_d: bool) -> int:
+    """FLOPs of one 1D selective scan over u (batch, dim, length) with ``nstate`` states."""
+    return 9 * batch * length * dim * nstate + (batch * dim * length if with_d else 0)
 
 
 def _tensor_sizes(value: Any) -> Optional[list[int]]:
@@ -34,16 +41,20 @@ def _tensor_sizes(value: Any) -> Optional[list[int]]:
 def selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
     """fvcore op handle for ``vmamba2d::selective_scan_2d_fwd``: the flops of one node.
 
-    ``inputs`` are the node's traced argument values: u (batch, dim, L) first, A (dim, N) third,
-    D (dim,) or None sixth.
+    ``inputs`` are the node's traced argument values in schema order: u (batch, dim, L), A (dim, N),
+    D (dim,) or None, and the constants height and width (a map with a side of 1 is a 1D scan).
     """
     u_sizes = _tensor_sizes(inputs[_U])
     a_sizes = _tensor_sizes(inputs[_A])
     if u_sizes is None or a_sizes is None:
         raise ValueError(f"{FWD_OP_NAME}: the traced graph has no static shapes for u / A")
+    height, width = inputs[_HEIGHT].toIValue(), inputs[_WIDTH].toIValue()
+    if not isinstance(height, int) or not isinstance(width, int):
+        raise ValueError(f"{FWD_OP_NAME}: height / width are not constants in the traced graph")
     batch, dim, length = u_sizes
     with_d = inputs[_D].type().kind() != "NoneType"
-    return scan_2d_flops(batch, dim, length, a_sizes[1], with_d)
+    count = scan_1d_flops if min(height, width) == 1 else scan_2d_flops
+    return count(batch, dim, length, a_sizes[1], with_d)
 
 
 FVCORE_OP_HANDLES: dict[str, Callable[[list, list], int]] = {FWD_OP_NAME: selective_scan_2d_flop_jit}

@@ -38,8 +38,10 @@ def _kernel_available(name: str) -> bool:
     return loader() is not None
 
 
-def _auto_backend(device: torch.device) -> str:
+def _auto_backend(device: torch.device, dtype: torch.dtype) -> str:
     kernel = "cuda" if device.type == "cuda" else "cpu" if device.type == "cpu" else None
+    if kernel == "cuda" and dtype == torch.float64:
+        return "torch"  # the CUDA kernel takes fp32 / fp16 / bf16 only
     if kernel is not None and _kernel_available(kernel):
         return kernel
     if kernel is not None and kernel not in _warned_fallbacks:
@@ -54,8 +56,8 @@ def _auto_backend(device: torch.device) -> str:
     return "torch"
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """The concrete backend that ``backend`` means for tensors on ``device``.
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+    """The concrete backend that ``backend`` means for ``dtype`` tensors on ``device``.
 
     Raises ValueError for an unknown name or a kernel that cannot take ``device``'s tensors, and
     RuntimeError when an explicitly requested kernel is not available.
@@ -69,7 +71,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
                 raise ValueError(f"{BACKEND_ENV_VAR} must be one of {BACKENDS}, got {override!r}")
             backend = override
         else:
-            return _auto_backend(device)
+            return _auto_backend(device, dtype)
     if backend in ("cpu", "cuda"):
         if device.type != backend:
             raise ValueError(f"backend={backend!r} needs {backend} tensors, but the inputs are on {device}")
@@ -137,7 +139,7 @@ def selective_scan_2d(
         y: (batch, dim, L).
     """
     check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width)
-    name = resolve_backend(backend, u.device)
+    name = resolve_backend(backend, u.device, u.dtype)
     nstate = A.shape[1]
     if name in MAX_NSTATE and nstate > MAX_NSTATE[name]:
         raise ValueError(f"A has N={nstate} states; backend {name!r} supports at most N={MAX_NSTATE[name]}")

@@ -7,8 +7,7 @@ import torch
 import torch.nn as nn
 from mmengine.model import revert_sync_batchnorm
 
-from vmamba2d.models import SS2D
-from vmamba2d.ops.flops import FVCORE_OP_HANDLES
+from vmamba2d.flops import flops_by_operator
 
 
 class _InferenceForward(nn.Module):
@@ -33,41 +32,22 @@ def segmentor_complexity(segmentor: nn.Module, shape: Sequence[int] = (512, 2048
 
     Returns:
         dict with ``params`` (all parameters), ``params_inference`` (without the auxiliary head),
-        ``flops`` (inference forward, fvcore convention), ``flops_by_operator`` and
-        ``unsupported_ops`` (operators fvcore could not count, with their numbers of calls).
+        ``flops`` (inference forward, fvcore convention) and ``flops_by_operator``.
 
     Raises:
-        RuntimeError when the model has SS2D mixers but the compiled scan op does not appear in the
-        trace (the scans would be counted as their PyTorch fallback's internal ops, or not at all).
+        ValueError for a bad ``shape``; RuntimeError when the model has scan layers but the compiled
+        scan kernel is unavailable (see :func:`vmamba2d.flops.flops_by_operator`).
     """
-    from fvcore.nn import FlopCountAnalysis
-
     if len(shape) != 2 or not all(isinstance(s, int) and s > 0 for s in shape):
         raise ValueError(f"shape must be (height, width) positive ints, got {tuple(shape)}")
     segmentor = revert_sync_batchnorm(segmentor).eval()
     params = sum(p.numel() for p in segmentor.parameters())
     aux = getattr(segmentor, "auxiliary_head", None)
     aux_params = sum(p.numel() for p in aux.parameters()) if isinstance(aux, nn.Module) else 0
-    inputs = torch.zeros(1, 3, *shape)
-    with torch.no_grad():
-        analysis = FlopCountAnalysis(_InferenceForward(segmentor), (inputs,))
-        analysis.set_op_handle(**FVCORE_OP_HANDLES)
-        analysis.unsupported_ops_warnings(False)
-        analysis.uncalled_modules_warnings(False)
-        flops = analysis.total()
-    by_operator = dict(analysis.by_operator())
-    num_mixers = sum(isinstance(m, SS2D) for m in segmentor.modules())
-    scan_ops = [name for name in FVCORE_OP_HANDLES if by_operator.get(name.split("::")[-1], 0)
-                or by_operator.get(name, 0)]
-    if num_mixers and not scan_ops:
-        raise RuntimeError(
-            f"the model has {num_mixers} SS2D mixers but the compiled scan op ({', '.join(FVCORE_OP_HANDLES)}) "
-            "is not in the traced graph, so its FLOPs would be wrong; the compiled CPU kernel is needed "
-            "(vmamba2d.ops.backend_info() must report cpu_extension=True)")
+    by_operator = flops_by_operator(_InferenceForward(segmentor), (3, *shape))
     return {
         "params": params,
         "params_inference": params - aux_params,
-        "flops": flops,
+        "flops": sum(by_operator.values()),
         "flops_by_operator": by_operator,
-        "unsupported_ops": dict(analysis.unsupported_ops()),
     }
