@@ -29,8 +29,10 @@ demo: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Writes to out/ so a run never overwrites the committed, annotated tables in benchmarks/.
 bench: setup
-	$(PY) tools/bench_scan.py --out benchmarks/scan_cpu.md
+	$(PY) tools/bench_scan.py --threads 1 --out out/bench_scan_cpu.md
+	$(PY) tools/bench_model.py --batch-sizes 1 16 --train-batch-sizes 1 --out out/bench_model_cpu.md
 
 clean:
 	rm -rf build *.egg-info vmamba2d/*.so $(STAMP)

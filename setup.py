@@ -124,14 +124,14 @@ setup(
     cmdclass=cmdclass,
     install_requires=[
         "torch>=2.4",
-        "timm>=1.0.9",
+        "timm>=1.0.15,<2",
         "numpy",
-        "safetensors",
+        "safetensors>=0.4",
         "fvcore>=0.1.5",
         "pyyaml",
-        "tqdm",
-        "pillow",
-        "matplotlib",
+        "tqdm>=4.60",
+        "pillow>=9",
+        "matplotlib>=3.5",
     ],
     extras_require={
         "seg": [
