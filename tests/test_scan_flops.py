@@ -26,8 +26,10 @@ class TwoScans(torch.nn.Module):
         return selective_scan_2d(y, u, self.A_wide, B_wide, B_wide, None, None, True, **grid)
 
 
-def test_fvcore_counts_the_custom_op():
-    batch, dim, groups, nstate, height, width = 2, 6, 2, 3, 4, 5
+# A map with a side of 1 is a 1D scan (9 flops per state and position), any other a 2D scan (15).
+@pytest.mark.parametrize("height, width, per_state", [(4, 5, 15), (1, 20, 9), (20, 1, 9)])
+def test_fvcore_counts_the_custom_op(height, width, per_state):
+    batch, dim, groups, nstate = 2, 6, 2, 3
     length = height * width
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -39,8 +41,8 @@ def test_fvcore_counts_the_custom_op():
     )
     analysis = fvcore_nn.FlopCountAnalysis(model, inputs).set_op_handle(**FVCORE_OP_HANDLES)
     analysis.unsupported_ops_warnings(False)
-    with_d = 15 * batch * length * dim * nstate + batch * dim * length
-    without_d = 15 * batch * length * dim * (2 * nstate)
+    with_d = per_state * batch * length * dim * nstate + batch * dim * length
+    without_d = per_state * batch * length * dim * (2 * nstate)
     assert analysis.total() == with_d + without_d
     # fvcore names an operator by its unqualified op name.
     assert analysis.by_operator() == {"selective_scan_2d_fwd": with_d + without_d}
@@ -51,21 +53,3 @@ def test_scan_2d_flops_formula():
     assert scan_2d_flops(batch=2, dim=384, length=56 * 56, nstate=1, with_d=True) == 16 * 2 * 384 * 3136
     assert scan_2d_flops(batch=1, dim=1, length=10, nstate=16, with_d=False) == 15 * 10 * 16
 
-
-@pytest.mark.parametrize("height, width", [(1, 20), (20, 1)])
-def test_fvcore_counts_a_map_with_a_side_of_one_as_a_1d_scan(height, width):
-    batch, dim, groups, nstate = 2, 6, 2, 3
-    length = height * width
-    gen = torch.Generator().manual_seed(1)
-    torch.manual_seed(1)
-    model = TwoScans(dim, nstate, height, width).eval()
-    inputs = (
-        torch.randn(batch, dim, length, generator=gen),
-        torch.randn(batch, groups, nstate, length, generator=gen),
-        torch.randn(batch, groups, 2 * nstate, length, generator=gen),
-    )
-    analysis = fvcore_nn.FlopCountAnalysis(model, inputs).set_op_handle(**FVCORE_OP_HANDLES)
-    analysis.unsupported_ops_warnings(False)
-    with_d = 9 * batch * length * dim * nstate + batch * dim * length
-    without_d = 9 * batch * length * dim * (2 * nstate)
-    assert analysis.total() == with_d + without_d
