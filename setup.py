@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_CUDA_ARCH_LIST = "8.0;9.0+PTX"
 # -fno-trapping-math lets GCC vectorise the CPU scan's clamped exp / softplus loops (same results).
 CXX_FLAGS = ["-O3", "-std=c++20", "-fno-trapping-math"]
+# at::parallel_for is a header template that runs serially unless the extension itself is built
+# with OpenMP; libgomp resolves to the copy torch already loaded (same soname).
+OPENMP_FLAGS = ["-fopenmp"]
 NVCC_FLAGS = ["-O3", "-std=c++20", "-lineinfo", "--expt-relaxed-constexpr"]
 
 
@@ -83,7 +86,8 @@ def _extensions() -> tuple[list, dict]:
         print("vmamba2d: no C++ sources under csrc/cpu; not building the CPU extension.")
     else:
         extensions.append(CppExtension(
-            "vmamba2d._C_cpu", cpu_sources, extra_compile_args={"cxx": CXX_FLAGS},
+            "vmamba2d._C_cpu", cpu_sources, extra_compile_args={"cxx": CXX_FLAGS + OPENMP_FLAGS},
+            extra_link_args=OPENMP_FLAGS,
         ))
 
     cuda_sources = _sources("cuda", "*.cpp", "*.cu")

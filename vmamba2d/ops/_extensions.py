@@ -17,6 +17,8 @@ from typing import Optional
 CPU_SOURCES_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
 # -fno-trapping-math lets GCC vectorise the CPU scan's clamped exp / softplus loops (same results).
 CPU_CXX_FLAGS = ["-O3", "-std=c++20", "-fno-trapping-math"]
+# Without OpenMP in the extension's own build, at::parallel_for (a header template) runs serially.
+OPENMP_FLAGS = ["-fopenmp"]
 
 _failure_reasons: dict[str, str] = {}
 _sources: dict[str, str] = {}
@@ -41,7 +43,8 @@ def _jit_build_cpu() -> Optional[ModuleType]:
         return load(
             name="vmamba2d_cpu_jit",
             sources=sources,
-            extra_cflags=CPU_CXX_FLAGS,
+            extra_cflags=CPU_CXX_FLAGS + OPENMP_FLAGS,
+            extra_ldflags=OPENMP_FLAGS,
             verbose=os.environ.get("VMAMBA2D_JIT_VERBOSE", "0") == "1",
         )
     except Exception as err:  # compiler missing, ninja missing, build error: all mean "no kernel"
