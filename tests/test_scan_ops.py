@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from vmamba2d.ops import backend_info, selective_scan_2d
+from vmamba2d.ops import _extensions, backend_info, selective_scan_2d
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("cpu", "torch", "reference")
@@ -208,7 +208,6 @@ def test_cpu_gradients_match_reference(case):
 
 @pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
 def test_every_instruction_set_build_matches_reference(isa, monkeypatch):
-    from vmamba2d.ops import _extensions
 
     monkeypatch.setenv("VMAMBA2D_CPU_ISA", isa)
     if _extensions.cpu_extension().isa() != isa:
@@ -453,8 +452,11 @@ def test_jit_build_of_the_cpu_kernel():
         import torch
         from vmamba2d.ops import backend_info, selective_scan_2d
 
+        from vmamba2d.ops import _extensions
+
         info = backend_info()
         assert info["cpu_extension_source"] == "jit" and info["auto_cpu"] == "cpu", info
+        assert _extensions.cpu_extension().openmp(), "the JIT build must parallelise with OpenMP"
         u = torch.randn(1, 2, 12, dtype=torch.float64); B = torch.randn(1, 1, 3, 12, dtype=torch.float64)
         A = -torch.rand(2, 3, dtype=torch.float64) - 0.1
         torch.testing.assert_close(
@@ -469,4 +471,6 @@ def test_jit_build_of_the_cpu_kernel():
 def test_backend_info_reports_the_cpu_kernel():
     info = backend_info()
     assert info["cpu_extension"] is True
+    # Without OpenMP in the extension's own build, at::parallel_for silently runs on one thread.
+    assert _extensions.cpu_extension().openmp()
     assert info["cpu_extension_source"] in ("built", "jit")

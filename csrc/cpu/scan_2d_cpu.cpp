@@ -242,6 +242,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("delta_softplus"), pybind11::arg("height"),
         pybind11::arg("width"), pybind11::arg("out_fp32"));
   m.def(
+      "openmp",
+      [] {
+#ifdef _OPENMP
+        return true;
+#else
+        return false;
+#endif
+      },
+      "Whether this build parallelises with OpenMP (without it at::parallel_for runs serially)");
+  m.def(
       "isa", [] { return std::string(vmamba2d::cpu::best_channel_kernels<float>().isa); },
       "The instruction-set build of the kernel this CPU runs: 'avx512', 'avx2' or 'baseline'");
   m.def("backward", &vmamba2d::cpu::backward,
