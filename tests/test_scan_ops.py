@@ -208,7 +208,6 @@ def test_cpu_gradients_match_reference(case):
 
 @pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
 def test_every_instruction_set_build_matches_reference(isa, monkeypatch):
-
     monkeypatch.setenv("VMAMBA2D_CPU_ISA", isa)
     if _extensions.cpu_extension().isa() != isa:
         pytest.skip(f"this CPU (or compiler) has no {isa} build of the kernel")
