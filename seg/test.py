@@ -12,12 +12,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import vmamba2d.seg  # noqa: E402,F401  (mmcv-lite compatibility, checkpoint allow-list, backbone)
-from mmengine.config import DictAction  # noqa: E402
 from mmengine.dist import get_rank  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from vmamba2d.seg.runtime import check_dataset_folders, load_config, use_multiscale_flip_test  # noqa: E402
+from vmamba2d.seg.runtime import (  # noqa: E402
+    add_runner_arguments,
+    check_dataset_folders,
+    load_config,
+    parse_runner_args,
+    use_multiscale_flip_test,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -26,14 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("checkpoint", help="checkpoint file (from seg/train.py)")
     parser.add_argument("--work-dir", help="folder for the evaluation log")
     parser.add_argument("--tta", action="store_true", help="multi-scale (0.5-1.75) + flip test")
-    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default=None,
-                        help="override config entries, e.g. test_dataloader.dataset.data_root=...")
-    parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none",
-                        help="job launcher (pytorch = torchrun)")
-    parser.add_argument("--local-rank", "--local_rank", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    return args
+    add_runner_arguments(parser, "test_dataloader.dataset.data_root=...")
+    return parse_runner_args(parser, argv)
 
 
 def main(argv=None) -> dict:

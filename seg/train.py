@@ -13,11 +13,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import vmamba2d.seg  # noqa: E402,F401  (mmcv-lite compatibility, checkpoint allow-list, backbone)
-from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from vmamba2d.seg.runtime import check_dataset_folders, enable_amp, load_config, set_resume  # noqa: E402
+from vmamba2d.seg.runtime import (  # noqa: E402
+    add_runner_arguments,
+    check_dataset_folders,
+    enable_amp,
+    load_config,
+    parse_runner_args,
+    set_resume,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -29,14 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--amp", action="store_true", help="mixed-precision training (CUDA)")
     parser.add_argument("--auto-scale-lr", action="store_true",
                         help="scale the learning rate by total batch / auto_scale_lr.base_batch_size")
-    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default=None,
-                        help="override config entries, e.g. train_dataloader.batch_size=2")
-    parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none",
-                        help="job launcher (pytorch = torchrun)")
-    parser.add_argument("--local-rank", "--local_rank", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    return args
+    add_runner_arguments(parser, "train_dataloader.batch_size=2")
+    return parse_runner_args(parser, argv)
 
 
 def main(argv=None) -> None:

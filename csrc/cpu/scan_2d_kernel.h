@@ -99,30 +99,50 @@ void scan_rows_reverse(const T* decay, T* values, int64_t height, int64_t width)
   }
 }
 
+// One (batch, channel)'s slices of the inputs: its own maps, its group's B / C, its scalars.
+template <typename T>
+struct ChannelInputs {
+  const T* u;        // (L,)
+  const T* delta;    // (L,)
+  const T* B;        // (N, L)
+  const T* C;        // (N, L)
+  const T* a_rates;  // (N,): A[d, :]
+  T bias;            // delta_bias[d] or 0
+  T skip;            // D[d] or 0
+};
+
+template <typename T>
+ChannelInputs<T> channel_inputs(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d) {
+  const int64_t L = s.length();
+  const int64_t offset = (b * s.dim + d) * L;
+  const int64_t group_offset = (b * s.groups + d / s.channels_per_group()) * s.nstate * L;
+  return {in.u + offset,          in.delta + offset, in.B + group_offset,
+          in.C + group_offset,    in.A + d * s.nstate, in.delta_bias ? in.delta_bias[d] : T(0),
+          in.D ? in.D[d] : T(0)};
+}
+
 // y for one (batch, channel): y[p] = sum_n C[n, p] * h_n[p] + D * u[p].
 template <typename T>
 void forward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d, T* y,
                      Workspace<T>& ws) {
   const int64_t L = s.length();
   const int64_t W = s.width;
-  const int64_t g = d / s.channels_per_group();
-  const int64_t offset = (b * s.dim + d) * L;
-  const T* u = in.u + offset;
-  const T* B = in.B + (b * s.groups + g) * s.nstate * L;
-  const T* C = in.C + (b * s.groups + g) * s.nstate * L;
+  const ChannelInputs<T> ch = channel_inputs(in, s, b, d);
+  const T* u = ch.u;
+  const T* B = ch.B;
+  const T* C = ch.C;
   T* dt = ws.array(0);
   T* dt_u = ws.array(1);
   T* decay = ws.array(2);
   T* h = ws.array(3);
 
-  compute_dt(in.delta + offset, u, in.delta_bias ? in.delta_bias[d] : T(0), in.delta_softplus, L, dt, dt_u);
-  const T skip = in.D ? in.D[d] : T(0);
-  for (int64_t p = 0; p < L; ++p) y[p] = skip * u[p];
+  compute_dt(ch.delta, u, ch.bias, in.delta_softplus, L, dt, dt_u);
+  for (int64_t p = 0; p < L; ++p) y[p] = ch.skip * u[p];
 
   for (int64_t n = 0; n < s.nstate; ++n) {
     const T* b_n = B + n * L;
     const T* c_n = C + n * L;
-    discretize_state(dt, dt_u, b_n, in.A[d * s.nstate + n], L, decay, h);
+    discretize_state(dt, dt_u, b_n, ch.a_rates[n], L, decay, h);
     scan_rows_forward(decay, h, s.height, W);
     for (int64_t j = 0; j < W; ++j) y[j] += c_n[j] * h[j];
     for (int64_t i = 1; i < s.height; ++i) {
@@ -164,11 +184,10 @@ void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, in
   const int64_t L = s.length();
   const int64_t H = s.height;
   const int64_t W = s.width;
-  const int64_t g = d / s.channels_per_group();
-  const int64_t offset = (b * s.dim + d) * L;
-  const T* u = in.u + offset;
-  const T* B = in.B + (b * s.groups + g) * s.nstate * L;
-  const T* C = in.C + (b * s.groups + g) * s.nstate * L;
+  const ChannelInputs<T> ch = channel_inputs(in, s, b, d);
+  const T* u = ch.u;
+  const T* B = ch.B;
+  const T* C = ch.C;
   T* dt = ws.array(0);
   T* dt_u = ws.array(1);
   T* ddt = ws.array(2);
@@ -178,9 +197,9 @@ void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, in
   T* lambda = ws.array(6);
   T* mu = ws.array(7);
 
-  const T bias = in.delta_bias ? in.delta_bias[d] : T(0);
-  compute_dt(in.delta + offset, u, bias, in.delta_softplus, L, dt, dt_u);
-  const T skip = in.D ? in.D[d] : T(0);
+  const T bias = ch.bias;
+  compute_dt(ch.delta, u, bias, in.delta_softplus, L, dt, dt_u);
+  const T skip = ch.skip;
   for (int64_t p = 0; p < L; ++p) {
     out.du[p] = skip * dy[p];
     mu[p] = dy[p] * u[p];
@@ -193,7 +212,7 @@ void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, in
     const T* c_n = C + n * L;
     T* db_n = out.dB + n * L;
     T* dc_n = out.dC + n * L;
-    const T a_rate = in.A[d * s.nstate + n];
+    const T a_rate = ch.a_rates[n];
 
     // Recompute hh and h.
     discretize_state(dt, dt_u, b_n, a_rate, L, decay, hh);
@@ -232,7 +251,7 @@ void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, in
     out.dA[n] = sum_values(da_terms, L);
   }
 
-  const T* delta = in.delta + offset;
+  const T* delta = ch.delta;
   if (in.delta_softplus) {
     for (int64_t p = 0; p < L; ++p) out.ddelta[p] = ddt[p] * Math<T>::sigmoid(delta[p] + bias);
   } else {

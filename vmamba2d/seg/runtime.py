@@ -1,14 +1,32 @@
 """Config preparation shared by the segmentation entry points (seg/train.py, seg/test.py)."""
 from __future__ import annotations
 
+import argparse
+import os
 import os.path as osp
 from pathlib import Path
 from typing import Iterable, Optional
 
 import torch
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 
 _DATALOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")
+
+
+def add_runner_arguments(parser: argparse.ArgumentParser, cfg_options_example: str) -> None:
+    """Add the options every seg entry point shares: --cfg-options, --launcher, --local-rank."""
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default=None,
+                        help=f"override config entries, e.g. {cfg_options_example}")
+    parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none",
+                        help="job launcher (pytorch = torchrun)")
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def parse_runner_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Parse ``argv``; export LOCAL_RANK for launchers (torch.distributed.launch) that pass it as a flag."""
+    args = parser.parse_args(argv)
+    os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    return args
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None, launcher: str = "none",
