@@ -6,40 +6,20 @@ renamed with ``os.replace``, so a crash never leaves a truncated checkpoint behi
 """
 from __future__ import annotations
 
-import os
 import pickle
-import random
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
+
+from vmamba2d.training.checkpoint import (atomic_torch_save, capture_rng_state,  # noqa: F401
+                                         restore_rng_state)
 
 from .errors import UsageError
 
 CHECKPOINT_FORMAT = "vmamba2d.classification/1"
 LAST_NAME = "last.pth"
 BEST_NAME = "best.pth"
-
-
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to ``path`` via a temp file in the same folder + fsync + ``os.replace``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def load_checkpoint_file(path: Path, *, trust: bool = False) -> Any:
@@ -74,34 +54,6 @@ def find_auto_resume(output: Path) -> Optional[Path]:
     """``<output>/last.pth`` when it exists, else None (``--resume auto`` then starts fresh)."""
     candidate = Path(output) / LAST_NAME
     return candidate if candidate.is_file() else None
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and CUDA generator states, as weights_only-loadable values."""
-    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {"kind": np_kind, "keys": torch.from_numpy(np_keys.astype(np.int64)),
-                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of :func:`capture_rng_state`."""
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-    np_state = state["numpy"]
-    np.random.set_state((np_state["kind"], np_state["keys"].numpy().astype(np.uint32),
-                         np_state["pos"], np_state["has_gauss"], np_state["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda_states = state["cuda"]
-        if len(cuda_states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda_states)
 
 
 def check_state_dict_matches(model: torch.nn.Module, state_dict: dict[str, torch.Tensor],

@@ -80,6 +80,36 @@ def cuda_extension() -> Optional[ModuleType]:
     return module
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_kernel_usable_on(device_index: int) -> bool:
+    module = cuda_extension()
+    if module is None:
+        return False
+    if module.kernel_image_available(device_index):
+        return True
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    _failure_reasons["vmamba2d._C_cuda"] = (
+        f"vmamba2d._C_cuda has no kernel image for {torch.cuda.get_device_name(device_index)} "
+        f"(sm_{major}{minor}); rebuild with TORCH_CUDA_ARCH_LIST including {major}.{minor}"
+    )
+    return False
+
+
+def cuda_kernel_usable(device) -> bool:
+    """True when the CUDA extension is built and holds a kernel image the GPU ``device`` can run.
+
+    The answer is cached per device index, so per-call cost is a dict lookup.
+    """
+    index = device.index
+    if index is None:
+        import torch
+
+        index = torch.cuda.current_device()
+    return _cuda_kernel_usable_on(index)
+
+
 def extension_source(kind: str) -> Optional[str]:
     """``"built"``, ``"jit"`` or None for ``kind`` in {"cpu", "cuda"} (after a lookup)."""
     return _sources.get(kind)
