@@ -145,6 +145,7 @@ setup(
             "ftfy",
             "regex",
         ],
+        "mil": ["h5py>=3", "scikit-learn>=1.2"],
         "dev": ["pytest>=7", "ninja"],
     },
 )
