@@ -1,0 +1,37 @@
+"""2DMambaMIL: whole-slide-image MIL on per-slide patch features (MIL.md).
+
+Models (``vmamba2d.mil.models``): ``MambaMIL2D``, ``MambaMIL``, ``ABMIL``, ``build_model``,
+``model_from_checkpoint``. Data (``vmamba2d.mil.data``): slide files -> grid placement -> ``SlideDataset``
+of ``SlideRecord``. Heatmaps: ``vmamba2d.mil.heatmap``. Training / metrics / survival modules are
+imported by their full paths (``vmamba2d.mil.<module>``).
+"""
+from .data import (
+    GridOptions,
+    SlideDataset,
+    SlideEntry,
+    SlideRecord,
+    place_on_grid,
+    read_label_csv,
+    read_slide_file,
+    read_split_csv,
+    read_survival_csv,
+)
+from .models import ABMIL, MODELS, MambaMIL, MambaMIL2D, build_model, model_from_checkpoint
+
+__all__ = [
+    "ABMIL",
+    "GridOptions",
+    "MODELS",
+    "MambaMIL",
+    "MambaMIL2D",
+    "SlideDataset",
+    "SlideEntry",
+    "SlideRecord",
+    "build_model",
+    "model_from_checkpoint",
+    "place_on_grid",
+    "read_label_csv",
+    "read_slide_file",
+    "read_split_csv",
+    "read_survival_csv",
+]
