@@ -7,22 +7,25 @@ Extensions:
 Build with the project's torch already installed: ``pip install --no-build-isolation -e .``.
 
 Environment variables:
-    TORCH_CUDA_ARCH_LIST        CUDA archs (default "8.0;9.0+PTX": A100, H100/H200, PTX for newer)
+    TORCH_CUDA_ARCH_LIST        CUDA archs (default: 7.0, 7.5, 8.0, 8.6, 9.0 + PTX of 9.0, minus
+                                the archs the toolkit's nvcc no longer supports; see
+                                vmamba2d/_cuda_archs.py)
     VMAMBA2D_SKIP_CUDA_BUILD=1  never build the CUDA extension
     VMAMBA2D_SKIP_CPU_BUILD=1   never build the CPU extension (it is then JIT-compiled on first use)
     MAX_JOBS                    parallel compile jobs (ninja)
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
-DEFAULT_CUDA_ARCH_LIST = "8.0;9.0+PTX"
 # -fno-trapping-math lets GCC vectorise the CPU scan's clamped exp / softplus loops (same results).
 CXX_FLAGS = ["-O3", "-std=c++20", "-fno-trapping-math"]
 # at::parallel_for is a header template that runs serially unless the extension itself is built
@@ -68,6 +71,40 @@ def _point_cuda_home_at_nvcc_toolkit() -> None:
             return
 
 
+def _load_cuda_archs():
+    """vmamba2d/_cuda_archs.py, loaded by path (importing the package would need torch and timm)."""
+    spec = importlib.util.spec_from_file_location("vmamba2d_cuda_archs", ROOT / "vmamba2d" / "_cuda_archs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _choose_cuda_arch_list(cuda_home: str) -> str:
+    """TORCH_CUDA_ARCH_LIST when set, else the default archs that this toolkit's nvcc supports.
+
+    Prints which default archs were dropped and why (nvcc 13 no longer compiles sm_70).
+    """
+    archs = _load_cuda_archs()
+    nvcc = str(Path(cuda_home) / "bin" / "nvcc")
+    label = f"nvcc {archs.nvcc_release(nvcc)} ({nvcc})"
+    supported = archs.nvcc_supported_archs(nvcc)
+    override = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if override:
+        unsupported = [a for a in archs.parse_arch_list(override)
+                       if supported is not None and a.rstrip("af") not in supported]
+        if unsupported:
+            print(f"vmamba2d: warning: TORCH_CUDA_ARCH_LIST={override} names {unsupported}, which "
+                  f"{label} does not list in --list-gpu-arch; the build will likely fail.")
+        return override
+    if supported is None:
+        print(f"vmamba2d: could not run `{nvcc} --list-gpu-arch`; using the full default arch list.")
+    choice = archs.default_arch_choice(supported, label)
+    if choice.dropped:
+        print(f"vmamba2d: default CUDA archs {', '.join(choice.dropped)} dropped: {choice.reason}.")
+    return choice.arch_list
+
+
 def _extensions() -> tuple[list, dict]:
     _point_cuda_home_at_nvcc_toolkit()
     try:
@@ -102,7 +139,7 @@ def _extensions() -> tuple[list, dict]:
         print("vmamba2d: no CUDA toolkit found (set CUDA_HOME or put nvcc on PATH); "
               "not building the CUDA extension.")
     else:
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCH_LIST)
+        os.environ["TORCH_CUDA_ARCH_LIST"] = _choose_cuda_arch_list(CUDA_HOME)
         print(f"vmamba2d: building the CUDA extension with {CUDA_HOME} for "
               f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}")
         extensions.append(CUDAExtension(

@@ -85,6 +85,10 @@ std::vector<at::Tensor> backward(const at::Tensor& u, const at::Tensor& delta,
 }  // namespace scan2d
 }  // namespace vmamba2d
 
+namespace vmamba2d::scan2d {
+bool kernel_image_available(int64_t device_index);  // scan2d_probe.cu
+}  // namespace vmamba2d::scan2d
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   using namespace vmamba2d::scan2d;
@@ -107,6 +111,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("height"), py::arg("width"),
         py::arg("dy"));
+  m.def("kernel_image_available", &kernel_image_available,
+        "kernel_image_available(device_index) -> bool: whether this build holds a kernel image "
+        "GPU device_index can run (False: rebuild with its arch in TORCH_CUDA_ARCH_LIST).",
+        py::arg("device_index"));
   m.def("_emulate_forward", &emulate_forward,
         "The CUDA forward kernel's code run on the CPU (CPU tensors; for tests). Same arguments "
         "as forward.",
