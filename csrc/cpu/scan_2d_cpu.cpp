@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -34,6 +35,15 @@ using OptTensor = std::optional<Tensor>;
 // Channel chunks per (batch, group) in the backward: enough tasks to occupy a many-core machine
 // when batch * groups is small. Depends on shapes only, so results do not depend on thread count.
 constexpr int64_t kTargetBackwardTasks = 16;
+
+// Channel chunks per (batch, group) in the backward: about kTargetBackwardTasks tasks in all, at
+// least one chunk (also for empty batches or channels, where no task runs and nothing divides by
+// the zero task count) and at most one chunk per channel.
+int64_t backward_chunks_per_group(const ScanShape& s) {
+  const int64_t groups_in_batch = std::max<int64_t>(1, s.batch * s.groups);
+  const int64_t wanted = (kTargetBackwardTasks + groups_in_batch - 1) / groups_in_batch;
+  return std::max<int64_t>(1, std::min(s.channels_per_group(), wanted));
+}
 
 void check_float_contiguous(const Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), "vmamba2d CPU scan: ", name, " must be a CPU tensor, got ", t.device());
@@ -168,8 +178,7 @@ std::vector<OptTensor> backward(const Tensor& u, const Tensor& delta, const Tens
   const Tensor dy = as_compute(dy_in, dtype);
 
   const int64_t cpg = s.channels_per_group();
-  const int64_t chunks =
-      std::min(cpg, std::max<int64_t>(1, (kTargetBackwardTasks + s.batch * s.groups - 1) / (s.batch * s.groups)));
+  const int64_t chunks = backward_chunks_per_group(s);
   Tensor du = at::empty(u.sizes(), u.options());
   Tensor ddelta = at::empty(u.sizes(), u.options());
   // dB / dC partial sums: (batch, groups, chunks, N, L); chunk c holds channels [c*cpg/chunks, ...).

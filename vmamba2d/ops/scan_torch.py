@@ -49,12 +49,14 @@ def _readout(h: Tensor, u: Tensor, C: Tensor, D: Optional[Tensor]) -> Tensor:
 def _linear_scan(decay: Tensor, x: Tensor, dim: int) -> Tensor:
     """Inclusive scan ``h[t] = decay[t] * h[t-1] + x[t]`` along ``dim`` (h[-1] = 0).
 
-    Hillis-Steele doubling: ceil(log2(T)) vectorised steps, each composing every prefix with the
-    one ``offset`` positions earlier, so autograd sees only elementwise ops.
+    Hillis-Steele doubling: ceil(log2(T)) vectorised steps (at least one), each composing every
+    prefix with the one ``offset`` positions earlier, so autograd sees only elementwise ops. The
+    first step also runs for T == 1, where it adds ``decay * h[-1] = decay * 0``: ``decay`` (and so
+    A) stays in the graph and gets a zero gradient instead of None, as on the other backends.
     """
     length = x.shape[dim]
     offset = 1
-    while offset < length:
+    while offset < max(length, 2):
         x_prev = F.pad(x.narrow(dim, 0, length - offset), _pad_spec(x.dim(), dim, offset), value=0.0)
         decay_prev = F.pad(
             decay.narrow(dim, 0, length - offset), _pad_spec(x.dim(), dim, offset), value=1.0
