@@ -1,0 +1,94 @@
+#!/usr/bin/env python
+"""Draw a MIL model's attention over one slide as a PNG (grid view, or over a thumbnail).
+
+    python tools/mil_heatmap.py --checkpoint run/best.pt --slide feats/h5_files/S1.h5 --out S1.png
+    python tools/mil_heatmap.py --checkpoint run/best.pt --slide feats/h5_files/S1.h5 --out S1.png \
+        --thumbnail S1_thumb.png --downsample 64
+
+The checkpoint is a dict with ``model_config`` and ``model`` (``vmamba2d.mil.models.model_from_checkpoint``).
+Use the grid options the model was trained with (--patch-step, --placement, --max-cells, ...).
+Without --downsample, the thumbnail scale comes from --slide-size (level-0 width height) or the
+file's CLAM attributes (``level_dim`` x ``downsample``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a source checkout without installing
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from vmamba2d.mil.data import CAPS, DUPLICATE_POLICIES, PLACEMENTS, GridOptions, SlideRecord, prepare_slide, read_slide_file  # noqa: E402
+from vmamba2d.mil.heatmap import SCALES, grid_heatmap, slide_attention, thumbnail_overlay  # noqa: E402
+from vmamba2d.mil.models import model_from_checkpoint  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, type=Path, help="MIL checkpoint (.pt with model_config and model)")
+    parser.add_argument("--slide", required=True, type=Path, help="the slide's feature file (.h5 or .pt)")
+    parser.add_argument("--out", required=True, type=Path, help="output PNG")
+    parser.add_argument("--thumbnail", type=Path, help="slide thumbnail image to draw over")
+    parser.add_argument("--downsample", type=float, help="level-0 pixels per thumbnail pixel")
+    parser.add_argument("--slide-size", type=int, nargs=2, metavar=("WIDTH", "HEIGHT"), help="level-0 slide size in pixels")
+    parser.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity over the thumbnail")
+    parser.add_argument("--cell-px", type=int, default=8, help="pixels per grid cell in the grid view")
+    parser.add_argument("--scale", choices=SCALES, default="rank")
+    parser.add_argument("--cmap", default="jet", help="matplotlib colormap")
+    parser.add_argument("--patch-step", type=int, help="level-0 pixels between neighbouring patches (default: from the file)")
+    parser.add_argument("--placement", choices=PLACEMENTS, default="crop")
+    parser.add_argument("--duplicates", choices=DUPLICATE_POLICIES, default="error")
+    parser.add_argument("--max-cells", type=int, help="cap on grid cells (as in training)")
+    parser.add_argument("--cap", choices=CAPS, default="pool")
+    parser.add_argument("--save-array", type=Path, help="also save the (H, W) attention as .npy")
+    parser.add_argument("--device", default="cpu")
+    return parser.parse_args(argv)
+
+
+def thumbnail_downsample(args: argparse.Namespace, attrs: dict, thumbnail: Image.Image) -> float:
+    """Level-0 pixels per thumbnail pixel from --downsample, --slide-size or the CLAM attributes."""
+    if args.downsample is not None:
+        return args.downsample
+    if args.slide_size is not None:
+        return args.slide_size[0] / thumbnail.width
+    if "level_dim" in attrs:
+        level_width = float(np.asarray(attrs["level_dim"]).reshape(-1)[0])
+        factor = float(np.asarray(attrs.get("downsample", 1.0), dtype=np.float64).reshape(-1)[0])
+        return level_width * factor / thumbnail.width
+    raise SystemExit("error: the thumbnail's scale is unknown; pass --downsample or --slide-size "
+                     "(the slide file has no CLAM 'level_dim' attribute)")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    model = model_from_checkpoint(args.checkpoint).to(args.device)
+    raw = read_slide_file(args.slide)
+    options = GridOptions(patch_step=args.patch_step, placement=args.placement, duplicates=args.duplicates,
+                          max_cells=args.max_cells, cap=args.cap)
+    features, placement = prepare_slide(raw, options)
+    record = SlideRecord(raw.slide_id, features, placement.coords, placement.grid, placement.origin_px,
+                         placement.step_px)
+    attention, tissue, outputs = slide_attention(model, record)
+    if args.thumbnail is not None:
+        thumbnail = Image.open(args.thumbnail)
+        image = thumbnail_overlay(attention, tissue, thumbnail, origin_px=record.origin_px, step_px=record.step_px,
+                                  downsample=thumbnail_downsample(args, raw.attrs, thumbnail), alpha=args.alpha,
+                                  scale=args.scale, cmap=args.cmap)
+    else:
+        image = grid_heatmap(attention, tissue, cell_px=args.cell_px, scale=args.scale, cmap=args.cmap)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    image.save(args.out)
+    if args.save_array is not None:
+        np.save(args.save_array, attention.numpy())
+    summary = ("risk {:.4f}".format(float(outputs["risk"][0])) if "risk" in outputs else
+               "class {} (p = {:.3f})".format(int(outputs["probabilities"].argmax()), float(outputs["probabilities"].max())))
+    print(f"{raw.slide_id}: grid {record.grid[0]}x{record.grid[1]}, {features.shape[0]} patches, {summary} -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
