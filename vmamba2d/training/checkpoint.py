@@ -1,37 +1,84 @@
 """Crash-safe training checkpoints: atomic writes and RNG state capture / restore.
 
-Files are first written to a temporary file in the same folder and then renamed with
-``os.replace``, so a crash never leaves a truncated checkpoint behind.
+Files are first written to a temporary file ``.<name>.tmp-<pid>`` in the same folder, fsynced and
+then renamed with ``os.replace``, so a crash never leaves a truncated file behind. A process killed
+mid-write (SIGKILL, power loss) can leave the temporary file itself; :func:`remove_stale_temp_files`
+deletes those on the next start.
 """
 from __future__ import annotations
 
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import torch
 
+TEMP_MARK = ".tmp-"
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to ``path`` via a temp file in the same folder + fsync + ``os.replace``."""
+
+def temp_path_for(path: Path) -> Path:
+    """The temporary file :func:`atomic_write` uses for ``path`` in this process."""
+    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}")
+
+
+def is_temp_file(path: Path) -> bool:
+    """True for a name :func:`temp_path_for` produces (``.<name>.tmp-<digits>``)."""
+    name = path.name
+    head, mark, pid = name.rpartition(TEMP_MARK)
+    return name.startswith(".") and bool(mark) and len(head) > 1 and pid.isdigit()
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename / unlink in ``folder`` durable (no-op where folders cannot be opened)."""
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(handle)`` on a temp file next to ``path``, fsync, then ``os.replace`` it."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path_for(path)
     try:
         with open(tmp, "wb") as handle:
-            torch.save(obj, handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_folder(path.parent)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to ``path`` via a temp file in the same folder + fsync + ``os.replace``."""
+    atomic_write(Path(path), lambda handle: torch.save(obj, handle))
+
+
+def remove_stale_temp_files(folder: Path) -> list[Path]:
+    """Delete temporary files that killed :func:`atomic_write` calls left in ``folder``.
+
+    Only call this when no other process writes into ``folder``. Returns the removed paths.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_file() and is_temp_file(entry):
+            entry.unlink()
+            removed.append(entry)
+    if removed:
+        fsync_folder(folder)
+    return removed
 
 
 def capture_rng_state() -> dict[str, Any]:
