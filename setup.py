@@ -31,7 +31,6 @@ CXX_FLAGS = ["-O3", "-std=c++20", "-fno-trapping-math"]
 # at::parallel_for is a header template that runs serially unless the extension itself is built
 # with OpenMP; libgomp resolves to the copy torch already loaded (same soname).
 OPENMP_FLAGS = ["-fopenmp"]
-NVCC_FLAGS = ["-O3", "-std=c++20", "-lineinfo", "--expt-relaxed-constexpr"]
 
 
 def _sources(folder: str, *patterns: str) -> list[str]:
@@ -103,6 +102,10 @@ def _choose_cuda_arch_list(cuda_home: str) -> str:
     if choice.dropped:
         print(f"vmamba2d: default CUDA archs {', '.join(choice.dropped)} dropped: {choice.reason}.")
     return choice.arch_list
+
+
+# Shared with tools/ptxas_report.py, which compiles the kernels the same way.
+NVCC_FLAGS = list(_load_cuda_archs().NVCC_FLAGS)
 
 
 def _extensions() -> tuple[list, dict]:

@@ -153,3 +153,74 @@ def test_built_probe_on_the_gpu():
     assert module.kernel_image_available(0) is True, "built without this GPU's arch?"
     with pytest.raises(ValueError, match="device_index"):
         module.kernel_image_available(torch.cuda.device_count())
+
+
+# --------------------------------------------------------------------------------------------
+# ptxas resource report
+
+ptxas_report = _load("ptxas_report_under_test", REPO / "tools" / "ptxas_report.py")
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH")
+
+PTXAS_SM75 = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z14scan_fwd_kernelPf' for 'sm_75'
+ptxas info    : Function properties for _Z14scan_fwd_kernelPf
+    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 2048 bytes smem, 352 bytes cmem[0]
+ptxas info    : Function properties for _Z6helperv
+    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function '_Z15scan_bwd_kernelPf' for 'sm_75'
+ptxas info    : Function properties for _Z15scan_bwd_kernelPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 352 bytes cmem[0]
+"""
+
+
+def test_ptxas_output_is_parsed_per_kernel():
+    kernels = ptxas_report.parse_ptxas(PTXAS_SM75, "k.cu", "7.5")
+    by_name = {k.mangled: k for k in kernels}
+    fwd, helper, bwd = by_name["_Z14scan_fwd_kernelPf"], by_name["_Z6helperv"], by_name["_Z15scan_bwd_kernelPf"]
+    assert (fwd.entry, fwd.registers, fwd.spill_stores, fwd.spill_loads, fwd.static_smem, fwd.barriers) == (
+        True, 96, 8, 4, 2048, 1)
+    assert (helper.entry, helper.stack_bytes) == (False, 16)
+    assert (bwd.registers, bwd.static_smem, bwd.spill_stores) == (168, 0, 0)
+
+
+def test_budgets_flag_spills_stack_and_registers():
+    kernels = ptxas_report.parse_ptxas(PTXAS_SM75, "k.cu", "7.5")
+    for kernel in kernels:
+        kernel.name = kernel.mangled
+    problems = {k.mangled: ptxas_report.check_budgets(k) for k in kernels}
+    assert problems["_Z14scan_fwd_kernelPf"] == ["spills 8+4 B"]
+    assert problems["_Z6helperv"] == ["stack frame 16 B > 0"]
+    assert problems["_Z15scan_bwd_kernelPf"] == []  # 168 registers: within the backward budget
+    over = ptxas_report.KernelResources("k.cu", "9.0", "m", entry=True, registers=130, name="fwd_kernel")
+    assert ptxas_report.check_budgets(over) == ["130 registers > 128"]
+
+
+@needs_nvcc
+def test_planted_local_array_fails_the_check(tmp_path, capsys):
+    (tmp_path / "planted.cu").write_text(
+        "__global__ void planted_forward_kernel(float* out, const int* index, int n) {\n"
+        "  float scratch[256];\n"
+        "  for (int i = 0; i < 256; ++i) scratch[i] = out[i * n + threadIdx.x];\n"
+        "  out[threadIdx.x] = scratch[index[threadIdx.x] & 255];\n"
+        "}\n")
+    assert ptxas_report.main(["--sources", str(tmp_path), "--archs", "8.0"]) == 1
+    out = capsys.readouterr().out
+    assert "`planted_forward_kernel` | sm_80" in out and "FAIL: stack frame" in out
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_scan_kernels_are_within_their_resource_budgets(tmp_path, capsys):
+    """The oldest and newest default arch nvcc supports (`make ptxas-check` runs all of them)."""
+    archs_here, _ = ptxas_report.default_archs(NVCC)
+    out = tmp_path / "ptxas.md"
+    status = ptxas_report.main(["--archs", archs_here[0], archs_here[-1], "--jobs", "2", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "`" in line]
+    assert any("forward" in row for row in rows) and any("backward" in row for row in rows), rows
+    assert all(row.rstrip(" |").endswith("ok") for row in rows)

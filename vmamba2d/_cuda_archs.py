@@ -1,4 +1,4 @@
-"""The CUDA architectures the extension is built for by default, and which of them nvcc supports.
+"""CUDA build settings: the default architectures (and which of them nvcc supports), nvcc flags.
 
 Standard library only: ``setup.py`` and ``tools/ptxas_report.py`` load this file by path, before
 (or without) torch and the rest of the package.
@@ -17,6 +17,8 @@ from typing import Optional
 # newest lets later GPUs (Blackwell, ...) JIT the kernels.
 DEFAULT_ARCHS = ("7.0", "7.5", "8.0", "8.6", "9.0")
 DEFAULT_PTX_ARCH = "9.0"
+# Our nvcc flags for the kernels (torch's BuildExtension adds its own COMMON_NVCC_FLAGS and -gencode).
+NVCC_FLAGS = ("-O3", "-std=c++20", "-lineinfo", "--expt-relaxed-constexpr")
 
 
 @dataclass(frozen=True)

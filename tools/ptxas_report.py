@@ -1,0 +1,319 @@
+#!/usr/bin/env python
+"""ptxas resource report of every CUDA kernel instantiation, checked against budgets.
+
+Compiles each ``csrc/cuda/*.cu`` device-only (``nvcc -cubin -arch=sm_XX -Xptxas -v``) for every
+default build arch that the installed nvcc supports (vmamba2d/_cuda_archs.py), with the flags the
+extension build uses. Kernels are discovered from ptxas's output (no names are hard-coded); each
+(kernel instantiation, arch) gets a row: registers, spill stores / loads, stack frame, static
+shared memory, barriers. Needs nvcc, no GPU.
+
+Budgets (a kernel's role is read off its demangled name: "forward"/"fwd", "backward"/"bwd"):
+
+    role       registers  static smem  stack frame  spills
+    forward    <= 128     <= 32 KiB    0 bytes      0 bytes
+    backward   <= 255     <= 32 KiB    0 bytes      0 bytes
+    other      <= 64      <= 32 KiB    0 bytes      0 bytes
+
+Why: the scan is memory-bound, so occupancy (registers per thread) matters for the forward; the
+backward carries more live state per cell and may use the whole 255-register file; any stack
+frame or spill means local-memory traffic (an array indexed at run time, or register pressure).
+Dynamic shared memory is sized at launch and is not in ptxas's report.
+
+    python tools/ptxas_report.py                     # all archs, prints the table, exit 1 on a breach
+    python tools/ptxas_report.py --archs 9.0 --out out/ptxas.md
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[1]
+CUDA_SOURCES = REPO / "csrc" / "cuda"
+
+
+@dataclass(frozen=True)
+class Budget:
+    registers: int
+    static_smem_bytes: int
+    stack_bytes: int = 0
+    spill_bytes: int = 0
+
+
+BUDGETS = {
+    "forward": Budget(registers=128, static_smem_bytes=32 * 1024),
+    "backward": Budget(registers=255, static_smem_bytes=32 * 1024),
+    "other": Budget(registers=64, static_smem_bytes=32 * 1024),
+}
+
+
+def _load_cuda_archs():
+    spec = importlib.util.spec_from_file_location("vmamba2d_cuda_archs", REPO / "vmamba2d" / "_cuda_archs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+cuda_archs = _load_cuda_archs()
+
+
+@dataclass
+class KernelResources:
+    """ptxas's figures for one kernel (or non-inlined device function) on one arch."""
+
+    source: str
+    arch: str
+    mangled: str
+    entry: bool = False
+    registers: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    stack_bytes: int = 0
+    static_smem: int = 0
+    barriers: int = 0
+    name: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def role(self) -> str:
+        lowered = self.name.lower()
+        if "backward" in lowered or "bwd" in lowered:
+            return "backward"
+        if "forward" in lowered or "fwd" in lowered:
+            return "forward"
+        return "other"
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(\w+)'")
+_PROPERTIES = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_BARRIERS = re.compile(r"used (\d+) barriers")
+
+
+def parse_ptxas(text: str, source: str, arch: str) -> list[KernelResources]:
+    """The kernels and functions of one ``nvcc -Xptxas -v`` run's output, in order of appearance."""
+    found: dict[str, KernelResources] = {}
+    current: Optional[KernelResources] = None
+
+    def get(name: str) -> KernelResources:
+        if name not in found:
+            found[name] = KernelResources(source=source, arch=arch, mangled=name)
+        return found[name]
+
+    for line in text.splitlines():
+        if match := _ENTRY.search(line):
+            current = get(match.group(1))
+            current.entry = True
+        elif match := _PROPERTIES.search(line):
+            current = get(match.group(1))
+        elif (match := _FRAME.search(line)) and current is not None:
+            current.stack_bytes, current.spill_stores, current.spill_loads = map(int, match.groups())
+        elif (match := _USED.search(line)) and current is not None:
+            current.registers = int(match.group(1))
+            if smem := _SMEM.search(line):
+                current.static_smem = int(smem.group(1))
+            if barriers := _BARRIERS.search(line):
+                current.barriers = int(barriers.group(1))
+    return list(found.values())
+
+
+def readable_names(mangled: list[str]) -> dict[str, str]:
+    """Demangled names without the argument list and the project's namespaces (c++filt)."""
+    demangler = shutil.which("cu++filt") or shutil.which("c++filt")
+    plain = mangled
+    if demangler and mangled:
+        result = subprocess.run([demangler], input="\n".join(mangled), capture_output=True, text=True)
+        if result.returncode == 0 and len(result.stdout.splitlines()) == len(mangled):
+            plain = result.stdout.splitlines()
+    names = {}
+    for raw, name in zip(mangled, plain):
+        for prefix in ("vmamba2d::scan2d::", "vmamba2d::", "(anonymous namespace)::"):
+            name = name.replace(prefix, "")
+        if name.endswith(")"):  # drop the parameter list: the last balanced (...) group
+            depth = 0
+            for index in range(len(name) - 1, -1, -1):
+                depth += {")": 1, "(": -1}.get(name[index], 0)
+                if depth == 0:
+                    name = name[:index]
+                    break
+        names[raw] = name
+    return names
+
+
+def check_budgets(kernel: KernelResources) -> list[str]:
+    """Budget breaches of one kernel (empty when it is within all of them)."""
+    budget = BUDGETS[kernel.role]
+    problems = []
+    if kernel.spill_stores + kernel.spill_loads > budget.spill_bytes:
+        problems.append(f"spills {kernel.spill_stores}+{kernel.spill_loads} B")
+    if kernel.stack_bytes > budget.stack_bytes:
+        problems.append(f"stack frame {kernel.stack_bytes} B > {budget.stack_bytes}")
+    if kernel.entry and kernel.registers > budget.registers:
+        problems.append(f"{kernel.registers} registers > {budget.registers}")
+    if kernel.static_smem > budget.static_smem_bytes:
+        problems.append(f"static smem {kernel.static_smem} B > {budget.static_smem_bytes}")
+    return problems
+
+
+def _torch_compile_flags() -> list[str]:
+    """torch's include dirs and common nvcc defines, as the extension build uses (none without torch)."""
+    try:
+        from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
+    except ImportError:
+        return []
+    return [f"-I{path}" for path in include_paths()] + list(COMMON_NVCC_FLAGS)
+
+
+def compile_command(nvcc: str, source: Path, arch: str, output: Path, extra: list[str]) -> list[str]:
+    return [nvcc, "-cubin", f"-arch={cuda_archs.sm_name(arch)}", *cuda_archs.NVCC_FLAGS, *extra,
+            "-Xptxas", "-v", f"-I{source.parent}", "-o", str(output), str(source)]
+
+
+@dataclass
+class CompileResult:
+    source: str
+    arch: str
+    ok: bool
+    log: str
+    kernels: list[KernelResources]
+
+
+def compile_one(nvcc: str, source: Path, arch: str, extra: list[str], workdir: Path) -> CompileResult:
+    output = workdir / f"{source.stem}.{cuda_archs.sm_name(arch)}.cubin"
+    run = subprocess.run(compile_command(nvcc, source, arch, output, extra), capture_output=True, text=True)
+    log = run.stdout + run.stderr
+    kernels = parse_ptxas(log, source.name, arch) if run.returncode == 0 else []
+    return CompileResult(source.name, arch, run.returncode == 0, log, kernels)
+
+
+def compile_all(nvcc: str, sources: list[Path], archs: list[str], jobs: int) -> list[CompileResult]:
+    """Every (source, arch) compiled, ``jobs`` nvcc processes at a time; results in input order."""
+    extra = _torch_compile_flags()
+    with tempfile.TemporaryDirectory(prefix="ptxas-report-") as tmp:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = [pool.submit(compile_one, nvcc, source, arch, extra, Path(tmp))
+                       for source in sources for arch in archs]
+            results = [future.result() for future in futures]
+    kernels = [k for r in results for k in r.kernels]
+    names = readable_names(sorted({k.mangled for k in kernels}))
+    for kernel in kernels:
+        kernel.name = names.get(kernel.mangled, kernel.mangled)
+        kernel.problems = check_budgets(kernel)
+    return results
+
+
+def default_archs(nvcc: str) -> tuple[list[str], str]:
+    """The default build archs nvcc supports, and a note on those it dropped."""
+    choice = cuda_archs.default_arch_choice(cuda_archs.nvcc_supported_archs(nvcc), f"nvcc {cuda_archs.nvcc_release(nvcc)}")
+    note = f"dropped {', '.join(choice.dropped)}: {choice.reason}" if choice.dropped else ""
+    return list(choice.archs), note
+
+
+def format_table(results: list[CompileResult]) -> str:
+    """Markdown table, one row per (kernel instantiation, arch), sorted by file, kernel, arch."""
+    lines = [
+        "| source | kernel | arch | regs | spill st/ld B | stack B | static smem B | barriers | budget (regs) | status |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for result in results:
+        if not result.ok:
+            lines.append(f"| {result.source} | — | {cuda_archs.sm_name(result.arch)} | | | | | | | COMPILE ERROR |")
+    shown = [k for r in results for k in r.kernels if k.entry or k.problems]  # helpers only when they fail
+    arch_order = lambda k: tuple(int(x) for x in re.findall(r"\d+", k.arch))  # noqa: E731
+    for k in sorted(shown, key=lambda k: (k.source, k.name, arch_order(k))):
+        status = "ok" if not k.problems else "FAIL: " + "; ".join(k.problems)
+        budget = BUDGETS[k.role].registers if k.entry else "—"
+        lines.append(
+            f"| {k.source} | `{k.name}` | {cuda_archs.sm_name(k.arch)} | {k.registers} | "
+            f"{k.spill_stores}/{k.spill_loads} | {k.stack_bytes} | {k.static_smem} | {k.barriers} | "
+            f"{budget} ({k.role}) | {status} |"
+        )
+    return "\n".join(lines)
+
+
+def format_budgets() -> str:
+    rows = ["| role | registers | static smem | stack frame | spills |", "|---|---:|---:|---:|---:|"]
+    for role, b in BUDGETS.items():
+        rows.append(f"| {role} | <= {b.registers} | <= {b.static_smem_bytes // 1024} KiB | "
+                    f"<= {b.stack_bytes} B | <= {b.spill_bytes} B |")
+    return "\n".join(rows)
+
+
+def failures(results: list[CompileResult]) -> list[str]:
+    """One line per compile error or budget breach."""
+    lines = []
+    for result in results:
+        if not result.ok:
+            tail = "\n    ".join(result.log.strip().splitlines()[-15:])
+            lines.append(f"{result.source} ({cuda_archs.sm_name(result.arch)}): compile error\n    {tail}")
+        elif not any(k.entry for k in result.kernels):
+            continue  # a .cu with host code only
+        lines += [f"{k.source} ({cuda_archs.sm_name(k.arch)}) {k.name}: {'; '.join(k.problems)}"
+                  for k in result.kernels if k.problems]
+    return lines
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sources", type=Path, default=CUDA_SOURCES, help="folder of .cu files")
+    parser.add_argument("--archs", nargs="+", help="e.g. 8.0 9.0 (default: the default build archs nvcc supports)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel nvcc processes")
+    parser.add_argument("--nvcc", default=shutil.which("nvcc"), help="nvcc to use (default: the one on PATH)")
+    parser.add_argument("--out", type=Path, help="also write the markdown report here")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    if not args.nvcc:
+        print("ptxas_report: no nvcc on PATH (pass --nvcc)", file=sys.stderr)
+        return 2
+    sources = sorted(args.sources.glob("*.cu"))
+    if not sources:
+        print(f"ptxas_report: no .cu files under {args.sources}", file=sys.stderr)
+        return 2
+    archs, dropped_note = (args.archs, "") if args.archs else default_archs(args.nvcc)
+    start = time.perf_counter()
+    results = compile_all(args.nvcc, sources, archs, args.jobs)
+    seconds = time.perf_counter() - start
+    problems = failures(results)
+    entries = sum(k.entry for r in results for k in r.kernels)
+    summary = (f"{entries} kernel instantiations x arch from {len(sources)} files, archs "
+               f"{', '.join(cuda_archs.sm_name(a) for a in archs)}"
+               + (f" ({dropped_note})" if dropped_note else "")
+               + f"; {seconds:.1f} s with {args.jobs} parallel nvcc; "
+               + ("all within budget" if not problems else f"{len(problems)} problem(s)"))
+    table = format_table(results)
+    print(table)
+    print()
+    print(summary)
+    for line in problems:
+        print("FAIL", line)
+    if args.out:
+        header = [
+            "# ptxas resource report (CUDA scan kernels)", "",
+            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            f"- nvcc {cuda_archs.nvcc_release(args.nvcc)}; flags: `{' '.join(cuda_archs.NVCC_FLAGS)}` + torch's "
+            "include dirs and defines; `-cubin -arch=sm_XX -Xptxas -v`",
+            f"- {summary}", "", "Budgets:", "", format_budgets(), "", table, "",
+        ]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(header + [f"- FAIL {line}" for line in problems]) + "\n")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
