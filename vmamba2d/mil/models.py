@@ -151,9 +151,16 @@ class MambaMixer(nn.Module):
     def _conv(self, u: Tensor, height: int, width: int) -> Tensor:
         """(E, L) -> (E, L) depthwise convolution on the raster sequence or on the grid."""
         length = u.shape[1]
-        if self.conv_kind == "1d":
-            return self.conv(u.unsqueeze(0))[0, :, :length]
-        return self.conv(u.view(1, -1, height, width))[0].reshape(-1, length)
+        if self.conv_kind == "2d":
+            return self.conv(u.view(1, -1, height, width))[0].reshape(-1, length)
+        # Causal depthwise Conv1d as a sum of shifted products: same result as self.conv(u)[..., :L],
+        # many times faster on CPU than the depthwise convolution kernel for one long sequence.
+        taps = self.conv.weight.shape[-1]
+        padded = F.pad(u, (taps - 1, 0))
+        out = self.conv.bias.unsqueeze(1).to(u.dtype)
+        for k in range(taps):
+            out = out + self.conv.weight[:, 0, k : k + 1] * padded[:, k : k + length]
+        return out
 
     def forward(self, x: Tensor, height: int, width: int) -> Tensor:
         """x (L, dim) tokens in row-major order of a height x width grid -> (L, dim)."""
