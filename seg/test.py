@@ -20,6 +20,7 @@ from vmamba2d.seg.runtime import (  # noqa: E402
     add_runner_arguments,
     check_dataset_folders,
     load_config,
+    metrics_summary,
     parse_runner_args,
     use_multiscale_flip_test,
 )
@@ -53,8 +54,7 @@ def main(argv=None) -> dict:
     metrics = runner.test()
     if get_rank() == 0:
         mode = "multi-scale + flip" if args.tta else "single-scale"
-        print(f"{os.path.basename(args.config)} ({mode}): "
-              + ", ".join(f"{key}={value:.2f}" for key, value in metrics.items() if isinstance(value, float)))
+        print(f"{os.path.basename(args.config)} ({mode}): {metrics_summary(metrics)}")
     return metrics
 
 

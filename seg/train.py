@@ -1,6 +1,6 @@
 """Train a segmentor (mmsegmentation 1.x config) with mmengine's Runner.
 
-Single process:   python seg/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CKPT]]
+Single process:   python seg/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CKPT]] [--from-scratch]
 Multi-GPU:        torchrun --nproc_per_node=4 seg/train.py CONFIG --launcher pytorch
 Slurm:            srun ... python seg/train.py CONFIG --launcher slurm
 """
@@ -18,6 +18,7 @@ from mmengine.runner import Runner  # noqa: E402
 
 from vmamba2d.seg.runtime import (  # noqa: E402
     add_runner_arguments,
+    check_backbone_weights,
     check_dataset_folders,
     enable_amp,
     load_config,
@@ -33,6 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
                         help="resume: without a value from the work dir's latest checkpoint, or from CKPT")
     parser.add_argument("--amp", action="store_true", help="mixed-precision training (CUDA)")
+    parser.add_argument("--from-scratch", action="store_true",
+                        help="train the backbone from random weights; without it the config's ImageNet "
+                             "checkpoint (pretrained/<model>_in1k.pth) must exist")
     parser.add_argument("--auto-scale-lr", action="store_true",
                         help="scale the learning rate by total batch / auto_scale_lr.base_batch_size")
     add_runner_arguments(parser, "train_dataloader.batch_size=2")
@@ -42,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     cfg = load_config(args.config, args.cfg_options, args.launcher, args.work_dir)
+    check_backbone_weights(cfg, from_scratch=args.from_scratch)
     check_dataset_folders(cfg, ("train_dataloader", "val_dataloader"))
     if args.amp:
         enable_amp(cfg)

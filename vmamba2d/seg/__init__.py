@@ -1,6 +1,8 @@
 """mmsegmentation integration: ``import vmamba2d.seg`` (or ``custom_imports=dict(imports=['vmamba2d.seg'])``
 in an mmseg config) makes mmseg importable with mmcv-lite, lets torch's ``weights_only`` loading read
-mmengine checkpoints, and registers :class:`VMamba2DBackbone` in mmseg's MODELS registry.
+mmengine checkpoints, gives mmengine's FLOP counter the scan's FLOP handle and registers
+:class:`VMamba2DBackbone` in mmseg's MODELS registry. mmseg's own tools import ``mmseg.models``
+before a config's ``custom_imports`` run: start them through :mod:`vmamba2d.seg.mmseg_tools`.
 """
 import importlib.util
 
@@ -17,7 +19,11 @@ from .checkpoint_safety import allow_mmengine_checkpoint_globals  # noqa: E402
 
 allow_mmengine_checkpoint_globals()
 
+from .complexity import register_mmengine_flop_handles  # noqa: E402
+
+register_mmengine_flop_handles()
+
 from .backbone import VMamba2DBackbone  # noqa: E402
 
 __all__ = ["VMamba2DBackbone", "allow_mmengine_checkpoint_globals", "compat_layer_active",
-           "install_mmcv_ops_compat"]
+           "install_mmcv_ops_compat", "register_mmengine_flop_handles"]

@@ -1,6 +1,8 @@
-"""Parameters and FLOPs of a whole mmseg segmentor (fvcore: one multiply-add = one flop)."""
+"""Parameters and FLOPs of a whole mmseg segmentor (fvcore: one multiply-add = one flop), and the
+scan's FLOP handle for mmengine's counter (what mmseg's ``analysis_tools/get_flops.py`` uses)."""
 from __future__ import annotations
 
+import warnings
 from typing import Dict, Sequence
 
 import torch
@@ -8,6 +10,44 @@ import torch.nn as nn
 from mmengine.model import revert_sync_batchnorm
 
 from vmamba2d.flops import flops_by_operator
+from vmamba2d.ops import resolve_backend
+from vmamba2d.ops.flops import FVCORE_OP_HANDLES
+
+_COMPILED_BACKENDS = ("cpu", "cuda")
+_warned_untraceable = False
+
+
+def register_mmengine_flop_handles() -> None:
+    """Make mmengine's ``FlopAnalyzer`` (and so ``get_model_complexity_info`` and mmseg's
+    get_flops tool) count each selective scan by DESIGN.md's convention.
+
+    mmengine's counter is a copy of fvcore's; it builds every analyzer from the module-level table
+    ``_DEFAULT_SUPPORTED_FLOP_OPS`` (op name -> handle), so the scan's handle is added there.
+    """
+    from mmengine.analysis import complexity_analysis
+
+    complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS.update(FVCORE_OP_HANDLES)
+
+
+def warn_if_scans_untraceable(model: nn.Module, inputs: torch.Tensor) -> None:
+    """Warn once when a jit trace (a FLOP counter) would not see the scans as single ops.
+
+    Only the compiled kernels appear in a trace as the scan op the FLOP handles count; the
+    pure-PyTorch backends show up as many elementwise ops, which FLOP counters skip.
+    """
+    global _warned_untraceable
+    if _warned_untraceable:
+        return
+    backends = {resolve_backend(m.scan_backend, inputs.device, inputs.dtype)
+                for m in model.modules() if hasattr(m, "scan_backend")}
+    slow = sorted(backends - set(_COMPILED_BACKENDS))
+    if slow:
+        _warned_untraceable = True
+        warnings.warn(
+            f"vmamba2d: tracing {type(model).__name__} with the {'/'.join(slow)} scan backend: FLOP counters "
+            "(mmengine / fvcore) will not count the selective scans. Use the compiled kernel "
+            "(scan_backend='auto' with the extension built; see vmamba2d.ops.backend_info()).",
+            RuntimeWarning, stacklevel=2)
 
 
 class _InferenceForward(nn.Module):

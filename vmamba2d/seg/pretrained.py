@@ -1,20 +1,24 @@
-"""Load ImageNet weights (ours or official VMamba v2) into a timm backbone used for segmentation."""
+"""Read checkpoints and load the matching part of them into a segmentation backbone (mmseg's
+lenient convention: missing / unexpected keys are reported, shape mismatches are errors)."""
 from __future__ import annotations
 
 import pickle
-import sys
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Dict, List, Tuple
 
 import torch
 import torch.nn as nn
 
+from vmamba2d.models.weights import convert_official_vmamba, is_official_layout
+
 # Keys holding the weights inside a training checkpoint, EMA first (timm's convention).
 _CHECKPOINT_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
 # Classifier parts a segmentation backbone drops: official VMamba "classifier.{norm,head}", our
 # final "norm." and "head." (top-level only: block norms are "stages.i.blocks.j.norm...").
 _CLASSIFIER_PREFIXES = ("classifier.", "norm.", "head.")
+_MAX_LISTED = 20
 
 
 def read_checkpoint(path: str | Path, trusted: bool = False) -> Dict[str, torch.Tensor]:
@@ -59,19 +63,78 @@ def read_checkpoint(path: str | Path, trusted: bool = False) -> Dict[str, torch.
     return state_dict
 
 
-def load_backbone_weights(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> Tuple[List[str], List[str]]:
-    """Load classification weights into a (head-less) timm ``model``.
+def strip_prefix(state_dict: Mapping[str, torch.Tensor], prefix: str, source: str) -> Dict[str, torch.Tensor]:
+    """The entries of ``state_dict`` whose key starts with ``prefix``, with the prefix removed.
 
-    Classifier keys are dropped; the model module's ``checkpoint_filter_fn`` (timm convention; for
-    VMamba it maps official VMamba v2 names and validates the result) is applied when it exists;
-    the rest is loaded non-strictly.
+    Args:
+        state_dict: name -> tensor.
+        prefix: e.g. ``"backbone."`` to take the backbone out of a whole segmentor checkpoint.
+        source: the checkpoint's name, for the error message.
+
+    Raises:
+        ValueError naming the key groups the checkpoint does have when no key starts with ``prefix``.
+    """
+    selected = {key[len(prefix):]: value for key, value in state_dict.items() if key.startswith(prefix)}
+    if not selected:
+        raise ValueError(f"{source}: no key starts with prefix={prefix!r}; its keys start with "
+                         f"{key_groups(state_dict)}. Set init_cfg prefix to one of these groups (with "
+                         "the trailing dot), or drop prefix for an ImageNet classification checkpoint.")
+    return selected
+
+
+def key_groups(keys: Iterable[str], limit: int = 8) -> str:
+    """A summary of key names by their first component, e.g. ``'backbone.* (312), decode_head.* (40)'``."""
+    counts = Counter(key.split(".", 1)[0] + ("." if "." in key else "") for key in keys)
+    groups = [f"{group}{'*' if group.endswith('.') else ''} ({count})" for group, count in counts.most_common(limit)]
+    more = len(counts) - limit
+    return ", ".join(groups) + (f", ... ({more} more groups)" if more > 0 else "")
+
+
+def classification_weights(state_dict: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """An ImageNet checkpoint's weights in the timm model's names, classifier dropped.
+
+    Public VMamba v2 names (``patch_embed.*``, ``layers.*``) are renamed to ours; the classifier
+    (official ``classifier.*``, our final ``norm.*`` and ``head.*``) is removed.
+    """
+    if is_official_layout(state_dict):
+        state_dict = convert_official_vmamba(state_dict)
+    return {k: v for k, v in state_dict.items() if not k.startswith(_CLASSIFIER_PREFIXES)}
+
+
+def _fit_pointwise(value: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """A Linear weight (out, in) for a 1x1 conv weight (out, in, 1, 1) is reshaped; else unchanged."""
+    if value.dim() == 2 and expected.dim() == 4 and tuple(expected.shape[2:]) == (1, 1) \
+            and tuple(value.shape) == tuple(expected.shape[:2]):
+        return value.reshape(expected.shape)
+    return value
+
+
+def load_matching_weights(module: nn.Module, state_dict: Mapping[str, torch.Tensor],
+                          source: str) -> Tuple[List[str], List[str]]:
+    """Load the entries of ``state_dict`` that ``module`` has; report the rest (mmseg's convention).
+
+    Keys only ``module`` has (missing) and keys only the checkpoint has (unexpected, e.g. stages a
+    backbone with fewer ``out_indices`` does not build) are returned for logging, not raised.
+
+    Raises:
+        ValueError listing shape mismatches (a checkpoint of another variant), or, when no key
+        matches at all, naming the checkpoint's key groups next to the module's (a prefix mismatch).
 
     Returns:
-        (missing keys, unexpected keys) of the final ``load_state_dict``.
+        (missing keys, unexpected keys), sorted.
     """
-    state_dict = {k: v for k, v in state_dict.items() if not k.startswith(_CLASSIFIER_PREFIXES)}
-    filter_fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
-    if filter_fn is not None:
-        state_dict = filter_fn(state_dict, model)
-    result = model.load_state_dict(state_dict, strict=False)
-    return list(result.missing_keys), list(result.unexpected_keys)
+    target = module.state_dict()
+    fitted = {k: _fit_pointwise(v, target[k]) if k in target else v for k, v in state_dict.items()}
+    matched = sorted(set(target) & set(fitted))
+    if not matched:
+        raise ValueError(
+            f"{source}: no key matches the model. The checkpoint's keys start with {key_groups(fitted)}; "
+            f"the model's with {key_groups(target)}. A whole segmentor checkpoint needs "
+            "init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.').")
+    mismatched = [f"{k}: checkpoint {tuple(fitted[k].shape)} vs model {tuple(target[k].shape)}"
+                  for k in matched if fitted[k].shape != target[k].shape]
+    if mismatched:
+        raise ValueError(f"{source}: shape mismatches ({len(mismatched)}), a checkpoint of another model "
+                         f"variant? {', '.join(mismatched[:_MAX_LISTED])}")
+    module.load_state_dict({k: fitted[k] for k in matched}, strict=False)
+    return sorted(set(target) - set(fitted)), sorted(set(fitted) - set(target))

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import numbers
 import os
 import os.path as osp
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Dict, Iterable, Mapping, Optional
 
 import torch
 from mmengine.config import Config, DictAction
+from mmengine.logging import print_log
 
 _DATALOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")
 
@@ -110,3 +112,56 @@ def use_multiscale_flip_test(cfg: Config) -> None:
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
     cfg.tta_model.module = cfg.model
     cfg.model = cfg.tta_model
+
+
+def scalar_metrics(metrics: Mapping[str, object]) -> Dict[str, float]:
+    """The real-valued entries of an evaluator's result as Python floats.
+
+    mmseg's IoUMetric returns numpy scalars (``np.float32``, not a ``float`` subclass); per-class
+    tables and other non-numbers are left out.
+    """
+    return {key: float(value) for key, value in metrics.items()
+            if isinstance(value, numbers.Real) and not isinstance(value, bool)}
+
+
+def metrics_summary(metrics: Mapping[str, object]) -> str:
+    """``'aAcc=81.20, mIoU=40.05, mAcc=52.10'`` from an evaluator's result (2 decimals, as mmseg)."""
+    scalars = scalar_metrics(metrics)
+    if not scalars:
+        raise ValueError(f"the evaluator returned no scalar metric (keys: {sorted(metrics)})")
+    return ", ".join(f"{key}={value:.2f}" for key, value in scalars.items())
+
+
+def backbone_checkpoint(cfg: Config) -> Optional[str]:
+    """The ImageNet checkpoint the config's backbone initialises from (``init_cfg.checkpoint`` or
+    ``pretrained``), or None."""
+    backbone = cfg.model.get("backbone") or {}
+    init_cfg = backbone.get("init_cfg") or {}
+    return init_cfg.get("checkpoint") or backbone.get("pretrained") or cfg.model.get("pretrained")
+
+
+def check_backbone_weights(cfg: Config, from_scratch: bool = False) -> None:
+    """Fail before anything is built when the backbone's ImageNet checkpoint is missing.
+
+    Args:
+        cfg: the training config.
+        from_scratch: drop the backbone's ImageNet initialisation instead (random init).
+
+    Raises:
+        FileNotFoundError naming the file and the three ways out (put it there, point elsewhere,
+        train from scratch).
+    """
+    if from_scratch:
+        cfg.model.backbone.init_cfg = None
+        cfg.model.backbone.pop("pretrained", None)
+        cfg.model.pretrained = None
+        print_log("--from-scratch: the backbone starts from random weights (no ImageNet initialisation); "
+                  "expect a clearly lower mIoU than with ImageNet weights", logger="current", level=30)
+        return
+    checkpoint = backbone_checkpoint(cfg)
+    if checkpoint is not None and not osp.isfile(osp.expanduser(checkpoint)):
+        raise FileNotFoundError(
+            f"backbone ImageNet-1K weights not found: {checkpoint} (model.backbone.init_cfg.checkpoint, relative "
+            f"to {os.getcwd()}). Either put the checkpoint there (our vmamba2d / vmamba classification "
+            "checkpoints or official VMamba v2 ones), point to it with --cfg-options "
+            "model.backbone.init_cfg.checkpoint=PATH, or train the backbone from scratch with --from-scratch.")
