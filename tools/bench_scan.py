@@ -1,16 +1,19 @@
 #!/usr/bin/env python
 """Benchmark the 2D selective scan: forward and forward+backward time and peak memory per backend.
 
+``--device cuda`` runs the GPU benchmark instead (tools/bench_scan_cuda.py: DESIGN.md section 7's
+shapes, bandwidth against the measured copy bandwidth, 2D vs 1D, targets); its options are listed
+by ``python tools/bench_scan.py --device cuda --help``. The rest of this text is the CPU benchmark.
+
 Two settings (issue #2, DESIGN.md section 1):
     table3  the paper's Table 3 operator setting: N=16 states, one channel per map, a batch of maps
     model   a 2DVMamba-like layer: dim 384 in 4 groups, N=1, batch 2
 at map sizes 14x14, 56x56 and 200x200, for the backends
-    cpu / cuda  our compiled kernel (the device's)
+    cpu         our compiled CPU kernel
     torch       the vectorised pure-PyTorch backend
     naive       the naive 2D scan written below: the N per-state maps are materialised, a Python
                 loop steps over the columns (horizontal scans of all rows at once) and then over the
                 rows (vertical scans), autograd does the backward
-    cuda-1d     (--device cuda only) our CUDA kernel on 1 x L maps, i.e. a 1D scan of the same length
 
 Time: median over --repeats runs after one warm-up run (the naive scan on maps above
 --naive-full-pixels gets --naive-repeats runs and no warm-up, it is slow); the runs of the
@@ -21,18 +24,19 @@ Peak memory: the largest amount of tensor memory alive at once during one step, 
 allocated before it (the inputs). On CPU it is computed from the torch profiler's allocation
 events (every allocation and free made through PyTorch's CPU allocator, including the compiled
 kernel's per-thread workspaces, which it allocates as tensors); memory not allocated as tensors
-(Python objects, allocator caches) is not counted. On CUDA it is torch.cuda.max_memory_allocated.
+(Python objects, allocator caches) is not counted.
 Cases whose estimated peak exceeds --memory-limit-gb are skipped and listed as such.
 
 Usage:
     python tools/bench_scan.py                                   # CPU, everything, prints a table
     python tools/bench_scan.py --out benchmarks/scan_cpu.md      # also writes it (with metadata)
-    python tools/bench_scan.py --device cuda --out benchmarks/scan_cuda.md
+    python tools/bench_scan.py --device cuda --out out/bench_scan_cuda.md   # GPU mode
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import math
 import os
 import platform
@@ -144,8 +148,6 @@ def scan_function(backend: str) -> Callable[[Inputs, int, int], Tensor]:
     """fn(inputs, height, width) -> y for a benchmark backend name."""
     if backend == "naive":
         return lambda t, h, w: naive_scan_2d(**t, delta_softplus=True, height=h, width=w)
-    if backend == "cuda-1d":
-        return lambda t, h, w: selective_scan_2d(**t, delta_softplus=True, height=1, width=h * w, backend="cuda")
     return lambda t, h, w: selective_scan_2d(**t, delta_softplus=True, height=h, width=w, backend=backend)
 
 
@@ -158,11 +160,6 @@ def estimated_peak_bytes(backend: str, setting: Setting, height: int, width: int
     if backend == "naive":
         return state_maps * 12
     return 4 * setting.batch * (3 * setting.dim + 4 * setting.groups * setting.nstate) * height * width
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def forward_step(fn, inputs: Inputs, height: int, width: int) -> Callable[[], None]:
@@ -185,22 +182,13 @@ def train_step(fn, inputs: Inputs, height: int, width: int) -> Callable[[], None
 
 def timed(step: Callable[[], None], device: torch.device) -> tuple[float, float]:
     """(wall-clock seconds, CPU seconds of this process over all its threads) of one ``step``."""
-    _sync(device)
     start, start_cpu = time.perf_counter(), time.process_time()
     step()
-    _sync(device)
     return time.perf_counter() - start, time.process_time() - start_cpu
 
 
 def peak_bytes(step: Callable[[], None], device: torch.device) -> int:
     """Peak tensor memory allocated during one ``step`` above what was allocated before it."""
-    if device.type == "cuda":
-        _sync(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        _sync(device)
-        return torch.cuda.max_memory_allocated(device) - base
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -318,8 +306,6 @@ def _git_commit() -> str:
 
 
 def machine_description(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -354,8 +340,7 @@ def report_header(args, settings: dict[str, Setting], device: torch.device) -> s
         "- times: wall clock; \"CPU ms\" is the CPU time of the process over the step, summed over "
         "its threads (less sensitive to other processes competing for the cores)",
         "- peak memory: max tensor memory alive during one step above the inputs "
-        + ("(torch.cuda.max_memory_allocated)" if device.type == "cuda"
-           else "(from torch profiler allocation events; includes the kernel's workspaces)"),
+        "(from torch profiler allocation events; includes the kernel's workspaces)",
         f"- command: `python tools/bench_scan.py {' '.join(sys.argv[1:])}`",
     ]
     return "\n".join(lines)
@@ -363,11 +348,11 @@ def report_header(args, settings: dict[str, Setting], device: torch.device) -> s
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--device", default="cpu", choices=["cpu"], help="cuda: see tools/bench_scan_cuda.py")
     parser.add_argument("--sizes", type=int, nargs="+", default=[14, 56, 200], help="square map sides")
     parser.add_argument("--settings", nargs="+", default=["table3", "model"], choices=["table3", "model"])
     parser.add_argument("--backends", nargs="+", default=None,
-                        help="default: cpu torch naive (CPU) / cuda cuda-1d torch naive (CUDA)")
+                        help="default: cpu torch naive")
     parser.add_argument("--table3-batch", type=int, default=8, help="maps per batch in the table3 setting")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--naive-repeats", type=int, default=1)
@@ -380,15 +365,25 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _load_gpu_benchmark():
+    path = Path(__file__).resolve().with_name("bench_scan_cuda.py")
+    spec = importlib.util.spec_from_file_location("bench_scan_cuda", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: Optional[list[str]] = None) -> None:
+    device_only = argparse.ArgumentParser(add_help=False)
+    device_only.add_argument("--device", default="cpu")
+    if device_only.parse_known_args(argv)[0].device == "cuda":
+        return _load_gpu_benchmark().main(argv)
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible")
-    default_backends = ["cpu", "torch", "naive"] if device.type == "cpu" else ["cuda", "cuda-1d", "torch", "naive"]
-    backends = args.backends or default_backends
+    backends = args.backends or ["cpu", "torch", "naive"]
     settings = make_settings(args.table3_batch)
     header = report_header(args, settings, device)
     print(header, flush=True)
