@@ -235,6 +235,11 @@ def test_dataset_records_and_errors(tmp_path):
     with pytest.raises(SlideDataError, match=r"have no label.*'s1'"):
         SlideDataset([SlideEntry("s1")], tmp_path)
     assert SlideDataset([SlideEntry("s1")], tmp_path, label_required=False)[0].label is None
+    _write_h5(tmp_path / "s4.h5", np.full((2, 6), np.nan, np.float32), np.array([[0, 0], [512, 0]]))
+    _write_h5(tmp_path / "s5.h5", np.ones((0, 6), np.float32), np.zeros((0, 2)))
+    checked = SlideDataset([SlideEntry(s, label=0) for s in ("s1", "s4", "s2", "s5")], tmp_path)
+    with pytest.raises(SlideDataError, match=r"(?s)2 of 4 slide\(s\) are unusable.*'s4'.*NaN.*'s5'.*empty"):
+        checked.check_all()
 
 
 def test_grid_options_validation():

@@ -263,3 +263,19 @@ def test_bad_options(kwargs, match):
     options.update(kwargs)
     with pytest.raises(ValueError, match=match):
         MambaMIL2D(**options)
+
+
+def test_bench_mil_runs(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import bench_mil
+
+    out = tmp_path / "bench.md"
+    bench_mil.main(["--sizes", "3", "5", "--repeats", "1", "--warmup", "0", "--in-dim", "8", "--dim", "8",
+                    "--d-state", "2", "--out", str(out)])
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 3x3") or line.startswith("| 5x5")]
+    assert len(rows) == 4 and sum("2DMambaMIL" in r for r in rows) == 2 and sum("MambaMIL (1D" in r for r in rows) == 2
+    first = [cell.strip() for cell in rows[0].split("|")[1:-1]]
+    assert float(first[2].replace(",", "")) > 0 and first[-1].endswith("x")

@@ -37,7 +37,7 @@ Dataset:
         label: int | None (class index, or the survival time bin when the entry carries one)
         case_id, time, censorship: survival fields (None for classification)
     Use it with ``DataLoader(dataset, batch_size=None, shuffle=True)``; ``record.to(device)`` moves
-    the tensors. Survival time bins come from the training patients (``vmamba2d.mil.survival``); put
+    the tensors; ``dataset.check_all()`` reads every slide once and reports all unusable ones. Survival time bins come from the training patients (``vmamba2d.mil.survival``); put
     them into the entries with ``dataclasses.replace(entry, label=bin)``.
 
 Every error names the slide (or the CSV row) and the problem.
@@ -611,6 +611,17 @@ class SlideDataset(Dataset):
     def set_epoch(self, epoch: int) -> None:
         """Reseed the training crop windows for ``epoch`` (deterministic given seed and epoch)."""
         self.epoch = epoch
+
+    def check_all(self) -> None:
+        """Read and place every slide once; raise one SlideDataError listing every unusable slide."""
+        problems = []
+        for index in range(len(self)):
+            try:
+                self[index]
+            except (SlideDataError, FileNotFoundError) as error:
+                problems.append(str(error))
+        if problems:
+            raise SlideDataError(f"{len(problems)} of {len(self)} slide(s) are unusable:\n  " + "\n  ".join(problems))
 
     def __getitem__(self, index: int) -> SlideRecord:
         entry = self.entries[index]
