@@ -7,7 +7,8 @@ step), and reports images per second and peak memory (CPU: the worker's peak res
 GPU: ``torch.cuda.max_memory_allocated``). Prints a markdown table; ``--out FILE`` also writes it.
 
     python tools/bench_model.py                          # CPU, batch 1 and 16
-    python tools/bench_model.py --device cuda            # GPU, batch 128, fp32 and AMP
+    python tools/bench_model.py --device cuda            # GPU, batch 128, fp32 and bf16 autocast
+    python tools/bench_model.py --device cuda --models vmamba2d_tiny vmamba_tiny convnext_tiny
     python tools/bench_model.py --batch-sizes 1 --iters 5 --out benchmarks/model_cpu.md
 
 Targets checked at the end: CPU inference of vmamba2d_tiny within 1.5x of vmamba_tiny and 3x of
@@ -75,11 +76,13 @@ def run_worker(args: argparse.Namespace) -> dict:
 
     torch.manual_seed(0)
     device, batch = args.device, args.batch_size
-    amp = args.precision == "amp"
+    autocast_dtype = {"fp32": None, "bf16": torch.bfloat16,
+                      "amp": torch.bfloat16 if device == "cpu" else torch.float16}[args.precision]
     model = timm.create_model(args.model, num_classes=1000).to(device)
     images = torch.randn(batch, 3, args.img_size, args.img_size, device=device)
     targets = torch.randint(0, 1000, (batch,), device=device)
-    autocast = torch.autocast(device_type=device, dtype=torch.bfloat16 if device == "cpu" else torch.float16, enabled=amp)
+    autocast = torch.autocast(device_type=device, dtype=autocast_dtype or torch.bfloat16,
+                              enabled=autocast_dtype is not None)
 
     model.eval()
 
@@ -95,7 +98,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     if not args.no_train:
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        scaler = torch.amp.GradScaler(device, enabled=amp and device == "cuda")
+        scaler = torch.amp.GradScaler(device, enabled=autocast_dtype == torch.float16)  # bf16 needs none
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
 
@@ -215,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--batch-sizes", nargs="+", type=int, help="default: 1 16 on CPU, 128 on GPU")
-    parser.add_argument("--precisions", nargs="+", choices=["fp32", "amp"], help="default: fp32 on CPU, fp32 amp on GPU")
+    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16", "amp"],
+                        help="bf16: bf16 autocast; amp: fp16 autocast + GradScaler on GPU, bf16 on CPU "
+                             "(default: fp32 on CPU, fp32 bf16 on GPU)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per measurement")
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before timing")
     parser.add_argument("--repeats", type=int, default=1, help="whole sweeps to run; the best of them is reported")
@@ -230,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--iters and --repeats must be >= 1, --warmup >= 0, --img-size a positive multiple of 32")
     args.batch_sizes = args.batch_sizes or ([128] if args.device == "cuda" else [1, 16])
     args.train_batch_sizes = args.train_batch_sizes or args.batch_sizes
-    args.precisions = args.precisions or (["fp32", "amp"] if args.device == "cuda" else ["fp32"])
+    args.precisions = args.precisions or (["fp32", "bf16"] if args.device == "cuda" else ["fp32"])
     if any(b < 1 for b in args.batch_sizes):
         parser.error("--batch-sizes must be positive")
 
