@@ -58,7 +58,8 @@ def test_thumbnail_overlay_places_cells():
 def test_cli_grid_and_thumbnail(tmp_path, capsys):
     torch.manual_seed(0)
     model = MambaMIL2D(in_dim=6, num_classes=3, dim=8, d_state=2)
-    torch.save({"model": model.state_dict(), "model_config": model.config}, tmp_path / "ckpt.pt")
+    torch.save({"model": model.state_dict(), "model_config": model.config,
+                "grid_options": {"duplicates": "mean", "max_cells": 100}}, tmp_path / "ckpt.pt")
     cells = np.array([(c, r) for r in range(4) for c in range(5) if (r + c) % 4])
     with h5py.File(tmp_path / "S1.h5", "w") as handle:
         handle["features"] = np.random.default_rng(0).standard_normal((len(cells), 6)).astype(np.float32)
@@ -68,6 +69,9 @@ def test_cli_grid_and_thumbnail(tmp_path, capsys):
     mil_heatmap.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--slide", str(tmp_path / "S1.h5"),
                       "--out", str(tmp_path / "grid.png"), "--cell-px", "3", "--save-array", str(tmp_path / "a.npy")])
     assert Image.open(tmp_path / "grid.png").size == (15, 12)
+    options = mil_heatmap.grid_options(mil_heatmap.parse_args(
+        ["--checkpoint", str(tmp_path / "ckpt.pt"), "--slide", "x", "--out", "y", "--max-cells", "9"]))
+    assert (options.duplicates, options.max_cells, options.placement) == ("mean", 9, "crop")
     assert np.load(tmp_path / "a.npy").shape == (4, 5)
     assert "S1: grid 4x5" in capsys.readouterr().out
     Image.new("RGB", (128, 96), (10, 10, 10)).save(tmp_path / "thumb.png")

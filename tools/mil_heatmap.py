@@ -5,8 +5,9 @@
     python tools/mil_heatmap.py --checkpoint run/best.pt --slide feats/h5_files/S1.h5 --out S1.png \
         --thumbnail S1_thumb.png --downsample 64
 
-The checkpoint is a dict with ``model_config`` and ``model`` (``vmamba2d.mil.models.model_from_checkpoint``).
-Use the grid options the model was trained with (--patch-step, --placement, --max-cells, ...).
+The checkpoint is a dict with ``model_config`` and ``model`` (``vmamba2d.mil.models.model_from_checkpoint``)
+and optionally ``grid_options`` (the training ``GridOptions`` as a dict), used unless overridden by
+--patch-step, --placement, --duplicates, --max-cells, --cap.
 Without --downsample, the thumbnail scale comes from --slide-size (level-0 width height) or the
 file's CLAM attributes (``level_dim`` x ``downsample``).
 """
@@ -41,10 +42,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--scale", choices=SCALES, default="rank")
     parser.add_argument("--cmap", default="jet", help="matplotlib colormap")
     parser.add_argument("--patch-step", type=int, help="level-0 pixels between neighbouring patches (default: from the file)")
-    parser.add_argument("--placement", choices=PLACEMENTS, default="crop")
-    parser.add_argument("--duplicates", choices=DUPLICATE_POLICIES, default="error")
-    parser.add_argument("--max-cells", type=int, help="cap on grid cells (as in training)")
-    parser.add_argument("--cap", choices=CAPS, default="pool")
+    parser.add_argument("--placement", choices=PLACEMENTS, help="default: the checkpoint's, else crop")
+    parser.add_argument("--duplicates", choices=DUPLICATE_POLICIES, help="default: the checkpoint's, else error")
+    parser.add_argument("--max-cells", type=int, help="cap on grid cells (default: the checkpoint's, else none)")
+    parser.add_argument("--cap", choices=CAPS, help="default: the checkpoint's, else pool")
     parser.add_argument("--save-array", type=Path, help="also save the (H, W) attention as .npy")
     parser.add_argument("--device", default="cpu")
     return parser.parse_args(argv)
@@ -64,13 +65,23 @@ def thumbnail_downsample(args: argparse.Namespace, attrs: dict, thumbnail: Image
                      "(the slide file has no CLAM 'level_dim' attribute)")
 
 
+def grid_options(args: argparse.Namespace) -> GridOptions:
+    """The checkpoint's ``grid_options`` (if any) with the command line's overrides."""
+    stored = torch.load(args.checkpoint, map_location="cpu", weights_only=True).get("grid_options") or {}
+    given = dict(patch_step=args.patch_step, placement=args.placement, duplicates=args.duplicates,
+                 max_cells=args.max_cells, cap=args.cap)
+    merged = {**stored, **{k: v for k, v in given.items() if v is not None}}
+    for key in ("patch_step", "canvas_size"):
+        if isinstance(merged.get(key), list):
+            merged[key] = tuple(merged[key])
+    return GridOptions(**merged)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     model = model_from_checkpoint(args.checkpoint).to(args.device)
     raw = read_slide_file(args.slide)
-    options = GridOptions(patch_step=args.patch_step, placement=args.placement, duplicates=args.duplicates,
-                          max_cells=args.max_cells, cap=args.cap)
-    features, placement = prepare_slide(raw, options)
+    features, placement = prepare_slide(raw, grid_options(args))
     record = SlideRecord(raw.slide_id, features, placement.coords, placement.grid, placement.origin_px,
                          placement.step_px)
     attention, tissue, outputs = slide_attention(model, record)

@@ -36,9 +36,12 @@ Dataset:
         step_px: (sx, sy) pixels per cell (times 2**k after k poolings)
         label: int | None (class index, or the survival time bin when the entry carries one)
         case_id, time, censorship: survival fields (None for classification)
-    Use it with ``DataLoader(dataset, batch_size=None, shuffle=True)``; ``record.to(device)`` moves
-    the tensors; ``dataset.check_all()`` reads every slide once and reports all unusable ones. Survival time bins come from the training patients (``vmamba2d.mil.survival``); put
-    them into the entries with ``dataclasses.replace(entry, label=bin)``.
+    Feed a record to a model as ``model(record.features, record.coords, grid_size=record.grid)``
+    (with ``placement="crop"`` the grid is the coords' extent anyway; with a fixed ``canvas_size`` it
+    is not). Use it with ``DataLoader(dataset, batch_size=None, shuffle=True)``; ``record.to(device)``
+    moves the tensors; ``dataset.check_all()`` reads every slide once and reports all unusable ones.
+    Survival time bins come from the training patients (``vmamba2d.mil.survival``); put them into
+    the entries with ``dataclasses.replace(entry, label=bin)``.
 
 Every error names the slide (or the CSV row) and the problem.
 """

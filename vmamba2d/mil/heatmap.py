@@ -37,7 +37,7 @@ def slide_attention(model: torch.nn.Module, record: SlideRecord) -> tuple[torch.
     """
     model.eval()
     device = next(model.parameters()).device
-    outputs = model(record.features.to(device), record.coords.to(device))
+    outputs = model(record.features.to(device), record.coords.to(device), grid_size=record.grid)
     outputs = {k: v.detach().float().cpu() for k, v in outputs.items()}
     return outputs["attention"], tissue_mask(record.coords, record.grid), outputs
 
