@@ -174,6 +174,8 @@ def test_label_csv(tmp_path):
     entries, _ = read_label_csv(path, label_map={"AT": 0, "BT": 1, "MT": 2})
     with pytest.raises(SlideDataError, match=r"line 3: slide 'B' has label 'MT', not in the label map"):
         read_label_csv(path, label_map={"AT": 0, "BT": 1})
+    kept, _ = read_label_csv(path, label_map={"AT": 0, "BT": 1}, drop_unmapped=True)
+    assert [e.slide_id for e in kept] == ["A", "C", "D"]
     numeric = tmp_path / "numeric.csv"
     numeric.write_text("slide_id,label\ns1,10\ns2,2\n")
     assert read_label_csv(numeric)[1] == {"2": 0, "10": 1}

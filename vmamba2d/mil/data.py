@@ -469,13 +469,14 @@ def _normalise_split(value: Optional[str], path: Path, line: int) -> Optional[st
 
 def read_label_csv(path: PathLike, *, label_map: Optional[Mapping[str, int]] = None,
                    slide_column: str = "slide_id", label_column: str = "label",
-                   split_column: Optional[str] = "split",
+                   split_column: Optional[str] = "split", drop_unmapped: bool = False,
                    strip_suffixes: Sequence[str] = SLIDE_SUFFIXES) -> tuple[list[SlideEntry], dict[str, int]]:
     """Classification table -> (entries, label_map).
 
     ``label_map`` maps the label column's text to class indices; None = the sorted distinct labels
-    numbered 0..C-1 (integers sort numerically). A label not in the map, an empty label or a
-    repeated slide id raises SlideDataError naming the row. ``split_column=None`` or a missing
+    numbered 0..C-1 (integers sort numerically). A label not in the map raises SlideDataError
+    naming the row, unless ``drop_unmapped=True`` (e.g. TCGA-BRCA keeps IDC / ILC and drops the
+    other codes) leaves such rows out; an empty slide id or a repeated one raises. ``split_column=None`` or a missing
     column leaves ``split`` None; split values are train / val / test (any case; "validation" ok).
     File suffixes such as ``.svs`` are removed from slide ids (whole suffix, not characters).
     """
@@ -495,6 +496,8 @@ def read_label_csv(path: PathLike, *, label_map: Optional[Mapping[str, int]] = N
             raise SlideDataError(f"{path} line {line}: slide {slide_id!r} is listed twice")
         seen.add(slide_id)
         if text not in label_map:
+            if drop_unmapped:
+                continue
             raise SlideDataError(f"{path} line {line}: slide {slide_id!r} has label {text!r}, not in the label map "
                                  f"{sorted(label_map)}")
         split = _normalise_split(row.get(split_column) if split_column else None, path, line)
