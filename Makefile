@@ -8,7 +8,7 @@ STAMP := $(VENV)/.vmamba2d-installed
 PYTEST_ARGS ?=
 export MAX_JOBS ?= 2
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench ptxas-check gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,18 @@ test: setup
 bench: setup
 	$(PY) tools/bench_scan.py --threads 1 --out out/bench_scan_cpu.md
 	$(PY) tools/bench_model.py --batch-sizes 1 16 --train-batch-sizes 1 --out out/bench_model_cpu.md
+
+# Registers / spills / stack / static shared memory of every CUDA kernel instantiation for every
+# default arch nvcc supports, checked against the budgets in tools/ptxas_report.py (needs nvcc).
+ptxas-check: setup
+	$(PY) tools/ptxas_report.py --jobs $(MAX_JOBS) --out out/ptxas.md
+
+# For a GPU machine: no venv, no network. Builds the extensions in place against that machine's
+# python3 / torch, runs the CUDA tests, compute-sanitizer and the benchmarks within one 10-minute
+# budget and writes one report to benchmarks/ (see tools/gpu_check.py; GPU_CHECK_ARGS passes options).
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build *.egg-info vmamba2d/*.so $(STAMP)

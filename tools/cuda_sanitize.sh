@@ -1,54 +1,101 @@
 #!/usr/bin/env bash
-# Run the CUDA 2D-scan kernels under compute-sanitizer (memcheck, racecheck, synccheck, initcheck)
-# on small cases: packed small maps, a multi-tile map with partial edge tiles, 1xL / Lx1 maps,
-# the atomic and the deterministic backward. Needs a GPU, the built vmamba2d._C_cuda and
-# compute-sanitizer (CUDA toolkit). Exit status is non-zero if any tool reports an error.
+# Run the GPU scan backends under compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on
+# small cases, through the public op (selective_scan_2d, forward and autograd backward): packed
+# small maps, a multi-tile map with partial edge tiles, 1xL / Lx1 maps, groups > 1, N = 16 in bf16.
+# Each backend in $BACKENDS that is usable here runs (cuda: the built vmamba2d._C_cuda with an
+# image for this GPU; triton: Triton importable); the others are reported as skipped. Needs a GPU
+# and compute-sanitizer. Exit status: 0 clean, 1 a tool reported errors, 2 nothing could be checked.
 #
-#   tools/cuda_sanitize.sh            # all four tools
-#   TOOLS="memcheck racecheck" tools/cuda_sanitize.sh
+#   tools/cuda_sanitize.sh                          # all four tools, cuda and triton backends
+#   TOOLS="memcheck racecheck" BACKENDS=cuda tools/cuda_sanitize.sh
+#   KERNEL_FILTER= tools/cuda_sanitize.sh           # check every kernel, torch's too (slower)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
-[ -x "$PYTHON" ] || PYTHON=python
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON="$ROOT/.venv/bin/python"
+  [ -x "$PYTHON" ] || PYTHON=python3
+fi
 SANITIZER="${SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}"
 TOOLS="${TOOLS:-memcheck racecheck synccheck initcheck}"
+export SANITIZE_BACKENDS="${BACKENDS:-cuda triton}"
+# Instrument only the scan kernels (CUDA: scan2d_*_kernel, Triton: scan2d_*_kernel): torch's own
+# kernels are not under test and would make every tool several times slower.
+KERNEL_FILTER="${KERNEL_FILTER-kns=scan2d}"
+FILTER_ARGS=()
+[ -n "$KERNEL_FILTER" ] && FILTER_ARGS=(--kernel-name "$KERNEL_FILTER")
+
+[ -x "$SANITIZER" ] || { echo "compute-sanitizer not found (set SANITIZER=...)"; exit 2; }
+cd "$ROOT"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 CASE=$(mktemp --suffix=.py)
 trap 'rm -f "$CASE"' EXIT
 cat > "$CASE" <<'PY'
 import os
+import sys
+
 import torch
-import vmamba2d._C_cuda as m
 
-def run(batch, dim, groups, n, h, w, dtype=torch.float32):
+from vmamba2d.ops import resolve_backend, selective_scan_2d
+
+# (batch, dim, groups, N, height, width, dtype)
+CASES = [
+    (5, 4, 2, 5, 7, 7, torch.float32),      # several small maps per tile
+    (2, 4, 2, 3, 40, 70, torch.float32),    # several tiles, partial edge tiles
+    (1, 2, 1, 2, 1, 70, torch.float32),     # 1 x L
+    (1, 2, 1, 2, 70, 1, torch.float32),     # L x 1
+    (3, 6, 3, 1, 33, 65, torch.float32),    # N = 1, odd batch, 3 groups
+    (2, 2, 1, 16, 33, 33, torch.bfloat16),  # N = 16, half precision
+]
+
+
+def run(backend, batch, dim, groups, n, h, w, dtype):
     g = torch.Generator().manual_seed(0)
-    L = h * w
-    r = lambda *s: torch.randn(*s, generator=g).cuda()
-    u, delta = r(batch, dim, L).to(dtype), (0.5 * r(batch, dim, L)).to(dtype)
-    A = -torch.rand(dim, n, generator=g).cuda() - 0.1
-    B, C = r(batch, groups, n, L).to(dtype), r(batch, groups, n, L).to(dtype)
-    D, bias = r(dim), r(dim)
-    y = m.forward(u, delta, A, B, C, D, bias, True, h, w, False)
-    grads = m.backward(u, delta, A, B, C, D, bias, True, h, w, torch.ones_like(y))
+    length = h * w
+    rand = lambda *s: torch.randn(*s, generator=g).cuda()  # noqa: E731
+    leaves = dict(
+        u=rand(batch, dim, length).to(dtype), delta=(0.5 * rand(batch, dim, length)).to(dtype),
+        A=-torch.rand(dim, n, generator=g).cuda() - 0.1,
+        B=rand(batch, groups, n, length).to(dtype), C=rand(batch, groups, n, length).to(dtype),
+        D=rand(dim), delta_bias=rand(dim),
+    )
+    for t in leaves.values():
+        t.requires_grad_()
+    y = selective_scan_2d(**leaves, delta_softplus=True, height=h, width=w, backend=backend)
+    y.backward(torch.ones_like(y))
     torch.cuda.synchronize()
-    assert torch.isfinite(y.float()).all() and all(torch.isfinite(t.float()).all() for t in grads)
+    assert torch.isfinite(y.float()).all(), (backend, h, w)
+    assert all(torch.isfinite(t.grad.float()).all() for t in leaves.values()), (backend, h, w)
 
-for det in ("0", "1"):
-    os.environ["VMAMBA2D_DETERMINISTIC"] = det
-    run(5, 4, 2, 5, 7, 7)
-    run(2, 4, 2, 3, 40, 70)
-    run(1, 2, 1, 2, 1, 70)
-    run(1, 2, 1, 2, 70, 1)
-    run(2, 2, 1, 16, 33, 33, torch.bfloat16)
-print("sanitize cases ran")
+
+ran = []
+for backend in os.environ["SANITIZE_BACKENDS"].split():
+    try:
+        resolve_backend(backend, torch.device("cuda"), torch.float32)
+    except (RuntimeError, ValueError) as err:
+        print(f"backend {backend}: skipped ({err})")
+        continue
+    for case in CASES:
+        run(backend, *case)
+    ran.append(backend)
+    print(f"backend {backend}: {len(CASES)} cases ran (forward + backward)")
+if not ran:
+    print("no GPU backend could run: nothing was checked")
+    sys.exit(2)
 PY
 
 status=0
 for tool in $TOOLS; do
-  echo "== compute-sanitizer --tool $tool"
-  if ! "$SANITIZER" --tool "$tool" --error-exitcode 3 "$PYTHON" "$CASE"; then
-    echo "!! $tool reported errors"
+  echo "== compute-sanitizer --tool $tool ${FILTER_ARGS[*]}"
+  set +e
+  "$SANITIZER" --tool "$tool" --error-exitcode 3 --print-limit 20 "${FILTER_ARGS[@]}" "$PYTHON" "$CASE"
+  code=$?
+  set -e
+  if [ "$code" -eq 2 ]; then
+    exit 2
+  elif [ "$code" -ne 0 ]; then
+    echo "!! $tool reported errors (exit $code)"
     status=1
   fi
 done

@@ -1,0 +1,128 @@
+"""tools/gpu_check.py orchestration on the CPU: step runner (pass, fail, time-outs, budget skips),
+report writer and plan, with stand-in steps; no GPU result is produced or faked in a report
+outside the test's temporary folder."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` runs (a killed process that nobody reaped yet is a zombie: not running)."""
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_steps_pass_fail_time_out_and_are_skipped_when_the_budget_is_spent(gpu_check):
+    Step = gpu_check.Step
+    steps = [
+        Step("ok", _python("print('all good')"), budget_s=20, min_s=0),
+        Step("fails", _python("import sys; print('boom'); sys.exit(3)"), budget_s=20, min_s=0),
+        Step("nothing", _python("import sys; sys.exit(2)"), budget_s=20, min_s=0, meanings={2: "not run (no GPU)"}),
+        # a child that would outlive its parent: the whole process group must be stopped
+        Step("hangs", _python("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', "
+                              "'import time; time.sleep(60)']); print('child', child.pid, flush=True); time.sleep(60)"),
+             budget_s=2, min_s=0),
+        Step("too-big", _python("print('never')"), budget_s=50, min_s=1000),
+        Step("told", _python("import sys; print(sys.argv[1:])"), budget_s=60, min_s=0, time_option="--max-seconds"),
+    ]
+    done = []
+    start = time.monotonic()
+    gpu_check.run_all(steps, budget_s=120, on_step_done=lambda: done.append(1))
+    assert time.monotonic() - start < 30
+    results = {s.name: s.result for s in steps}
+    assert results["ok"] == "pass" and "all good" in steps[0].output
+    assert results["fails"] == "FAIL (exit 3)" and "boom" in steps[1].output
+    assert results["nothing"] == "not run (no GPU)"
+    assert results["hangs"].startswith("timed out") and steps[3].seconds < 15
+    child = int(steps[3].output.split("child")[1].split()[0])
+    time.sleep(0.5)
+    assert not _running(child), "the step's child process outlived the step"
+    assert results["too-big"].startswith("skipped (time:")
+    assert results["told"] == "pass" and "'--max-seconds', '30'" in steps[5].output  # 60 s budget - 30 s margin
+    assert len(done) == len(steps)
+
+
+def test_report_holds_environment_steps_and_tables(gpu_check, tmp_path):
+    env = gpu_check.Environment(gpu="Test GPU 80GB", capability="9.0", driver="1.2", memory="80 GiB",
+                                python="3.12.3", torch="2.11.0", cuda="13.0", triton="3.6.0",
+                                commit="abc1234", date="2026-11-22 20:30 UTC")
+    table = tmp_path / "bench.md"
+    table.write_text("# Bench title\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    steps = [
+        gpu_check.Step("bench", ["python", "bench.py"], budget_s=10, min_s=1, table=table, result="pass",
+                       seconds=3, output="line 1\n========= ERROR SUMMARY: 0 errors\n"),
+        gpu_check.Step("later", ["true"], budget_s=10, min_s=1, env={"TOOLS": "memcheck"}),
+    ]
+    text = gpu_check.format_report(env, steps, budget_s=560, started=time.monotonic(), finished=False,
+                                   command="python3 tools/gpu_check.py")
+    assert "Test GPU 80GB (compute capability 9.0, 80 GiB), driver 1.2" in text
+    assert "torch 2.11.0 (CUDA 13.0), triton 3.6.0" in text and "commit: abc1234" in text
+    assert "| bench | pass | 3 | 10 |" in text and "| later | not run | 0 | 10 |" in text
+    assert "### Bench title" in text and "| 1 | 2 |" in text
+    assert "    ========= ERROR SUMMARY: 0 errors" in text and "with TOOLS=memcheck" in text
+    assert "cut off" in text
+    path = gpu_check.report_path(tmp_path, env)
+    assert path.name == "gpu-check-20261122-2030-test-gpu-80gb-abc1234.md"
+    gpu_check.write_report(path, text, copy_to=tmp_path / "copy")
+    assert path.read_text() == (tmp_path / "copy" / path.name).read_text() == text
+
+
+def test_plan_builds_for_this_gpus_arch_and_runs_every_sanitizer_tool(gpu_check, tmp_path):
+    env = gpu_check.Environment(capability="8.6")
+    steps = gpu_check.plan("python3", env, tmp_path, jobs=16)
+    names = [s.name for s in steps]
+    assert names == ["build", "tests", "sanitize-memcheck", "sanitize-racecheck", "sanitize-synccheck",
+                     "sanitize-initcheck", "bench-scan", "bench-model-fp32", "bench-model-bf16"]
+    build, tests = steps[0], steps[1]
+    assert build.env == {"TORCH_CUDA_ARCH_LIST": "8.6", "MAX_JOBS": "16"}
+    assert "tests/test_scan_cuda.py" in tests.command and "-m" in tests.command
+    assert all(Path(gpu_check.REPO, f).is_file() for f in tests.command if f.startswith("tests/"))
+    assert "vmamba2d_tiny" in steps[-1].command and "convnext_tiny" in steps[-1].command
+
+
+def test_full_run_with_stand_in_steps_writes_one_report(gpu_check, monkeypatch, tmp_path):
+    env = gpu_check.Environment(gpu="Stand-in GPU", capability="9.0", commit="f00", date="2026-01-02 03:04 UTC")
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda python, commit: env)
+    monkeypatch.setattr(gpu_check, "plan", lambda python, env, work, jobs: [
+        gpu_check.Step("first", _python("print('one')"), budget_s=20, min_s=0),
+        gpu_check.Step("second", _python("import sys; sys.exit(1)"), budget_s=20, min_s=0),
+    ])
+    status = gpu_check.main(["--out-dir", str(tmp_path), "--budget-s", "100"])
+    reports = list(tmp_path.glob("gpu-check-*.md"))
+    assert status == 1 and [r.name for r in reports] == ["gpu-check-20260102-0304-stand-in-gpu-f00.md"]
+    text = reports[0].read_text()
+    assert "| first | pass |" in text and "| second | FAIL (exit 1) |" in text and "cut off" not in text
+
+
+def test_without_a_gpu_it_writes_no_report(gpu_check, monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda python, commit: gpu_check.Environment())
+    assert gpu_check.main(["--out-dir", str(tmp_path)]) == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_names_become_file_name_slugs(gpu_check):
+    assert gpu_check.gpu_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+    assert gpu_check.gpu_slug("NVIDIA H200") == "h200"

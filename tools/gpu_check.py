@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""One command for a GPU machine: build, CUDA tests, compute-sanitizer, benchmarks, one report.
+
+Meant for a machine with its own python3 and torch, no virtual environment and no network (run it
+as ``make gpu-check``, which calls this file with ``python3``). Steps, in order, each with a time
+budget (seconds) so that the whole run ends within --budget-s (default 560, inside a 10-minute
+limit); a step that would start with less time left than it needs is skipped, one that runs past
+its budget is stopped, and the report says so:
+
+    build            python3 setup.py build_ext --inplace, TORCH_CUDA_ARCH_LIST = this GPU's arch
+    tests            pytest -m cuda on the scan / CUDA test files (files whose imports fail, e.g.
+                     for a package missing here, are reported as collection errors, not run)
+    sanitize-<tool>  tools/cuda_sanitize.sh with memcheck, racecheck, synccheck, initcheck
+    bench-scan       tools/bench_scan.py --device cuda (DESIGN.md section 7 shapes and targets)
+    bench-model-*    tools/bench_model.py --device cuda, fp32 and bf16 autocast, batch 128:
+                     vmamba2d_tiny vs vmamba_tiny and convnext_tiny
+
+The report (benchmarks/gpu-check-<date>-<gpu>-<commit>.md) holds the GPU name, driver, torch,
+triton, commit and date, each step's result, time and output tail, and the benchmark tables. It is
+rewritten after every step, so a run that is cut off still leaves what it measured.
+
+    python3 tools/gpu_check.py                      # everything
+    python3 tools/gpu_check.py --dry-run            # print the plan (steps, budgets, commands)
+    python3 tools/gpu_check.py --copy-to DIR        # also copy the report into DIR
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[1]
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+TEST_FILE_PATTERNS = ("test_scan*.py", "test_cuda*.py")
+MODEL_BENCH_MODELS = ("vmamba2d_tiny", "vmamba_tiny", "convnext_tiny")
+OUTPUT_TAIL_LINES = 40
+REPORT_RESERVE_S = 10  # kept back from the last step for writing the report
+
+
+@dataclass
+class Step:
+    """One command of the check. ``budget_s`` caps its run; it is skipped when less than
+    ``min_s`` is left. ``table`` is a markdown file the step writes, embedded in the report."""
+
+    name: str
+    command: list[str]
+    budget_s: float
+    min_s: float
+    env: dict = field(default_factory=dict)
+    table: Optional[Path] = None
+    meanings: dict = field(default_factory=dict)  # exit code -> result text other than FAIL
+    time_option: Optional[str] = None  # option that tells the command its own time limit (seconds)
+    # filled in by run_step
+    result: str = "not run"
+    seconds: float = 0.0
+    output: str = ""
+
+
+@dataclass
+class Environment:
+    gpu: str = "unknown"
+    capability: str = "unknown"
+    driver: str = "unknown"
+    memory: str = "unknown"
+    python: str = sys.version.split()[0]
+    torch: str = "not importable"
+    cuda: str = "unknown"
+    triton: str = "not importable"
+    commit: str = "unknown"
+    date: str = ""
+
+
+# ------------------------------------------------------------------------------------------------
+# environment
+# ------------------------------------------------------------------------------------------------
+_PROBE = """
+import json, torch
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": None}
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    info.update(gpu=p.name, capability=f"{p.major}.{p.minor}", memory=f"{p.total_memory / 2**30:.0f} GiB")
+try:
+    import triton
+    info["triton"] = triton.__version__
+except Exception as err:
+    info["triton"] = f"not importable ({type(err).__name__})"
+print(json.dumps(info))
+"""
+
+
+def _run_quiet(command: list[str], timeout: float = 60) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def git_commit(explicit: Optional[str]) -> str:
+    """Short commit (+ a mark when tracked files differ), ``explicit`` when given, else "unknown"."""
+    if explicit:
+        return explicit
+    commit = _run_quiet(["git", "rev-parse", "--short", "HEAD"])
+    if not commit:
+        return "unknown"
+    dirty = _run_quiet(["git", "status", "--porcelain", "--untracked-files=no"])
+    return commit + ("-dirty" if dirty else "")
+
+
+def probe_environment(python: str, commit: Optional[str]) -> Environment:
+    """GPU, driver and library versions, read in a child process (this one never holds a GPU context)."""
+    env = Environment(commit=git_commit(commit),
+                      date=f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    smi = _run_quiet(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    env.driver = smi.splitlines()[0].strip() if smi else "unknown (nvidia-smi not answering)"
+    probe = _run_quiet([python, "-c", _PROBE], timeout=120)
+    if probe:
+        info = json.loads(probe.splitlines()[-1])
+        env.torch, env.cuda, env.triton = info["torch"], str(info["cuda"]), info["triton"]
+        if info["gpu"]:
+            env.gpu, env.capability, env.memory = info["gpu"], info["capability"], info["memory"]
+    env.python = _run_quiet([python, "-c", "import platform; print(platform.python_version())"]) or env.python
+    return env
+
+
+def gpu_slug(name: str) -> str:
+    """"NVIDIA H100 80GB HBM3" -> "h100-80gb-hbm3" (for file names)."""
+    words = re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-")
+    return words or "gpu"
+
+
+def report_path(out_dir: Path, env: Environment) -> Path:
+    stamp = env.date.replace("-", "").replace(":", "").replace(" UTC", "").replace(" ", "-")
+    return out_dir / f"gpu-check-{stamp}-{gpu_slug(env.gpu)}-{re.sub(r'[^A-Za-z0-9-]', '', env.commit)}.md"
+
+
+# ------------------------------------------------------------------------------------------------
+# plan
+# ------------------------------------------------------------------------------------------------
+def scan_test_files() -> list[str]:
+    found = sorted({p for pattern in TEST_FILE_PATTERNS for p in (REPO / "tests").glob(pattern)})
+    return [str(p.relative_to(REPO)) for p in found]
+
+
+def plan(python: str, env: Environment, work: Path, jobs: int) -> list[Step]:
+    """The steps for this machine, in order, with their budgets (seconds)."""
+    steps = [
+        Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=170, min_s=60,
+             env={"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs)}),
+        Step("tests", [python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
+                       "--continue-on-collection-errors", *scan_test_files()], budget_s=100, min_s=30,
+             meanings={5: "no cuda-marked tests collected"}),
+    ]
+    for tool in SANITIZER_TOOLS:
+        steps.append(Step(f"sanitize-{tool}", ["bash", "tools/cuda_sanitize.sh"], budget_s=45, min_s=20,
+                          env={"TOOLS": tool, "PYTHON": python},
+                          meanings={2: "not run (no GPU backend or no compute-sanitizer)"}))
+    steps.append(Step("bench-scan", [python, "tools/bench_scan.py", "--device", "cuda", "--out",
+                                     str(work / "bench_scan.md")], budget_s=110, min_s=40,
+                      table=work / "bench_scan.md", time_option="--max-seconds"))
+    for precision in ("fp32", "bf16"):
+        out = work / f"bench_model_{precision}.md"
+        steps.append(Step(f"bench-model-{precision}",
+                          [python, "tools/bench_model.py", "--device", "cuda", "--models", *MODEL_BENCH_MODELS,
+                           "--precisions", precision, "--batch-sizes", "128", "--iters", "5", "--warmup", "2",
+                           "--out", str(out)], budget_s=75, min_s=45, table=out))
+    return steps
+
+
+# ------------------------------------------------------------------------------------------------
+# running
+# ------------------------------------------------------------------------------------------------
+def _stream(pipe, log: list[str], prefix: str) -> None:
+    for line in iter(pipe.readline, ""):
+        log.append(line)
+        sys.stdout.write(f"[{prefix}] {line}")
+        sys.stdout.flush()
+
+
+def run_step(step: Step, timeout: float) -> None:
+    """Run ``step`` for at most ``timeout`` seconds (its whole process group is stopped after),
+    recording result, wall time and output."""
+    lines: list[str] = []
+    start = time.monotonic()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **step.env)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        process = subprocess.Popen(step.command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    except OSError as err:
+        step.result, step.output = f"FAIL (could not start: {err})", ""
+        return
+    reader = threading.Thread(target=_stream, args=(process.stdout, lines, step.name), daemon=True)
+    reader.start()
+    try:
+        code = process.wait(timeout=timeout)
+        step.result = "pass" if code == 0 else step.meanings.get(code, f"FAIL (exit {code})")
+    except subprocess.TimeoutExpired:
+        _stop_group(process)
+        step.result = f"timed out (stopped after its {timeout:.0f} s budget)"
+    reader.join(timeout=5)
+    step.seconds = time.monotonic() - start
+    step.output = "".join(lines)
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_all(steps: list[Step], budget_s: float, on_step_done) -> None:
+    """Each step gets min(its budget, time left); steps needing more than what is left are skipped."""
+    deadline = time.monotonic() + budget_s
+    for step in steps:
+        left = deadline - time.monotonic() - REPORT_RESERVE_S
+        if left < step.min_s:
+            step.result = f"skipped (time: {max(left, 0):.0f} s left of the run's budget, needs >= {step.min_s:.0f} s)"
+        else:
+            timeout = min(step.budget_s, left)
+            if step.time_option:  # leave it time to write its table before it is stopped
+                step.command += [step.time_option, f"{max(timeout - 30, 10):.0f}"]
+            print(f"== {step.name} (budget {timeout:.0f} s): {' '.join(step.command)}", flush=True)
+            run_step(step, timeout)
+        on_step_done()
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------------
+def _tail(text: str, lines: int = OUTPUT_TAIL_LINES) -> str:
+    kept = text.rstrip().splitlines()[-lines:]
+    return "\n".join(kept).replace("```", "'''")
+
+
+def _highlights(step: Step) -> list[str]:
+    """Lines worth quoting above the tail: pytest's summary, sanitizer error summaries."""
+    wanted = re.compile(r"(ERROR SUMMARY|RACECHECK SUMMARY|^=+ .*(passed|failed|error|skipped).* =+$"
+                        r"|^(FAILED|ERROR) |backend \w+: )")
+    return [line for line in step.output.splitlines() if wanted.search(line)][:30]
+
+
+def format_report(env: Environment, steps: list[Step], budget_s: float, started: float, finished: bool,
+                  command: str) -> str:
+    elapsed = time.monotonic() - started
+    lines = [
+        f"# GPU check: {env.gpu}, {env.date}",
+        "",
+        f"- GPU: {env.gpu} (compute capability {env.capability}, {env.memory}), driver {env.driver}",
+        f"- software: python {env.python}, torch {env.torch} (CUDA {env.cuda}), triton {env.triton}",
+        f"- commit: {env.commit}",
+        f"- date: {env.date}",
+        f"- command: `{command}`; run budget {budget_s:.0f} s; wall time so far {elapsed:.0f} s"
+        + ("" if finished else " (run still in progress or cut off: later steps missing)"),
+        "",
+        "| step | result | seconds | budget s |",
+        "|---|---|---:|---:|",
+    ]
+    lines += [f"| {s.name} | {s.result} | {s.seconds:.0f} | {s.budget_s:.0f} |" for s in steps]
+    for step in steps:
+        lines += ["", f"## {step.name}: {step.result}", "", f"`{' '.join(step.command)}`"
+                  + (f" with {' '.join(f'{k}={v}' for k, v in step.env.items())}" if step.env else "")]
+        if step.table is not None and step.table.is_file():
+            body = step.table.read_text().strip().splitlines()
+            lines += [""] + [line.replace("# ", "### ", 1) if line.startswith("# ") else line for line in body]
+        highlights = _highlights(step)
+        if highlights:
+            lines += ["", "Summary lines:", ""] + [f"    {h}" for h in highlights]
+        if step.output:
+            lines += ["", f"Output (last {OUTPUT_TAIL_LINES} lines):", "", "```", _tail(step.output), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(path: Path, text: str, copy_to: Optional[Path]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+    if copy_to is not None:
+        copy_to.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, copy_to / path.name)
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget-s", type=float, default=560, help="the whole run, seconds")
+    parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks", help="where the report goes")
+    parser.add_argument("--copy-to", type=Path, help="also copy the report into this folder")
+    parser.add_argument("--commit", help="commit to name in the report when git is unavailable here")
+    parser.add_argument("--skip", nargs="+", default=[], help="step names to leave out (e.g. bench-model-bf16)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="parallel compile jobs")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    python = sys.executable
+    env = probe_environment(python, args.commit)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        steps = [s for s in plan(python, env, Path(tmp), args.jobs) if s.name not in args.skip]
+        if args.dry_run:
+            print(f"GPU: {env.gpu} ({env.capability}); torch {env.torch}; triton {env.triton}; budget {args.budget_s:.0f} s")
+            for step in steps:
+                extra = " ".join(f"{k}={v}" for k, v in step.env.items())
+                print(f"{step.name:20s} budget {step.budget_s:4.0f} s (min {step.min_s:3.0f}): {extra} {' '.join(step.command)}")
+            return 0
+        if env.gpu == "unknown":
+            print(f"gpu_check: no GPU visible to {python} (torch {env.torch}); nothing to check, no report written.")
+            return 2
+        path = report_path(args.out_dir, env)
+        command = "python3 tools/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+
+        def save(finished: bool = False) -> None:
+            write_report(path, format_report(env, steps, args.budget_s, started, finished, command.strip()),
+                         args.copy_to)
+
+        save()
+        run_all(steps, args.budget_s - (time.monotonic() - started), save)
+        save(finished=True)
+    print(f"\nreport: {path}")
+    for step in steps:
+        print(f"  {step.name:20s} {step.result} ({step.seconds:.0f} s)")
+    return 0 if all(s.result == "pass" for s in steps) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
