@@ -4,11 +4,14 @@ outside the test's temporary folder."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_check.py"
 
@@ -126,3 +129,37 @@ def test_without_a_gpu_it_writes_no_report(gpu_check, monkeypatch, tmp_path):
 def test_gpu_names_become_file_name_slugs(gpu_check):
     assert gpu_check.gpu_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
     assert gpu_check.gpu_slug("NVIDIA H200") == "h200"
+
+
+SANITIZE = TOOL.with_name("cuda_sanitize.sh")
+
+
+def _fake_sanitizer(tmp_path: Path, body: str) -> Path:
+    """A stand-in compute-sanitizer: answers --help with a --kernel-name option, else runs ``body``."""
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text("#!/bin/bash\n"
+                    'if [ "$1" = "--help" ]; then echo "  --kernel-name <filter>"; exit 0; fi\n'
+                    f'echo "sanitizer args: $*"\n{body}\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def _sanitize(fake: Path, tools: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SANITIZER=str(fake), TOOLS=tools, PYTHON=sys.executable)
+    return subprocess.run(["bash", str(SANITIZE)], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_sanitize_script_reports_tool_errors_per_tool(tmp_path):
+    run = _sanitize(_fake_sanitizer(tmp_path, "exit 3"), "memcheck racecheck")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "!! memcheck reported errors" in run.stdout and "!! racecheck reported errors" in run.stdout
+    assert "--kernel-name kns=scan2d" in run.stdout
+
+
+@pytest.mark.slow  # imports torch and vmamba2d in a child process: a few seconds, more on a busy machine
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
+def test_sanitize_script_without_a_gpu_checks_nothing_and_says_so(tmp_path):
+    # the stand-in runs the case script itself (its last two arguments: python, script)
+    run = _sanitize(_fake_sanitizer(tmp_path, '"${@: -2:1}" "${@: -1}"'), "memcheck")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "nothing was checked" in run.stdout

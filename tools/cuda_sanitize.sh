@@ -22,10 +22,21 @@ export SANITIZE_BACKENDS="${BACKENDS:-cuda triton}"
 # Instrument only the scan kernels (CUDA: scan2d_*_kernel, Triton: scan2d_*_kernel): torch's own
 # kernels are not under test and would make every tool several times slower.
 KERNEL_FILTER="${KERNEL_FILTER-kns=scan2d}"
-FILTER_ARGS=()
-[ -n "$KERNEL_FILTER" ] && FILTER_ARGS=(--kernel-name "$KERNEL_FILTER")
 
 [ -x "$SANITIZER" ] || { echo "compute-sanitizer not found (set SANITIZER=...)"; exit 2; }
+# The kernel filter option is --kernel-name in current compute-sanitizer releases, --filter in
+# older ones; without either, every kernel is checked.
+FILTER_ARGS=()
+if [ -n "$KERNEL_FILTER" ]; then
+  HELP="$("$SANITIZER" --help 2>&1 || true)"
+  if grep -q -- "--kernel-name " <<<"$HELP"; then
+    FILTER_ARGS=(--kernel-name "$KERNEL_FILTER")
+  elif grep -q -- "--filter " <<<"$HELP"; then
+    FILTER_ARGS=(--filter "$KERNEL_FILTER")
+  else
+    echo "note: this compute-sanitizer has no kernel filter option; checking every kernel"
+  fi
+fi
 cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -69,6 +80,9 @@ def run(backend, batch, dim, groups, n, h, w, dtype):
     assert all(torch.isfinite(t.grad.float()).all() for t in leaves.values()), (backend, h, w)
 
 
+if not torch.cuda.is_available():
+    print("no GPU visible to torch: nothing was checked")
+    sys.exit(2)
 ran = []
 for backend in os.environ["SANITIZE_BACKENDS"].split():
     try:
