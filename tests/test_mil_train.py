@@ -1,0 +1,349 @@
+"""MIL training / evaluation CLI (vmamba2d.mil.cli behind mil/train.py and mil/eval.py) on tiny
+synthetic slide files, CPU: configs, bad input, epoch selection, exact resume, survival bins."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vmamba2d.mil import runner
+from vmamba2d.mil.cli import eval_main, train_main
+from vmamba2d.mil.config import CONFIG_DIR, MILConfig, resolve_train_config
+from vmamba2d.mil.engine import select_epoch
+from vmamba2d.mil.splits import survival_splits
+from vmamba2d.mil.survival import survival_bin_edges
+from vmamba2d.mil.synthetic import LABEL_NAMES, make_synthetic_slides, write_slide_file
+
+IN_DIM = 8
+MODEL_KWARGS = ["--model-kwargs", "dim=16", "d_state=4"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """One intra-op thread: faster on a shared 2-core machine, and reproducible."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def write_labels(path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("slide_id", "label", "split"))
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    """12 train / 6 val / 6 test synthetic slides (U{8..12} grids, 8-d features) as .h5 files,
+    plus 6 .pt slides for the survival tables."""
+    root = tmp_path_factory.mktemp("mil_data")
+    features = root / "features"
+    features.mkdir()
+    rows = []
+    for split_index, (split, count) in enumerate((("train", 12), ("val", 6), ("test", 6))):
+        for slide in make_synthetic_slides(count, min_size=10, max_size=16, in_dim=IN_DIM,
+                                           seed=split_index, prefix=split):
+            write_slide_file(slide, features, "h5" if split != "test" else "pt")
+            rows.append((slide.slide_id, LABEL_NAMES[slide.label], split))
+    write_labels(root / "labels.csv", rows)
+    return root
+
+
+def train_args(data: Path, output: Path, epochs: int = 3, labels: str = "labels.csv") -> list[str]:
+    return ["--feature-dir", str(data / "features"), "--label-csv", str(data / labels),
+            "--label-map", "negative=0", "positive=1", "--output", str(output),
+            "--epochs", str(epochs), "--lr", "3e-3", "--device", "cpu", "--no-progress",
+            "--seeds", "3", *MODEL_KWARGS]
+
+
+def history(run: Path) -> list[dict]:
+    with open(run / "metrics.jsonl") as handle:
+        return [json.loads(line) for line in handle]
+
+
+@pytest.fixture(scope="module")
+def reference_run(dataset, tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("reference") / "run"
+    assert train_main(train_args(dataset, output)) == 0
+    return output
+
+
+# --- configs -----------------------------------------------------------------------------------
+
+def config_args(name: str) -> list[str]:
+    return ["--config", name, "--feature-dir", "f", "--label-csv", "l.csv", "--output", "o",
+            "--split-csv", "splits_{fold}.csv"] if "survival" in name else \
+        ["--config", name, "--feature-dir", "f", "--label-csv", "l.csv", "--output", "o"]
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+def test_configs_load_with_the_official_recipe(name):
+    cfg = resolve_train_config(config_args(name))
+    assert cfg.weight_decay == 1e-5 and cfg.epochs == 20
+    if name == "synthetic":
+        assert cfg.lr == 1e-3 and cfg.model_kwargs["dim"] == 32
+        return
+    assert cfg.lr == 1e-4 and cfg.in_dim == 1024 and cfg.amp == "none"
+    assert cfg.model == "mambamil2d" and cfg.model_kwargs["dim"] == 128
+    assert cfg.model_kwargs["d_state"] == 16 and cfg.model_kwargs["num_blocks"] == 1
+    if cfg.task == "survival":
+        assert (cfg.scheduler, cfg.n_bins, cfg.alpha, cfg.select) == ("none", 4, 0.0, "last")
+        assert cfg.folds == [0, 1, 2, 3, 4] and cfg.uses_folds
+    else:
+        assert (cfg.scheduler, cfg.select, cfg.metric) == ("cosine", "best", "auc")
+        assert cfg.seeds == [0, 1, 2, 3, 4]
+
+
+def test_flags_override_the_config_and_survival_defaults():
+    cfg = resolve_train_config(config_args("bracs") + ["--lr", "2e-4", "--model-kwargs",
+                                                       "num_blocks=2"])
+    assert cfg.lr == 2e-4 and cfg.model_kwargs["num_blocks"] == 2
+    assert cfg.model_kwargs["dim"] == 128  # merged, not replaced
+    cfg = resolve_train_config(["--task", "survival", "--feature-dir", "f", "--label-csv", "l",
+                                "--output", "o", "--split-csv", "s{fold}.csv"])
+    assert (cfg.scheduler, cfg.select, cfg.metric) == ("none", "last", "cindex")
+    cfg = resolve_train_config(["--task", "survival", "--feature-dir", "f", "--label-csv", "l",
+                                "--output", "o", "--split-csv", "s{fold}.csv",
+                                "--holdout-fraction", "0.2"])
+    assert cfg.select == "best"
+
+
+# --- bad input: a clear message and nothing written ---------------------------------------------
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: [x for i, x in enumerate(a) if i not in (0, 1)], "--feature-dir is required"),
+    (lambda a: a + ["--label-csv", "/nonexistent/labels.csv"], "not found"),
+    (lambda a: a + ["--label-map", "negative=0"], "not in the label map"),
+    (lambda a: a + ["--model-kwargs", "colour=3"], "options of mambamil2d"),
+    (lambda a: a + ["--epochs", "0"], "--epochs must be >= 1"),
+    (lambda a: a + ["--amp", "bf16"], "autocast is for GPUs"),
+    (lambda a: a + ["--select-metric", "cindex"], "--select-metric for task 'classification'"),
+    (lambda a: a + ["--holdout-fraction", "0.2"], "survival option"),
+    (lambda a: a + ["--label-csv", "{data}/no_test.csv"], "there is no test split"),
+    (lambda a: a + ["--label-csv", "{data}/missing_slide.csv"], "have no .h5 / .pt file"),
+    (lambda a: a + ["--grid", "placement=diagonal"], "--grid"),
+])
+def test_bad_input_is_named_before_anything_is_written(dataset, tmp_path, capsys, change,
+                                                       message):
+    rows = list(csv.reader(open(dataset / "labels.csv")))[1:]
+    write_labels(dataset / "no_test.csv", [r for r in rows if r[2] != "test"])
+    write_labels(dataset / "missing_slide.csv", rows + [["ghost", "positive", "train"]])
+    output = tmp_path / "run"
+    args = [a.replace("{data}", str(dataset)) for a in change(train_args(dataset, output))]
+    assert train_main(args) == 2
+    assert message in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_existing_run_is_not_overwritten(dataset, reference_run, capsys):
+    assert train_main(train_args(dataset, reference_run)) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert train_main(train_args(dataset, reference_run) + ["--resume", "--lr", "1e-2"]) == 2
+    assert "options differ" in capsys.readouterr().err
+
+
+# --- selection ---------------------------------------------------------------------------------
+
+def test_select_epoch_later_ties_win_and_loss_is_minimised():
+    records = [{"val": {"auc": a, "loss": l}} for a, l in ((0.5, 0.9), (0.8, 0.7), (0.8, 0.8),
+                                                         (0.6, 0.7))]
+    assert select_epoch(records, "best", "auc") == 2
+    assert select_epoch(records, "best", "loss") == 3
+    assert select_epoch(records, "last", "auc") == 3
+    records[2]["val"]["auc"] = float("nan")
+    assert select_epoch(records, "best", "auc") == 1
+
+
+def test_reported_metrics_are_test_at_the_epoch_chosen_on_val(reference_run):
+    run = reference_run / "seed3"
+    records = history(run)
+    assert [r["epoch"] for r in records] == [0, 1, 2]
+    summary = json.loads((run / "summary.json").read_text())
+    val_auc = [r["val"]["auc"] for r in records]
+    chosen = max(i for i, v in enumerate(val_auc) if v == max(val_auc))  # independent argmax
+    assert summary["selected_epoch"] == chosen
+    assert summary["reported_split"] == "test"
+    assert summary["reported"] == records[chosen]["test"]
+    assert summary["val_at_selected"] == records[chosen]["val"]
+    best = torch.load(run / "best.pth", weights_only=True)
+    assert best["epoch"] == chosen
+    with open(run / "predictions_test.csv") as handle:
+        assert len(list(csv.DictReader(handle))) == 6
+    total = json.loads((reference_run / "summary.json").read_text())
+    assert total["metrics"]["auc"]["values"] == [summary["reported"]["auc"]]
+
+
+def test_training_reduces_the_loss(reference_run):
+    records = history(reference_run / "seed3")
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert [r["lr"] for r in records] == pytest.approx(  # cosine over 3 epochs, per epoch
+        [3e-3 * (1 + np.cos(np.pi * e / 3)) / 2 for e in range(3)])
+
+
+def test_eval_cli_reproduces_the_reported_metrics(reference_run, tmp_path, capsys):
+    run = reference_run / "seed3"
+    predictions = tmp_path / "predictions.csv"
+    assert eval_main(["--checkpoint", str(run / "best.pth"), "--split", "test", "--device",
+                      "cpu", "--no-progress", "--predictions", str(predictions)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    summary = json.loads((run / "summary.json").read_text())
+    for key in ("loss", "acc", "f1", "auc"):
+        assert got[key] == pytest.approx(summary["reported"][key], abs=1e-6)
+    assert predictions.read_text() == (run / "predictions_test.csv").read_text()
+
+
+def test_eval_cli_bad_checkpoint(tmp_path, capsys):
+    assert eval_main(["--checkpoint", str(tmp_path / "none.pth")]) == 2
+    assert "not found" in capsys.readouterr().err
+    torch.save({"model": {}}, tmp_path / "foreign.pth")
+    assert eval_main(["--checkpoint", str(tmp_path / "foreign.pth")]) == 2
+    assert "not written by mil/train.py" in capsys.readouterr().err
+
+
+# --- exact resume ------------------------------------------------------------------------------
+
+class SimulatedCrash(Exception):
+    pass
+
+
+class CrashingDataset:
+    """Serves ``after`` slides (their optimizer steps happen), then the process 'dies'."""
+
+    def __init__(self, dataset, after: int) -> None:
+        self.dataset, self.after, self.served = dataset, after, 0
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        if self.served == self.after:
+            raise SimulatedCrash
+        self.served += 1
+        return self.dataset[index]
+
+
+def test_killed_mid_epoch_then_resumed_equals_the_uninterrupted_run(dataset, reference_run,
+                                                                   tmp_path, monkeypatch):
+    output = tmp_path / "run"
+    real = runner.train_one_epoch
+
+    def crash_in_third_epoch(**kwargs):
+        if kwargs["epoch"] == 2:
+            kwargs["dataset"] = CrashingDataset(kwargs["dataset"], after=5)
+        return real(**kwargs)
+
+    monkeypatch.setattr(runner, "train_one_epoch", crash_in_third_epoch)
+    with pytest.raises(SimulatedCrash):
+        train_main(train_args(dataset, output))
+    assert [r["epoch"] for r in history(output / "seed3")] == [0, 1]
+    assert not (output / "seed3" / "summary.json").exists()
+
+    monkeypatch.setattr(runner, "train_one_epoch", real)
+    assert train_main(train_args(dataset, output) + ["--resume"]) == 0
+    got, want = history(output / "seed3"), history(reference_run / "seed3")
+    for a, b in zip(got, want):
+        for key in ("epoch", "train_loss", "lr", "val", "test"):
+            assert a[key] == b[key], key  # bitwise: same floats
+    final = torch.load(output / "seed3" / "last.pth", weights_only=True)
+    expected = torch.load(reference_run / "seed3" / "last.pth", weights_only=True)
+    for key, value in expected["model"].items():
+        assert torch.equal(final["model"][key], value), key
+    summary = json.loads((output / "seed3" / "summary.json").read_text())
+    reference = json.loads((reference_run / "seed3" / "summary.json").read_text())
+    assert summary["reported"] == reference["reported"]
+
+
+# --- survival ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def survival_data(dataset) -> Path:
+    """18 patients (slides of the classification set, h5 and pt) with times, and 2 folds."""
+    rng = np.random.default_rng(0)
+    slides = sorted(p.stem for p in (dataset / "features").iterdir())[:18]
+    times = np.round(rng.uniform(1, 100, len(slides)), 2)
+    censorship = (np.arange(len(slides)) % 3 == 0).astype(int)  # 6 censored, 12 events
+    with open(dataset / "surv.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("", "case_id", "slide_id", "censorship", "survival_months"))
+        for i, (slide, t, c) in enumerate(zip(slides, times, censorship)):
+            writer.writerow((i, f"case{i:02d}", f"{slide}.svs", c, t))
+    for fold in range(2):
+        val = set(range(fold * 5, fold * 5 + 5))
+        train = [f"case{i:02d}" for i in range(18) if i not in val]
+        if fold == 1:
+            train.append("case05")  # a patient listed in train and val (UCEC-style overlap)
+        val_ids = [f"case{i:02d}" for i in sorted(val)]
+        with open(dataset / f"surv_splits_{fold}.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(("", "train", "val", "test"))
+            for i in range(len(train)):
+                writer.writerow((i, train[i], val_ids[i] if i < len(val_ids) else "", ""))
+    return dataset
+
+
+def survival_args(data: Path, output: Path, *extra: str) -> list[str]:
+    return ["--task", "survival", "--feature-dir", str(data / "features"),
+            "--label-csv", str(data / "surv.csv"), "--split-csv",
+            str(data / "surv_splits_{fold}.csv"), "--output", str(output), "--epochs", "2",
+            "--device", "cpu", "--no-progress", "--lr", "3e-3", *MODEL_KWARGS, *extra]
+
+
+def read_survival_table(data: Path) -> dict[str, tuple[float, int]]:
+    with open(data / "surv.csv") as handle:
+        return {r["case_id"]: (float(r["survival_months"]), int(r["censorship"]))
+                for r in csv.DictReader(handle)}
+
+
+def test_survival_bins_use_training_patients_only(survival_data):
+    cfg = MILConfig(task="survival", feature_dir=str(survival_data / "features"),
+                    label_csv=str(survival_data / "surv.csv"),
+                    split_csv=str(survival_data / "surv_splits_{fold}.csv"), output="o")
+    table = read_survival_table(survival_data)
+    splits = survival_splits(cfg, 0)
+    train_ids = [f"case{i:02d}" for i in range(5, 18)]
+    assert sorted(e.case_id for e in splits.train) == train_ids
+    expected = survival_bin_edges([table[c][0] for c in train_ids],
+                                  [table[c][1] for c in train_ids], 4)
+    np.testing.assert_allclose(splits.bin_edges, expected)
+    everyone = survival_bin_edges([t for t, _ in table.values()], [c for _, c in table.values()])
+    assert not np.allclose(splits.bin_edges, everyone)  # val patients would move the edges
+    for entry in splits.train + splits.val:
+        inner = np.asarray(expected)[1:-1]
+        assert entry.label == int(np.searchsorted(inner, entry.time, side="right"))
+    overlap = survival_splits(cfg, 1)  # case05 in both: dropped from train, kept in val
+    assert "case05" not in {e.case_id for e in overlap.train}
+    assert "case05" in {e.case_id for e in overlap.val} and overlap.notes
+
+
+def test_survival_run_reports_val_at_the_last_epoch_and_the_official_number(survival_data,
+                                                                            tmp_path):
+    output = tmp_path / "surv"
+    assert train_main(survival_args(survival_data, output, "--folds", "0")) == 0
+    summary = json.loads((output / "fold0-seed0" / "summary.json").read_text())
+    records = history(output / "fold0-seed0")
+    assert summary["selection"] == "last epoch" and summary["selected_epoch"] == 1
+    assert summary["reported_split"] == "val" and summary["reported"] == records[-1]["val"]
+    assert summary["official_protocol"]["val_cindex_max"] == max(
+        r["val"]["cindex"] for r in records)
+    assert [r["lr"] for r in records] == [3e-3, 3e-3]  # no scheduler
+    best = torch.load(output / "fold0-seed0" / "best.pth", weights_only=True)
+    assert best["model_config"]["num_classes"] == 4 and best["model_config"]["survival"]
+    assert len(best["bin_edges"]) == 5
+
+
+def test_survival_holdout_selects_on_training_patients_and_reports_the_fold(survival_data,
+                                                                            tmp_path):
+    output = tmp_path / "surv_holdout"
+    assert train_main(survival_args(survival_data, output, "--folds", "0",
+                                    "--holdout-fraction", "0.25")) == 0
+    summary = json.loads((output / "fold0-seed0" / "summary.json").read_text())
+    assert summary["reported_split"] == "test" and summary["test_slides"] == 5
+    assert summary["val_slides"] == 3 and summary["train_slides"] == 10  # 13 split 10 / 3
+    assert summary["selection"] == "best val cindex"

@@ -1,0 +1,112 @@
+"""Command-line entry points behind ``mil/train.py`` and ``mil/eval.py``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from .config import FIELD_NAMES, MILConfig, UsageError, resolve_train_config
+from .data import SlideDataError, SlideDataset, read_survival_csv
+from .engine import evaluate
+from .models import model_from_checkpoint
+from .runner import (CHECKPOINT_FORMAT, _write_predictions, grid_options, resolve_device,
+                     setup_logging, train)
+from .splits import SPLITS, _classification_entries, run_splits
+from .survival import assign_survival_bins
+
+
+def train_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``mil/train.py``: returns the exit code (2 for bad input, nothing written then)."""
+    setup_logging()
+    try:
+        train(resolve_train_config(argv))
+    except UsageError as error:
+        print(f"mil/train.py: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def build_eval_parser() -> argparse.ArgumentParser:
+    """CLI of mil/eval.py."""
+    p = argparse.ArgumentParser(
+        description="Evaluate a MIL checkpoint (best.pth / last.pth of a mil/train.py run) on a "
+                    "split of its data, or on every row of another label table.")
+    p.add_argument("--checkpoint", required=True, help="best.pth or last.pth of a run folder")
+    p.add_argument("--split", default="test", choices=(*SPLITS, "all"),
+                   help="split of the run's tables, or 'all' rows of --label-csv")
+    p.add_argument("--feature-dir", help="override the run's feature folder")
+    p.add_argument("--label-csv", help="override the run's label / survival table")
+    p.add_argument("--split-csv", help="override the run's split table")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--predictions", help="write per-slide predictions to this CSV")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    return p
+
+
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UsageError(f"--checkpoint {path} not found")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # unreadable / truncated / foreign pickles
+        raise UsageError(f"--checkpoint {path} cannot be read: {error}") from error
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise UsageError(f"--checkpoint {path} was not written by mil/train.py")
+    return checkpoint
+
+
+def _eval_entries(cfg: MILConfig, checkpoint: dict[str, Any], split: str):
+    """Entries to evaluate, labelled with the checkpoint's label map / training bin edges."""
+    if split == "all":
+        if cfg.task == "survival":
+            entries = read_survival_csv(cfg.label_csv)
+        else:
+            entries = _classification_entries(cfg)[0]
+    else:
+        entries = run_splits(replace(cfg, select="last"), checkpoint["fold"]).split(split)
+    if cfg.task == "survival":  # bins of the training patients the model was trained with
+        bins = assign_survival_bins([e.time for e in entries], checkpoint["bin_edges"])
+        entries = [replace(e, label=int(b)) for e, b in zip(entries, bins)]
+    return entries
+
+
+def eval_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``mil/eval.py``: prints the metrics as JSON; returns the exit code."""
+    setup_logging()
+    args = build_eval_parser().parse_args(argv)
+    try:
+        checkpoint = _load_checkpoint(Path(args.checkpoint))
+        saved = {k: v for k, v in checkpoint["config"].items() if k in FIELD_NAMES}
+        overrides = {k: getattr(args, k) for k in ("feature_dir", "label_csv", "split_csv")
+                     if getattr(args, k)}
+        cfg = MILConfig(**{**saved, **overrides, "label_map": checkpoint["label_map"]})
+        if args.label_csv and args.split != "all" and not args.split_csv:
+            raise UsageError("--label-csv of another cohort: pass --split all (or --split-csv)")
+        device = resolve_device(args.device)
+        try:
+            entries = _eval_entries(cfg, checkpoint, args.split)
+            if not entries:
+                raise UsageError(f"--split {args.split}: no slides to evaluate")
+            dataset = SlideDataset(entries, cfg.feature_dir, grid=grid_options(cfg),
+                                   in_dim=checkpoint["in_dim"])
+        except (SlideDataError, FileNotFoundError) as error:
+            raise UsageError(str(error)) from error
+        model = model_from_checkpoint(Path(args.checkpoint)).to(device)
+        metrics, rows = evaluate(model, dataset, task=cfg.task,
+                                 num_classes=checkpoint["model_config"]["num_classes"],
+                                 alpha=cfg.alpha, device=device, amp="none",
+                                 workers=args.workers, progress=args.progress, desc=args.split)
+    except UsageError as error:
+        print(f"mil/eval.py: error: {error}", file=sys.stderr)
+        return 2
+    if args.predictions:
+        _write_predictions(Path(args.predictions), rows)
+    print(json.dumps({"checkpoint": args.checkpoint, "epoch": checkpoint["epoch"],
+                      "split": args.split, **metrics}, indent=2))
+    return 0
