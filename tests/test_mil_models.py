@@ -278,4 +278,4 @@ def test_bench_mil_runs(tmp_path):
     rows = [line for line in out.read_text().splitlines() if line.startswith("| 3x3") or line.startswith("| 5x5")]
     assert len(rows) == 4 and sum("2DMambaMIL" in r for r in rows) == 2 and sum("MambaMIL (1D" in r for r in rows) == 2
     first = [cell.strip() for cell in rows[0].split("|")[1:-1]]
-    assert float(first[2].replace(",", "")) > 0 and first[-1].endswith("x")
+    assert float(first[2].replace(",", "")) > 0 and first[-1].endswith("x)") and first[-2].endswith("x)")
