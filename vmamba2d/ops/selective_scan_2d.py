@@ -2,12 +2,16 @@
 
 Backends:
     ``"cuda"``      fused CUDA kernel (``vmamba2d._C_cuda``), CUDA tensors.
+    ``"triton"``    Triton kernels (``scan_triton``), compiled on first use: CUDA tensors, or CPU
+                    tensors under ``TRITON_INTERPRET=1`` (Triton's interpreter; for tests).
     ``"cpu"``       compiled C++ kernel (``vmamba2d._C_cpu`` or its JIT build), CPU tensors.
     ``"torch"``     vectorised pure PyTorch: any device, autograd, ONNX / torch.export friendly.
     ``"reference"`` the literal row/column loop (slow; for tests).
     ``"auto"``      the fastest available for the inputs' device; ``VMAMBA2D_SCAN_BACKEND``
-                    overrides what it picks. Falling back to ``"torch"`` because a kernel is
-                    missing warns once per device type.
+                    overrides what it picks. CUDA tensors: ``"cuda"`` when the extension is built
+                    with a kernel image for the GPU, else ``"triton"`` when Triton imports, else
+                    ``"torch"``; CPU tensors: ``"cpu"``, else ``"torch"``. Each fallback warns once
+                    per device type, naming why.
 """
 from __future__ import annotations
 
@@ -23,10 +27,10 @@ from .validation import check_scan_inputs
 
 Tensor = torch.Tensor
 
-BACKENDS = ("auto", "cuda", "cpu", "torch", "reference")
+BACKENDS = ("auto", "cuda", "triton", "cpu", "torch", "reference")
 BACKEND_ENV_VAR = "VMAMBA2D_SCAN_BACKEND"
 # Largest state size each compiled kernel is built for (per-state registers / buffers).
-MAX_NSTATE = {"cpu": 256, "cuda": 64}
+MAX_NSTATE = {"cpu": 256, "cuda": 64, "triton": 64}
 
 _warned_fallbacks: set[str] = set()
 
@@ -38,21 +42,61 @@ def _kernel_available(name: str) -> bool:
     return loader() is not None
 
 
-def _auto_backend(device: torch.device, dtype: torch.dtype) -> str:
-    kernel = "cuda" if device.type == "cuda" else "cpu" if device.type == "cpu" else None
-    if kernel == "cuda" and dtype == torch.float64:
-        return "torch"  # the CUDA kernel takes fp32 / fp16 / bf16 only
-    if kernel is not None and _kernel_available(kernel):
-        return kernel
-    if kernel is not None and kernel not in _warned_fallbacks:
-        _warned_fallbacks.add(kernel)
-        warnings.warn(
-            f"vmamba2d: the compiled {kernel} scan kernel is unavailable "
-            f"({_extensions.failure_reason(kernel)}); using the slower pure-PyTorch backend. "
-            "See vmamba2d.ops.backend_info().",
-            RuntimeWarning,
-            stacklevel=3,
+@torch.compiler.assume_constant_result
+def _triton_unavailable_reason() -> str:
+    """Why Triton cannot be imported ("" when it can)."""
+    from .scan_triton import triton_unavailable_reason
+
+    return triton_unavailable_reason() or ""
+
+
+@torch.compiler.assume_constant_result
+def _cuda_kernel_unusable_reason(device: torch.device) -> str:
+    """Why the CUDA extension cannot run on ``device`` ("" when it can)."""
+    if _extensions.cuda_kernel_usable(device):
+        return ""
+    return _extensions.failure_reason("cuda")
+
+
+def _warn_fallback_once(device_type: str, message: str) -> None:
+    if device_type in _warned_fallbacks:
+        return
+    _warned_fallbacks.add(device_type)
+    warnings.warn(f"vmamba2d: {message}. See vmamba2d.ops.backend_info().", RuntimeWarning, stacklevel=4)
+
+
+def _auto_cuda_backend(device: torch.device, dtype: torch.dtype) -> str:
+    if dtype == torch.float64:
+        return "torch"  # the GPU kernels are built for fp32 / fp16 / bf16
+    cuda_problem = _cuda_kernel_unusable_reason(device)
+    if not cuda_problem:
+        return "cuda"
+    triton_problem = _triton_unavailable_reason()
+    if not triton_problem:
+        _warn_fallback_once(
+            "cuda", f"the CUDA scan kernel cannot run here ({cuda_problem}); using the Triton backend"
         )
+        return "triton"
+    _warn_fallback_once(
+        "cuda",
+        f"no GPU scan kernel: the CUDA kernel cannot run here ({cuda_problem}) and Triton is "
+        f"unavailable ({triton_problem}); using the slower pure-PyTorch backend",
+    )
+    return "torch"
+
+
+def _auto_backend(device: torch.device, dtype: torch.dtype) -> str:
+    if device.type == "cuda":
+        return _auto_cuda_backend(device, dtype)
+    if device.type != "cpu":
+        return "torch"
+    if _kernel_available("cpu"):
+        return "cpu"
+    _warn_fallback_once(
+        "cpu",
+        f"the compiled cpu scan kernel is unavailable ({_extensions.failure_reason('cpu')}); "
+        "using the slower pure-PyTorch backend",
+    )
     return "torch"
 
 
@@ -75,32 +119,51 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = tor
     if backend in ("cpu", "cuda"):
         if device.type != backend:
             raise ValueError(f"backend={backend!r} needs {backend} tensors, but the inputs are on {device}")
-        if not _kernel_available(backend):
-            raise RuntimeError(
-                f"backend={backend!r} requested but its kernel is unavailable: "
-                f"{_extensions.failure_reason(backend)}"
-            )
+        problem = (
+            _cuda_kernel_unusable_reason(device) if backend == "cuda"
+            else "" if _kernel_available("cpu") else _extensions.failure_reason("cpu")
+        )
+        if problem:
+            raise RuntimeError(f"backend={backend!r} requested but its kernel cannot run: {problem}")
+    if backend == "triton":
+        from .scan_triton import triton_device_problem
+
+        missing = _triton_unavailable_reason()
+        if missing:
+            raise RuntimeError(f"backend='triton' needs Triton: {missing}")
+        problem = triton_device_problem(device)
+        if problem:
+            raise ValueError(problem)
     return backend
 
 
 def backend_info() -> dict:
     """Which kernels are importable and what ``backend="auto"`` picks.
 
-    Returns a dict with ``cpu_extension`` / ``cuda_extension`` (bool), ``cpu_extension_source``
-    (``"built"``, ``"jit"`` or None), ``auto_cpu`` / ``auto_cuda`` (the backend auto resolves to
-    for each device type), ``env_override`` (the value of ``VMAMBA2D_SCAN_BACKEND`` or None) and
-    ``cuda_available`` (torch sees a GPU).
+    Returns a dict with ``cpu_extension`` / ``cuda_extension`` (bool: built and importable),
+    ``cpu_extension_source`` (``"built"``, ``"jit"`` or None), ``triton`` (bool: Triton imports)
+    and ``triton_version`` (str or None), ``auto_cpu`` / ``auto_cuda`` (the backend auto resolves
+    to for fp32 tensors of each device type; for CUDA, judged on the current GPU, or without a
+    GPU on whether the extension is built), ``env_override`` (the value of
+    ``VMAMBA2D_SCAN_BACKEND`` or None) and ``cuda_available`` (torch sees a GPU).
     """
+    from .scan_triton import triton_version
+
     cpu_ok = _kernel_available("cpu")
     cuda_ok = _kernel_available("cuda")
+    triton_ver = triton_version()
+    gpu = torch.cuda.is_available()
+    cuda_runs = _extensions.cuda_kernel_usable(torch.device("cuda")) if gpu and cuda_ok else cuda_ok
     override = os.environ.get(BACKEND_ENV_VAR) or None
     return {
         "cpu_extension": cpu_ok,
         "cpu_extension_source": _extensions.extension_source("cpu"),
         "cuda_extension": cuda_ok,
-        "cuda_available": torch.cuda.is_available(),
+        "cuda_available": gpu,
+        "triton": triton_ver is not None,
+        "triton_version": triton_ver,
         "auto_cpu": override or ("cpu" if cpu_ok else "torch"),
-        "auto_cuda": override or ("cuda" if cuda_ok else "torch"),
+        "auto_cuda": override or ("cuda" if cuda_runs else "triton" if triton_ver else "torch"),
         "env_override": override,
     }
 
@@ -144,6 +207,12 @@ def selective_scan_2d(
     if name in MAX_NSTATE and nstate > MAX_NSTATE[name]:
         raise ValueError(f"A has N={nstate} states; backend {name!r} supports at most N={MAX_NSTATE[name]}")
     out_dtype = u.dtype if out_dtype is None else out_dtype
+    if name == "triton":
+        from .scan_triton import selective_scan_2d_triton
+
+        return selective_scan_2d_triton(
+            u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype
+        )
     if name in ("cpu", "cuda"):
         from .fused import selective_scan_2d_fused
 

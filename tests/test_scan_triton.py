@@ -1,0 +1,226 @@
+"""The Triton backend of the 2D scan, and the dispatch rules around it.
+
+Three layers:
+  * interpreter (CPU, no GPU): ``test_kernels_in_the_interpreter`` runs
+    tests/triton_interpreted_cases.py in a fresh Python with ``TRITON_INTERPRET=1`` set before
+    triton is imported: the Triton kernels' own code against the independent fp64 loop reference
+    (forward, every gradient, gradcheck, dtypes, bad inputs, torch.compile);
+  * dispatch and errors (no Triton kernel runs): what ``auto`` picks and warns on CUDA devices,
+    ``backend="cuda"`` without a kernel image, CPU tensors without the interpreter,
+    ``backend_info``, the custom ops' fake implementations;
+  * GPU (``-m cuda``, skipped without a GPU): the compiled kernels against the same reference.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_scan_ops import _grads, make_inputs
+from vmamba2d.ops import _extensions, backend_info, resolve_backend, scan_triton, selective_scan_2d
+
+dispatch = importlib.import_module("vmamba2d.ops.selective_scan_2d")
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_GPU = torch.cuda.is_available()
+KERNELS = scan_triton.KERNELS_MODULE
+REPO_ROOT = Path(__file__).resolve().parents[1]
+INTERPRETED_CASES = Path(__file__).resolve().parent / "triton_interpreted_cases.py"
+
+
+def triton_scan(**kwargs):
+    return selective_scan_2d(**kwargs, backend="triton")
+
+
+# --------------------------------------------------------------------------------------------
+# Clear errors
+# --------------------------------------------------------------------------------------------
+def test_cpu_tensors_without_the_interpreter_raise(monkeypatch):
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    previous = sys.modules.pop(KERNELS, None)
+    try:
+        inputs = make_inputs(1, 2, 1, 2, 2, 2, dtype=torch.float32)
+        with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+            triton_scan(**inputs, height=2, width=2)
+        importlib.import_module(KERNELS)  # compiled-mode kernels (importing needs no GPU)
+        with pytest.raises(ValueError, match="compiled for the GPU"):
+            triton_scan(**inputs, height=2, width=2)
+    finally:
+        sys.modules.pop(KERNELS, None)
+        if previous is not None:
+            sys.modules[KERNELS] = previous
+
+
+def test_missing_triton_raises(monkeypatch):
+    monkeypatch.setattr(scan_triton, "triton_unavailable_reason", lambda: "the 'triton' package is not installed")
+    with pytest.raises(RuntimeError, match="needs Triton: the 'triton' package is not installed"):
+        triton_scan(**make_inputs(1, 2, 1, 2, 2, 2, dtype=torch.float32), height=2, width=2)
+
+
+# --------------------------------------------------------------------------------------------
+# The kernels in Triton's interpreter (a subprocess: the variable must precede triton's import)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_kernels_in_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    for name in (dispatch.BACKEND_ENV_VAR, scan_triton.TILE_ENV_VAR):
+        env.pop(name, None)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", str(INTERPRETED_CASES), "-q", "-p", "no:cacheprovider",
+         "--durations=5"],
+        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+    )
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0 and " passed" in summary and "skipped" not in summary, (
+        result.stdout[-6000:] + result.stderr[-3000:])
+
+
+def test_fake_op_traces_on_the_meta_device():
+    """The fake implementations alone (no kernel, no Triton) give shapes and dtypes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        u = torch.empty(2, 4, 12, dtype=torch.bfloat16)
+        B = torch.empty(2, 2, 3, 12, dtype=torch.bfloat16)
+        A, D = torch.empty(4, 3), torch.empty(4)
+        y = scan_triton.selective_scan_2d_triton_fwd(u, u, A, B, B, D, None, True, 3, 4, True)
+        grads = scan_triton.selective_scan_2d_triton_bwd(u, u, A, B, B, D, None, True, 3, 4, y)
+    assert y.shape == (2, 4, 12) and y.dtype == torch.float32
+    assert [tuple(g.shape) for g in grads] == [(2, 4, 12), (2, 4, 12), (4, 3), (2, 2, 3, 12),
+                                              (2, 2, 3, 12), (4,), (0,)]
+
+
+# --------------------------------------------------------------------------------------------
+# Dispatch on CUDA devices (no GPU needed: the probes are replaced)
+# --------------------------------------------------------------------------------------------
+CUDA0 = torch.device("cuda", 0)
+
+
+@pytest.fixture
+def gpu_probes(monkeypatch):
+    """Fresh warn-once state; set ``cuda_ok`` / ``triton_missing`` on the returned namespace."""
+    class Probes:
+        cuda_ok = False
+        triton_missing = None
+
+    probes = Probes()
+    monkeypatch.setattr(dispatch, "_warned_fallbacks", set())
+    monkeypatch.setattr(_extensions, "cuda_kernel_usable", lambda device: probes.cuda_ok)
+    monkeypatch.setattr(_extensions, "failure_reason",
+                        lambda kind: "vmamba2d._C_cuda has no kernel image for TestGPU (sm_75)")
+    monkeypatch.setattr(scan_triton, "triton_unavailable_reason", lambda: probes.triton_missing)
+    monkeypatch.delenv(dispatch.BACKEND_ENV_VAR, raising=False)
+    return probes
+
+
+def _resolve_twice(backend="auto", dtype=torch.float32):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        picks = [resolve_backend(backend, CUDA0, dtype) for _ in range(2)]
+    assert picks[0] == picks[1]
+    return picks[0], [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_auto_picks_the_cuda_kernel_when_it_runs_on_the_gpu(gpu_probes):
+    gpu_probes.cuda_ok = True
+    assert _resolve_twice() == ("cuda", [])
+
+
+def test_auto_falls_back_to_triton_warning_once_why(gpu_probes):
+    name, caught = _resolve_twice()
+    assert name == "triton"
+    assert len(caught) == 1, caught
+    message = str(caught[0].message)
+    assert "no kernel image for TestGPU" in message and "Triton" in message
+
+
+def test_auto_falls_back_to_torch_naming_both_reasons(gpu_probes):
+    gpu_probes.triton_missing = "the 'triton' package is not installed"
+    name, caught = _resolve_twice()
+    assert name == "torch"
+    assert len(caught) == 1, caught
+    message = str(caught[0].message)
+    assert "no kernel image for TestGPU" in message and "'triton' package is not installed" in message
+
+
+def test_auto_keeps_fp64_on_torch_silently(gpu_probes):
+    assert _resolve_twice(dtype=torch.float64) == ("torch", [])
+
+
+def test_cuda_backend_without_a_kernel_image_raises(gpu_probes):
+    with pytest.raises(RuntimeError, match="backend='cuda'.*no kernel image for TestGPU"):
+        resolve_backend("cuda", CUDA0)
+
+
+def test_explicit_triton_on_a_gpu_resolves(gpu_probes):
+    assert _resolve_twice("triton") == ("triton", [])
+
+
+def test_backend_info_reports_triton(monkeypatch):
+    info = backend_info()
+    assert info["triton"] is HAS_TRITON
+    assert (info["triton_version"] is not None) is HAS_TRITON
+    if not HAS_GPU:
+        expected = "cuda" if info["cuda_extension"] else "triton" if HAS_TRITON else "torch"
+        assert info["auto_cuda"] == expected
+        assert not torch.cuda.is_initialized()
+    monkeypatch.setattr(scan_triton, "triton_version", lambda: None)
+    monkeypatch.setattr(dispatch, "_kernel_available", lambda name: name == "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    info = backend_info()
+    assert info["triton"] is False and info["triton_version"] is None and info["auto_cuda"] == "torch"
+
+
+# --------------------------------------------------------------------------------------------
+# Real GPU
+# --------------------------------------------------------------------------------------------
+needs_gpu = pytest.mark.skipif(not (HAS_GPU and HAS_TRITON), reason="needs a GPU and triton")
+
+
+def _gpu_inputs(inputs, dtype):
+    return {k: (v.to("cuda", dtype if k in ("u", "delta", "B", "C") else torch.float32)
+                if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("shape", [(1, 1, 2, 4, 2, 4), (1, 300, 1, 4, 1, 16), (300, 1, 1, 2, 2, 4),
+                                   (33, 65, 2, 8, 2, 16), (56, 56, 2, 16, 1, 1), (14, 14, 1, 4, 1, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_matches_reference(shape, dtype):
+    height, width, batch, dim, groups, nstate = shape
+    inputs = make_inputs(batch, dim, groups, nstate, height, width, seed=71)
+    exact = {k: (v.to(dtype).double() if k in ("u", "delta", "B", "C") else v) if isinstance(v, torch.Tensor)
+             else v for k, v in inputs.items()}
+    dy = torch.randn(batch, dim, height * width, generator=torch.Generator().manual_seed(72),
+                     dtype=torch.float64).to(dtype)
+    expected = _grads(exact, height, width, dy.double(), lambda **kw: selective_scan_2d(**kw, backend="torch"))
+    gpu = _gpu_inputs(inputs, dtype)
+    got = _grads(gpu, height, width, dy.cuda(), triton_scan)
+    y = triton_scan(**gpu, height=height, width=width, out_dtype=torch.float32)
+    y_ref = selective_scan_2d(**exact, height=height, width=width, backend="torch")
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(y.double().cpu(), y_ref, rtol=tol, atol=tol * y_ref.abs().max().item())
+    for name in expected:
+        scale = expected[name].abs().max().item() + 1e-12
+        err = (got[name].double().cpu() - expected[name]).abs().max().item() / scale
+        assert err <= tol, f"{name}: relative error {err:.2e}"
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_gpu_backward_is_deterministic():
+    inputs = _gpu_inputs(make_inputs(2, 16, 2, 16, 40, 40, seed=73), torch.float32)
+    dy = torch.randn(2, 16, 1600, device="cuda")
+    runs = [_grads(inputs, 40, 40, dy, triton_scan) for _ in range(3)]
+    for name in runs[0]:
+        assert all(torch.equal(runs[0][name], run[name]) for run in runs[1:]), name

@@ -1,0 +1,375 @@
+"""The Triton 2D selective scan as ``torch.library`` custom ops (kernels in ``_triton_kernels``).
+
+    vmamba2d::selective_scan_2d_triton_fwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
+                                           height, width, out_fp32) -> y
+    vmamba2d::selective_scan_2d_triton_bwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
+                                           height, width, dy) -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
+
+Both have fake implementations (``torch.compile(fullgraph=True)`` traces them) and the forward op's
+autograd formula calls the backward op, which recomputes the scan from the saved inputs (only the
+inputs are kept between forward and backward; the tile carries are rebuilt in the backward).
+
+Dtypes: u / delta / B / C / dy may be fp16, bf16, fp32 or fp64, A / D / delta_bias fp32 or fp64;
+the kernels accumulate in fp32 (fp64 when any scan input is fp64) and write every gradient in its
+input's dtype. Triton is imported only when a kernel is launched. On CPU tensors the kernels run
+only through Triton's interpreter, i.e. with ``TRITON_INTERPRET=1`` set before this package first
+launches a Triton kernel (the tests do this).
+
+``VMAMBA2D_TRITON_TILE=HxW`` (powers of two) overrides the tile shape, for tuning and for tests.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+Tensor = torch.Tensor
+
+FWD_OP_NAME = "vmamba2d::selective_scan_2d_triton_fwd"
+BWD_OP_NAME = "vmamba2d::selective_scan_2d_triton_bwd"
+TILE_ENV_VAR = "VMAMBA2D_TRITON_TILE"
+KERNELS_MODULE = "vmamba2d.ops._triton_kernels"
+# Elements of one [channels, states, rows, cols] register block. The backward keeps about twice
+# as many such blocks live as the forward. Untuned: no GPU was available when this was written.
+FWD_BLOCK_ELEMENTS = 4096
+BWD_BLOCK_ELEMENTS = 2048
+NUM_WARPS = 4
+MAX_NSTATE = 64
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def triton_version() -> Optional[str]:
+    """Triton's version if it can be imported (importing it if needed), else None."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        import triton
+    except Exception:  # a broken install (e.g. missing shared library) means "not available"
+        return None
+    return getattr(triton, "__version__", "unknown")
+
+
+def triton_unavailable_reason() -> Optional[str]:
+    """Why Triton cannot be used (None when it can be imported)."""
+    if importlib.util.find_spec("triton") is None:
+        return "the 'triton' package is not installed (it comes with torch's CUDA builds on Linux)"
+    try:
+        import triton  # noqa: F401
+    except Exception as err:
+        return f"'import triton' failed: {err}"
+    return None
+
+
+def _interpret_requested() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _kernels() -> ModuleType:
+    """The kernel module (imports triton on first use)."""
+    return importlib.import_module(KERNELS_MODULE)
+
+
+def _kernels_interpreted(module: ModuleType) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(module.scan2d_fwd_kernel, InterpretedFunction)
+
+
+@torch.compiler.assume_constant_result
+def triton_device_problem(device: torch.device) -> str:
+    """Why the Triton kernels cannot take ``device``'s tensors ("" when they can; Triton assumed importable)."""
+    if device.type == "cuda":
+        return ""
+    if device.type != "cpu":
+        return f"backend='triton' takes CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), got {device}"
+    loaded = sys.modules.get(KERNELS_MODULE)
+    if loaded is not None and not _kernels_interpreted(loaded):
+        return (
+            "backend='triton' got CPU tensors but the Triton kernels were compiled for the GPU "
+            "(TRITON_INTERPRET=1 was not set when they were first used)"
+        )
+    if loaded is None and not _interpret_requested():
+        return (
+            "backend='triton' needs CUDA tensors; CPU tensors run only through Triton's interpreter "
+            "(set TRITON_INTERPRET=1 before the first Triton scan kernel is used)"
+        )
+    return ""
+
+
+def check_triton_device(device: torch.device) -> None:
+    """Raise RuntimeError when Triton is missing, ValueError when it cannot take ``device``'s tensors."""
+    reason = triton_unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"backend='triton' needs Triton: {reason}")
+    problem = triton_device_problem(device)
+    if problem:
+        raise ValueError(problem)
+
+
+def _next_pow2(value: int) -> int:
+    return 1 << max(0, (int(value) - 1).bit_length())
+
+
+def _tile_override() -> Optional[tuple[int, int]]:
+    raw = os.environ.get(TILE_ENV_VAR, "").strip()
+    if not raw:
+        return None
+    parts = raw.lower().split("x")
+    try:
+        tile = tuple(int(p) for p in parts)
+    except ValueError:
+        tile = ()
+    if len(tile) != 2 or any(t < 1 or t & (t - 1) for t in tile):
+        raise ValueError(f"{TILE_ENV_VAR} must be 'HxW' with powers of two, e.g. '16x32', got {raw!r}")
+    return tile  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How the maps are cut: channels per program, padded states, tile shape, tile counts."""
+
+    block_d: int
+    block_n: int
+    tile_h: int
+    tile_w: int
+    n_chan_blocks: int
+    n_tile_rows: int
+    n_tile_cols: int
+
+
+def choose_tiling(chans_per_group: int, nstate: int, height: int, width: int, block_elements: int) -> Tiling:
+    """A register block of at most ``block_elements`` = channels x states x tile rows x tile cols.
+
+    States are padded to a power of two; a program takes several channels of a group (sharing the
+    B / C tiles) while at least 256 cells remain per tile; the tile is as wide as the map when
+    that fits, else squarer.
+    """
+    block_n = _next_pow2(nstate)
+    block_d = min(_next_pow2(chans_per_group), max(1, block_elements // (block_n * 256)))
+    cells = max(16, block_elements // (block_d * block_n))
+    full_h, full_w = _next_pow2(height), _next_pow2(width)
+    override = _tile_override()
+    if override is not None:
+        tile_h, tile_w = override
+    else:
+        tile_w = min(full_w, cells)
+        tile_h = min(full_h, max(1, cells // tile_w))
+        while tile_w > 2 * tile_h and tile_h * 2 <= full_h:
+            tile_w //= 2
+            tile_h *= 2
+    return Tiling(
+        block_d=block_d,
+        block_n=block_n,
+        tile_h=tile_h,
+        tile_w=tile_w,
+        n_chan_blocks=-(-chans_per_group // block_d),
+        n_tile_rows=-(-height // tile_h),
+        n_tile_cols=-(-width // tile_w),
+    )
+
+
+def _acc_dtype(*tensors: Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _tl_dtype(dtype: torch.dtype):
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _launch_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, y, tiling,
+                    save_carries):
+    """Run the forward kernel; return the carry buffers (above, left) it wrote."""
+    kernels = _kernels()
+    batch, dim, _ = u.shape
+    groups, nstate = B.shape[1], B.shape[2]
+    acc = _acc_dtype(u, delta, B, C)
+    programs = batch * groups * tiling.n_chan_blocks
+    slots = tiling.n_tile_rows if save_carries else 1
+    carry_row = tiling.block_d * tiling.block_n * tiling.n_tile_cols * tiling.tile_w
+    above = torch.empty(programs * slots * carry_row, device=u.device, dtype=acc)
+    tiles = tiling.n_tile_rows * tiling.n_tile_cols
+    left_size = programs * tiles * tiling.block_d * tiling.block_n * tiling.tile_h if save_carries else 1
+    left = torch.empty(left_size, device=u.device, dtype=acc)
+    kernels.scan2d_fwd_kernel[(programs,)](
+        u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u,
+        y if y is not None else u, above, left,
+        dim, groups, dim // groups, nstate, height, width,
+        tiling.n_chan_blocks, tiling.n_tile_rows, tiling.n_tile_cols,
+        HAS_D=D is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
+        STORE_Y=y is not None, SAVE_CARRIES=save_carries,
+        BLOCK_D=tiling.block_d, BLOCK_N=tiling.block_n, TILE_H=tiling.tile_h, TILE_W=tiling.tile_w,
+        ACC=_tl_dtype(acc), num_warps=NUM_WARPS,
+    )
+    return above, left
+
+
+def _check_op_inputs(u: Tensor, A: Tensor, B: Tensor) -> None:
+    check_triton_device(u.device)
+    if A.shape[1] > MAX_NSTATE:
+        raise ValueError(f"A has N={A.shape[1]} states; backend 'triton' supports at most N={MAX_NSTATE}")
+    if u.dtype not in _SUPPORTED_DTYPES or B.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"backend 'triton' takes float16, bfloat16, float32 or float64 inputs, got {u.dtype}")
+
+
+@torch.library.custom_op(FWD_OP_NAME, mutates_args=())
+def selective_scan_2d_triton_fwd(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    delta_softplus: bool,
+    height: int,
+    width: int,
+    out_fp32: bool,
+) -> Tensor:
+    """Triton forward: y (batch, dim, L), fp32 if ``out_fp32`` else u's dtype.
+
+    Inputs contiguous: u, delta (batch, dim, L); A (dim, N); B, C (batch, groups, N, L); D,
+    delta_bias (dim,) or None.
+    """
+    _check_op_inputs(u, A, B)
+    y = torch.empty(u.shape, device=u.device, dtype=torch.float32 if out_fp32 else u.dtype)
+    if u.numel() == 0:
+        return y
+    tiling = choose_tiling(u.shape[1] // B.shape[1], A.shape[1], height, width, FWD_BLOCK_ELEMENTS)
+    _launch_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, y, tiling,
+                    save_carries=False)
+    return y
+
+
+@selective_scan_2d_triton_fwd.register_fake
+def _fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32):
+    return u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype)
+
+
+@torch.library.custom_op(BWD_OP_NAME, mutates_args=())
+def selective_scan_2d_triton_bwd(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    delta_softplus: bool,
+    height: int,
+    width: int,
+    dy: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Triton backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias), each shaped and typed like its input.
+
+    dy (batch, dim, L) contiguous. dD / ddelta_bias are empty (shape (0,)) when D / delta_bias is None.
+    """
+    _check_op_inputs(u, A, B)
+    batch, dim, length = u.shape
+    groups, nstate = B.shape[1], B.shape[2]
+    acc = _acc_dtype(u, delta, B, C)
+    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
+    tiling = choose_tiling(dim // groups, nstate, height, width, BWD_BLOCK_ELEMENTS)
+    dB_part = torch.empty(batch, groups, tiling.n_chan_blocks, nstate, length, device=u.device, dtype=acc)
+    dC_part = torch.empty_like(dB_part)
+    dA_part = torch.zeros(batch, dim, nstate, device=u.device, dtype=acc)
+    dD_part = torch.zeros(batch, dim, device=u.device, dtype=acc)
+    dbias_part = torch.zeros(batch, dim, device=u.device, dtype=acc)
+    if u.numel() > 0:
+        above, left = _launch_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width,
+                                      None, tiling, save_carries=True)
+        programs = batch * groups * tiling.n_chan_blocks
+        below = torch.empty(programs * tiling.block_d * tiling.block_n * tiling.n_tile_cols * tiling.tile_w,
+                            device=u.device, dtype=acc)
+        _kernels().scan2d_bwd_kernel[(programs,)](
+            u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, dy,
+            above, left, below,
+            du, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part,
+            dim, groups, dim // groups, nstate, height, width,
+            tiling.n_chan_blocks, tiling.n_tile_rows, tiling.n_tile_cols,
+            HAS_D=D is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
+            BLOCK_D=tiling.block_d, BLOCK_N=tiling.block_n, TILE_H=tiling.tile_h, TILE_W=tiling.tile_w,
+            ACC=_tl_dtype(acc), num_warps=NUM_WARPS,
+        )
+    else:
+        dB_part.zero_()
+        dC_part.zero_()
+    # Fixed-order sums of the per-program partials: deterministic, no atomics.
+    dB = dB_part.sum(dim=2).to(B.dtype)
+    dC = dC_part.sum(dim=2).to(C.dtype)
+    dA = dA_part.sum(dim=0).to(A.dtype)
+    dD = dD_part.sum(dim=0).to(D.dtype) if D is not None else A.new_empty(0)
+    dbias = dbias_part.sum(dim=0).to(delta_bias.dtype) if delta_bias is not None else A.new_empty(0)
+    return du, ddelta, dA, dB, dC, dD, dbias
+
+
+@selective_scan_2d_triton_bwd.register_fake
+def _bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy):
+    optional = tuple(torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias))
+    return tuple(torch.empty_like(t) for t in (u, delta, A, B, C)) + optional
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, _ = inputs
+    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias)
+    ctx.scan_args = (delta_softplus, height, width)
+
+
+def _backward(ctx, dy: Tensor):
+    u, delta, A, B, C, D, delta_bias = ctx.saved_tensors
+    du, ddelta, dA, dB, dC, dD, dbias = selective_scan_2d_triton_bwd(
+        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous()
+    )
+    return (
+        du, ddelta, dA, dB, dC,
+        dD if D is not None else None,
+        dbias if delta_bias is not None else None,
+        None, None, None, None,
+    )
+
+
+selective_scan_2d_triton_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def selective_scan_2d_triton(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    delta_softplus: bool,
+    height: int,
+    width: int,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """2D selective scan with the Triton kernels (differentiable).
+
+    Args (validated by :func:`vmamba2d.ops.validation.check_scan_inputs`): u, delta (batch, dim, L);
+    A (dim, N); B, C (batch, groups, N, L); D, delta_bias (dim,) or None; L == height * width.
+    Any strides; u / delta / B / C of one floating dtype (fp16, bf16, fp32, fp64).
+    Returns: y (batch, dim, L) in ``out_dtype``.
+    """
+    scan_dtype = u.dtype
+    for t in (delta, B, C):
+        scan_dtype = torch.promote_types(scan_dtype, t.dtype)
+    param_dtype = torch.float64 if scan_dtype == torch.float64 else torch.float32
+
+    def prepare(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+        return None if t is None else t.to(dtype).contiguous()
+
+    out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
+    y = selective_scan_2d_triton_fwd(
+        prepare(u, scan_dtype), prepare(delta, scan_dtype), prepare(A, param_dtype),
+        prepare(B, scan_dtype), prepare(C, scan_dtype), prepare(D, param_dtype),
+        prepare(delta_bias, param_dtype), bool(delta_softplus), int(height), int(width), out_fp32,
+    )
+    return y.to(out_dtype)
