@@ -11,10 +11,14 @@ handle for mmengine's counter), then runs the tool file shipped in the installed
     python seg/mmseg_tool.py misc/print_config.py CONFIG          # the same, from the repository
     python -m vmamba2d.seg.mmseg_tools --list                      # the tools found
 
-One upstream bug is worked around while its tool runs: mmseg 1.2.2's ``get_flops.py`` passes both
-``input_shape`` and ``inputs`` to mmengine's ``get_model_complexity_info``, which refuses that
-(open-mmlab/mmsegmentation#3241, fixed after 1.2.2 by passing ``input_shape=None``); the runner
-drops ``input_shape`` when ``inputs`` is given, as that fix does.
+Two upstream bugs of mmseg 1.2.2 are worked around, each only while its tool runs:
+
+* ``get_flops.py`` passes both ``input_shape`` and ``inputs`` to mmengine's
+  ``get_model_complexity_info``, which refuses that (open-mmlab/mmsegmentation#3241, fixed after
+  1.2.2 by passing ``input_shape=None``): ``input_shape`` is dropped when ``inputs`` is given.
+* ``browse_dataset.py`` hands the visualizer a channel-planar (non-contiguous) image view, on which
+  OpenCV cannot draw the class labels (open-mmlab/mmsegmentation#3405): the image is made
+  contiguous first.
 """
 from __future__ import annotations
 
@@ -88,7 +92,34 @@ def _complexity_info_takes_inputs_only() -> Iterator[None]:
         mmengine.analysis.get_model_complexity_info = original
 
 
-_UPSTREAM_FIXES = {"analysis_tools/get_flops.py": _complexity_info_takes_inputs_only}
+@contextlib.contextmanager
+def _visualizer_gets_contiguous_images() -> Iterator[None]:
+    """While active, ``SegLocalVisualizer.add_datasample`` copies a non-contiguous ``image`` into a
+    C-contiguous array (OpenCV draws only on those; see the module docstring)."""
+    import numpy as np
+    from mmseg.visualization import SegLocalVisualizer
+
+    original = SegLocalVisualizer.add_datasample
+
+    def contiguous_image(self, *args, **kwargs):
+        if "image" in kwargs:
+            kwargs["image"] = np.ascontiguousarray(kwargs["image"])
+        elif len(args) >= 2:  # (name, image, ...)
+            args = (args[0], np.ascontiguousarray(args[1]), *args[2:])
+        return original(self, *args, **kwargs)
+
+    SegLocalVisualizer.add_datasample = contiguous_image
+    try:
+        yield
+    finally:
+        SegLocalVisualizer.add_datasample = original
+
+
+_UPSTREAM_FIXES = {
+    "analysis_tools/get_flops.py": _complexity_info_takes_inputs_only,
+    "analysis_tools/browse_dataset.py": _visualizer_gets_contiguous_images,
+    "misc/browse_dataset.py": _visualizer_gets_contiguous_images,
+}
 
 
 def run_tool(name: str, argv: Sequence[str]) -> None:
