@@ -166,8 +166,8 @@ def plan(python: str, env: Environment, work: Path, jobs: int) -> list[Step]:
         steps.append(Step(f"sanitize-{tool}", ["bash", "tools/cuda_sanitize.sh"], budget_s=45, min_s=20,
                           env={"TOOLS": tool, "PYTHON": python},
                           meanings={2: "not run (no GPU backend or no compute-sanitizer)"}))
-    steps.append(Step("bench-scan", [python, "tools/bench_scan.py", "--device", "cuda", "--out",
-                                     str(work / "bench_scan.md")], budget_s=110, min_s=40,
+    steps.append(Step("bench-scan", [python, "tools/bench_scan.py", "--device", "cuda", "--warmup", "2",
+                                     "--repeats", "5", "--out", str(work / "bench_scan.md")], budget_s=110, min_s=40,
                       table=work / "bench_scan.md", time_option="--max-seconds"))
     for precision in ("fp32", "bf16"):
         out = work / f"bench_model_{precision}.md"
