@@ -1,25 +1,22 @@
-"""Training checkpoints: atomic writes, safe (weights_only) loads, RNG state capture/restore.
+"""Classification checkpoints: safe (weights_only) loads, format tag, key / shape checks.
 
-A run folder holds ``last.pth`` (rewritten after every epoch) and ``best.pth`` (the epoch with the
-best validation top-1). Files are first written to a temporary file in the same folder and then
-renamed with ``os.replace``, so a crash never leaves a truncated checkpoint behind.
+The run folder protocol (``last.pth`` as the commit point, ``best.pth``, ``metrics.jsonl``,
+repair on resume) lives in ``vmamba2d.training.run_folder``.
 """
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
-from vmamba2d.training.checkpoint import (atomic_torch_save, capture_rng_state,  # noqa: F401
-                                         restore_rng_state)
+from vmamba2d.training import BEST_NAME, LAST_NAME  # noqa: F401  (re-exported for the scripts)
 
 from .errors import UsageError
 
 CHECKPOINT_FORMAT = "vmamba2d.classification/1"
-LAST_NAME = "last.pth"
-BEST_NAME = "best.pth"
 
 
 def load_checkpoint_file(path: Path, *, trust: bool = False) -> Any:
@@ -50,12 +47,6 @@ def is_training_checkpoint(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT
 
 
-def find_auto_resume(output: Path) -> Optional[Path]:
-    """``<output>/last.pth`` when it exists, else None (``--resume auto`` then starts fresh)."""
-    candidate = Path(output) / LAST_NAME
-    return candidate if candidate.is_file() else None
-
-
 def check_state_dict_matches(model: torch.nn.Module, state_dict: dict[str, torch.Tensor],
                              source: str) -> None:
     """Raise UsageError naming missing / unexpected / mis-shaped keys before loading anything."""
@@ -67,13 +58,56 @@ def check_state_dict_matches(model: torch.nn.Module, state_dict: dict[str, torch
         for key in set(expected) & set(state_dict)
         if tuple(state_dict[key].shape) != tuple(expected[key].shape))
     if missing or unexpected or mis_shaped:
-        def head(items: list[str]) -> str:
-            return ", ".join(items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing key(s): {head(missing)}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s): {head(unexpected)}")
-        if mis_shaped:
-            parts.append(f"{len(mis_shaped)} shape mismatch(es): {head(mis_shaped)}")
-        raise UsageError(f"{source} does not fit model {type(model).__name__}: " + "; ".join(parts))
+        raise UsageError(f"{source} does not fit model {type(model).__name__}: "
+                         + describe_key_mismatch(missing, unexpected, mis_shaped))
+
+
+def _first(items: list[str], limit: int = 5) -> str:
+    return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit
+                                       else "")
+
+
+def describe_key_mismatch(missing: list[str], unexpected: list[str],
+                          mis_shaped: list[str]) -> str:
+    """'N missing key(s): a, b, ...; M unexpected key(s): ...; K shape mismatch(es): ...'."""
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing key(s): {_first(missing)}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key(s): {_first(unexpected)}")
+    if mis_shaped:
+        parts.append(f"{len(mis_shaped)} shape mismatch(es): {_first(mis_shaped)}")
+    return "; ".join(parts)
+
+
+def describe_load_error(error: Exception) -> str:
+    """Readable summary of a failed ``load_state_dict``: the first missing / unexpected keys and
+    shape mismatches parsed from torch's message, else the message itself (whitespace folded,
+    shortened)."""
+    text = str(error)
+    missing = _quoted_keys(text, "Missing key(s) in state_dict:")
+    unexpected = _quoted_keys(text, "Unexpected key(s) in state_dict:")
+    mis_shaped = [f"{match.group(1)}: checkpoint {_shape(match.group(2))} vs model "
+                  f"{_shape(match.group(3))}" for match in _SIZE_MISMATCH.finditer(text)]
+    if missing or unexpected or mis_shaped:
+        return describe_key_mismatch(missing, unexpected, mis_shaped)
+    folded = " ".join(text.split())
+    return folded if len(folded) <= 600 else folded[:600] + " ..."
+
+
+_SIZE_MISMATCH = re.compile(r"size mismatch for ([^:\s]+): copying a param with shape "
+                            r"torch\.Size\(\[([\d, ]*)\]\) from checkpoint, the shape in current "
+                            r"model is torch\.Size\(\[([\d, ]*)\]\)")
+
+
+def _shape(numbers: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in numbers.split(",") if n.strip())
+
+
+def _quoted_keys(text: str, heading: str) -> list[str]:
+    """The "quoted", comma-separated keys after ``heading`` up to the end of its line."""
+    start = text.find(heading)
+    if start < 0:
+        return []
+    line = text[start + len(heading):].split("\n", 1)[0]
+    return re.findall(r'"([^"]+)"', line)

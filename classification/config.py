@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -18,6 +19,10 @@ from .errors import UsageError
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "classification"
 AMP_CHOICES = ("bf16", "fp16", "none")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+INTERPOLATION_CHOICES = ("bilinear", "bicubic", "nearest", "random")
+# Options with a fixed set of values (checked for YAML recipes too, not only by argparse).
+CHOICES = {"amp": AMP_CHOICES, "device": DEVICE_CHOICES, "interpolation": INTERPOLATION_CHOICES,
+           "mixup_mode": ("batch", "pair", "elem"), "remode": ("const", "rand", "pixel")}
 
 
 @dataclass
@@ -36,6 +41,7 @@ class TrainConfig:
     pin_memory: bool = True
     progress: bool = True
     log_interval: int = 50
+    skip_bad_images: bool = False  # unreadable images: skip and count (default: stop the run)
     # schedule and batch
     epochs: int = 300
     batch_size: int = 128  # per process
@@ -89,6 +95,7 @@ class TrainConfig:
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+FIELD_TYPES = typing.get_type_hints(TrainConfig)
 
 
 def resolve_config_path(config: str) -> Path:
@@ -163,6 +170,9 @@ def build_train_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, help="tqdm bar on rank 0")
     p.add_argument("--log-interval", type=int, help="progress-bar refresh interval in steps")
+    p.add_argument("--skip-bad-images", action=argparse.BooleanOptionalAction,
+                   help="skip unreadable images (logged, counted per epoch in metrics.jsonl); "
+                        "default: stop the run, naming the file")
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int, help="images per process per micro-step")
     p.add_argument("--accum-steps", type=int, help="micro-steps per optimizer update")
@@ -184,21 +194,61 @@ def build_train_parser() -> argparse.ArgumentParser:
     p.add_argument("--cutmix", type=float, help="cutmix alpha (0: off)")
     p.add_argument("--mixup-prob", type=float)
     p.add_argument("--mixup-switch-prob", type=float)
-    p.add_argument("--mixup-mode", choices=("batch", "pair", "elem"))
+    p.add_argument("--mixup-mode", choices=CHOICES["mixup_mode"])
     p.add_argument("--aa", type=_optional_str, help="timm auto-augment string, or 'none'")
     p.add_argument("--color-jitter", type=float)
     p.add_argument("--reprob", type=float, help="random-erasing probability")
-    p.add_argument("--remode", choices=("const", "rand", "pixel"))
+    p.add_argument("--remode", choices=CHOICES["remode"])
     p.add_argument("--recount", type=int)
-    p.add_argument("--interpolation", choices=("bilinear", "bicubic", "nearest", "random"))
+    p.add_argument("--interpolation", choices=INTERPOLATION_CHOICES)
     p.add_argument("--crop-pct", type=_optional_float, help="eval crop fraction ('none': model's)")
     p.add_argument("--model-ema", action=argparse.BooleanOptionalAction)
     p.add_argument("--model-ema-decay", type=float)
     return p
 
 
+def _type_matches(value: Any, expected: Any) -> bool:
+    if typing.get_origin(expected) is typing.Union:  # Optional[X]
+        return any(_type_matches(value, option) for option in typing.get_args(expected))
+    if expected is type(None):
+        return value is None
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _type_name(expected: Any) -> str:
+    if typing.get_origin(expected) is typing.Union:
+        return " or ".join(_type_name(option) for option in typing.get_args(expected))
+    return {type(None): "none", float: "a number", int: "an int", bool: "true/false",
+            str: "text", list: "a list", dict: "a mapping"}.get(expected, str(expected))
+
+
+def check_option_types(cfg: TrainConfig) -> None:
+    """UsageError naming the first option whose value has the wrong type (e.g. from YAML)."""
+    for name in FIELD_NAMES:
+        value, expected = getattr(cfg, name), FIELD_TYPES[name]
+        if not _type_matches(value, expected):
+            hint = ""
+            if isinstance(value, str) and expected in (float, Optional[float]):
+                hint = " (YAML reads 5e-4 as text: write 5.0e-4)"
+            raise UsageError(f"option '{name}' (--{name.replace('_', '-')}) must be "
+                             f"{_type_name(expected)}, got {value!r} ({type(value).__name__})"
+                             f"{hint}")
+
+
 def validate_config(cfg: TrainConfig) -> None:
-    """Reject option values that cannot work, naming the option."""
+    """Reject option values that cannot work, naming the option (types, ranges, choices).
+
+    A warm-up longer than the run is not an error: train.py clamps it with a warning.
+    """
+    check_option_types(cfg)
+    for name, allowed in CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise UsageError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, "
+                             f"got {getattr(cfg, name)!r}")
     for name in ("model", "data_dir", "output"):
         if not getattr(cfg, name):
             raise UsageError(f"--{name.replace('_', '-')} is required (flag or recipe key '{name}')")
@@ -208,10 +258,14 @@ def validate_config(cfg: TrainConfig) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {cfg.workers}")
+    if cfg.recount < 1:
+        raise UsageError(f"--recount must be >= 1, got {cfg.recount}")
     if cfg.lr_base_batch < 0:
         raise UsageError(f"--lr-base-batch must be >= 0, got {cfg.lr_base_batch}")
-    if cfg.warmup_epochs < 0 or (cfg.warmup_epochs > 0 and cfg.warmup_epochs >= cfg.epochs):
-        raise UsageError(f"--warmup-epochs must be in [0, epochs={cfg.epochs}), got {cfg.warmup_epochs}")
+    if cfg.warmup_epochs < 0:
+        raise UsageError(f"--warmup-epochs must be >= 0, got {cfg.warmup_epochs}")
+    if cfg.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {cfg.seed}")
     for name in ("lr", "warmup_lr", "min_lr", "weight_decay", "drop_path", "smoothing", "mixup",
                  "cutmix", "reprob", "color_jitter"):
         if float(getattr(cfg, name)) < 0:
@@ -225,14 +279,9 @@ def validate_config(cfg: TrainConfig) -> None:
         raise UsageError(f"--crop-pct must be in (0, 1], got {cfg.crop_pct}")
     if cfg.clip_grad is not None and cfg.clip_grad <= 0:
         raise UsageError(f"--clip-grad must be > 0 or 'none', got {cfg.clip_grad}")
-    if cfg.amp not in AMP_CHOICES:
-        raise UsageError(f"--amp must be one of {AMP_CHOICES}, got {cfg.amp!r}")
-    if cfg.device not in DEVICE_CHOICES:
-        raise UsageError(f"--device must be one of {DEVICE_CHOICES}, got {cfg.device!r}")
-    if not isinstance(cfg.model_kwargs, dict):
-        raise UsageError(f"model_kwargs must be a mapping, got {cfg.model_kwargs!r}")
-    if len(cfg.opt_betas) != 2:
-        raise UsageError(f"--opt-betas needs two values, got {cfg.opt_betas}")
+    if len(cfg.opt_betas) != 2 or not all(_type_matches(b, float) and 0 <= b < 1
+                                          for b in cfg.opt_betas):
+        raise UsageError(f"--opt-betas needs two numbers in [0, 1), got {cfg.opt_betas}")
     if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
         raise UsageError(f"--batch-size must be even when mixup/cutmix is on, got {cfg.batch_size}")
 
@@ -244,6 +293,9 @@ def resolve_train_config(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     config = given.pop("config", None)
     if config:
         values.update(load_yaml_recipe(resolve_config_path(config)))
+    if not isinstance(values.get("model_kwargs", {}), dict):
+        raise UsageError(f"option 'model_kwargs' must be a mapping, got "
+                         f"{values['model_kwargs']!r}")
     if "model_kwargs" in given:
         given["model_kwargs"] = {**values.get("model_kwargs", {}),
                                  **parse_model_kwargs(given["model_kwargs"])}

@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
+from PIL import Image
 from timm.data import create_transform, resolve_data_config
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from torchvision.datasets import ImageFolder
 
-from .errors import UsageError
+from vmamba2d.training import EpochSampler, SeededSamples, loader_generator
+
+from .errors import BadImageError, UsageError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -77,10 +80,15 @@ def eval_transform(data_config: dict[str, Any]):
 def train_transform(data_config: dict[str, Any], *, auto_augment: Optional[str], color_jitter: float,
                     re_prob: float, re_mode: str, re_count: int):
     """Random-resized crop + flip + RandAugment/colour jitter + normalise + random erasing."""
-    return create_transform(data_config["input_size"], is_training=True, auto_augment=auto_augment,
-                            color_jitter=color_jitter, interpolation=data_config["interpolation"],
-                            mean=data_config["mean"], std=data_config["std"], re_prob=re_prob,
-                            re_mode=re_mode, re_count=re_count)
+    try:
+        return create_transform(data_config["input_size"], is_training=True,
+                                auto_augment=auto_augment, color_jitter=color_jitter,
+                                interpolation=data_config["interpolation"],
+                                mean=data_config["mean"], std=data_config["std"],
+                                re_prob=re_prob, re_mode=re_mode, re_count=re_count)
+    except (AssertionError, ValueError, KeyError) as error:
+        raise UsageError(f"--aa {auto_augment!r}: timm cannot build this augmentation ({error})"
+                         ) from error
 
 
 class ShardSampler(Sampler[int]):
@@ -96,10 +104,49 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+# What PIL raises for a missing, truncated or corrupt file (or a decompression bomb).
+UNREADABLE_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+MAX_CONSECUTIVE_BAD_IMAGES = 16
+
+
+class ReadableImageFolder(ImageFolder):
+    """ImageFolder whose samples are ``(image, target, problem)``.
+
+    ``problem`` is ``""`` for a readable file. For an unreadable one it is ``"<path>: <error>"``
+    and the image / target are those of the next readable file of the split (the batch keeps
+    its size); the training loop then stops or skips (``--skip-bad-images``), and evaluation
+    leaves such rows out. More than MAX_CONSECUTIVE_BAD_IMAGES unreadable files in a row raise.
+    """
+
+    def __getitem__(self, index: int) -> tuple[Any, int, str]:
+        path, target = self.samples[index]
+        try:
+            image = self.loader(path)
+            problem = ""
+        except UNREADABLE_IMAGE_ERRORS as error:
+            problem = f"{path}: {error}"
+            image, target = self._next_readable(index)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, target, problem
+
+    def _next_readable(self, index: int) -> tuple[Any, int]:
+        tried = []
+        for offset in range(1, min(MAX_CONSECUTIVE_BAD_IMAGES, len(self.samples))):
+            path, target = self.samples[(index + offset) % len(self.samples)]
+            try:
+                return self.loader(path), target
+            except UNREADABLE_IMAGE_ERRORS:
+                tried.append(path)
+        raise BadImageError(f"{self.samples[index][0]} and the {len(tried)} image(s) after it "
+                            f"cannot be read ({', '.join(tried[:3])} ...); is {self.root} intact?")
+
+
 def make_image_folder(split_dir: Path, transform, expected_classes: Optional[Sequence[str]] = None
-                      ) -> ImageFolder:
-    """torchvision ImageFolder over ``split_dir``; class list checked against ``expected_classes``."""
-    dataset = ImageFolder(str(split_dir), transform=transform)
+                      ) -> ReadableImageFolder:
+    """:class:`ReadableImageFolder` over ``split_dir``; classes checked against
+    ``expected_classes``."""
+    dataset = ReadableImageFolder(str(split_dir), transform=transform)
     if expected_classes is not None and list(dataset.classes) != list(expected_classes):
         raise UsageError(f"{split_dir}: classes {dataset.classes[:10]} do not match the expected "
                          f"{list(expected_classes)[:10]}")
@@ -108,25 +155,32 @@ def make_image_folder(split_dir: Path, transform, expected_classes: Optional[Seq
 
 def train_loader(dataset: ImageFolder, *, batch_size: int, rank: int, world_size: int, seed: int,
                  workers: int, pin_memory: bool) -> DataLoader:
-    """Shuffled loader; DistributedSampler (seeded, call ``sampler.set_epoch``) even for 1 process.
+    """Shuffled loader of ``(images, targets, problems)`` batches; call ``sampler.set_epoch``.
 
-    Full batches only (mixup needs even, equal batches); each rank sees len/world images per epoch.
+    Order: DistributedSampler seeded with (seed, epoch), even for 1 process. Augmentation:
+    seeded per sample from (seed, epoch, index) (``vmamba2d.training.seeding``), so a resumed
+    run loads exactly what the uninterrupted run loaded, with any number of ``workers``.
+    Full batches only (mixup needs even, equal batches); each rank sees len/world images per
+    epoch.
     """
     if len(dataset) < batch_size * world_size:
         raise UsageError(f"train split has {len(dataset)} images, fewer than one batch "
                          f"({batch_size} per process x {world_size} processes)")
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=seed, drop_last=True)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      pin_memory=pin_memory, drop_last=True, persistent_workers=workers > 0)
+    sampler = EpochSampler(DistributedSampler(dataset, num_replicas=world_size, rank=rank,
+                                              shuffle=True, seed=seed, drop_last=True))
+    return DataLoader(SeededSamples(dataset, seed), batch_size=batch_size, sampler=sampler,
+                      num_workers=workers, pin_memory=pin_memory, drop_last=True,
+                      persistent_workers=workers > 0, generator=loader_generator(seed))
 
 
 def eval_loader(dataset: ImageFolder, *, batch_size: int, rank: int, world_size: int,
                 workers: int, pin_memory: bool) -> DataLoader:
-    """Ordered loader over this rank's shard (every image counted exactly once over all ranks)."""
+    """Ordered loader over this rank's shard (every image counted exactly once over all ranks).
+
+    Its own generator: iterating it never draws from the global torch generator."""
     sampler = ShardSampler(len(dataset), rank, world_size)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      pin_memory=pin_memory, drop_last=False)
+                      pin_memory=pin_memory, drop_last=False, generator=loader_generator(0))
 
 
 def updates_per_epoch(batches_per_epoch: int, accum_steps: int) -> int:

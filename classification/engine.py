@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .distributed import DistContext, all_reduce_sum
+from .errors import BadImageError
+from .logging_utils import LOGGER_NAME
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
 
@@ -22,6 +25,27 @@ def autocast(device: torch.device, amp: str):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class BadImages:
+    """What to do with the unreadable images a batch reports (``problems``: one string per row,
+    empty for readable files; see ``ReadableImageFolder``): raise BadImageError naming the first
+    one, or, with ``skip``, log each (unless ``log`` is off, e.g. for a second pass over the same
+    split) and let the caller drop / keep the substituted rows."""
+
+    def __init__(self, skip: bool, log: bool = True) -> None:
+        self.skip = skip
+        self.log = log
+        self.logger = logging.getLogger(LOGGER_NAME)
+
+    def bad_rows(self, problems: Sequence[str], where: str) -> list[int]:
+        """Indices of the rows whose own file was unreadable (raises unless skipping)."""
+        rows = [row for row, problem in enumerate(problems) if problem]
+        if rows and not self.skip:
+            raise BadImageError(f"unreadable image {problems[rows[0]]}")
+        for row in rows if self.log else ():
+            self.logger.warning("%s: skipped unreadable image %s", where, problems[row])
+        return rows
 
 
 @dataclass
@@ -40,23 +64,29 @@ def train_one_epoch(*, model: torch.nn.Module, train_model: torch.nn.Module, loa
                     mixup_fn: Optional[Callable], ema: Optional[torch.nn.Module],
                     scaler: torch.amp.GradScaler, amp: str, accum_steps: int,
                     clip_grad: Optional[float], state: TrainState, epoch: int, ctx: DistContext,
-                    progress: bool, log_interval: int) -> dict[str, float]:
+                    progress: bool, log_interval: int,
+                    bad_images: Optional[BadImages] = None) -> dict[str, float]:
     """Train ``train_model`` (``model`` or its DDP wrapper) for one pass over ``loader``.
 
-    Images (batch, 3, H, W), targets (batch,) int64. A loss is divided by the size of its
-    accumulation group; the optimizer steps at the end of each group (the last group of the epoch
-    may be shorter). Returns rank-averaged ``train_loss``, the last ``lr`` and ``img_per_s``.
+    Batches are (images (batch, 3, H, W), targets (batch,) int64, problems (batch strings)).
+    A loss is divided by the size of its accumulation group; the optimizer steps at the end of
+    each group (the last group of the epoch may be shorter). An unreadable image raises
+    BadImageError before the batch is used, unless ``bad_images.skip`` (its substitute is then
+    trained on and counted). Returns rank-averaged ``train_loss``, the last ``lr``,
+    ``train_img_per_s``, ``train_seconds`` and ``train_bad_images`` (summed over ranks).
     """
+    bad_images = bad_images or BadImages(skip=False)
     model.train()
     device = ctx.device
     num_batches = len(loader)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    images_seen = 0
+    images_seen = bad_count = 0
     bar = tqdm(total=num_batches, desc=f"epoch {epoch}", disable=not (progress and ctx.is_main),
                dynamic_ncols=True, leave=False)
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    for index, (images, targets) in enumerate(loader):
+    for index, (images, targets, problems) in enumerate(loader):
+        bad_count += len(bad_images.bad_rows(problems, f"train epoch {epoch}"))
         group_start = (index // accum_steps) * accum_steps
         group_size = min(accum_steps, num_batches - group_start)
         is_update = index + 1 == group_start + group_size
@@ -96,27 +126,43 @@ def train_one_epoch(*, model: torch.nn.Module, train_model: torch.nn.Module, loa
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
     totals = all_reduce_sum(torch.stack([loss_sum.cpu(), torch.tensor(float(images_seen),
-                                                                      dtype=torch.float64)]), ctx)
+                                                                      dtype=torch.float64),
+                                         torch.tensor(float(bad_count), dtype=torch.float64)]),
+                            ctx)
     return {"train_loss": (totals[0] / totals[1]).item(), "lr": _current_lr(optimizer),
             "train_img_per_s": totals[1].item() / max(elapsed, 1e-9),
-            "train_seconds": elapsed}
+            "train_seconds": elapsed, "train_bad_images": int(totals[2].item())}
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: str,
-             progress: bool = False, desc: str = "eval") -> dict[str, float]:
+             progress: bool = False, desc: str = "eval",
+             bad_images: Optional[BadImages] = None) -> dict[str, float]:
     """Top-1 / top-5 accuracy (%) and mean cross-entropy over the whole split (all ranks).
 
-    Each image is counted once: ``loader`` must shard the split without padding.
-    Returns top1, top5, loss, images and img_per_s (forward throughput incl. data loading).
+    Batches as in :func:`train_one_epoch`. Each image is counted once: ``loader`` must shard the
+    split without padding. Unreadable images raise BadImageError, or with ``bad_images.skip``
+    are left out and counted. Returns top1, top5, loss, images (evaluated), bad_images and
+    img_per_s (forward throughput incl. data loading).
     """
+    bad_images = bad_images or BadImages(skip=False)
     model.eval()
     device = ctx.device
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct@1, correct@5, loss, count
+    # correct@1, correct@5, loss, count, unreadable
+    sums = torch.zeros(5, dtype=torch.float64, device=device)
     bar = tqdm(total=len(loader), desc=desc, disable=not (progress and ctx.is_main),
                dynamic_ncols=True, leave=False)
     start = time.perf_counter()
-    for images, targets in loader:
+    for images, targets, problems in loader:
+        bad = bad_images.bad_rows(problems, desc)
+        if bad:
+            keep = torch.ones(len(problems), dtype=torch.bool)
+            keep[bad] = False
+            images, targets = images[keep], targets[keep]
+            sums[4] += len(bad)
+            if targets.numel() == 0:
+                bar.update(1)
+                continue
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         with autocast(device, amp):
@@ -140,4 +186,5 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: 
         raise ValueError("evaluate: the loader yielded no images")
     return {"top1": 100.0 * sums[0].item() / count, "top5": 100.0 * sums[1].item() / count,
             "loss": sums[2].item() / count, "images": int(count),
+            "bad_images": int(sums[4].item()),
             "img_per_s": count / max(elapsed, 1e-9)}

@@ -23,7 +23,7 @@ from classification.config import AMP_CHOICES, DEVICE_CHOICES, parse_model_kwarg
 from classification.data import (eval_loader, eval_transform, list_classes, make_image_folder,
                                  model_data_config, resolve_val_dir)
 from classification.distributed import DistContext, init_distributed, shutdown_distributed
-from classification.engine import evaluate
+from classification.engine import BadImages, evaluate
 from classification.errors import UsageError
 from classification.logging_utils import setup_logger
 from classification.models import check_model_name, load_model_for_eval
@@ -48,6 +48,8 @@ def build_eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--amp", choices=AMP_CHOICES, default="none")
+    p.add_argument("--skip-bad-images", action="store_true",
+                   help="leave unreadable images out (counted as bad_images) instead of stopping")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="load with full unpickling (only for files you trust)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
@@ -80,7 +82,8 @@ def run_eval(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
                 "%.3f, %s", args.model, "EMA" if args.use_ema else "model", args.checkpoint,
                 len(dataset), len(classes), data_config["input_size"], data_config["crop_pct"],
                 data_config["interpolation"])
-    results = evaluate(model, loader, ctx, args.amp, args.progress)
+    results = evaluate(model, loader, ctx, args.amp, args.progress,
+                       bad_images=BadImages(skip=args.skip_bad_images))
     results.update(model=args.model, checkpoint=str(args.checkpoint), ema=args.use_ema,
                    img_size=args.img_size, crop_pct=data_config["crop_pct"])
     if ctx.is_main:

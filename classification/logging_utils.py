@@ -1,10 +1,8 @@
-"""Console logging, a JSON-lines metrics file and optional TensorBoard, all on rank 0 only."""
+"""Console / file logging and optional TensorBoard scalars, on rank 0 only."""
 from __future__ import annotations
 
-import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,43 +28,39 @@ def setup_logger(is_main: bool, log_file: Optional[Path] = None) -> logging.Logg
     return logger
 
 
-class MetricsWriter:
-    """Appends one JSON object per line to ``<output>/metrics.jsonl``; mirrors scalars to
-    TensorBoard (``<output>/tensorboard``) when the ``tensorboard`` package is installed."""
+class TensorBoardWriter:
+    """Mirrors numeric metrics to TensorBoard (``<output>/tensorboard``) when the ``tensorboard``
+    package is installed; rank 0 only. ``metrics.jsonl`` itself is written by the run folder's
+    commit (``vmamba2d.training.RunFolder``).
 
-    def __init__(self, output: Path, enabled: bool, logger: logging.Logger) -> None:
-        self.enabled = enabled
-        self.path = Path(output) / "metrics.jsonl"
-        self.tensorboard = None
+    ``purge_step``: when resuming, events at or after this step (written by an epoch that was
+    killed before it was committed) are hidden by TensorBoard.
+    """
+
+    def __init__(self, output: Path, enabled: bool, logger: logging.Logger,
+                 purge_step: Optional[int] = None) -> None:
+        self.writer = None
         if not enabled:
             return
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            logger.info("tensorboard is not installed; metrics go to %s only", self.path)
+            logger.info("tensorboard is not installed; metrics go to %s only",
+                        Path(output) / "metrics.jsonl")
         else:
-            self.tensorboard = SummaryWriter(log_dir=str(Path(output) / "tensorboard"))
+            self.writer = SummaryWriter(log_dir=str(Path(output) / "tensorboard"),
+                                        purge_step=purge_step)
 
     def write(self, record: dict[str, Any], step: int) -> None:
-        """Append ``record`` (+ wall time); numeric fields also go to TensorBoard at ``step``."""
-        if not self.enabled:
+        """Numeric fields of ``record`` as scalars ``<type>/<key>`` at ``step``."""
+        if self.writer is None:
             return
-        line = dict(record, time=time.time())
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(line) + "\n")
-        if self.tensorboard is not None:
-            kind = record.get("type", "metrics")
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.tensorboard.add_scalar(f"{kind}/{key}", value, step)
-            self.tensorboard.flush()
+        kind = record.get("type", "metrics")
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(f"{kind}/{key}", value, step)
+        self.writer.flush()
 
     def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file, in order."""
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        if self.writer is not None:
+            self.writer.close()

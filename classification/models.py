@@ -10,7 +10,8 @@ import torch
 
 import vmamba2d  # noqa: F401  (registers the vmamba2d_* / vmamba_* models with timm)
 
-from .checkpoint import check_state_dict_matches, is_training_checkpoint, load_checkpoint_file
+from .checkpoint import (check_state_dict_matches, describe_load_error, is_training_checkpoint,
+                         load_checkpoint_file)
 from .errors import UsageError
 
 
@@ -90,4 +91,22 @@ def load_model_for_eval(name: str, checkpoint_path: Path, num_classes: int, use_
                                                          "num_classes": num_classes})
     except (RuntimeError, ValueError) as error:  # strict load_state_dict / checkpoint filter
         raise UsageError(f"{source} does not fit model '{name}' with {num_classes} classes: "
-                         " ".join(str(error).split())[:800]) from error
+                         f"{describe_load_error(error)}") from error
+
+
+def check_model_input(model: torch.nn.Module, name: str, img_size: int,
+                      device: torch.device) -> None:
+    """Run ``model`` once on a zero (1, 3, img_size, img_size) batch in eval mode, so an input
+    size the model cannot take is reported (naming --img-size and the model's own reason)
+    before anything is written, not in the middle of the first epoch."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 3, img_size, img_size, device=device))
+    except (RuntimeError, ValueError, AssertionError, TypeError) as error:
+        reason = " ".join(str(error).split())[:400]
+        raise UsageError(f"--img-size {img_size}: model '{name}' cannot take a (batch, 3, "
+                         f"{img_size}, {img_size}) input: {reason}") from error
+    finally:
+        model.train(was_training)

@@ -2,16 +2,26 @@
 
 Single process:   python classification/train.py --config vmamba2d_tiny --data-dir DATA --output RUN
 Several GPUs:     torchrun --nproc_per_node 8 classification/train.py --config vmamba2d_tiny ...
-Continue a run:   add --resume auto (picks RUN/last.pth; starts fresh when there is none)
+Continue a run:   add --resume auto (continues RUN/last.pth; see below for a folder without one)
 
-Every epoch ends with a validation pass (model and EMA) and an atomic ``RUN/last.pth``;
-``RUN/best.pth`` holds the weights of the best validation top-1 so far. Metrics go to
-``RUN/metrics.jsonl`` (and TensorBoard under ``RUN/tensorboard`` when installed).
+Every epoch ends with a validation pass (model and EMA) and one commit of the run folder
+(``vmamba2d.training.RunFolder``): ``RUN/best.pth`` (weights of the best validation top-1 so
+far) and the epoch's line of ``RUN/metrics.jsonl`` are written first, then ``RUN/last.pth`` is
+replaced atomically - the commit point. A kill at any moment therefore never leaves best.pth or
+metrics.jsonl behind last.pth, and the next start (``--resume auto``) repairs what the kill
+interrupted (rolls back an uncommitted best.pth, drops metrics lines of the uncommitted epoch,
+deletes temporary files of killed writes). ``--resume auto`` refuses a non-empty folder without
+last.pth unless it is a run of this script killed in its first epoch (that one is restarted).
+Data-loading randomness depends only on (seed, epoch, image index), so a resumed run is
+bitwise identical to the uninterrupted one on CPU, with any ``--workers``. TensorBoard scalars
+go to ``RUN/tensorboard`` when installed.
 """
 from __future__ import annotations
 
+import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -28,24 +38,25 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 
-from classification.checkpoint import (BEST_NAME, CHECKPOINT_FORMAT, LAST_NAME, atomic_torch_save,
-                                       capture_rng_state, check_state_dict_matches,
-                                       find_auto_resume, is_training_checkpoint,
-                                       load_checkpoint_file, restore_rng_state)
+from classification.checkpoint import (CHECKPOINT_FORMAT, LAST_NAME, check_state_dict_matches,
+                                       is_training_checkpoint, load_checkpoint_file)
 from classification.config import TrainConfig, resolve_train_config
 from classification.data import (check_train_val_classes, eval_loader, eval_transform,
                                  make_image_folder, model_data_config, train_loader,
                                  train_transform, updates_per_epoch)
 from classification.distributed import (DistContext, barrier, gather_objects, init_distributed,
                                         shutdown_distributed)
-from classification.engine import TrainState, evaluate, train_one_epoch
-from classification.errors import UsageError
-from classification.logging_utils import MetricsWriter, setup_logger
-from classification.models import check_model_name, create_classifier
+from classification.engine import BadImages, TrainState, evaluate, train_one_epoch
+from classification.errors import BadImageError, UsageError
+from classification.logging_utils import TensorBoardWriter, setup_logger
+from classification.models import check_model_input, check_model_name, create_classifier
+from vmamba2d.training import (RunFolder, RunFolderError, StartPlan, atomic_write,
+                               capture_rng_state, clamp_warmup, restore_rng_state)
 
+SCRIPT = "classification/train.py"
 # Options that may change when a run is resumed without changing what is being trained.
 RESUME_FREE_OPTIONS = {"resume", "output", "device", "workers", "pin_memory", "progress",
-                       "log_interval", "data_dir", "epochs"}
+                       "log_interval", "data_dir", "epochs", "skip_bad_images"}
 
 
 def seed_everything(seed: int) -> None:
@@ -55,28 +66,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_resume(cfg: TrainConfig, output: Path) -> Optional[Path]:
-    """Checkpoint to resume from, refusing anything that would overwrite another run."""
-    if output.exists() and not output.is_dir():
-        raise UsageError(f"--output {output} exists and is not a folder")
-    existing = find_auto_resume(output)
-    if cfg.resume is None:
-        if existing is not None:
-            raise UsageError(f"--output {output} already holds a training run ({existing}); pass "
-                             "--resume auto to continue it, or choose another --output")
-        if output.is_dir() and any(output.iterdir()):
-            raise UsageError(f"--output {output} is not empty; choose a new folder (or pass "
-                             "--resume auto to (re)start the run kept there)")
-        return None
-    if cfg.resume == "auto":
-        return existing
-    path = Path(cfg.resume)
-    if not path.is_file():
-        raise UsageError(f"--resume: checkpoint not found: {path}")
-    if existing is not None and path.resolve() != existing.resolve():
-        raise UsageError(f"--output {output} already holds a run ({existing}); resuming {path} "
-                         "there would overwrite it. Use --resume auto or another --output")
-    return path
+def check_output_writable(output: Path) -> None:
+    """UsageError when --output cannot be created / written (checked before any write)."""
+    existing = output
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {output}: no permission to write into {existing}")
+    if existing != output and not existing.is_dir():
+        raise UsageError(f"--output {output}: {existing} is a file, not a folder")
+
+
+def plan_start(run: RunFolder, resume: Optional[str]) -> StartPlan:
+    """How this start uses the run folder (read-only; refuses to overwrite or abandon runs)."""
+    try:
+        return run.plan_start(resume)
+    except RunFolderError as error:
+        raise UsageError(str(error)) from error
 
 
 def load_resume_checkpoint(path: Path, cfg: TrainConfig, classes: list[str],
@@ -100,6 +106,31 @@ def load_resume_checkpoint(path: Path, cfg: TrainConfig, classes: list[str],
         logger.warning("resuming with changed options: %s",
                        ", ".join(f"{k}: {saved.get(k)!r} -> {getattr(cfg, k)!r}" for k in changed))
     return checkpoint
+
+
+def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, scale: float):
+    """timm optimizer ``cfg.opt`` (no weight decay on norms / biases); UsageError for a bad
+    name."""
+    try:
+        return create_optimizer_v2(model, opt=cfg.opt, lr=cfg.lr * scale,
+                                   weight_decay=cfg.weight_decay, eps=cfg.opt_eps,
+                                   betas=tuple(cfg.opt_betas), filter_bias_and_bn=True)
+    except (ValueError, AssertionError, TypeError) as error:
+        raise UsageError(f"--opt {cfg.opt!r}: {error}") from error
+
+
+def build_scheduler(cfg: TrainConfig, optimizer, scale: float, steps_per_epoch: int):
+    """timm per-update lr schedule ``cfg.sched``; UsageError for a bad name."""
+    try:
+        scheduler, _ = create_scheduler_v2(
+            optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
+            warmup_lr=cfg.warmup_lr * scale, min_lr=cfg.min_lr * scale, step_on_epochs=False,
+            updates_per_epoch=steps_per_epoch)
+    except (ValueError, AssertionError, TypeError) as error:
+        raise UsageError(f"--sched {cfg.sched!r}: {error}") from error
+    if scheduler is None:
+        raise UsageError(f"--sched {cfg.sched!r}: timm built no scheduler for this name")
+    return scheduler
 
 
 def build_loss(cfg: TrainConfig) -> torch.nn.Module:
@@ -144,10 +175,16 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
     classes = check_train_val_classes(data_dir)
     check_model_name(cfg.model)
     output = Path(cfg.output)
-    resume_path = resolve_resume(cfg, output)
-    if len(set(gather_objects(str(resume_path), ctx))) > 1:
+    check_output_writable(output)
+    run = RunFolder(output, script=SCRIPT)
+    plan = plan_start(run, cfg.resume)
+    resume_path = plan.resume_from
+    if len(set(gather_objects((str(resume_path), plan.continues), ctx))) > 1:
         raise UsageError(f"processes disagree on what to resume from --output {output}: it must "
                          "be on a filesystem shared by all nodes")
+    cfg.warmup_epochs, warmup_note = clamp_warmup(cfg.warmup_epochs, cfg.epochs)
+    if warmup_note:
+        logger.warning(warmup_note)
 
     seed_everything(cfg.seed)  # same initial weights on every rank
     model = create_classifier(cfg.model, len(classes), cfg.drop_path, cfg.model_kwargs)
@@ -156,6 +193,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
         checkpoint = load_resume_checkpoint(resume_path, cfg, classes, model, logger)
         model.load_state_dict(checkpoint["model"])
     model.to(ctx.device)
+    check_model_input(model, cfg.model, cfg.img_size, ctx.device)
 
     data_config = model_data_config(model, cfg.img_size, cfg.interpolation, cfg.crop_pct)
     train_set = make_image_folder(
@@ -171,14 +209,9 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
                              world_size=ctx.world_size, workers=cfg.workers, pin_memory=pin)
 
     scale = cfg.lr_scale(ctx.world_size)
-    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=cfg.lr * scale,
-                                    weight_decay=cfg.weight_decay, eps=cfg.opt_eps,
-                                    betas=tuple(cfg.opt_betas), filter_bias_and_bn=True)
+    optimizer = build_optimizer(cfg, model, scale)
     steps_per_epoch = updates_per_epoch(len(loader), cfg.accum_steps)
-    scheduler, _ = create_scheduler_v2(optimizer, sched=cfg.sched, num_epochs=cfg.epochs,
-                                       warmup_epochs=cfg.warmup_epochs,
-                                       warmup_lr=cfg.warmup_lr * scale, min_lr=cfg.min_lr * scale,
-                                       step_on_epochs=False, updates_per_epoch=steps_per_epoch)
+    scheduler = build_scheduler(cfg, optimizer, scale, steps_per_epoch)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.amp == "fp16")
     ema = ModelEmaV3(model, decay=cfg.model_ema_decay) if cfg.model_ema else None
     state = TrainState()
@@ -203,11 +236,15 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
 
     # --- from here on files are written (rank 0 only) ---------------------------------------
     if ctx.is_main:
-        output.mkdir(parents=True, exist_ok=True)
+        repairs = run.start(plan, checkpoint["epoch"] if plan.continues else 0)
         logger = setup_logger(True, output / "log.txt")
-        if checkpoint is None:
-            (output / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    metrics = MetricsWriter(output, enabled=ctx.is_main, logger=logger)
+        for note in ([warmup_note] if warmup_note else []) + repairs:
+            logger.warning("%s", note)
+        if not plan.continues:
+            text = yaml.safe_dump(cfg.to_dict(), sort_keys=False).encode()
+            atomic_write(output / "config.yaml", lambda handle: handle.write(text))
+    tensorboard = TensorBoardWriter(output, enabled=ctx.is_main, logger=logger,
+                                    purge_step=state.global_step if checkpoint else None)
     logger.info("model %s: %.2fM parameters, %d classes, %d train / %d val images",
                 cfg.model, sum(p.numel() for p in model.parameters()) / 1e6, len(classes),
                 len(train_set), len(val_set))
@@ -223,11 +260,11 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
             restore_rng_state(rng[ctx.rank])
         else:
             logger.warning("checkpoint was written by %d process(es), this run has %d: random "
-                           "streams are re-seeded, so augmentation will differ from an "
+                           "streams are re-seeded, so drop-path and mixup will differ from an "
                            "uninterrupted run", len(rng), ctx.world_size)
             seed_everything(cfg.seed + 1000 * start_epoch + ctx.rank)
     else:
-        seed_everything(cfg.seed + ctx.rank)  # different augmentation on every rank
+        seed_everything(cfg.seed + ctx.rank)  # different drop-path / mixup on every rank
 
     train_model: torch.nn.Module = model
     if ctx.distributed:
@@ -235,32 +272,45 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
             model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
     loss_fn = build_loss(cfg)
     mixup_fn = build_mixup(cfg, len(classes))
+    bad_images = BadImages(skip=cfg.skip_bad_images)
 
     record: dict[str, Any] = {}
     if start_epoch >= cfg.epochs:
         logger.info("nothing to do: %d of %d epochs already done", start_epoch, cfg.epochs)
     for epoch in range(start_epoch, cfg.epochs):
         loader.sampler.set_epoch(epoch)
-        train_stats = train_one_epoch(
-            model=model, train_model=train_model, loader=loader, optimizer=optimizer,
-            scheduler=scheduler, loss_fn=loss_fn, mixup_fn=mixup_fn, ema=ema, scaler=scaler,
-            amp=cfg.amp, accum_steps=cfg.accum_steps, clip_grad=cfg.clip_grad, state=state,
-            epoch=epoch, ctx=ctx, progress=cfg.progress, log_interval=cfg.log_interval)
-        scheduler.step(epoch + 1)
-        val = evaluate(model, val_loader, ctx, cfg.amp, cfg.progress, desc="val")
+        try:
+            train_stats = train_one_epoch(
+                model=model, train_model=train_model, loader=loader, optimizer=optimizer,
+                scheduler=scheduler, loss_fn=loss_fn, mixup_fn=mixup_fn, ema=ema, scaler=scaler,
+                amp=cfg.amp, accum_steps=cfg.accum_steps, clip_grad=cfg.clip_grad, state=state,
+                epoch=epoch, ctx=ctx, progress=cfg.progress, log_interval=cfg.log_interval,
+                bad_images=bad_images)
+            scheduler.step(epoch + 1)
+            val = evaluate(model, val_loader, ctx, cfg.amp, cfg.progress, desc="val",
+                           bad_images=bad_images)
+            ema_val = (evaluate(ema.module, val_loader, ctx, cfg.amp, cfg.progress,
+                                desc="val ema", bad_images=BadImages(skip=True, log=False))
+                       if ema is not None else None)
+        except BadImageError as error:
+            kept = (f"{output / LAST_NAME} still holds the {epoch} finished epoch(s)" if epoch
+                    else "no epoch was finished yet")
+            raise BadImageError(
+                f"{error}. Training stopped in epoch {epoch + 1}/{cfg.epochs} before any of it "
+                f"was saved; {kept}. Fix or delete the file, or pass --skip-bad-images, then "
+                "continue with --resume auto") from error
         record = {"type": "epoch", "epoch": epoch, "step": state.global_step, **train_stats,
                   "val_top1": val["top1"], "val_top5": val["top5"], "val_loss": val["loss"],
-                  "val_images": val["images"]}
+                  "val_images": val["images"], "val_bad_images": val["bad_images"]}
         epoch_best = val["top1"]
-        if ema is not None:
-            ema_val = evaluate(ema.module, val_loader, ctx, cfg.amp, cfg.progress, desc="val ema")
+        if ema_val is not None:
             record.update(ema_top1=ema_val["top1"], ema_top5=ema_val["top5"],
                           ema_loss=ema_val["loss"])
             epoch_best = max(epoch_best, ema_val["top1"])
         improved = epoch_best > best_top1
         if improved:
             best_top1, best_epoch = epoch_best, epoch
-        record.update(best_top1=best_top1, best_epoch=best_epoch)
+        record.update(best_top1=best_top1, best_epoch=best_epoch, time=time.time())
         rng = gather_objects(capture_rng_state(), ctx)
         if ctx.is_main:
             ckpt = training_checkpoint(cfg=cfg, classes=classes, model=model, ema=ema,
@@ -268,18 +318,17 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
                                        epoch=epoch, state=state, rng=rng, best_top1=best_top1,
                                        best_epoch=best_epoch, metrics=record,
                                        world_size=ctx.world_size)
-            atomic_torch_save(ckpt, output / LAST_NAME)
-            if improved:
-                weights_only = {k: v for k, v in ckpt.items()
-                                if k not in ("optimizer", "scheduler", "scaler", "rng")}
-                atomic_torch_save(weights_only, output / BEST_NAME)
-            metrics.write(record, step=state.global_step)
+            best = ({k: v for k, v in ckpt.items()
+                     if k not in ("optimizer", "scheduler", "scaler", "rng")}
+                    if improved else None)
+            run.commit(epoch=epoch, checkpoint=ckpt, records=[record], best=best)
+            tensorboard.write(record, step=state.global_step)
         logger.info("epoch %d/%d step %d: loss %.4f lr %.3g | val top-1 %.2f top-5 %.2f%s | best "
                     "%.2f (epoch %d) | %.1f img/s", epoch + 1, cfg.epochs, state.global_step,
                     train_stats["train_loss"], train_stats["lr"], val["top1"], val["top5"],
                     f" | ema top-1 {record['ema_top1']:.2f}" if ema is not None else "",
                     best_top1, best_epoch + 1, train_stats["train_img_per_s"])
-    metrics.close()
+    tensorboard.close()
     barrier(ctx)
     return record
 

@@ -164,6 +164,7 @@ def test_kill_during_the_first_commit_restarts_the_run(tmp_path):
             break
 
 
+@pytest.mark.slow
 def test_kill_during_repair_is_repaired_by_the_next_start(tmp_path):
     """Kill a commit at every step, then kill the repair at every step: the next start still
     ends consistent (repair is idempotent)."""
