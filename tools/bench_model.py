@@ -207,6 +207,8 @@ def _targets(rows: list[dict], device: str) -> list[str]:
             if baseline:
                 ok = ours >= 0.9 * baseline
                 lines.append(f"- {precision} batch {batch}: vmamba2d_tiny / vmamba_tiny = {ours / baseline:.2f} (target >= 0.9): {'met' if ok else 'NOT met'}")
+            if convnext:
+                lines.append(f"- {precision} batch {batch}: vmamba2d_tiny / convnext_tiny = {ours / convnext:.2f} (for reference, no target)")
             if precision == "fp32":
                 ok = ours > PUBLISHED_VMAMBA_T_IMG_S
                 lines.append(f"- fp32 batch {batch}: vmamba2d_tiny {ours:.0f} img/s vs VMamba-T published {PUBLISHED_VMAMBA_T_IMG_S} img/s (A100): {'above' if ok else 'NOT above'}")
