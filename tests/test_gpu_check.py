@@ -163,3 +163,11 @@ def test_sanitize_script_without_a_gpu_checks_nothing_and_says_so(tmp_path):
     run = _sanitize(_fake_sanitizer(tmp_path, '"${@: -2:1}" "${@: -1}"'), "memcheck")
     assert run.returncode == 2, run.stdout + run.stderr
     assert "nothing was checked" in run.stdout
+
+
+def test_unknown_step_names_are_refused(gpu_check, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda python, commit: gpu_check.Environment())
+    assert gpu_check.main(["--skip", "bench-scan", "no-such-step", "--dry-run"]) == 2
+    assert "no-such-step" in capsys.readouterr().out
+    assert gpu_check.main(["--skip", "bench-scan", "--dry-run"]) == 0
+    assert "bench-scan" not in capsys.readouterr().out.split("budget", 1)[1]

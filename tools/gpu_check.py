@@ -317,7 +317,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     python = sys.executable
     env = probe_environment(python, args.commit)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        steps = [s for s in plan(python, env, Path(tmp), args.jobs) if s.name not in args.skip]
+        planned = plan(python, env, Path(tmp), args.jobs)
+        unknown = set(args.skip) - {s.name for s in planned}
+        if unknown:
+            print(f"gpu_check: --skip names unknown steps {sorted(unknown)}; steps: {[s.name for s in planned]}")
+            return 2
+        steps = [s for s in planned if s.name not in args.skip]
         if args.dry_run:
             print(f"GPU: {env.gpu} ({env.capability}); torch {env.torch}; triton {env.triton}; budget {args.budget_s:.0f} s")
             for step in steps:
