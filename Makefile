@@ -35,9 +35,10 @@ bench: setup
 	$(PY) tools/bench_model.py --batch-sizes 1 16 --train-batch-sizes 1 --out out/bench_model_cpu.md
 
 # Registers / spills / stack / static shared memory of every CUDA kernel instantiation for every
-# default arch nvcc supports, checked against the budgets in tools/ptxas_report.py (needs nvcc).
-ptxas-check: setup
-	$(PY) tools/ptxas_report.py --jobs $(MAX_JOBS) --out out/ptxas.md
+# default arch nvcc supports, checked against the budgets in tools/ptxas_report.py (needs nvcc;
+# no rebuild: uses the venv's python for torch's include dirs when the venv exists).
+ptxas-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tools/ptxas_report.py --jobs $(MAX_JOBS) --out out/ptxas.md
 
 # For a GPU machine: no venv, no network. Builds the extensions in place against that machine's
 # python3 / torch, runs the CUDA tests, compute-sanitizer and the benchmarks within one 10-minute
