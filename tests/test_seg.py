@@ -383,12 +383,14 @@ def _options_to_dict(options: list) -> dict:
 # ---------------------------------------------------------------------------------------------
 # entry points: train -> resume -> test (single-scale, TTA); errors
 # ---------------------------------------------------------------------------------------------
-def test_train_validate_resume_and_test(ade_root, tmp_path):
+def test_train_validate_resume_and_test(ade_root, tmp_path, capsys):
     train = _load_script("train")
     test = _load_script("test")
     work_dir = tmp_path / "work"
+    # the config's ImageNet init (pretrained/vmamba2d_tiny_in1k.pth) replaced by --from-scratch
+    from_scratch = [o for o in _run_options(ade_root, max_iters=2) if o != "model.backbone.init_cfg=None"]
+    train.main([str(TINY_CONFIG), "--from-scratch", "--work-dir", str(work_dir), "--cfg-options", *from_scratch])
     options = _run_options(ade_root, max_iters=2)
-    train.main([str(TINY_CONFIG), "--work-dir", str(work_dir), "--cfg-options", *options])
     checkpoint = work_dir / "iter_2.pth"
     assert checkpoint.is_file()
     saved = torch.load(checkpoint, weights_only=True)  # mmengine checkpoint under weights_only
@@ -405,9 +407,14 @@ def test_train_validate_resume_and_test(ade_root, tmp_path):
     assert len(history._log_history) == 3  # 2 iterations before the resume, 1 after
 
     time.sleep(1.1)
+    capsys.readouterr()
     metrics = test.main([str(TINY_CONFIG), str(work_dir / "iter_3.pth"), "--work-dir", str(tmp_path / "ss"),
                          "--cfg-options", *options])
     assert 0.0 <= metrics["mIoU"] <= 100.0 and 0.0 <= metrics["aAcc"] <= 100.0
+    # the summary line: every scalar metric (mmseg returns numpy float32 scalars), 2 decimals
+    summary = f"{TINY_CONFIG.name} (single-scale): " + ", ".join(
+        f"{key}={float(metrics[key]):.2f}" for key in ("aAcc", "mIoU", "mAcc"))
+    assert summary + "\n" in capsys.readouterr().out
     time.sleep(1.1)
     tta_options = options + ["tta_scale_factors=[0.5,1.0]"]
     metrics_tta = test.main([str(TINY_CONFIG), str(work_dir / "iter_3.pth"), "--tta", "--work-dir",
@@ -427,6 +434,35 @@ def test_inference_on_a_non_square_ade20k_sized_image():
     assert tuple(result.seg_logits.data.shape) == (150, 512, 683)
 
 
+def test_metrics_summary_takes_numpy_scalars():
+    from vmamba2d.seg.runtime import metrics_summary, scalar_metrics
+
+    metrics = {"aAcc": np.float32(81.2), "mIoU": np.float64(40.054), "mAcc": np.round(np.float32(52.1), 2),
+               "count": 3, "flag": True, "per_class": {"wall": 70.0}}
+    assert scalar_metrics(metrics) == pytest.approx({"aAcc": 81.2, "mIoU": 40.054, "mAcc": 52.1, "count": 3.0})
+    assert metrics_summary(metrics) == "aAcc=81.20, mIoU=40.05, mAcc=52.10, count=3.00"
+    with pytest.raises(ValueError, match="no scalar metric"):
+        metrics_summary({"per_class": {}})
+
+
+def test_missing_imagenet_weights_stop_training_before_anything_is_built(tmp_path, monkeypatch):
+    train = _load_script("train")
+    monkeypatch.chdir(tmp_path)  # no pretrained/ folder here
+    # the dataset is missing too: the weights are checked first, with the ways out in the message
+    with pytest.raises(FileNotFoundError, match=r"pretrained/vmamba2d_tiny_in1k\.pth.*init_cfg\.checkpoint=PATH"
+                                                r".*--from-scratch"):
+        train.main([str(TINY_CONFIG), "--work-dir", str(tmp_path / "work")])
+    assert not (tmp_path / "work").exists()
+    # --from-scratch gets past the weights, to the next check (the dataset)
+    with pytest.raises(FileNotFoundError, match="images/training"):
+        train.main([str(TINY_CONFIG), "--from-scratch", "--work-dir", str(tmp_path / "work")])
+    # a checkpoint that exists passes
+    Path("pretrained").mkdir()
+    Path("pretrained/vmamba2d_tiny_in1k.pth").touch()
+    with pytest.raises(FileNotFoundError, match="images/training"):
+        train.main([str(TINY_CONFIG), "--work-dir", str(tmp_path / "work")])
+
+
 def test_missing_dataset_and_bad_config_keys_fail_clearly(ade_root, tmp_path):
     train = _load_script("train")
     if not torch.cuda.is_available():
@@ -435,7 +471,7 @@ def test_missing_dataset_and_bad_config_keys_fail_clearly(ade_root, tmp_path):
                         *_run_options(ade_root, max_iters=2)])
     missing = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError, match="images/training"):
-        train.main([str(TINY_CONFIG), "--work-dir", str(tmp_path), "--cfg-options",
+        train.main([str(TINY_CONFIG), "--from-scratch", "--work-dir", str(tmp_path), "--cfg-options",
                     f"train_dataloader.dataset.data_root={missing}"])
     with pytest.raises(FileNotFoundError, match="config file"):
         train.main([str(tmp_path / "no_config.py")])

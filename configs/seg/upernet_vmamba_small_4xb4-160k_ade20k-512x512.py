@@ -1,6 +1,8 @@
 # UperNet + VMamba (v2, 1D scan)-Small on ADE20K, 512x512 crops, 160k iterations, 4 GPUs x 4 images.
-# ImageNet-1K weights of the backbone (ours or official VMamba v2), e.g. with
-#   --cfg-options model.backbone.init_cfg.checkpoint=path/to/weights.pth
+# ImageNet-1K weights of the backbone (ours or official VMamba v2) are read from pretrained/ below;
+# elsewhere: --cfg-options model.backbone.init_cfg.checkpoint=path/to/weights.pth. Without the file
+# seg/train.py stops before building anything; `seg/train.py CONFIG --from-scratch` (or
+# --cfg-options model.backbone.init_cfg=None) trains the backbone from random weights.
 _base_ = [
     '_base_/models/upernet_vmamba2d.py',
     '_base_/datasets/ade20k.py',
