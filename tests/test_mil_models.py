@@ -167,11 +167,11 @@ def test_causality_on_the_grid(conv, num_blocks):
     cell_of_row = coords[:, 1] * width + coords[:, 0]
     reach = _reach(height, width, conv, num_blocks)
     weights = torch.randn(SMALL["dim"], dtype=torch.float64)
+    tokens, _, _ = model.encode(features, coords)
+    scores = model(features, coords)["attention_scores"].flatten()
     for target in range(height * width):
-        tokens, _, _ = model.encode(features, coords)
-        out = model(features, coords)
-        for value in (tokens[target] @ weights, out["attention_scores"].flatten()[target]):
-            (grad,) = torch.autograd.grad(value, features)
+        for value in (tokens[target] @ weights, scores[target]):
+            (grad,) = torch.autograd.grad(value, features, retain_graph=True)
             influence = torch.zeros(height * width, dtype=torch.float64)
             influence[cell_of_row] = grad.abs().sum(dim=1)
             assert torch.all(influence[~reach[target]] == 0), f"cell {target} sees cells outside its causal set"
