@@ -51,7 +51,12 @@ def test_cpu_tensors_without_the_interpreter_raise(monkeypatch):
         with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
             triton_scan(**inputs, height=2, width=2)
         importlib.import_module(KERNELS)  # compiled-mode kernels (importing needs no GPU)
-        with pytest.raises(ValueError, match="compiled for the GPU"):
+        with pytest.raises(ValueError, match="kernels were built for the GPU"):
+            triton_scan(**inputs, height=2, width=2)
+        # This process imported triton without the variable: setting it now is too late.
+        sys.modules.pop(KERNELS, None)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        with pytest.raises(ValueError, match="triton was imported before TRITON_INTERPRET=1"):
             triton_scan(**inputs, height=2, width=2)
     finally:
         sys.modules.pop(KERNELS, None)

@@ -11,9 +11,10 @@ inputs are kept between forward and backward; the tile carries are rebuilt in th
 
 Dtypes: u / delta / B / C / dy may be fp16, bf16, fp32 or fp64, A / D / delta_bias fp32 or fp64;
 the kernels accumulate in fp32 (fp64 when any scan input is fp64) and write every gradient in its
-input's dtype. Triton is imported only when a kernel is launched. On CPU tensors the kernels run
-only through Triton's interpreter, i.e. with ``TRITON_INTERPRET=1`` set before this package first
-launches a Triton kernel (the tests do this).
+input's dtype. The kernel module is imported (and the kernels built) on the first launch. On CPU
+tensors the kernels run only through Triton's interpreter: ``TRITON_INTERPRET=1`` must be set before
+triton is first imported (triton builds its own ``@jit`` helpers then), i.e. before
+``import vmamba2d``, which imports triton through torchvision / torch._dynamo.
 
 ``VMAMBA2D_TRITON_TILE=HxW`` (powers of two) overrides the tile shape, for tuning and for tests.
 """
@@ -75,10 +76,17 @@ def _kernels() -> ModuleType:
     return importlib.import_module(KERNELS_MODULE)
 
 
-def _kernels_interpreted(module: ModuleType) -> bool:
+def _interpreted(jit_function) -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(module.scan2d_fwd_kernel, InterpretedFunction)
+    return isinstance(jit_function, InterpretedFunction)
+
+
+def _triton_library_interpreted() -> bool:
+    """Whether triton's own ``@jit`` helpers (``tl.zeros``, ``tl.sum``, ...) were built for the interpreter."""
+    import triton.language.standard
+
+    return _interpreted(triton.language.standard.zeros)
 
 
 @torch.compiler.assume_constant_result
@@ -88,17 +96,14 @@ def triton_device_problem(device: torch.device) -> str:
         return ""
     if device.type != "cpu":
         return f"backend='triton' takes CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), got {device}"
+    how = "set TRITON_INTERPRET=1 in the environment before importing vmamba2d (or triton)"
     loaded = sys.modules.get(KERNELS_MODULE)
-    if loaded is not None and not _kernels_interpreted(loaded):
-        return (
-            "backend='triton' got CPU tensors but the Triton kernels were compiled for the GPU "
-            "(TRITON_INTERPRET=1 was not set when they were first used)"
-        )
+    if loaded is not None and not _interpreted(loaded.scan2d_fwd_kernel):
+        return f"backend='triton' got CPU tensors but its kernels were built for the GPU; {how}"
     if loaded is None and not _interpret_requested():
-        return (
-            "backend='triton' needs CUDA tensors; CPU tensors run only through Triton's interpreter "
-            "(set TRITON_INTERPRET=1 before the first Triton scan kernel is used)"
-        )
+        return f"backend='triton' needs CUDA tensors; CPU tensors run only in Triton's interpreter: {how}"
+    if not _triton_library_interpreted():
+        return f"backend='triton' got CPU tensors but triton was imported before TRITON_INTERPRET=1 was set; {how}"
     return ""
 
 
