@@ -216,7 +216,12 @@ def test_torn_metrics_line_is_dropped(tmp_path):
 def test_fresh_start_needs_an_absent_or_empty_folder(tmp_path):
     assert RunFolder(tmp_path / "new", script=SCRIPT).plan_start(None) == StartPlan(None, False)
     (tmp_path / "empty").mkdir()
-    assert RunFolder(tmp_path / "empty", script=SCRIPT).plan_start(None).resume_from is None
+    (tmp_path / "empty" / ".run.json.tmp-123").write_text("{")  # killed while starting
+    empty = RunFolder(tmp_path / "empty", script=SCRIPT)
+    assert empty.plan_start(None).resume_from is None
+    assert empty.plan_start("auto").resume_from is None
+    empty.start(empty.plan_start(None), 0)
+    assert [p.name for p in empty.path.iterdir()] == ["run.json"]
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("x")

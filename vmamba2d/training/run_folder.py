@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from .checkpoint import atomic_torch_save, atomic_write, fsync_folder, remove_stale_temp_files
+from .checkpoint import (atomic_torch_save, atomic_write, fsync_folder, is_temp_file,
+                         remove_stale_temp_files)
 
 RUN_FOLDER_FORMAT = "vmamba2d.run-folder/1"
 LAST_NAME = "last.pth"
@@ -158,7 +159,9 @@ class RunFolder:
         out, res = self.output_option, self.resume_option
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"{out} {self.path} exists and is not a folder")
-        entries = sorted(self.path.iterdir()) if self.path.is_dir() else []
+        # temporary files of killed writes do not count: start() deletes them
+        entries = (sorted(e for e in self.path.iterdir() if not is_temp_file(e))
+                   if self.path.is_dir() else [])
         has_last = self.last_path.is_file()
         if resume is None:
             if not entries:
