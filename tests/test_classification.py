@@ -130,17 +130,7 @@ def test_kill_mid_epoch_then_resume_auto_matches_uninterrupted_run(
     monkeypatch.setattr(train_cli, "train_one_epoch", real_train_one_epoch)
     assert train_cli.main(quick_args(data_root, output, epochs=3) + ["--resume", "auto"]) == 0
 
-    resumed, reference = epoch_records(output), epoch_records(reference_run)
-    assert [r["epoch"] for r in resumed] == [0, 1, 2]
-    for got, want in zip(resumed, reference):
-        for key in ("step", "train_loss", "lr", "val_top1", "val_loss", "ema_top1", "ema_loss"):
-            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
-    final, expected = load_checkpoint_file(output / LAST_NAME), load_checkpoint_file(
-        reference_run / LAST_NAME)
-    assert final["global_step"] == expected["global_step"] == 9
-    for part in ("model", "model_ema"):
-        for key, value in expected[part].items():
-            torch.testing.assert_close(final[part][key], value, rtol=1e-5, atol=1e-6, msg=key)
+    assert_same_run(output, reference_run)
 
 
 def free_port() -> int:
