@@ -144,3 +144,18 @@ def test_bench_scan_device_cuda_without_a_gpu_says_so():
     bench = _load_bench()
     with pytest.raises(SystemExit, match="no CUDA device"):
         bench.main(["--device", "cuda"])
+
+
+def test_gpu_benchmark_rows_are_the_backends_that_run_here(monkeypatch):
+    gpu = _load_gpu_bench()
+    from vmamba2d.ops import _extensions
+
+    monkeypatch.setattr(_extensions, "cuda_extension", lambda: object())
+    monkeypatch.setattr(_extensions, "cuda_kernel_usable", lambda device: False)
+    monkeypatch.setattr(_extensions, "failure_reason", lambda kind: "no kernel image for sm_70")
+    monkeypatch.setattr(gpu, "backend_info", lambda: {"triton": True})
+    backends, notes = gpu.available_backends(torch.device("cuda", 0))
+    assert backends == (["triton", "torch"] if "triton" in gpu.BACKENDS else ["torch"])
+    assert any("cuda: not benchmarked (no kernel image for sm_70)" in note for note in notes)
+    monkeypatch.setattr(_extensions, "cuda_kernel_usable", lambda device: True)
+    assert gpu.available_backends(torch.device("cuda", 0))[0][0] == "cuda"

@@ -127,22 +127,17 @@ def _mamba_ssm_scan() -> Optional[Callable]:
 
 
 def available_backends(device: torch.device) -> tuple[list[str], list[str]]:
-    """(our backends to benchmark on ``device``, notes on those left out)."""
-    info = backend_info()
+    """(our backends to benchmark on the GPU ``device``, notes on those left out)."""
     chosen, notes = [], []
-    if device.type == "cuda":
-        if _extensions.cuda_extension() is not None and _extensions.cuda_kernel_usable(device):
-            chosen.append("cuda")
-        else:
-            notes.append(f"cuda: not benchmarked ({_extensions.failure_reason('cuda')})")
-        if "triton" in BACKENDS and info.get("triton"):
-            chosen.append("triton")
-        else:
-            notes.append("triton: not benchmarked (backend not available here)")
+    if _extensions.cuda_extension() is not None and _extensions.cuda_kernel_usable(device):
+        chosen.append("cuda")
     else:
-        chosen.append("cpu" if info.get("cpu_extension") else "torch")
-    if "torch" not in chosen:
-        chosen.append("torch")
+        notes.append(f"cuda: not benchmarked ({_extensions.failure_reason('cuda')})")
+    if "triton" in BACKENDS and backend_info().get("triton"):
+        chosen.append("triton")
+    else:
+        notes.append("triton: not benchmarked (backend not available here)")
+    chosen.append("torch")
     if _mamba_ssm_scan() is None:
         notes.append("mamba_ssm: not importable, no comparison with its 1D selective_scan_fn")
     return chosen, notes
