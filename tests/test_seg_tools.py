@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -207,3 +208,17 @@ def test_user_script_with_the_one_line_import_runs_mmseg_apis(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     shape, top = done.stdout.split("prediction ")[1].rsplit(" ", 1)
     assert shape == "(1, 70, 90)" and 0 <= int(top) < 150
+
+
+def test_tracing_with_a_pure_pytorch_scan_warns_that_flop_counters_miss_the_scans(monkeypatch):
+    from vmamba2d.seg import VMamba2DBackbone, complexity
+
+    monkeypatch.setattr(complexity, "_warned_untraceable", False)
+    backbone = VMamba2DBackbone("vmamba2d_tiny", model_kwargs=dict(dims=8, depths=(1, 1, 1, 1), scan_backend="torch"))
+    image = torch.randn(1, 3, 32, 32)
+    with pytest.warns(RuntimeWarning, match="torch scan backend: FLOP counters .* will not count"):
+        torch.jit.trace(backbone.eval(), image, check_trace=False, strict=False)
+    monkeypatch.setattr(complexity, "_warned_untraceable", False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*FLOP counters")
+        backbone(image)  # not tracing: no warning
