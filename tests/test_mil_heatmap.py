@@ -72,6 +72,11 @@ def test_cli_grid_and_thumbnail(tmp_path, capsys):
     options = mil_heatmap.grid_options(mil_heatmap.parse_args(
         ["--checkpoint", str(tmp_path / "ckpt.pt"), "--slide", "x", "--out", "y", "--max-cells", "9"]))
     assert (options.duplicates, options.max_cells, options.placement) == ("mean", 9, "crop")
+    torch.save({"model": model.state_dict(), "model_config": model.config,
+                "config": {"grid": {"patch_step": [256, 256], "cap": "crop"}}}, tmp_path / "train.pth")
+    options = mil_heatmap.grid_options(mil_heatmap.parse_args(
+        ["--checkpoint", str(tmp_path / "train.pth"), "--slide", "x", "--out", "y"]))
+    assert (options.patch_step, options.cap) == ((256, 256), "crop")
     assert np.load(tmp_path / "a.npy").shape == (4, 5)
     assert "S1: grid 4x5" in capsys.readouterr().out
     Image.new("RGB", (128, 96), (10, 10, 10)).save(tmp_path / "thumb.png")

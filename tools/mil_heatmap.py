@@ -6,7 +6,8 @@
         --thumbnail S1_thumb.png --downsample 64
 
 The checkpoint is a dict with ``model_config`` and ``model`` (``vmamba2d.mil.models.model_from_checkpoint``)
-and optionally ``grid_options`` (the training ``GridOptions`` as a dict), used unless overridden by
+and optionally the training ``GridOptions`` as a dict (``grid_options``, or ``config["grid"]`` as
+``mil/train.py`` saves it), used unless overridden by
 --patch-step, --placement, --duplicates, --max-cells, --cap.
 Without --downsample, the thumbnail scale comes from --slide-size (level-0 width height) or the
 file's CLAM attributes (``level_dim`` x ``downsample``).
@@ -67,7 +68,8 @@ def thumbnail_downsample(args: argparse.Namespace, attrs: dict, thumbnail: Image
 
 def grid_options(args: argparse.Namespace) -> GridOptions:
     """The checkpoint's ``grid_options`` (if any) with the command line's overrides."""
-    stored = torch.load(args.checkpoint, map_location="cpu", weights_only=True).get("grid_options") or {}
+    checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    stored = checkpoint.get("grid_options") or (checkpoint.get("config") or {}).get("grid") or {}
     given = dict(patch_step=args.patch_step, placement=args.placement, duplicates=args.duplicates,
                  max_cells=args.max_cells, cap=args.cap)
     merged = {**stored, **{k: v for k, v in given.items() if v is not None}}
