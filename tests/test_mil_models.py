@@ -225,6 +225,9 @@ def test_config_and_checkpoint_round_trip(tmp_path):
     model = _model(MambaMIL2D, conv="2d", num_blocks=2, survival=True)
     rebuilt = build_model(**model.config)
     assert rebuilt.config == model.config
+    for other in (MambaMIL(in_dim=5, num_classes=2, order="file", dim=8), ABMIL(in_dim=5, num_classes=2, dim=8)):
+        copy = build_model(**other.config)
+        assert type(copy) is type(other) and copy.config == other.config
     path = tmp_path / "ckpt.pt"
     torch.save({"model": model.state_dict(), "model_config": model.config}, path)
     loaded = model_from_checkpoint(path).double().eval()
