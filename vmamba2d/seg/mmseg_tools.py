@@ -156,6 +156,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     if args.tool is None:
         parser.error("name the mmseg tool to run (--list shows them)")
+    try:
+        resolve_tool(args.tool)
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
     run_tool(args.tool, argv[split + 1:])
 
 
