@@ -122,6 +122,15 @@ def test_device_without_a_kernel_image_is_refused_with_the_arch_to_build(fake_cu
     assert "Tesla V100 #1" in reason and "sm_70" in reason and "TORCH_CUDA_ARCH_LIST" in reason
 
 
+def test_a_failing_runtime_query_makes_the_kernel_unusable_with_its_reason(fake_cuda_extension):
+    def broken(device_index: int) -> bool:
+        raise RuntimeError("cudaGetDeviceCount failed (cudaErrorInsufficientDriver: driver too old)")
+
+    fake_cuda_extension.kernel_image_available = broken
+    assert not _extensions.cuda_kernel_usable(torch.device("cuda", 0))
+    assert "cudaErrorInsufficientDriver" in _extensions.failure_reason("cuda")
+
+
 def test_missing_extension_is_not_usable(monkeypatch):
     monkeypatch.setattr(_extensions, "cuda_extension", lambda: None)
     _extensions._cuda_kernel_usable_on.cache_clear()
@@ -224,3 +233,4 @@ def test_scan_kernels_are_within_their_resource_budgets(tmp_path, capsys):
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "`" in line]
     assert any("forward" in row for row in rows) and any("backward" in row for row in rows), rows
     assert all(row.rstrip(" |").endswith("ok") for row in rows)
+

@@ -85,8 +85,12 @@ def _cuda_kernel_usable_on(device_index: int) -> bool:
     module = cuda_extension()
     if module is None:
         return False
-    if module.kernel_image_available(device_index):
-        return True
+    try:
+        if module.kernel_image_available(device_index):
+            return True
+    except RuntimeError as err:  # the CUDA runtime itself failed (e.g. a driver older than it)
+        _failure_reasons["vmamba2d._C_cuda"] = f"vmamba2d._C_cuda cannot query GPU {device_index}: {err}"
+        return False
     import torch
 
     major, minor = torch.cuda.get_device_capability(device_index)
