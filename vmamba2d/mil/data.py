@@ -343,7 +343,8 @@ def grid_to_pixels(coords: Tensor, origin_px: tuple[int, int], step_px: tuple[in
 def merge_duplicates(features: Tensor, coords: Tensor, grid: tuple[int, int], policy: str,
                      slide_id: str) -> tuple[Tensor, Tensor]:
     """Resolve patches sharing a cell: ``"error"`` raises, ``"mean"`` averages, ``"last"`` keeps the
-    last file row. (n, F), (n, 2) -> (m, F), (m, 2) with distinct cells (first-occurrence order)."""
+    last file row. (n, F), (n, 2) -> (m, F), (m, 2) with distinct cells (row-major cell order when
+    merged; unchanged when no cell is shared)."""
     index = coords[:, 1] * grid[1] + coords[:, 0]
     unique, inverse, counts = torch.unique(index, return_inverse=True, return_counts=True)
     if unique.numel() == index.numel():
@@ -352,7 +353,8 @@ def merge_duplicates(features: Tensor, coords: Tensor, grid: tuple[int, int], po
         cell = int(unique[counts > 1][0])
         raise SlideDataError(
             f"slide {slide_id!r}: {int((counts > 1).sum())} grid cell(s) hold more than one patch (e.g. col "
-            f"{cell % grid[1]}, row {cell // grid[1]}); check the patch step or set GridOptions.duplicates")
+            f"{cell % grid[1]}, row {cell // grid[1]}); check the patch step (overlapping patches: patch_step = "
+            "their spacing) or set GridOptions.duplicates")
     cell_coords = torch.stack([unique % grid[1], unique // grid[1]], dim=1)
     if policy == "mean":
         sums = features.new_zeros(unique.numel(), features.shape[1]).index_add_(0, inverse, features)
