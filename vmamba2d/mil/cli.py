@@ -14,9 +14,9 @@ from .config import FIELD_NAMES, MILConfig, UsageError, resolve_train_config
 from .data import SlideDataError, SlideDataset, read_survival_csv
 from .engine import evaluate
 from .models import model_from_checkpoint
-from .runner import (CHECKPOINT_FORMAT, _write_predictions, grid_options, resolve_device,
-                     setup_logging, train)
-from .splits import SPLITS, _classification_entries, run_splits
+from .runner import (CHECKPOINT_FORMAT, grid_options, resolve_device, setup_logging, train,
+                     write_predictions)
+from .splits import SPLITS, classification_entries, run_splits
 from .survival import assign_survival_bins
 
 
@@ -67,7 +67,7 @@ def _eval_entries(cfg: MILConfig, checkpoint: dict[str, Any], split: str):
         if cfg.task == "survival":
             entries = read_survival_csv(cfg.label_csv)
         else:
-            entries = _classification_entries(cfg)[0]
+            entries = classification_entries(cfg)[0]
     else:
         entries = run_splits(replace(cfg, select="last"), checkpoint["fold"]).split(split)
     if cfg.task == "survival":  # bins of the training patients the model was trained with
@@ -106,7 +106,7 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"mil/eval.py: error: {error}", file=sys.stderr)
         return 2
     if args.predictions:
-        _write_predictions(Path(args.predictions), rows)
+        write_predictions(Path(args.predictions), rows)
     print(json.dumps({"checkpoint": args.checkpoint, "epoch": checkpoint["epoch"],
                       "split": args.split, **metrics}, indent=2))
     return 0

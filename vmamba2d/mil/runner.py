@@ -182,7 +182,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda handle: handle.write(text.encode()))
 
 
-def _write_predictions(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_predictions(path: Path, rows: list[dict[str, Any]]) -> None:
     """Per-slide predictions as CSV (columns = the keys of the first row)."""
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
@@ -290,7 +290,7 @@ def run_one(cfg: MILConfig, plan: RunPlan, in_dim: int, device: torch.device) ->
                     stats["train_seconds"])
     best = torch.load(folder.best_path, map_location="cpu", weights_only=True)
     for split, rows in best["predictions"].items():
-        _write_predictions(folder.path / f"predictions_{split}.csv", rows)
+        write_predictions(folder.path / f"predictions_{split}.csv", rows)
     summary = {"run": plan.name, "fold": plan.fold, "seed": plan.seed,
                "train_slides": len(plan.splits.train), "val_slides": len(plan.splits.val),
                "test_slides": len(plan.splits.test), "notes": plan.splits.notes,

@@ -13,7 +13,6 @@ epoch is never chosen on the set that is reported.
 from __future__ import annotations
 
 import csv
-import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -24,7 +23,6 @@ from .config import MILConfig, UsageError
 from .data import SlideDataError, SlideEntry, read_label_csv, read_split_csv, read_survival_csv
 from .survival import assign_survival_bins, survival_bin_edges
 
-LOGGER = logging.getLogger("vmamba2d.mil")
 SPLITS = ("train", "val", "test")
 
 
@@ -55,7 +53,7 @@ def _label_texts(path: Path, column: str) -> list[str]:
         return [row[column].strip() for row in reader]
 
 
-def _classification_entries(cfg: MILConfig) -> tuple[list[SlideEntry], dict[str, int], list[str]]:
+def classification_entries(cfg: MILConfig) -> tuple[list[SlideEntry], dict[str, int], list[str]]:
     """Entries with labels and (when the table has one) splits; the ids of dropped rows."""
     path = Path(cfg.label_csv)
     label_map = cfg.label_map
@@ -107,7 +105,7 @@ def _select(entries: list[SlideEntry], ids: list[str], by: str, table: str,
 
 def classification_splits(cfg: MILConfig, fold: Optional[int] = None) -> RunSplits:
     """Train / val / test entries of a classification run."""
-    entries, label_map, dropped = _classification_entries(cfg)
+    entries, label_map, dropped = classification_entries(cfg)
     notes = [f"{len(dropped)} slide(s) with labels outside the label map dropped"] if dropped else []
     if cfg.split_csv:
         table = cfg.split_csv.format(fold=fold) if cfg.uses_folds else cfg.split_csv
