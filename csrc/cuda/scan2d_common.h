@@ -1,6 +1,6 @@
 // Shared by the CUDA kernels, their host launchers and the host emulation: tile constants, the
-// kernel parameter block and the shared-memory layout. Plain C++ (no ATen), compiles with nvcc
-// and with the host compiler.
+// plan (Geometry), the kernel parameter block, shared-memory layouts and global buffer extents.
+// Plain C++ (no ATen / c10 / torch), compiles with nvcc and with the host compiler.
 #pragma once
 
 #include <cstddef>
@@ -10,27 +10,31 @@
 #define SS2D_HD __host__ __device__
 #define SS2D_INLINE __forceinline__
 #define SS2D_UNROLL _Pragma("unroll")
+#define SS2D_PRAGMA(x) _Pragma(#x)
+#define SS2D_UNROLL_BY(n) SS2D_PRAGMA(unroll n)
 #else
 #define SS2D_HD
 #define SS2D_INLINE inline
 #define SS2D_UNROLL
+#define SS2D_UNROLL_BY(n)
 #endif
 
 namespace vmamba2d {
 namespace scan2d {
 
 // A tile is kTile x kTile cells; a warp's lane owns one tile row (horizontal scans) or one tile
-// column (vertical scans). Shared tiles use a row stride of kTile + 1 floats so that both the
-// row-wise and the column-wise access patterns are free of bank conflicts.
+// column (vertical scans, loads, stores). Shared tiles use a row stride of kTile + 1 floats so
+// that both access patterns are free of bank conflicts.
 constexpr int kTile = 32;
+constexpr int kTileShift = 5;
 constexpr int kStride = kTile + 1;
 constexpr int kTileCells = kTile * kTile;
+constexpr int kTileCellShift = 2 * kTileShift;
 constexpr int kTileFloats = kTile * kStride;
-constexpr int kMaxPack = 64;   // most small maps packed into one tile
 constexpr int kMaxState = 64;  // largest N
-constexpr int kMaxWarps = 4;   // warps per block; warp w owns states w, w + nwarps, ...
-constexpr int kForwardWarpBuffers = 1;   // B tile, then h; finally the warp's y partial
-constexpr int kBackwardWarpBuffers = 4;  // B (then du partial), C (then dL/dh), hh, dL/ddt
+constexpr int kMaxWarps = 4;   // warps per block
+constexpr int kBlockThreads = kMaxWarps * kTile;
+constexpr int kBackwardWarpTiles = 6;  // B (then dB), C (then dL/dh), hh, Abar, dL/ddt, dC
 
 // How maps are laid onto tiles, per axis:
 //  * an extent larger than kTile is cut into tiles_h x tiles_w tiles walked in row-major order
@@ -38,7 +42,8 @@ constexpr int kBackwardWarpBuffers = 4;  // B (then du partial), C (then dL/dh),
 //  * an extent that fits into a tile is packed pack_rows (pack_cols) times across the tile: maps
 //    of consecutive batch entries of one channel, one per segment of length seg_h = height
 //    (seg_w = width), at whose start the scans restart.
-// A block handles one channel and one batch block of pack_rows * pack_cols maps.
+// Cell (r, c) of a tile belongs to pack row r / seg_h, computed as (r * magic_h) >> 16 with
+// magic_h = 65536 / seg_h + 1 (exact for r, seg_h <= 32): no integer division, no index table.
 struct Geometry {
   int batch;
   int dim;
@@ -51,13 +56,32 @@ struct Geometry {
   int pack_cols;
   int seg_h;
   int seg_w;
+  uint32_t magic_h;
+  uint32_t magic_w;
   int tiles_h;
   int tiles_w;
   int batch_blocks;  // ceil(batch / (pack_rows * pack_cols))
 };
 
+// Work split of one launch.
+//  forward:  grid (batch_blocks, dim / fwd_channels); fwd_channels channels of one group run side
+//            by side, each on fwd_warps_per_channel warps that split its states; the block has
+//            fwd_channels * fwd_warps_per_channel warps (4 at N = 1 when the group has >= 4
+//            channels: 128 threads).
+//  backward: grid (batch_blocks, groups * slices); a block walks the dim / groups / slices
+//            channels of its slice of a group one after the other, its warps split the states.
+//            dB / dC of a slice are accumulated by that block alone (no atomics) into its own
+//            partial buffer; the partials are summed in slice order afterwards: deterministic.
+struct Launch {
+  int fwd_channels;
+  int fwd_warps_per_channel;
+  int bwd_warps;
+  int slices;
+};
+
 struct Params {
   Geometry g;
+  Launch k;
   bool softplus;
   // Inputs (element type T of the kernel for u, delta, B, C; fp32 for the rest).
   const void* u;
@@ -67,74 +91,107 @@ struct Params {
   const float* A;
   const float* D;           // nullable
   const float* delta_bias;  // nullable
-  // Forward output (nullable: the backward's carry-recording pass writes no y).
+  // Forward output.
   void* y;
   bool y_fp32;
-  // Tile carries, fp32, [block][slot][n][kTile] with block = batch block * dim + d.
-  // record == false: slot = tile column, overwritten band after band (vertical carries only).
+  // Tile carries, fp32, [map][slot][n][kTile] with map = batch block * dim + d.
   // record == true: slot = ti * tiles_w + tj, the carries INTO every tile (h from the left in
-  // carry_h, from above in carry_v), kept for the backward pass.
+  // carry_h, from above in carry_v), saved for the backward pass.
+  // record == false: only carry_v, slot = tile column, overwritten band after band.
   float* carry_v;
   float* carry_h;
   bool record;
   // Backward.
   const void* dy;
   bool dy_fp32;
-  void* du;         // T
-  void* ddelta;     // T
-  float* dB;        // (batch, groups, N, L) fp32 accumulators, zero-initialised
-  float* dC;
-  float* dA_part;   // (batch_blocks, dim, N)
-  float* dD_part;   // (batch_blocks, dim)
-  float* ddb_part;  // (batch_blocks, dim)
-  // [block][tile column][n][kTile]: Abar * dL/dh of the first row of the tile below.
-  float* grad_carry_v;
-  int channels_per_block;  // 1, or dim / groups in deterministic mode
-  bool atomic_bc;          // accumulate dB / dC with atomics (false: the block owns its group)
+  void* du;            // T
+  void* ddelta;        // T
+  float* dB_part;      // [slices][batch][groups][N][L], zero-initialised
+  float* dC_part;
+  float* dA_part;      // [batch_blocks][dim][N]
+  float* dD_part;      // [batch_blocks][dim]
+  float* ddb_part;     // [batch_blocks][dim]
+  float* grad_carry_v;  // [map][tile column][n][kTile]: Abar * dL/dh of the tile row below
 };
 
 SS2D_HD inline size_t align16(size_t bytes) { return (bytes + 15) & ~static_cast<size_t>(15); }
 
+// Element counts of the global buffers (the host emulation bounds-checks every access).
+SS2D_HD inline int64_t ud_numel(const Geometry& g) {
+  return static_cast<int64_t>(g.batch) * g.dim * g.length;
+}
+SS2D_HD inline int64_t bc_numel(const Geometry& g) {
+  return static_cast<int64_t>(g.batch) * g.groups * g.nstate * g.length;
+}
+SS2D_HD inline int64_t maps(const Geometry& g) { return static_cast<int64_t>(g.batch_blocks) * g.dim; }
+SS2D_HD inline int64_t carry_numel(const Geometry& g, bool record) {
+  const int slots = record ? g.tiles_h * g.tiles_w : g.tiles_w;
+  return maps(g) * slots * g.nstate * kTile;
+}
+SS2D_HD inline int64_t grad_carry_numel(const Geometry& g) {
+  return maps(g) * g.tiles_w * g.nstate * kTile;
+}
+
 // Byte offsets into a block's dynamic shared memory.
-struct SmemLayout {
-  size_t base_ud;    // int64[kMaxPack]: offset of map slot s in u / delta / y (-1: no map)
-  size_t base_bc;    // int64[kMaxPack]: offset of map slot s's (b, g) in B / C
-  size_t cell_pos;   // int[kTileCells]: position of a tile cell in its map (-1: padding)
-  size_t cell_slot;  // int[kTileCells]: map slot of a tile cell
-  size_t dt;         // float tile: dt (0 on padding, so Abar = 1)
-  size_t u;          // float tile: u (0 on padding, so x = 0)
-  size_t dy;         // float tile: dy (backward)
-  size_t warp;       // per warp: kForwardWarpBuffers / kBackwardWarpBuffers float tiles
-  size_t hcar;       // float[N][kTile]: horizontal carry (forward) / reverse carry (backward)
-  size_t dA;         // float[N] (backward)
-  size_t lane;       // float[nwarps][kTile] (backward): per-lane dA partials
-  size_t red;        // float[2][nthreads] (backward): per-thread dD and ddelta_bias partials
+struct ForwardLayout {
+  size_t dt;    // float tile per channel: dt (0 on padding, so Abar = 1)
+  size_t u;     // float tile per channel: u (0 on padding, so x = 0)
+  size_t x;     // float tile per warp: dt * B * u, then hh, then h
+  size_t abar;  // float tile per warp: exp(dt * A[n])
+  size_t y;     // float tile per warp: its states' share of y
+  size_t hcar;  // float[channels][N][kTile]: horizontal carry to the next tile
   size_t total;
 };
 
-SS2D_HD inline SmemLayout smem_layout(bool backward, int nwarps, int nstate) {
-  SmemLayout s{};
+struct BackwardLayout {
+  size_t dt;    // float tile: dt
+  size_t u;     // float tile: u
+  size_t dy;    // float tile: dy
+  size_t warp;  // kBackwardWarpTiles float tiles per warp
+  size_t hcar;  // float[N][kTile]: reverse horizontal carry
+  size_t dA;    // float[N]
+  size_t lane;  // float[nwarps][kTile]: per-lane dA partials
+  size_t red;   // float[2][nthreads]: per-thread dD and ddelta_bias partials
+  size_t total;
+};
+
+struct LayoutBuilder {
   size_t off = 0;
-  auto take = [&off](size_t bytes) {
+  SS2D_HD size_t take(size_t bytes) {
     const size_t at = off;
     off = align16(off + bytes);
     return at;
-  };
-  const size_t tile_bytes = sizeof(float) * kTileFloats;
-  s.base_ud = take(sizeof(int64_t) * kMaxPack);
-  s.base_bc = take(sizeof(int64_t) * kMaxPack);
-  s.cell_pos = take(sizeof(int) * kTileCells);
-  s.cell_slot = take(sizeof(int) * kTileCells);
-  s.dt = take(tile_bytes);
-  s.u = take(tile_bytes);
-  s.dy = backward ? take(tile_bytes) : 0;
-  s.warp = take(tile_bytes * nwarps * (backward ? kBackwardWarpBuffers : kForwardWarpBuffers));
-  s.hcar = take(sizeof(float) * nstate * kTile);
-  s.dA = backward ? take(sizeof(float) * nstate) : 0;
-  s.lane = backward ? take(sizeof(float) * nwarps * kTile) : 0;
-  s.red = backward ? take(sizeof(float) * 2 * nwarps * kTile) : 0;
-  s.total = off;
-  return s;
+  }
+};
+
+SS2D_HD inline ForwardLayout forward_layout(int channels, int nwarps, int nstate) {
+  LayoutBuilder b;
+  ForwardLayout l{};
+  const size_t tile = sizeof(float) * kTileFloats;
+  l.dt = b.take(tile * channels);
+  l.u = b.take(tile * channels);
+  l.x = b.take(tile * nwarps);
+  l.abar = b.take(tile * nwarps);
+  l.y = b.take(tile * nwarps);
+  l.hcar = b.take(sizeof(float) * channels * nstate * kTile);
+  l.total = b.off;
+  return l;
+}
+
+SS2D_HD inline BackwardLayout backward_layout(int nwarps, int nstate) {
+  LayoutBuilder b;
+  BackwardLayout l{};
+  const size_t tile = sizeof(float) * kTileFloats;
+  l.dt = b.take(tile);
+  l.u = b.take(tile);
+  l.dy = b.take(tile);
+  l.warp = b.take(tile * kBackwardWarpTiles * nwarps);
+  l.hcar = b.take(sizeof(float) * nstate * kTile);
+  l.dA = b.take(sizeof(float) * nstate);
+  l.lane = b.take(sizeof(float) * nwarps * kTile);
+  l.red = b.take(sizeof(float) * 2 * nwarps * kTile);
+  l.total = b.off;
+  return l;
 }
 
 enum class ElementType { kFloat32, kFloat16, kBFloat16 };

@@ -1,11 +1,11 @@
 // ATen-facing part of the 2D scan kernel, shared by the CUDA entry points and the host emulation:
 // argument checks, the tiling plan, output / scratch allocation and the launch sequence.
 // A Backend provides:
-//   static constexpr bool kCuda;                       tensors must be CUDA (else CPU) tensors
-//   static int backward_warps(int nstate);             warps per backward block
-//   static void forward(const Params&, ElementType, int nwarps, size_t smem_bytes);
-//   static void backward(const Params&, ElementType, int nwarps, size_t smem_bytes);
-//   static void poison(at::Tensor&);                   fill never-read-before-written scratch
+//   static constexpr bool kCuda;                        tensors must be CUDA (else CPU) tensors
+//   static DeviceLimits limits(const at::Tensor& u);    SM count and shared memory per block
+//   static void forward(const Params&, ElementType);
+//   static void backward(const Params&, ElementType);
+//   static void poison(at::Tensor&);                    fill never-read-before-written scratch
 #pragma once
 
 #include <ATen/ATen.h>
@@ -23,6 +23,11 @@ namespace scan2d {
 
 using OptTensor = std::optional<at::Tensor>;
 
+struct DeviceLimits {
+  int sm_count;
+  size_t smem_per_block;  // opt-in maximum of dynamic shared memory per block
+};
+
 inline ElementType element_type(at::ScalarType t) {
   switch (t) {
     case at::kFloat:
@@ -38,12 +43,12 @@ inline ElementType element_type(at::ScalarType t) {
   return ElementType::kFloat32;
 }
 
-inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Per axis: a map extent larger than a tile is cut into tiles (scanned in order, with carries);
 // an extent that fits into a tile is packed several times across it (maps of consecutive batch
 // entries, one per segment). E.g. 7x7 maps: 4x4 maps per tile; 1xL maps: 32 maps stacked in the
-// tile rows, the columns tiled along L.
+// tile rows, the columns tiled along L (a chunked 1D scan).
 inline void plan_axis(int64_t extent, int& pack, int& segment, int& tiles) {
   if (extent <= kTile) {
     pack = static_cast<int>(kTile / extent);
@@ -52,9 +57,11 @@ inline void plan_axis(int64_t extent, int& pack, int& segment, int& tiles) {
   } else {
     pack = 1;
     segment = kTile;
-    tiles = ceil_div(extent, kTile);
+    tiles = static_cast<int>(ceil_div(extent, kTile));
   }
 }
+
+inline uint32_t segment_magic(int segment) { return 65536u / static_cast<uint32_t>(segment) + 1u; }
 
 inline Geometry plan_geometry(int64_t batch, int64_t dim, int64_t groups, int64_t nstate,
                               int64_t height, int64_t width) {
@@ -68,16 +75,57 @@ inline Geometry plan_geometry(int64_t batch, int64_t dim, int64_t groups, int64_
   g.length = height * width;
   plan_axis(width, g.pack_cols, g.seg_w, g.tiles_w);
   plan_axis(height, g.pack_rows, g.seg_h, g.tiles_h);
-  // No more maps per tile than the slot tables hold or the batch has.
+  // No more maps per tile than the batch has.
   const int64_t batch_or_1 = std::max<int64_t>(batch, 1);
-  g.pack_cols = static_cast<int>(std::min<int64_t>({g.pack_cols, kMaxPack, batch_or_1}));
-  g.pack_rows = static_cast<int>(std::min<int64_t>(
-      {g.pack_rows, kMaxPack / g.pack_cols, ceil_div(batch_or_1, g.pack_cols)}));
-  g.batch_blocks = ceil_div(batch, static_cast<int64_t>(g.pack_rows) * g.pack_cols);
+  g.pack_cols = static_cast<int>(std::min<int64_t>(g.pack_cols, batch_or_1));
+  g.pack_rows = static_cast<int>(std::min<int64_t>(g.pack_rows, ceil_div(batch_or_1, g.pack_cols)));
+  g.magic_h = segment_magic(g.seg_h);
+  g.magic_w = segment_magic(g.seg_w);
+  g.batch_blocks = static_cast<int>(ceil_div(batch, static_cast<int64_t>(g.pack_rows) * g.pack_cols));
   return g;
 }
 
-inline int forward_warps(int nstate) { return std::min(kMaxWarps, nstate); }
+// Largest divisor of n that is <= cap (>= 1).
+inline int largest_divisor_up_to(int n, int cap) {
+  for (int k = std::max(1, std::min(n, cap)); k > 1; --k) {
+    if (n % k == 0) return k;
+  }
+  return 1;
+}
+
+// The work split for a geometry on a device (see Launch in scan2d_common.h).
+inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
+  Launch k{};
+  const int per_group = g.dim / g.groups;
+  k.fwd_warps_per_channel = std::min(kMaxWarps, g.nstate);
+  k.fwd_channels = largest_divisor_up_to(per_group, kMaxWarps / k.fwd_warps_per_channel);
+  while (k.fwd_channels > 1 &&
+         forward_layout(k.fwd_channels, k.fwd_channels * k.fwd_warps_per_channel, g.nstate).total >
+             dev.smem_per_block) {
+    k.fwd_channels = largest_divisor_up_to(per_group, k.fwd_channels - 1);
+  }
+  while (k.fwd_warps_per_channel > 1 &&
+         forward_layout(1, k.fwd_warps_per_channel, g.nstate).total > dev.smem_per_block) {
+    --k.fwd_warps_per_channel;
+  }
+  TORCH_CHECK(forward_layout(k.fwd_channels, k.fwd_channels * k.fwd_warps_per_channel, g.nstate).total <=
+                  dev.smem_per_block,
+              "selective_scan_2d (cuda kernel): N = ", g.nstate, " needs more shared memory than the "
+              "device allows per block (", dev.smem_per_block, " bytes)");
+  k.bwd_warps = std::min(kMaxWarps, g.nstate);
+  while (k.bwd_warps > 1 && backward_layout(k.bwd_warps, g.nstate).total > dev.smem_per_block) {
+    --k.bwd_warps;
+  }
+  TORCH_CHECK(backward_layout(k.bwd_warps, g.nstate).total <= dev.smem_per_block,
+              "selective_scan_2d (cuda kernel): N = ", g.nstate, " needs ",
+              backward_layout(k.bwd_warps, g.nstate).total,
+              " bytes of shared memory in the backward, the device allows ", dev.smem_per_block);
+  // Enough backward blocks to fill the device twice over, each slice owning its dB / dC partial.
+  const int64_t base_blocks = static_cast<int64_t>(std::max(g.batch_blocks, 1)) * g.groups;
+  const int64_t want = ceil_div(2 * static_cast<int64_t>(dev.sm_count), base_blocks);
+  k.slices = largest_divisor_up_to(per_group, static_cast<int>(std::min<int64_t>(want, per_group)));
+  return k;
+}
 
 template <class Backend>
 void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& like) {
@@ -150,17 +198,19 @@ Geometry check_inputs(const at::Tensor& u, const at::Tensor& delta, const at::Te
     check_shape(*delta_bias, "delta_bias", {dim});
     check_dtype(*delta_bias, "delta_bias", at::kFloat);
   }
-  const Geometry g = plan_geometry(batch, dim, groups, nstate, height, width);
-  TORCH_CHECK_VALUE(dim <= 65535, "selective_scan_2d (cuda kernel): dim = ", dim,
-                    " exceeds the grid limit 65535");
-  return g;
+  TORCH_CHECK_VALUE(batch <= std::numeric_limits<int32_t>::max() && dim <= 65535,
+                    "selective_scan_2d (cuda kernel): batch = ", batch, ", dim = ", dim,
+                    " exceed the grid limits");
+  return plan_geometry(batch, dim, groups, nstate, height, width);
 }
 
-inline Params base_params(const Geometry& g, const at::Tensor& u, const at::Tensor& delta,
-                          const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
-                          const OptTensor& D, const OptTensor& delta_bias, bool softplus) {
+inline Params base_params(const Geometry& g, const Launch& k, const at::Tensor& u,
+                          const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
+                          const at::Tensor& C, const OptTensor& D, const OptTensor& delta_bias,
+                          bool softplus) {
   Params p{};
   p.g = g;
+  p.k = k;
   p.softplus = softplus;
   p.u = u.data_ptr();
   p.delta = delta.data_ptr();
@@ -169,8 +219,6 @@ inline Params base_params(const Geometry& g, const at::Tensor& u, const at::Tens
   p.A = A.data_ptr<float>();
   p.D = D.has_value() ? D->data_ptr<float>() : nullptr;
   p.delta_bias = delta_bias.has_value() ? delta_bias->data_ptr<float>() : nullptr;
-  p.channels_per_block = 1;
-  p.atomic_bc = true;
   return p;
 }
 
@@ -178,41 +226,52 @@ inline at::Tensor fp32_scratch(int64_t numel, const at::Tensor& like) {
   return at::empty({numel}, like.options().dtype(at::kFloat));
 }
 
-// y = forward(...): (batch, dim, L), fp32 when out_fp32 else u's dtype.
+// Runs the forward; with `save_carries` (and more than one tile per map) it records the carries
+// into every tile for the backward. Returns [y, carry_h, carry_v]: y (batch, dim, L) in fp32 when
+// out_fp32 else u's dtype; the carries flat fp32, empty when not saved.
 template <class Backend>
-at::Tensor forward_impl(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
-                        const at::Tensor& B, const at::Tensor& C, const OptTensor& D,
-                        const OptTensor& delta_bias, bool softplus, int64_t height, int64_t width,
-                        bool out_fp32) {
+std::vector<at::Tensor> forward_impl(const at::Tensor& u, const at::Tensor& delta,
+                                     const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
+                                     const OptTensor& D, const OptTensor& delta_bias, bool softplus,
+                                     int64_t height, int64_t width, bool out_fp32,
+                                     bool save_carries) {
   const Geometry g = check_inputs<Backend>(u, delta, A, B, C, D, delta_bias, height, width);
   at::Tensor y = at::empty(u.sizes(), u.options().dtype(out_fp32 ? at::kFloat : u.scalar_type()));
-  if (u.numel() == 0) return y;
+  at::Tensor carry_h = fp32_scratch(0, u), carry_v = fp32_scratch(0, u);
+  if (u.numel() == 0) return {y, carry_h, carry_v};
   Backend::poison(y);
-  Params p = base_params(g, u, delta, A, B, C, D, delta_bias, softplus);
+  Params p = base_params(g, plan_launch(g, Backend::limits(u)), u, delta, A, B, C, D, delta_bias,
+                         softplus);
   p.y = y.data_ptr();
   p.y_fp32 = y.scalar_type() == at::kFloat;
-  at::Tensor carry_v;
-  if (g.tiles_h > 1) {
-    const int64_t blocks = static_cast<int64_t>(g.batch_blocks) * g.dim;
-    carry_v = fp32_scratch(blocks * g.tiles_w * g.nstate * kTile, u);
-    Backend::poison(carry_v);
-    p.carry_v = carry_v.data_ptr<float>();
+  const bool record = save_carries && g.tiles_h * g.tiles_w > 1;
+  p.record = record;
+  if (record) {
+    carry_h = fp32_scratch(carry_numel(g, true), u);
+    Backend::poison(carry_h);
+    p.carry_h = carry_h.data_ptr<float>();
   }
-  const int nwarps = forward_warps(g.nstate);
-  Backend::forward(p, element_type(u.scalar_type()), nwarps,
-                   smem_layout(false, nwarps, g.nstate).total);
-  return y;
+  at::Tensor vbuf;
+  if (g.tiles_h > 1 || record) {
+    vbuf = fp32_scratch(carry_numel(g, record), u);
+    Backend::poison(vbuf);
+    p.carry_v = vbuf.data_ptr<float>();
+    if (record) carry_v = vbuf;
+  }
+  Backend::forward(p, element_type(u.scalar_type()));
+  return {y, carry_h, carry_v};
 }
 
 // [du, ddelta, dA, dB, dC, dD (undefined without D), ddelta_bias (undefined without it)].
-// deterministic: one block per (batch block, group) walks the group's channels in order and owns
-// its dB / dC entries (no atomics); otherwise one block per channel with fp32 atomics.
+// carry_h / carry_v: the carries a forward with save_carries recorded for these inputs, or empty
+// tensors (then the carries are recorded here by a forward pass without y).
 template <class Backend>
 std::vector<at::Tensor> backward_impl(const at::Tensor& u, const at::Tensor& delta,
                                       const at::Tensor& A, const at::Tensor& B,
                                       const at::Tensor& C, const OptTensor& D,
                                       const OptTensor& delta_bias, bool softplus, int64_t height,
-                                      int64_t width, const at::Tensor& dy, bool deterministic) {
+                                      int64_t width, const at::Tensor& dy,
+                                      const at::Tensor& carry_h, const at::Tensor& carry_v) {
   const Geometry g = check_inputs<Backend>(u, delta, A, B, C, D, delta_bias, height, width);
   check_tensor<Backend>(dy, "dy", u);
   check_shape(dy, "dy", u.sizes());
@@ -226,57 +285,62 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& u, const at::Tensor& del
     return {at::zeros_like(u), at::zeros_like(delta), at::zeros_like(A), at::zeros_like(B),
             at::zeros_like(C), dD, ddb};
   }
+  const int tiles = g.tiles_h * g.tiles_w;
+  const int64_t carries = tiles > 1 ? carry_numel(g, true) : 0;
+  const bool given = carry_h.numel() > 0 || carry_v.numel() > 0;
+  if (given) {
+    check_tensor<Backend>(carry_h, "carry_h", u);
+    check_tensor<Backend>(carry_v, "carry_v", u);
+    check_dtype(carry_h, "carry_h", at::kFloat);
+    check_dtype(carry_v, "carry_v", at::kFloat);
+    TORCH_CHECK_VALUE(carry_h.numel() == carries && carry_v.numel() == carries,
+                      "selective_scan_2d (cuda kernel): carry_h / carry_v must hold ", carries,
+                      " floats (the forward's saved carries for these shapes), got ",
+                      carry_h.numel(), " / ", carry_v.numel());
+  }
+  const Launch launch = plan_launch(g, Backend::limits(u));
+  const ElementType type = element_type(u.scalar_type());
+  Params p = base_params(g, launch, u, delta, A, B, C, D, delta_bias, softplus);
+  at::Tensor ch = carry_h, cv = carry_v, grad_carry_v;
+  if (tiles > 1) {
+    if (!given) {
+      std::vector<at::Tensor> rec = forward_impl<Backend>(u, delta, A, B, C, D, delta_bias,
+                                                          softplus, height, width, true, true);
+      ch = rec[1];
+      cv = rec[2];
+    }
+    grad_carry_v = fp32_scratch(grad_carry_numel(g), u);
+    Backend::poison(grad_carry_v);
+    p.carry_h = ch.data_ptr<float>();
+    p.carry_v = cv.data_ptr<float>();
+    p.grad_carry_v = grad_carry_v.data_ptr<float>();
+  }
   at::Tensor du = at::empty_like(u);
   at::Tensor ddelta = at::empty_like(delta);
   Backend::poison(du);
   Backend::poison(ddelta);
-  at::Tensor dB = at::zeros(B.sizes(), f32);
-  at::Tensor dC = at::zeros(C.sizes(), f32);
+  at::Tensor dB_part = at::zeros({launch.slices, g.batch, g.groups, g.nstate, g.length}, f32);
+  at::Tensor dC_part = at::zeros({launch.slices, g.batch, g.groups, g.nstate, g.length}, f32);
   at::Tensor dA_part = at::empty({g.batch_blocks, g.dim, g.nstate}, f32);
   at::Tensor dD_part = at::empty({g.batch_blocks, g.dim}, f32);
   at::Tensor ddb_part = at::empty({g.batch_blocks, g.dim}, f32);
   Backend::poison(dA_part);
   Backend::poison(dD_part);
   Backend::poison(ddb_part);
-
-  const ElementType type = element_type(u.scalar_type());
-  Params p = base_params(g, u, delta, A, B, C, D, delta_bias, softplus);
-  const int tiles = g.tiles_h * g.tiles_w;
-  at::Tensor carry_v, carry_h, grad_carry_v;
-  if (tiles > 1) {
-    // Pass 1: the forward scan records the carries into every tile (no y).
-    const int64_t blocks = static_cast<int64_t>(g.batch_blocks) * g.dim;
-    carry_v = fp32_scratch(blocks * tiles * g.nstate * kTile, u);
-    carry_h = fp32_scratch(blocks * tiles * g.nstate * kTile, u);
-    grad_carry_v = fp32_scratch(blocks * g.tiles_w * g.nstate * kTile, u);
-    Backend::poison(carry_v);
-    Backend::poison(carry_h);
-    Backend::poison(grad_carry_v);
-    Params rec = p;
-    rec.record = true;
-    rec.carry_v = carry_v.data_ptr<float>();
-    rec.carry_h = carry_h.data_ptr<float>();
-    const int fwarps = forward_warps(g.nstate);
-    Backend::forward(rec, type, fwarps, smem_layout(false, fwarps, g.nstate).total);
-    p.carry_v = rec.carry_v;
-    p.carry_h = rec.carry_h;
-    p.grad_carry_v = grad_carry_v.data_ptr<float>();
-  }
-  // Pass 2: reverse scans.
   p.dy = dy.data_ptr();
   p.dy_fp32 = dy.scalar_type() == at::kFloat;
   p.du = du.data_ptr();
   p.ddelta = ddelta.data_ptr();
-  p.dB = dB.data_ptr<float>();
-  p.dC = dC.data_ptr<float>();
+  p.dB_part = dB_part.data_ptr<float>();
+  p.dC_part = dC_part.data_ptr<float>();
   p.dA_part = dA_part.data_ptr<float>();
   p.dD_part = dD_part.data_ptr<float>();
   p.ddb_part = ddb_part.data_ptr<float>();
-  p.channels_per_block = deterministic ? g.dim / g.groups : 1;
-  p.atomic_bc = !deterministic;
-  const int nwarps = Backend::backward_warps(g.nstate);
-  Backend::backward(p, type, nwarps, smem_layout(true, nwarps, g.nstate).total);
+  Backend::backward(p, type);
 
+  // Fixed-order reductions over slices / batch blocks: bitwise reproducible.
+  at::Tensor dB = launch.slices == 1 ? dB_part[0] : dB_part.sum(0);
+  at::Tensor dC = launch.slices == 1 ? dC_part[0] : dC_part.sum(0);
   at::Tensor dA = dA_part.sum(0);
   if (D.has_value()) dD = dD_part.sum(0);
   if (delta_bias.has_value()) ddb = ddb_part.sum(0);

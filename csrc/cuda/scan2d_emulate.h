@@ -1,27 +1,53 @@
-// Host emulation of the CUDA kernel (selective_scan_2d_emulate.cpp): the same block code run
-// thread by thread on the CPU, for testing the kernel's logic on machines without a GPU.
+// Host emulation of the CUDA kernels (selective_scan_2d_emulate.cpp): the same block code run
+// thread by thread on the CPU, in a chosen thread / warp / lane / block order, with a
+// shared-memory race detector and bounds checks, for testing the kernel on machines without a GPU.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace vmamba2d {
 namespace scan2d {
 
-at::Tensor emulate_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
-                           const at::Tensor& B, const at::Tensor& C,
-                           const std::optional<at::Tensor>& D,
-                           const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
-                           int64_t height, int64_t width, bool out_fp32);
+// How the emulation runs a launch.
+//   order: 0 = every phase in forward thread / warp / lane / block order, 1 = reversed,
+//          >= 2 = shuffled with `order` as the seed.
+//   race_check: record every shared-memory access and fail on a data race.
+//   drop_barrier: >= 0 skips the block barrier with that index (counted per block from 0), to
+//          prove that the race detector notices a missing barrier; -1 keeps all.
+//   sm_count: the device the plan is made for (the backward's channel slices depend on it).
+struct EmulationOptions {
+  int64_t order = 0;
+  bool race_check = true;
+  int64_t drop_barrier = -1;
+  int64_t sm_count = 8;
+};
+
+std::vector<at::Tensor> emulate_forward(const at::Tensor& u, const at::Tensor& delta,
+                                        const at::Tensor& A, const at::Tensor& B,
+                                        const at::Tensor& C, const std::optional<at::Tensor>& D,
+                                        const std::optional<at::Tensor>& delta_bias,
+                                        bool delta_softplus, int64_t height, int64_t width,
+                                        bool out_fp32, bool save_carries,
+                                        const EmulationOptions& options);
 
 std::vector<at::Tensor> emulate_backward(const at::Tensor& u, const at::Tensor& delta,
                                          const at::Tensor& A, const at::Tensor& B,
                                          const at::Tensor& C, const std::optional<at::Tensor>& D,
                                          const std::optional<at::Tensor>& delta_bias,
                                          bool delta_softplus, int64_t height, int64_t width,
-                                         const at::Tensor& dy, bool deterministic);
+                                         const at::Tensor& dy, const at::Tensor& carry_h,
+                                         const at::Tensor& carry_v, const EmulationOptions& options);
+
+// Runs one synthetic block that breaks (or keeps) one of the checker's rules; throws when the
+// checker objects. Scenarios: ordered_by_barrier, ordered_by_syncwarp (pass) and
+// read_after_write_across_warps, read_after_write_in_warp, write_after_read, write_after_write,
+// uninitialised_read, out_of_bounds_shared, out_of_bounds_global, barrier_inside_warp_phase,
+// syncwarp_inside_lane_phase, misaligned_shared_array (throw).
+void emulation_self_check(const std::string& scenario);
 
 }  // namespace scan2d
 }  // namespace vmamba2d

@@ -1,20 +1,26 @@
-// The tiled 2D selective scan (DESIGN.md section 1, 2DMamba supplement Algorithm 1), forward and
-// backward, written once for two execution contexts:
-//   * DeviceCtx (selective_scan_2d_*.cu): one CUDA thread per (warp, lane); each_thread / each_warp
-//     / each_lane run the body for the calling thread only, barrier() is __syncthreads().
-//   * HostCtx (selective_scan_2d_emulate.cpp): one CPU thread runs every (warp, lane) of a block
-//     in turn, so the very same index, carry and gradient code is testable without a GPU.
-// Rules that keep the two equivalent: no block barrier inside each_warp; state that lives across
-// each_lane calls is indexed by ctx.lane_slot(lane); a phase never reads what another thread of
-// the same phase writes.
+// The tiled 2D selective scan v2 (DESIGN.md sections 1 and 7), forward and backward, written once
+// for two execution contexts:
+//   * DeviceCtx (scan2d_device.cuh, the .cu files): one CUDA thread per (warp, lane);
+//     each_thread / each_warp / each_lane run the body for the calling thread only, barrier() is
+//     __syncthreads(), sync_warp() is __syncwarp(), shared / global views are raw pointers.
+//   * HostCtx (selective_scan_2d_emulate.cpp): one CPU thread runs every (warp, lane) of a block in
+//     a chosen order (forward, reversed, shuffled), views are bounds-checked and every shared
+//     access is recorded by a race detector, so the very code the GPU runs is tested on the CPU.
+// Rules that keep the two equivalent: no barrier inside each_thread / each_warp; shared or global
+// memory is touched only inside each_thread / each_lane; state that lives across each_lane calls is
+// indexed by ctx.lane_slot(lane); threads of one phase exchange data only across a barrier (block)
+// or a sync_warp (warp) -- the emulation's race detector enforces the last rule.
 //
-// Per block: one channel d and up to kMaxPack maps (batch entries) of it. Per tile:
-//   1. all threads load dt = softplus(delta + bias) and u (and dy) into shared tiles;
-//   2. warp w, for each of its states n: loads the B tile; lane r scans tile row r left to right
-//      (carry from the tile on the left); lane c scans tile column c top to bottom (carry from the
-//      tile above) and accumulates C * h into its y registers;
-//   3. all threads sum the warps' y partials, add D * u and write y.
-// Only y and the per-state tile carries (kTile floats per tile edge) go to global memory.
+// Forward, per block (a batch block of packed maps and `channels` channels of one group), per tile:
+//   1. all threads load dt = softplus(delta + bias) and u of each channel into shared tiles
+//      (lane = tile column: every warp-wide load is one contiguous row segment);
+//   2. warp w (channel w / wpc, states w % wpc, + wpc, ...), per state: lane c loads column c of B
+//      (row by row: coalesced) and stores x = dt * B * u and Abar = exp(dt * A) -- the only exp of
+//      the pass; lane r scans tile row r (hh, carry from the tile on the left); lane c scans tile
+//      column c (h, carry from the tile above) and accumulates C * h into the warp's y tile;
+//   3. all threads sum the warps' y partials of each channel (fixed order), add D * u, write y.
+// Only y and the per-state tile carries (kTile floats per tile edge, saved for the backward) go to
+// global memory.
 #pragma once
 
 #include <math.h>
@@ -26,10 +32,13 @@ namespace scan2d {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Conversion of the kernel's element type to / from fp32; the .cu files specialise it for the
+// CUDA half types, the host emulation uses c10's (both convert with round-to-nearest-even).
 template <class T>
-SS2D_HD SS2D_INLINE float to_float(T value) {
-  return static_cast<float>(value);
-}
+struct Element {
+  static SS2D_HD SS2D_INLINE float load(T v) { return static_cast<float>(v); }
+  static SS2D_HD SS2D_INLINE T store(float v) { return T(v); }
+};
 
 // torch.nn.functional.softplus with its default threshold 20.
 SS2D_HD SS2D_INLINE float softplus(float z) { return z > 20.f ? z : log1pf(expf(z)); }
@@ -44,412 +53,491 @@ SS2D_HD SS2D_INLINE uint32_t segment_starts(int segment) {
   return mask;
 }
 
+SS2D_HD SS2D_INLINE int small_div(int x, uint32_t magic) {
+  return static_cast<int>((static_cast<uint32_t>(x) * magic) >> 16);
+}
+
+// Where cell (r, c) of tile (ti, tj) of batch block bb lives: batch entry and position in the map.
+struct TileCell {
+  bool valid;
+  int64_t batch;
+  int64_t pos;
+};
+
+SS2D_HD SS2D_INLINE TileCell tile_cell(const Geometry& g, int bb, int ti, int tj, int r, int c) {
+  const int pr = small_div(r, g.magic_h);
+  const int pc = small_div(c, g.magic_w);
+  const int row = ti * kTile + r - pr * g.seg_h;
+  const int col = tj * kTile + c - pc * g.seg_w;
+  TileCell cell;
+  cell.batch = static_cast<int64_t>(bb) * g.pack_rows * g.pack_cols + pr * g.pack_cols + pc;
+  cell.valid = pr < g.pack_rows && pc < g.pack_cols && cell.batch < g.batch && row < g.height &&
+               col < g.width;
+  cell.pos = static_cast<int64_t>(row) * g.width + col;
+  return cell;
+}
+
+SS2D_HD SS2D_INLINE int64_t ud_offset(const Geometry& g, const TileCell& cell, int d) {
+  return (cell.batch * g.dim + d) * g.length + cell.pos;
+}
+
+// One tile column of B / C for a lane (lane = column c, state n): cell r sits at
+// base + pr * pack_step + (r - pr * seg_h) * width with pr = r / seg_h, so the per-row work in the
+// unrolled column loops is one multiply-add (no per-cell batch / map arithmetic).
+struct ColumnWalk {
+  int64_t base;
+  int64_t pack_step;
+  int64_t first_batch;
+  int first_row;
+  bool col_ok;
+};
+
+SS2D_HD SS2D_INLINE ColumnWalk bc_column(const Geometry& g, int bb, int ti, int tj, int c, int group,
+                                         int n) {
+  const int pc = small_div(c, g.magic_w);
+  const int col = tj * kTile + c - pc * g.seg_w;
+  ColumnWalk w;
+  w.first_batch = static_cast<int64_t>(bb) * g.pack_rows * g.pack_cols + pc;
+  w.first_row = ti * kTile;
+  w.col_ok = pc < g.pack_cols && col < g.width;
+  w.pack_step = static_cast<int64_t>(g.pack_cols) * g.groups * g.nstate * g.length;
+  w.base = ((w.first_batch * g.groups + group) * g.nstate + n) * g.length +
+           static_cast<int64_t>(w.first_row) * g.width + col;
+  return w;
+}
+
+// Offset of cell r of the column in `off`; returns whether the cell is a real map cell.
+SS2D_HD SS2D_INLINE bool column_cell(const Geometry& g, const ColumnWalk& w, int r, int64_t& off) {
+  const int pr = small_div(r, g.magic_h);
+  const int rr = r - pr * g.seg_h;
+  off = w.base + pr * w.pack_step + static_cast<int64_t>(rr) * g.width;
+  return w.col_ok && pr < g.pack_rows && w.first_batch + static_cast<int64_t>(pr) * g.pack_cols < g.batch &&
+         w.first_row + rr < g.height;
+}
+
 SS2D_HD SS2D_INLINE int64_t carry_index(int64_t map, int slots, int slot, int nstate, int n, int k) {
   return ((map * slots + slot) * nstate + n) * kTile + k;
 }
 
-struct SharedView {
-  int64_t* base_ud;
-  int64_t* base_bc;
-  int* cell_pos;
-  int* cell_slot;
-  float* dt;
-  float* u;
-  float* dy;
-  float* warp;
-  float* hcar;
-  float* dA;
-  float* lane;
-  float* red;
-};
+SS2D_HD SS2D_INLINE int group_of(const Geometry& g, int d) { return d / (g.dim / g.groups); }
 
-SS2D_HD inline SharedView carve_shared(char* smem, const SmemLayout& l, bool backward) {
-  SharedView s;
-  s.base_ud = reinterpret_cast<int64_t*>(smem + l.base_ud);
-  s.base_bc = reinterpret_cast<int64_t*>(smem + l.base_bc);
-  s.cell_pos = reinterpret_cast<int*>(smem + l.cell_pos);
-  s.cell_slot = reinterpret_cast<int*>(smem + l.cell_slot);
-  s.dt = reinterpret_cast<float*>(smem + l.dt);
-  s.u = reinterpret_cast<float*>(smem + l.u);
-  s.dy = backward ? reinterpret_cast<float*>(smem + l.dy) : nullptr;
-  s.warp = reinterpret_cast<float*>(smem + l.warp);
-  s.hcar = reinterpret_cast<float*>(smem + l.hcar);
-  s.dA = backward ? reinterpret_cast<float*>(smem + l.dA) : nullptr;
-  s.lane = backward ? reinterpret_cast<float*>(smem + l.lane) : nullptr;
-  s.red = backward ? reinterpret_cast<float*>(smem + l.red) : nullptr;
-  return s;
-}
+SS2D_HD SS2D_INLINE int tile_offset(int r, int c) { return r * kStride + c; }
 
-// Offsets of the block's map slots for channel d: slot s is batch entry bb * pack + s.
-template <class Ctx>
-SS2D_HD void setup_slots(Ctx& ctx, const Params& p, const SharedView& s, int bb, int d) {
+// Phase 1 of a tile: dt / u (and dy) of `channels` consecutive channels from d0 into shared tiles
+// (0 on padding cells, so Abar = 1 and x = 0 there).
+template <class T, class Ctx, class In, class Out>
+SS2D_HD void load_channel_tiles(Ctx& ctx, const Params& p, int bb, int ti, int tj, int d0,
+                                int channels, const In& u, const In& delta, Out dt_tiles,
+                                Out u_tiles) {
   const Geometry& g = p.g;
-  const int pack = g.pack_rows * g.pack_cols;
-  const int group = d / (g.dim / g.groups);
   ctx.each_thread([&](int t) {
-    for (int slot = t; slot < kMaxPack; slot += ctx.nthreads()) {
-      const int64_t b = static_cast<int64_t>(bb) * pack + slot;
-      const bool valid = slot < pack && b < g.batch;
-      s.base_ud[slot] = valid ? (b * g.dim + d) * g.length : -1;
-      s.base_bc[slot] = valid ? (b * g.groups + group) * g.nstate * g.length : -1;
-    }
-  });
-}
-
-// Phase 1 of a tile: where each cell lives (or -1 for padding) and the dt / u / dy tiles.
-template <class T, class Ctx>
-SS2D_HD void load_tile(Ctx& ctx, const Params& p, const SharedView& s, int d, int ti, int tj) {
-  const Geometry& g = p.g;
-  const T* u = static_cast<const T*>(p.u);
-  const T* delta = static_cast<const T*>(p.delta);
-  const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
-  ctx.each_thread([&](int t) {
-    for (int idx = t; idx < kTileCells; idx += ctx.nthreads()) {
-      const int r = idx / kTile;
-      const int c = idx % kTile;
-      const int pr = r / g.seg_h;
-      const int pc = c / g.seg_w;
-      const int row = ti * kTile + (r - pr * g.seg_h);
-      const int col = tj * kTile + (c - pc * g.seg_w);
-      const int slot = pr * g.pack_cols + pc;
-      int pos = -1;
-      if (pr < g.pack_rows && pc < g.pack_cols && row < g.height && col < g.width &&
-          s.base_ud[slot] >= 0) {
-        pos = row * g.width + col;
-      }
-      s.cell_pos[idx] = pos;
-      s.cell_slot[idx] = pos < 0 ? 0 : slot;
-      float dt = 0.f, uv = 0.f, dyv = 0.f;
-      if (pos >= 0) {
-        const int64_t off = s.base_ud[slot] + pos;
-        const float z = to_float(delta[off]) + bias;
+    for (int idx = t; idx < channels * kTileCells; idx += ctx.nthreads()) {
+      const int s = idx >> kTileCellShift;
+      const int r = (idx >> kTileShift) & (kTile - 1);
+      const int c = idx & (kTile - 1);
+      const int d = d0 + s;
+      const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
+      float dt = 0.f, uv = 0.f;
+      if (cell.valid) {
+        const int64_t off = ud_offset(g, cell, d);
+        const float z = Element<T>::load(delta[off]) + (p.delta_bias ? p.delta_bias[d] : 0.f);
         dt = p.softplus ? softplus(z) : z;
-        uv = to_float(u[off]);
-        if (s.dy != nullptr) {
-          dyv = p.dy_fp32 ? static_cast<const float*>(p.dy)[off]
-                          : to_float(static_cast<const T*>(p.dy)[off]);
-        }
+        uv = Element<T>::load(u[off]);
       }
-      const int e = r * kStride + c;
-      s.dt[e] = dt;
-      s.u[e] = uv;
-      if (s.dy != nullptr) s.dy[e] = dyv;
+      const int e = s * kTileFloats + tile_offset(r, c);
+      dt_tiles[e] = dt;
+      u_tiles[e] = uv;
     }
   });
 }
 
-// Lane c copies tile column c of one state's B or C (0 on padding) into a warp buffer.
-template <class T>
-SS2D_HD SS2D_INLINE void load_state_column(const SharedView& s, const T* src, int64_t state_off,
-                                           int c, float* dst) {
-SS2D_UNROLL
-  for (int r = 0; r < kTile; ++r) {
-    const int idx = r * kTile + c;
-    const int pos = s.cell_pos[idx];
-    dst[r * kStride + c] =
-        pos < 0 ? 0.f : to_float(src[s.base_bc[s.cell_slot[idx]] + state_off + pos]);
-  }
-}
-
 template <class T, class Ctx>
-SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int d, char* smem) {
+SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, char* smem) {
   const Geometry& g = p.g;
   const int nstate = g.nstate;
-  const int nwarps = ctx.nwarps();
-  const SharedView s = carve_shared(smem, smem_layout(false, nwarps, nstate), false);
-  const T* Bp = static_cast<const T*>(p.B);
-  const T* Cp = static_cast<const T*>(p.C);
+  const int channels = p.k.fwd_channels;
+  const int wpc = p.k.fwd_warps_per_channel;
+  const int nwarps = channels * wpc;
+  const ForwardLayout l = forward_layout(channels, nwarps, nstate);
+  auto dt_t = ctx.template shared<float>(smem, l.dt, channels * kTileFloats);
+  auto u_t = ctx.template shared<float>(smem, l.u, channels * kTileFloats);
+  auto x_t = ctx.template shared<float>(smem, l.x, nwarps * kTileFloats);
+  auto abar_t = ctx.template shared<float>(smem, l.abar, nwarps * kTileFloats);
+  auto y_t = ctx.template shared<float>(smem, l.y, nwarps * kTileFloats);
+  auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
+  const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
+  auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
+  auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
+  auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
+  auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
+  auto y32 = ctx.global(static_cast<float*>(p.y_fp32 ? p.y : nullptr), n_ud);
+  auto yT = ctx.global(static_cast<T*>(p.y_fp32 ? nullptr : p.y), n_ud);
+  const int tiles = g.tiles_h * g.tiles_w;
+  const int vslots = p.record ? tiles : g.tiles_w;
+  auto carry_v = ctx.global(p.carry_v, p.carry_v ? carry_numel(g, p.record) : 0);
+  auto carry_h = ctx.global(p.carry_h, p.carry_h ? carry_numel(g, true) : 0);
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
-  const int64_t map = static_cast<int64_t>(bb) * g.dim + d;  // this block's carry rows
-  const int vslots = p.record ? g.tiles_h * g.tiles_w : g.tiles_w;
-  const float dskip = p.D ? p.D[d] : 0.f;
+  const int d0 = cblock * channels;
+  const int group = group_of(g, d0);
 
-  setup_slots(ctx, p, s, bb, d);
-  ctx.barrier();
   for (int ti = 0; ti < g.tiles_h; ++ti) {
     for (int tj = 0; tj < g.tiles_w; ++tj) {
-      load_tile<T>(ctx, p, s, d, ti, tj);
+      load_channel_tiles<T>(ctx, p, bb, ti, tj, d0, channels, u, delta, dt_t, u_t);
       ctx.barrier();
-      const int vslot_in = p.record ? ti * g.tiles_w + tj : tj;
-      const int vslot_out = p.record ? (ti + 1) * g.tiles_w + tj : tj;
-      const int hslot = ti * g.tiles_w + tj;
+      const int tile = ti * g.tiles_w + tj;
+      const int vslot_in = p.record ? tile : tj;
+      const int vslot_out = p.record ? tile + g.tiles_w : tj;
       ctx.each_warp([&](int w) {
-        float* buf = s.warp + w * kTileFloats;
-        float yacc[Ctx::kLaneSlots][kTile];
+        const int s = w / wpc;
+        const int d = d0 + s;
+        const int64_t map = static_cast<int64_t>(bb) * g.dim + d;
+        auto dts = dt_t + s * kTileFloats;
+        auto us = u_t + s * kTileFloats;
+        auto x = x_t + w * kTileFloats;
+        auto abar = abar_t + w * kTileFloats;
+        auto yp = y_t + w * kTileFloats;
         ctx.each_lane([&](int lane) {
 SS2D_UNROLL
-          for (int r = 0; r < kTile; ++r) yacc[ctx.lane_slot(lane)][r] = 0.f;
+          for (int r = 0; r < kTile; ++r) yp[tile_offset(r, lane)] = 0.f;
         });
-        for (int n = w; n < nstate; n += nwarps) {
+        for (int n = w % wpc; n < nstate; n += wpc) {
           const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
-          const int64_t state_off = static_cast<int64_t>(n) * g.length;
-          ctx.each_lane([&](int c) { load_state_column(s, Bp, state_off, c, buf); });
+          // x = dt * B * u and Abar, lane = column: each row of B is one coalesced load.
+          ctx.each_lane([&](int c) {
+            const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
+SS2D_UNROLL_BY(4)
+            for (int r = 0; r < kTile; ++r) {
+              int64_t off;
+              const float bv = column_cell(g, col, r, off) ? Element<T>::load(Bg[off]) : 0.f;
+              const int e = tile_offset(r, c);
+              const float dt = dts[e];
+              x[e] = dt * us[e] * bv;
+              abar[e] = exp2f(dt * a2);
+            }
+          });
           ctx.sync_warp();
-          // Horizontal: hh = Abar * hh_left + dt * B * u, in place over the B tile.
+          // Horizontal: hh = Abar * hh_left + x, in place over x.
           ctx.each_lane([&](int r) {
-            float h = tj == 0 ? 0.f : s.hcar[n * kTile + r];
-            if (p.record) p.carry_h[carry_index(map, g.tiles_h * g.tiles_w, hslot, nstate, n, r)] = h;
-            const float* dt = s.dt + r * kStride;
-            const float* uu = s.u + r * kStride;
-            float* row = buf + r * kStride;
+            float h = tj == 0 ? 0.f : static_cast<float>(hcar[(s * nstate + n) * kTile + r]);
+            if (p.carry_h) carry_h[carry_index(map, tiles, tile, nstate, n, r)] = h;
 SS2D_UNROLL
             for (int c = 0; c < kTile; ++c) {
               if ((starts_w >> c) & 1u) h = 0.f;
-              h = exp2f(dt[c] * a2) * h + dt[c] * uu[c] * row[c];
-              row[c] = h;
+              const int e = tile_offset(r, c);
+              h = abar[e] * h + x[e];
+              x[e] = h;
             }
-            s.hcar[n * kTile + r] = h;
+            hcar[(s * nstate + n) * kTile + r] = h;
           });
           ctx.sync_warp();
-          // Vertical: h = Abar * h_above + hh; y += C * h.
+          // Vertical: h = Abar * h_above + hh; y += C * h (C rows: coalesced loads).
           ctx.each_lane([&](int c) {
-            float v = ti == 0 ? 0.f : p.carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)];
-            if (p.record) p.carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)] = v;
-            float* ya = yacc[ctx.lane_slot(c)];
-SS2D_UNROLL
+            float v = 0.f;
+            if (ti > 0) {
+              v = carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)];
+            } else if (p.record && p.carry_v) {
+              carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)] = 0.f;
+            }
+            const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
+SS2D_UNROLL_BY(8)
             for (int r = 0; r < kTile; ++r) {
               if ((starts_h >> r) & 1u) v = 0.f;
-              const int e = r * kStride + c;
-              v = exp2f(s.dt[e] * a2) * v + buf[e];
-              const int idx = r * kTile + c;
-              const int pos = s.cell_pos[idx];
-              if (pos >= 0) ya[r] += to_float(Cp[s.base_bc[s.cell_slot[idx]] + state_off + pos]) * v;
+              const int e = tile_offset(r, c);
+              v = abar[e] * v + x[e];
+              int64_t off;
+              if (column_cell(g, col, r, off)) yp[e] += Element<T>::load(Cg[off]) * v;
             }
-            if (ti + 1 < g.tiles_h) p.carry_v[carry_index(map, vslots, vslot_out, nstate, n, c)] = v;
+            if (ti + 1 < g.tiles_h) carry_v[carry_index(map, vslots, vslot_out, nstate, n, c)] = v;
           });
           ctx.sync_warp();
         }
-        ctx.each_lane([&](int c) {
-SS2D_UNROLL
-          for (int r = 0; r < kTile; ++r) buf[r * kStride + c] = yacc[ctx.lane_slot(c)][r];
-        });
       });
       ctx.barrier();
-      if (p.y != nullptr) {
-        ctx.each_thread([&](int t) {
-          for (int idx = t; idx < kTileCells; idx += ctx.nthreads()) {
-            const int pos = s.cell_pos[idx];
-            if (pos < 0) continue;
-            const int e = (idx / kTile) * kStride + idx % kTile;
-            float y = dskip * s.u[e];
-            for (int w = 0; w < nwarps; ++w) y += s.warp[w * kTileFloats + e];
-            const int64_t off = s.base_ud[s.cell_slot[idx]] + pos;
-            if (p.y_fp32) {
-              static_cast<float*>(p.y)[off] = y;
-            } else {
-              static_cast<T*>(p.y)[off] = T(y);
-            }
+      ctx.each_thread([&](int t) {
+        for (int idx = t; idx < channels * kTileCells; idx += ctx.nthreads()) {
+          const int s = idx >> kTileCellShift;
+          const int r = (idx >> kTileShift) & (kTile - 1);
+          const int c = idx & (kTile - 1);
+          const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
+          if (!cell.valid) continue;
+          const int d = d0 + s;
+          const int e = tile_offset(r, c);
+          float yv = (p.D ? p.D[d] : 0.f) * u_t[s * kTileFloats + e];
+          for (int j = 0; j < wpc; ++j) yv += y_t[(s * wpc + j) * kTileFloats + e];
+          const int64_t off = ud_offset(g, cell, d);
+          if (p.y_fp32) {
+            y32[off] = yv;
+          } else {
+            yT[off] = Element<T>::store(yv);
           }
-        });
-      }
-      ctx.barrier();
+        }
+      });
+      // No barrier here: the next tile's loads write only cells this thread itself read, and the
+      // warp buffers are rewritten after the next barrier (the race detector checks this).
     }
   }
 }
 
-// Backward of one block: channels cb * channels_per_block + k. For each channel the tiles are
-// walked in reverse (bottom-right first). Per tile and state: recompute hh (row lanes) and h
-// (column lanes) from the recorded carries, then the reverse vertical scan
+// Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`, one
+// after the other. Per channel the tiles are walked in reverse (bottom-right first). Per tile and
+// state (warp w takes states w, w + nwarps, ...): lane c loads column c of B and C and computes
+// Abar once; recompute hh (row lanes) and h (column lanes) from the saved carries; the reverse
+// vertical scan
 //     gh[r] = dy[r] * C[r] + Abar[r+1] * gh[r+1]
-// (column lanes; gives dC = dy * h and the vertical part of dL/dAbar, gh * h[r-1]) and the reverse
-// horizontal scan
+// (column lanes; dC = dy * h, staged in a tile; the vertical part of dL/dAbar, gh * h[r-1]) and the
+// reverse horizontal scan
 //     ghh[c] = gh[c] + Abar[c+1] * ghh[c+1]
-// (row lanes; dx = ghh gives dB = dx * dt * u, du += dx * dt * B, and the horizontal part of
-// dL/dAbar, ghh * hh[c-1]). dL/ddt = sum_n dx * B * u + dL/dAbar * Abar * A.
+// (row lanes; dx = ghh gives dB = dx * dt * u (staged in the B tile, then added row-coalesced),
+// du += dx * dt * B and the horizontal part of dL/dAbar, ghh * hh[c-1]); then the column lanes add
+// the staged dB / dC rows to the slice's partial buffers (coalesced).
+// dL/ddt = sum_n dx * B * u + dL/dAbar * Abar * A. dB / dC of a state are touched by one warp only,
+// and the block owns its slice's partial buffer: plain adds in a fixed order, no atomics.
 template <class T, class Ctx>
-SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cb, char* smem) {
+SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, char* smem) {
   const Geometry& g = p.g;
   const int nstate = g.nstate;
   const int nwarps = ctx.nwarps();
-  const SharedView s = carve_shared(smem, smem_layout(true, nwarps, nstate), true);
-  const T* Bp = static_cast<const T*>(p.B);
-  const T* Cp = static_cast<const T*>(p.C);
+  const int nthreads = ctx.nthreads();
+  const BackwardLayout l = backward_layout(nwarps, nstate);
+  auto dt_t = ctx.template shared<float>(smem, l.dt, kTileFloats);
+  auto u_t = ctx.template shared<float>(smem, l.u, kTileFloats);
+  auto dy_t = ctx.template shared<float>(smem, l.dy, kTileFloats);
+  auto warp_t = ctx.template shared<float>(smem, l.warp, kBackwardWarpTiles * nwarps * kTileFloats);
+  auto hcar = ctx.template shared<float>(smem, l.hcar, nstate * kTile);
+  auto dA_s = ctx.template shared<float>(smem, l.dA, nstate);
+  auto lane_s = ctx.template shared<float>(smem, l.lane, nwarps * kTile);
+  auto red = ctx.template shared<float>(smem, l.red, 2 * nthreads);
+  const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
+  auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
+  auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
+  auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
+  auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
+  auto dy32 = ctx.global(static_cast<const float*>(p.dy_fp32 ? p.dy : nullptr), n_ud);
+  auto dyT = ctx.global(static_cast<const T*>(p.dy_fp32 ? nullptr : p.dy), n_ud);
+  auto du_g = ctx.global(static_cast<T*>(p.du), n_ud);
+  auto ddelta_g = ctx.global(static_cast<T*>(p.ddelta), n_ud);
+  const int slices = p.k.slices;
+  const int slice = cblock % slices;
+  const int group = cblock / slices;
+  auto dB = ctx.global(p.dB_part + slice * n_bc, n_bc);
+  auto dC = ctx.global(p.dC_part + slice * n_bc, n_bc);
+  auto dA_part = ctx.global(p.dA_part, maps(g) * nstate);
+  auto dD_part = ctx.global(p.dD_part, maps(g));
+  auto ddb_part = ctx.global(p.ddb_part, maps(g));
+  const int tiles = g.tiles_h * g.tiles_w;
+  auto carry_v = ctx.global(p.carry_v, tiles > 1 ? carry_numel(g, true) : 0);
+  auto carry_h = ctx.global(p.carry_h, tiles > 1 ? carry_numel(g, true) : 0);
+  auto gcarry_v = ctx.global(p.grad_carry_v, tiles > 1 ? grad_carry_numel(g) : 0);
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
-  const int tiles = g.tiles_h * g.tiles_w;
-  const int nthreads = ctx.nthreads();
+  const int channels = g.dim / g.groups / slices;
 
-  for (int k = 0; k < p.channels_per_block; ++k) {
-    const int d = cb * p.channels_per_block + k;
-    const int64_t map = static_cast<int64_t>(bb) * g.dim + d;  // this block's carry rows
+  for (int k = 0; k < channels; ++k) {
+    const int d = group * (g.dim / g.groups) + slice * channels + k;
+    const int64_t map = static_cast<int64_t>(bb) * g.dim + d;
     const float dskip = p.D ? p.D[d] : 0.f;
-    ctx.barrier();
-    setup_slots(ctx, p, s, bb, d);
     ctx.each_thread([&](int t) {
-      s.red[t] = 0.f;
-      s.red[nthreads + t] = 0.f;
-      for (int n = t; n < nstate; n += nthreads) s.dA[n] = 0.f;
+      red[t] = 0.f;
+      red[nthreads + t] = 0.f;
+      for (int n = t; n < nstate; n += nthreads) dA_s[n] = 0.f;
     });
-    ctx.barrier();
     for (int ti = g.tiles_h - 1; ti >= 0; --ti) {
       for (int tj = g.tiles_w - 1; tj >= 0; --tj) {
-        load_tile<T>(ctx, p, s, d, ti, tj);
+        load_channel_tiles<T>(ctx, p, bb, ti, tj, d, 1, u, delta, dt_t, u_t);
+        ctx.each_thread([&](int t) {
+          for (int idx = t; idx < kTileCells; idx += nthreads) {
+            const int r = idx >> kTileShift;
+            const int c = idx & (kTile - 1);
+            const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
+            float dyv = 0.f;
+            if (cell.valid) {
+              const int64_t off = ud_offset(g, cell, d);
+              dyv = p.dy_fp32 ? static_cast<float>(dy32[off]) : Element<T>::load(dyT[off]);
+            }
+            dy_t[tile_offset(r, c)] = dyv;
+          }
+        });
         ctx.barrier();
         const int tile = ti * g.tiles_w + tj;
         ctx.each_warp([&](int w) {
-          float* bs = s.warp + (w * kBackwardWarpBuffers + 0) * kTileFloats;  // B, later du
-          float* cg = s.warp + (w * kBackwardWarpBuffers + 1) * kTileFloats;  // C, then gh
-          float* hh = s.warp + (w * kBackwardWarpBuffers + 2) * kTileFloats;  // hh
-          float* dd = s.warp + (w * kBackwardWarpBuffers + 3) * kTileFloats;  // dL/ddt
-          float* lane_dA = s.lane + w * kTile;
+          auto bs = warp_t + (w * kBackwardWarpTiles + 0) * kTileFloats;  // B, then dB, then du
+          auto cg = warp_t + (w * kBackwardWarpTiles + 1) * kTileFloats;  // C, then dL/dh
+          auto hh = warp_t + (w * kBackwardWarpTiles + 2) * kTileFloats;
+          auto abar_t = warp_t + (w * kBackwardWarpTiles + 3) * kTileFloats;
+          auto dd = warp_t + (w * kBackwardWarpTiles + 4) * kTileFloats;   // dL/ddt
+          auto dc = warp_t + (w * kBackwardWarpTiles + 5) * kTileFloats;   // dC of the state
+          auto lane_dA = lane_s + w * kTile;
           float du_row[Ctx::kLaneSlots][kTile];
           ctx.each_lane([&](int lane) {
 SS2D_UNROLL
             for (int i = 0; i < kTile; ++i) {
               du_row[ctx.lane_slot(lane)][i] = 0.f;
-              dd[i * kStride + lane] = 0.f;
+              dd[tile_offset(i, lane)] = 0.f;
             }
           });
           for (int n = w; n < nstate; n += nwarps) {
             const float a_n = p.A[static_cast<int64_t>(d) * nstate + n];
             const float a2 = a_n * kLog2e;
-            const int64_t state_off = static_cast<int64_t>(n) * g.length;
             ctx.sync_warp();
             ctx.each_lane([&](int c) {
-              load_state_column(s, Bp, state_off, c, bs);
-              load_state_column(s, Cp, state_off, c, cg);
+              const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
+SS2D_UNROLL_BY(4)
+              for (int r = 0; r < kTile; ++r) {
+                const int e = tile_offset(r, c);
+                float bv = 0.f, cv = 0.f;
+                int64_t off;
+                if (column_cell(g, col, r, off)) {
+                  bv = Element<T>::load(Bg[off]);
+                  cv = Element<T>::load(Cg[off]);
+                }
+                bs[e] = bv;
+                cg[e] = cv;
+                abar_t[e] = exp2f(dt_t[e] * a2);
+              }
             });
             ctx.sync_warp();
-            // Recompute hh (row lanes).
+            // Recompute hh (row lanes) from the saved carry into this tile.
             ctx.each_lane([&](int r) {
-              float h = tiles > 1 ? p.carry_h[carry_index(map, tiles, tile, nstate, n, r)] : 0.f;
-              const float* dt = s.dt + r * kStride;
-              const float* uu = s.u + r * kStride;
-              const float* brow = bs + r * kStride;
-              float* hrow = hh + r * kStride;
+              float h = tiles > 1 ? static_cast<float>(carry_h[carry_index(map, tiles, tile, nstate, n, r)]) : 0.f;
 SS2D_UNROLL
               for (int c = 0; c < kTile; ++c) {
                 if ((starts_w >> c) & 1u) h = 0.f;
-                h = exp2f(dt[c] * a2) * h + dt[c] * uu[c] * brow[c];
-                hrow[c] = h;
+                const int e = tile_offset(r, c);
+                h = abar_t[e] * h + dt_t[e] * u_t[e] * bs[e];
+                hh[e] = h;
               }
             });
             ctx.sync_warp();
-            // Recompute h, then the reverse vertical scan (column lanes).
+            // Recompute h into the dC tile, then the reverse vertical scan (column lanes), which
+            // replaces h[r] by dC = dy * h[r] once h[r] and h[r-1] have been used.
             ctx.each_lane([&](int c) {
               const float v_in =
-                  tiles > 1 ? p.carry_v[carry_index(map, tiles, tile, nstate, n, c)] : 0.f;
-              float hcol[kTile];
+                  tiles > 1 ? static_cast<float>(carry_v[carry_index(map, tiles, tile, nstate, n, c)]) : 0.f;
               float v = v_in;
-SS2D_UNROLL
+SS2D_UNROLL_BY(8)
               for (int r = 0; r < kTile; ++r) {
                 if ((starts_h >> r) & 1u) v = 0.f;
-                const int e = r * kStride + c;
-                v = exp2f(s.dt[e] * a2) * v + hh[e];
-                hcol[r] = v;
+                const int e = tile_offset(r, c);
+                v = abar_t[e] * v + hh[e];
+                dc[e] = v;
               }
               const int64_t gslot = carry_index(map, g.tiles_w, tj, nstate, n, c);
-              float gnext = ti + 1 < g.tiles_h ? p.grad_carry_v[gslot] : 0.f;  // Abar * gh below
+              float gnext = ti + 1 < g.tiles_h ? static_cast<float>(gcarry_v[gslot]) : 0.f;
               float dA_lane = 0.f;
-SS2D_UNROLL
+SS2D_UNROLL_BY(8)
               for (int r = kTile - 1; r >= 0; --r) {
                 if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = 0.f;
-                const int e = r * kStride + c;
-                const float dt = s.dt[e];
-                const float abar = exp2f(dt * a2);
-                const float dyv = s.dy[e];
+                const int e = tile_offset(r, c);
+                const float abar = abar_t[e];
+                const float dyv = dy_t[e];
                 const float gh = dyv * cg[e] + gnext;
-                const int idx = r * kTile + c;
-                const int pos = s.cell_pos[idx];
-                if (pos >= 0) {
-                  ctx.add(p.dC + s.base_bc[s.cell_slot[idx]] + state_off + pos, dyv * hcol[r],
-                          p.atomic_bc);
-                }
-                const float h_above = r == 0 ? v_in : (((starts_h >> r) & 1u) ? 0.f : hcol[r - 1]);
-                const float dabar = gh * h_above;
-                dd[e] += dabar * abar * a_n;
-                dA_lane += dabar * abar * dt;
+                const float h_above =
+                    r == 0 ? v_in : (((starts_h >> r) & 1u) ? 0.f : static_cast<float>(dc[e - kStride]));
+                const float dabar = gh * h_above * abar;
+                dc[e] = dyv * dc[e];
+                dd[e] += dabar * a_n;
+                dA_lane += dabar * dt_t[e];
                 cg[e] = gh;
                 gnext = abar * gh;
               }
-              if (ti > 0) p.grad_carry_v[gslot] = gnext;
+              if (ti > 0) gcarry_v[gslot] = gnext;
               lane_dA[c] = dA_lane;
             });
             ctx.sync_warp();
-            // Reverse horizontal scan (row lanes).
+            // Reverse horizontal scan (row lanes); the dB contribution replaces B in its tile.
             ctx.each_lane([&](int r) {
               const float h_in =
-                  tiles > 1 ? p.carry_h[carry_index(map, tiles, tile, nstate, n, r)] : 0.f;
-              float gnext = tj + 1 < g.tiles_w ? s.hcar[n * kTile + r] : 0.f;  // Abar * ghh right
+                  tiles > 1 ? static_cast<float>(carry_h[carry_index(map, tiles, tile, nstate, n, r)]) : 0.f;
+              float gnext = tj + 1 < g.tiles_w ? static_cast<float>(hcar[n * kTile + r]) : 0.f;
               float dA_lane = 0.f;
               float* du = du_row[ctx.lane_slot(r)];
 SS2D_UNROLL
               for (int c = kTile - 1; c >= 0; --c) {
                 if (c + 1 < kTile && ((starts_w >> (c + 1)) & 1u)) gnext = 0.f;
-                const int e = r * kStride + c;
-                const float dt = s.dt[e];
-                const float uv = s.u[e];
+                const int e = tile_offset(r, c);
+                const float dt = dt_t[e];
+                const float uv = u_t[e];
                 const float bv = bs[e];
-                const float abar = exp2f(dt * a2);
+                const float abar = abar_t[e];
                 const float ghh = cg[e] + gnext;
-                const int idx = r * kTile + c;
-                const int pos = s.cell_pos[idx];
-                if (pos >= 0) {
-                  ctx.add(p.dB + s.base_bc[s.cell_slot[idx]] + state_off + pos, ghh * dt * uv,
-                          p.atomic_bc);
-                }
-                const float hh_left = c == 0 ? h_in : (((starts_w >> c) & 1u) ? 0.f : hh[e - 1]);
-                const float dabar = ghh * hh_left;
+                const float hh_left =
+                    c == 0 ? h_in : (((starts_w >> c) & 1u) ? 0.f : static_cast<float>(hh[e - 1]));
+                const float dabar = ghh * hh_left * abar;
+                bs[e] = ghh * dt * uv;
                 du[c] += ghh * dt * bv;
-                dd[e] += ghh * bv * uv + dabar * abar * a_n;
-                dA_lane += dabar * abar * dt;
+                dd[e] += ghh * bv * uv + dabar * a_n;
+                dA_lane += dabar * dt;
                 gnext = abar * ghh;
               }
-              s.hcar[n * kTile + r] = gnext;
+              hcar[n * kTile + r] = gnext;
               lane_dA[r] += dA_lane;
             });
             ctx.sync_warp();
-            ctx.each_lane([&](int lane) {
-              if (lane == 0) {
+            // dB and dC rows, coalesced (column lanes); lane 0 adds the state's dA.
+            ctx.each_lane([&](int c) {
+              const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
+SS2D_UNROLL_BY(4)
+              for (int r = 0; r < kTile; ++r) {
+                int64_t off;
+                if (column_cell(g, col, r, off)) {
+                  const int e = tile_offset(r, c);
+                  dB[off] += bs[e];
+                  dC[off] += dc[e];
+                }
+              }
+              if (c == 0) {
                 float total = 0.f;
-                for (int l = 0; l < kTile; ++l) total += lane_dA[l];
-                s.dA[n] += total;
+                for (int i = 0; i < kTile; ++i) total += lane_dA[i];
+                dA_s[n] += total;
               }
             });
           }
           ctx.sync_warp();
           ctx.each_lane([&](int r) {
 SS2D_UNROLL
-            for (int c = 0; c < kTile; ++c) bs[r * kStride + c] = du_row[ctx.lane_slot(r)][c];
+            for (int c = 0; c < kTile; ++c) bs[tile_offset(r, c)] = du_row[ctx.lane_slot(r)][c];
           });
         });
         ctx.barrier();
         ctx.each_thread([&](int t) {
           for (int idx = t; idx < kTileCells; idx += nthreads) {
-            const int pos = s.cell_pos[idx];
-            if (pos < 0) continue;
-            const int e = (idx / kTile) * kStride + idx % kTile;
-            const float dyv = s.dy[e];
+            const int r = idx >> kTileShift;
+            const int c = idx & (kTile - 1);
+            const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
+            if (!cell.valid) continue;
+            const int e = tile_offset(r, c);
+            const float dyv = dy_t[e];
             float ddt = 0.f;
-            float du = dskip * dyv;
+            float duv = dskip * dyv;
             for (int w = 0; w < nwarps; ++w) {
-              du += s.warp[(w * kBackwardWarpBuffers + 0) * kTileFloats + e];
-              ddt += s.warp[(w * kBackwardWarpBuffers + 3) * kTileFloats + e];
+              duv += warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
+              ddt += warp_t[(w * kBackwardWarpTiles + 4) * kTileFloats + e];
             }
-            const float ddelta = p.softplus ? ddt * softplus_grad_from_value(s.dt[e]) : ddt;
-            s.red[t] += dyv * s.u[e];
-            s.red[nthreads + t] += ddelta;
-            const int64_t off = s.base_ud[s.cell_slot[idx]] + pos;
-            static_cast<T*>(p.du)[off] = T(du);
-            static_cast<T*>(p.ddelta)[off] = T(ddelta);
+            const float ddv = p.softplus ? ddt * softplus_grad_from_value(dt_t[e]) : ddt;
+            red[t] += dyv * u_t[e];
+            red[nthreads + t] += ddv;
+            const int64_t off = ud_offset(g, cell, d);
+            du_g[off] = Element<T>::store(duv);
+            ddelta_g[off] = Element<T>::store(ddv);
           }
         });
-        ctx.barrier();
+        // No barrier: as in the forward, the next tile's loads touch only this thread's cells.
       }
     }
+    ctx.barrier();
     ctx.each_thread([&](int t) {
       if (t != 0) return;
       float dD = 0.f, ddb = 0.f;
       for (int i = 0; i < nthreads; ++i) {
-        dD += s.red[i];
-        ddb += s.red[nthreads + i];
+        dD += red[i];
+        ddb += red[nthreads + i];
       }
-      const int64_t row = static_cast<int64_t>(bb) * g.dim + d;
-      p.dD_part[row] = dD;
-      p.ddb_part[row] = ddb;
-      for (int n = 0; n < nstate; ++n) p.dA_part[row * nstate + n] = s.dA[n];
+      dD_part[map] = dD;
+      ddb_part[map] = ddb;
+      for (int n = 0; n < nstate; ++n) dA_part[map * nstate + n] = dA_s[n];
     });
+    if (k + 1 < channels) ctx.barrier();  // before the next channel resets the partials
   }
 }
 

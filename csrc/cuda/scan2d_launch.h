@@ -1,5 +1,6 @@
 // Host-side entry points of the CUDA kernels (defined in selective_scan_2d_fwd.cu / _bwd.cu).
-// Plain C++ so the ATen-facing code can be compiled by the host compiler.
+// Plain C++ and the CUDA runtime API (no ATen): they return the launch's error, the ATen-facing
+// code checks it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,13 +10,15 @@
 namespace vmamba2d {
 namespace scan2d {
 
-// grid = (g.batch_blocks, g.dim), nwarps * 32 threads, smem_bytes of dynamic shared memory.
-void launch_forward(const Params& p, ElementType type, int nwarps, size_t smem_bytes,
-                    cudaStream_t stream);
+// grid = (g.batch_blocks, g.dim / k.fwd_channels), fwd_channels * fwd_warps_per_channel warps.
+cudaError_t launch_forward(const Params& p, ElementType type, cudaStream_t stream);
 
-// grid = (g.batch_blocks, g.dim / p.channels_per_block).
-void launch_backward(const Params& p, ElementType type, int nwarps, size_t smem_bytes,
-                     cudaStream_t stream);
+// grid = (g.batch_blocks, g.groups * k.slices), k.bwd_warps warps.
+cudaError_t launch_backward(const Params& p, ElementType type, cudaStream_t stream);
+
+// Opts every kernel instantiation of this file set into `smem_bytes` of dynamic shared memory
+// (cudaFuncSetAttribute); called once per device by the ATen side.
+cudaError_t allow_shared_memory(size_t smem_bytes);
 
 }  // namespace scan2d
 }  // namespace vmamba2d

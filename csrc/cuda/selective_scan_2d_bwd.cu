@@ -1,47 +1,49 @@
-// Backward kernel instantiations (fp32 / fp16 / bf16 inputs) and their launcher.
-#include <c10/cuda/CUDAException.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
+// Backward kernel instantiations (fp32 / fp16 / bf16 inputs) and their launcher. No ATen: compiles
+// device-only with `nvcc -cubin -I csrc/cuda` for the resource check.
 #include "scan2d_device.cuh"
-#include "scan2d_kernel.cuh"
 #include "scan2d_launch.h"
 
 namespace vmamba2d {
 namespace scan2d {
 
+cudaError_t allow_forward_shared_memory(size_t smem_bytes);  // selective_scan_2d_fwd.cu
+
 template <class T>
-__global__ void __launch_bounds__(kMaxWarps * kTile) scan2d_backward_kernel(Params p) {
+__global__ void __launch_bounds__(kBlockThreads) scan2d_backward_kernel(Params p) {
   extern __shared__ __align__(16) char smem[];
   DeviceCtx ctx;
   backward_block<T>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), smem);
 }
 
 template <class T>
-static void launch_backward_typed(const Params& p, int nwarps, size_t smem_bytes,
-                                 cudaStream_t stream) {
-  auto kernel = scan2d_backward_kernel<T>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem_bytes)));
+static cudaError_t launch_backward_typed(const Params& p, cudaStream_t stream) {
+  const size_t smem = backward_layout(p.k.bwd_warps, p.g.nstate).total;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
-                  static_cast<unsigned>(p.g.dim / p.channels_per_block));
-  kernel<<<grid, nwarps * kTile, smem_bytes, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+                  static_cast<unsigned>(p.g.groups * p.k.slices));
+  scan2d_backward_kernel<T><<<grid, p.k.bwd_warps * kTile, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
-void launch_backward(const Params& p, ElementType type, int nwarps, size_t smem_bytes,
-                    cudaStream_t stream) {
+cudaError_t launch_backward(const Params& p, ElementType type, cudaStream_t stream) {
   switch (type) {
     case ElementType::kFloat32:
-      launch_backward_typed<float>(p, nwarps, smem_bytes, stream);
-      break;
+      return launch_backward_typed<float>(p, stream);
     case ElementType::kFloat16:
-      launch_backward_typed<c10::Half>(p, nwarps, smem_bytes, stream);
-      break;
+      return launch_backward_typed<__half>(p, stream);
     case ElementType::kBFloat16:
-      launch_backward_typed<c10::BFloat16>(p, nwarps, smem_bytes, stream);
-      break;
+      return launch_backward_typed<__nv_bfloat16>(p, stream);
   }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t allow_shared_memory(size_t smem_bytes) {
+  const int bytes = static_cast<int>(smem_bytes);
+  const cudaFuncAttribute attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  cudaError_t err = cudaFuncSetAttribute(scan2d_backward_kernel<float>, attr, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_backward_kernel<__half>, attr, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_backward_kernel<__nv_bfloat16>, attr, bytes);
+  if (err == cudaSuccess) err = allow_forward_shared_memory(smem_bytes);
+  return err;
 }
 
 }  // namespace scan2d

@@ -1,12 +1,28 @@
 // Runs scan2d_kernel.cuh on the CPU: every block of the grid in turn, and inside a block every
-// (warp, lane) in turn between barriers. Shared memory and all scratch buffers start filled with
-// NaN so a read of anything the kernel did not write first shows up in the results.
+// (warp, lane) in turn between barriers, in forward, reversed or shuffled order. Checks, each a
+// std::runtime_error (RuntimeError in Python) naming what went wrong:
+//   * shared-memory races: every access is recorded with its thread, barrier interval and the
+//     thread's warp-sync interval; a read-after-write, write-after-read or write-after-write
+//     between two threads that neither a barrier nor (same warp) a __syncwarp orders is a race;
+//     so is a read of shared memory that no thread of the block wrote first;
+//   * out-of-bounds shared or global accesses (every view knows its extent);
+//   * the GPU primitives' preconditions: __syncthreads only where every thread of the block
+//     reaches it (not inside a per-thread or per-warp phase), __syncwarp only where all 32 lanes
+//     of the warp reach it (not inside a per-lane phase), shared arrays aligned for their type.
+// Shared memory and all scratch buffers start filled with NaN so a read of anything the kernel did
+// not write first also shows up in the results.
 #include "scan2d_emulate.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <cstring>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "scan2d_driver.h"
@@ -16,103 +32,437 @@ namespace vmamba2d {
 namespace scan2d {
 namespace {
 
+[[noreturn]] void fail(const std::string& what) {
+  throw std::runtime_error("selective_scan_2d emulation: " + what);
+}
+
+// Who is running: a thread (with its barrier interval and its warp's __syncwarp interval), or
+// the block / a warp as a whole.
+struct Access {
+  int thread = -1;
+  int64_t epoch = -1;
+  int64_t warp_epoch = -1;
+};
+
+// Shadow state of one block's shared memory, one entry per 4-byte word.
+class Shadow {
+ public:
+  Shadow(size_t bytes, int nthreads, bool enabled)
+      : enabled_(enabled), words_(enabled ? bytes / 4 : 0), warp_epoch_(nthreads / kTile, 0) {}
+
+  int thread = -1;  // the running thread, -1 outside a per-thread phase
+  int64_t epoch = 0;
+
+  void sync_warp(int warp) { ++warp_epoch_[warp]; }
+
+  void read(size_t word) {
+    if (!enabled_) return;
+    const Access now = current();
+    Word& w = words_[word];
+    if (w.writer.thread < 0) fail(describe("read of shared memory no thread wrote first", word, now, now));
+    if (!ordered(w.writer, now)) fail(describe("shared-memory race (read after write)", word, w.writer, now));
+    size_t keep = 0;
+    bool seen = false;
+    for (Access& r : w.readers) {
+      if (r.epoch < epoch) continue;  // ordered before every later access
+      if (r.thread == now.thread) {
+        r = now;
+        seen = true;
+      }
+      w.readers[keep++] = r;
+    }
+    w.readers.resize(keep);
+    if (!seen) w.readers.push_back(now);
+  }
+
+  void write(size_t word) {
+    if (!enabled_) return;
+    const Access now = current();
+    Word& w = words_[word];
+    if (w.writer.thread >= 0 && !ordered(w.writer, now)) {
+      fail(describe("shared-memory race (write after write)", word, w.writer, now));
+    }
+    for (const Access& r : w.readers) {
+      if (!ordered(r, now)) fail(describe("shared-memory race (write after read)", word, r, now));
+    }
+    w.readers.clear();
+    w.writer = now;
+  }
+
+ private:
+  struct Word {
+    Access writer;
+    std::vector<Access> readers;
+  };
+
+  Access current() const {
+    if (thread < 0) fail("shared memory touched outside a per-thread / per-lane phase");
+    return Access{thread, epoch, warp_epoch_[thread / kTile]};
+  }
+
+  static bool ordered(const Access& before, const Access& after) {
+    return before.thread == after.thread || before.epoch < after.epoch ||
+           (before.thread / kTile == after.thread / kTile && before.warp_epoch < after.warp_epoch);
+  }
+
+  static std::string describe(const char* what, size_t word, const Access& a, const Access& b) {
+    std::ostringstream s;
+    s << what << " at shared byte " << word * 4 << ": thread " << a.thread << " (warp "
+      << a.thread / kTile << ", barrier interval " << a.epoch << ", warp-sync interval "
+      << a.warp_epoch << ") and thread " << b.thread << " (warp " << b.thread / kTile
+      << ", barrier interval " << b.epoch << ", warp-sync interval " << b.warp_epoch << ")";
+    return s.str();
+  }
+
+  bool enabled_;
+  std::vector<Word> words_;
+  std::vector<int64_t> warp_epoch_;
+};
+
+// A checked reference to one shared element: reads and writes go through the shadow.
+template <class V>
+class SharedRef {
+ public:
+  SharedRef(V* slot, size_t word, Shadow* shadow) : slot_(slot), word_(word), shadow_(shadow) {}
+  operator V() const {
+    shadow_->read(word_);
+    return *slot_;
+  }
+  SharedRef& operator=(V v) {
+    shadow_->write(word_);
+    *slot_ = v;
+    return *this;
+  }
+  SharedRef& operator=(const SharedRef& other) { return *this = static_cast<V>(other); }
+  SharedRef& operator+=(V v) { return *this = static_cast<V>(*this) + v; }
+
+ private:
+  V* slot_;
+  size_t word_;
+  Shadow* shadow_;
+};
+
+// A view of a shared array of `extent` elements (plus an offset into it), bounds-checked.
+template <class V>
+class SharedView {
+  static_assert(sizeof(V) == 4, "the shadow tracks 4-byte words");
+
+ public:
+  SharedView(V* base, int64_t extent, size_t word0, Shadow* shadow, int64_t offset = 0)
+      : base_(base), extent_(extent), word0_(word0), shadow_(shadow), offset_(offset) {}
+  SharedView operator+(int64_t k) const { return SharedView(base_, extent_, word0_, shadow_, offset_ + k); }
+  SharedRef<V> operator[](int64_t i) const {
+    const int64_t at = offset_ + i;
+    if (at < 0 || at >= extent_) {
+      fail("out-of-bounds shared access: element " + std::to_string(at) + " of an array of " +
+           std::to_string(extent_));
+    }
+    return SharedRef<V>(base_ + at, word0_ + static_cast<size_t>(at), shadow_);
+  }
+
+ private:
+  V* base_;
+  int64_t extent_;
+  size_t word0_;
+  Shadow* shadow_;
+  int64_t offset_;
+};
+
+// A view of a global buffer of `extent` elements, bounds-checked.
+template <class V>
+class GlobalView {
+  using Value = std::remove_const_t<V>;
+
+ public:
+  class Ref {
+   public:
+    explicit Ref(V* slot) : slot_(slot) {}
+    operator Value() const { return *slot_; }
+    Ref& operator=(Value v) {
+      *slot_ = v;
+      return *this;
+    }
+    Ref& operator=(const Ref& other) { return *this = static_cast<Value>(other); }
+    Ref& operator+=(Value v) { return *this = static_cast<Value>(*this) + v; }
+
+   private:
+    V* slot_;
+  };
+
+  GlobalView(V* base, int64_t extent) : base_(base), extent_(extent) {}
+  Ref operator[](int64_t i) const {
+    if (base_ == nullptr) fail("access to a global buffer the launch did not provide");
+    if (i < 0 || i >= extent_) {
+      fail("out-of-bounds global access: element " + std::to_string(i) + " of a buffer of " +
+           std::to_string(extent_));
+    }
+    return Ref(base_ + i);
+  }
+
+ private:
+  V* base_;
+  int64_t extent_;
+};
+
+// The visiting order of `count` threads / warps / lanes / blocks.
+class Schedule {
+ public:
+  explicit Schedule(int64_t order) : order_(order), rng_(static_cast<uint64_t>(order)) {}
+  std::vector<int> permutation(int count) {
+    std::vector<int> idx(static_cast<size_t>(count));
+    std::iota(idx.begin(), idx.end(), 0);
+    if (order_ == 1) {
+      std::reverse(idx.begin(), idx.end());
+    } else if (order_ >= 2) {
+      std::shuffle(idx.begin(), idx.end(), rng_);
+    }
+    return idx;
+  }
+
+ private:
+  int64_t order_;
+  std::mt19937_64 rng_;
+};
+
 class HostCtx {
  public:
   static constexpr int kLaneSlots = kTile;
 
-  explicit HostCtx(int nwarps) : nwarps_(nwarps) {}
+  HostCtx(int nwarps, Schedule& schedule, Shadow& shadow, int64_t drop_barrier)
+      : nwarps_(nwarps), schedule_(schedule), shadow_(shadow), drop_barrier_(drop_barrier) {}
+
   int nthreads() const { return nwarps_ * kTile; }
   int nwarps() const { return nwarps_; }
   int lane_slot(int lane) const { return lane; }
 
+  template <class V>
+  SharedView<V> shared(char* smem, size_t byte_offset, int64_t count) const {
+    if (byte_offset % alignof(V) != 0) fail("misaligned shared array");
+    return SharedView<V>(reinterpret_cast<V*>(smem + byte_offset), count, byte_offset / 4, &shadow_);
+  }
+  template <class V>
+  GlobalView<V> global(V* ptr, int64_t count) const {
+    return GlobalView<V>(ptr, count);
+  }
+
   template <class F>
-  void each_thread(F&& f) const {
-    for (int t = 0; t < nthreads(); ++t) f(t);
+  void each_thread(F&& f) {
+    enter("each_thread");
+    for (int t : schedule_.permutation(nthreads())) {
+      shadow_.thread = t;
+      f(t);
+    }
+    shadow_.thread = -1;
+    scope_ = Scope::kBlock;
   }
   template <class F>
-  void each_warp(F&& f) const {
-    for (int w = 0; w < nwarps_; ++w) f(w);
+  void each_warp(F&& f) {
+    enter("each_warp");
+    for (int w : schedule_.permutation(nwarps_)) {
+      warp_ = w;
+      f(w);
+    }
+    warp_ = -1;
+    scope_ = Scope::kBlock;
   }
   template <class F>
-  void each_lane(F&& f) const {
-    for (int lane = 0; lane < kTile; ++lane) f(lane);
+  void each_lane(F&& f) {
+    if (scope_ != Scope::kWarp) fail("each_lane outside a per-warp phase");
+    scope_ = Scope::kLane;
+    for (int lane : schedule_.permutation(kTile)) {
+      shadow_.thread = warp_ * kTile + lane;
+      f(lane);
+    }
+    shadow_.thread = -1;
+    scope_ = Scope::kWarp;
   }
-  void barrier() const {}
-  void sync_warp() const {}
-  void add(float* target, float value, bool) const { *target += value; }
+  void barrier() {
+    if (scope_ != Scope::kBlock) {
+      fail("__syncthreads inside a per-thread / per-warp phase (not reached by every thread)");
+    }
+    if (barriers_++ == drop_barrier_) return;
+    ++shadow_.epoch;
+  }
+  void sync_warp() {
+    if (scope_ != Scope::kWarp) fail("__syncwarp outside a per-warp phase (lanes diverged)");
+    shadow_.sync_warp(warp_);
+  }
 
  private:
+  enum class Scope { kBlock, kWarp, kLane, kThread };
+
+  void enter(const char* what) {
+    if (scope_ != Scope::kBlock) fail(std::string(what) + " nested inside another phase");
+    scope_ = std::strcmp(what, "each_warp") == 0 ? Scope::kWarp : Scope::kThread;
+  }
+
   int nwarps_;
+  Schedule& schedule_;
+  Shadow& shadow_;
+  int64_t drop_barrier_;
+  int64_t barriers_ = 0;
+  Scope scope_ = Scope::kBlock;
+  int warp_ = -1;
 };
 
-std::vector<char> poisoned_shared(size_t bytes) {
-  std::vector<char> smem(bytes);
-  std::memset(smem.data(), 0xff, bytes);  // NaN floats, -1 integers
-  return smem;
-}
-
 template <class Block>
-void run_grid(int grid_x, int grid_y, int nwarps, size_t smem_bytes, Block&& block) {
-  HostCtx ctx(nwarps);
-  for (int by = 0; by < grid_y; ++by) {
-    for (int bx = 0; bx < grid_x; ++bx) {
-      std::vector<char> smem = poisoned_shared(smem_bytes);
-      block(ctx, bx, by, smem.data());
-    }
+void run_grid(int grid_x, int grid_y, int nwarps, size_t smem_bytes, const EmulationOptions& opt,
+              Block&& block) {
+  Schedule schedule(opt.order);
+  const std::vector<int> order = schedule.permutation(grid_x * grid_y);
+  for (int id : order) {
+    std::vector<char> smem(smem_bytes);
+    std::memset(smem.data(), 0xff, smem_bytes);  // NaN floats
+    Shadow shadow(smem_bytes, nwarps * kTile, opt.race_check);
+    HostCtx ctx(nwarps, schedule, shadow, opt.drop_barrier);
+    block(ctx, id % grid_x, id / grid_x, smem.data());
   }
 }
+
+template <template <class> class Kernel, class Ctx>
+void dispatch(ElementType type, Ctx& ctx, const Params& p, int bx, int by, char* smem) {
+  switch (type) {
+    case ElementType::kFloat32:
+      Kernel<float>::run(ctx, p, bx, by, smem);
+      break;
+    case ElementType::kFloat16:
+      Kernel<c10::Half>::run(ctx, p, bx, by, smem);
+      break;
+    case ElementType::kBFloat16:
+      Kernel<c10::BFloat16>::run(ctx, p, bx, by, smem);
+      break;
+  }
+}
+
+template <class T>
+struct ForwardKernel {
+  static void run(HostCtx& ctx, const Params& p, int bx, int by, char* smem) {
+    forward_block<T>(ctx, p, bx, by, smem);
+  }
+};
+
+template <class T>
+struct BackwardKernel {
+  static void run(HostCtx& ctx, const Params& p, int bx, int by, char* smem) {
+    backward_block<T>(ctx, p, bx, by, smem);
+  }
+};
+
+// The options of the running emulation call (the Backend interface is static).
+thread_local EmulationOptions g_options;
 
 struct HostBackend {
   static constexpr bool kCuda = false;
 
-  static int backward_warps(int nstate) { return std::min(kMaxWarps, nstate); }
-
-  static void forward(const Params& p, ElementType type, int nwarps, size_t smem_bytes) {
-    run_grid(p.g.batch_blocks, p.g.dim, nwarps, smem_bytes,
-             [&](HostCtx& ctx, int bx, int by, char* smem) {
-               switch (type) {
-                 case ElementType::kFloat32:
-                   forward_block<float>(ctx, p, bx, by, smem);
-                   break;
-                 case ElementType::kFloat16:
-                   forward_block<c10::Half>(ctx, p, bx, by, smem);
-                   break;
-                 case ElementType::kBFloat16:
-                   forward_block<c10::BFloat16>(ctx, p, bx, by, smem);
-                   break;
-               }
-             });
+  // Shared memory as on an sm_80 / sm_90 GPU; the SM count as the caller asked.
+  static DeviceLimits limits(const at::Tensor&) {
+    return DeviceLimits{static_cast<int>(g_options.sm_count), 163 * 1024};
   }
 
-  static void backward(const Params& p, ElementType type, int nwarps, size_t smem_bytes) {
-    run_grid(p.g.batch_blocks, p.g.dim / p.channels_per_block, nwarps, smem_bytes,
-             [&](HostCtx& ctx, int bx, int by, char* smem) {
-               switch (type) {
-                 case ElementType::kFloat32:
-                   backward_block<float>(ctx, p, bx, by, smem);
-                   break;
-                 case ElementType::kFloat16:
-                   backward_block<c10::Half>(ctx, p, bx, by, smem);
-                   break;
-                 case ElementType::kBFloat16:
-                   backward_block<c10::BFloat16>(ctx, p, bx, by, smem);
-                   break;
-               }
-             });
+  static void forward(const Params& p, ElementType type) {
+    const int nwarps = p.k.fwd_channels * p.k.fwd_warps_per_channel;
+    const size_t smem = forward_layout(p.k.fwd_channels, nwarps, p.g.nstate).total;
+    run_grid(p.g.batch_blocks, p.g.dim / p.k.fwd_channels, nwarps, smem, g_options,
+             [&](HostCtx& ctx, int bx, int by, char* s) { dispatch<ForwardKernel>(type, ctx, p, bx, by, s); });
+  }
+
+  static void backward(const Params& p, ElementType type) {
+    const size_t smem = backward_layout(p.k.bwd_warps, p.g.nstate).total;
+    run_grid(p.g.batch_blocks, p.g.groups * p.k.slices, p.k.bwd_warps, smem, g_options,
+             [&](HostCtx& ctx, int bx, int by, char* s) { dispatch<BackwardKernel>(type, ctx, p, bx, by, s); });
   }
 
   static void poison(at::Tensor& t) { t.fill_(std::numeric_limits<float>::quiet_NaN()); }
 };
 
+struct OptionsScope {
+  explicit OptionsScope(const EmulationOptions& o) {
+    TORCH_CHECK_VALUE(o.sm_count >= 1, "emulation: sm_count must be >= 1, got ", o.sm_count);
+    g_options = o;
+  }
+  ~OptionsScope() { g_options = EmulationOptions{}; }
+};
+
+// Tiny synthetic blocks that each break (or keep) one rule, for the tests of the checker itself.
+void run_scenario(const std::string& scenario) {
+  constexpr int kWarps = 2;
+  constexpr int kWords = 64;
+  std::vector<char> smem(kWords * 4);
+  Schedule schedule(0);
+  Shadow shadow(smem.size(), kWarps * kTile, true);
+  HostCtx ctx(kWarps, schedule, shadow, -1);
+  auto s = ctx.shared<float>(smem.data(), 0, kWords);
+  std::vector<float> buffer(4, 0.f);
+  auto gview = ctx.global(buffer.data(), 4);
+  auto fill = [&] {
+    ctx.each_thread([&](int t) {
+      if (t < kWords) s[t] = static_cast<float>(t);
+    });
+    ctx.barrier();
+  };
+  if (scenario == "ordered_by_barrier") {
+    fill();
+    ctx.each_thread([&](int t) { buffer[0] += s[(t + 1) % kWords]; });
+  } else if (scenario == "read_after_write_across_warps") {
+    fill();
+    ctx.each_warp([&](int w) {
+      ctx.each_lane([&](int lane) {
+        if (lane == 0 && w == 0) s[0] = 1.f;
+        if (lane == 0 && w == 1) buffer[0] = s[0];
+      });
+    });
+  } else if (scenario == "read_after_write_in_warp") {
+    fill();
+    ctx.each_warp([&](int w) {
+      ctx.each_lane([&](int lane) { s[w * kTile + lane] = 1.f; });
+      ctx.each_lane([&](int lane) { buffer[0] = s[w * kTile + (lane + 1) % kTile]; });
+    });
+  } else if (scenario == "ordered_by_syncwarp") {
+    fill();
+    ctx.each_warp([&](int w) {
+      ctx.each_lane([&](int lane) { s[w * kTile + lane] = 1.f; });
+      ctx.sync_warp();
+      ctx.each_lane([&](int lane) { buffer[0] = s[w * kTile + (lane + 1) % kTile]; });
+    });
+  } else if (scenario == "write_after_read") {
+    fill();
+    ctx.each_thread([&](int t) { buffer[0] = s[0] + static_cast<float>(t); });
+    ctx.each_thread([&](int t) {
+      if (t == 5) s[0] = 2.f;
+    });
+  } else if (scenario == "write_after_write") {
+    fill();
+    ctx.each_thread([&](int t) { s[1] = static_cast<float>(t); });
+  } else if (scenario == "uninitialised_read") {
+    ctx.each_thread([&](int t) { buffer[0] = s[t % kWords]; });
+  } else if (scenario == "out_of_bounds_shared") {
+    fill();
+    ctx.each_thread([&](int t) { buffer[0] = s[t + 1]; });
+  } else if (scenario == "out_of_bounds_global") {
+    ctx.each_thread([&](int t) { gview[t % 5] = 1.f; });
+  } else if (scenario == "barrier_inside_warp_phase") {
+    ctx.each_warp([&](int) { ctx.barrier(); });
+  } else if (scenario == "syncwarp_inside_lane_phase") {
+    ctx.each_warp([&](int) { ctx.each_lane([&](int) { ctx.sync_warp(); }); });
+  } else if (scenario == "misaligned_shared_array") {
+    ctx.shared<float>(smem.data(), 2, 4);
+  } else {
+    TORCH_CHECK_VALUE(false, "unknown emulation self-check scenario '", scenario, "'");
+  }
+}
+
 }  // namespace
 
-at::Tensor emulate_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
-                           const at::Tensor& B, const at::Tensor& C,
-                           const std::optional<at::Tensor>& D,
-                           const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
-                           int64_t height, int64_t width, bool out_fp32) {
+std::vector<at::Tensor> emulate_forward(const at::Tensor& u, const at::Tensor& delta,
+                                        const at::Tensor& A, const at::Tensor& B,
+                                        const at::Tensor& C, const std::optional<at::Tensor>& D,
+                                        const std::optional<at::Tensor>& delta_bias,
+                                        bool delta_softplus, int64_t height, int64_t width,
+                                        bool out_fp32, bool save_carries,
+                                        const EmulationOptions& options) {
+  const OptionsScope scope(options);
   return forward_impl<HostBackend>(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width,
-                                   out_fp32);
+                                   out_fp32, save_carries);
 }
 
 std::vector<at::Tensor> emulate_backward(const at::Tensor& u, const at::Tensor& delta,
@@ -120,10 +470,14 @@ std::vector<at::Tensor> emulate_backward(const at::Tensor& u, const at::Tensor& 
                                          const at::Tensor& C, const std::optional<at::Tensor>& D,
                                          const std::optional<at::Tensor>& delta_bias,
                                          bool delta_softplus, int64_t height, int64_t width,
-                                         const at::Tensor& dy, bool deterministic) {
+                                         const at::Tensor& dy, const at::Tensor& carry_h,
+                                         const at::Tensor& carry_v, const EmulationOptions& options) {
+  const OptionsScope scope(options);
   return backward_impl<HostBackend>(u, delta, A, B, C, D, delta_bias, delta_softplus, height,
-                                    width, dy, deterministic);
+                                    width, dy, carry_h, carry_v);
 }
+
+void emulation_self_check(const std::string& scenario) { run_scenario(scenario); }
 
 }  // namespace scan2d
 }  // namespace vmamba2d

@@ -4,14 +4,17 @@ Two ops, both implemented by the extension for the inputs' device (``vmamba2d._C
 build for CPU tensors, ``vmamba2d._C_cuda`` for CUDA tensors):
 
     vmamba2d::selective_scan_2d_fwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus, height,
-                                    width, out_fp32) -> y
+                                    width, out_fp32, save_carries) -> (y, carry_h, carry_v)
     vmamba2d::selective_scan_2d_bwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus, height,
-                                    width, dy) -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
+                                    width, dy, carry_h, carry_v)
+        -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
 
 Each has a fake (meta) implementation, so ``torch.compile(fullgraph=True)`` traces through them,
-and the forward op's autograd formula calls the backward op, which recomputes the scan from the
-saved inputs (nothing but the inputs is kept between forward and backward). The backward op
-returns empty tensors for ``dD`` / ``ddelta_bias`` when ``D`` / ``delta_bias`` are None.
+and the forward op's autograd formula calls the backward op. The CUDA kernel saves its tile
+carries (the states entering every 32x32 tile, fp32, flat) in the forward when gradients are
+required, so its backward recomputes each tile from them instead of re-running the forward; the
+CPU kernel recomputes from the inputs and returns empty carries. The backward op returns empty
+tensors for ``dD`` / ``ddelta_bias`` when ``D`` / ``delta_bias`` are None.
 
 Dtypes: the CPU kernel computes in fp32 (fp64 for fp64 inputs), so fp16 / bf16 inputs (e.g. under
 autocast) are cast to fp32 before the op; the CUDA kernel takes fp32 / fp16 / bf16 scan inputs
@@ -47,6 +50,29 @@ def _kernel_module(device: torch.device) -> ModuleType:
     return module
 
 
+_TILE = 32
+
+
+def cuda_carry_numel(batch: int, dim: int, nstate: int, height: int, width: int) -> int:
+    """Floats in each of the CUDA kernel's saved carry tensors for these shapes (0: one tile per map).
+
+    Mirrors the kernel's tiling plan (csrc/cuda/scan2d_driver.h: plan_geometry): an axis longer
+    than a tile is cut into tiles, a shorter one packs several maps of consecutive batch entries.
+    """
+
+    def axis(extent: int) -> tuple[int, int]:  # (maps packed along the axis, tiles along it)
+        return (_TILE // extent, 1) if extent <= _TILE else (1, -(-extent // _TILE))
+
+    pack_cols, tiles_w = axis(width)
+    pack_rows, tiles_h = axis(height)
+    batch_or_1 = max(batch, 1)
+    pack_cols = min(pack_cols, batch_or_1)
+    pack_rows = min(pack_rows, -(-batch_or_1 // pack_cols))
+    batch_blocks = -(-batch // (pack_rows * pack_cols))
+    tiles = tiles_h * tiles_w
+    return 0 if tiles == 1 else batch_blocks * dim * tiles * nstate * _TILE
+
+
 @torch.library.custom_op(FWD_OP_NAME, mutates_args=())
 def selective_scan_2d_fwd(
     u: Tensor,
@@ -60,20 +86,31 @@ def selective_scan_2d_fwd(
     height: int,
     width: int,
     out_fp32: bool,
-) -> Tensor:
-    """Kernel forward: y (batch, dim, L), fp32 if ``out_fp32`` else u's dtype.
+    save_carries: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Kernel forward: (y, carry_h, carry_v).
 
     Inputs contiguous; u, delta (batch, dim, L) and B, C (batch, groups, N, L) of one dtype;
-    A (dim, N), D and delta_bias (dim,) or None.
+    A (dim, N), D and delta_bias (dim,) or None. y (batch, dim, L) is fp32 if ``out_fp32`` else
+    u's dtype. carry_h / carry_v are fp32 of :func:`cuda_carry_numel` elements when
+    ``save_carries`` and the CUDA kernel runs, else empty.
     """
-    return _kernel_module(u.device).forward(
-        u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32
-    )
+    args = (u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32)
+    if u.device.type == "cuda":
+        y, carry_h, carry_v = _kernel_module(u.device).forward(*args, save_carries)
+        return y, carry_h, carry_v
+    empty = A.new_empty(0, dtype=torch.float32)
+    return _kernel_module(u.device).forward(*args), empty, empty.clone()
 
 
 @selective_scan_2d_fwd.register_fake
-def _selective_scan_2d_fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32):
-    return u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype)
+def _selective_scan_2d_fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width,
+                                out_fp32, save_carries=False):
+    y = u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype)
+    numel = 0
+    if save_carries and u.device.type == "cuda":
+        numel = cuda_carry_numel(u.shape[0], u.shape[1], A.shape[1], height, width)
+    return y, u.new_empty(numel, dtype=torch.float32), u.new_empty(numel, dtype=torch.float32)
 
 
 @torch.library.custom_op(BWD_OP_NAME, mutates_args=())
@@ -89,15 +126,22 @@ def selective_scan_2d_bwd(
     height: int,
     width: int,
     dy: Tensor,
+    carry_h: Optional[Tensor] = None,
+    carry_v: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Kernel backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias), each shaped and typed like its input.
 
-    dy is (batch, dim, L), contiguous. dD / ddelta_bias are empty (shape (0,)) when D /
-    delta_bias is None.
+    dy is (batch, dim, L), contiguous; carry_h / carry_v are the forward's saved carries (CUDA),
+    or None / empty tensors (the CUDA kernel then records them itself). dD / ddelta_bias are empty (shape (0,)) when D / delta_bias is None.
     """
-    grads = _kernel_module(u.device).backward(
-        u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy
-    )
+    args = (u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy)
+    module = _kernel_module(u.device)
+    if u.device.type == "cuda":
+        none = A.new_empty(0, dtype=torch.float32)
+        carries = tuple(none if t is None else t for t in (carry_h, carry_v))
+        grads = module.backward(*args, *carries)
+    else:
+        grads = module.backward(*args)
     du, ddelta, dA, dB, dC, dD, dbias = grads
     like = (u, delta, A, B, C)
     du, ddelta, dA, dB, dC = (g.to(t.dtype) for g, t in zip((du, ddelta, dA, dB, dC), like))
@@ -107,7 +151,8 @@ def selective_scan_2d_bwd(
 
 
 @selective_scan_2d_bwd.register_fake
-def _selective_scan_2d_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy):
+def _selective_scan_2d_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy,
+                                carry_h=None, carry_v=None):
     optional = tuple(
         torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias)
     )
@@ -115,21 +160,23 @@ def _selective_scan_2d_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, _ = inputs
-    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias)
+    u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, _, _ = inputs
+    _, carry_h, carry_v = output
+    ctx.mark_non_differentiable(carry_h, carry_v)
+    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias, carry_h, carry_v)
     ctx.scan_args = (delta_softplus, height, width)
 
 
-def _backward(ctx, dy: Tensor):
-    u, delta, A, B, C, D, delta_bias = ctx.saved_tensors
+def _backward(ctx, dy: Tensor, _dcarry_h: Tensor, _dcarry_v: Tensor):
+    u, delta, A, B, C, D, delta_bias, carry_h, carry_v = ctx.saved_tensors
     du, ddelta, dA, dB, dC, dD, dbias = selective_scan_2d_bwd(
-        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous()
+        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous(), carry_h, carry_v
     )
     return (
         du, ddelta, dA, dB, dC,
         dD if D is not None else None,
         dbias if delta_bias is not None else None,
-        None, None, None, None,
+        None, None, None, None, None,
     )
 
 
@@ -178,9 +225,12 @@ def selective_scan_2d_fused(
         return None if t is None else t.to(dtype).contiguous()
 
     out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
-    y = selective_scan_2d_fwd(
+    tensors = (u, delta, A, B, C, D, delta_bias)
+    save_carries = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    y, _, _ = selective_scan_2d_fwd(
         prepare(u, scan_dtype), prepare(delta, scan_dtype), prepare(A, param_dtype),
         prepare(B, scan_dtype), prepare(C, scan_dtype), prepare(D, param_dtype),
         prepare(delta_bias, param_dtype), bool(delta_softplus), int(height), int(width), out_fp32,
+        save_carries,
     )
     return y.to(out_dtype)

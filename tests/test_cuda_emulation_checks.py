@@ -1,0 +1,178 @@
+"""The CUDA kernel's CPU-side checker and the properties it proves (no GPU needed).
+
+* the checker itself: synthetic blocks that break one rule each (races between threads of one
+  barrier interval, within a warp without __syncwarp, reads of unwritten shared memory,
+  out-of-bounds shared / global accesses, barriers where not every thread arrives) must fail, and
+  correctly synchronised ones must pass;
+* every block barrier of the forward and backward kernels is necessary: leaving any one out
+  makes the race detector fail;
+* results do not depend on the execution order: forward and backward are bitwise identical under
+  forward, reversed and shuffled thread / warp / lane / block order (dB / dC included: they are
+  reduced without atomics in a fixed order);
+* saved carries, empty shapes, and the Python mirror of the kernel's tiling plan.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_scan_cuda import CUDA_MODULE, ORDER, make_inputs, needs_module
+from vmamba2d.ops import fused
+
+PASSING_SCENARIOS = ["ordered_by_barrier", "ordered_by_syncwarp"]
+FAILING_SCENARIOS = {
+    "read_after_write_across_warps": "race \\(read after write\\)",
+    "read_after_write_in_warp": "race \\(read after write\\)",
+    "write_after_read": "race \\(write after read\\)",
+    "write_after_write": "race \\(write after write\\)",
+    "uninitialised_read": "no thread wrote first",
+    "out_of_bounds_shared": "out-of-bounds shared access",
+    "out_of_bounds_global": "out-of-bounds global access",
+    "barrier_inside_warp_phase": "__syncthreads inside",
+    "syncwarp_inside_lane_phase": "__syncwarp outside",
+    "misaligned_shared_array": "misaligned shared array",
+}
+
+
+@needs_module
+@pytest.mark.parametrize("scenario", PASSING_SCENARIOS)
+def test_checker_accepts_synchronised_blocks(scenario):
+    CUDA_MODULE._emulation_self_check(scenario)
+
+
+@needs_module
+@pytest.mark.parametrize("scenario", sorted(FAILING_SCENARIOS))
+def test_checker_rejects_broken_blocks(scenario):
+    with pytest.raises(RuntimeError, match=FAILING_SCENARIOS[scenario]):
+        CUDA_MODULE._emulation_self_check(scenario)
+
+
+def _run(height=40, width=40, *, batch=2, dim=2, groups=1, nstate=2, seed=3, **options):
+    """Emulated forward (saving carries) and backward; sm_count 1 keeps both channels of the group
+    in one backward block, so the per-channel barriers are exercised too."""
+    inputs = make_inputs(batch, dim, groups, nstate, height, width, seed=seed)
+    args = [inputs[k] for k in ORDER]
+    options.setdefault("sm_count", 1)
+    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, height, width, False, True, **options)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1))
+    grads = CUDA_MODULE._emulate_backward(*args, True, height, width, dy, carry_h, carry_v, **options)
+    return y, carry_h, carry_v, grads
+
+
+# 40x40 maps = 2x2 tiles. Forward: 2 barriers per tile (after the loads, after the warps' scans).
+# Backward, per channel: 2 per tile, 1 before the per-channel reduction, and 1 after it between
+# the block's 2 channels: 2 * (4 * 2 + 1) + 1.
+FORWARD_BARRIERS = range(8)
+BACKWARD_BARRIERS = range(19)
+
+
+@needs_module
+def test_every_barrier_is_necessary():
+    _run()  # intact: no race
+    inputs = make_inputs(2, 2, 1, 2, 40, 40, seed=3)
+    args = [inputs[k] for k in ORDER]
+    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, sm_count=1)
+    dy = torch.randn_like(y)
+    for index in FORWARD_BARRIERS:
+        with pytest.raises(RuntimeError, match="race"):
+            CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, drop_barrier=index,
+                                         sm_count=1)
+    for index in BACKWARD_BARRIERS:
+        with pytest.raises(RuntimeError, match="race"):
+            CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
+                                          drop_barrier=index, sm_count=1)
+
+
+@needs_module
+def test_dropping_a_barrier_past_the_last_one_changes_nothing():
+    # The drop index counts the barriers a block really executes: the first index past them
+    # leaves the run intact, so the ranges above are the kernels' exact barrier counts.
+    inputs = make_inputs(2, 2, 1, 2, 40, 40, seed=3)
+    args = [inputs[k] for k in ORDER]
+    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(
+        *args, True, 40, 40, False, True, drop_barrier=len(FORWARD_BARRIERS), sm_count=1)
+    CUDA_MODULE._emulate_backward(*args, True, 40, 40, torch.randn_like(y), carry_h, carry_v,
+                                  drop_barrier=len(BACKWARD_BARRIERS), sm_count=1)
+
+
+@needs_module
+@pytest.mark.parametrize("shape", [(40, 40, 2, 4, 2, 2), (14, 14, 5, 8, 2, 1), (1, 90, 37, 2, 1, 4)],
+                         ids=["tiles", "packed-4ch", "1xL"])
+def test_results_are_bitwise_identical_in_every_execution_order(shape):
+    height, width, batch, dim, groups, nstate = shape
+    runs = [
+        _run(height, width, batch=batch, dim=dim, groups=groups, nstate=nstate, order=order,
+             sm_count=2)
+        for order in (0, 1, 2, 11)
+    ]
+    first = runs[0]
+    for other in runs[1:]:
+        assert torch.equal(first[0], other[0])
+        assert torch.equal(first[1], other[1]) and torch.equal(first[2], other[2])
+        for a, b in zip(first[3], other[3]):
+            assert (a is None and b is None) or torch.equal(a, b)
+
+
+@needs_module
+def test_backward_from_saved_carries_equals_backward_that_records_them():
+    inputs = make_inputs(2, 4, 2, 3, 45, 70, seed=8)
+    args = [inputs[k] for k in ORDER]
+    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 45, 70, False, True)
+    y_plain, none_h, none_v = CUDA_MODULE._emulate_forward(*args, True, 45, 70, False, False)
+    assert torch.equal(y, y_plain)
+    assert none_h.numel() == 0 and none_v.numel() == 0
+    dy = torch.randn_like(y)
+    saved = CUDA_MODULE._emulate_backward(*args, True, 45, 70, dy, carry_h, carry_v, order=4)
+    empty = torch.empty(0)
+    recorded = CUDA_MODULE._emulate_backward(*args, True, 45, 70, dy, empty, empty, order=5)
+    for a, b in zip(saved, recorded):
+        assert torch.equal(a, b)
+
+
+@needs_module
+def test_backward_rejects_carries_of_the_wrong_size():
+    inputs = make_inputs(1, 2, 1, 2, 40, 40, seed=2)
+    args = [inputs[k] for k in ORDER]
+    dy = torch.randn(1, 2, 1600)
+    bad = torch.zeros(7)
+    with pytest.raises(ValueError, match="carry_h / carry_v must hold"):
+        CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, bad, bad)
+
+
+@needs_module
+@pytest.mark.parametrize("batch,dim", [(0, 4), (2, 0), (0, 0)])
+def test_empty_shapes_return_empty_outputs_and_zero_gradients(batch, dim):
+    groups = 2 if dim else 1
+    inputs = make_inputs(batch, dim, groups, 3, 40, 40, seed=1)
+    args = [inputs[k] for k in ORDER]
+    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True)
+    assert y.shape == (batch, dim, 1600) and carry_h.numel() == 0 and carry_v.numel() == 0
+    dy = torch.zeros(batch, dim, 1600)
+    grads = CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v)
+    for name, grad, given in zip(ORDER, grads, args):
+        assert grad.shape == given.shape, name
+        assert not grad.any(), name
+
+
+@needs_module
+@pytest.mark.parametrize("shape", [(3, 2, 4, 40, 70), (37, 2, 2, 1, 100), (5, 3, 1, 7, 7),
+                                   (2, 1, 16, 33, 65), (3, 2, 3, 100, 1), (1, 1, 1, 32, 33)])
+def test_python_carry_size_mirrors_the_kernel_plan(shape):
+    batch, dim, nstate, height, width = shape
+    inputs = make_inputs(batch, dim, 1, nstate, height, width, seed=0)
+    args = [inputs[k] for k in ORDER]
+    _, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, height, width, False, True,
+                                                       race_check=False)
+    expected = fused.cuda_carry_numel(batch, dim, nstate, height, width)
+    assert carry_h.numel() == expected and carry_v.numel() == expected
+
+
+def test_custom_ops_with_carries_pass_opcheck():
+    inputs = make_inputs(1, 4, 2, 2, 3, 4, seed=41)
+    args = [inputs[k] for k in ORDER]
+    torch.library.opcheck(fused.selective_scan_2d_fwd, (*args, True, 3, 4, False, True),
+                          test_utils=("test_schema", "test_faketensor"))
+    empty = torch.empty(0)
+    torch.library.opcheck(fused.selective_scan_2d_bwd,
+                          (*args, True, 3, 4, torch.randn(1, 4, 12), empty, empty),
+                          test_utils=("test_schema", "test_faketensor"))
