@@ -1,10 +1,15 @@
-"""VMamba / 2DVMamba timm models: architecture, timm API, weights, bad input.
+"""VMamba / 2DVMamba timm models: architecture, any input size, timm API, weights, bad input.
 
 Most tests use a narrow configuration of the registered models (dims=16, one block per stage) on
 small inputs with the pure-PyTorch scan backend, so results do not depend on which compiled
 kernels exist; parameter counts use the real variants built on the meta device.
 """
 from __future__ import annotations
+
+import math
+import shutil
+import sys
+import types
 
 import pytest
 import safetensors.torch
@@ -138,6 +143,47 @@ def test_ss2d_routes_match_per_route_reference(scan, height, width):
         op.Ds.uniform_(-1.0, 1.0)
     x = torch.randn(2, op.d_inner, height, width, dtype=torch.float64)
     torch.testing.assert_close(op.scan_routes(x), _ss2d_core_reference(op, x), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("scan", ["2d", "1d"])
+@pytest.mark.parametrize("height, width", [(33, 47), (17, 17)])
+def test_every_ss2d_in_the_network_scans_its_own_map_on_odd_inputs(scan, height, width):
+    """On inputs that are not multiples of 32 every stage's map is ceil(side / stride), square or
+    not, and each SS2D's routes still match the per-route reference on that map."""
+    torch.manual_seed(0)
+    model = narrow_model("vmamba2d_tiny" if scan == "2d" else "vmamba_tiny", dims=8).double()
+    ops = [block.op for stage in model.stages for block in stage.blocks]
+    with torch.no_grad():
+        for op in ops:  # spread the parameters so every route matters
+            op.A_logs.uniform_(-1.0, 1.0)
+            op.Ds.uniform_(-1.0, 1.0)
+    seen = []
+    hooks = [op.register_forward_hook(lambda module, args, out: seen.append((module, args[0]))) for op in ops]
+    with torch.no_grad():
+        model(images(batch=1, height=height, width=width).double())
+    for hook in hooks:
+        hook.remove()
+    expected_maps = [(math.ceil(height / 4 / 2**i), math.ceil(width / 4 / 2**i)) for i in range(4)]
+    assert [tuple(x.shape[-2:]) for _, x in seen] == expected_maps
+    for op, block_input in seen:
+        with torch.no_grad():
+            x = op.act(op.conv2d(op.in_proj(block_input)))
+            torch.testing.assert_close(op.scan_routes(x), _ss2d_core_reference(op, x), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("height, width", [(33, 47), (17, 17), (1, 1), (5, 70)])
+def test_any_input_size_feature_shapes(height, width):
+    """Stage i's map is ceil(side / 2^(i+2)), like the official stride-2 / padding-1 convs."""
+    model = narrow_model()
+    features = timm.create_model("vmamba2d_tiny", features_only=True, **NARROW).eval()
+    x = images(batch=1, height=height, width=width)
+    expected = [(1, 16 * 2**i, math.ceil(height / 2 ** (i + 2)), math.ceil(width / 2 ** (i + 2))) for i in range(4)]
+    with torch.no_grad():
+        assert [tuple(f.shape) for f in features(x)] == expected
+        assert [tuple(f.shape) for f in model.forward_intermediates(x, intermediates_only=True)] == expected
+        assert tuple(model.forward_features(x).shape) == expected[-1]
+        logits = model(x)
+    assert logits.shape == (1, 1000) and torch.isfinite(logits).all()
 
 
 @pytest.mark.parametrize("name", ["vmamba2d_tiny", "vmamba_tiny"])
@@ -305,8 +351,8 @@ def test_torch_compile_fullgraph():
     [
         (torch.randn(3, 64, 64), ValueError, "4-D"),
         (torch.randn(1, 4, 64, 64), ValueError, "in_chans=3"),
-        (torch.randn(1, 3, 64, 48), ValueError, "multiples of 32"),
-        (torch.randn(1, 3, 0, 64), ValueError, "multiples of 32"),
+        (torch.randn(1, 3, 0, 64), ValueError, "at least 1, got 0x64"),
+        (torch.randn(1, 3, 64, 0), ValueError, "at least 1, got 64x0"),
         (torch.zeros(1, 3, 64, 64, dtype=torch.long), TypeError, "floating-point"),
         ([[1.0]], TypeError, "torch.Tensor"),
     ],
@@ -432,3 +478,121 @@ def test_wrong_variant_checkpoint_rejected(tmp_path):
     safetensors.torch.save_file(narrow_model(depths=(1, 1, 2, 1)).state_dict(), str(path))
     with pytest.raises(ValueError, match=r"unexpected keys \(\d+\): stages\.2\.blocks\.1\."):
         timm.create_model("vmamba2d_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **NARROW)
+
+
+# ---------------------------------------------------------------- pretrained tags
+
+RELEASE = "https://github.com/MzeroMiko/VMamba/releases/download/%23v2cls/"
+OFFICIAL_TAGS = {
+    "vmamba_tiny.in1k": (RELEASE + "vssm1_tiny_0230s_ckpt_epoch_264.pth", "82.6"),
+    "vmamba_small.in1k": (RELEASE + "vssm_small_0229_ckpt_epoch_222.pth", "83.6"),
+    "vmamba_base.in1k": (RELEASE + "vssm_base_0229_ckpt_epoch_237.pth", "83.9"),
+}
+
+
+def _yacs_like_config_class() -> type:
+    """A class that pickles like yacs' CfgNode (what official VMamba checkpoints store under
+    "config"): a dict subclass named ``yacs.config.CfgNode`` with its flags, a set among them, in
+    ``__dict__``."""
+
+    class CfgNode(dict):
+        def __init__(self, **items):
+            super().__init__(**items)
+            self.__dict__.update({"__immutable__": True, "__deprecated_keys__": {"OLD"}, "__new_allowed__": False})
+
+    CfgNode.__module__, CfgNode.__qualname__ = "yacs.config", "CfgNode"
+    return CfgNode
+
+
+def _save_official_training_checkpoint(path, model_state, ema_state, monkeypatch):
+    """An official-style training checkpoint: weights, EMA weights, optimizer / scheduler / scaler
+    state and the yacs training config, as VMamba's training script writes them."""
+    config_class = _yacs_like_config_class()
+    fake_yacs = types.ModuleType("yacs")
+    fake_yacs_config = types.ModuleType("yacs.config")
+    fake_yacs_config.CfgNode = config_class
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "yacs", fake_yacs)
+        patch.setitem(sys.modules, "yacs.config", fake_yacs_config)
+        config = config_class(MODEL=config_class(TYPE="vssm", DEPTHS=[2, 2, 8, 2]), TAG="default")
+        torch.save({
+            "model": model_state, "model_ema": ema_state, "config": config, "epoch": 264,
+            "optimizer": {"state": {}, "param_groups": [{"lr": 1e-3, "params": [0, 1]}]},
+            "lr_scheduler": {"base_values": [1e-3], "t_in_epochs": False}, "scaler": {"scale": 65536.0},
+            "max_accuracy": 82.6, "max_accuracy_ema": 82.5,
+        }, path)
+
+
+@pytest.fixture
+def fake_download(tmp_path, monkeypatch):
+    """torch.hub downloads become copies of a local file (into a temporary hub cache); returns
+    (function setting the file to serve, list of requested URLs)."""
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
+    served, requested = {}, []
+
+    def download_url_to_file(url, dst, hash_prefix=None, progress=True):
+        requested.append(url)
+        shutil.copyfile(served["file"], dst)
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", download_url_to_file)
+    return (lambda path: served.update(file=path)), requested
+
+
+def test_official_tags_point_at_the_vmamba_v2_release():
+    assert set(timm.list_models("vmamba*", pretrained=True)) == set(OFFICIAL_TAGS)
+    for name, (url, top1) in OFFICIAL_TAGS.items():
+        cfg = timm.models.get_pretrained_cfg(name)
+        assert cfg.url == url and cfg.license == "mit"
+        assert top1 in " ".join(cfg.notes)
+    for name in ("vmamba2d_tiny", "vmamba2d_small", "vmamba2d_base"):
+        cfg = timm.models.get_pretrained_cfg(name)
+        assert not cfg.has_weights and "No public 2DVMamba weights" in " ".join(cfg.notes)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_classes": 5}, {"features_only": True}])
+def test_official_tag_pretrained_loads_release_checkpoint(tmp_path, monkeypatch, fake_download, kwargs):
+    """The whole pretrained=True path of a tag: its URL, the download, weights_only loading of an
+    official training checkpoint (yacs config included), EMA weights first, our filter."""
+    serve, requested = fake_download
+    native = narrow_model("vmamba_tiny")
+    native.load_state_dict(_random_state(native))
+    official = _native_to_official(native.state_dict())
+    path = tmp_path / "official.pth"
+    _save_official_training_checkpoint(path, {k: v + 1.0 for k, v in official.items()}, official, monkeypatch)
+    with pytest.raises(Exception, match="weights_only"):
+        torch.load(path, weights_only=True)  # the yacs config needs the loader's allowance
+    serve(path)
+
+    model = timm.create_model("vmamba_tiny.in1k", pretrained=True, **NARROW, **kwargs).eval()
+    assert requested == [OFFICIAL_TAGS["vmamba_tiny.in1k"][0]]
+    assert model.pretrained_cfg["tag"] == "in1k"
+    x = images(height=33, width=40)
+    with torch.no_grad():
+        if kwargs.get("features_only"):
+            expected = native.forward_intermediates(x, intermediates_only=True)
+            for got, want in zip(model(x), expected):
+                torch.testing.assert_close(got, want)
+        elif "num_classes" in kwargs:
+            assert model.get_classifier().out_features == 5
+            torch.testing.assert_close(model.forward_features(x), native.forward_features(x))
+        else:
+            torch.testing.assert_close(model(x), native(x))
+
+
+def test_2dvmamba_pretrained_explains_missing_weights_and_loads_vmamba_weights(tmp_path, monkeypatch):
+    with pytest.raises(RuntimeError, match=r"No public 2DVMamba weights.*pretrained_cfg_overlay=dict\(file="):
+        timm.create_model("vmamba2d_tiny", pretrained=True, **NARROW)
+    baseline = narrow_model("vmamba_tiny")
+    baseline.load_state_dict(_random_state(baseline))
+    path = tmp_path / "vssm1_tiny_0230s_ckpt_epoch_264.pth"
+    official = _native_to_official(baseline.state_dict())
+    _save_official_training_checkpoint(path, official, official, monkeypatch)
+    # as the cfg notes say: the VMamba checkpoint as a local file
+    model = timm.create_model(
+        "vmamba2d_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **NARROW
+    ).eval()
+    reference = narrow_model("vmamba2d_tiny")
+    reference.load_state_dict(baseline.state_dict())
+    x = images(height=32, width=48)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x))

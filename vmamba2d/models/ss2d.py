@@ -14,7 +14,7 @@ Parameter names and shapes follow the public VMamba v2 code so its checkpoints l
 from __future__ import annotations
 
 import math
-from typing import Union
+from typing import Optional, Union
 
 import torch
 import torch.nn as nn
@@ -44,6 +44,82 @@ def resolve_dt_rank(dim: int, dt_rank: Union[int, str]) -> int:
 def _per_route(weight: Tensor, batch: int) -> Tensor:
     """Route weights (K, out, in) repeated for every sample: (batch * K, out, in) for torch.bmm."""
     return weight.unsqueeze(0).expand(batch, *weight.shape).reshape(batch * weight.shape[0], *weight.shape[1:])
+
+
+def cross_scan_merge(
+    x: Tensor,
+    x_proj_weight: Tensor,
+    dt_projs_weight: Tensor,
+    dt_projs_bias: Tensor,
+    A_logs: Tensor,
+    Ds: Tensor,
+    scan: str,
+    backend: str,
+) -> Tensor:
+    """Scan x along the four routes and sum the route outputs back onto the map.
+
+    Args:
+        x: (B, Di, H, W) activations.
+        x_proj_weight: (K, R + 2N, Di) per-route projection to (dt, B, C).
+        dt_projs_weight: (K, Di, R); dt_projs_bias: (K, Di) per-route step-size projection.
+        A_logs: (K * Di, N); Ds: (K * Di,).
+        scan: "2d" (2D scan on each route's own grid) or "1d" (1D scan of each route's sequence).
+        backend: backend for :func:`selective_scan_2d`.
+    Returns:
+        (B, Di, H, W).
+
+    A plain function so that FX symbolic tracing records it as one call (``torch.fx.wrap`` below):
+    it reads the runtime shape of x, which a symbolic trace cannot.
+    """
+    batch, d_inner, height, width = x.shape
+    length = height * width
+    k = NUM_ROUTES
+    n = A_logs.shape[1]
+    r = dt_projs_weight.shape[2]
+    order = list(GRID_SORTED_ROUTES)
+
+    rows = x.flatten(2)  # (B, Di, L), row-major
+    cols = x.transpose(2, 3).flatten(2)  # (B, Di, L), column-major = row-major of the W x H map
+    xs = torch.stack([rows, rows.flip(-1), cols, cols.flip(-1)], dim=1).reshape(batch, k * d_inner, length)
+
+    # Per-route projections as batched matmuls over (batch, route): much faster on CPU than
+    # grouped 1x1 convs, and counted exactly by fvcore's bmm handle.
+    x_dbl = torch.bmm(_per_route(x_proj_weight[order], batch), xs.view(batch * k, d_inner, length))
+    x_dbl = x_dbl.view(batch, k, r + 2 * n, length)
+    dts, Bs, Cs = torch.split(x_dbl, [r, n, n], dim=2)
+    dts = torch.bmm(_per_route(dt_projs_weight[order], batch), dts.reshape(batch * k, r, length))
+    dts = dts.view(batch, k * d_inner, length)
+
+    # The scan's small parameters stay in (at least) fp32 under AMP, as in VMamba.
+    param_dtype = torch.promote_types(A_logs.dtype, torch.float32)
+    A = -torch.exp(A_logs.to(param_dtype)).view(k, d_inner, n)[order].reshape(k * d_inner, n)
+    D = Ds.to(param_dtype).view(k, d_inner)[order].reshape(-1)
+    delta_bias = dt_projs_bias.to(param_dtype)[order].reshape(-1)
+    Bs, Cs = Bs.contiguous(), Cs.contiguous()
+
+    if scan == "1d":
+        grids = [(0, k, 1, length)]
+    elif height == width:
+        grids = [(0, k, height, width)]
+    else:  # routes k0, k2 scan the H x W grid; k1, k3 the transposed W x H grid
+        grids = [(0, 2, height, width), (2, k, width, height)]
+    ys = []
+    for first, last, grid_h, grid_w in grids:
+        channels = slice(first * d_inner, last * d_inner)
+        ys.append(
+            selective_scan_2d(
+                xs[:, channels], dts[:, channels], A[channels], Bs[:, first:last], Cs[:, first:last],
+                D[channels], delta_bias[channels], True,
+                height=int(grid_h), width=int(grid_w), backend=backend,  # ints under jit.trace too
+            )
+        )
+    y = (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)).view(batch, k, d_inner, length)
+    y_rows = y[:, 0] + y[:, 1].flip(-1)
+    y_cols = y[:, 2] + y[:, 3].flip(-1)
+    return y_rows.view(batch, d_inner, height, width) + y_cols.view(batch, d_inner, width, height).transpose(2, 3)
+
+
+torch.fx.wrap("cross_scan_merge")
 
 
 class SS2D(nn.Module):
@@ -76,8 +152,11 @@ class SS2D(nn.Module):
         dt_max: float = 0.1,
         dt_init_floor: float = 1e-4,
         proj_drop: float = 0.0,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
+        dd = dict(device=device, dtype=dtype)
         if scan not in SCAN_MODES:
             raise ValueError(f"scan must be one of {SCAN_MODES}, got {scan!r}")
         if scan_backend not in BACKENDS:
@@ -92,31 +171,35 @@ class SS2D(nn.Module):
         self.d_state = d_state
         self.d_inner = d_inner
         self.dt_rank = resolve_dt_rank(dim, dt_rank)
+        self.dt_init_range = (dt_min, dt_max, dt_init_floor)
 
-        self.in_proj = nn.Conv2d(dim, d_inner, kernel_size=1, bias=False)
+        self.in_proj = nn.Conv2d(dim, d_inner, kernel_size=1, bias=False, **dd)
         self.conv2d = nn.Conv2d(
-            d_inner, d_inner, kernel_size=d_conv, padding=(d_conv - 1) // 2, groups=d_inner, bias=conv_bias
+            d_inner, d_inner, kernel_size=d_conv, padding=(d_conv - 1) // 2, groups=d_inner, bias=conv_bias, **dd
         )
         self.act = nn.SiLU()
         k, r, n = NUM_ROUTES, self.dt_rank, d_state
-        self.x_proj_weight = nn.Parameter(torch.empty(k, r + 2 * n, d_inner))
-        self.dt_projs_weight = nn.Parameter(torch.empty(k, d_inner, r))
-        self.dt_projs_bias = nn.Parameter(torch.empty(k, d_inner))
-        self.A_logs = nn.Parameter(torch.empty(k * d_inner, n))
-        self.Ds = nn.Parameter(torch.empty(k * d_inner))
-        self.out_norm = LayerNorm2d(d_inner, eps=LAYER_NORM_EPS)
-        self.out_proj = nn.Conv2d(d_inner, dim, kernel_size=1, bias=False)
+        self.x_proj_weight = nn.Parameter(torch.empty(k, r + 2 * n, d_inner, **dd))
+        self.dt_projs_weight = nn.Parameter(torch.empty(k, d_inner, r, **dd))
+        self.dt_projs_bias = nn.Parameter(torch.empty(k, d_inner, **dd))
+        self.A_logs = nn.Parameter(torch.empty(k * d_inner, n, **dd))
+        self.Ds = nn.Parameter(torch.empty(k * d_inner, **dd))
+        self.out_norm = LayerNorm2d(d_inner, eps=LAYER_NORM_EPS, **dd)
+        self.out_proj = nn.Conv2d(d_inner, dim, kernel_size=1, bias=False, **dd)
         self.dropout = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
-        self._init_ssm_parameters(dt_min, dt_max, dt_init_floor)
+        self.reset_parameters()
 
     @torch.no_grad()
-    def _init_ssm_parameters(self, dt_min: float, dt_max: float, dt_init_floor: float) -> None:
-        """Mamba's initialisation: dt log-uniform in [dt_min, dt_max], A = -(1..N), D = 1."""
+    def reset_parameters(self) -> None:
+        """Mamba's initialisation of the SSM parameters (the convs and norms reset themselves):
+        dt log-uniform in [dt_min, dt_max], A = -(1..N), D = 1. Computed in fp32, then stored."""
+        dt_min, dt_max, dt_init_floor = self.dt_init_range
         nn.init.uniform_(self.x_proj_weight, -self.d_inner**-0.5, self.d_inner**-0.5)
         nn.init.uniform_(self.dt_projs_weight, -self.dt_rank**-0.5, self.dt_rank**-0.5)
-        log_dt = torch.rand_like(self.dt_projs_bias) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
-        dt = torch.exp(log_dt).clamp(min=dt_init_floor)
-        self.dt_projs_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
+        bias = self.dt_projs_bias
+        uniform = torch.rand(bias.shape, device=bias.device, dtype=torch.float32)
+        dt = torch.exp(uniform * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).clamp(min=dt_init_floor)
+        bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
         states = torch.arange(1, self.d_state + 1, dtype=torch.float32, device=self.A_logs.device)
         self.A_logs.copy_(torch.log(states).expand_as(self.A_logs))
         self.Ds.fill_(1.0)
@@ -129,50 +212,10 @@ class SS2D(nn.Module):
 
     def scan_routes(self, x: Tensor) -> Tensor:
         """Cross-scan x (B, Di, H, W) along the four routes and merge: -> (B, Di, H, W)."""
-        batch, d_inner, height, width = x.shape
-        length = height * width
-        k, r, n = NUM_ROUTES, self.dt_rank, self.d_state
-        order = list(GRID_SORTED_ROUTES)
-
-        rows = x.flatten(2)  # (B, Di, L), row-major
-        cols = x.transpose(2, 3).flatten(2)  # (B, Di, L), column-major = row-major of the W x H map
-        xs = torch.stack([rows, rows.flip(-1), cols, cols.flip(-1)], dim=1).reshape(batch, k * d_inner, length)
-
-        # Per-route projections as batched matmuls over (batch, route): much faster on CPU than
-        # grouped 1x1 convs, and counted exactly by fvcore's bmm handle.
-        x_dbl = torch.bmm(_per_route(self.x_proj_weight[order], batch), xs.view(batch * k, d_inner, length))
-        x_dbl = x_dbl.view(batch, k, r + 2 * n, length)
-        dts, Bs, Cs = torch.split(x_dbl, [r, n, n], dim=2)
-        dts = torch.bmm(_per_route(self.dt_projs_weight[order], batch), dts.reshape(batch * k, r, length))
-        dts = dts.view(batch, k * d_inner, length)
-
-        # The scan's small parameters stay in (at least) fp32 under AMP, as in VMamba.
-        param_dtype = torch.promote_types(self.A_logs.dtype, torch.float32)
-        A = -torch.exp(self.A_logs.to(param_dtype)).view(k, d_inner, n)[order].reshape(k * d_inner, n)
-        D = self.Ds.to(param_dtype).view(k, d_inner)[order].reshape(-1)
-        delta_bias = self.dt_projs_bias.to(param_dtype)[order].reshape(-1)
-        Bs, Cs = Bs.contiguous(), Cs.contiguous()
-
-        if self.scan == "1d":
-            grids = [(0, k, 1, length)]
-        elif height == width:
-            grids = [(0, k, height, width)]
-        else:
-            grids = [(0, 2, height, width), (2, k, width, height)]
-        ys = []
-        for first, last, grid_h, grid_w in grids:
-            channels = slice(first * d_inner, last * d_inner)
-            ys.append(
-                selective_scan_2d(
-                    xs[:, channels], dts[:, channels], A[channels], Bs[:, first:last], Cs[:, first:last],
-                    D[channels], delta_bias[channels], True,
-                    height=int(grid_h), width=int(grid_w), backend=self.scan_backend,  # ints under jit.trace too
-                )
-            )
-        y = (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)).view(batch, k, d_inner, length)
-        y_rows = y[:, 0] + y[:, 1].flip(-1)
-        y_cols = y[:, 2] + y[:, 3].flip(-1)
-        return y_rows.view(batch, d_inner, height, width) + y_cols.view(batch, d_inner, width, height).transpose(2, 3)
+        return cross_scan_merge(
+            x, self.x_proj_weight, self.dt_projs_weight, self.dt_projs_bias, self.A_logs, self.Ds,
+            self.scan, self.scan_backend,
+        )
 
     def extra_repr(self) -> str:
         return f"scan={self.scan!r}, scan_backend={self.scan_backend!r}, d_state={self.d_state}, dt_rank={self.dt_rank}"

@@ -11,79 +11,89 @@ either. Registered names: ``vmamba2d_{tiny,small,base}`` and ``vmamba_{tiny,smal
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import ClassifierHead, DropPath, LayerNorm2d, Mlp, trunc_normal_
+from timm.layers import ClassifierHead, DropPath, LayerNorm2d, Mlp, get_device_dtype, trunc_normal_
 from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs, register_model
+from timm.models._builder import resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
 
 from .ss2d import LAYER_NORM_EPS, SS2D
-from .weights import checkpoint_filter_fn
+from .weights import checkpoint_filter_fn, official_checkpoint_loading
 
 Tensor = torch.Tensor
 
-__all__ = ["VMamba", "VSSBlock", "VMambaStage", "Stem", "Downsample", "checkpoint_filter_fn"]
+__all__ = ["VMamba", "VSSBlock", "VMambaStage", "Stem", "Downsample", "check_image_input", "checkpoint_filter_fn"]
+
+DeviceDtype = Dict[str, Any]  # {"device": ..., "dtype": ...} factory kwargs, as timm's models take them
 
 
-def _norm(channels: int) -> nn.Module:
-    return LayerNorm2d(channels, eps=LAYER_NORM_EPS)
+def _norm(channels: int, **dd: Any) -> nn.Module:
+    return LayerNorm2d(channels, eps=LAYER_NORM_EPS, **dd)
+
+
+def check_image_input(x: object, in_chans: int) -> Tensor:
+    """Return x if it is a (B, in_chans, H, W) floating-point tensor with H, W >= 1; raise
+    TypeError / ValueError naming what was expected otherwise.
+
+    A plain function so that FX symbolic tracing records it as one call (``torch.fx.wrap`` below):
+    a traced graph still checks its real input, and tracing never sees a data-dependent branch.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"input must be a torch.Tensor of shape (B, {in_chans}, H, W), got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"input must be a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() != 4:
+        raise ValueError(f"input must be 4-D (B, {in_chans}, H, W), got shape {tuple(x.shape)}")
+    if x.shape[1] != in_chans:
+        raise ValueError(f"input must have in_chans={in_chans} channels (B, {in_chans}, H, W), got shape {tuple(x.shape)}")
+    height, width = x.shape[-2:]
+    if height < 1 or width < 1:
+        raise ValueError(f"input height and width must be at least 1, got {height}x{width}")
+    return x
+
+
+torch.fx.wrap("check_image_input")
 
 
 class Stem(nn.Module):
-    """Patch embedding "v2": two 3x3 stride-2 convs, (B, in_chans, H, W) -> (B, dim, H/4, W/4).
+    """Patch embedding "v2": two 3x3 stride-2 convs (padding 1),
+    (B, in_chans, H, W) -> (B, dim, ceil(H/4), ceil(W/4)).
 
-    It also validates the network input (4-D, ``in_chans`` channels, sides multiples of
-    ``size_multiple``) so every entry point, ``features_only`` wrappers included, rejects bad input
-    before any kernel runs.
+    It also validates the network input (see :func:`check_image_input`) so every entry point,
+    ``features_only`` wrappers included, rejects bad input before any kernel runs.
     """
 
-    def __init__(self, in_chans: int, dim: int, size_multiple: int) -> None:
+    def __init__(self, in_chans: int, dim: int, device: Optional[torch.device] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
+        dd = dict(device=device, dtype=dtype)
         self.in_chans = in_chans
-        self.size_multiple = size_multiple
-        self.conv1 = nn.Conv2d(in_chans, dim // 2, kernel_size=3, stride=2, padding=1)
-        self.norm1 = _norm(dim // 2)
+        self.conv1 = nn.Conv2d(in_chans, dim // 2, kernel_size=3, stride=2, padding=1, **dd)
+        self.norm1 = _norm(dim // 2, **dd)
         self.act = nn.GELU()
-        self.conv2 = nn.Conv2d(dim // 2, dim, kernel_size=3, stride=2, padding=1)
-        self.norm2 = _norm(dim)
-
-    def check_input(self, x: object) -> None:
-        """Raise TypeError / ValueError unless x is a (B, in_chans, H, W) float tensor with H, W
-        multiples of ``size_multiple``."""
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"input must be a torch.Tensor of shape (B, {self.in_chans}, H, W), got {type(x).__name__}")
-        if not x.is_floating_point():
-            raise TypeError(f"input must be a floating-point tensor, got dtype {x.dtype}")
-        if x.dim() != 4:
-            raise ValueError(f"input must be 4-D (B, {self.in_chans}, H, W), got shape {tuple(x.shape)}")
-        if x.shape[1] != self.in_chans:
-            raise ValueError(
-                f"input must have in_chans={self.in_chans} channels (B, {self.in_chans}, H, W), got shape {tuple(x.shape)}"
-            )
-        height, width = x.shape[-2:]
-        m = self.size_multiple
-        if height % m != 0 or width % m != 0 or height == 0 or width == 0:
-            raise ValueError(
-                f"input height and width must be positive multiples of {m} (the network's total stride), "
-                f"got {height}x{width}"
-            )
+        self.conv2 = nn.Conv2d(dim // 2, dim, kernel_size=3, stride=2, padding=1, **dd)
+        self.norm2 = _norm(dim, **dd)
 
     def forward(self, x: Tensor) -> Tensor:
-        self.check_input(x)
+        x = check_image_input(x, self.in_chans)
         x = self.act(self.norm1(self.conv1(x)))
         return self.norm2(self.conv2(x))
 
 
 class Downsample(nn.Module):
-    """Downsample "v3": 3x3 stride-2 conv then LN2d, (B, C, H, W) -> (B, C_out, H/2, W/2)."""
+    """Downsample "v3": 3x3 stride-2 conv (padding 1) then LN2d,
+    (B, C, H, W) -> (B, C_out, ceil(H/2), ceil(W/2))."""
 
-    def __init__(self, dim: int, out_dim: int) -> None:
+    def __init__(self, dim: int, out_dim: int, device: Optional[torch.device] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(dim, out_dim, kernel_size=3, stride=2, padding=1)
-        self.norm = _norm(out_dim)
+        self.conv = nn.Conv2d(dim, out_dim, kernel_size=3, stride=2, padding=1, device=device, dtype=dtype)
+        self.norm = _norm(out_dim, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.norm(self.conv(x))
@@ -98,13 +108,16 @@ class VSSBlock(nn.Module):
         drop_path: float = 0.0,
         mlp_ratio: float = 4.0,
         proj_drop: float = 0.0,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
         **ss2d_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.norm = _norm(dim)
-        self.op = SS2D(dim, proj_drop=proj_drop, **ss2d_kwargs)
-        self.norm2 = _norm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, use_conv=True)
+        dd = dict(device=device, dtype=dtype)
+        self.norm = _norm(dim, **dd)
+        self.op = SS2D(dim, proj_drop=proj_drop, **ss2d_kwargs, **dd)
+        self.norm2 = _norm(dim, **dd)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, use_conv=True, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -122,12 +135,17 @@ class VMambaStage(nn.Module):
         depth: int,
         downsample: bool,
         drop_path: Sequence[float],
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
         **block_kwargs: Any,
     ) -> None:
         super().__init__()
+        dd = dict(device=device, dtype=dtype)
         self.grad_checkpointing = False
-        self.downsample = Downsample(dim, out_dim) if downsample else nn.Identity()
-        self.blocks = nn.Sequential(*[VSSBlock(out_dim, drop_path=drop_path[i], **block_kwargs) for i in range(depth)])
+        self.downsample = Downsample(dim, out_dim, **dd) if downsample else nn.Identity()
+        self.blocks = nn.Sequential(
+            *[VSSBlock(out_dim, drop_path=drop_path[i], **block_kwargs, **dd) for i in range(depth)]
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.downsample(x)
@@ -157,8 +175,11 @@ class VMamba(nn.Module):
         drop_rate: dropout before the classifier.
         proj_drop_rate: dropout after SS2D's out_proj and inside the MLP.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
+        device, dtype: where and in which dtype to create the parameters (e.g. ``device="meta"``,
+            then ``to_empty(device=...)`` and :meth:`init_weights` or a state dict).
 
-    Inputs are (B, in_chans, H, W) with H and W multiples of 32 (square or not).
+    Inputs are (B, in_chans, H, W) of any size H, W >= 1 (square or not): every stride-2 conv has
+    padding 1, so stage i's map is ceil(H / 2^(i+2)) x ceil(W / 2^(i+2)).
     """
 
     def __init__(
@@ -179,8 +200,11 @@ class VMamba(nn.Module):
         drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
+        dd = dict(device=device, dtype=dtype)
         if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans < 1:
             raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
@@ -199,8 +223,7 @@ class VMamba(nn.Module):
         self.drop_rate = drop_rate
         self.grad_checkpointing = False
 
-        size_multiple = 4 * 2 ** (num_stages - 1)
-        self.stem = Stem(in_chans, dims[0], size_multiple=size_multiple)
+        self.stem = Stem(in_chans, dims[0], **dd)
         num_blocks = sum(depths)
         drop_paths = [drop_path_rate * i / max(num_blocks - 1, 1) for i in range(num_blocks)]
         block_kwargs = dict(
@@ -214,15 +237,30 @@ class VMamba(nn.Module):
             stages.append(
                 VMambaStage(
                     dims[max(i - 1, 0)], dims[i], depths[i], downsample=i > 0,
-                    drop_path=drop_paths[first_block:first_block + depths[i]], **block_kwargs,
+                    drop_path=drop_paths[first_block:first_block + depths[i]], **block_kwargs, **dd,
                 )
             )
             first_block += depths[i]
             self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2**i, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)
         self.num_features = self.head_hidden_size = dims[-1]
-        self.norm = _norm(dims[-1])
-        self.head = ClassifierHead(dims[-1], num_classes, pool_type=global_pool, drop_rate=drop_rate)
+        self.norm = _norm(dims[-1], **dd)
+        self.head = ClassifierHead(dims[-1], num_classes, pool_type=global_pool, drop_rate=drop_rate, **dd)
+        self.init_weights(needs_reset=False)  # the layers initialised themselves when created
+
+    @torch.no_grad()
+    def init_weights(self, needs_reset: bool = True) -> None:
+        """(Re)initialise every parameter as a new model is (timm convention).
+
+        Args:
+            needs_reset: also call each layer's own ``reset_parameters`` (needed after
+                ``to_empty()`` of a model built on the meta device); False when the layers have
+                just initialised themselves in ``__init__``.
+        """
+        if needs_reset:
+            for module in self.modules():
+                if module is not self and hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
         self.apply(self._init_weights)
 
     @staticmethod
@@ -264,11 +302,14 @@ class VMamba(nn.Module):
         return self.head.fc
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        """Replace the classifier with ``num_classes`` outputs (0 removes it); optionally change pooling."""
+        """Replace the classifier with ``num_classes`` outputs (0 removes it); optionally change pooling.
+
+        The new layer is created on the model's device and in its dtype.
+        """
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
         self.num_classes = num_classes
-        self.head.reset(num_classes, pool_type=global_pool, in_features=self.num_features)
+        self.head.reset(num_classes, pool_type=global_pool, in_features=self.num_features, **get_device_dtype(self))
 
     def forward_intermediates(
         self,
@@ -289,7 +330,7 @@ class VMamba(nn.Module):
             output_fmt: only "NCHW".
             intermediates_only: return only the list of stage outputs.
         Returns:
-            list of (B, dims[i], H / 2^(i+2), W / 2^(i+2)), or (final features, that list).
+            list of (B, dims[i], ceil(H / 2^(i+2)), ceil(W / 2^(i+2))), or (final features, that list).
         """
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
@@ -327,7 +368,7 @@ class VMamba(nn.Module):
         return take_indices
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """(B, in_chans, H, W) -> normalised last-stage map (B, num_features, H/32, W/32)."""
+        """(B, in_chans, H, W) -> normalised last-stage map (B, num_features, ceil(H/32), ceil(W/32))."""
         x = self.stem(x)
         x = self.stages(x)
         return self.norm(x)
@@ -341,21 +382,32 @@ class VMamba(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
+def _require_weight_source(variant: str, pretrained_cfg: Any, pretrained_cfg_overlay: Optional[Dict]) -> None:
+    """Raise RuntimeError, quoting the cfg's notes (how to get weights), when ``pretrained=True``
+    has nothing to load: no url, file, state dict or hub id in the resolved pretrained cfg."""
+    cfg = resolve_pretrained_cfg(variant, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=pretrained_cfg_overlay)
+    if cfg.state_dict or cfg.file or cfg.url or cfg.hf_hub_id:
+        return
+    name = f"{variant}.{cfg.tag}" if cfg.tag else variant
+    raise RuntimeError(f"pretrained=True but {name} has no pretrained weights. " + " ".join(cfg.notes or ()))
+
+
 def _create_vmamba(variant: str, pretrained: bool = False, **kwargs: Any) -> VMamba:
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    return build_model_with_cfg(
-        VMamba,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
-        **kwargs,
-    )
+    if pretrained:
+        _require_weight_source(variant, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"))
+    with official_checkpoint_loading() if pretrained else contextlib.nullcontext():
+        return build_model_with_cfg(
+            VMamba,
+            variant,
+            pretrained,
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
+            **kwargs,
+        )
 
 
 def _cfg(**kwargs: Any) -> Dict[str, Any]:
-    # No download location on purpose: pretrained weights come from a local file via
-    # pretrained_cfg_overlay=dict(file=...).
     return {
         "url": "",
         "num_classes": 1000,
@@ -371,13 +423,48 @@ def _cfg(**kwargs: Any) -> Dict[str, Any]:
     }
 
 
+# Official VMamba v2 ImageNet-1k checkpoints (release "#v2cls" of MzeroMiko/VMamba, MIT licence):
+# training checkpoints in the official layout, converted on load by checkpoint_filter_fn.
+VMAMBA_V2_RELEASE_URL = "https://github.com/MzeroMiko/VMamba/releases/download/%23v2cls/"
+VMAMBA_V2_CHECKPOINTS = {
+    "tiny": ("vssm1_tiny_0230s_ckpt_epoch_264.pth", 82.6),
+    "small": ("vssm_small_0229_ckpt_epoch_222.pth", 83.6),
+    "base": ("vssm_base_0229_ckpt_epoch_237.pth", 83.9),
+}
+
+
+def _official_vmamba_cfg(size: str) -> Dict[str, Any]:
+    file_name, top1 = VMAMBA_V2_CHECKPOINTS[size]
+    return _cfg(
+        url=VMAMBA_V2_RELEASE_URL + file_name,
+        license="mit",
+        origin_url="https://github.com/MzeroMiko/VMamba",
+        notes=(
+            f"Official VMamba-{size[0].upper()} v2 ImageNet-1k weights; published top-1 {top1}% at 224x224 "
+            "(the authors' number, not re-measured by vmamba2d).",
+        ),
+    )
+
+
+def _vmamba2d_cfg(size: str) -> Dict[str, Any]:
+    file_name = VMAMBA_V2_CHECKPOINTS[size][0]
+    return _cfg(
+        notes=(
+            f"No public 2DVMamba weights exist (the 2DMamba authors have not released any). 2DVMamba has "
+            f"VMamba v2's parameters, so it can start from the VMamba-{size[0].upper()} v2 ImageNet-1k checkpoint "
+            f"({VMAMBA_V2_RELEASE_URL + file_name}): download it, then timm.create_model('vmamba2d_{size}', "
+            f"pretrained=True, pretrained_cfg_overlay=dict(file='{file_name}')), and fine-tune.",
+        ),
+    )
+
+
 default_cfgs = generate_default_cfgs({
-    "vmamba2d_tiny": _cfg(),
-    "vmamba2d_small": _cfg(),
-    "vmamba2d_base": _cfg(),
-    "vmamba_tiny": _cfg(),
-    "vmamba_small": _cfg(),
-    "vmamba_base": _cfg(),
+    "vmamba2d_tiny": _vmamba2d_cfg("tiny"),
+    "vmamba2d_small": _vmamba2d_cfg("small"),
+    "vmamba2d_base": _vmamba2d_cfg("base"),
+    "vmamba_tiny.in1k": _official_vmamba_cfg("tiny"),
+    "vmamba_small.in1k": _official_vmamba_cfg("small"),
+    "vmamba_base.in1k": _official_vmamba_cfg("base"),
 })
 
 # Variant hyper-parameters (DESIGN.md section 2). drop_path_rate stays a training choice (timm

@@ -12,12 +12,18 @@ Public VMamba v2 checkpoints (``{"model": ..., "model_ema": ...}``) name the mod
 Inside a block the names are the same. VMamba stores its pointwise layers (SS2D in_proj / out_proj,
 MLP fc1 / fc2) as Linear weights (out, in); ours are 1x1 convs (out, in, 1, 1), so such weights are
 reshaped.
+
+Official VMamba training checkpoints also pickle their yacs ``CfgNode`` training config, which
+``torch.load(weights_only=True)`` refuses; :func:`official_checkpoint_loading` lets it through as a
+plain ``OrderedDict`` (no yacs import, no code run), keeping ``weights_only`` on.
 """
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Dict
+from contextlib import contextmanager
+from typing import Dict, Iterator
 
 import torch
 import torch.nn as nn
@@ -30,6 +36,26 @@ CLASSIFIER_PREFIX = "head.fc."  # timm itself drops / adapts these when num_clas
 _STEM_NAMES = {"0": "conv1", "2": "norm1", "5": "conv2", "7": "norm2"}
 _DOWNSAMPLE_NAMES = {"1": "conv", "3": "norm"}
 _MAX_LISTED = 20
+
+
+class _ConfigNodeAsDict:
+    """Unpickles a yacs ``CfgNode`` as an empty ``OrderedDict``; the unpickler then fills in its
+    items and sets its attributes (``__immutable__`` ...), so nothing of yacs is needed or run."""
+
+    def __new__(cls, *args: object, **kwargs: object) -> OrderedDict:
+        return OrderedDict()
+
+
+# The pickle name an official checkpoint stores its training config under, and its stand-in.
+OFFICIAL_CHECKPOINT_GLOBALS = [(_ConfigNodeAsDict, "yacs.config.CfgNode")]
+
+
+@contextmanager
+def official_checkpoint_loading() -> Iterator[None]:
+    """Within this context ``torch.load(weights_only=True)`` also reads official VMamba training
+    checkpoints (``{"model", "model_ema", "optimizer", ..., "config": CfgNode}``)."""
+    with torch.serialization.safe_globals(OFFICIAL_CHECKPOINT_GLOBALS):
+        yield
 
 
 def unwrap_checkpoint(checkpoint: Mapping) -> Dict[str, Tensor]:
