@@ -109,7 +109,7 @@ def scan2d_fwd_kernel(
     BLOCK_D, BLOCK_N, TILE_H) hh columns entering each tile.
     """
     length = height * width
-    chan_base, chan_ok, d_index, state_base, state_ok, _, _, _ = _program_coordinates(
+    chan_base, chan_ok, d_index, state_base, state_ok, batch, group, chan_block = _program_coordinates(
         dim, groups, chans_per_group, nstate, length, n_chan_blocks, BLOCK_D, BLOCK_N)
     pid = tl.program_id(0).to(tl.int64)
 
@@ -161,7 +161,7 @@ def scan2d_fwd_kernel(
                          + left_col, left_carry, mask=carry_ok & (tc > 0))
 
             u = tl.load(u_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
-            _, dt = _step_size(delta_ptr, chan3 + pos[None], chan_mask, bias, SOFTPLUS, ACC)
+            z, dt = _step_size(delta_ptr, chan3 + pos[None], chan_mask, bias, SOFTPLUS, ACC)
             Bt = tl.load(B_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
             decay = tl.where(cell_ok[None, None], tl.exp(dt[:, None] * A4), 1.0)
             x = (dt * u)[:, None] * Bt[None]
@@ -275,9 +275,9 @@ def scan2d_bwd_kernel(
 
             # Decays of the cell below / to the right (the adjoint recurrences' coefficients).
             below_mask = chan_ok3 & (rows + 1 < height) & (cols < width)
-            _, dt_down = _step_size(delta_ptr, chan3 + pos[None] + width, below_mask, bias, SOFTPLUS, ACC)
+            z_down, dt_down = _step_size(delta_ptr, chan3 + pos[None] + width, below_mask, bias, SOFTPLUS, ACC)
             right_mask = chan_ok3 & (rows < height) & (cols + 1 < width)
-            _, dt_right = _step_size(delta_ptr, chan3 + pos[None] + 1, right_mask, bias, SOFTPLUS, ACC)
+            z_right, dt_right = _step_size(delta_ptr, chan3 + pos[None] + 1, right_mask, bias, SOFTPLUS, ACC)
             decay_down = tl.exp(dt_down[:, None] * A4)
             decay_right = tl.exp(dt_right[:, None] * A4)
 
