@@ -7,7 +7,9 @@ at the start of stages 1-3, a final LN2d, global average pooling and a linear cl
 
 ``scan="2d"`` is 2DVMamba (every SS2D route is a 2D selective scan); ``scan="1d"`` is the VMamba
 baseline (1D scans of the same routes). Both have identical parameters, so one checkpoint loads into
-either. Registered names: ``vmamba2d_{tiny,small,base}`` and ``vmamba_{tiny,small,base}``.
+either. Registered names: ``vmamba2d_{tiny,small,base}`` and ``vmamba_{tiny,small,base}``; the
+``vmamba_*.in1k`` tags download the official VMamba v2 ImageNet-1k weights (no 2DVMamba weights are
+public: their cfg notes say how to start from VMamba's).
 """
 from __future__ import annotations
 
@@ -28,8 +30,6 @@ from .weights import checkpoint_filter_fn, official_checkpoint_loading
 Tensor = torch.Tensor
 
 __all__ = ["VMamba", "VSSBlock", "VMambaStage", "Stem", "Downsample", "check_image_input", "checkpoint_filter_fn"]
-
-DeviceDtype = Dict[str, Any]  # {"device": ..., "dtype": ...} factory kwargs, as timm's models take them
 
 
 def _norm(channels: int, **dd: Any) -> nn.Module:
