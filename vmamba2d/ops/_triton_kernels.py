@@ -52,14 +52,19 @@ def _sigmoid(z):
 
 
 @triton.jit
-def _step_size(delta_ptr, offsets, mask, bias, SOFTPLUS: tl.constexpr, ACC: tl.constexpr):
-    """(z, dt) for delta at ``offsets``: z = delta + bias, dt = softplus(z) or z."""
-    z = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(ACC) + bias
+def _biased_delta(delta_ptr, offsets, mask, bias, ACC: tl.constexpr):
+    """z = delta + delta_bias at ``offsets`` (0 + bias where masked)."""
+    return tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(ACC) + bias
+
+
+@triton.jit
+def _step_size(z, SOFTPLUS: tl.constexpr):
+    """dt = softplus(z), or z itself."""
     if SOFTPLUS:
         dt = _softplus(z)
     else:
         dt = z
-    return z, dt
+    return dt
 
 
 @triton.jit
@@ -73,14 +78,17 @@ def _row(tile, index, AXIS: tl.constexpr, SIZE: tl.constexpr):
 
 
 @triton.jit
-def _program_coordinates(dim, groups, chans_per_group, nstate, length, n_chan_blocks,
-                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Offsets of the program's channels and states: (chan_base, chan_ok, d_index, state_base,
-    state_ok, batch, group, chan_block) with chan_base (BLOCK_D,) and state_base (BLOCK_N,)."""
+def _program_position(groups, n_chan_blocks):
+    """(batch, group, channel block) of this program."""
     pid = tl.program_id(0).to(tl.int64)
-    chan_block = pid % n_chan_blocks
-    group = (pid // n_chan_blocks) % groups
-    batch = pid // (n_chan_blocks * groups)
+    return pid // (n_chan_blocks * groups), (pid // n_chan_blocks) % groups, pid % n_chan_blocks
+
+
+@triton.jit
+def _row_offsets(batch, group, chan_block, dim, groups, chans_per_group, nstate, length,
+                 BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(chan_base, chan_ok, d_index, state_base, state_ok): offsets of the program's rows of
+    u / delta (BLOCK_D,) and of B / C (BLOCK_N,), their validity, and the channel indices."""
     local = chan_block * BLOCK_D + tl.arange(0, BLOCK_D)
     chan_ok = local < chans_per_group
     d_index = group * chans_per_group + local
@@ -88,7 +96,7 @@ def _program_coordinates(dim, groups, chans_per_group, nstate, length, n_chan_bl
     states = tl.arange(0, BLOCK_N)
     state_ok = states < nstate
     state_base = ((batch * groups + group) * nstate + states) * length
-    return chan_base, chan_ok, d_index, state_base, state_ok, batch, group, chan_block
+    return chan_base, chan_ok, d_index, state_base, state_ok
 
 
 @triton.jit
@@ -109,8 +117,9 @@ def scan2d_fwd_kernel(
     BLOCK_D, BLOCK_N, TILE_H) hh columns entering each tile.
     """
     length = height * width
-    chan_base, chan_ok, d_index, state_base, state_ok, batch, group, chan_block = _program_coordinates(
-        dim, groups, chans_per_group, nstate, length, n_chan_blocks, BLOCK_D, BLOCK_N)
+    batch, group, chan_block = _program_position(groups, n_chan_blocks)
+    chan_base, chan_ok, d_index, state_base, state_ok = _row_offsets(
+        batch, group, chan_block, dim, groups, chans_per_group, nstate, length, BLOCK_D, BLOCK_N)
     pid = tl.program_id(0).to(tl.int64)
 
     d1 = tl.arange(0, BLOCK_D)
@@ -161,7 +170,7 @@ def scan2d_fwd_kernel(
                          + left_col, left_carry, mask=carry_ok & (tc > 0))
 
             u = tl.load(u_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
-            z, dt = _step_size(delta_ptr, chan3 + pos[None], chan_mask, bias, SOFTPLUS, ACC)
+            dt = _step_size(_biased_delta(delta_ptr, chan3 + pos[None], chan_mask, bias, ACC), SOFTPLUS)
             Bt = tl.load(B_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
             decay = tl.where(cell_ok[None, None], tl.exp(dt[:, None] * A4), 1.0)
             x = (dt * u)[:, None] * Bt[None]
@@ -201,8 +210,9 @@ def scan2d_bwd_kernel(
     dD / d(delta_bias) (batch, dim).
     """
     length = height * width
-    chan_base, chan_ok, d_index, state_base, state_ok, batch, group, chan_block = _program_coordinates(
-        dim, groups, chans_per_group, nstate, length, n_chan_blocks, BLOCK_D, BLOCK_N)
+    batch, group, chan_block = _program_position(groups, n_chan_blocks)
+    chan_base, chan_ok, d_index, state_base, state_ok = _row_offsets(
+        batch, group, chan_block, dim, groups, chans_per_group, nstate, length, BLOCK_D, BLOCK_N)
     pid = tl.program_id(0).to(tl.int64)
 
     d1 = tl.arange(0, BLOCK_D)
@@ -261,7 +271,8 @@ def scan2d_bwd_kernel(
 
             u = tl.load(u_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
             dy = tl.load(dy_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
-            z, dt = _step_size(delta_ptr, chan3 + pos[None], chan_mask, bias, SOFTPLUS, ACC)
+            z = _biased_delta(delta_ptr, chan3 + pos[None], chan_mask, bias, ACC)
+            dt = _step_size(z, SOFTPLUS)
             Bt = tl.load(B_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
             Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
             decay = tl.where(cell_ok[None, None], tl.exp(dt[:, None] * A4), 1.0)
@@ -275,9 +286,11 @@ def scan2d_bwd_kernel(
 
             # Decays of the cell below / to the right (the adjoint recurrences' coefficients).
             below_mask = chan_ok3 & (rows + 1 < height) & (cols < width)
-            z_down, dt_down = _step_size(delta_ptr, chan3 + pos[None] + width, below_mask, bias, SOFTPLUS, ACC)
+            dt_down = _step_size(_biased_delta(delta_ptr, chan3 + pos[None] + width, below_mask, bias, ACC),
+                                 SOFTPLUS)
             right_mask = chan_ok3 & (rows < height) & (cols + 1 < width)
-            z_right, dt_right = _step_size(delta_ptr, chan3 + pos[None] + 1, right_mask, bias, SOFTPLUS, ACC)
+            dt_right = _step_size(_biased_delta(delta_ptr, chan3 + pos[None] + 1, right_mask, bias, ACC),
+                                  SOFTPLUS)
             decay_down = tl.exp(dt_down[:, None] * A4)
             decay_right = tl.exp(dt_right[:, None] * A4)
 
