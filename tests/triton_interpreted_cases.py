@@ -80,6 +80,7 @@ CASES = [
     (13, 29, 1, 4, 1, 16, True, True, True, None),  # default tiling with edges; 4 channel blocks
     (5, 6, 3, 2, 1, 64, True, True, True, None),  # N = 64, odd batch
     (33, 65, 1, 2, 1, 2, False, True, True, None),  # several default tiles per row and column
+    (6, 10, 1, 6, 1, 1, True, True, True, None),  # 6 channels in blocks of 4: a partial block
 ]
 
 
