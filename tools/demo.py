@@ -175,8 +175,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():
         parser.error(f"--checkpoint must be an existing file, got {args.checkpoint!r}")
-    if args.erf_size % 32 or args.erf_size < 32:
-        parser.error(f"--erf-size must be a positive multiple of 32, got {args.erf_size}")
+    if args.erf_size < 32:
+        parser.error(f"--erf-size must be at least 32 (the last stage's map is erf_size / 32), got {args.erf_size}")
     return args
 
 
