@@ -72,12 +72,26 @@ struct Geometry {
 //            channels of its slice of a group one after the other, its warps split the states.
 //            dB / dC of a slice are accumulated by that block alone (no atomics) into its own
 //            partial buffer; the partials are summed in slice order afterwards: deterministic.
+//  tile_parallel: the forward runs the tile-parallel passes (grid z = tiles of a map) because the
+//            sequential grid has fewer blocks than the device has SMs (few maps, e.g. one 200x200
+//            map): see ForwardPass.
 struct Launch {
   int fwd_channels;
   int fwd_warps_per_channel;
   int bwd_warps;
   int slices;
+  bool tile_parallel;
 };
+
+// The forward's passes. kSequential: a block walks all tiles of its maps in row-major order and
+// carries the states from tile to tile. Tile-parallel (one block per tile, grid z = tile):
+//   kRowEdges:    per tile row and state, hh at the right edge with zero carry-in, and the product
+//                 of Abar along the row (edge / prod); then carry_scan rows -> carry_h;
+//   kColumnEdges: with the true carry_h, per tile column and state, h at the bottom edge with zero
+//                 vertical carry-in and the product of Abar down the column; then carry_scan
+//                 columns -> carry_v;
+//   kFinal:       every tile from its true carries -> y.
+enum ForwardPass : int { kSequential = 0, kRowEdges = 1, kColumnEdges = 2, kFinal = 3 };
 
 struct Params {
   Geometry g;
@@ -101,6 +115,10 @@ struct Params {
   float* carry_v;
   float* carry_h;
   bool record;
+  // Tile-parallel forward: the pass, and per-tile edge values / Abar products (carry layout).
+  int pass;
+  float* edge;
+  float* prod;
   // Backward.
   const void* dy;
   bool dy_fp32;
@@ -127,6 +145,10 @@ SS2D_HD inline int64_t maps(const Geometry& g) { return static_cast<int64_t>(g.b
 SS2D_HD inline int64_t carry_numel(const Geometry& g, bool record) {
   const int slots = record ? g.tiles_h * g.tiles_w : g.tiles_w;
   return maps(g) * slots * g.nstate * kTile;
+}
+// Threads of the carry scan: one per (map, state, lane line, band of tiles along the scan).
+SS2D_HD inline int64_t carry_scan_lines(const Geometry& g, bool rows) {
+  return maps(g) * g.nstate * kTile * (rows ? g.tiles_h : g.tiles_w);
 }
 SS2D_HD inline int64_t grad_carry_numel(const Geometry& g) {
   return maps(g) * g.tiles_w * g.nstate * kTile;

@@ -3,7 +3,8 @@
 // A Backend provides:
 //   static constexpr bool kCuda;                        tensors must be CUDA (else CPU) tensors
 //   static DeviceLimits limits(const at::Tensor& u);    SM count and shared memory per block
-//   static void forward(const Params&, ElementType);
+//   static void forward(const Params&, ElementType);         one forward pass (Params::pass)
+//   static void carry_scan(const Params&, bool rows);        tile-parallel carry propagation
 //   static void backward(const Params&, ElementType);
 //   static void poison(at::Tensor&);                    fill never-read-before-written scratch
 #pragma once
@@ -124,6 +125,9 @@ inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   const int64_t base_blocks = static_cast<int64_t>(std::max(g.batch_blocks, 1)) * g.groups;
   const int64_t want = ceil_div(2 * static_cast<int64_t>(dev.sm_count), base_blocks);
   k.slices = largest_divisor_up_to(per_group, static_cast<int>(std::min<int64_t>(want, per_group)));
+  const int64_t tiles = static_cast<int64_t>(g.tiles_h) * g.tiles_w;
+  const int64_t sequential_blocks = static_cast<int64_t>(g.batch_blocks) * (g.dim / k.fwd_channels);
+  k.tile_parallel = tiles > 1 && tiles <= 65535 && sequential_blocks < dev.sm_count;
   return k;
 }
 
@@ -244,6 +248,33 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& u, const at::Tensor& delt
                          softplus);
   p.y = y.data_ptr();
   p.y_fp32 = y.scalar_type() == at::kFloat;
+  const ElementType type = element_type(u.scalar_type());
+  if (p.k.tile_parallel) {
+    // Few maps: the tiles of a map run in parallel; the passes leave the carries into every tile.
+    const int64_t numel = carry_numel(g, true);
+    at::Tensor ch = fp32_scratch(numel, u), cv = fp32_scratch(numel, u);
+    at::Tensor edge = fp32_scratch(numel, u), prod = fp32_scratch(numel, u);
+    for (at::Tensor* t : {&ch, &cv, &edge, &prod}) Backend::poison(*t);
+    p.record = true;
+    p.carry_h = ch.data_ptr<float>();
+    p.carry_v = cv.data_ptr<float>();
+    p.edge = edge.data_ptr<float>();
+    p.prod = prod.data_ptr<float>();
+    if (g.tiles_w > 1) {
+      p.pass = kRowEdges;
+      Backend::forward(p, type);
+    }
+    Backend::carry_scan(p, true);
+    if (g.tiles_h > 1) {
+      p.pass = kColumnEdges;
+      Backend::forward(p, type);
+    }
+    Backend::carry_scan(p, false);
+    p.pass = kFinal;
+    Backend::forward(p, type);
+    if (save_carries) return {y, ch, cv};
+    return {y, carry_h, carry_v};
+  }
   const bool record = save_carries && g.tiles_h * g.tiles_w > 1;
   p.record = record;
   if (record) {
@@ -258,7 +289,8 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& u, const at::Tensor& delt
     p.carry_v = vbuf.data_ptr<float>();
     if (record) carry_v = vbuf;
   }
-  Backend::forward(p, element_type(u.scalar_type()));
+  p.pass = kSequential;
+  Backend::forward(p, type);
   return {y, carry_h, carry_v};
 }
 

@@ -20,7 +20,10 @@
 //      column c (h, carry from the tile above) and accumulates C * h into the warp's y tile;
 //   3. all threads sum the warps' y partials of each channel (fixed order), add D * u, write y.
 // Only y and the per-state tile carries (kTile floats per tile edge, saved for the backward) go to
-// global memory.
+// global memory. When the maps are too few to fill the GPU, the tiles of a map run in parallel
+// (ForwardPass in scan2d_common.h): the scan is linear in the carries, so edges computed with zero
+// carry-in plus the product of Abar along each edge line give every tile's true carries after a
+// short sequential scan over tiles (carry_scan_block).
 #pragma once
 
 #include <math.h>
@@ -152,7 +155,7 @@ SS2D_HD void load_channel_tiles(Ctx& ctx, const Params& p, int bb, int ti, int t
 }
 
 template <class T, class Ctx>
-SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, char* smem) {
+SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
   const int nstate = g.nstate;
   const int channels = p.k.fwd_channels;
@@ -176,107 +179,175 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, char* 
   const int vslots = p.record ? tiles : g.tiles_w;
   auto carry_v = ctx.global(p.carry_v, p.carry_v ? carry_numel(g, p.record) : 0);
   auto carry_h = ctx.global(p.carry_h, p.carry_h ? carry_numel(g, true) : 0);
+  auto edge = ctx.global(p.edge, p.edge ? carry_numel(g, true) : 0);
+  auto prod = ctx.global(p.prod, p.prod ? carry_numel(g, true) : 0);
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
   const int d0 = cblock * channels;
   const int group = group_of(g, d0);
+  const bool sequential = p.pass == kSequential;
+  const bool edges_only = p.pass == kRowEdges || p.pass == kColumnEdges;
 
-  for (int ti = 0; ti < g.tiles_h; ++ti) {
-    for (int tj = 0; tj < g.tiles_w; ++tj) {
-      load_channel_tiles<T>(ctx, p, bb, ti, tj, d0, channels, u, delta, dt_t, u_t);
-      ctx.barrier();
-      const int tile = ti * g.tiles_w + tj;
-      const int vslot_in = p.record ? tile : tj;
-      const int vslot_out = p.record ? tile + g.tiles_w : tj;
-      ctx.each_warp([&](int w) {
-        const int s = w / wpc;
-        const int d = d0 + s;
-        const int64_t map = static_cast<int64_t>(bb) * g.dim + d;
-        auto dts = dt_t + s * kTileFloats;
-        auto us = u_t + s * kTileFloats;
-        auto x = x_t + w * kTileFloats;
-        auto abar = abar_t + w * kTileFloats;
-        auto yp = y_t + w * kTileFloats;
+  for (int tile = sequential ? 0 : tile_z; tile < (sequential ? tiles : tile_z + 1); ++tile) {
+    const int ti = tile / g.tiles_w;
+    const int tj = tile - ti * g.tiles_w;
+    load_channel_tiles<T>(ctx, p, bb, ti, tj, d0, channels, u, delta, dt_t, u_t);
+    ctx.barrier();
+    const int vslot_in = p.record ? tile : tj;
+    const int vslot_out = p.record ? tile + g.tiles_w : tj;
+    ctx.each_warp([&](int w) {
+      const int s = w / wpc;
+      const int d = d0 + s;
+      const int64_t map = static_cast<int64_t>(bb) * g.dim + d;
+      auto dts = dt_t + s * kTileFloats;
+      auto us = u_t + s * kTileFloats;
+      auto x = x_t + w * kTileFloats;
+      auto abar = abar_t + w * kTileFloats;
+      auto yp = y_t + w * kTileFloats;
+      if (!edges_only) {
         ctx.each_lane([&](int lane) {
 SS2D_UNROLL
           for (int r = 0; r < kTile; ++r) yp[tile_offset(r, lane)] = 0.f;
         });
-        for (int n = w % wpc; n < nstate; n += wpc) {
-          const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
-          // x = dt * B * u and Abar, lane = column: each row of B is one coalesced load.
-          ctx.each_lane([&](int c) {
-            const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
+      }
+      for (int n = w % wpc; n < nstate; n += wpc) {
+        const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
+        // x = dt * B * u and Abar, lane = column: each row of B is one coalesced load.
+        ctx.each_lane([&](int c) {
+          const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
 SS2D_UNROLL_BY(4)
-            for (int r = 0; r < kTile; ++r) {
-              int64_t off;
-              const float bv = column_cell(g, col, r, off) ? Element<T>::load(Bg[off]) : 0.f;
-              const int e = tile_offset(r, c);
-              const float dt = dts[e];
-              x[e] = dt * us[e] * bv;
-              abar[e] = exp2f(dt * a2);
-            }
-          });
-          ctx.sync_warp();
-          // Horizontal: hh = Abar * hh_left + x, in place over x.
-          ctx.each_lane([&](int r) {
-            float h = tj == 0 ? 0.f : static_cast<float>(hcar[(s * nstate + n) * kTile + r]);
-            if (p.carry_h) carry_h[carry_index(map, tiles, tile, nstate, n, r)] = h;
+          for (int r = 0; r < kTile; ++r) {
+            int64_t off;
+            const float bv = column_cell(g, col, r, off) ? Element<T>::load(Bg[off]) : 0.f;
+            const int e = tile_offset(r, c);
+            const float dt = dts[e];
+            x[e] = dt * us[e] * bv;
+            abar[e] = exp2f(dt * a2);
+          }
+        });
+        ctx.sync_warp();
+        // Horizontal: hh = Abar * hh_left + x, in place over x.
+        ctx.each_lane([&](int r) {
+          const int64_t at = carry_index(map, tiles, tile, nstate, n, r);
+          float h = 0.f;
+          if (sequential) {
+            if (tj > 0) h = hcar[(s * nstate + n) * kTile + r];
+            if (p.carry_h) carry_h[at] = h;
+          } else if (p.pass != kRowEdges) {
+            h = carry_h[at];
+          }
+          float decay = 1.f;
 SS2D_UNROLL
-            for (int c = 0; c < kTile; ++c) {
-              if ((starts_w >> c) & 1u) h = 0.f;
-              const int e = tile_offset(r, c);
-              h = abar[e] * h + x[e];
-              x[e] = h;
-            }
-            hcar[(s * nstate + n) * kTile + r] = h;
-          });
-          ctx.sync_warp();
-          // Vertical: h = Abar * h_above + hh; y += C * h (C rows: coalesced loads).
-          ctx.each_lane([&](int c) {
-            float v = 0.f;
+          for (int c = 0; c < kTile; ++c) {
+            if ((starts_w >> c) & 1u) h = decay = 0.f;
+            const int e = tile_offset(r, c);
+            const float a = abar[e];
+            h = a * h + x[e];
+            decay *= a;
+            x[e] = h;
+          }
+          if (sequential) hcar[(s * nstate + n) * kTile + r] = h;
+          if (p.pass == kRowEdges) {
+            edge[at] = h;
+            prod[at] = decay;
+          }
+        });
+        ctx.sync_warp();
+        if (p.pass == kRowEdges) continue;
+        // Vertical: h = Abar * h_above + hh; y += C * h (C rows: coalesced loads).
+        ctx.each_lane([&](int c) {
+          float v = 0.f;
+          if (sequential) {
             if (ti > 0) {
               v = carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)];
             } else if (p.record && p.carry_v) {
               carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)] = 0.f;
             }
-            const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
-SS2D_UNROLL_BY(8)
-            for (int r = 0; r < kTile; ++r) {
-              if ((starts_h >> r) & 1u) v = 0.f;
-              const int e = tile_offset(r, c);
-              v = abar[e] * v + x[e];
-              int64_t off;
-              if (column_cell(g, col, r, off)) yp[e] += Element<T>::load(Cg[off]) * v;
-            }
-            if (ti + 1 < g.tiles_h) carry_v[carry_index(map, vslots, vslot_out, nstate, n, c)] = v;
-          });
-          ctx.sync_warp();
-        }
-      });
-      ctx.barrier();
-      ctx.each_thread([&](int t) {
-        for (int idx = t; idx < channels * kTileCells; idx += ctx.nthreads()) {
-          const int s = idx >> kTileCellShift;
-          const int r = (idx >> kTileShift) & (kTile - 1);
-          const int c = idx & (kTile - 1);
-          const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
-          if (!cell.valid) continue;
-          const int d = d0 + s;
-          const int e = tile_offset(r, c);
-          float yv = (p.D ? p.D[d] : 0.f) * u_t[s * kTileFloats + e];
-          for (int j = 0; j < wpc; ++j) yv += y_t[(s * wpc + j) * kTileFloats + e];
-          const int64_t off = ud_offset(g, cell, d);
-          if (p.y_fp32) {
-            y32[off] = yv;
-          } else {
-            yT[off] = Element<T>::store(yv);
+          } else if (p.pass == kFinal) {
+            v = carry_v[carry_index(map, tiles, tile, nstate, n, c)];
           }
+          float decay = 1.f;
+          const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
+SS2D_UNROLL_BY(8)
+          for (int r = 0; r < kTile; ++r) {
+            if ((starts_h >> r) & 1u) v = decay = 0.f;
+            const int e = tile_offset(r, c);
+            const float a = abar[e];
+            v = a * v + x[e];
+            decay *= a;
+            int64_t off;
+            if (!edges_only && column_cell(g, col, r, off)) yp[e] += Element<T>::load(Cg[off]) * v;
+          }
+          if (sequential && ti + 1 < g.tiles_h) {
+            carry_v[carry_index(map, vslots, vslot_out, nstate, n, c)] = v;
+          }
+          if (p.pass == kColumnEdges) {
+            const int64_t at = carry_index(map, tiles, tile, nstate, n, c);
+            edge[at] = v;
+            prod[at] = decay;
+          }
+        });
+        ctx.sync_warp();
+      }
+    });
+    if (edges_only) continue;
+    ctx.barrier();
+    ctx.each_thread([&](int t) {
+      for (int idx = t; idx < channels * kTileCells; idx += ctx.nthreads()) {
+        const int s = idx >> kTileCellShift;
+        const int r = (idx >> kTileShift) & (kTile - 1);
+        const int c = idx & (kTile - 1);
+        const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
+        if (!cell.valid) continue;
+        const int d = d0 + s;
+        const int e = tile_offset(r, c);
+        float yv = (p.D ? p.D[d] : 0.f) * u_t[s * kTileFloats + e];
+        for (int j = 0; j < wpc; ++j) yv += y_t[(s * wpc + j) * kTileFloats + e];
+        const int64_t off = ud_offset(g, cell, d);
+        if (p.y_fp32) {
+          y32[off] = yv;
+        } else {
+          yT[off] = Element<T>::store(yv);
         }
-      });
-      // No barrier here: the next tile's loads write only cells this thread itself read, and the
-      // warp buffers are rewritten after the next barrier (the race detector checks this).
-    }
+      }
+    });
+    // No barrier here: the next tile's loads write only cells this thread itself read, and the
+    // warp buffers are rewritten after the next barrier (the race detector checks this).
   }
+}
+
+// Tile-parallel forward, between the passes: the true carries into every tile from the per-tile
+// edges, along tile rows (rows: carry_h[ti][tj] = edge[ti][tj-1] + prod[ti][tj-1] * carry_h[ti][tj-1])
+// or down tile columns (carry_v from the column edges). One thread per (map, state, lane line,
+// band of tiles), walking the band's tiles in order; consecutive threads touch consecutive floats.
+template <class Ctx>
+SS2D_HD void carry_scan_block(Ctx& ctx, const Params& p, int block, bool rows) {
+  const Geometry& g = p.g;
+  const int tiles = g.tiles_h * g.tiles_w;
+  const int64_t numel = carry_numel(g, true);
+  auto edge = ctx.global(p.edge, numel);
+  auto prod = ctx.global(p.prod, numel);
+  auto carry = ctx.global(rows ? p.carry_h : p.carry_v, numel);
+  const int bands = rows ? g.tiles_h : g.tiles_w;
+  const int steps = rows ? g.tiles_w : g.tiles_h;
+  const int64_t lines = carry_scan_lines(g, rows);
+  ctx.each_thread([&](int t) {
+    const int64_t line = static_cast<int64_t>(block) * ctx.nthreads() + t;
+    if (line >= lines) return;
+    const int k = static_cast<int>(line % kTile);
+    int64_t rest = line / kTile;
+    const int n = static_cast<int>(rest % g.nstate);
+    rest /= g.nstate;
+    const int band = static_cast<int>(rest % bands);
+    const int64_t map = rest / bands;
+    float c = 0.f;
+    for (int step = 0; step < steps; ++step) {
+      const int tile = rows ? band * g.tiles_w + step : step * g.tiles_w + band;
+      const int64_t at = carry_index(map, tiles, tile, g.nstate, n, k);
+      carry[at] = c;
+      if (step + 1 < steps) c = edge[at] + prod[at] * c;
+    }
+  });
 }
 
 // Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`, one

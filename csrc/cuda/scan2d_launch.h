@@ -10,8 +10,13 @@
 namespace vmamba2d {
 namespace scan2d {
 
-// grid = (g.batch_blocks, g.dim / k.fwd_channels), fwd_channels * fwd_warps_per_channel warps.
+// grid = (g.batch_blocks, g.dim / k.fwd_channels, 1 or the tiles of a map for the tile-parallel
+// passes), fwd_channels * fwd_warps_per_channel warps.
 cudaError_t launch_forward(const Params& p, ElementType type, cudaStream_t stream);
+
+// Tile-parallel forward: carries along tile rows (rows) or down tile columns; 1D grid of
+// kBlockThreads-thread blocks over carry_scan_lines(g, rows).
+cudaError_t launch_carry_scan(const Params& p, bool rows, cudaStream_t stream);
 
 // grid = (g.batch_blocks, g.groups * k.slices), k.bwd_warps warps.
 cudaError_t launch_backward(const Params& p, ElementType type, cudaStream_t stream);

@@ -306,44 +306,46 @@ class HostCtx {
 };
 
 template <class Block>
-void run_grid(int grid_x, int grid_y, int nwarps, size_t smem_bytes, const EmulationOptions& opt,
-              Block&& block) {
+void run_grid(int grid_x, int grid_y, int grid_z, int nwarps, size_t smem_bytes,
+              const EmulationOptions& opt, Block&& block) {
   Schedule schedule(opt.order);
-  const std::vector<int> order = schedule.permutation(grid_x * grid_y);
+  const int per_z = grid_x * grid_y;
+  const std::vector<int> order = schedule.permutation(per_z * grid_z);
   for (int id : order) {
     std::vector<char> smem(smem_bytes);
     std::memset(smem.data(), 0xff, smem_bytes);  // NaN floats
     Shadow shadow(smem_bytes, nwarps * kTile, opt.race_check);
     HostCtx ctx(nwarps, schedule, shadow, opt.drop_barrier);
-    block(ctx, id % grid_x, id / grid_x, smem.data());
+    const int xy = id % per_z;
+    block(ctx, xy % grid_x, xy / grid_x, id / per_z, smem.data());
   }
 }
 
 template <template <class> class Kernel, class Ctx>
-void dispatch(ElementType type, Ctx& ctx, const Params& p, int bx, int by, char* smem) {
+void dispatch(ElementType type, Ctx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
   switch (type) {
     case ElementType::kFloat32:
-      Kernel<float>::run(ctx, p, bx, by, smem);
+      Kernel<float>::run(ctx, p, bx, by, bz, smem);
       break;
     case ElementType::kFloat16:
-      Kernel<c10::Half>::run(ctx, p, bx, by, smem);
+      Kernel<c10::Half>::run(ctx, p, bx, by, bz, smem);
       break;
     case ElementType::kBFloat16:
-      Kernel<c10::BFloat16>::run(ctx, p, bx, by, smem);
+      Kernel<c10::BFloat16>::run(ctx, p, bx, by, bz, smem);
       break;
   }
 }
 
 template <class T>
 struct ForwardKernel {
-  static void run(HostCtx& ctx, const Params& p, int bx, int by, char* smem) {
-    forward_block<T>(ctx, p, bx, by, smem);
+  static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
+    forward_block<T>(ctx, p, bx, by, bz, smem);
   }
 };
 
 template <class T>
 struct BackwardKernel {
-  static void run(HostCtx& ctx, const Params& p, int bx, int by, char* smem) {
+  static void run(HostCtx& ctx, const Params& p, int bx, int by, int, char* smem) {
     backward_block<T>(ctx, p, bx, by, smem);
   }
 };
@@ -362,14 +364,25 @@ struct HostBackend {
   static void forward(const Params& p, ElementType type) {
     const int nwarps = p.k.fwd_channels * p.k.fwd_warps_per_channel;
     const size_t smem = forward_layout(p.k.fwd_channels, nwarps, p.g.nstate).total;
-    run_grid(p.g.batch_blocks, p.g.dim / p.k.fwd_channels, nwarps, smem, g_options,
-             [&](HostCtx& ctx, int bx, int by, char* s) { dispatch<ForwardKernel>(type, ctx, p, bx, by, s); });
+    const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
+    run_grid(p.g.batch_blocks, p.g.dim / p.k.fwd_channels, tiles, nwarps, smem, g_options,
+             [&](HostCtx& ctx, int bx, int by, int bz, char* s) {
+               dispatch<ForwardKernel>(type, ctx, p, bx, by, bz, s);
+             });
+  }
+
+  static void carry_scan(const Params& p, bool rows) {
+    const int64_t blocks = (carry_scan_lines(p.g, rows) + kBlockThreads - 1) / kBlockThreads;
+    run_grid(static_cast<int>(blocks), 1, 1, kMaxWarps, 0, g_options,
+             [&](HostCtx& ctx, int bx, int, int, char*) { carry_scan_block(ctx, p, bx, rows); });
   }
 
   static void backward(const Params& p, ElementType type) {
     const size_t smem = backward_layout(p.k.bwd_warps, p.g.nstate).total;
-    run_grid(p.g.batch_blocks, p.g.groups * p.k.slices, p.k.bwd_warps, smem, g_options,
-             [&](HostCtx& ctx, int bx, int by, char* s) { dispatch<BackwardKernel>(type, ctx, p, bx, by, s); });
+    run_grid(p.g.batch_blocks, p.g.groups * p.k.slices, 1, p.k.bwd_warps, smem, g_options,
+             [&](HostCtx& ctx, int bx, int by, int bz, char* s) {
+               dispatch<BackwardKernel>(type, ctx, p, bx, by, bz, s);
+             });
   }
 
   static void poison(at::Tensor& t) { t.fill_(std::numeric_limits<float>::quiet_NaN()); }

@@ -10,16 +10,29 @@ template <class T>
 __global__ void __launch_bounds__(kBlockThreads) scan2d_forward_kernel(Params p) {
   extern __shared__ __align__(16) char smem[];
   DeviceCtx ctx;
-  forward_block<T>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), smem);
+  forward_block<T>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                   static_cast<int>(blockIdx.z), smem);
+}
+
+__global__ void __launch_bounds__(kBlockThreads) scan2d_carry_scan_kernel(Params p, bool rows) {
+  DeviceCtx ctx;
+  carry_scan_block(ctx, p, static_cast<int>(blockIdx.x), rows);
 }
 
 template <class T>
 static cudaError_t launch_forward_typed(const Params& p, cudaStream_t stream) {
   const int nwarps = p.k.fwd_channels * p.k.fwd_warps_per_channel;
   const size_t smem = forward_layout(p.k.fwd_channels, nwarps, p.g.nstate).total;
+  const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
-                  static_cast<unsigned>(p.g.dim / p.k.fwd_channels));
+                  static_cast<unsigned>(p.g.dim / p.k.fwd_channels), static_cast<unsigned>(tiles));
   scan2d_forward_kernel<T><<<grid, nwarps * kTile, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_carry_scan(const Params& p, bool rows, cudaStream_t stream) {
+  const int64_t blocks = (carry_scan_lines(p.g, rows) + kBlockThreads - 1) / kBlockThreads;
+  scan2d_carry_scan_kernel<<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(p, rows);
   return cudaGetLastError();
 }
 
