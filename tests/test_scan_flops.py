@@ -53,3 +53,41 @@ def test_scan_2d_flops_formula():
     assert scan_2d_flops(batch=2, dim=384, length=56 * 56, nstate=1, with_d=True) == 16 * 2 * 384 * 3136
     assert scan_2d_flops(batch=1, dim=1, length=10, nstate=16, with_d=False) == 15 * 10 * 16
 
+
+
+def test_fvcore_counts_the_triton_op_in_the_interpreter():
+    """The Triton op has its own name; run it through Triton's interpreter (set before triton is
+    imported, hence a child process) and check fvcore counts it like the compiled op."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    script = textwrap.dedent("""
+        import torch, fvcore.nn
+        from vmamba2d.ops import selective_scan_2d
+        from vmamba2d.ops.flops import FVCORE_OP_HANDLES
+
+        class Scan(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.A = torch.nn.Parameter(-torch.rand(4, 2) - 0.5)
+                self.D = torch.nn.Parameter(torch.ones(4))
+            def forward(self, u, B):
+                return selective_scan_2d(u, u, self.A, B, B, self.D, None, True,
+                                         height=3, width=5, backend="triton")
+
+        u, B = torch.randn(1, 4, 15), torch.randn(1, 2, 2, 15)
+        analysis = fvcore.nn.FlopCountAnalysis(Scan().eval(), (u, B)).set_op_handle(**FVCORE_OP_HANDLES)
+        analysis.unsupported_ops_warnings(False)
+        print(analysis.total(), sorted(analysis.by_operator()))
+    """)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(repo)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=repo,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = scan_2d_flops(batch=1, dim=4, length=15, nstate=2, with_d=True)
+    assert result.stdout.split()[:1] == [str(expected)], result.stdout
+    assert "selective_scan_2d_triton_fwd" in result.stdout

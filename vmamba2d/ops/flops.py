@@ -1,7 +1,8 @@
 """FLOP counting for the 2D selective-scan custom op with fvcore.
 
 fvcore traces models with ``torch.jit.trace``; the compiled scan shows up as a node named after its
-custom op (``vmamba2d::selective_scan_2d_fwd``). Register the handles with
+custom op (``vmamba2d::selective_scan_2d_fwd`` for the compiled kernels,
+``vmamba2d::selective_scan_2d_triton_fwd`` for Triton; both share one schema and one handle). Register the handles with
 ``FlopCountAnalysis(model, inputs).set_op_handle(**FVCORE_OP_HANDLES)``, or
 ``set_op_handle(name, handle)`` for each item.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from .fused import FWD_OP_NAME
+from .scan_triton import FWD_OP_NAME as TRITON_FWD_OP_NAME
 
 # Argument positions in the op's schema (u, delta, A, B, C, D, delta_bias, delta_softplus, height,
 # width, out_fp32).
@@ -57,4 +59,7 @@ def selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
     return count(batch, dim, length, a_sizes[1], with_d)
 
 
-FVCORE_OP_HANDLES: dict[str, Callable[[list, list], int]] = {FWD_OP_NAME: selective_scan_2d_flop_jit}
+FVCORE_OP_HANDLES: dict[str, Callable[[list, list], int]] = {
+    FWD_OP_NAME: selective_scan_2d_flop_jit,
+    TRITON_FWD_OP_NAME: selective_scan_2d_flop_jit,
+}
