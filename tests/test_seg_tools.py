@@ -127,6 +127,7 @@ def test_browse_dataset_tool_draws_the_training_samples(ade_root, tmp_path, monk
     run_tool("analysis_tools/browse_dataset.py", [
         str(CONFIG), "--not-show", "--output-dir", str(out), "--cfg-options",
         f"train_dataloader.dataset.data_root={ade_root}", "train_dataloader.dataset.pipeline.2.scale=(128,64)",
+        "train_dataloader.dataset.pipeline.2.ratio_range=(1.0,1.0)",  # 64 x 96 images: a full 48 x 48 crop
         "train_dataloader.dataset.pipeline.3.crop_size=(48,48)"])
     drawn = sorted(out.iterdir())
     assert [p.name for p in drawn] == ["training_0.jpg", "training_1.jpg"]
