@@ -97,6 +97,7 @@ def _format_size(flops: int) -> str:
     return _format_size(flops)
 
 
+@pytest.mark.slow
 def test_get_flops_tool_counts_the_scan_like_seg_get_flops(tmp_path, monkeypatch, capsys):
     from vmamba2d.ops import backend_info
     from vmamba2d.seg.complexity import segmentor_complexity
