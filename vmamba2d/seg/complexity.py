@@ -13,7 +13,8 @@ from vmamba2d.flops import flops_by_operator
 from vmamba2d.ops import resolve_backend
 from vmamba2d.ops.flops import FVCORE_OP_HANDLES
 
-_COMPILED_BACKENDS = ("cpu", "cuda")
+# Backends whose scan is one custom op in a trace (what the FLOP handles count).
+_COMPILED_BACKENDS = ("cpu", "cuda", "triton")
 _warned_untraceable = False
 
 
