@@ -116,3 +116,18 @@ def test_written_dataset(tmp_path):
     with h5py.File(tmp_path / "features" / f"{rows[0]['slide_id']}.h5") as handle:
         assert handle["features"].shape[1] == 8 and handle["coords"].shape[1] == 2
         assert handle["coords"].attrs["patch_size"] == PATCH
+
+
+def test_shuffled_cells_control_keeps_patches_and_cells_but_breaks_the_motif(slides):
+    from vmamba2d.mil.synthetic import shuffle_cells
+
+    broken = 0
+    for index, s in enumerate(slides):
+        control = shuffle_cells(s, seed=index)
+        assert sorted(map(tuple, control.coords.tolist())) == sorted(map(tuple, s.coords.tolist()))
+        np.testing.assert_array_equal(control.features, s.features)
+        assert control.label == s.label and len(control.tumour_cells) == 9
+        grid = slide_grid(control, PATCH)
+        assert (grid[control.tumour_cells[:, 0], control.tumour_cells[:, 1]] == 1).all()
+        broken += horizontal_runs(control.tumour_cells) != [3, 3, 3]
+    assert broken >= 0.9 * len(slides)

@@ -48,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--models", nargs="+", default=list(MODELS.values()),
                    choices=list(MODELS.values()))
+    p.add_argument("--shuffled-cells", action="store_true",
+                   help="control: move every patch to a random cell of its slide (no signal left)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False)
     return p.parse_args(argv)
 
@@ -67,7 +69,8 @@ def main(argv=None) -> int:
     data = args.work / "data"
     if not (data / "labels.csv").is_file():
         write_synthetic_dataset(data, {"train": args.train, "val": args.val, "test": args.test},
-                                min_size=args.min_size, max_size=args.max_size, seed=args.seed)
+                                min_size=args.min_size, max_size=args.max_size, seed=args.seed,
+                                shuffled_cells=args.shuffled_cells)
     rows, curves = [], []
     for label, model in MODELS.items():
         if model not in args.models:
@@ -107,7 +110,9 @@ def write_table(args, rows, curves) -> None:
         f"Data: H, W ~ U{{{args.min_size}..{args.max_size}}}, {args.train} train / {args.val} val / "
         f"{args.test} test slides, 32-d features, balanced labels, data seed {args.seed}. "
         "Only the 2D arrangement of the 9 tumour patches differs between the classes "
-        "(`vmamba2d/mil/synthetic.py`).",
+        "(`vmamba2d/mil/synthetic.py`)." + (
+            " CONTROL: every patch moved to a random cell of its slide (`--shuffled-cells`), so "
+            "the labels carry no signal." if args.shuffled_cells else ""),
         f"Training: `configs/mil/synthetic.yaml` (D = 32, N = 8, E = 64, 1 block, AdamW lr 1e-3, "
         f"wd 1e-5, cosine, {args.epochs} epochs, one slide per step, shuffled), seed {args.seed}, "
         f"device {args.device}, {args.threads} torch thread(s), {platform.processor() or 'CPU'} "

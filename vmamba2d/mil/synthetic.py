@@ -23,7 +23,7 @@ Coordinates are CLAM-style top-left pixel positions (col, row) * patch_size, row
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -183,6 +183,17 @@ def make_synthetic_slides(count: int, *, min_size: int = 16, max_size: int = 40,
     return slides
 
 
+def shuffle_cells(slide: SyntheticSlide, seed: int, patch_size: int = 512) -> SyntheticSlide:
+    """Control: the same patches on the same tissue cells, but every patch moved to a random
+    cell of its slide, which destroys the motif: the label then carries no signal."""
+    rng = np.random.default_rng([seed, 15485863])
+    cells = slide.coords[:, ::-1] // patch_size  # (row, col) per patch
+    is_tumour = (cells[:, None, :] == slide.tumour_cells[None, :, :]).all(-1).any(1)
+    coords = slide.coords[rng.permutation(len(slide.coords))]
+    tumour_cells = coords[is_tumour][:, ::-1] // patch_size
+    return replace(slide, coords=coords, tumour_cells=tumour_cells.astype(np.int64))
+
+
 def write_slide_file(slide: SyntheticSlide, folder: Path, fmt: str = "h5",
                      patch_size: int = 512) -> Path:
     """Write one slide as ``<folder>/<slide_id>.h5`` (CLAM layout: datasets ``features`` and
@@ -210,12 +221,14 @@ def write_slide_file(slide: SyntheticSlide, folder: Path, fmt: str = "h5",
 
 def write_synthetic_dataset(root: Path, split_sizes: dict[str, int], *, min_size: int = 16,
                             max_size: int = 40, in_dim: int = 32, seed: int = 0,
-                            fmt: str = "h5", patch_size: int = 512) -> Path:
+                            fmt: str = "h5", patch_size: int = 512,
+                            shuffled_cells: bool = False) -> Path:
     """Write a labelled synthetic dataset to disk, in the layout the MIL CLI reads.
 
     ``root/features/<slide_id>.<fmt>`` per slide and ``root/labels.csv`` with the columns
     ``slide_id,label,split`` (labels ``negative`` / ``positive``). Each split gets its own
-    random stream; all share the prototypes.
+    random stream; all share the prototypes. ``shuffled_cells`` writes the control set of
+    :func:`shuffle_cells` (labels kept, arrangement destroyed).
 
     Args:
         root: output folder (created).
@@ -233,6 +246,8 @@ def write_synthetic_dataset(root: Path, split_sizes: dict[str, int], *, min_size
                                        in_dim=in_dim, seed=seed * 1000 + split_index,
                                        prototype_seed=seed, patch_size=patch_size, prefix=split)
         for slide in slides:
+            if shuffled_cells:
+                slide = shuffle_cells(slide, seed * 1000 + split_index, patch_size)
             write_slide_file(slide, feature_dir, fmt, patch_size)
             rows.append((slide.slide_id, LABEL_NAMES[slide.label], split))
     labels = root / "labels.csv"
