@@ -9,7 +9,7 @@
 * results do not depend on the execution order: forward and backward are bitwise identical under
   forward, reversed and shuffled thread / warp / lane / block order (dB / dC included: they are
   reduced without atomics in a fixed order);
-* the tile-parallel forward (few maps) gives the sequential forward's y and carries;
+* the tile-parallel forward and backward (few maps) give the sequential passes' results;
 * saved carries, empty shapes, and the Python mirror of the kernel's tiling plan.
 """
 from __future__ import annotations
@@ -115,15 +115,26 @@ def test_results_are_bitwise_identical_in_every_execution_order(shape):
 
 
 @needs_module
-def test_tile_parallel_forward_barriers_are_necessary():
-    # One block per tile: the edge passes have 1 barrier per block, the final pass 2.
-    inputs = make_inputs(1, 1, 1, 4, 70, 70, seed=6)
+def test_tile_parallel_barriers_are_necessary():
+    # 70x70 maps = 3x3 tiles, one block per tile. Forward: the edge passes have 1 barrier per
+    # block, the final pass 2 (sm_count 1000: 5 sequential blocks would not fill it). Backward with
+    # 5 channels of one group in one block (sm_count 2: a prime group size keeps it unsplit): edge passes 1 per channel + 1 between channels (9), the
+    # final pass per channel 2 + 1 before its reduction, + 1 between channels (19).
+    inputs = make_inputs(1, 5, 1, 4, 70, 70, seed=6)
     args = [inputs[k] for k in ORDER]
     for index in (0, 1):
         with pytest.raises(RuntimeError, match="race"):
             CUDA_MODULE._emulate_forward(*args, True, 70, 70, False, True, drop_barrier=index,
                                          sm_count=1000)
-    CUDA_MODULE._emulate_forward(*args, True, 70, 70, False, True, drop_barrier=2, sm_count=1000)
+    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 70, 70, False, True,
+                                                       drop_barrier=2, sm_count=1000)
+    dy = torch.randn_like(y)
+    for index in range(19):
+        with pytest.raises(RuntimeError, match="race"):
+            CUDA_MODULE._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v,
+                                          drop_barrier=index, sm_count=2)
+    CUDA_MODULE._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v, drop_barrier=19,
+                                  sm_count=2)
 
 
 @needs_module
@@ -143,6 +154,23 @@ def test_tile_parallel_forward_matches_sequential_forward(shape):
         if a.numel():
             scale = a.abs().max().item() + 1e-12
             assert (a - b).abs().max().item() <= 1e-5 * scale, name
+
+
+@needs_module
+@pytest.mark.parametrize("shape", [(1, 1, 16, 70, 90), (2, 2, 2, 40, 70), (1, 2, 3, 200, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_tile_parallel_backward_matches_sequential_backward(shape):
+    batch, dim, nstate, height, width = shape
+    inputs = make_inputs(batch, dim, 1, nstate, height, width, seed=sum(shape))
+    args = [inputs[k] for k in ORDER]
+    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, height, width, False, True)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3))
+    seq = CUDA_MODULE._emulate_backward(*args, True, height, width, dy, carry_h, carry_v, sm_count=1)
+    par = CUDA_MODULE._emulate_backward(*args, True, height, width, dy, carry_h, carry_v,
+                                        sm_count=1000, order=6)
+    for name, a, b in zip(ORDER, seq, par):
+        scale = a.abs().max().item() + 1e-12
+        assert (a - b).abs().max().item() <= 2e-5 * scale, name
 
 
 @needs_module

@@ -80,7 +80,8 @@ struct Launch {
   int fwd_warps_per_channel;
   int bwd_warps;
   int slices;
-  bool tile_parallel;
+  bool tile_parallel;      // forward
+  bool bwd_tile_parallel;  // backward: its grid (batch_blocks * groups * slices) < SMs
 };
 
 // The forward's passes. kSequential: a block walks all tiles of its maps in row-major order and
@@ -130,6 +131,19 @@ struct Params {
   float* dD_part;      // [batch_blocks][dim]
   float* ddb_part;     // [batch_blocks][dim]
   float* grad_carry_v;  // [map][tile column][n][kTile]: Abar * dL/dh of the tile row below
+  // Tile-parallel backward (carry layout): Abar * dL/dh flowing into each tile from below / from
+  // the right. The backward's pass reuses `pass` (kColumnEdges, kRowEdges, kFinal) and edge / prod.
+  float* grad_in_v;
+  float* grad_in_h;
+};
+
+// One carry propagation between tile-parallel passes (carry_scan_block).
+struct CarryScan {
+  bool rows;      // along tile rows (else down tile columns)
+  bool reverse;   // from the last tile backwards (the backward's gradient carries)
+  const float* edge;
+  const float* prod;
+  float* carry;
 };
 
 SS2D_HD inline size_t align16(size_t bytes) { return (bytes + 15) & ~static_cast<size_t>(15); }

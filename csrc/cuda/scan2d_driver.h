@@ -4,7 +4,8 @@
 //   static constexpr bool kCuda;                        tensors must be CUDA (else CPU) tensors
 //   static DeviceLimits limits(const at::Tensor& u);    SM count and shared memory per block
 //   static void forward(const Params&, ElementType);         one forward pass (Params::pass)
-//   static void carry_scan(const Params&, bool rows);        tile-parallel carry propagation
+//   static void carry_scan(const Params&, const CarryScan&); tile-parallel carry propagation
+//   static void backward(const Params&, ElementType);        one backward pass (Params::pass)
 //   static void backward(const Params&, ElementType);
 //   static void poison(at::Tensor&);                    fill never-read-before-written scratch
 #pragma once
@@ -128,6 +129,7 @@ inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   const int64_t tiles = static_cast<int64_t>(g.tiles_h) * g.tiles_w;
   const int64_t sequential_blocks = static_cast<int64_t>(g.batch_blocks) * (g.dim / k.fwd_channels);
   k.tile_parallel = tiles > 1 && tiles <= 65535 && sequential_blocks < dev.sm_count;
+  k.bwd_tile_parallel = tiles > 1 && tiles <= 65535 && base_blocks * k.slices < dev.sm_count;
   return k;
 }
 
@@ -264,12 +266,12 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& u, const at::Tensor& delt
       p.pass = kRowEdges;
       Backend::forward(p, type);
     }
-    Backend::carry_scan(p, true);
+    Backend::carry_scan(p, CarryScan{true, false, p.edge, p.prod, p.carry_h});
     if (g.tiles_h > 1) {
       p.pass = kColumnEdges;
       Backend::forward(p, type);
     }
-    Backend::carry_scan(p, false);
+    Backend::carry_scan(p, CarryScan{false, false, p.edge, p.prod, p.carry_v});
     p.pass = kFinal;
     Backend::forward(p, type);
     if (save_carries) return {y, ch, cv};
@@ -353,9 +355,13 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& u, const at::Tensor& del
   Backend::poison(ddelta);
   at::Tensor dB_part = at::zeros({launch.slices, g.batch, g.groups, g.nstate, g.length}, f32);
   at::Tensor dC_part = at::zeros({launch.slices, g.batch, g.groups, g.nstate, g.length}, f32);
-  at::Tensor dA_part = at::empty({g.batch_blocks, g.dim, g.nstate}, f32);
-  at::Tensor dD_part = at::empty({g.batch_blocks, g.dim}, f32);
-  at::Tensor ddb_part = at::empty({g.batch_blocks, g.dim}, f32);
+  // Per-block partials of dA / dD / ddelta_bias: one row per (tile, batch block, channel) in the
+  // tile-parallel backward, per (batch block, channel) otherwise.
+  const bool tile_parallel = launch.bwd_tile_parallel;
+  const int64_t part_tiles = tile_parallel ? tiles : 1;
+  at::Tensor dA_part = at::empty({part_tiles * g.batch_blocks, g.dim, g.nstate}, f32);
+  at::Tensor dD_part = at::empty({part_tiles * g.batch_blocks, g.dim}, f32);
+  at::Tensor ddb_part = at::empty({part_tiles * g.batch_blocks, g.dim}, f32);
   Backend::poison(dA_part);
   Backend::poison(dD_part);
   Backend::poison(ddb_part);
@@ -368,7 +374,32 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& u, const at::Tensor& del
   p.dA_part = dA_part.data_ptr<float>();
   p.dD_part = dD_part.data_ptr<float>();
   p.ddb_part = ddb_part.data_ptr<float>();
-  Backend::backward(p, type);
+  if (tile_parallel) {
+    // Few maps: gradient carries by the edge passes + reverse carry scans, then every tile at once.
+    const int64_t numel = carry_numel(g, true);
+    at::Tensor gin_v = fp32_scratch(numel, u), gin_h = fp32_scratch(numel, u);
+    at::Tensor edge = fp32_scratch(numel, u), prod = fp32_scratch(numel, u);
+    for (at::Tensor* t : {&gin_v, &gin_h, &edge, &prod}) Backend::poison(*t);
+    p.grad_in_v = gin_v.data_ptr<float>();
+    p.grad_in_h = gin_h.data_ptr<float>();
+    p.edge = edge.data_ptr<float>();
+    p.prod = prod.data_ptr<float>();
+    if (g.tiles_h > 1) {
+      p.pass = kColumnEdges;
+      Backend::backward(p, type);
+    }
+    Backend::carry_scan(p, CarryScan{false, true, p.edge, p.prod, p.grad_in_v});
+    if (g.tiles_w > 1) {
+      p.pass = kRowEdges;
+      Backend::backward(p, type);
+    }
+    Backend::carry_scan(p, CarryScan{true, true, p.edge, p.prod, p.grad_in_h});
+    p.pass = kFinal;
+    Backend::backward(p, type);
+  } else {
+    p.pass = kSequential;
+    Backend::backward(p, type);
+  }
 
   // Fixed-order reductions over slices / batch blocks: bitwise reproducible.
   at::Tensor dB = launch.slices == 1 ? dB_part[0] : dB_part.sum(0);

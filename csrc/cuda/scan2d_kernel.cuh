@@ -316,21 +316,22 @@ SS2D_UNROLL_BY(8)
   }
 }
 
-// Tile-parallel forward, between the passes: the true carries into every tile from the per-tile
-// edges, along tile rows (rows: carry_h[ti][tj] = edge[ti][tj-1] + prod[ti][tj-1] * carry_h[ti][tj-1])
-// or down tile columns (carry_v from the column edges). One thread per (map, state, lane line,
-// band of tiles), walking the band's tiles in order; consecutive threads touch consecutive floats.
+// Tile-parallel passes, in between: the true carries into every tile from the per-tile edges.
+// Along tile rows (rows) or down tile columns; forward: carry[t] = edge[t-1] + prod[t-1] * carry[t-1]
+// from the first tile on; reverse (backward, gradients flow right-to-left / bottom-to-top) from the
+// last tile on. One thread per (map, state, lane line, band of tiles), walking the band's tiles in
+// order; consecutive threads touch consecutive floats.
 template <class Ctx>
-SS2D_HD void carry_scan_block(Ctx& ctx, const Params& p, int block, bool rows) {
+SS2D_HD void carry_scan_block(Ctx& ctx, const Params& p, int block, const CarryScan& scan) {
   const Geometry& g = p.g;
   const int tiles = g.tiles_h * g.tiles_w;
   const int64_t numel = carry_numel(g, true);
-  auto edge = ctx.global(p.edge, numel);
-  auto prod = ctx.global(p.prod, numel);
-  auto carry = ctx.global(rows ? p.carry_h : p.carry_v, numel);
-  const int bands = rows ? g.tiles_h : g.tiles_w;
-  const int steps = rows ? g.tiles_w : g.tiles_h;
-  const int64_t lines = carry_scan_lines(g, rows);
+  auto edge = ctx.global(scan.edge, numel);
+  auto prod = ctx.global(scan.prod, numel);
+  auto carry = ctx.global(scan.carry, numel);
+  const int bands = scan.rows ? g.tiles_h : g.tiles_w;
+  const int steps = scan.rows ? g.tiles_w : g.tiles_h;
+  const int64_t lines = carry_scan_lines(g, scan.rows);
   ctx.each_thread([&](int t) {
     const int64_t line = static_cast<int64_t>(block) * ctx.nthreads() + t;
     if (line >= lines) return;
@@ -342,7 +343,8 @@ SS2D_HD void carry_scan_block(Ctx& ctx, const Params& p, int block, bool rows) {
     const int64_t map = rest / bands;
     float c = 0.f;
     for (int step = 0; step < steps; ++step) {
-      const int tile = rows ? band * g.tiles_w + step : step * g.tiles_w + band;
+      const int along = scan.reverse ? steps - 1 - step : step;
+      const int tile = scan.rows ? band * g.tiles_w + along : along * g.tiles_w + band;
       const int64_t at = carry_index(map, tiles, tile, g.nstate, n, k);
       carry[at] = c;
       if (step + 1 < steps) c = edge[at] + prod[at] * c;
@@ -350,8 +352,127 @@ SS2D_HD void carry_scan_block(Ctx& ctx, const Params& p, int block, bool rows) {
   });
 }
 
+// Tile-parallel backward, edge passes (one block per tile and channel slice): per state,
+//   kColumnEdges: the reverse vertical scan of dy * C with zero carry from below: the carry it
+//                 passes up (Abar * dL/dh of the tile's first row) and the product of Abar down the
+//                 column; then carry_scan columns in reverse -> grad_in_v;
+//   kRowEdges:    the reverse vertical scan from the true grad_in_v, then the reverse horizontal
+//                 scan with zero carry from the right: the carry it passes left and the product of
+//                 Abar along the row; then carry_scan rows in reverse -> grad_in_h.
+// Neither needs B, u or the forward states.
+template <class T, class Ctx>
+SS2D_HD void backward_edges_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile, char* smem) {
+  const Geometry& g = p.g;
+  const int nstate = g.nstate;
+  const int nwarps = ctx.nwarps();
+  const int nthreads = ctx.nthreads();
+  const BackwardLayout l = backward_layout(nwarps, nstate);
+  auto dt_t = ctx.template shared<float>(smem, l.dt, kTileFloats);
+  auto u_t = ctx.template shared<float>(smem, l.u, kTileFloats);
+  auto dy_t = ctx.template shared<float>(smem, l.dy, kTileFloats);
+  auto warp_t = ctx.template shared<float>(smem, l.warp, kBackwardWarpTiles * nwarps * kTileFloats);
+  const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
+  auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
+  auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
+  auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
+  auto dy32 = ctx.global(static_cast<const float*>(p.dy_fp32 ? p.dy : nullptr), n_ud);
+  auto dyT = ctx.global(static_cast<const T*>(p.dy_fp32 ? nullptr : p.dy), n_ud);
+  const int64_t numel = carry_numel(g, true);
+  auto edge = ctx.global(p.edge, numel);
+  auto prod = ctx.global(p.prod, numel);
+  auto gin_v = ctx.global(p.grad_in_v, numel);
+  const bool vertical = p.pass == kColumnEdges;
+  const int tiles = g.tiles_h * g.tiles_w;
+  const int ti = tile / g.tiles_w;
+  const int tj = tile - ti * g.tiles_w;
+  const uint32_t starts_h = segment_starts(g.seg_h);
+  const uint32_t starts_w = segment_starts(g.seg_w);
+  const int slices = p.k.slices;
+  const int slice = cblock % slices;
+  const int group = cblock / slices;
+  const int channels = g.dim / g.groups / slices;
+
+  for (int k = 0; k < channels; ++k) {
+    const int d = group * (g.dim / g.groups) + slice * channels + k;
+    const int64_t map = static_cast<int64_t>(bb) * g.dim + d;
+    load_channel_tiles<T>(ctx, p, bb, ti, tj, d, 1, u, delta, dt_t, u_t);
+    ctx.each_thread([&](int t) {
+      for (int idx = t; idx < kTileCells; idx += nthreads) {
+        const int r = idx >> kTileShift;
+        const int c = idx & (kTile - 1);
+        const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
+        float dyv = 0.f;
+        if (cell.valid) {
+          const int64_t off = ud_offset(g, cell, d);
+          dyv = p.dy_fp32 ? static_cast<float>(dy32[off]) : Element<T>::load(dyT[off]);
+        }
+        dy_t[tile_offset(r, c)] = dyv;
+      }
+    });
+    ctx.barrier();
+    ctx.each_warp([&](int w) {
+      auto cg = warp_t + (w * kBackwardWarpTiles + 1) * kTileFloats;  // C, then dL/dh
+      auto abar_t = warp_t + (w * kBackwardWarpTiles + 3) * kTileFloats;
+      for (int n = w; n < nstate; n += nwarps) {
+        const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
+        ctx.sync_warp();
+        ctx.each_lane([&](int c) {
+          const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
+SS2D_UNROLL_BY(4)
+          for (int r = 0; r < kTile; ++r) {
+            const int e = tile_offset(r, c);
+            int64_t off;
+            cg[e] = column_cell(g, col, r, off) ? Element<T>::load(Cg[off]) : 0.f;
+            abar_t[e] = exp2f(dt_t[e] * a2);
+          }
+        });
+        ctx.sync_warp();
+        ctx.each_lane([&](int c) {
+          const int64_t at = carry_index(map, tiles, tile, nstate, n, c);
+          float gnext = vertical ? 0.f : static_cast<float>(gin_v[at]);
+          float decay = 1.f;
+SS2D_UNROLL_BY(4)
+          for (int r = kTile - 1; r >= 0; --r) {
+            if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = decay = 0.f;
+            const int e = tile_offset(r, c);
+            const float a = abar_t[e];
+            const float gh = dy_t[e] * cg[e] + gnext;
+            cg[e] = gh;
+            gnext = a * gh;
+            decay *= a;
+          }
+          if (vertical) {
+            edge[at] = gnext;
+            prod[at] = decay;
+          }
+        });
+        if (vertical) continue;
+        ctx.sync_warp();
+        ctx.each_lane([&](int r) {
+          float gnext = 0.f;
+          float decay = 1.f;
+SS2D_UNROLL_BY(4)
+          for (int c = kTile - 1; c >= 0; --c) {
+            if (c + 1 < kTile && ((starts_w >> (c + 1)) & 1u)) gnext = decay = 0.f;
+            const int e = tile_offset(r, c);
+            const float a = abar_t[e];
+            gnext = a * (cg[e] + gnext);
+            decay *= a;
+          }
+          const int64_t at = carry_index(map, tiles, tile, nstate, n, r);
+          edge[at] = gnext;
+          prod[at] = decay;
+        });
+      }
+    });
+    if (k + 1 < channels) ctx.barrier();  // before the next channel's tiles replace these
+  }
+}
+
 // Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`, one
-// after the other. Per channel the tiles are walked in reverse (bottom-right first). Per tile and
+// after the other. Per channel the tiles are walked in reverse (bottom-right first), or, in the
+// tile-parallel final pass (kFinal), only tile `tile_z` with the gradient carries into it from
+// grad_in_v / grad_in_h (backward_edges_block + carry_scan_block). Per tile and
 // state (warp w takes states w, w + nwarps, ...): lane c loads column c of B and C and computes
 // Abar once; recompute hh (row lanes) and h (column lanes) from the saved carries; the reverse
 // vertical scan
@@ -365,7 +486,7 @@ SS2D_HD void carry_scan_block(Ctx& ctx, const Params& p, int block, bool rows) {
 // dL/ddt = sum_n dx * B * u + dL/dAbar * Abar * A. dB / dC of a state are touched by one warp only,
 // and the block owns its slice's partial buffer: plain adds in a fixed order, no atomics.
 template <class T, class Ctx>
-SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, char* smem) {
+SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
   const int nstate = g.nstate;
   const int nwarps = ctx.nwarps();
@@ -393,13 +514,17 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, char*
   const int group = cblock / slices;
   auto dB = ctx.global(p.dB_part + slice * n_bc, n_bc);
   auto dC = ctx.global(p.dC_part + slice * n_bc, n_bc);
-  auto dA_part = ctx.global(p.dA_part, maps(g) * nstate);
-  auto dD_part = ctx.global(p.dD_part, maps(g));
-  auto ddb_part = ctx.global(p.ddb_part, maps(g));
+  const bool sequential = p.pass == kSequential;
+  const int64_t part_rows = maps(g) * (sequential ? 1 : g.tiles_h * g.tiles_w);
+  auto dA_part = ctx.global(p.dA_part, part_rows * nstate);
+  auto dD_part = ctx.global(p.dD_part, part_rows);
+  auto ddb_part = ctx.global(p.ddb_part, part_rows);
   const int tiles = g.tiles_h * g.tiles_w;
   auto carry_v = ctx.global(p.carry_v, tiles > 1 ? carry_numel(g, true) : 0);
   auto carry_h = ctx.global(p.carry_h, tiles > 1 ? carry_numel(g, true) : 0);
-  auto gcarry_v = ctx.global(p.grad_carry_v, tiles > 1 ? grad_carry_numel(g) : 0);
+  auto gcarry_v = ctx.global(p.grad_carry_v, tiles > 1 && sequential ? grad_carry_numel(g) : 0);
+  auto gin_v = ctx.global(p.grad_in_v, sequential ? 0 : carry_numel(g, true));
+  auto gin_h = ctx.global(p.grad_in_h, sequential ? 0 : carry_numel(g, true));
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
   const int channels = g.dim / g.groups / slices;
@@ -413,8 +538,10 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, char*
       red[nthreads + t] = 0.f;
       for (int n = t; n < nstate; n += nthreads) dA_s[n] = 0.f;
     });
-    for (int ti = g.tiles_h - 1; ti >= 0; --ti) {
-      for (int tj = g.tiles_w - 1; tj >= 0; --tj) {
+    for (int tile = sequential ? tiles - 1 : tile_z; tile >= (sequential ? 0 : tile_z); --tile) {
+      {
+        const int ti = tile / g.tiles_w;
+        const int tj = tile - ti * g.tiles_w;
         load_channel_tiles<T>(ctx, p, bb, ti, tj, d, 1, u, delta, dt_t, u_t);
         ctx.each_thread([&](int t) {
           for (int idx = t; idx < kTileCells; idx += nthreads) {
@@ -430,7 +557,6 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, char*
           }
         });
         ctx.barrier();
-        const int tile = ti * g.tiles_w + tj;
         ctx.each_warp([&](int w) {
           auto bs = warp_t + (w * kBackwardWarpTiles + 0) * kTileFloats;  // B, then dB, then du
           auto cg = warp_t + (w * kBackwardWarpTiles + 1) * kTileFloats;  // C, then dL/dh
@@ -494,7 +620,12 @@ SS2D_UNROLL_BY(8)
                 dc[e] = v;
               }
               const int64_t gslot = carry_index(map, g.tiles_w, tj, nstate, n, c);
-              float gnext = ti + 1 < g.tiles_h ? static_cast<float>(gcarry_v[gslot]) : 0.f;
+              float gnext = 0.f;
+              if (!sequential) {
+                gnext = gin_v[carry_index(map, tiles, tile, nstate, n, c)];
+              } else if (ti + 1 < g.tiles_h) {
+                gnext = gcarry_v[gslot];
+              }
               float dA_lane = 0.f;
 SS2D_UNROLL_BY(8)
               for (int r = kTile - 1; r >= 0; --r) {
@@ -512,7 +643,7 @@ SS2D_UNROLL_BY(8)
                 cg[e] = gh;
                 gnext = abar * gh;
               }
-              if (ti > 0) gcarry_v[gslot] = gnext;
+              if (sequential && ti > 0) gcarry_v[gslot] = gnext;
               lane_dA[c] = dA_lane;
             });
             ctx.sync_warp();
@@ -520,7 +651,12 @@ SS2D_UNROLL_BY(8)
             ctx.each_lane([&](int r) {
               const float h_in =
                   tiles > 1 ? static_cast<float>(carry_h[carry_index(map, tiles, tile, nstate, n, r)]) : 0.f;
-              float gnext = tj + 1 < g.tiles_w ? static_cast<float>(hcar[n * kTile + r]) : 0.f;
+              float gnext = 0.f;
+              if (!sequential) {
+                gnext = gin_h[carry_index(map, tiles, tile, nstate, n, r)];
+              } else if (tj + 1 < g.tiles_w) {
+                gnext = hcar[n * kTile + r];
+              }
               float dA_lane = 0.f;
               float* du = du_row[ctx.lane_slot(r)];
 SS2D_UNROLL
@@ -541,7 +677,7 @@ SS2D_UNROLL
                 dA_lane += dabar * dt;
                 gnext = abar * ghh;
               }
-              hcar[n * kTile + r] = gnext;
+              if (sequential) hcar[n * kTile + r] = gnext;
               lane_dA[r] += dA_lane;
             });
             ctx.sync_warp();
@@ -604,9 +740,10 @@ SS2D_UNROLL
         dD += red[i];
         ddb += red[nthreads + i];
       }
-      dD_part[map] = dD;
-      ddb_part[map] = ddb;
-      for (int n = 0; n < nstate; ++n) dA_part[map * nstate + n] = dA_s[n];
+      const int64_t row = (sequential ? 0 : tile_z) * maps(g) + map;
+      dD_part[row] = dD;
+      ddb_part[row] = ddb;
+      for (int n = 0; n < nstate; ++n) dA_part[row * nstate + n] = dA_s[n];
     });
     if (k + 1 < channels) ctx.barrier();  // before the next channel resets the partials
   }

@@ -14,11 +14,12 @@ namespace scan2d {
 // passes), fwd_channels * fwd_warps_per_channel warps.
 cudaError_t launch_forward(const Params& p, ElementType type, cudaStream_t stream);
 
-// Tile-parallel forward: carries along tile rows (rows) or down tile columns; 1D grid of
-// kBlockThreads-thread blocks over carry_scan_lines(g, rows).
-cudaError_t launch_carry_scan(const Params& p, bool rows, cudaStream_t stream);
+// Tile-parallel passes: carries along tile rows or down tile columns (forward or reverse); 1D grid
+// of kBlockThreads-thread blocks over carry_scan_lines(g, scan.rows).
+cudaError_t launch_carry_scan(const Params& p, const CarryScan& scan, cudaStream_t stream);
 
-// grid = (g.batch_blocks, g.groups * k.slices), k.bwd_warps warps.
+// grid = (g.batch_blocks, g.groups * k.slices, 1 or the tiles of a map for the tile-parallel
+// passes), k.bwd_warps warps; p.pass picks the edge kernel or the full backward.
 cudaError_t launch_backward(const Params& p, ElementType type, cudaStream_t stream);
 
 // Opts every kernel instantiation of this file set into `smem_bytes` of dynamic shared memory

@@ -44,8 +44,8 @@ struct CudaBackend {
     C10_CUDA_CHECK(launch_forward(p, type, c10::cuda::getCurrentCUDAStream().stream()));
   }
 
-  static void carry_scan(const Params& p, bool rows) {
-    C10_CUDA_CHECK(launch_carry_scan(p, rows, c10::cuda::getCurrentCUDAStream().stream()));
+  static void carry_scan(const Params& p, const CarryScan& scan) {
+    C10_CUDA_CHECK(launch_carry_scan(p, scan, c10::cuda::getCurrentCUDAStream().stream()));
   }
 
   static void backward(const Params& p, ElementType type) {

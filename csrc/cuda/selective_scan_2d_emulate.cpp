@@ -345,8 +345,12 @@ struct ForwardKernel {
 
 template <class T>
 struct BackwardKernel {
-  static void run(HostCtx& ctx, const Params& p, int bx, int by, int, char* smem) {
-    backward_block<T>(ctx, p, bx, by, smem);
+  static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
+    if (p.pass == kRowEdges || p.pass == kColumnEdges) {
+      backward_edges_block<T>(ctx, p, bx, by, bz, smem);
+    } else {
+      backward_block<T>(ctx, p, bx, by, bz, smem);
+    }
   }
 };
 
@@ -371,15 +375,16 @@ struct HostBackend {
              });
   }
 
-  static void carry_scan(const Params& p, bool rows) {
-    const int64_t blocks = (carry_scan_lines(p.g, rows) + kBlockThreads - 1) / kBlockThreads;
+  static void carry_scan(const Params& p, const CarryScan& scan) {
+    const int64_t blocks = (carry_scan_lines(p.g, scan.rows) + kBlockThreads - 1) / kBlockThreads;
     run_grid(static_cast<int>(blocks), 1, 1, kMaxWarps, 0, g_options,
-             [&](HostCtx& ctx, int bx, int, int, char*) { carry_scan_block(ctx, p, bx, rows); });
+             [&](HostCtx& ctx, int bx, int, int, char*) { carry_scan_block(ctx, p, bx, scan); });
   }
 
   static void backward(const Params& p, ElementType type) {
     const size_t smem = backward_layout(p.k.bwd_warps, p.g.nstate).total;
-    run_grid(p.g.batch_blocks, p.g.groups * p.k.slices, 1, p.k.bwd_warps, smem, g_options,
+    const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
+    run_grid(p.g.batch_blocks, p.g.groups * p.k.slices, tiles, p.k.bwd_warps, smem, g_options,
              [&](HostCtx& ctx, int bx, int by, int bz, char* s) {
                dispatch<BackwardKernel>(type, ctx, p, bx, by, bz, s);
              });

@@ -14,9 +14,9 @@ __global__ void __launch_bounds__(kBlockThreads) scan2d_forward_kernel(Params p)
                    static_cast<int>(blockIdx.z), smem);
 }
 
-__global__ void __launch_bounds__(kBlockThreads) scan2d_carry_scan_kernel(Params p, bool rows) {
+__global__ void __launch_bounds__(kBlockThreads) scan2d_carry_scan_kernel(Params p, CarryScan scan) {
   DeviceCtx ctx;
-  carry_scan_block(ctx, p, static_cast<int>(blockIdx.x), rows);
+  carry_scan_block(ctx, p, static_cast<int>(blockIdx.x), scan);
 }
 
 template <class T>
@@ -30,9 +30,9 @@ static cudaError_t launch_forward_typed(const Params& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t launch_carry_scan(const Params& p, bool rows, cudaStream_t stream) {
-  const int64_t blocks = (carry_scan_lines(p.g, rows) + kBlockThreads - 1) / kBlockThreads;
-  scan2d_carry_scan_kernel<<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(p, rows);
+cudaError_t launch_carry_scan(const Params& p, const CarryScan& scan, cudaStream_t stream) {
+  const int64_t blocks = (carry_scan_lines(p.g, scan.rows) + kBlockThreads - 1) / kBlockThreads;
+  scan2d_carry_scan_kernel<<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(p, scan);
   return cudaGetLastError();
 }
 
