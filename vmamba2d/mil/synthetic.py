@@ -36,7 +36,7 @@ NOISE_STD = 0.3
 TISSUE_FILL = (0.85, 1.0)
 STAIRCASE_SHIFTS = (4, 6)
 LABEL_NAMES = ("negative", "positive")  # label index 0, 1
-MAX_GEOMETRY_DRAWS = 10_000
+MAX_GEOMETRY_DRAWS = 2_000
 
 
 @dataclass
@@ -110,6 +110,10 @@ def motif_anchors(tissue: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def _draw_geometry(rng: np.random.Generator, min_size: int, max_size: int):
     """Box, tissue and staircase shifts under which all three motif kinds fit."""
+    widest = RUN_LENGTH + 2 * STAIRCASE_SHIFTS[0]  # the narrowest staircase
+    if max_size < widest:
+        raise ValueError(f"grid sizes U{{{min_size}..{max_size}}} are too small to hold the motifs: "
+                         f"the staircase needs at least {widest} tissue columns")
     for _ in range(MAX_GEOMETRY_DRAWS):
         height, width = (int(v) for v in rng.integers(min_size, max_size + 1, size=2))
         tissue = ellipse_tissue(height, width, float(rng.uniform(*TISSUE_FILL)))
