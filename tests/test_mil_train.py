@@ -323,7 +323,7 @@ def test_survival_bins_use_training_patients_only(survival_data):
 
 
 def test_survival_run_reports_val_at_the_last_epoch_and_the_official_number(survival_data,
-                                                                            tmp_path):
+                                                                            tmp_path, capsys):
     output = tmp_path / "surv"
     assert train_main(survival_args(survival_data, output, "--folds", "0")) == 0
     summary = json.loads((output / "fold0-seed0" / "summary.json").read_text())
@@ -336,6 +336,12 @@ def test_survival_run_reports_val_at_the_last_epoch_and_the_official_number(surv
     best = torch.load(output / "fold0-seed0" / "best.pth", weights_only=True)
     assert best["model_config"]["num_classes"] == 4 and best["model_config"]["survival"]
     assert len(best["bin_edges"]) == 5
+    capsys.readouterr()
+    assert eval_main(["--checkpoint", str(output / "fold0-seed0" / "best.pth"), "--split", "val",
+                      "--device", "cpu", "--no-progress"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["cindex"] == pytest.approx(summary["reported"]["cindex"], abs=1e-12)
+    assert got["loss"] == pytest.approx(summary["reported"]["loss"], rel=1e-6)
 
 
 def test_survival_holdout_selects_on_training_patients_and_reports_the_fold(survival_data,
