@@ -113,6 +113,9 @@ def test_flags_override_the_config_and_survival_defaults():
                                 "--output", "o", "--split-csv", "s{fold}.csv",
                                 "--holdout-fraction", "0.2"])
     assert cfg.select == "best"
+    with pytest.raises(ValueError, match="no '\\{fold\\}' placeholder"):
+        resolve_train_config(["--task", "survival", "--feature-dir", "f", "--label-csv", "l",
+                              "--output", "o", "--split-csv", "splits.csv", "--folds", "0", "1"])
 
 
 # --- bad input: a clear message and nothing written ---------------------------------------------

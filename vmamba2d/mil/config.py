@@ -263,6 +263,10 @@ def validate_config(cfg: MILConfig) -> None:
     if cfg.task == "survival":
         if not cfg.split_csv:
             raise bad("split_csv", "is required for survival (the fold files splits_{fold}.csv)")
+        if "{fold}" not in cfg.split_csv and len(cfg.folds) > 1:
+            raise bad("split_csv", f"{cfg.split_csv!r} has no '{{fold}}' placeholder, so the "
+                                   f"{len(cfg.folds)} folds {cfg.folds} would all train on one "
+                                   "split; name the fold files with {fold} or give one --folds")
     elif cfg.holdout_fraction > 0:
         raise bad("holdout_fraction", "is a survival option (classification tables have a val split)")
     if cfg.amp != "none" and cfg.device == "cpu":
