@@ -7,14 +7,14 @@ namespace vmamba2d {
 namespace scan2d {
 
 template <class T>
-__global__ void __launch_bounds__(kBlockThreads) scan2d_forward_kernel(Params p) {
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_forward_kernel(Params p) {
   extern __shared__ __align__(16) char smem[];
   DeviceCtx ctx;
   forward_block<T>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
                    static_cast<int>(blockIdx.z), smem);
 }
 
-__global__ void __launch_bounds__(kBlockThreads) scan2d_carry_scan_kernel(Params p, CarryScan scan) {
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_carry_scan_kernel(Params p, CarryScan scan) {
   DeviceCtx ctx;
   carry_scan_block(ctx, p, static_cast<int>(blockIdx.x), scan);
 }
