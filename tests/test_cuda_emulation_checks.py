@@ -85,6 +85,19 @@ def test_every_barrier_is_necessary():
 
 
 @needs_module
+def test_every_barrier_is_necessary_at_one_state():
+    # N = 1: each warp loads its own channel (no shared load tiles); 4 channels side by side.
+    # 2x2 tiles: 1 barrier before the first tile's y sums, 2 per later tile.
+    inputs = make_inputs(2, 4, 1, 1, 40, 40, seed=4)
+    args = [inputs[k] for k in ORDER]
+    CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, drop_barrier=7, sm_count=1)
+    for index in range(7):
+        with pytest.raises(RuntimeError, match="race"):
+            CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, drop_barrier=index,
+                                         sm_count=1)
+
+
+@needs_module
 def test_dropping_a_barrier_past_the_last_one_changes_nothing():
     # The drop index counts the barriers a block really executes: the first index past them
     # leaves the run intact, so the ranges above are the kernels' exact barrier counts.

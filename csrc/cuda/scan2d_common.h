@@ -175,9 +175,13 @@ SS2D_HD inline int64_t grad_carry_numel(const Geometry& g) {
 }
 
 // Byte offsets into a block's dynamic shared memory.
+// At N = 1 each channel has one warp, which loads its own dt / u rows straight into x / Abar: no
+// channel tiles (forward_loads_per_warp), so more blocks fit on an SM.
+SS2D_HD inline bool forward_loads_per_warp(int nstate) { return nstate == 1; }
+
 struct ForwardLayout {
-  size_t dt;    // float tile per channel: dt (0 on padding, so Abar = 1)
-  size_t u;     // float tile per channel: u (0 on padding, so x = 0)
+  size_t dt;    // float tile per channel: dt (0 on padding, so Abar = 1); none at N = 1
+  size_t u;     // float tile per channel: u (0 on padding, so x = 0); none at N = 1
   size_t x;     // float tile per warp: dt * B * u, then hh, then h
   size_t abar;  // float tile per warp: exp(dt * A[n])
   size_t y;     // float tile per warp: its states' share of y
@@ -210,8 +214,9 @@ SS2D_HD inline ForwardLayout forward_layout(int channels, int nwarps, int nstate
   LayoutBuilder b;
   ForwardLayout l{};
   const size_t tile = sizeof(float) * kTileFloats;
-  l.dt = b.take(tile * channels);
-  l.u = b.take(tile * channels);
+  const int channel_tiles = forward_loads_per_warp(nstate) ? 0 : channels;
+  l.dt = b.take(tile * channel_tiles);
+  l.u = b.take(tile * channel_tiles);
   l.x = b.take(tile * nwarps);
   l.abar = b.take(tile * nwarps);
   l.y = b.take(tile * nwarps);

@@ -162,8 +162,10 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const int wpc = p.k.fwd_warps_per_channel;
   const int nwarps = channels * wpc;
   const ForwardLayout l = forward_layout(channels, nwarps, nstate);
-  auto dt_t = ctx.template shared<float>(smem, l.dt, channels * kTileFloats);
-  auto u_t = ctx.template shared<float>(smem, l.u, channels * kTileFloats);
+  const bool own_loads = forward_loads_per_warp(nstate);
+  const int channel_floats = own_loads ? 0 : channels * kTileFloats;
+  auto dt_t = ctx.template shared<float>(smem, l.dt, channel_floats);
+  auto u_t = ctx.template shared<float>(smem, l.u, channel_floats);
   auto x_t = ctx.template shared<float>(smem, l.x, nwarps * kTileFloats);
   auto abar_t = ctx.template shared<float>(smem, l.abar, nwarps * kTileFloats);
   auto y_t = ctx.template shared<float>(smem, l.y, nwarps * kTileFloats);
@@ -188,11 +190,14 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const bool sequential = p.pass == kSequential;
   const bool edges_only = p.pass == kRowEdges || p.pass == kColumnEdges;
 
-  for (int tile = sequential ? 0 : tile_z; tile < (sequential ? tiles : tile_z + 1); ++tile) {
+  const int first_tile = sequential ? 0 : tile_z;
+  for (int tile = first_tile; tile < (sequential ? tiles : tile_z + 1); ++tile) {
     const int ti = tile / g.tiles_w;
     const int tj = tile - ti * g.tiles_w;
-    load_channel_tiles<T>(ctx, p, bb, ti, tj, d0, channels, u, delta, dt_t, u_t);
-    ctx.barrier();
+    // Loads before the scans; at N = 1 (no shared loads) it orders this tile's warp phase after the
+    // previous tile's y sums.
+    if (!own_loads) load_channel_tiles<T>(ctx, p, bb, ti, tj, d0, channels, u, delta, dt_t, u_t);
+    if (!own_loads || tile != first_tile) ctx.barrier();
     const int vslot_in = p.record ? tile : tj;
     const int vslot_out = p.record ? tile + g.tiles_w : tj;
     ctx.each_warp([&](int w) {
@@ -204,7 +209,7 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
       auto x = x_t + w * kTileFloats;
       auto abar = abar_t + w * kTileFloats;
       auto yp = y_t + w * kTileFloats;
-      if (!edges_only) {
+      if (!edges_only && !own_loads) {
         ctx.each_lane([&](int lane) {
 SS2D_UNROLL
           for (int r = 0; r < kTile; ++r) yp[tile_offset(r, lane)] = 0.f;
@@ -212,19 +217,44 @@ SS2D_UNROLL
       }
       for (int n = w % wpc; n < nstate; n += wpc) {
         const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
-        // x = dt * B * u and Abar, lane = column: each row of B is one coalesced load.
-        ctx.each_lane([&](int c) {
-          const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
+        if (own_loads) {
+          // N = 1: dt, u and B rows (coalesced) straight into x and Abar; y starts at D * u.
+          const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+          const float dskip = p.D ? p.D[d] : 0.f;
+          ctx.each_lane([&](int c) {
+            const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
 SS2D_UNROLL_BY(4)
-          for (int r = 0; r < kTile; ++r) {
-            int64_t off;
-            const float bv = column_cell(g, col, r, off) ? Element<T>::load(Bg[off]) : 0.f;
-            const int e = tile_offset(r, c);
-            const float dt = dts[e];
-            x[e] = dt * us[e] * bv;
-            abar[e] = exp2f(dt * a2);
-          }
-        });
+            for (int r = 0; r < kTile; ++r) {
+              int64_t off;
+              float dt = 0.f, uv = 0.f, bv = 0.f;
+              if (column_cell(g, col, r, off)) {
+                const int64_t at = ud_offset(g, tile_cell(g, bb, ti, tj, r, c), d);
+                const float z = Element<T>::load(delta[at]) + bias;
+                dt = p.softplus ? softplus(z) : z;
+                uv = Element<T>::load(u[at]);
+                bv = Element<T>::load(Bg[off]);
+              }
+              const int e = tile_offset(r, c);
+              x[e] = dt * uv * bv;
+              abar[e] = exp2f(dt * a2);
+              if (!edges_only) yp[e] = dskip * uv;
+            }
+          });
+        } else {
+          // x = dt * B * u and Abar, lane = column: each row of B is one coalesced load.
+          ctx.each_lane([&](int c) {
+            const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
+SS2D_UNROLL_BY(4)
+            for (int r = 0; r < kTile; ++r) {
+              int64_t off;
+              const float bv = column_cell(g, col, r, off) ? Element<T>::load(Bg[off]) : 0.f;
+              const int e = tile_offset(r, c);
+              const float dt = dts[e];
+              x[e] = dt * us[e] * bv;
+              abar[e] = exp2f(dt * a2);
+            }
+          });
+        }
         ctx.sync_warp();
         // Horizontal: hh = Abar * hh_left + x, in place over x.
         ctx.each_lane([&](int r) {
@@ -301,7 +331,7 @@ SS2D_UNROLL_BY(8)
         if (!cell.valid) continue;
         const int d = d0 + s;
         const int e = tile_offset(r, c);
-        float yv = (p.D ? p.D[d] : 0.f) * u_t[s * kTileFloats + e];
+        float yv = own_loads ? 0.f : (p.D ? p.D[d] : 0.f) * u_t[s * kTileFloats + e];
         for (int j = 0; j < wpc; ++j) yv += y_t[(s * wpc + j) * kTileFloats + e];
         const int64_t off = ud_offset(g, cell, d);
         if (p.y_fp32) {
