@@ -13,7 +13,8 @@
 //
 // Forward, per block (a batch block of packed maps and `channels` channels of one group), per tile:
 //   1. all threads load dt = softplus(delta + bias) and u of each channel into shared tiles
-//      (lane = tile column: every warp-wide load is one contiguous row segment);
+//      (lane = tile column: every warp-wide load is one contiguous row segment); at N = 1 each
+//      channel has a single warp, which loads its dt / u rows itself in step 2 instead;
 //   2. warp w (channel w / wpc, states w % wpc, + wpc, ...), per state: lane c loads column c of B
 //      (row by row: coalesced) and stores x = dt * B * u and Abar = exp(dt * A) -- the only exp of
 //      the pass; lane r scans tile row r (hh, carry from the tile on the left); lane c scans tile
