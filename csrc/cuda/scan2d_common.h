@@ -37,9 +37,9 @@ constexpr int kBlockThreads = kMaxWarps * kTile;
 constexpr int kBackwardWarpTiles = 6;  // B (then dB), C (then dL/dh), hh, Abar, dL/ddt, dC
 // Resource budget of every kernel (checked by `nvcc -Xptxas -v`, see the README): 128-thread
 // blocks, at most 65536 / (128 * kMinBlocksPerSm) = 128 registers per thread, no spills. Dynamic
-// shared memory: forward_layout / backward_layout below (at most ~85 KB forward at N = 1 with 4
-// channels, ~124 KB backward at N = 64 with 4 warps); plan_launch shrinks channels / warps to
-// what the device allows per block.
+// shared memory: forward_layout / backward_layout below (forward 50 KB at N = 1 with 4 channels,
+// at most 67 KB at N = 64; backward 38.5 KB at N = 1 (1 warp), 116-124 KB at N >= 4 (4 warps));
+// plan_launch shrinks channels / warps to what the device allows per block.
 constexpr int kMinBlocksPerSm = 4;
 
 // How maps are laid onto tiles, per axis:
