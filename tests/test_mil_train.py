@@ -190,7 +190,7 @@ def test_training_reduces_the_loss(reference_run):
         [3e-3 * (1 + np.cos(np.pi * e / 3)) / 2 for e in range(3)])
 
 
-def test_eval_cli_reproduces_the_reported_metrics(reference_run, tmp_path, capsys):
+def test_eval_cli_reproduces_the_reported_metrics(dataset, reference_run, tmp_path, capsys):
     run = reference_run / "seed3"
     predictions = tmp_path / "predictions.csv"
     assert eval_main(["--checkpoint", str(run / "best.pth"), "--split", "test", "--device",
@@ -200,6 +200,14 @@ def test_eval_cli_reproduces_the_reported_metrics(reference_run, tmp_path, capsy
     for key in ("loss", "acc", "f1", "auc"):
         assert got[key] == pytest.approx(summary["reported"][key], abs=1e-6)
     assert predictions.read_text() == (run / "predictions_test.csv").read_text()
+    # another cohort's table: every row, labels mapped with the checkpoint's label map
+    assert eval_main(["--checkpoint", str(run / "best.pth"), "--label-csv",
+                      str(dataset / "labels.csv"), "--split", "all", "--device", "cpu",
+                      "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 24
+    assert eval_main(["--checkpoint", str(run / "best.pth"), "--label-csv",
+                      str(dataset / "labels.csv"), "--device", "cpu", "--no-progress"]) == 2
+    assert "--split all" in capsys.readouterr().err
 
 
 def test_eval_cli_bad_checkpoint(tmp_path, capsys):
