@@ -7,6 +7,10 @@ Options: ``python mil/train.py --help``; configs under configs/mil/. See vmamba2
 for the run-folder layout.
 """
 import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import vmamba2d from this checkout
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from vmamba2d.mil.cli import train_main
 
