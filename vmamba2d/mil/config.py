@@ -299,6 +299,9 @@ def resolve_train_config(argv: Optional[Sequence[str]] = None) -> MILConfig:
     if cfg.task == "survival" and "select" not in values and cfg.holdout_fraction == 0:
         cfg.select = "last"  # survival folds have no test split: report val at the last epoch
     validate_config(cfg)
+    for name in ("feature_dir", "label_csv", "split_csv"):  # checkpoints work from any folder
+        if getattr(cfg, name):
+            setattr(cfg, name, str(Path(getattr(cfg, name)).absolute()))
     return cfg
 
 
