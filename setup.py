@@ -185,7 +185,7 @@ setup(
             "ftfy",
             "regex",
         ],
-        "mil": ["h5py>=3", "scikit-learn>=1.2"],
+        "mil": ["h5py>=3", "scikit-learn>=1.2", "scikit-survival>=0.22"],
         "dev": ["pytest>=7", "ninja"],
     },
 )

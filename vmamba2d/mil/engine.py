@@ -81,7 +81,7 @@ def train_one_epoch(*, model: torch.nn.Module, dataset: Dataset, order: Sequence
     for record in slide_loader(dataset, order, workers, seed):
         record = record.to(device)
         with autocast(device, amp):
-            output = model(record.features, record.coords)
+            output = model(record.features, record.coords, grid_size=record.grid)
         loss = slide_loss(output, record, task, alpha, device)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -119,7 +119,7 @@ def evaluate(model: torch.nn.Module, dataset: Dataset, *, task: str, num_classes
     for record in slide_loader(dataset, range(len(dataset)), workers, seed):
         record = record.to(device)
         with autocast(device, amp):
-            output = model(record.features, record.coords)
+            output = model(record.features, record.coords, grid_size=record.grid)
         logits = output["logits"].float()
         losses.append(slide_loss(output, record, task, alpha, device).item())
         labels.append(record.label)
