@@ -36,11 +36,14 @@ constexpr int kMaxWarps = 4;   // warps per block
 constexpr int kBlockThreads = kMaxWarps * kTile;
 constexpr int kBackwardWarpTiles = 6;  // B (then dB), C (then dL/dh), hh, Abar, dL/ddt, dC
 // Resource budget of every kernel (checked by `nvcc -Xptxas -v`, see the README): 128-thread
-// blocks, at most 65536 / (128 * kMinBlocksPerSm) = 128 registers per thread, no spills. Dynamic
+// blocks, at most 65536 / (128 * kMinBlocksPerSm) = 128 registers per thread, no spills; the full
+// backward kernel, whose shared memory allows at most 2 blocks per SM anyway, at most 255. Dynamic
 // shared memory: forward_layout / backward_layout below (forward 50 KB at N = 1 with 4 channels,
-// at most 67 KB at N = 64; backward 38.5 KB at N = 1 (1 warp), 116-124 KB at N >= 4 (4 warps));
+// at most 67 KB at N = 64; backward 34 KB at N = 1 (1 warp), 112-120 KB at N >= 4 (4 warps): two
+// blocks per H100 / H200 SM up to N = 32);
 // plan_launch shrinks channels / warps to what the device allows per block.
 constexpr int kMinBlocksPerSm = 4;
+constexpr int kMinBackwardBlocksPerSm = 2;
 
 // How maps are laid onto tiles, per axis:
 //  * an extent larger than kTile is cut into tiles_h x tiles_w tiles walked in row-major order
@@ -191,8 +194,7 @@ struct ForwardLayout {
 
 struct BackwardLayout {
   size_t dt;    // float tile: dt
-  size_t u;     // float tile: u
-  size_t dy;    // float tile: dy
+  size_t u;     // float tile: u (dy is read from global memory where needed: one tile less)
   size_t warp;  // kBackwardWarpTiles float tiles per warp
   size_t hcar;  // float[N][kTile]: reverse horizontal carry
   size_t dA;    // float[N]
@@ -231,7 +233,6 @@ SS2D_HD inline BackwardLayout backward_layout(int nwarps, int nstate) {
   const size_t tile = sizeof(float) * kTileFloats;
   l.dt = b.take(tile);
   l.u = b.take(tile);
-  l.dy = b.take(tile);
   l.warp = b.take(tile * kBackwardWarpTiles * nwarps);
   l.hcar = b.take(sizeof(float) * nstate * kTile);
   l.dA = b.take(sizeof(float) * nstate);

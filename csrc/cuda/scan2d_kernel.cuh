@@ -110,6 +110,16 @@ SS2D_HD SS2D_INLINE ColumnWalk bc_column(const Geometry& g, int bb, int ti, int 
   return w;
 }
 
+// The same walk over u / delta / dy / du / ddelta (channel d) instead of B / C.
+SS2D_HD SS2D_INLINE ColumnWalk ud_column(const Geometry& g, int bb, int ti, int tj, int c, int d) {
+  ColumnWalk w = bc_column(g, bb, ti, tj, c, 0, 0);
+  const int pc = small_div(c, g.magic_w);
+  const int col = tj * kTile + c - pc * g.seg_w;
+  w.pack_step = static_cast<int64_t>(g.pack_cols) * g.dim * g.length;
+  w.base = (w.first_batch * g.dim + d) * g.length + static_cast<int64_t>(w.first_row) * g.width + col;
+  return w;
+}
+
 // Offset of cell r of the column in `off`; returns whether the cell is a real map cell.
 SS2D_HD SS2D_INLINE bool column_cell(const Geometry& g, const ColumnWalk& w, int r, int64_t& off) {
   const int pr = small_div(r, g.magic_h);
@@ -396,11 +406,9 @@ SS2D_HD void backward_edges_block(Ctx& ctx, const Params& p, int bb, int cblock,
   const Geometry& g = p.g;
   const int nstate = g.nstate;
   const int nwarps = ctx.nwarps();
-  const int nthreads = ctx.nthreads();
   const BackwardLayout l = backward_layout(nwarps, nstate);
   auto dt_t = ctx.template shared<float>(smem, l.dt, kTileFloats);
   auto u_t = ctx.template shared<float>(smem, l.u, kTileFloats);
-  auto dy_t = ctx.template shared<float>(smem, l.dy, kTileFloats);
   auto warp_t = ctx.template shared<float>(smem, l.warp, kBackwardWarpTiles * nwarps * kTileFloats);
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
@@ -408,6 +416,9 @@ SS2D_HD void backward_edges_block(Ctx& ctx, const Params& p, int bb, int cblock,
   auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
   auto dy32 = ctx.global(static_cast<const float*>(p.dy_fp32 ? p.dy : nullptr), n_ud);
   auto dyT = ctx.global(static_cast<const T*>(p.dy_fp32 ? nullptr : p.dy), n_ud);
+  auto load_dy = [&](int64_t off) {
+    return p.dy_fp32 ? static_cast<float>(dy32[off]) : Element<T>::load(dyT[off]);
+  };
   const int64_t numel = carry_numel(g, true);
   auto edge = ctx.global(p.edge, numel);
   auto prod = ctx.global(p.prod, numel);
@@ -427,19 +438,6 @@ SS2D_HD void backward_edges_block(Ctx& ctx, const Params& p, int bb, int cblock,
     const int d = group * (g.dim / g.groups) + slice * channels + k;
     const int64_t map = static_cast<int64_t>(bb) * g.dim + d;
     load_channel_tiles<T>(ctx, p, bb, ti, tj, d, 1, u, delta, dt_t, u_t);
-    ctx.each_thread([&](int t) {
-      for (int idx = t; idx < kTileCells; idx += nthreads) {
-        const int r = idx >> kTileShift;
-        const int c = idx & (kTile - 1);
-        const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
-        float dyv = 0.f;
-        if (cell.valid) {
-          const int64_t off = ud_offset(g, cell, d);
-          dyv = p.dy_fp32 ? static_cast<float>(dy32[off]) : Element<T>::load(dyT[off]);
-        }
-        dy_t[tile_offset(r, c)] = dyv;
-      }
-    });
     ctx.barrier();
     ctx.each_warp([&](int w) {
       auto cg = warp_t + (w * kBackwardWarpTiles + 1) * kTileFloats;  // C, then dL/dh
@@ -462,12 +460,15 @@ SS2D_UNROLL_BY(4)
           const int64_t at = carry_index(map, tiles, tile, nstate, n, c);
           float gnext = vertical ? 0.f : static_cast<float>(gin_v[at]);
           float decay = 1.f;
+          const ColumnWalk dyc = ud_column(g, bb, ti, tj, c, d);
 SS2D_UNROLL_BY(4)
           for (int r = kTile - 1; r >= 0; --r) {
             if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = decay = 0.f;
             const int e = tile_offset(r, c);
             const float a = abar_t[e];
-            const float gh = dy_t[e] * cg[e] + gnext;
+            int64_t off;
+            const float dyv = column_cell(g, dyc, r, off) ? load_dy(off) : 0.f;
+            const float gh = dyv * cg[e] + gnext;
             cg[e] = gh;
             gnext = a * gh;
             decay *= a;
@@ -525,7 +526,6 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const BackwardLayout l = backward_layout(nwarps, nstate);
   auto dt_t = ctx.template shared<float>(smem, l.dt, kTileFloats);
   auto u_t = ctx.template shared<float>(smem, l.u, kTileFloats);
-  auto dy_t = ctx.template shared<float>(smem, l.dy, kTileFloats);
   auto warp_t = ctx.template shared<float>(smem, l.warp, kBackwardWarpTiles * nwarps * kTileFloats);
   auto hcar = ctx.template shared<float>(smem, l.hcar, nstate * kTile);
   auto dA_s = ctx.template shared<float>(smem, l.dA, nstate);
@@ -538,6 +538,9 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
   auto dy32 = ctx.global(static_cast<const float*>(p.dy_fp32 ? p.dy : nullptr), n_ud);
   auto dyT = ctx.global(static_cast<const T*>(p.dy_fp32 ? nullptr : p.dy), n_ud);
+  auto load_dy = [&](int64_t off) {
+    return p.dy_fp32 ? static_cast<float>(dy32[off]) : Element<T>::load(dyT[off]);
+  };
   auto du_g = ctx.global(static_cast<T*>(p.du), n_ud);
   auto ddelta_g = ctx.global(static_cast<T*>(p.ddelta), n_ud);
   const int slices = p.k.slices;
@@ -574,19 +577,6 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
         const int ti = tile / g.tiles_w;
         const int tj = tile - ti * g.tiles_w;
         load_channel_tiles<T>(ctx, p, bb, ti, tj, d, 1, u, delta, dt_t, u_t);
-        ctx.each_thread([&](int t) {
-          for (int idx = t; idx < kTileCells; idx += nthreads) {
-            const int r = idx >> kTileShift;
-            const int c = idx & (kTile - 1);
-            const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
-            float dyv = 0.f;
-            if (cell.valid) {
-              const int64_t off = ud_offset(g, cell, d);
-              dyv = p.dy_fp32 ? static_cast<float>(dy32[off]) : Element<T>::load(dyT[off]);
-            }
-            dy_t[tile_offset(r, c)] = dyv;
-          }
-        });
         ctx.barrier();
         ctx.each_warp([&](int w) {
           auto bs = warp_t + (w * kBackwardWarpTiles + 0) * kTileFloats;  // B, then dB, then du
@@ -658,12 +648,14 @@ SS2D_UNROLL_BY(8)
                 gnext = gcarry_v[gslot];
               }
               float dA_lane = 0.f;
+              const ColumnWalk dyc = ud_column(g, bb, ti, tj, c, d);
 SS2D_UNROLL_BY(8)
               for (int r = kTile - 1; r >= 0; --r) {
                 if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = 0.f;
                 const int e = tile_offset(r, c);
                 const float abar = abar_t[e];
-                const float dyv = dy_t[e];
+                int64_t off;
+                const float dyv = column_cell(g, dyc, r, off) ? load_dy(off) : 0.f;
                 const float gh = dyv * cg[e] + gnext;
                 const float h_above =
                     r == 0 ? v_in : (((starts_h >> r) & 1u) ? 0.f : static_cast<float>(dc[e - kStride]));
@@ -745,7 +737,8 @@ SS2D_UNROLL
             const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
             if (!cell.valid) continue;
             const int e = tile_offset(r, c);
-            const float dyv = dy_t[e];
+            const int64_t off = ud_offset(g, cell, d);
+            const float dyv = load_dy(off);
             float ddt = 0.f;
             float duv = dskip * dyv;
             for (int w = 0; w < nwarps; ++w) {
@@ -755,7 +748,6 @@ SS2D_UNROLL
             const float ddv = p.softplus ? ddt * softplus_grad_from_value(dt_t[e]) : ddt;
             red[t] += dyv * u_t[e];
             red[nthreads + t] += ddv;
-            const int64_t off = ud_offset(g, cell, d);
             du_g[off] = Element<T>::store(duv);
             ddelta_g[off] = Element<T>::store(ddv);
           }

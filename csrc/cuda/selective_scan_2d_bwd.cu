@@ -9,7 +9,7 @@ namespace scan2d {
 cudaError_t allow_forward_shared_memory(size_t smem_bytes);  // selective_scan_2d_fwd.cu
 
 template <class T>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_backward_kernel(Params p) {
+__global__ void __launch_bounds__(kBlockThreads, kMinBackwardBlocksPerSm) scan2d_backward_kernel(Params p) {
   extern __shared__ __align__(16) char smem[];
   DeviceCtx ctx;
   backward_block<T>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
