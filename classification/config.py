@@ -14,6 +14,8 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
+from vmamba2d.training.options import parse_key_values
+
 from .errors import UsageError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "classification"
@@ -138,16 +140,7 @@ def _optional_str(text: str) -> Optional[str]:
 
 def parse_model_kwargs(items: Sequence[str]) -> dict[str, Any]:
     """``["dims=16", "depths=[1,1,1,1]"]`` → ``{"dims": 16, "depths": [1, 1, 1, 1]}`` (YAML values)."""
-    kwargs: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.isidentifier():
-            raise UsageError(f"--model-kwargs: expected KEY=VALUE, got {item!r}")
-        try:
-            kwargs[key] = yaml.safe_load(value)
-        except yaml.YAMLError as error:
-            raise UsageError(f"--model-kwargs: cannot parse the value of {key!r}: {error}") from error
-    return kwargs
+    return parse_key_values(items, "--model-kwargs", UsageError)
 
 
 def build_train_parser() -> argparse.ArgumentParser:

@@ -12,20 +12,11 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from vmamba2d.training.options import autocast
+
 from .distributed import DistContext, all_reduce_sum
 from .errors import BadImageError
 from .logging_utils import LOGGER_NAME
-
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
-
-
-def autocast(device: torch.device, amp: str):
-    """Autocast context for ``amp`` in {'bf16', 'fp16', 'none'} on ``device``."""
-    dtype = AMP_DTYPES[amp]
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
 
 class BadImages:
     """What to do with the unreadable images a batch reports (``problems``: one string per row,

@@ -14,6 +14,8 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
+from ..training.options import parse_key_values
+
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "mil"
 TASKS = ("classification", "survival")
 MODEL_NAMES = ("mambamil2d", "mambamil", "abmil")
@@ -127,20 +129,6 @@ def load_yaml_config(path: Path) -> dict[str, Any]:
         raise UsageError(f"--config: {path} has unknown option(s) {unknown}; known options: "
                          f"{', '.join(FIELD_NAMES)}")
     return data
-
-
-def parse_key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
-    """``["num_blocks=2", "conv=2d"]`` -> ``{"num_blocks": 2, "conv": "2d"}`` (YAML values)."""
-    values: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.isidentifier():
-            raise UsageError(f"{flag}: expected KEY=VALUE, got {item!r}")
-        try:
-            values[key] = yaml.safe_load(value)
-        except yaml.YAMLError as error:
-            raise UsageError(f"{flag}: cannot parse the value of {key!r}: {error}") from error
-    return values
 
 
 def build_train_parser() -> argparse.ArgumentParser:
@@ -282,7 +270,7 @@ def resolve_train_config(argv: Optional[Sequence[str]] = None) -> MILConfig:
         values.update(load_yaml_config(resolve_config_path(config)))
     for name, flag in (("model_kwargs", "--model-kwargs"), ("grid", "--grid")):
         if name in given:
-            given[name] = {**(values.get(name) or {}), **parse_key_values(given[name], flag)}
+            given[name] = {**(values.get(name) or {}), **parse_key_values(given[name], flag, UsageError)}
     if "label_map" in given:
         given["label_map"] = _raw_label_map(given["label_map"])
     if "split_fractions" in given:

@@ -6,7 +6,6 @@ one-vs-rest AUC. Survival: discrete-time NLL with censoring; metric the C-index 
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from typing import Any, Optional, Sequence
@@ -18,19 +17,9 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from ..training import loader_generator
+from ..training.options import autocast
 from .metrics import classification_metrics, concordance_index
 from .survival import survival_nll_loss, survival_risk
-
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
-
-
-def autocast(device: torch.device, amp: str):
-    """Autocast context for ``amp`` in {'none', 'bf16', 'fp16'} on ``device``."""
-    dtype = AMP_DTYPES[amp]
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
 
 def epoch_order(count: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
     """Training order of ``count`` slides in ``epoch``: a permutation drawn from a generator

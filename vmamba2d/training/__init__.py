@@ -6,6 +6,7 @@
 * :mod:`.seeding` - data-loading randomness as a function of (seed, epoch, sample index), so
   kill / resume reproduces a run exactly with any number of loader workers.
 * :mod:`.schedule` - warm-up clamping for runs shorter than the recipe's warm-up.
+* :mod:`.options` - KEY=VALUE option lists and AMP autocast contexts for the CLIs.
 """
 from .checkpoint import (atomic_torch_save, atomic_write, capture_rng_state,
                          remove_stale_temp_files, restore_rng_state)
