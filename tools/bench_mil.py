@@ -21,7 +21,6 @@ import datetime
 import os
 import platform
 import statistics
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from bench_scan import machine_description, peak_bytes, timed  # noqa: E402  (tools/ is on sys.path)
+from bench_scan import git_commit, machine_description, peak_bytes, timed  # noqa: E402  (tools/ is on sys.path)
 from vmamba2d.mil.models import build_model  # noqa: E402
 from vmamba2d.ops import backend_info  # noqa: E402
 
@@ -152,24 +151,13 @@ def format_table(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "vmamba2d", "tools/bench_mil.py"],
-                               cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        return head + (" (+ uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def report_header(args: argparse.Namespace, device: torch.device) -> str:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     info = backend_info()
     scan = args.scan_backend if args.scan_backend != "auto" else info["auto_cuda" if device.type == "cuda" else "auto_cpu"]
     return "\n".join([
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- commit: {_git_commit()}",
+        f"- commit: {git_commit(("csrc", "vmamba2d", "tools/bench_mil.py"))}",
         f"- machine: {machine_description(device)}; load average at start: {load}",
         f"- software: python {platform.python_version()}, torch {torch.__version__}; scan backend: {scan}",
         f"- settings: one slide per step, grid fully occupied, in_dim {args.in_dim}, dim {args.dim}, "

@@ -294,11 +294,12 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str:
+def git_commit(paths: tuple[str, ...] = ("csrc", "vmamba2d/ops", "tools")) -> str:
+    """Short HEAD commit, marked when ``paths`` (what a benchmark measures) have uncommitted changes."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "vmamba2d/ops", "tools"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *paths],
                                cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
         return out + (" (+ uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -329,7 +330,7 @@ def report_header(args, settings: dict[str, Setting], device: torch.device) -> s
     info = backend_info()
     lines = [
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- commit: {_git_commit()}",
+        f"- commit: {git_commit()}",
         f"- machine: {machine_description(device)}; load average at start: {load}",
         f"- torch {torch.__version__}, device {device}, float32, cpu kernel: "
         f"{info['cpu_extension_source']} build, {_cpu_kernel_isa()} code path",
