@@ -151,13 +151,17 @@ def format_table(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+# What this benchmark measures: uncommitted changes there mark the commit line.
+MEASURED_PATHS = ("csrc", "vmamba2d", "tools/bench_mil.py")
+
+
 def report_header(args: argparse.Namespace, device: torch.device) -> str:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     info = backend_info()
     scan = args.scan_backend if args.scan_backend != "auto" else info["auto_cuda" if device.type == "cuda" else "auto_cpu"]
     return "\n".join([
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- commit: {git_commit(("csrc", "vmamba2d", "tools/bench_mil.py"))}",
+        f"- commit: {git_commit(MEASURED_PATHS)}",
         f"- machine: {machine_description(device)}; load average at start: {load}",
         f"- software: python {platform.python_version()}, torch {torch.__version__}; scan backend: {scan}",
         f"- settings: one slide per step, grid fully occupied, in_dim {args.in_dim}, dim {args.dim}, "
