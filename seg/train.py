@@ -13,6 +13,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import vmamba2d.seg  # noqa: E402,F401  (mmcv-lite compatibility, checkpoint allow-list, backbone)
+from mmengine.logging import print_log  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
@@ -23,8 +24,8 @@ from vmamba2d.seg.runtime import (  # noqa: E402
     enable_amp,
     load_config,
     parse_runner_args,
-    set_resume,
 )
+from vmamba2d.seg.work_dir import prepare_work_dir  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -32,7 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("config", help="config file, e.g. configs/seg/upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py")
     parser.add_argument("--work-dir", help="folder for logs and checkpoints (default ./work_dirs/<config name>)")
     parser.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
-                        help="resume: without a value from the work dir's latest checkpoint, or from CKPT")
+                        help="resume: without a value from the work dir's last complete checkpoint (last_checkpoint), "
+                             "or from CKPT; a truncated / unreadable checkpoint is reported, never loaded")
     parser.add_argument("--amp", action="store_true", help="mixed-precision training (CUDA)")
     parser.add_argument("--from-scratch", action="store_true",
                         help="train the backbone from random weights; without it the config's ImageNet "
@@ -50,7 +52,8 @@ def main(argv=None) -> None:
     check_dataset_folders(cfg, ("train_dataloader", "val_dataloader"))
     if args.amp:
         enable_amp(cfg)
-    set_resume(cfg, args.resume)
+    for note in prepare_work_dir(cfg, args.resume):  # atomic checkpoints; resume checks and repair
+        print_log(note, logger="current")
     if args.auto_scale_lr:
         if cfg.get("auto_scale_lr") is None:
             raise ValueError("--auto-scale-lr: the config defines no auto_scale_lr=dict(base_batch_size=...)")

@@ -1,6 +1,7 @@
 """mmsegmentation integration: ``import vmamba2d.seg`` (or ``custom_imports=dict(imports=['vmamba2d.seg'])``
 in an mmseg config) makes mmseg importable with mmcv-lite, lets torch's ``weights_only`` loading read
-mmengine checkpoints, gives mmengine's FLOP counter the scan's FLOP handle and registers
+mmengine checkpoints, registers the crash-safe ``AtomicCheckpointHook`` (:mod:`.safe_checkpoints`; seg/train.py
+uses it and :mod:`.work_dir` for start / resume / repair), gives mmengine's FLOP counter the scan's FLOP handle and registers
 :class:`VMamba2DBackbone` in mmseg's MODELS registry. mmseg's own tools import ``mmseg.models``
 before a config's ``custom_imports`` run: start them through :mod:`vmamba2d.seg.mmseg_tools`.
 """
@@ -19,11 +20,15 @@ from .checkpoint_safety import allow_mmengine_checkpoint_globals  # noqa: E402
 
 allow_mmengine_checkpoint_globals()
 
+from .safe_checkpoints import AtomicCheckpointHook, register_atomic_backend  # noqa: E402
+
+register_atomic_backend()
+
 from .complexity import register_mmengine_flop_handles  # noqa: E402
 
 register_mmengine_flop_handles()
 
 from .backbone import VMamba2DBackbone  # noqa: E402
 
-__all__ = ["VMamba2DBackbone", "allow_mmengine_checkpoint_globals", "compat_layer_active",
+__all__ = ["AtomicCheckpointHook", "VMamba2DBackbone", "allow_mmengine_checkpoint_globals", "compat_layer_active",
            "install_mmcv_ops_compat", "register_mmengine_flop_handles"]

@@ -90,20 +90,6 @@ def enable_amp(cfg: Config) -> None:
     cfg.optim_wrapper.loss_scale = "dynamic"
 
 
-def set_resume(cfg: Config, resume: Optional[str]) -> None:
-    """``resume='auto'``: continue from the work_dir's latest checkpoint (if any); a path: from it."""
-    if resume is None:
-        return
-    if resume == "auto":
-        cfg.resume = True
-        cfg.load_from = None
-        return
-    if not osp.isfile(resume):
-        raise FileNotFoundError(f"--resume: checkpoint not found: {resume}")
-    cfg.resume = True
-    cfg.load_from = resume
-
-
 def use_multiscale_flip_test(cfg: Config) -> None:
     """Replace the test pipeline and model by the config's ``tta_pipeline`` / ``tta_model``."""
     for key in ("tta_pipeline", "tta_model"):

@@ -1,0 +1,228 @@
+"""Crash-safe segmentation runs: atomic mmengine checkpoints, commit order, start / resume / repair rules
+of seg/train.py (vmamba2d.seg.safe_checkpoints, vmamba2d.seg.work_dir)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("mmseg", reason="the seg extra (mmsegmentation, mmengine, mmcv) is not installed")
+
+import vmamba2d.seg  # noqa: E402,F401  (registers the hook, the atomic backend and the weights_only allow-list)
+from mmengine.config import Config  # noqa: E402
+from test_seg import TINY_CONFIG, _load_script, _run_options, ade_root  # noqa: E402,F401  (fixture)
+from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend  # noqa: E402
+from vmamba2d.seg.work_dir import UnreadableCheckpoint, prepare_work_dir  # noqa: E402
+from vmamba2d.training import RunFolderError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# a kill (os._exit, as SIGKILL: no cleanup) half-way through writing iter_4.pth, in a child process
+_KILLED_RUN = """
+import json, os, runpy, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+import vmamba2d.seg
+from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend
+from vmamba2d.training.checkpoint import temp_path_for
+
+write = AtomicLocalBackend.put
+def dying_put(self, obj, filepath):
+    if Path(filepath).name == "iter_4.pth":
+        with open(temp_path_for(Path(filepath)), "wb") as handle:
+            handle.write(obj[: len(obj) // 2])
+        os._exit(137)
+    write(self, obj, filepath)
+AtomicLocalBackend.put = dying_put
+sys.argv = ["seg/train.py", *json.loads(sys.argv[1])]
+runpy.run_path({train!r}, run_name="__main__")
+"""
+
+
+def _deterministic_options(data_root: Path) -> list:
+    """4 iterations, checkpoint + validation every 2, keep 1 checkpoint; no dropout / drop-path
+    (mmengine does not checkpoint RNG streams, so only a deterministic model resumes bit-exactly)."""
+    return _run_options(data_root, max_iters=4) + [
+        "default_hooks.checkpoint.max_keep_ckpts=1",
+        "model.backbone.drop_path_rate=0.0",
+        "model.decode_head.dropout_ratio=0.0",
+        "model.auxiliary_head.dropout_ratio=0.0",
+    ]
+
+
+def _scalar_steps(work_dir: Path, key: str) -> list:
+    steps = []
+    for path in sorted(work_dir.glob("*/vis_data/scalars.json")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if key in record:
+                steps.append(record["step"])
+    return sorted(steps)
+
+
+@pytest.mark.slow
+def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_root, tmp_path):
+    train = _load_script("train")
+    options = _deterministic_options(ade_root)
+    reference = tmp_path / "reference"
+    # each in-process run gets its own visualizer (mmengine keeps one global instance per name)
+    train.main([str(TINY_CONFIG), "--work-dir", str(reference), "--cfg-options", *options,
+                "visualizer.name=reference"])
+
+    work = tmp_path / "killed"
+    argv = [str(TINY_CONFIG), "--work-dir", str(work), "--cfg-options", *options]
+    script = tmp_path / "killed_run.py"
+    script.write_text(_KILLED_RUN.format(root=str(ROOT), train=str(ROOT / "seg" / "train.py")))
+    child = subprocess.run([sys.executable, str(script), json.dumps(argv)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 137, child.stderr[-3000:]
+    # the kill left: the committed iteration 2, a half-written temp file, and files ahead of the commit
+    assert (work / "last_checkpoint").read_text() == str(work / "iter_2.pth")
+    assert not (work / "iter_4.pth").exists()
+    assert [p.name for p in work.glob(".iter_4.pth.tmp-*")], sorted(p.name for p in work.iterdir())
+    assert 4 in _scalar_steps(work, "loss")
+
+    train.main([str(TINY_CONFIG), "--work-dir", str(work), "--resume", "--cfg-options", *options,
+                "visualizer.name=resumed"])
+    assert not list(work.glob(".*.tmp-*"))
+    assert (work / "last_checkpoint").read_text() == str(work / "iter_4.pth")
+    assert sorted(p.name for p in work.glob("*.pth")) == sorted(p.name for p in reference.glob("*.pth"))
+    resumed = torch.load(work / "iter_4.pth", weights_only=True)
+    expected = torch.load(reference / "iter_4.pth", weights_only=True)
+    assert resumed["meta"]["iter"] == 4
+    for name, tensor in expected["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][name], tensor, rtol=0, atol=0, msg=name)
+    # the best checkpoint named by the last checkpoint exists (never behind it); no other best is left
+    best = Path(resumed["message_hub"]["runtime_info"]["best_ckpt"])
+    assert best.is_file() and [p.name for p in work.glob("best_*.pth")] == [best.name]
+    # scalar logs: each training step once across the killed and the resumed run
+    assert _scalar_steps(work, "loss") == [1, 2, 3, 4]
+    assert _scalar_steps(work, "mIoU") == [2, 4]
+
+
+def _fake_checkpoint(path: Path, iteration: int, **runtime_info) -> Path:
+    """An mmengine-shaped training checkpoint (meta, state_dict, message hub)."""
+    torch.save({"meta": {"iter": iteration, "epoch": 0}, "state_dict": {"w": torch.full((64,), float(iteration))},
+                "message_hub": {"runtime_info": runtime_info, "log_scalars": {}}}, path)
+    return path
+
+
+def _cfg(work_dir: Path) -> Config:
+    return Config(dict(work_dir=str(work_dir), default_hooks=dict(
+        checkpoint=dict(type="CheckpointHook", by_epoch=False, interval=2, save_best="mIoU"))))
+
+
+def _committed_folder(folder: Path) -> Path:
+    """iter_2 committed (with its best), iter_4 + best of iter 4 written after the commit, scalar
+    logs up to step 4, a temp file of a killed write."""
+    folder.mkdir()
+    best_2 = folder / "best_mIoU_iter_2.pth"
+    _fake_checkpoint(best_2, 2)
+    _fake_checkpoint(folder / "iter_2.pth", 2, best_ckpt=str(best_2))
+    _fake_checkpoint(folder / "iter_4.pth", 4)
+    _fake_checkpoint(folder / "best_mIoU_iter_4.pth", 4)
+    (folder / "last_checkpoint").write_text(str(folder / "iter_2.pth"))
+    (folder / ".iter_6.pth.tmp-12345").write_bytes(b"partial")
+    logs = folder / "20261122_210000" / "vis_data"
+    logs.mkdir(parents=True)
+    (logs / "scalars.json").write_text("".join(json.dumps({"loss": 1.0, "step": s}) + "\n" for s in (1, 2, 3, 4))
+                                       + '{"loss": 0.')  # torn last line
+    return folder
+
+
+def test_resume_repairs_what_a_kill_left_ahead_of_the_commit(tmp_path):
+    work = _committed_folder(tmp_path / "work")
+    cfg = _cfg(work)
+    notes = prepare_work_dir(cfg, "auto")
+    assert cfg.resume is True and cfg.load_from == str(work / "iter_2.pth")
+    assert cfg.default_hooks.checkpoint.type == "AtomicCheckpointHook"
+    assert sorted(p.name for p in work.iterdir()) == [
+        "20261122_210000", "best_mIoU_iter_2.pth", "iter_2.pth", "last_checkpoint"]
+    lines = (work / "20261122_210000" / "vis_data" / "scalars.json").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    assert any(".iter_6.pth.tmp-12345" in note for note in notes)
+    assert any("iter_4.pth" in note for note in notes)
+    assert prepare_work_dir(_cfg(work), "auto") == []  # repaired: idempotent
+
+
+def test_truncated_or_corrupted_latest_checkpoint_is_reported_and_skipped(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    _fake_checkpoint(work / "iter_2.pth", 2)
+    latest = _fake_checkpoint(work / "iter_4.pth", 4)
+    data = latest.read_bytes()
+    latest.write_bytes(data[: len(data) // 2])  # what plain mmengine leaves after a kill mid-write
+    (work / "last_checkpoint").write_text(str(latest))
+
+    with pytest.raises(UnreadableCheckpoint, match=r"iter_4\.pth \(\d+ bytes\) is not a complete torch checkpoint"):
+        prepare_work_dir(_cfg(work), str(latest))
+    cfg = _cfg(work)
+    notes = prepare_work_dir(cfg, "auto")
+    assert cfg.load_from == str(work / "iter_2.pth")
+    assert any(note.startswith("WARNING") and "iter_4.pth" in note and "truncated" in note for note in notes)
+    assert (work / "last_checkpoint").read_text() == str(work / "iter_2.pth")
+    assert not latest.exists()  # ahead of the commit it fell back to
+
+    # a flipped byte in the tensor data: the archive's CRC check names the member
+    only = work / "iter_2.pth"
+    data = bytearray(only.read_bytes())
+    position = data.find(bytes(torch.full((64,), 2.0).numpy().tobytes()[:16]))
+    assert position > 0
+    data[position] ^= 0xFF
+    only.write_bytes(bytes(data))
+    with pytest.raises(UnreadableCheckpoint, match="no readable checkpoint.*iter_2.pth is corrupted.*CRC"):
+        prepare_work_dir(_cfg(work), "auto")
+    (work / "empty.pth").write_bytes(b"")
+    with pytest.raises(UnreadableCheckpoint, match=r"empty\.pth \(0 bytes\)"):
+        prepare_work_dir(_cfg(work), str(work / "empty.pth"))
+
+
+def test_work_dir_start_rules(tmp_path):
+    committed = _committed_folder(tmp_path / "run")
+    with pytest.raises(RunFolderError, match="already holds a training run.*--resume"):
+        prepare_work_dir(_cfg(committed), None)
+    other = _fake_checkpoint(tmp_path / "elsewhere.pth", 8)
+    with pytest.raises(RunFolderError, match="already holds another run.*overwrite"):
+        prepare_work_dir(_cfg(committed), str(other))
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    (foreign / "20261122_210000").mkdir()
+    with pytest.raises(RunFolderError, match=r"foreign has no last_checkpoint.*not empty \(notes\.txt\)"):
+        prepare_work_dir(_cfg(foreign), "auto")
+    assert (foreign / "notes.txt").exists()
+
+    # a run that never committed a checkpoint: its log folder and config copy only -> start over
+    fresh = tmp_path / "uncommitted"
+    (fresh / "20261122_210000").mkdir(parents=True)
+    (fresh / "config.py").write_text("model = None\n")
+    (fresh / ".iter_2.pth.tmp-999").write_bytes(b"x")
+    cfg = _cfg(fresh)
+    prepare_work_dir(cfg, "auto")
+    assert cfg.resume is False and cfg.load_from is None
+    assert not (fresh / ".iter_2.pth.tmp-999").exists()
+    cfg = _cfg(fresh)
+    prepare_work_dir(cfg, str(other))  # a checkpoint from elsewhere into a never-committed folder
+    assert cfg.resume is True and cfg.load_from == str(other)
+
+
+def test_atomic_backend_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch):
+    target = tmp_path / "sub" / "iter_2.pth"
+    backend = AtomicLocalBackend()
+    backend.put(b"complete checkpoint", target)
+    assert target.read_bytes() == b"complete checkpoint"
+
+    def failing_fsync(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        backend.put(b"new bytes that never land", target)
+    assert target.read_bytes() == b"complete checkpoint"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["iter_2.pth"]

@@ -1,0 +1,193 @@
+"""Crash-safe checkpoints for mmengine's Runner: ``AtomicCheckpointHook``.
+
+mmengine's ``CheckpointHook`` writes ``iter_*.pth`` / ``best_*.pth`` with a plain ``open(path, 'wb')``
+(``LocalBackend.put``) and ``last_checkpoint`` with ``open(path, 'w')``, deletes the oldest / the
+previous best checkpoint *before* writing its replacement, and saves ``iter_N.pth`` before the
+validation of iteration N. A kill can so leave a truncated checkpoint that ``--resume`` picks up, no
+complete checkpoint at all (``max_keep_ckpts=1``), or a best checkpoint behind the latest one.
+
+``AtomicCheckpointHook`` (registered in mmengine's HOOKS; ``type='AtomicCheckpointHook'``) keeps the
+options and file names of ``CheckpointHook`` and commits iteration N in this order (iteration-based
+training loops):
+
+1. after training iteration N, when a validation follows, wait for it;
+2. a new best checkpoint (``save_best``) is written; the previous best stays on disk;
+3. ``iter_N.pth`` is written (its message hub records the new best);
+4. ``last_checkpoint`` is replaced - the *commit point*: iteration N is done when it names ``iter_N.pth``;
+5. checkpoints beyond ``max_keep_ckpts`` and the superseded best checkpoint are deleted.
+
+Every file goes through :class:`AtomicLocalBackend` (temp file in the same folder, fsync,
+``os.replace``), so a kill leaves at most a ``.<name>.tmp-<pid>`` file and files *ahead* of the commit
+(a best or ``iter_*.pth`` of an uncommitted iteration), never a truncated checkpoint or a best checkpoint
+behind ``last_checkpoint``. :func:`vmamba2d.seg.work_dir.prepare_work_dir` repairs that on the next
+start. When the best score improves at an iteration without a scheduled checkpoint, ``iter_N.pth`` is
+written too (mmengine does the same), so the new best is committed. Epoch-based loops keep mmengine's
+order (save after the epoch, then the best) with the same atomic writes.
+"""
+from __future__ import annotations
+
+import bisect
+import os.path as osp
+from pathlib import Path
+from typing import Dict, List, Optional, Union
+
+from mmengine.dist import is_main_process
+from mmengine.fileio import LocalBackend, register_backend
+from mmengine.hooks import CheckpointHook
+from mmengine.registry import HOOKS
+from mmengine.runner import IterBasedTrainLoop
+
+from vmamba2d.training.checkpoint import atomic_write
+
+ATOMIC_BACKEND = "vmamba2d_atomic_local"
+LAST_CHECKPOINT_NAME = "last_checkpoint"
+
+
+class AtomicLocalBackend(LocalBackend):
+    """mmengine's local file backend whose ``put`` / ``put_text`` write atomically (temp + fsync +
+    ``os.replace``); a reader sees the old file or the complete new one."""
+
+    def put(self, obj: bytes, filepath: Union[str, Path]) -> None:
+        path = Path(filepath)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda handle: handle.write(obj))
+
+    def put_text(self, obj: str, filepath: Union[str, Path], encoding: str = "utf-8") -> None:
+        self.put(obj.encode(encoding), filepath)
+
+
+def register_atomic_backend() -> None:
+    """Make ``backend_args=dict(backend='vmamba2d_atomic_local')`` available to mmengine's fileio."""
+    register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)
+
+
+def write_last_checkpoint(work_dir: Union[str, Path], checkpoint_path: str) -> None:
+    """Atomically point ``work_dir/last_checkpoint`` (mmengine's resume pointer) at ``checkpoint_path``."""
+    atomic_write(Path(work_dir) / LAST_CHECKPOINT_NAME, lambda handle: handle.write(checkpoint_path.encode()))
+
+
+@HOOKS.register_module()
+class AtomicCheckpointHook(CheckpointHook):
+    """``CheckpointHook`` with atomic writes and a commit order that never leaves the best checkpoint
+    behind ``last_checkpoint`` (see the module docstring). Arguments are those of ``CheckpointHook``;
+    ``backend_args`` defaults to the atomic local backend for local ``out_dir`` (None or no ``://``)."""
+
+    def __init__(self, *args, backend_args: Optional[dict] = None, **kwargs) -> None:
+        out_dir = kwargs.get("out_dir")
+        if backend_args is None and kwargs.get("file_client_args") is None and (
+                out_dir is None or "://" not in str(out_dir)):
+            backend_args = {"backend": ATOMIC_BACKEND}
+        super().__init__(*args, backend_args=backend_args, **kwargs)
+        self._pending_step: Optional[int] = None
+        self._superseded_best: List[str] = []
+
+    # ------------------------------------------------------------------ when to save ---------
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if self.by_epoch:
+            return
+        due = self.every_n_train_iters(runner, self.interval, self.save_begin) or (
+            self.save_last and self.is_last_train_iter(runner))
+        if not due:
+            return
+        if _validation_follows(runner):
+            self._pending_step = runner.iter + 1  # committed after the validation (and best) of this iteration
+            return
+        runner.logger.info(f"Saving checkpoint at {runner.iter + 1} iterations")
+        self._save_checkpoint(runner)
+
+    def after_val_epoch(self, runner, metrics: Dict[str, float]) -> None:
+        best_updated = False
+        if metrics:
+            best_updated = self._save_best_checkpoint(runner, metrics)
+        else:
+            runner.logger.warning("the validation returned no metrics: the best checkpoint is not updated")
+        if self.by_epoch:
+            if best_updated and self.last_ckpt is not None:  # mmengine: re-save to record the new best
+                self._save_checkpoint_with_step(runner, runner.epoch, dict(epoch=runner.epoch, iter=runner.iter))
+            return
+        if self._pending_step is not None or best_updated:
+            runner.logger.info(f"Saving checkpoint at {runner.iter} iterations")
+            self._save_checkpoint_with_step(runner, runner.iter, dict(epoch=runner.epoch, iter=runner.iter))
+            self._pending_step = None
+
+    # ------------------------------------------------------------------ writing --------------
+
+    def _save_checkpoint_with_step(self, runner, step: int, meta: dict) -> None:
+        dropped: List[int] = []
+        if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids and self.keep_ckpt_ids[-1] == step):
+            if len(self.keep_ckpt_ids) == self.max_keep_ckpts:
+                dropped.append(self.keep_ckpt_ids.popleft())
+            self.keep_ckpt_ids.append(step)
+            runner.message_hub.update_info("keep_ckpt_ids", list(self.keep_ckpt_ids))
+        filename = self.filename_tmpl.format(step)
+        self.last_ckpt = self.file_backend.join_path(self.out_dir, filename)
+        runner.message_hub.update_info("last_ckpt", self.last_ckpt)
+        runner.save_checkpoint(self.out_dir, filename, self.file_client_args,
+                               save_optimizer=self.save_optimizer,
+                               save_param_scheduler=self.save_param_scheduler, meta=meta,
+                               by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
+        if not is_main_process():
+            return
+        write_last_checkpoint(runner.work_dir, self.last_ckpt)  # the commit point
+        for old_step in dropped:
+            self._remove(self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(old_step)))
+        for path in self._superseded_best:
+            self._remove(path)
+            runner.logger.info(f"The previous best checkpoint {path} is removed")
+        self._superseded_best.clear()
+
+    def _remove(self, path: str) -> None:
+        if self.file_backend.isfile(path):
+            self.file_backend.remove(path)
+        elif self.file_backend.isdir(path):  # deepspeed checkpoints are folders
+            self.file_backend.rmtree(path)
+
+    def _save_best_checkpoint(self, runner, metrics: Dict[str, float]) -> bool:
+        """Write a best checkpoint for every key indicator that improved; the replaced ones are deleted
+        after the next commit. Returns whether any improved."""
+        if not self.save_best:
+            return False
+        step = runner.epoch if self.by_epoch else runner.iter
+        checkpoint_name = self.filename_tmpl.format(step)
+        if "auto" in self.key_indicators:
+            self._init_rule(self.rules, [list(metrics.keys())[0]])
+        single = len(self.key_indicators) == 1
+        updated = False
+        for key_indicator, rule in zip(self.key_indicators, self.rules):
+            score = metrics[key_indicator]
+            score_key = "best_score" if single else f"best_score_{key_indicator}"
+            path_key = "best_ckpt" if single else f"best_ckpt_{key_indicator}"
+            best = runner.message_hub.runtime_info.get(score_key, self.init_value_map[rule])
+            if score is None or not self.is_better_than[key_indicator](score, best):
+                continue
+            updated = True
+            runner.message_hub.update_info(score_key, score)
+            previous = self.best_ckpt_path if single else self.best_ckpt_path_dict[key_indicator]
+            best_name = f"best_{key_indicator}_{checkpoint_name}".replace("/", "_")
+            best_path = self.file_backend.join_path(self.out_dir, best_name)
+            if single:
+                self.best_ckpt_path = best_path
+            else:
+                self.best_ckpt_path_dict[key_indicator] = best_path
+            runner.message_hub.update_info(path_key, best_path)
+            runner.save_checkpoint(self.out_dir, filename=best_name, file_client_args=self.file_client_args,
+                                   save_optimizer=False, save_param_scheduler=False,
+                                   meta=dict(epoch=runner.epoch, iter=runner.iter), by_epoch=False,
+                                   backend_args=self.backend_args)
+            if previous and osp.normpath(previous) != osp.normpath(best_path):
+                self._superseded_best.append(previous)
+            runner.logger.info(f"The best checkpoint with {score:0.4f} {key_indicator} at {step} "
+                               f"{'epoch' if self.by_epoch else 'iter'} is saved to {best_name}.")
+        return updated
+
+
+def _validation_follows(runner) -> bool:
+    """Whether mmengine's IterBasedTrainLoop validates right after the current training iteration
+    (same rule as the loop, evaluated before it increments its counter)."""
+    loop = runner.train_loop
+    if not isinstance(loop, IterBasedTrainLoop) or runner.val_loop is None:
+        return False
+    done = runner.iter + 1
+    interval = loop.dynamic_intervals[bisect.bisect(loop.dynamic_milestones, done + 1) - 1]
+    return done >= loop.val_begin and (done % interval == 0 or done == loop.max_iters)
