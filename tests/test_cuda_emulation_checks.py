@@ -20,7 +20,7 @@ import torch
 from test_scan_cuda import CUDA_MODULE, ORDER, make_inputs, needs_module
 from vmamba2d.ops import fused
 
-PASSING_SCENARIOS = ["ordered_by_barrier", "ordered_by_syncwarp"]
+PASSING_SCENARIOS = ["ordered_by_barrier", "ordered_by_syncwarp", "aligned_vector_access"]
 FAILING_SCENARIOS = {
     "read_after_write_across_warps": "race \\(read after write\\)",
     "read_after_write_in_warp": "race \\(read after write\\)",
@@ -32,6 +32,9 @@ FAILING_SCENARIOS = {
     "barrier_inside_warp_phase": "__syncthreads inside",
     "syncwarp_inside_lane_phase": "__syncwarp outside",
     "misaligned_shared_array": "misaligned shared array",
+    "misaligned_vector_load": "misaligned vector global access",
+    "out_of_bounds_vector_load": "out-of-bounds vector global access",
+    "misaligned_vector_store": "misaligned vector global access",
 }
 
 

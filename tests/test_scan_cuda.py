@@ -226,6 +226,79 @@ def test_emulated_kernel_half_outputs_in_input_dtype(dtype):
     check_all(emulated_fwd, emulated_bwd, inputs, 20, 40, rtol=3e-2 if dtype == torch.float16 else 6e-2)
 
 
+# Vectorised global accesses: a quad (4 consecutive cells of a tile row) moves as one 16-byte
+# (fp32) / 8-byte (fp16, bf16) access when its cells are consecutive in memory and aligned; the
+# emulation checks alignment and bounds of every vector access and counts them.
+QUADS_PER_TILE = 32 * 32 // 4
+
+
+def _offset_by_one(t):
+    """The same values at an odd element offset in their storage (contiguous, misaligned rows)."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype)
+    flat[1:] = t.reshape(-1)
+    return flat[1:].view(t.shape)
+
+
+def _emulated_vector_accesses(inputs, height, width, rtol=5e-5, **options):
+    """Vector accesses of the emulated forward and of the backward (``check_all`` compares both
+    with the fp64 reference)."""
+    counts = []
+
+    def counting(run):
+        def wrapped(*args, **kw):
+            out = run(*args, **kw)
+            counts.append(CUDA_MODULE._emulation_vector_accesses())
+            return out
+        return wrapped
+
+    check_all(counting(emulated_fwd), counting(emulated_bwd), inputs, height, width, rtol=rtol,
+              **options)
+    return counts
+
+
+@needs_module
+def test_emulated_aligned_tiles_move_every_quad_as_one_vector():
+    # 32x32 fp32 maps, N = 1, 4 channels: every row starts 16-byte aligned, so every quad is one
+    # vector access. Forward per channel: delta, u, B loads + y stores; C stays a per-cell load in
+    # the vertical scan. Backward per channel: delta, u, B, C, dy loads + du, ddelta stores.
+    batch, dim = 1, 4
+    inputs = make_inputs(batch, dim, 1, 1, 32, 32, seed=11)
+    fwd, bwd = _emulated_vector_accesses(inputs, 32, 32, sm_count=1)
+    assert fwd == batch * dim * 4 * QUADS_PER_TILE
+    assert bwd == batch * dim * 7 * QUADS_PER_TILE
+
+
+@needs_module
+def test_emulated_misaligned_inputs_take_the_scalar_path():
+    # The same maps with u, delta, B, C one element off 16-byte alignment: no input quad may be
+    # vector-loaded (the emulation fails on a misaligned vector access); the fresh outputs and dy
+    # stay aligned, so only their quads are vector accesses.
+    batch, dim = 1, 4
+    inputs = make_inputs(batch, dim, 1, 1, 32, 32, seed=12)
+    for name in ("u", "delta", "B", "C"):
+        inputs[name] = _offset_by_one(inputs[name])
+        assert inputs[name].is_contiguous() and inputs[name].storage_offset() == 1
+    fwd, bwd = _emulated_vector_accesses(inputs, 32, 32, sm_count=1, order=2)
+    assert fwd == batch * dim * QUADS_PER_TILE
+    assert bwd == batch * dim * 3 * QUADS_PER_TILE
+
+
+@needs_module
+@pytest.mark.parametrize("shape", [
+    (2, 4, 1, 1, 33, 65, torch.float16),   # rows of odd width: aligned only every fourth row
+    (7, 4, 2, 1, 5, 6, torch.bfloat16),    # packed 5x6 maps: quads straddle map boundaries
+    (9, 2, 1, 4, 8, 8, torch.float32),     # packed 8x8 maps: whole quads inside each map
+    (37, 2, 1, 2, 1, 50, torch.float16),   # 1 x L maps stacked across the tile
+], ids=shape_id)
+def test_emulated_mixed_vector_and_scalar_quads(shape):
+    batch, dim, groups, nstate, height, width, dtype = shape
+    inputs = make_inputs(batch, dim, groups, nstate, height, width, dtype=dtype, seed=13)
+    half = dtype != torch.float32
+    counts = _emulated_vector_accesses(inputs, height, width, rtol=3e-2 if half else 5e-5,
+                                       dy_fp32=half, out_fp32=half, order=7, sm_count=1)
+    assert all(c > 0 for c in counts), f"no vector access taken: {counts}"
+
+
 # --------------------------------------------------------------------------------------------
 # GPU
 

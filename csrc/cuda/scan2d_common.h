@@ -34,6 +34,16 @@ constexpr int kTileFloats = kTile * kStride;
 constexpr int kMaxState = 64;  // largest N
 constexpr int kMaxWarps = 4;   // warps per block
 constexpr int kBlockThreads = kMaxWarps * kTile;
+// Global loads / stores of u, delta, B, C, y, du, ddelta move quads: kQuad consecutive cells of
+// a tile row as one vector access (16 bytes fp32, 8 bytes fp16 / bf16) where they are consecutive
+// in memory and aligned, else one scalar access per cell. A tile row is kQuadsPerRow quads, so a
+// warp covers kTile / kQuadsPerRow = 4 rows per access.
+constexpr int kQuad = 4;
+constexpr int kQuadsPerRow = kTile / kQuad;
+constexpr int kQuadsPerRowShift = 3;
+constexpr int kQuadRowStep = kTile / kQuadsPerRow;  // rows per warp-wide quad access
+constexpr int kTileQuads = kTileCells / kQuad;
+constexpr int kTileQuadShift = kTileCellShift - 2;
 constexpr int kBackwardWarpTiles = 6;  // B (then dB), C (then dL/dh), hh, Abar, dL/ddt, dC
 // Resource budget of every kernel (checked by `nvcc -Xptxas -v`, see the README): 128-thread
 // blocks, at most 65536 / (128 * kMinBlocksPerSm) = 128 registers per thread, no spills; the full
@@ -241,6 +251,12 @@ SS2D_HD inline BackwardLayout backward_layout(int nwarps, int nstate) {
   l.total = b.off;
   return l;
 }
+
+// kQuad elements as one aligned vector: the unit of the vectorised global accesses.
+template <class T>
+struct alignas(kQuad * sizeof(T)) Vec4 {
+  T v[kQuad];
+};
 
 enum class ElementType { kFloat32, kFloat16, kBFloat16 };
 

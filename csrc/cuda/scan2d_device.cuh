@@ -3,6 +3,8 @@
 // shared templates compile on both sides; their host branches are never executed.
 #pragma once
 
+#include <cstring>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -24,6 +26,19 @@ struct Element<__nv_bfloat16> {
   static __device__ SS2D_INLINE __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
 };
 
+template <size_t kBytes>
+struct VectorWord;
+template <>
+struct VectorWord<4> {
+  using type = uint4;
+  static_assert(sizeof(type) == sizeof(Vec4<float>), "uint4 moves one fp32 quad");
+};
+template <>
+struct VectorWord<2> {
+  using type = uint2;
+  static_assert(sizeof(type) == sizeof(Vec4<__half>), "uint2 moves one fp16 / bf16 quad");
+};
+
 struct DeviceCtx {
   static constexpr int kLaneSlots = 1;
 
@@ -34,6 +49,39 @@ struct DeviceCtx {
   template <class V>
   SS2D_HD SS2D_INLINE V* global(V* ptr, int64_t) const {
     return ptr;
+  }
+
+  // Vector accesses (Vec4): the caller checks vector_aligned first; ptr + off must be in bounds
+  // for all kQuad elements (the host model checks both).
+  template <class V>
+  SS2D_HD SS2D_INLINE bool vector_aligned(const V* ptr, int64_t off) const {
+    return (reinterpret_cast<uintptr_t>(ptr + off) & (sizeof(Vec4<V>) - 1)) == 0;
+  }
+  // A Vec4 struct copy can be split into scalar accesses by the compiler, so loads move a uint4
+  // (4-byte elements) / uint2 (2-byte elements) and stores are written as one st.global.v4 / .v2.
+  template <class V>
+  SS2D_HD SS2D_INLINE Vec4<V> load_vector(const V* ptr, int64_t off) const {
+    using Raw = typename VectorWord<sizeof(V)>::type;
+    const Raw raw = *reinterpret_cast<const Raw*>(ptr + off);
+    Vec4<V> v;
+    memcpy(&v, &raw, sizeof(v));
+    return v;
+  }
+  template <class V>
+  SS2D_HD SS2D_INLINE void store_vector(V* ptr, int64_t off, const Vec4<V>& v) const {
+#ifdef __CUDA_ARCH__
+    if constexpr (sizeof(V) == 4) {
+      uint32_t w[4];
+      memcpy(w, &v, sizeof(w));
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr + off), "r"(w[0]), "r"(w[1]),
+                   "r"(w[2]), "r"(w[3])
+                   : "memory");
+    } else {
+      uint32_t w[2];
+      memcpy(w, &v, sizeof(w));
+      asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(ptr + off), "r"(w[0]), "r"(w[1]) : "memory");
+    }
+#endif
   }
 
   SS2D_HD SS2D_INLINE int nthreads() const {

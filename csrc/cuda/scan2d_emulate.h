@@ -46,8 +46,13 @@ std::vector<at::Tensor> emulate_backward(const at::Tensor& u, const at::Tensor& 
 // checker objects. Scenarios: ordered_by_barrier, ordered_by_syncwarp (pass) and
 // read_after_write_across_warps, read_after_write_in_warp, write_after_read, write_after_write,
 // uninitialised_read, out_of_bounds_shared, out_of_bounds_global, barrier_inside_warp_phase,
-// syncwarp_inside_lane_phase, misaligned_shared_array (throw).
+// syncwarp_inside_lane_phase, misaligned_shared_array, misaligned_vector_load,
+// out_of_bounds_vector_load, misaligned_vector_store (throw); aligned_vector_access (passes).
 void emulation_self_check(const std::string& scenario);
+
+// Vector (Vec4) global loads and stores made by the last emulate_forward / emulate_backward call
+// on this thread.
+int64_t emulation_vector_accesses();
 
 }  // namespace scan2d
 }  // namespace vmamba2d

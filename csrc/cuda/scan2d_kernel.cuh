@@ -11,15 +11,23 @@
 // indexed by ctx.lane_slot(lane); threads of one phase exchange data only across a barrier (block)
 // or a sync_warp (warp) -- the emulation's race detector enforces the last rule.
 //
+// Global accesses of u, delta, B, C, dy, y, du, ddelta move quads of kQuad consecutive cells of a
+// tile row (load_quad / store_quad): one 16-byte (fp32) / 8-byte (fp16, bf16) vector access when
+// the four cells are consecutive in memory and aligned (ctx.vector_aligned / load_vector /
+// store_vector; the host model checks alignment and bounds of each), else one scalar access per
+// real cell (map edges, pack boundaries, rows of a width that is not a multiple of 4, misaligned
+// base pointers). A warp-wide quad access covers four whole tile rows.
+//
 // Forward, per block (a batch block of packed maps and `channels` channels of one group), per tile:
-//   1. all threads load dt = softplus(delta + bias) and u of each channel into shared tiles
-//      (lane = tile column: every warp-wide load is one contiguous row segment); at N = 1 each
-//      channel has a single warp, which loads its dt / u rows itself in step 2 instead;
-//   2. warp w (channel w / wpc, states w % wpc, + wpc, ...), per state: lane c loads column c of B
-//      (row by row: coalesced) and stores x = dt * B * u and Abar = exp(dt * A) -- the only exp of
-//      the pass; lane r scans tile row r (hh, carry from the tile on the left); lane c scans tile
-//      column c (h, carry from the tile above) and accumulates C * h into the warp's y tile;
-//   3. all threads sum the warps' y partials of each channel (fixed order), add D * u, write y.
+//   1. all threads load dt = softplus(delta + bias) and u quads of each channel into shared tiles;
+//      at N = 1 each channel has a single warp, which loads its dt / u quads itself in step 2;
+//   2. warp w (channel w / wpc, states w % wpc, + wpc, ...), per state: the lanes load B quads and
+//      store x = dt * B * u and Abar = exp(dt * A) -- the only exp of the pass; lane r scans tile
+//      row r (hh, carry from the tile on the left); lane c scans tile column c (h, carry from the
+//      tile above) and accumulates C * h into the warp's y tile (C: one coalesced scalar load per
+//      row, fused into the scan);
+//   3. all threads sum the warps' y partials of each channel (fixed order), add D * u, store y
+//      quads.
 // Only y and the per-state tile carries (kTile floats per tile edge, saved for the backward) go to
 // global memory. When the maps are too few to fill the GPU, the tiles of a map run in parallel
 // (ForwardPass in scan2d_common.h): the scan is linear in the carries, so edges computed with zero
@@ -81,10 +89,6 @@ SS2D_HD SS2D_INLINE TileCell tile_cell(const Geometry& g, int bb, int ti, int tj
   return cell;
 }
 
-SS2D_HD SS2D_INLINE int64_t ud_offset(const Geometry& g, const TileCell& cell, int d) {
-  return (cell.batch * g.dim + d) * g.length + cell.pos;
-}
-
 // One tile column of B / C for a lane (lane = column c, state n): cell r sits at
 // base + pr * pack_step + (r - pr * seg_h) * width with pr = r / seg_h, so the per-row work in the
 // unrolled column loops is one multiply-add (no per-cell batch / map arithmetic).
@@ -137,30 +141,109 @@ SS2D_HD SS2D_INLINE int group_of(const Geometry& g, int d) { return d / (g.dim /
 
 SS2D_HD SS2D_INLINE int tile_offset(int r, int c) { return r * kStride + c; }
 
-// Phase 1 of a tile: dt / u (and dy) of `channels` consecutive channels from d0 into shared tiles
-// (0 on padding cells, so Abar = 1 and x = 0 there).
+// A plane of a [batch][planes][length] tensor: channel d of u / delta / y / du / ddelta
+// (planes = dim) or state n of group grp in B / C (planes = groups * N, plane = grp * N + n).
+struct Plane {
+  int64_t planes;
+  int64_t plane;
+};
+
+SS2D_HD SS2D_INLINE int64_t plane_offset(const Geometry& g, const Plane& pl, const TileCell& cell) {
+  return (cell.batch * pl.planes + pl.plane) * g.length + cell.pos;
+}
+
+// The quad (r, c0 .. c0 + kQuad - 1) of tile (ti, tj) in one plane: whether it is one vector
+// access (all cells real and in one map row, hence consecutive in memory, and the address aligned
+// to the vector width) and the offset of its first cell.
+struct QuadSpan {
+  bool vector;
+  int64_t off;
+};
+
+template <class Ctx, class View>
+SS2D_HD SS2D_INLINE QuadSpan quad_span(const Ctx& ctx, const Geometry& g, const View& buf, const Plane& pl,
+                                       int bb, int ti, int tj, int r, int c0) {
+  const TileCell first = tile_cell(g, bb, ti, tj, r, c0);
+  const TileCell last = tile_cell(g, bb, ti, tj, r, c0 + kQuad - 1);
+  QuadSpan q;
+  q.off = plane_offset(g, pl, first);
+  q.vector = first.valid && last.valid && first.batch == last.batch && ctx.vector_aligned(buf, q.off);
+  return q;
+}
+
+// Loads a quad as fp32 into out (0 on padding cells); returns the mask of real cells (bit k: cell
+// c0 + k). Map edges, pack boundaries inside the quad and misaligned rows take the scalar path.
+template <class T, class Ctx, class View>
+SS2D_HD SS2D_INLINE uint32_t load_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
+                                       int bb, int ti, int tj, int r, int c0, float (&out)[kQuad]) {
+  const QuadSpan q = quad_span(ctx, g, src, pl, bb, ti, tj, r, c0);
+  if (q.vector) {
+    const Vec4<T> v = ctx.load_vector(src, q.off);
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) out[k] = Element<T>::load(v.v[k]);
+    return (1u << kQuad) - 1;
+  }
+  uint32_t mask = 0;
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    const TileCell cell = tile_cell(g, bb, ti, tj, r, c0 + k);
+    out[k] = cell.valid ? Element<T>::load(src[plane_offset(g, pl, cell)]) : 0.f;
+    mask |= cell.valid ? 1u << k : 0u;
+  }
+  return mask;
+}
+
+// Stores the real cells of a quad (element type V: T, or fp32 for an fp32 y).
+template <class V, class Ctx, class View>
+SS2D_HD SS2D_INLINE void store_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
+                                    int bb, int ti, int tj, int r, int c0, const float (&vals)[kQuad]) {
+  const QuadSpan q = quad_span(ctx, g, dst, pl, bb, ti, tj, r, c0);
+  if (q.vector) {
+    Vec4<V> v;
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) v.v[k] = Element<V>::store(vals[k]);
+    ctx.store_vector(dst, q.off, v);
+    return;
+  }
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    const TileCell cell = tile_cell(g, bb, ti, tj, r, c0 + k);
+    if (cell.valid) dst[plane_offset(g, pl, cell)] = Element<V>::store(vals[k]);
+  }
+}
+
+// The quads of a tile walked by the lanes of a warp: lane l takes column quad l % kQuadsPerRow of
+// rows l / kQuadsPerRow + kQuadRowStep * i (a warp-wide access covers kQuadRowStep whole rows;
+// the shared-tile stride kTile + 1 keeps the per-cell shared accesses free of bank conflicts).
+SS2D_HD SS2D_INLINE int quad_column(int lane) { return (lane & (kQuadsPerRow - 1)) * kQuad; }
+SS2D_HD SS2D_INLINE int quad_first_row(int lane) { return lane >> kQuadsPerRowShift; }
+
+// Phase 1 of a tile: dt / u of `channels` consecutive channels from d0 into shared tiles (0 on
+// padding cells, so Abar = 1 and x = 0 there); thread t takes quads t, t + nthreads, ... (the
+// same quads as the tile's store phase, so the next tile's loads need no barrier after it).
 template <class T, class Ctx, class In, class Out>
 SS2D_HD void load_channel_tiles(Ctx& ctx, const Params& p, int bb, int ti, int tj, int d0,
                                 int channels, const In& u, const In& delta, Out dt_tiles,
                                 Out u_tiles) {
   const Geometry& g = p.g;
   ctx.each_thread([&](int t) {
-    for (int idx = t; idx < channels * kTileCells; idx += ctx.nthreads()) {
-      const int s = idx >> kTileCellShift;
-      const int r = (idx >> kTileShift) & (kTile - 1);
-      const int c = idx & (kTile - 1);
+    for (int idx = t; idx < channels * kTileQuads; idx += ctx.nthreads()) {
+      const int s = idx >> kTileQuadShift;
+      const int r = (idx >> kQuadsPerRowShift) & (kTile - 1);
+      const int c0 = quad_column(idx);
       const int d = d0 + s;
-      const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
-      float dt = 0.f, uv = 0.f;
-      if (cell.valid) {
-        const int64_t off = ud_offset(g, cell, d);
-        const float z = Element<T>::load(delta[off]) + (p.delta_bias ? p.delta_bias[d] : 0.f);
-        dt = p.softplus ? softplus(z) : z;
-        uv = Element<T>::load(u[off]);
+      const Plane pl{g.dim, d};
+      float dq[kQuad], uq[kQuad];
+      const uint32_t real = load_quad<T>(ctx, g, delta, pl, bb, ti, tj, r, c0, dq);
+      load_quad<T>(ctx, g, u, pl, bb, ti, tj, r, c0, uq);
+      const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+SS2D_UNROLL
+      for (int k = 0; k < kQuad; ++k) {
+        const float z = dq[k] + bias;
+        const int e = s * kTileFloats + tile_offset(r, c0 + k);
+        dt_tiles[e] = ((real >> k) & 1u) ? (p.softplus ? softplus(z) : z) : 0.f;
+        u_tiles[e] = uq[k];
       }
-      const int e = s * kTileFloats + tile_offset(r, c);
-      dt_tiles[e] = dt;
-      u_tiles[e] = uv;
     }
   });
 }
@@ -228,41 +311,46 @@ SS2D_UNROLL
       }
       for (int n = w % wpc; n < nstate; n += wpc) {
         const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
+        const Plane bpl{static_cast<int64_t>(g.groups) * nstate, static_cast<int64_t>(group) * nstate + n};
         if (own_loads) {
-          // N = 1: dt, u and B rows (coalesced) straight into x and Abar; y starts at D * u.
+          // N = 1: dt, u and B quads straight into x and Abar; y starts at D * u.
           const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
           const float dskip = p.D ? p.D[d] : 0.f;
-          ctx.each_lane([&](int c) {
-            const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
-SS2D_UNROLL_BY(4)
-            for (int r = 0; r < kTile; ++r) {
-              int64_t off;
-              float dt = 0.f, uv = 0.f, bv = 0.f;
-              if (column_cell(g, col, r, off)) {
-                const int64_t at = ud_offset(g, tile_cell(g, bb, ti, tj, r, c), d);
-                const float z = Element<T>::load(delta[at]) + bias;
-                dt = p.softplus ? softplus(z) : z;
-                uv = Element<T>::load(u[at]);
-                bv = Element<T>::load(Bg[off]);
+          const Plane upl{g.dim, d};
+          ctx.each_lane([&](int lane) {
+            const int c0 = quad_column(lane);
+SS2D_UNROLL_BY(2)
+            for (int r = quad_first_row(lane); r < kTile; r += kQuadRowStep) {
+              float dq[kQuad], uq[kQuad], bq[kQuad];
+              const uint32_t real = load_quad<T>(ctx, g, delta, upl, bb, ti, tj, r, c0, dq);
+              load_quad<T>(ctx, g, u, upl, bb, ti, tj, r, c0, uq);
+              load_quad<T>(ctx, g, Bg, bpl, bb, ti, tj, r, c0, bq);
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const float z = dq[k] + bias;
+                const float dt = ((real >> k) & 1u) ? (p.softplus ? softplus(z) : z) : 0.f;
+                const int e = tile_offset(r, c0 + k);
+                x[e] = dt * uq[k] * bq[k];
+                abar[e] = exp2f(dt * a2);
+                if (!edges_only) yp[e] = dskip * uq[k];
               }
-              const int e = tile_offset(r, c);
-              x[e] = dt * uv * bv;
-              abar[e] = exp2f(dt * a2);
-              if (!edges_only) yp[e] = dskip * uv;
             }
           });
         } else {
-          // x = dt * B * u and Abar, lane = column: each row of B is one coalesced load.
-          ctx.each_lane([&](int c) {
-            const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
-SS2D_UNROLL_BY(4)
-            for (int r = 0; r < kTile; ++r) {
-              int64_t off;
-              const float bv = column_cell(g, col, r, off) ? Element<T>::load(Bg[off]) : 0.f;
-              const int e = tile_offset(r, c);
-              const float dt = dts[e];
-              x[e] = dt * us[e] * bv;
-              abar[e] = exp2f(dt * a2);
+          // x = dt * B * u and Abar from the channel tiles and B quads.
+          ctx.each_lane([&](int lane) {
+            const int c0 = quad_column(lane);
+SS2D_UNROLL_BY(2)
+            for (int r = quad_first_row(lane); r < kTile; r += kQuadRowStep) {
+              float bq[kQuad];
+              load_quad<T>(ctx, g, Bg, bpl, bb, ti, tj, r, c0, bq);
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const int e = tile_offset(r, c0 + k);
+                const float dt = dts[e];
+                x[e] = dt * us[e] * bq[k];
+                abar[e] = exp2f(dt * a2);
+              }
             }
           });
         }
@@ -334,21 +422,25 @@ SS2D_UNROLL_BY(8)
     if (edges_only) continue;
     ctx.barrier();
     ctx.each_thread([&](int t) {
-      for (int idx = t; idx < channels * kTileCells; idx += ctx.nthreads()) {
-        const int s = idx >> kTileCellShift;
-        const int r = (idx >> kTileShift) & (kTile - 1);
-        const int c = idx & (kTile - 1);
-        const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
-        if (!cell.valid) continue;
+      for (int idx = t; idx < channels * kTileQuads; idx += ctx.nthreads()) {
+        const int s = idx >> kTileQuadShift;
+        const int r = (idx >> kQuadsPerRowShift) & (kTile - 1);
+        const int c0 = quad_column(idx);
         const int d = d0 + s;
-        const int e = tile_offset(r, c);
-        float yv = own_loads ? 0.f : (p.D ? p.D[d] : 0.f) * u_t[s * kTileFloats + e];
-        for (int j = 0; j < wpc; ++j) yv += y_t[(s * wpc + j) * kTileFloats + e];
-        const int64_t off = ud_offset(g, cell, d);
+        const float dskip = own_loads || !p.D ? 0.f : p.D[d];
+        float yq[kQuad];
+SS2D_UNROLL
+        for (int k = 0; k < kQuad; ++k) {
+          const int e = tile_offset(r, c0 + k);
+          float yv = own_loads ? 0.f : dskip * u_t[s * kTileFloats + e];
+          for (int j = 0; j < wpc; ++j) yv += y_t[(s * wpc + j) * kTileFloats + e];
+          yq[k] = yv;
+        }
+        const Plane pl{g.dim, d};
         if (p.y_fp32) {
-          y32[off] = yv;
+          store_quad<float>(ctx, g, y32, pl, bb, ti, tj, r, c0, yq);
         } else {
-          yT[off] = Element<T>::store(yv);
+          store_quad<T>(ctx, g, yT, pl, bb, ti, tj, r, c0, yq);
         }
       }
     });
@@ -445,14 +537,19 @@ SS2D_HD void backward_edges_block(Ctx& ctx, const Params& p, int bb, int cblock,
       for (int n = w; n < nstate; n += nwarps) {
         const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
         ctx.sync_warp();
-        ctx.each_lane([&](int c) {
-          const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
-SS2D_UNROLL_BY(4)
-          for (int r = 0; r < kTile; ++r) {
-            const int e = tile_offset(r, c);
-            int64_t off;
-            cg[e] = column_cell(g, col, r, off) ? Element<T>::load(Cg[off]) : 0.f;
-            abar_t[e] = exp2f(dt_t[e] * a2);
+        const Plane bpl{static_cast<int64_t>(g.groups) * nstate, static_cast<int64_t>(group) * nstate + n};
+        ctx.each_lane([&](int lane) {
+          const int c0 = quad_column(lane);
+SS2D_UNROLL_BY(2)
+          for (int r = quad_first_row(lane); r < kTile; r += kQuadRowStep) {
+            float cq[kQuad];
+            load_quad<T>(ctx, g, Cg, bpl, bb, ti, tj, r, c0, cq);
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              const int e = tile_offset(r, c0 + k);
+              cg[e] = cq[k];
+              abar_t[e] = exp2f(dt_t[e] * a2);
+            }
           }
         });
         ctx.sync_warp();
@@ -505,7 +602,7 @@ SS2D_UNROLL_BY(4)
 // after the other. Per channel the tiles are walked in reverse (bottom-right first), or, in the
 // tile-parallel final pass (kFinal), only tile `tile_z` with the gradient carries into it from
 // grad_in_v / grad_in_h (backward_edges_block + carry_scan_block). Per tile and
-// state (warp w takes states w, w + nwarps, ...): lane c loads column c of B and C and computes
+// state (warp w takes states w, w + nwarps, ...): the lanes load B and C quads and compute
 // Abar once; recompute hh (row lanes) and h (column lanes) from the saved carries; the reverse
 // vertical scan
 //     gh[r] = dy[r] * C[r] + Abar[r+1] * gh[r+1]
@@ -598,20 +695,21 @@ SS2D_UNROLL
             const float a_n = p.A[static_cast<int64_t>(d) * nstate + n];
             const float a2 = a_n * kLog2e;
             ctx.sync_warp();
-            ctx.each_lane([&](int c) {
-              const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
-SS2D_UNROLL_BY(4)
-              for (int r = 0; r < kTile; ++r) {
-                const int e = tile_offset(r, c);
-                float bv = 0.f, cv = 0.f;
-                int64_t off;
-                if (column_cell(g, col, r, off)) {
-                  bv = Element<T>::load(Bg[off]);
-                  cv = Element<T>::load(Cg[off]);
+            const Plane bpl{static_cast<int64_t>(g.groups) * nstate, static_cast<int64_t>(group) * nstate + n};
+            ctx.each_lane([&](int lane) {
+              const int c0 = quad_column(lane);
+SS2D_UNROLL_BY(2)
+              for (int r = quad_first_row(lane); r < kTile; r += kQuadRowStep) {
+                float bq[kQuad], cq[kQuad];
+                load_quad<T>(ctx, g, Bg, bpl, bb, ti, tj, r, c0, bq);
+                load_quad<T>(ctx, g, Cg, bpl, bb, ti, tj, r, c0, cq);
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const int e = tile_offset(r, c0 + k);
+                  bs[e] = bq[k];
+                  cg[e] = cq[k];
+                  abar_t[e] = exp2f(dt_t[e] * a2);
                 }
-                bs[e] = bv;
-                cg[e] = cv;
-                abar_t[e] = exp2f(dt_t[e] * a2);
               }
             });
             ctx.sync_warp();
@@ -731,25 +829,31 @@ SS2D_UNROLL
         });
         ctx.barrier();
         ctx.each_thread([&](int t) {
-          for (int idx = t; idx < kTileCells; idx += nthreads) {
-            const int r = idx >> kTileShift;
-            const int c = idx & (kTile - 1);
-            const TileCell cell = tile_cell(g, bb, ti, tj, r, c);
-            if (!cell.valid) continue;
-            const int e = tile_offset(r, c);
-            const int64_t off = ud_offset(g, cell, d);
-            const float dyv = load_dy(off);
-            float ddt = 0.f;
-            float duv = dskip * dyv;
-            for (int w = 0; w < nwarps; ++w) {
-              duv += warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
-              ddt += warp_t[(w * kBackwardWarpTiles + 4) * kTileFloats + e];
+          for (int idx = t; idx < kTileQuads; idx += nthreads) {
+            const int r = idx >> kQuadsPerRowShift;
+            const int c0 = quad_column(idx);
+            const Plane pl{g.dim, d};
+            float dyq[kQuad], duq[kQuad], ddq[kQuad];
+            const uint32_t real = p.dy_fp32 ? load_quad<float>(ctx, g, dy32, pl, bb, ti, tj, r, c0, dyq)
+                                            : load_quad<T>(ctx, g, dyT, pl, bb, ti, tj, r, c0, dyq);
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              const int e = tile_offset(r, c0 + k);
+              float ddt = 0.f;
+              float duv = dskip * dyq[k];
+              for (int w = 0; w < nwarps; ++w) {
+                duv += warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
+                ddt += warp_t[(w * kBackwardWarpTiles + 4) * kTileFloats + e];
+              }
+              // Padding cells: dy = 0 and u = 0 there, and their du / ddelta are not stored.
+              const float ddv = p.softplus ? ddt * softplus_grad_from_value(dt_t[e]) : ddt;
+              red[t] += dyq[k] * u_t[e];
+              red[nthreads + t] += ((real >> k) & 1u) ? ddv : 0.f;
+              duq[k] = duv;
+              ddq[k] = ddv;
             }
-            const float ddv = p.softplus ? ddt * softplus_grad_from_value(dt_t[e]) : ddt;
-            red[t] += dyv * u_t[e];
-            red[nthreads + t] += ddv;
-            du_g[off] = Element<T>::store(duv);
-            ddelta_g[off] = Element<T>::store(ddv);
+            store_quad<T>(ctx, g, du_g, pl, bb, ti, tj, r, c0, duq);
+            store_quad<T>(ctx, g, ddelta_g, pl, bb, ti, tj, r, c0, ddq);
           }
         });
         // No barrier: as in the forward, the next tile's loads touch only this thread's cells.

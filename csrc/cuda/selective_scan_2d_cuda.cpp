@@ -170,4 +170,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Runs a synthetic block through the emulation's checker (tests of the race detector);\n"
         "raises RuntimeError when the checker objects. See scan2d_emulate.h for the scenarios.",
         py::arg("scenario"));
+  m.def("_emulation_vector_accesses", &emulation_vector_accesses,
+        "Vector (16-byte fp32 / 8-byte fp16, bf16) global loads and stores made by the last\n"
+        "_emulate_forward / _emulate_backward call on this thread (tests of the vector path).");
 }

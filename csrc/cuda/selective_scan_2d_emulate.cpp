@@ -36,6 +36,10 @@ namespace {
   throw std::runtime_error("selective_scan_2d emulation: " + what);
 }
 
+// Vector global accesses (loads and stores) of the running emulation call, for the tests that
+// prove the vector path is taken (emulation_vector_accesses).
+thread_local int64_t g_vector_accesses = 0;
+
 // Who is running: a thread (with its barrier interval and its warp's __syncwarp interval), or
 // the block / a warp as a whole.
 struct Access {
@@ -199,7 +203,40 @@ class GlobalView {
     return Ref(base_ + i);
   }
 
+  // The address test the kernel makes before a vector access (no access, so no bounds check).
+  bool vector_aligned(int64_t i) const {
+    return reinterpret_cast<uintptr_t>(base_ + i) % sizeof(Vec4<Value>) == 0;
+  }
+  // A vector access of elements i .. i + kQuad - 1 with the GPU's preconditions checked: the
+  // buffer exists, all kQuad elements are inside it, the address is aligned to the vector width.
+  Vec4<Value> load_vector(int64_t i) const {
+    Vec4<Value> v;
+    std::memcpy(v.v, check_vector(i), sizeof(v.v));
+    ++g_vector_accesses;
+    return v;
+  }
+  void store_vector(int64_t i, const Vec4<Value>& v) const {
+    static_assert(!std::is_const_v<V>, "vector store into a read-only buffer");
+    std::memcpy(check_vector(i), v.v, sizeof(v.v));
+    ++g_vector_accesses;
+  }
+
  private:
+  V* check_vector(int64_t i) const {
+    if (base_ == nullptr) fail("vector access to a global buffer the launch did not provide");
+    if (i < 0 || i + kQuad > extent_) {
+      fail("out-of-bounds vector global access: elements " + std::to_string(i) + " .. " +
+           std::to_string(i + kQuad - 1) + " of a buffer of " + std::to_string(extent_));
+    }
+    const auto address = reinterpret_cast<uintptr_t>(base_ + i);
+    if (address % sizeof(Vec4<Value>) != 0) {
+      fail("misaligned vector global access: element " + std::to_string(i) + " at address " +
+           std::to_string(address) + " is not a multiple of " + std::to_string(sizeof(Vec4<Value>)) +
+           " bytes");
+    }
+    return base_ + i;
+  }
+
   V* base_;
   int64_t extent_;
 };
@@ -243,6 +280,19 @@ class HostCtx {
   template <class V>
   GlobalView<V> global(V* ptr, int64_t count) const {
     return GlobalView<V>(ptr, count);
+  }
+  // DeviceCtx's vector primitives; GlobalView checks their preconditions.
+  template <class V>
+  bool vector_aligned(const GlobalView<V>& view, int64_t off) const {
+    return view.vector_aligned(off);
+  }
+  template <class V>
+  auto load_vector(const GlobalView<V>& view, int64_t off) const {
+    return view.load_vector(off);
+  }
+  template <class V>
+  void store_vector(const GlobalView<V>& view, int64_t off, const Vec4<std::remove_const_t<V>>& v) const {
+    view.store_vector(off, v);
   }
 
   template <class F>
@@ -397,6 +447,7 @@ struct OptionsScope {
   explicit OptionsScope(const EmulationOptions& o) {
     TORCH_CHECK_VALUE(o.sm_count >= 1, "emulation: sm_count must be >= 1, got ", o.sm_count);
     g_options = o;
+    g_vector_accesses = 0;
   }
   ~OptionsScope() { g_options = EmulationOptions{}; }
 };
@@ -462,6 +513,24 @@ void run_scenario(const std::string& scenario) {
     ctx.each_warp([&](int) { ctx.barrier(); });
   } else if (scenario == "syncwarp_inside_lane_phase") {
     ctx.each_warp([&](int) { ctx.each_lane([&](int) { ctx.sync_warp(); }); });
+  } else if (scenario == "aligned_vector_access") {
+    alignas(16) float data[2 * kQuad] = {};
+    auto v = ctx.global(static_cast<float*>(data), 2 * kQuad);
+    if (!ctx.vector_aligned(v, kQuad)) fail("vector_aligned rejects an aligned address");
+    ctx.store_vector(v, kQuad, ctx.load_vector(v, 0));
+  } else if (scenario == "misaligned_vector_load") {
+    alignas(16) float data[2 * kQuad] = {};
+    auto v = ctx.global(static_cast<const float*>(data), 2 * kQuad);
+    if (ctx.vector_aligned(v, 1)) fail("vector_aligned accepts a misaligned address");
+    ctx.load_vector(v, 1);
+  } else if (scenario == "out_of_bounds_vector_load") {
+    alignas(16) float data[2 * kQuad] = {};
+    auto v = ctx.global(static_cast<const float*>(data), 2 * kQuad - 1);
+    ctx.load_vector(v, kQuad);
+  } else if (scenario == "misaligned_vector_store") {
+    alignas(16) c10::Half data[2 * kQuad] = {};
+    auto v = ctx.global(static_cast<c10::Half*>(data), 2 * kQuad);
+    ctx.store_vector(v, 2, Vec4<c10::Half>{});
   } else if (scenario == "misaligned_shared_array") {
     ctx.shared<float>(smem.data(), 2, 4);
   } else {
@@ -496,6 +565,8 @@ std::vector<at::Tensor> emulate_backward(const at::Tensor& u, const at::Tensor& 
 }
 
 void emulation_self_check(const std::string& scenario) { run_scenario(scenario); }
+
+int64_t emulation_vector_accesses() { return g_vector_accesses; }
 
 }  // namespace scan2d
 }  // namespace vmamba2d
