@@ -16,6 +16,7 @@ pytest.importorskip("mmseg", reason="the seg extra (mmsegmentation, mmengine, mm
 import vmamba2d.seg  # noqa: E402,F401  (registers the hook, the atomic backend and the weights_only allow-list)
 from mmengine.config import Config  # noqa: E402
 from test_seg import TINY_CONFIG, _load_script, _run_options, ade_root  # noqa: E402,F401  (fixture)
+from vmamba2d.seg import safe_checkpoints  # noqa: E402
 from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend  # noqa: E402
 from vmamba2d.seg.work_dir import UnreadableCheckpoint, prepare_work_dir  # noqa: E402
 from vmamba2d.training import RunFolderError  # noqa: E402
@@ -52,6 +53,8 @@ def _deterministic_options(data_root: Path) -> list:
         "model.backbone.drop_path_rate=0.0",
         "model.decode_head.dropout_ratio=0.0",
         "model.auxiliary_head.dropout_ratio=0.0",
+        "optim_wrapper.optimizer.lr=0.001",  # updates far above float32 rounding, so a wrong resume shows
+        "param_scheduler.0.start_factor=1.0",
     ]
 
 
@@ -66,13 +69,29 @@ def _scalar_steps(work_dir: Path, key: str) -> list:
 
 
 @pytest.mark.slow
-def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_root, tmp_path):
+def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_root, tmp_path, monkeypatch):
     train = _load_script("train")
     options = _deterministic_options(ade_root)
     reference = tmp_path / "reference"
+    events = []
+    put, remove = AtomicLocalBackend.put, AtomicLocalBackend.remove
+    monkeypatch.setattr(AtomicLocalBackend, "put", lambda self, obj, path: (
+        events.append(("write", Path(path).name)), put(self, obj, path))[1])
+    monkeypatch.setattr(AtomicLocalBackend, "remove", lambda self, path: (
+        events.append(("remove", Path(path).name)), remove(self, path))[1])
+    commit = safe_checkpoints.write_last_checkpoint
+    monkeypatch.setattr(safe_checkpoints, "write_last_checkpoint", lambda work_dir, path: (
+        events.append(("commit", Path(path).name)), commit(work_dir, path))[1])
     # each in-process run gets its own visualizer (mmengine keeps one global instance per name)
     train.main([str(TINY_CONFIG), "--work-dir", str(reference), "--cfg-options", *options,
                 "visualizer.name=reference"])
+    monkeypatch.undo()
+    # validation (and best) before the iteration's checkpoint, last_checkpoint after it, deletions last
+    improved = ("write", "best_mIoU_iter_4.pth") in events  # the first validation always sets a best
+    assert events == [("write", "best_mIoU_iter_2.pth"), ("write", "iter_2.pth"), ("commit", "iter_2.pth"),
+                      *([("write", "best_mIoU_iter_4.pth")] if improved else []),
+                      ("write", "iter_4.pth"), ("commit", "iter_4.pth"), ("remove", "iter_2.pth"),
+                      *([("remove", "best_mIoU_iter_2.pth")] if improved else [])]
 
     work = tmp_path / "killed"
     argv = [str(TINY_CONFIG), "--work-dir", str(work), "--cfg-options", *options]
@@ -84,8 +103,10 @@ def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_r
     # the kill left: the committed iteration 2, a half-written temp file, and files ahead of the commit
     assert (work / "last_checkpoint").read_text() == str(work / "iter_2.pth")
     assert not (work / "iter_4.pth").exists()
+    assert (work / "iter_2.pth").is_file() and (work / "best_mIoU_iter_2.pth").is_file()  # deleted only after a commit
     assert [p.name for p in work.glob(".iter_4.pth.tmp-*")], sorted(p.name for p in work.iterdir())
     assert 4 in _scalar_steps(work, "loss")
+    committed = torch.load(work / "iter_2.pth", weights_only=True)["state_dict"]
 
     train.main([str(TINY_CONFIG), "--work-dir", str(work), "--resume", "--cfg-options", *options,
                 "visualizer.name=resumed"])
@@ -97,6 +118,8 @@ def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_r
     assert resumed["meta"]["iter"] == 4
     for name, tensor in expected["state_dict"].items():
         torch.testing.assert_close(resumed["state_dict"][name], tensor, rtol=0, atol=0, msg=name)
+    moved = max((resumed["state_dict"][name] - committed[name]).abs().max().item() for name in committed)
+    assert moved > 1e-4  # iterations 3 and 4 did train after the resume
     # the best checkpoint named by the last checkpoint exists (never behind it); no other best is left
     best = Path(resumed["message_hub"]["runtime_info"]["best_ckpt"])
     assert best.is_file() and [p.name for p in work.glob("best_*.pth")] == [best.name]
