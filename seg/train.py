@@ -7,6 +7,7 @@ Slurm:            srun ... python seg/train.py CONFIG --launcher slurm
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -52,12 +53,12 @@ def main(argv=None) -> None:
     check_dataset_folders(cfg, ("train_dataloader", "val_dataloader"))
     if args.amp:
         enable_amp(cfg)
-    for note in prepare_work_dir(cfg, args.resume):  # atomic checkpoints; resume checks and repair
-        print_log(note, logger="current")
     if args.auto_scale_lr:
         if cfg.get("auto_scale_lr") is None:
             raise ValueError("--auto-scale-lr: the config defines no auto_scale_lr=dict(base_batch_size=...)")
         cfg.auto_scale_lr.enable = True
+    for note in prepare_work_dir(cfg, args.resume):  # atomic checkpoints; resume checks and repair
+        print_log(note, logger="current", level=logging.WARNING)
     runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
     runner.train()
 

@@ -187,7 +187,8 @@ def test_truncated_or_corrupted_latest_checkpoint_is_reported_and_skipped(tmp_pa
     cfg = _cfg(work)
     notes = prepare_work_dir(cfg, "auto")
     assert cfg.load_from == str(work / "iter_2.pth")
-    assert any(note.startswith("WARNING") and "iter_4.pth" in note and "truncated" in note for note in notes)
+    assert any(note.startswith("the latest checkpoint is unusable") and "iter_4.pth" in note and "truncated" in note
+               for note in notes)
     assert (work / "last_checkpoint").read_text() == str(work / "iter_2.pth")
     assert not latest.exists()  # ahead of the commit it fell back to
 
@@ -203,6 +204,19 @@ def test_truncated_or_corrupted_latest_checkpoint_is_reported_and_skipped(tmp_pa
     (work / "empty.pth").write_bytes(b"")
     with pytest.raises(UnreadableCheckpoint, match=r"empty\.pth \(0 bytes\)"):
         prepare_work_dir(_cfg(work), str(work / "empty.pth"))
+
+
+def test_moved_work_dir_resumes_from_its_own_copy_of_the_latest_checkpoint(tmp_path):
+    work = tmp_path / "moved"
+    work.mkdir()
+    _fake_checkpoint(work / "iter_2.pth", 2)
+    _fake_checkpoint(work / "iter_4.pth", 4)
+    (work / "last_checkpoint").write_text(str(tmp_path / "old_place" / "iter_4.pth"))
+    cfg = _cfg(work)
+    notes = prepare_work_dir(cfg, "auto")
+    assert cfg.load_from == str(work / "iter_4.pth") and (work / "iter_4.pth").is_file()
+    assert any("does not exist" in note for note in notes)
+    assert (work / "last_checkpoint").read_text() == str(work / "iter_4.pth")
 
 
 def test_work_dir_start_rules(tmp_path):

@@ -15,6 +15,8 @@ before the Runner is built, then
   timestamped log folders and config copy of a run that never committed a checkpoint) starts from
   scratch; anything else is refused with the folder and its files named;
 * ``--resume PATH``: resumes from that checkpoint after the same check (refused when unreadable);
+  refused when the work dir holds another run (a ``last_checkpoint`` elsewhere) or, without
+  ``last_checkpoint``, files other than a never-committed run's logs (unless PATH is in that folder);
 * when resuming from the work dir's latest committed checkpoint, removes what a kill left *ahead* of it:
   checkpoints of later steps, best checkpoints the committed message hub does not name, and the lines
   of later steps in the runs' JSON scalar logs (``<timestamp>/vis_data/*.json``). The text logs
@@ -135,8 +137,8 @@ def prepare_work_dir(cfg: Config, resume: Optional[str]) -> List[str]:
             raise RunFolderError(
                 f"--work-dir {work_dir} already holds another run (last checkpoint {pointer}); resuming "
                 f"{chosen} there would overwrite it. Use --resume without a path, or another --work-dir")
-        if pointer is None:
-            _refuse_foreign(work_dir, checkpoint_dir, allow=chosen)
+        if pointer is None and not _same_file(chosen.parent, checkpoint_dir):
+            _refuse_foreign(work_dir, checkpoint_dir)
     cfg.resume, cfg.load_from = True, str(chosen)
     if main and committed:
         notes += _repair(work_dir, checkpoint_dir, pattern, chosen, state, pointer)
@@ -196,19 +198,20 @@ def _newest_readable(pointer: str, checkpoints: List[Tuple[int, Path]], pattern:
     limit = int(match.group(1)) if match else None
     reasons = [problem]
     for step, path in reversed(checkpoints):
-        if (limit is not None and step >= limit) or _same_file(path, target):
+        # step == limit: the same name in this folder (last_checkpoint may name a moved work dir)
+        if (limit is not None and step > limit) or _same_file(path, target):
             continue
         try:
             state = read_checkpoint_state(path)
         except UnreadableCheckpoint as error:
             reasons.append(str(error))
             continue
-        return path, state, [f"WARNING: the latest checkpoint is unusable ({problem}); resuming from {path} instead"]
+        return path, state, [f"the latest checkpoint is unusable ({problem}); resuming from {path} instead"]
     raise UnreadableCheckpoint("--resume: no readable checkpoint to continue from: " + "; ".join(reasons)
                                + ". Resume from another file with --resume PATH, or start a new --work-dir")
 
 
-def _refuse_foreign(work_dir: Path, checkpoint_dir: Path, allow: Optional[Path] = None) -> None:
+def _refuse_foreign(work_dir: Path, checkpoint_dir: Path) -> None:
     """Refuse a work dir without ``last_checkpoint`` that holds more than a never-committed run's logs."""
     foreign = []
     for folder in dict.fromkeys((work_dir, checkpoint_dir)):
@@ -217,7 +220,7 @@ def _refuse_foreign(work_dir: Path, checkpoint_dir: Path, allow: Optional[Path] 
         for entry in sorted(folder.iterdir()):
             run_log = (entry.is_dir() and _RUN_LOG_FOLDER.match(entry.name)) or (
                 entry.is_file() and entry.suffix == ".py")  # mmengine's copy of the config
-            if not (run_log or is_temp_file(entry) or (allow is not None and _same_file(entry, allow))):
+            if not (run_log or is_temp_file(entry)):
                 foreign.append(entry.name + ("/" if entry.is_dir() else ""))
     if foreign:
         shown = ", ".join(foreign[:10]) + (f" (+{len(foreign) - 10} more)" if len(foreign) > 10 else "")
