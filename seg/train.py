@@ -34,8 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("config", help="config file, e.g. configs/seg/upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py")
     parser.add_argument("--work-dir", help="folder for logs and checkpoints (default ./work_dirs/<config name>)")
     parser.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
-                        help="resume: without a value from the work dir's last complete checkpoint (last_checkpoint), "
-                             "or from CKPT; a truncated / unreadable checkpoint is reported, never loaded")
+                        help="resume: without a value from the work dir's last complete checkpoint "
+                             "(last_checkpoint), or from CKPT; a truncated / unreadable checkpoint is "
+                             "reported, never loaded")
     parser.add_argument("--amp", action="store_true", help="mixed-precision training (CUDA)")
     parser.add_argument("--from-scratch", action="store_true",
                         help="train the backbone from random weights; without it the config's ImageNet "
