@@ -23,15 +23,23 @@ behind ``last_checkpoint``. :func:`vmamba2d.seg.work_dir.prepare_work_dir` repai
 start. When the best score improves at an iteration without a scheduled checkpoint, ``iter_N.pth`` is
 written too (mmengine does the same), so the new best is committed. Epoch-based loops keep mmengine's
 order (save after the epoch, then the best) with the same atomic writes.
+
+mmengine does not checkpoint random number generators. The hook adds the torch generator states
+(CPU, and the current CUDA device's once CUDA is initialised) to every checkpoint under
+``'torch_rng_state'`` and, in a single-process run resumed at iteration > 0, restores them before
+training continues, so dropout / drop-path draw what the uninterrupted run drew. Data augmentation
+(numpy, in the main process or in mmengine-seeded loader workers) is replayed by mmengine's own
+resume, which re-reads the batches it skips.
 """
 from __future__ import annotations
 
 import bisect
 import os.path as osp
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
-from mmengine.dist import is_main_process
+import torch
+from mmengine.dist import get_world_size, is_main_process
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
@@ -40,6 +48,7 @@ from mmengine.runner import IterBasedTrainLoop
 from vmamba2d.training.checkpoint import atomic_write
 
 ATOMIC_BACKEND = "vmamba2d_atomic_local"
+RNG_STATE_KEY = "torch_rng_state"
 LAST_CHECKPOINT_NAME = "last_checkpoint"
 
 
@@ -80,6 +89,31 @@ class AtomicCheckpointHook(CheckpointHook):
         super().__init__(*args, backend_args=backend_args, **kwargs)
         self._pending_step: Optional[int] = None
         self._superseded_best: List[str] = []
+        self._loaded_rng: Optional[Dict[str, Any]] = None
+
+    # ------------------------------------------------------------------ RNG streams ----------
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        state = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()
+        checkpoint[RNG_STATE_KEY] = state
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        self._loaded_rng = checkpoint.get(RNG_STATE_KEY)
+
+    def before_train(self, runner) -> None:
+        super().before_train(runner)
+        state, self._loaded_rng = self._loaded_rng, None
+        if state is None or runner.iter == 0:  # nothing saved, or weights loaded for a new run (load_from)
+            return
+        if get_world_size() > 1:
+            runner.logger.warning("resumed a distributed run: the torch generators of each rank start anew "
+                                  "(only single-process runs restore them)")
+            return
+        torch.set_rng_state(state["cpu"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
 
     # ------------------------------------------------------------------ when to save ---------
 
