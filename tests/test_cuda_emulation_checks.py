@@ -91,13 +91,23 @@ def test_every_barrier_is_necessary():
 def test_every_barrier_is_necessary_at_one_state():
     # N = 1: each warp loads its own channel (no shared load tiles); 4 channels side by side.
     # 2x2 tiles: 1 barrier before the first tile's y sums, 2 per later tile.
+    # Backward: the 4 channels side by side too (4 warps); 2 barriers per tile (after the loads,
+    # after the warps' scans) and 1 before the per-channel reductions: 9.
     inputs = make_inputs(2, 4, 1, 1, 40, 40, seed=4)
     args = [inputs[k] for k in ORDER]
-    CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, drop_barrier=7, sm_count=1)
+    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True,
+                                                       drop_barrier=7, sm_count=1)
     for index in range(7):
         with pytest.raises(RuntimeError, match="race"):
             CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, drop_barrier=index,
                                          sm_count=1)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5))
+    CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v, drop_barrier=9,
+                                  sm_count=1)
+    for index in range(9):
+        with pytest.raises(RuntimeError, match="race"):
+            CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
+                                          drop_barrier=index, sm_count=1)
 
 
 @needs_module
@@ -173,7 +183,8 @@ def test_tile_parallel_forward_matches_sequential_forward(shape):
 
 
 @needs_module
-@pytest.mark.parametrize("shape", [(1, 1, 16, 70, 90), (2, 2, 2, 40, 70), (1, 2, 3, 200, 1)],
+@pytest.mark.parametrize("shape", [(1, 1, 16, 70, 90), (2, 2, 2, 40, 70), (1, 2, 3, 200, 1),
+                                   (1, 4, 1, 40, 70)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_tile_parallel_backward_matches_sequential_backward(shape):
     batch, dim, nstate, height, width = shape

@@ -162,7 +162,8 @@ def test_cuda_entry_points_reject_cpu_tensors():
 # partly filled; N = 1 with 4 channels side by side = 128 threads), a single partial tile, several
 # tiles with partial edges, 1xL / Lx1 maps (maps stacked across the tile, tiled along L; 37 maps =
 # one full and one partial batch block), short-wide / tall-narrow maps, 33x65, groups > 1,
-# N in {1, 2, 4, 16, 64}, fp16 / bf16, odd batches.
+# N in {1, 2, 4, 16, 64}, fp16 / bf16, odd batches; a few-map N = 1 shape (one 40x70 map, 4
+# channels side by side in the forward and the backward) that runs tile-parallel.
 EMULATED_SHAPES = [
     (5, 4, 2, 1, 7, 7, torch.float32),
     (3, 8, 2, 1, 14, 14, torch.float32),
@@ -179,6 +180,7 @@ EMULATED_SHAPES = [
     (1, 1, 1, 64, 33, 34, torch.float32),
     (3, 4, 2, 4, 36, 10, torch.float16),
     (5, 8, 2, 1, 20, 45, torch.bfloat16),
+    (1, 4, 1, 1, 40, 70, torch.float32),
 ]
 # Every phase in forward (0), reversed (1) and shuffled (>= 2, the seed) thread / warp / lane /
 # block order; the shapes take turns.

@@ -88,15 +88,20 @@ struct Geometry {
 //            fwd_channels * fwd_warps_per_channel warps (4 at N = 1 when the group has >= 4
 //            channels: 128 threads).
 //  backward: grid (batch_blocks, groups * slices); a block walks the dim / groups / slices
-//            channels of its slice of a group one after the other, its warps split the states.
-//            dB / dC of a slice are accumulated by that block alone (no atomics) into its own
-//            partial buffer; the partials are summed in slice order afterwards: deterministic.
+//            channels of its slice of a group bwd_channels at a time, side by side, each on
+//            bwd_warps / bwd_channels warps that split its states (N = 1: 4 channels of one
+//            warp each, 128 threads; N >= 2: one channel on up to 4 warps). dB / dC of a slice
+//            are accumulated by that block alone (no atomics) into its own partial buffer -- with
+//            several channels side by side, summed over them on chip in channel order first, one
+//            add per cell and tile; the partials are summed in slice order afterwards:
+//            deterministic.
 //  tile_parallel: the forward runs the tile-parallel passes (grid z = tiles of a map) because the
 //            sequential grid has fewer blocks than the device has SMs (few maps, e.g. one 200x200
 //            map): see ForwardPass.
 struct Launch {
   int fwd_channels;
   int fwd_warps_per_channel;
+  int bwd_channels;  // channels side by side in a backward block (> 1 only at N = 1)
   int bwd_warps;
   int slices;
   bool tile_parallel;      // forward
@@ -203,13 +208,13 @@ struct ForwardLayout {
 };
 
 struct BackwardLayout {
-  size_t dt;    // float tile: dt
-  size_t u;     // float tile: u (dy is read from global memory where needed: one tile less)
+  size_t dt;    // float tile per channel: dt
+  size_t u;     // float tile per channel: u (dy is read from global memory where needed)
   size_t warp;  // kBackwardWarpTiles float tiles per warp
-  size_t hcar;  // float[N][kTile]: reverse horizontal carry
-  size_t dA;    // float[N]
+  size_t hcar;  // float[channels][N][kTile]: reverse horizontal carry
+  size_t dA;    // float[channels][N]
   size_t lane;  // float[nwarps][kTile]: per-lane dA partials
-  size_t red;   // float[2][nthreads]: per-thread dD and ddelta_bias partials
+  size_t red;   // float[2][channels][nthreads]: per-thread dD and ddelta_bias partials
   size_t total;
 };
 
@@ -237,17 +242,17 @@ SS2D_HD inline ForwardLayout forward_layout(int channels, int nwarps, int nstate
   return l;
 }
 
-SS2D_HD inline BackwardLayout backward_layout(int nwarps, int nstate) {
+SS2D_HD inline BackwardLayout backward_layout(int channels, int nwarps, int nstate) {
   LayoutBuilder b;
   BackwardLayout l{};
   const size_t tile = sizeof(float) * kTileFloats;
-  l.dt = b.take(tile);
-  l.u = b.take(tile);
+  l.dt = b.take(tile * channels);
+  l.u = b.take(tile * channels);
   l.warp = b.take(tile * kBackwardWarpTiles * nwarps);
-  l.hcar = b.take(sizeof(float) * nstate * kTile);
-  l.dA = b.take(sizeof(float) * nstate);
+  l.hcar = b.take(sizeof(float) * channels * nstate * kTile);
+  l.dA = b.take(sizeof(float) * channels * nstate);
   l.lane = b.take(sizeof(float) * nwarps * kTile);
-  l.red = b.take(sizeof(float) * 2 * nwarps * kTile);
+  l.red = b.take(sizeof(float) * 2 * channels * nwarps * kTile);
   l.total = b.off;
   return l;
 }

@@ -28,7 +28,12 @@ using OptTensor = std::optional<at::Tensor>;
 struct DeviceLimits {
   int sm_count;
   size_t smem_per_block;  // opt-in maximum of dynamic shared memory per block
+  size_t smem_per_sm;     // shared memory of one SM (what resident blocks share)
 };
+
+// Shared memory the runtime reserves per resident block (sm_80 and later; 0 before, where the
+// estimate below is then slightly conservative).
+constexpr size_t kReservedSmemPerBlock = 1024;
 
 inline ElementType element_type(at::ScalarType t) {
   switch (t) {
@@ -114,18 +119,41 @@ inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
                   dev.smem_per_block,
               "selective_scan_2d (cuda kernel): N = ", g.nstate, " needs more shared memory than the "
               "device allows per block (", dev.smem_per_block, " bytes)");
-  k.bwd_warps = std::min(kMaxWarps, g.nstate);
-  while (k.bwd_warps > 1 && backward_layout(k.bwd_warps, g.nstate).total > dev.smem_per_block) {
-    --k.bwd_warps;
+  // N = 1: up to 4 channels of a group side by side (one warp each), as many as keep the most
+  // warps resident per SM (shared memory per warp is the same for every choice, so bigger blocks
+  // only pay off where the SM's shared memory divides well); else one channel whose states the
+  // warps split.
+  auto bwd_smem = [&] { return backward_layout(k.bwd_channels, k.bwd_warps, g.nstate).total; };
+  auto resident_warps = [&] {
+    const size_t block = bwd_smem() + kReservedSmemPerBlock;
+    return bwd_smem() > dev.smem_per_block ? 0 : static_cast<int>(dev.smem_per_sm / block) * k.bwd_warps;
+  };
+  k.bwd_channels = 1;
+  k.bwd_warps = g.nstate == 1 ? 1 : std::min(kMaxWarps, g.nstate);
+  if (g.nstate == 1) {
+    int best = resident_warps();
+    for (int side = 2; side <= std::min(kMaxWarps, per_group); ++side) {
+      if (per_group % side != 0) continue;
+      const Launch keep = k;
+      k.bwd_channels = k.bwd_warps = side;
+      const int warps = resident_warps();
+      if (warps >= best) {
+        best = warps;
+      } else {
+        k = keep;
+      }
+    }
   }
-  TORCH_CHECK(backward_layout(k.bwd_warps, g.nstate).total <= dev.smem_per_block,
-              "selective_scan_2d (cuda kernel): N = ", g.nstate, " needs ",
-              backward_layout(k.bwd_warps, g.nstate).total,
-              " bytes of shared memory in the backward, the device allows ", dev.smem_per_block);
-  // Enough backward blocks to fill the device twice over, each slice owning its dB / dC partial.
+  while (k.bwd_warps > 1 && bwd_smem() > dev.smem_per_block) --k.bwd_warps;
+  TORCH_CHECK(bwd_smem() <= dev.smem_per_block, "selective_scan_2d (cuda kernel): N = ", g.nstate,
+              " needs ", bwd_smem(), " bytes of shared memory in the backward, the device allows ",
+              dev.smem_per_block);
+  // Enough backward blocks to fill the device twice over, each slice owning its dB / dC partial;
+  // a slice holds a whole number of side-by-side channel sets.
   const int64_t base_blocks = static_cast<int64_t>(std::max(g.batch_blocks, 1)) * g.groups;
   const int64_t want = ceil_div(2 * static_cast<int64_t>(dev.sm_count), base_blocks);
-  k.slices = largest_divisor_up_to(per_group, static_cast<int>(std::min<int64_t>(want, per_group)));
+  const int sets = per_group / k.bwd_channels;
+  k.slices = largest_divisor_up_to(sets, static_cast<int>(std::min<int64_t>(want, sets)));
   const int64_t tiles = static_cast<int64_t>(g.tiles_h) * g.tiles_w;
   const int64_t sequential_blocks = static_cast<int64_t>(g.batch_blocks) * (g.dim / k.fwd_channels);
   k.tile_parallel = tiles > 1 && tiles <= 65535 && sequential_blocks < dev.sm_count;

@@ -498,9 +498,11 @@ SS2D_HD void backward_edges_block(Ctx& ctx, const Params& p, int bb, int cblock,
   const Geometry& g = p.g;
   const int nstate = g.nstate;
   const int nwarps = ctx.nwarps();
-  const BackwardLayout l = backward_layout(nwarps, nstate);
-  auto dt_t = ctx.template shared<float>(smem, l.dt, kTileFloats);
-  auto u_t = ctx.template shared<float>(smem, l.u, kTileFloats);
+  const int side = p.k.bwd_channels;  // channels side by side
+  const int wpc = nwarps / side;
+  const BackwardLayout l = backward_layout(side, nwarps, nstate);
+  auto dt_t = ctx.template shared<float>(smem, l.dt, side * kTileFloats);
+  auto u_t = ctx.template shared<float>(smem, l.u, side * kTileFloats);
   auto warp_t = ctx.template shared<float>(smem, l.warp, kBackwardWarpTiles * nwarps * kTileFloats);
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
@@ -526,15 +528,17 @@ SS2D_HD void backward_edges_block(Ctx& ctx, const Params& p, int bb, int cblock,
   const int group = cblock / slices;
   const int channels = g.dim / g.groups / slices;
 
-  for (int k = 0; k < channels; ++k) {
-    const int d = group * (g.dim / g.groups) + slice * channels + k;
-    const int64_t map = static_cast<int64_t>(bb) * g.dim + d;
-    load_channel_tiles<T>(ctx, p, bb, ti, tj, d, 1, u, delta, dt_t, u_t);
+  for (int k = 0; k < channels; k += side) {
+    const int d0 = group * (g.dim / g.groups) + slice * channels + k;
+    load_channel_tiles<T>(ctx, p, bb, ti, tj, d0, side, u, delta, dt_t, u_t);
     ctx.barrier();
     ctx.each_warp([&](int w) {
+      const int d = d0 + w / wpc;
+      const int64_t map = static_cast<int64_t>(bb) * g.dim + d;
+      auto dts = dt_t + (w / wpc) * kTileFloats;
       auto cg = warp_t + (w * kBackwardWarpTiles + 1) * kTileFloats;  // C, then dL/dh
       auto abar_t = warp_t + (w * kBackwardWarpTiles + 3) * kTileFloats;
-      for (int n = w; n < nstate; n += nwarps) {
+      for (int n = w % wpc; n < nstate; n += wpc) {
         const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
         ctx.sync_warp();
         const Plane bpl{static_cast<int64_t>(g.groups) * nstate, static_cast<int64_t>(group) * nstate + n};
@@ -548,7 +552,7 @@ SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
               const int e = tile_offset(r, c0 + k);
               cg[e] = cq[k];
-              abar_t[e] = exp2f(dt_t[e] * a2);
+              abar_t[e] = exp2f(dts[e] * a2);
             }
           }
         });
@@ -594,15 +598,16 @@ SS2D_UNROLL_BY(4)
         });
       }
     });
-    if (k + 1 < channels) ctx.barrier();  // before the next channel's tiles replace these
+    if (k + side < channels) ctx.barrier();  // before the next channels' tiles replace these
   }
 }
 
-// Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`, one
-// after the other. Per channel the tiles are walked in reverse (bottom-right first), or, in the
+// Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`,
+// bwd_channels at a time side by side (warp w on channel w / wpc; at N = 1 four channels of one
+// warp each, whose dB / dC the block sums in channel order before one add per cell). Per channel the tiles are walked in reverse (bottom-right first), or, in the
 // tile-parallel final pass (kFinal), only tile `tile_z` with the gradient carries into it from
 // grad_in_v / grad_in_h (backward_edges_block + carry_scan_block). Per tile and
-// state (warp w takes states w, w + nwarps, ...): the lanes load B and C quads and compute
+// state (warp w takes states w % wpc, + wpc, ...): the lanes load B and C quads and compute
 // Abar once; recompute hh (row lanes) and h (column lanes) from the saved carries; the reverse
 // vertical scan
 //     gh[r] = dy[r] * C[r] + Abar[r+1] * gh[r+1]
@@ -611,23 +616,27 @@ SS2D_UNROLL_BY(4)
 //     ghh[c] = gh[c] + Abar[c+1] * ghh[c+1]
 // (row lanes; dx = ghh gives dB = dx * dt * u (staged in the B tile, then added row-coalesced),
 // du += dx * dt * B and the horizontal part of dL/dAbar, ghh * hh[c-1]); then the column lanes add
-// the staged dB / dC rows to the slice's partial buffers (coalesced).
-// dL/ddt = sum_n dx * B * u + dL/dAbar * Abar * A. dB / dC of a state are touched by one warp only,
-// and the block owns its slice's partial buffer: plain adds in a fixed order, no atomics.
+// the staged dB / dC rows to the slice's partial buffers (coalesced; with channels side by side
+// the block does, summing them over the channels first).
+// dL/ddt = sum_n dx * B * u + dL/dAbar * Abar * A. dB / dC of a state are added by one warp or by
+// the block's sum only, and the block owns its slice's partial buffer: plain adds in a fixed
+// order, no atomics.
 template <class T, class Ctx>
 SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
   const int nstate = g.nstate;
   const int nwarps = ctx.nwarps();
   const int nthreads = ctx.nthreads();
-  const BackwardLayout l = backward_layout(nwarps, nstate);
-  auto dt_t = ctx.template shared<float>(smem, l.dt, kTileFloats);
-  auto u_t = ctx.template shared<float>(smem, l.u, kTileFloats);
+  const int side = p.k.bwd_channels;  // channels side by side (N = 1 only)
+  const int wpc = nwarps / side;
+  const BackwardLayout l = backward_layout(side, nwarps, nstate);
+  auto dt_t = ctx.template shared<float>(smem, l.dt, side * kTileFloats);
+  auto u_t = ctx.template shared<float>(smem, l.u, side * kTileFloats);
   auto warp_t = ctx.template shared<float>(smem, l.warp, kBackwardWarpTiles * nwarps * kTileFloats);
-  auto hcar = ctx.template shared<float>(smem, l.hcar, nstate * kTile);
-  auto dA_s = ctx.template shared<float>(smem, l.dA, nstate);
+  auto hcar = ctx.template shared<float>(smem, l.hcar, side * nstate * kTile);
+  auto dA_s = ctx.template shared<float>(smem, l.dA, side * nstate);
   auto lane_s = ctx.template shared<float>(smem, l.lane, nwarps * kTile);
-  auto red = ctx.template shared<float>(smem, l.red, 2 * nthreads);
+  auto red = ctx.template shared<float>(smem, l.red, 2 * side * nthreads);
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
   auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
@@ -660,25 +669,27 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const uint32_t starts_w = segment_starts(g.seg_w);
   const int channels = g.dim / g.groups / slices;
 
-  for (int k = 0; k < channels; ++k) {
-    const int d = group * (g.dim / g.groups) + slice * channels + k;
-    const int64_t map = static_cast<int64_t>(bb) * g.dim + d;
-    const float dskip = p.D ? p.D[d] : 0.f;
+  for (int k = 0; k < channels; k += side) {
+    const int d0 = group * (g.dim / g.groups) + slice * channels + k;
     ctx.each_thread([&](int t) {
-      red[t] = 0.f;
-      red[nthreads + t] = 0.f;
-      for (int n = t; n < nstate; n += nthreads) dA_s[n] = 0.f;
+      for (int i = t; i < 2 * side * nthreads; i += nthreads) red[i] = 0.f;
+      for (int i = t; i < side * nstate; i += nthreads) dA_s[i] = 0.f;
     });
     for (int tile = sequential ? tiles - 1 : tile_z; tile >= (sequential ? 0 : tile_z); --tile) {
       {
         const int ti = tile / g.tiles_w;
         const int tj = tile - ti * g.tiles_w;
-        load_channel_tiles<T>(ctx, p, bb, ti, tj, d, 1, u, delta, dt_t, u_t);
+        load_channel_tiles<T>(ctx, p, bb, ti, tj, d0, side, u, delta, dt_t, u_t);
         ctx.barrier();
         ctx.each_warp([&](int w) {
-          auto bs = warp_t + (w * kBackwardWarpTiles + 0) * kTileFloats;  // B, then dB, then du
+          const int s = w / wpc;
+          const int d = d0 + s;
+          const int64_t map = static_cast<int64_t>(bb) * g.dim + d;
+          auto dts = dt_t + s * kTileFloats;
+          auto us = u_t + s * kTileFloats;
+          auto bs = warp_t + (w * kBackwardWarpTiles + 0) * kTileFloats;  // B, then dB
           auto cg = warp_t + (w * kBackwardWarpTiles + 1) * kTileFloats;  // C, then dL/dh
-          auto hh = warp_t + (w * kBackwardWarpTiles + 2) * kTileFloats;
+          auto hh = warp_t + (w * kBackwardWarpTiles + 2) * kTileFloats;  // hh, then du
           auto abar_t = warp_t + (w * kBackwardWarpTiles + 3) * kTileFloats;
           auto dd = warp_t + (w * kBackwardWarpTiles + 4) * kTileFloats;   // dL/ddt
           auto dc = warp_t + (w * kBackwardWarpTiles + 5) * kTileFloats;   // dC of the state
@@ -691,7 +702,7 @@ SS2D_UNROLL
               dd[tile_offset(i, lane)] = 0.f;
             }
           });
-          for (int n = w; n < nstate; n += nwarps) {
+          for (int n = w % wpc; n < nstate; n += wpc) {
             const float a_n = p.A[static_cast<int64_t>(d) * nstate + n];
             const float a2 = a_n * kLog2e;
             ctx.sync_warp();
@@ -708,7 +719,7 @@ SS2D_UNROLL
                   const int e = tile_offset(r, c0 + k);
                   bs[e] = bq[k];
                   cg[e] = cq[k];
-                  abar_t[e] = exp2f(dt_t[e] * a2);
+                  abar_t[e] = exp2f(dts[e] * a2);
                 }
               }
             });
@@ -720,7 +731,7 @@ SS2D_UNROLL
               for (int c = 0; c < kTile; ++c) {
                 if ((starts_w >> c) & 1u) h = 0.f;
                 const int e = tile_offset(r, c);
-                h = abar_t[e] * h + dt_t[e] * u_t[e] * bs[e];
+                h = abar_t[e] * h + dts[e] * us[e] * bs[e];
                 hh[e] = h;
               }
             });
@@ -760,7 +771,7 @@ SS2D_UNROLL_BY(8)
                 const float dabar = gh * h_above * abar;
                 dc[e] = dyv * dc[e];
                 dd[e] += dabar * a_n;
-                dA_lane += dabar * dt_t[e];
+                dA_lane += dabar * dts[e];
                 cg[e] = gh;
                 gnext = abar * gh;
               }
@@ -776,7 +787,7 @@ SS2D_UNROLL_BY(8)
               if (!sequential) {
                 gnext = gin_h[carry_index(map, tiles, tile, nstate, n, r)];
               } else if (tj + 1 < g.tiles_w) {
-                gnext = hcar[n * kTile + r];
+                gnext = hcar[(s * nstate + n) * kTile + r];
               }
               float dA_lane = 0.f;
               float* du = du_row[ctx.lane_slot(r)];
@@ -784,8 +795,8 @@ SS2D_UNROLL
               for (int c = kTile - 1; c >= 0; --c) {
                 if (c + 1 < kTile && ((starts_w >> (c + 1)) & 1u)) gnext = 0.f;
                 const int e = tile_offset(r, c);
-                const float dt = dt_t[e];
-                const float uv = u_t[e];
+                const float dt = dts[e];
+                const float uv = us[e];
                 const float bv = bs[e];
                 const float abar = abar_t[e];
                 const float ghh = cg[e] + gnext;
@@ -798,40 +809,46 @@ SS2D_UNROLL
                 dA_lane += dabar * dt;
                 gnext = abar * ghh;
               }
-              if (sequential) hcar[n * kTile + r] = gnext;
+              if (sequential) hcar[(s * nstate + n) * kTile + r] = gnext;
               lane_dA[r] += dA_lane;
             });
             ctx.sync_warp();
-            // dB and dC rows, coalesced (column lanes); lane 0 adds the state's dA.
+            // One channel per block: dB and dC rows, coalesced (column lanes); several: they stay
+            // in the warp's tiles for the block-wide sum below. Lane 0 adds the state's dA.
             ctx.each_lane([&](int c) {
-              const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
+              if (side == 1) {
+                const ColumnWalk col = bc_column(g, bb, ti, tj, c, group, n);
 SS2D_UNROLL_BY(4)
-              for (int r = 0; r < kTile; ++r) {
-                int64_t off;
-                if (column_cell(g, col, r, off)) {
-                  const int e = tile_offset(r, c);
-                  dB[off] += bs[e];
-                  dC[off] += dc[e];
+                for (int r = 0; r < kTile; ++r) {
+                  int64_t off;
+                  if (column_cell(g, col, r, off)) {
+                    const int e = tile_offset(r, c);
+                    dB[off] += bs[e];
+                    dC[off] += dc[e];
+                  }
                 }
               }
               if (c == 0) {
                 float total = 0.f;
                 for (int i = 0; i < kTile; ++i) total += lane_dA[i];
-                dA_s[n] += total;
+                dA_s[s * nstate + n] += total;
               }
             });
           }
           ctx.sync_warp();
           ctx.each_lane([&](int r) {
 SS2D_UNROLL
-            for (int c = 0; c < kTile; ++c) bs[tile_offset(r, c)] = du_row[ctx.lane_slot(r)][c];
+            for (int c = 0; c < kTile; ++c) hh[tile_offset(r, c)] = du_row[ctx.lane_slot(r)][c];
           });
         });
         ctx.barrier();
         ctx.each_thread([&](int t) {
-          for (int idx = t; idx < kTileQuads; idx += nthreads) {
-            const int r = idx >> kQuadsPerRowShift;
+          for (int idx = t; idx < side * kTileQuads; idx += nthreads) {
+            const int s = idx >> kTileQuadShift;
+            const int r = (idx >> kQuadsPerRowShift) & (kTile - 1);
             const int c0 = quad_column(idx);
+            const int d = d0 + s;
+            const float dskip = p.D ? p.D[d] : 0.f;
             const Plane pl{g.dim, d};
             float dyq[kQuad], duq[kQuad], ddq[kQuad];
             const uint32_t real = p.dy_fp32 ? load_quad<float>(ctx, g, dy32, pl, bb, ti, tj, r, c0, dyq)
@@ -841,19 +858,42 @@ SS2D_UNROLL
               const int e = tile_offset(r, c0 + k);
               float ddt = 0.f;
               float duv = dskip * dyq[k];
-              for (int w = 0; w < nwarps; ++w) {
-                duv += warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
+              for (int w = s * wpc; w < (s + 1) * wpc; ++w) {
+                duv += warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e];
                 ddt += warp_t[(w * kBackwardWarpTiles + 4) * kTileFloats + e];
               }
               // Padding cells: dy = 0 and u = 0 there, and their du / ddelta are not stored.
-              const float ddv = p.softplus ? ddt * softplus_grad_from_value(dt_t[e]) : ddt;
-              red[t] += dyq[k] * u_t[e];
-              red[nthreads + t] += ((real >> k) & 1u) ? ddv : 0.f;
+              const float dt = dt_t[s * kTileFloats + e];
+              const float ddv = p.softplus ? ddt * softplus_grad_from_value(dt) : ddt;
+              red[s * nthreads + t] += dyq[k] * u_t[s * kTileFloats + e];
+              red[(side + s) * nthreads + t] += ((real >> k) & 1u) ? ddv : 0.f;
               duq[k] = duv;
               ddq[k] = ddv;
             }
             store_quad<T>(ctx, g, du_g, pl, bb, ti, tj, r, c0, duq);
             store_quad<T>(ctx, g, ddelta_g, pl, bb, ti, tj, r, c0, ddq);
+          }
+          if (side == 1) return;
+          // N = 1, several channels of the group: their dB / dC of the one state (warp w = channel
+          // w) summed on chip in channel order, one add per cell into the slice's partials.
+          const Plane bpl{static_cast<int64_t>(g.groups), group};
+          for (int idx = t; idx < kTileQuads; idx += nthreads) {
+            const int r = idx >> kQuadsPerRowShift;
+            const int c0 = quad_column(idx);
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              const TileCell cell = tile_cell(g, bb, ti, tj, r, c0 + k);
+              if (!cell.valid) continue;
+              const int e = tile_offset(r, c0 + k);
+              float db = 0.f, dc = 0.f;
+              for (int w = 0; w < nwarps; ++w) {
+                db += warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
+                dc += warp_t[(w * kBackwardWarpTiles + 5) * kTileFloats + e];
+              }
+              const int64_t off = plane_offset(g, bpl, cell);
+              dB[off] += db;
+              dC[off] += dc;
+            }
           }
         });
         // No barrier: as in the forward, the next tile's loads touch only this thread's cells.
@@ -861,18 +901,20 @@ SS2D_UNROLL
     }
     ctx.barrier();
     ctx.each_thread([&](int t) {
-      if (t != 0) return;
+      if (t >= side) return;
+      const int s = t;
       float dD = 0.f, ddb = 0.f;
       for (int i = 0; i < nthreads; ++i) {
-        dD += red[i];
-        ddb += red[nthreads + i];
+        dD += red[s * nthreads + i];
+        ddb += red[(side + s) * nthreads + i];
       }
+      const int64_t map = static_cast<int64_t>(bb) * g.dim + d0 + s;
       const int64_t row = (sequential ? 0 : tile_z) * maps(g) + map;
       dD_part[row] = dD;
       ddb_part[row] = ddb;
-      for (int n = 0; n < nstate; ++n) dA_part[row * nstate + n] = dA_s[n];
+      for (int n = 0; n < nstate; ++n) dA_part[row * nstate + n] = dA_s[s * nstate + n];
     });
-    if (k + 1 < channels) ctx.barrier();  // before the next channel resets the partials
+    if (k + side < channels) ctx.barrier();  // before the next channels reset the partials
   }
 }
 

@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_backwar
 
 template <class T>
 static cudaError_t launch_backward_typed(const Params& p, cudaStream_t stream) {
-  const size_t smem = backward_layout(p.k.bwd_warps, p.g.nstate).total;
+  const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_warps, p.g.nstate).total;
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.groups * p.k.slices), static_cast<unsigned>(tiles));

@@ -26,11 +26,12 @@ DeviceLimits device_limits(int device) {
   const std::lock_guard<std::mutex> lock(mutex);
   const auto found = cache.find(device);
   if (found != cache.end()) return found->second;
-  int sms = 0, optin = 0;
+  int sms = 0, optin = 0, per_sm = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   C10_CUDA_CHECK(allow_shared_memory(static_cast<size_t>(optin)));
-  const DeviceLimits limits{sms, static_cast<size_t>(optin)};
+  const DeviceLimits limits{sms, static_cast<size_t>(optin), static_cast<size_t>(per_sm)};
   cache.emplace(device, limits);
   return limits;
 }

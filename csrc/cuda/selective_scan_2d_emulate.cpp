@@ -410,9 +410,9 @@ thread_local EmulationOptions g_options;
 struct HostBackend {
   static constexpr bool kCuda = false;
 
-  // Shared memory as on an sm_80 / sm_90 GPU; the SM count as the caller asked.
+  // Shared memory as on an sm_80 GPU; the SM count as the caller asked.
   static DeviceLimits limits(const at::Tensor&) {
-    return DeviceLimits{static_cast<int>(g_options.sm_count), 163 * 1024};
+    return DeviceLimits{static_cast<int>(g_options.sm_count), 163 * 1024, 164 * 1024};
   }
 
   static void forward(const Params& p, ElementType type) {
@@ -432,7 +432,7 @@ struct HostBackend {
   }
 
   static void backward(const Params& p, ElementType type) {
-    const size_t smem = backward_layout(p.k.bwd_warps, p.g.nstate).total;
+    const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_warps, p.g.nstate).total;
     const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
     run_grid(p.g.batch_blocks, p.g.groups * p.k.slices, tiles, p.k.bwd_warps, smem, g_options,
              [&](HostCtx& ctx, int bx, int by, int bz, char* s) {
