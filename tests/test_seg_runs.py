@@ -65,11 +65,8 @@ def _scalar_steps(work_dir: Path, key: str) -> list:
     return sorted(steps)
 
 
-@pytest.mark.slow
-def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_root, tmp_path, monkeypatch):
-    train = _load_script("train")
-    options = _deterministic_options(ade_root)
-    reference = tmp_path / "reference"
+def _train_reference(train, options: list, reference: Path, monkeypatch) -> None:
+    """The uninterrupted run; checks the order of its checkpoint writes, commits and deletions."""
     events = []
     put, remove = AtomicLocalBackend.put, AtomicLocalBackend.remove
     monkeypatch.setattr(AtomicLocalBackend, "put", lambda self, obj, path: (
@@ -90,13 +87,26 @@ def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_r
                       ("write", "iter_4.pth"), ("commit", "iter_4.pth"), ("remove", "iter_2.pth"),
                       *([("remove", "best_mIoU_iter_2.pth")] if improved else [])]
 
+
+@pytest.mark.slow
+def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_root, tmp_path, monkeypatch):
+    train = _load_script("train")
+    options = _deterministic_options(ade_root)
+    # the killed run in a child process, running while this process trains the reference
     work = tmp_path / "killed"
     argv = [str(TINY_CONFIG), "--work-dir", str(work), "--cfg-options", *options]
     script = tmp_path / "killed_run.py"
     script.write_text(_KILLED_RUN.format(root=str(ROOT), train=str(ROOT / "seg" / "train.py")))
-    child = subprocess.run([sys.executable, str(script), json.dumps(argv)], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=120)
-    assert child.returncode == 137, child.stderr[-3000:]
+    child_log = tmp_path / "killed_run.log"
+    with open(child_log, "w") as log:
+        child = subprocess.Popen([sys.executable, str(script), json.dumps(argv)], cwd=tmp_path,
+                                 stdout=log, stderr=subprocess.STDOUT)
+    reference = tmp_path / "reference"
+    try:
+        _train_reference(train, options, reference, monkeypatch)
+    finally:
+        child.wait(timeout=300)
+    assert child.returncode == 137, child_log.read_text()[-3000:]
     # the kill left: the committed iteration 2, a half-written temp file, and files ahead of the commit
     assert (work / "last_checkpoint").read_text() == str(work / "iter_2.pth")
     assert not (work / "iter_4.pth").exists()
