@@ -111,6 +111,30 @@ def test_every_barrier_is_necessary_at_one_state():
 
 
 @needs_module
+@pytest.mark.parametrize("smem_per_sm, channels_per_block", [(164 * 1024, 4), (228 * 1024, 2)],
+                         ids=["164KB-SM", "228KB-SM"])
+def test_backward_channels_per_block_at_one_state_follow_resident_warps(smem_per_sm,
+                                                                         channels_per_block):
+    # N = 1 backward blocks take ~34 KB of shared memory per channel. On a 164 KB SM (A100) 1, 2
+    # or 4 channels per block all keep 4 warps resident, so 4 channels (128 threads) win; on a
+    # 228 KB SM (H100 / H200) 4 channels (137 KB) fit once (4 warps), 2 channels three times (6
+    # warps). Seen in the barrier count of a block of 4 channels with 2x2 tiles: per set of
+    # channels side by side 2 per tile + 1 before the reductions, + 1 between sets.
+    inputs = make_inputs(2, 4, 1, 1, 40, 40, seed=9)  # 2 maps per channel: 1 slice per group
+    args = [inputs[k] for k in ORDER]
+    options = dict(sm_count=1, smem_per_sm=smem_per_sm)
+    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, **options)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(10))
+    sets = 4 // channels_per_block
+    barriers = sets * 9 + sets - 1
+    CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
+                                  drop_barrier=barriers, **options)
+    with pytest.raises(RuntimeError, match="race"):
+        CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
+                                      drop_barrier=barriers - 1, **options)
+
+
+@needs_module
 def test_dropping_a_barrier_past_the_last_one_changes_nothing():
     # The drop index counts the barriers a block really executes: the first index past them
     # leaves the run intact, so the ranges above are the kernels' exact barrier counts.

@@ -208,10 +208,12 @@ def test_emulated_kernel_matches_reference(index):
     half = dtype != torch.float32
     # The planned device: 1 SM -> the forward walks each map's tiles in one block and the backward
     # keeps a group's channels in one block; 1000 SMs -> multi-tile maps run tile-parallel and the
-    # backward splits groups into channel slices (partial dB / dC buffers summed in order).
+    # backward splits groups into channel slices (partial dB / dC buffers summed in order). Every
+    # third shape on 228 KB SMs (H100): 2 instead of 4 channels per backward block at N = 1.
     check_all(emulated_fwd, emulated_bwd, inputs, height, width, rtol=3e-2 if half else 5e-5,
               dy_fp32=half, out_fp32=half, order=ORDERS[index % len(ORDERS)],
-              sm_count=1000 if index % 2 else 1)
+              sm_count=1000 if index % 2 else 1,
+              smem_per_sm=(228 if index % 3 == 0 else 164) * 1024)
 
 
 @needs_module

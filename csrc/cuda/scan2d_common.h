@@ -49,8 +49,9 @@ constexpr int kBackwardWarpTiles = 6;  // B (then dB), C (then dL/dh), hh, Abar,
 // blocks, at most 65536 / (128 * kMinBlocksPerSm) = 128 registers per thread, no spills; the full
 // backward kernel, whose shared memory allows at most 2 blocks per SM anyway, at most 255. Dynamic
 // shared memory: forward_layout / backward_layout below (forward 50 KB at N = 1 with 4 channels,
-// at most 67 KB at N = 64; backward 34 KB at N = 1 (1 warp), 112-120 KB at N >= 4 (4 warps): two
-// blocks per H100 / H200 SM up to N = 32);
+// at most 67 KB at N = 64; backward about 34 KB per channel at N = 1 (one warp each: 34 / 68 /
+// 137 KB for 1 / 2 / 4 channels; plan_launch picks the count that keeps the most warps resident),
+// 112-120 KB at N >= 4 (4 warps): two blocks per H100 / H200 SM up to N = 32);
 // plan_launch shrinks channels / warps to what the device allows per block.
 constexpr int kMinBlocksPerSm = 4;
 constexpr int kMinBackwardBlocksPerSm = 2;

@@ -18,12 +18,14 @@ namespace scan2d {
 //   race_check: record every shared-memory access and fail on a data race.
 //   drop_barrier: >= 0 skips the block barrier with that index (counted per block from 0), to
 //          prove that the race detector notices a missing barrier; -1 keeps all.
-//   sm_count: the device the plan is made for (the backward's channel slices depend on it).
+//   sm_count, smem_per_sm: the device the plan is made for (the backward's channel slices and,
+//          at N = 1, its channels per block depend on them); 164 KB per SM as on an A100.
 struct EmulationOptions {
   int64_t order = 0;
   bool race_check = true;
   int64_t drop_barrier = -1;
   int64_t sm_count = 8;
+  int64_t smem_per_sm = 164 * 1024;
 };
 
 std::vector<at::Tensor> emulate_forward(const at::Tensor& u, const at::Tensor& delta,

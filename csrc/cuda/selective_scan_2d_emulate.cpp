@@ -410,9 +410,11 @@ thread_local EmulationOptions g_options;
 struct HostBackend {
   static constexpr bool kCuda = false;
 
-  // Shared memory as on an sm_80 GPU; the SM count as the caller asked.
+  // Opt-in shared memory per block as on an sm_80 GPU; SMs and shared memory per SM as the
+  // caller asked.
   static DeviceLimits limits(const at::Tensor&) {
-    return DeviceLimits{static_cast<int>(g_options.sm_count), 163 * 1024, 164 * 1024};
+    return DeviceLimits{static_cast<int>(g_options.sm_count), 163 * 1024,
+                        static_cast<size_t>(g_options.smem_per_sm)};
   }
 
   static void forward(const Params& p, ElementType type) {
@@ -446,6 +448,8 @@ struct HostBackend {
 struct OptionsScope {
   explicit OptionsScope(const EmulationOptions& o) {
     TORCH_CHECK_VALUE(o.sm_count >= 1, "emulation: sm_count must be >= 1, got ", o.sm_count);
+    TORCH_CHECK_VALUE(o.smem_per_sm >= 163 * 1024, "emulation: smem_per_sm must be >= 163 KiB (",
+                      163 * 1024, " bytes, the emulated opt-in per block), got ", o.smem_per_sm);
     g_options = o;
     g_vector_accesses = 0;
   }
