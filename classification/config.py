@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import yaml
-
-from vmamba2d.training.options import parse_key_values
+from vmamba2d.training.options import load_flat_yaml, parse_key_values, resolve_config_path
 
 from .errors import UsageError
 
@@ -98,36 +96,6 @@ class TrainConfig:
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
 FIELD_TYPES = typing.get_type_hints(TrainConfig)
-
-
-def resolve_config_path(config: str) -> Path:
-    """A YAML path, or a bare recipe name looked up in ``configs/classification/<name>.yaml``."""
-    path = Path(config)
-    if path.is_file():
-        return path
-    named = CONFIG_DIR / f"{config}.yaml"
-    if path.suffix == "" and named.is_file():
-        return named
-    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    raise UsageError(f"--config: no such file '{config}' (and no recipe of that name in "
-                     f"{CONFIG_DIR}; available: {', '.join(available) or 'none'})")
-
-
-def load_yaml_recipe(path: Path) -> dict[str, Any]:
-    """Read a recipe YAML (a flat mapping of TrainConfig fields), rejecting unknown keys."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise UsageError(f"--config: {path} is not valid YAML: {error}") from error
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"--config: {path} must hold a mapping of options, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(FIELD_NAMES))
-    if unknown:
-        raise UsageError(f"--config: {path} has unknown option(s) {unknown}; "
-                         f"known options: {', '.join(FIELD_NAMES)}")
-    return data
 
 
 def _optional_float(text: str) -> Optional[float]:
@@ -285,7 +253,8 @@ def resolve_train_config(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     values: dict[str, Any] = {}
     config = given.pop("config", None)
     if config:
-        values.update(load_yaml_recipe(resolve_config_path(config)))
+        path = resolve_config_path(config, CONFIG_DIR, UsageError)
+        values.update(load_flat_yaml(path, FIELD_NAMES, UsageError))
     if not isinstance(values.get("model_kwargs", {}), dict):
         raise UsageError(f"option 'model_kwargs' must be a mapping, got "
                          f"{values['model_kwargs']!r}")

@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import yaml
-
-from ..training.options import parse_key_values
+from ..training.options import load_flat_yaml, parse_key_values, resolve_config_path
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "mil"
 TASKS = ("classification", "survival")
@@ -98,37 +96,6 @@ FIELD_NAMES = tuple(f.name for f in dataclasses.fields(MILConfig))
 # Options that may differ when a run folder is resumed without changing what is trained.
 RESUME_FREE_OPTIONS = {"resume", "output", "device", "workers", "threads", "progress",
                        "feature_dir"}
-
-
-def resolve_config_path(config: str) -> Path:
-    """A YAML path, or a bare name looked up as ``configs/mil/<name>.yaml``."""
-    path = Path(config)
-    if path.is_file():
-        return path
-    named = CONFIG_DIR / f"{config}.yaml"
-    if path.suffix == "" and named.is_file():
-        return named
-    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    raise UsageError(f"--config: no such file {config!r} (and no config of that name in "
-                     f"{CONFIG_DIR}; available: {', '.join(available) or 'none'})")
-
-
-def load_yaml_config(path: Path) -> dict[str, Any]:
-    """Read a config YAML (a flat mapping of MILConfig fields), rejecting unknown keys."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as error:
-        raise UsageError(f"--config: {path} is not valid YAML: {error}") from error
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"--config: {path} must hold a mapping of options, got "
-                         f"{type(data).__name__}")
-    unknown = sorted(set(data) - set(FIELD_NAMES))
-    if unknown:
-        raise UsageError(f"--config: {path} has unknown option(s) {unknown}; known options: "
-                         f"{', '.join(FIELD_NAMES)}")
-    return data
 
 
 def build_train_parser() -> argparse.ArgumentParser:
@@ -267,7 +234,8 @@ def resolve_train_config(argv: Optional[Sequence[str]] = None) -> MILConfig:
     values: dict[str, Any] = {}
     config = given.pop("config", None)
     if config:
-        values.update(load_yaml_config(resolve_config_path(config)))
+        path = resolve_config_path(config, CONFIG_DIR, UsageError)
+        values.update(load_flat_yaml(path, FIELD_NAMES, UsageError))
     for name, flag in (("model_kwargs", "--model-kwargs"), ("grid", "--grid")):
         if name in given:
             given[name] = {**(values.get(name) or {}), **parse_key_values(given[name], flag, UsageError)}

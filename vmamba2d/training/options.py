@@ -1,7 +1,9 @@
-"""Command-line pieces the training scripts share: KEY=VALUE option lists and AMP contexts."""
+"""Command-line pieces the training scripts share: config files, KEY=VALUE option lists and AMP
+contexts."""
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, ContextManager, Sequence
 
 import torch
@@ -35,3 +37,39 @@ def autocast(device: torch.device, amp: str) -> ContextManager:
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def resolve_config_path(config: str, config_dir: Path, error: type[Exception] = ValueError) -> Path:
+    """``--config`` value -> a YAML path: the path itself, or a bare name looked up as
+    ``<config_dir>/<name>.yaml``. Raises ``error`` listing the available names otherwise."""
+    path = Path(config)
+    if path.is_file():
+        return path
+    named = config_dir / f"{config}.yaml"
+    if path.suffix == "" and named.is_file():
+        return named
+    available = sorted(p.stem for p in config_dir.glob("*.yaml"))
+    raise error(f"--config: no such file {config!r} (and no config of that name in "
+                f"{config_dir}; available: {', '.join(available) or 'none'})")
+
+
+def load_flat_yaml(path: Path, field_names: Sequence[str],
+                   error: type[Exception] = ValueError) -> dict[str, Any]:
+    """Read a config YAML holding a flat mapping of ``field_names`` options (empty file -> {}).
+
+    Raises ``error`` for invalid YAML, a non-mapping document or unknown keys (naming them and
+    the known ones).
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as yaml_error:
+        raise error(f"--config: {path} is not valid YAML: {yaml_error}") from yaml_error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise error(f"--config: {path} must hold a mapping of options, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(field_names))
+    if unknown:
+        raise error(f"--config: {path} has unknown option(s) {unknown}; known options: "
+                    f"{', '.join(field_names)}")
+    return data
