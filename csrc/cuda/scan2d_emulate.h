@@ -26,6 +26,9 @@ struct EmulationOptions {
   int64_t drop_barrier = -1;
   int64_t sm_count = 8;
   int64_t smem_per_sm = 164 * 1024;
+  // Opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin): 64 KiB on sm_75,
+  // 99 KiB on sm_86 / sm_89, 163 KiB on sm_80, 227 KiB on sm_90.
+  int64_t smem_per_block = 163 * 1024;
 };
 
 std::vector<at::Tensor> emulate_forward(const at::Tensor& u, const at::Tensor& delta,

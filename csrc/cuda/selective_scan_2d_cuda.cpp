@@ -84,13 +84,14 @@ std::vector<at::Tensor> backward(const at::Tensor& u, const at::Tensor& delta,
 }
 
 EmulationOptions emulation_options(int64_t order, bool race_check, int64_t drop_barrier,
-                                   int64_t sm_count, int64_t smem_per_sm) {
+                                   int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block) {
   EmulationOptions o;
   o.order = order;
   o.race_check = race_check;
   o.drop_barrier = drop_barrier;
   o.sm_count = sm_count;
   o.smem_per_sm = smem_per_sm;
+  o.smem_per_block = smem_per_block;
   return o;
 }
 
@@ -99,10 +100,11 @@ std::vector<at::Tensor> emulate_forward_entry(
     const at::Tensor& C, const std::optional<at::Tensor>& D,
     const std::optional<at::Tensor>& delta_bias, bool delta_softplus, int64_t height,
     int64_t width, bool out_fp32, bool save_carries, int64_t order, bool race_check,
-    int64_t drop_barrier, int64_t sm_count, int64_t smem_per_sm) {
+    int64_t drop_barrier, int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block) {
   return emulate_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32,
                          save_carries,
-                         emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm));
+                         emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
+                                           smem_per_block));
 }
 
 std::vector<at::Tensor> emulate_backward_entry(
@@ -110,10 +112,12 @@ std::vector<at::Tensor> emulate_backward_entry(
     const at::Tensor& C, const std::optional<at::Tensor>& D,
     const std::optional<at::Tensor>& delta_bias, bool delta_softplus, int64_t height,
     int64_t width, const at::Tensor& dy, const at::Tensor& carry_h, const at::Tensor& carry_v,
-    int64_t order, bool race_check, int64_t drop_barrier, int64_t sm_count, int64_t smem_per_sm) {
+    int64_t order, bool race_check, int64_t drop_barrier, int64_t sm_count, int64_t smem_per_sm,
+    int64_t smem_per_block) {
   return emulate_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy,
                           carry_h, carry_v,
-                          emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm));
+                          emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
+                                           smem_per_block));
 }
 
 }  // namespace
@@ -157,21 +161,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The CUDA forward kernel's code run on the CPU (CPU tensors; for tests). Same arguments as\n"
         "forward plus: order (0 forward, 1 reversed, >= 2 shuffled thread / warp / lane / block\n"
         "order with that seed), race_check (shared-memory race detector), drop_barrier (index of a\n"
-        "block barrier to leave out, -1 none), sm_count and smem_per_sm (the device the work split\n"
-        "is planned for: SMs, shared memory per SM in bytes).",
+        "block barrier to leave out, -1 none), sm_count, smem_per_sm and smem_per_block (the device\n"
+        "the work split is planned for: SMs, shared memory per SM and opt-in per block, in bytes).",
         py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("height"), py::arg("width"),
         py::arg("out_fp32"), py::arg("save_carries"), py::arg("order") = 0,
         py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
-        py::arg("smem_per_sm") = 164 * 1024);
+        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
   m.def("_emulate_backward", &emulate_backward_entry,
         "The CUDA backward kernel's code run on the CPU (CPU tensors; for tests). Same arguments as\n"
-        "backward plus order, race_check, drop_barrier, sm_count, smem_per_sm (see _emulate_forward).",
+        "backward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block\n"
+        "(see _emulate_forward).",
         py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("height"), py::arg("width"),
         py::arg("dy"), py::arg("carry_h"), py::arg("carry_v"), py::arg("order") = 0,
         py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
-        py::arg("smem_per_sm") = 164 * 1024);
+        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
   m.def("_emulation_self_check", &emulation_self_check,
         "Runs a synthetic block through the emulation's checker (tests of the race detector);\n"
         "raises RuntimeError when the checker objects. See scan2d_emulate.h for the scenarios.",

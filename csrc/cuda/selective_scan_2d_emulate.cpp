@@ -410,10 +410,10 @@ thread_local EmulationOptions g_options;
 struct HostBackend {
   static constexpr bool kCuda = false;
 
-  // Opt-in shared memory per block as on an sm_80 GPU; SMs and shared memory per SM as the
-  // caller asked.
+  // The planned device as the caller described it: SMs, opt-in shared memory per block and per SM.
   static DeviceLimits limits(const at::Tensor&) {
-    return DeviceLimits{static_cast<int>(g_options.sm_count), 163 * 1024,
+    return DeviceLimits{static_cast<int>(g_options.sm_count),
+                        static_cast<size_t>(g_options.smem_per_block),
                         static_cast<size_t>(g_options.smem_per_sm)};
   }
 
@@ -448,8 +448,10 @@ struct HostBackend {
 struct OptionsScope {
   explicit OptionsScope(const EmulationOptions& o) {
     TORCH_CHECK_VALUE(o.sm_count >= 1, "emulation: sm_count must be >= 1, got ", o.sm_count);
-    TORCH_CHECK_VALUE(o.smem_per_sm >= 163 * 1024, "emulation: smem_per_sm must be >= 163 KiB (",
-                      163 * 1024, " bytes, the emulated opt-in per block), got ", o.smem_per_sm);
+    TORCH_CHECK_VALUE(o.smem_per_block >= 48 * 1024, "emulation: smem_per_block must be >= 48 KiB (",
+                      48 * 1024, " bytes, every GPU's default), got ", o.smem_per_block);
+    TORCH_CHECK_VALUE(o.smem_per_sm >= o.smem_per_block, "emulation: smem_per_sm (", o.smem_per_sm,
+                      ") must be >= smem_per_block (", o.smem_per_block, ")");
     g_options = o;
     g_vector_accesses = 0;
   }
