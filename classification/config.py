@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from vmamba2d.training.options import load_flat_yaml, parse_key_values, resolve_config_path
+from vmamba2d.training.options import config_file_values, parse_key_values
 
 from .errors import UsageError
 
@@ -250,11 +250,7 @@ def validate_config(cfg: TrainConfig) -> None:
 def resolve_train_config(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     """Parse argv and merge: TrainConfig defaults < --config YAML < explicit flags; validated."""
     given = vars(build_train_parser().parse_args(argv))
-    values: dict[str, Any] = {}
-    config = given.pop("config", None)
-    if config:
-        path = resolve_config_path(config, CONFIG_DIR, UsageError)
-        values.update(load_flat_yaml(path, FIELD_NAMES, UsageError))
+    values = config_file_values(given, CONFIG_DIR, FIELD_NAMES, UsageError)
     if not isinstance(values.get("model_kwargs", {}), dict):
         raise UsageError(f"option 'model_kwargs' must be a mapping, got "
                          f"{values['model_kwargs']!r}")

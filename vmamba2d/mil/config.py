@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..training.options import load_flat_yaml, parse_key_values, resolve_config_path
+from ..training.options import config_file_values, parse_key_values
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "mil"
 TASKS = ("classification", "survival")
@@ -231,11 +231,7 @@ def validate_config(cfg: MILConfig) -> None:
 def resolve_train_config(argv: Optional[Sequence[str]] = None) -> MILConfig:
     """Parse argv and merge MILConfig defaults < --config YAML < flags; validated."""
     given = vars(build_train_parser().parse_args(argv))
-    values: dict[str, Any] = {}
-    config = given.pop("config", None)
-    if config:
-        path = resolve_config_path(config, CONFIG_DIR, UsageError)
-        values.update(load_flat_yaml(path, FIELD_NAMES, UsageError))
+    values = config_file_values(given, CONFIG_DIR, FIELD_NAMES, UsageError)
     for name, flag in (("model_kwargs", "--model-kwargs"), ("grid", "--grid")):
         if name in given:
             given[name] = {**(values.get(name) or {}), **parse_key_values(given[name], flag, UsageError)}

@@ -73,3 +73,13 @@ def load_flat_yaml(path: Path, field_names: Sequence[str],
         raise error(f"--config: {path} has unknown option(s) {unknown}; known options: "
                     f"{', '.join(field_names)}")
     return data
+
+
+def config_file_values(given: dict[str, Any], config_dir: Path, field_names: Sequence[str],
+                       error: type[Exception] = ValueError) -> dict[str, Any]:
+    """Pop ``config`` from the parsed flags ``given`` and return the options its YAML holds
+    ({} without one): the middle layer of defaults < --config file < explicit flags."""
+    config = given.pop("config", None)
+    if not config:
+        return {}
+    return load_flat_yaml(resolve_config_path(config, config_dir, error), field_names, error)
