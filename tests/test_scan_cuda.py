@@ -262,21 +262,37 @@ def _emulated_vector_accesses(inputs, height, width, rtol=5e-5, **options):
 
 @needs_module
 def test_emulated_aligned_tiles_move_every_quad_as_one_vector():
-    # 32x32 fp32 maps, N = 1, 4 channels: every row starts 16-byte aligned, so every quad is one
-    # vector access. Forward per channel: delta, u, B loads + y stores; C stays a per-cell load in
-    # the vertical scan. Backward per channel: delta, u, B, C, dy loads + du, ddelta stores.
+    # 32x32 fp32 maps, N = 1, the group's 4 channels in one block: every row starts 16-byte
+    # aligned, so every quad is one vector access, and B / C quads are loaded once per block, not
+    # per channel. Forward: per channel delta, u loads + y stores; per block B, C loads. Backward:
+    # per channel delta, u, dy loads + du, ddelta stores; per block B, C loads and one vector
+    # read-modify-write (2 accesses) each of the dB and dC partials.
     batch, dim = 1, 4
     inputs = make_inputs(batch, dim, 1, 1, 32, 32, seed=11)
     fwd, bwd = _emulated_vector_accesses(inputs, 32, 32, sm_count=1)
-    assert fwd == batch * dim * 4 * QUADS_PER_TILE
-    assert bwd == batch * dim * 7 * QUADS_PER_TILE
+    assert fwd == batch * (dim * 3 + 2) * QUADS_PER_TILE
+    assert bwd == batch * (dim * 5 + 2 + 4) * QUADS_PER_TILE
+
+
+@needs_module
+def test_emulated_blocks_share_b_and_c_quads_between_channels_at_many_states():
+    # N = 16, 4 channels, on an H100's shared memory: the plan puts 2 channels in a block (2 warps
+    # each) in both passes, so each B / C quad is loaded once per 2 channels. Forward per block:
+    # per channel delta, u loads + y stores, per state B and C loads. Backward per block: per
+    # channel delta, u, dy loads + du, ddelta stores; per state B, C loads + dB, dC vector adds.
+    dim, nstate, blocks = 4, 16, 2
+    inputs = make_inputs(1, dim, 1, nstate, 32, 32, seed=14)
+    fwd, bwd = _emulated_vector_accesses(inputs, 32, 32, sm_count=132, smem_per_sm=228 * 1024,
+                                         smem_per_block=227 * 1024)
+    assert fwd == (dim * 3 + blocks * nstate * 2) * QUADS_PER_TILE
+    assert bwd == (dim * 5 + blocks * nstate * (2 + 4)) * QUADS_PER_TILE
 
 
 @needs_module
 def test_emulated_misaligned_inputs_take_the_scalar_path():
     # The same maps with u, delta, B, C one element off 16-byte alignment: no input quad may be
-    # vector-loaded (the emulation fails on a misaligned vector access); the fresh outputs and dy
-    # stay aligned, so only their quads are vector accesses.
+    # vector-loaded (the emulation fails on a misaligned vector access); the fresh outputs, dy and
+    # the dB / dC partials stay aligned, so only their quads are vector accesses.
     batch, dim = 1, 4
     inputs = make_inputs(batch, dim, 1, 1, 32, 32, seed=12)
     for name in ("u", "delta", "B", "C"):
@@ -284,7 +300,7 @@ def test_emulated_misaligned_inputs_take_the_scalar_path():
         assert inputs[name].is_contiguous() and inputs[name].storage_offset() == 1
     fwd, bwd = _emulated_vector_accesses(inputs, 32, 32, sm_count=1, order=2)
     assert fwd == batch * dim * QUADS_PER_TILE
-    assert bwd == batch * dim * 3 * QUADS_PER_TILE
+    assert bwd == batch * (dim * 3 + 4) * QUADS_PER_TILE
 
 
 @needs_module

@@ -44,17 +44,15 @@ constexpr int kQuadsPerRowShift = 3;
 constexpr int kQuadRowStep = kTile / kQuadsPerRow;  // rows per warp-wide quad access
 constexpr int kTileQuads = kTileCells / kQuad;
 constexpr int kTileQuadShift = kTileCellShift - 2;
-constexpr int kBackwardWarpTiles = 6;  // B (then dB), C (then dL/dh), hh, Abar, dL/ddt, dC
-// Resource budget of every kernel (checked by `nvcc -Xptxas -v`, see the README): 128-thread
-// blocks, at most 65536 / (128 * kMinBlocksPerSm) = 128 registers per thread, no spills; the full
-// backward kernel, whose shared memory allows at most 2 blocks per SM anyway, at most 255. Dynamic
-// shared memory: forward_layout / backward_layout below (forward 50 KB at N = 1 with 4 channels,
-// at most 67 KB at N = 64; backward about 34 KB per channel at N = 1 (one warp each: 34 / 68 /
-// 137 KB for 1 / 2 / 4 channels; plan_launch picks the count that keeps the most warps resident),
-// 112-120 KB at N >= 4 (4 warps): two blocks per H100 / H200 SM up to N = 32);
-// plan_launch shrinks channels / warps to what the device allows per block.
+// Resource budget of every kernel (checked by `nvcc -Xptxas -v`, see the README): blocks of at
+// most 128 threads; the forward and the carry scan at most 65536 / (128 * kMinBlocksPerSm) = 128
+// registers per thread, the backward, whose shared memory allows at most 2 blocks per SM anyway,
+// at most 255; no spills. Dynamic shared memory: forward_layout / backward_layout below; e.g. at
+// N = 1 with 4 channels per block the forward takes 50 KB and the backward 107 KB (two blocks of
+// 128 threads per H100 / H200 SM). plan_launch picks channels and warps per block from them.
 constexpr int kMinBlocksPerSm = 4;
 constexpr int kMinBackwardBlocksPerSm = 2;
+constexpr int kRegistersPerSm = 65536;
 
 // How maps are laid onto tiles, per axis:
 //  * an extent larger than kTile is cut into tiles_h x tiles_w tiles walked in row-major order
@@ -83,31 +81,31 @@ struct Geometry {
   int batch_blocks;  // ceil(batch / (pack_rows * pack_cols))
 };
 
-// Work split of one launch.
-//  forward:  grid (batch_blocks, dim / fwd_channels); fwd_channels channels of one group run side
-//            by side, each on fwd_warps_per_channel warps that split its states; the block has
-//            fwd_channels * fwd_warps_per_channel warps (4 at N = 1 when the group has >= 4
-//            channels: 128 threads).
-//  backward: grid (batch_blocks, groups * slices); a block walks the dim / groups / slices
-//            channels of its slice of a group bwd_channels at a time, side by side, each on
-//            bwd_warps / bwd_channels warps that split its states (N = 1: 4 channels of one
-//            warp each, 128 threads; N >= 2: one channel on up to 4 warps). dB / dC of a slice
-//            are accumulated by that block alone (no atomics) into its own partial buffer -- with
-//            several channels side by side, summed over them on chip in channel order first, one
-//            add per cell and tile; the partials are summed in slice order afterwards:
-//            deterministic.
+// Work split of one launch. A block owns `channels` channels of one group, each on
+// `warps_per_channel` (wpc) warps: warp w works on channel w / wpc and, in round i, on state
+// i * wpc + w % wpc (rounds: state_rounds). The block loads the B / C quads of a round's states
+// once and uses them for all its channels.
+//  forward:  grid (batch_blocks, dim / fwd_channels[, tiles of a map]).
+//  backward: grid (batch_blocks, groups * slices[, tiles]); a block walks the dim / groups / slices
+//            channels of its slice of a group bwd_channels at a time. dB / dC of a slice are summed
+//            over the block's channels on chip in channel order and added once per cell and state
+//            into the slice's own partial buffer (no atomics); the partials are summed in slice
+//            order afterwards: deterministic.
 //  tile_parallel: the forward runs the tile-parallel passes (grid z = tiles of a map) because the
 //            sequential grid has fewer blocks than the device has SMs (few maps, e.g. one 200x200
-//            map): see ForwardPass.
+//            map): see ForwardPass; bwd_tile_parallel likewise for the backward.
 struct Launch {
   int fwd_channels;
-  int fwd_warps_per_channel;
-  int bwd_channels;  // channels side by side in a backward block (> 1 only at N = 1)
-  int bwd_warps;
+  int fwd_wpc;
+  int bwd_channels;
+  int bwd_wpc;
   int slices;
-  bool tile_parallel;      // forward
-  bool bwd_tile_parallel;  // backward: its grid (batch_blocks * groups * slices) < SMs
+  bool tile_parallel;
+  bool bwd_tile_parallel;
 };
+
+// Rounds of the per-tile state loop: each warp handles one state per round.
+SS2D_HD inline int state_rounds(int nstate, int wpc) { return (nstate + wpc - 1) / wpc; }
 
 // The forward's passes. kSequential: a block walks all tiles of its maps in row-major order and
 // carries the states from tile to tile. Tile-parallel (one block per tile, grid z = tile):
@@ -193,31 +191,35 @@ SS2D_HD inline int64_t grad_carry_numel(const Geometry& g) {
   return maps(g) * g.tiles_w * g.nstate * kTile;
 }
 
-// Byte offsets into a block's dynamic shared memory.
-// At N = 1 each channel has one warp, which loads its own dt / u rows straight into x / Abar: no
-// channel tiles (forward_loads_per_warp), so more blocks fit on an SM.
-SS2D_HD inline bool forward_loads_per_warp(int nstate) { return nstate == 1; }
-
+// Byte offsets into a block's dynamic shared memory. Every tile is kTileFloats floats. Per-channel
+// tiles that only carry values from one state round to the next exist only with several rounds.
 struct ForwardLayout {
-  size_t dt;    // float tile per channel: dt (0 on padding, so Abar = 1); none at N = 1
-  size_t u;     // float tile per channel: u (0 on padding, so x = 0); none at N = 1
-  size_t x;     // float tile per warp: dt * B * u, then hh, then h
-  size_t abar;  // float tile per warp: exp(dt * A[n])
-  size_t y;     // float tile per warp: its states' share of y
+  size_t dt;    // tile per channel (several rounds): dt (0 on padding, so Abar = 1)
+  size_t u;     // tile per channel (several rounds): u (0 on padding, so x = 0)
+  size_t y;     // tile per channel: D * u, then + C * h of each state
+  size_t x;     // tile per warp: x = dt * B * u, then hh, then h
+  size_t abar;  // tile per warp: exp(dt * A[n])
   size_t hcar;  // float[channels][N][kTile]: horizontal carry to the next tile
   size_t total;
 };
 
 struct BackwardLayout {
-  size_t dt;    // float tile per channel: dt
-  size_t u;     // float tile per channel: u (dy is read from global memory where needed)
-  size_t warp;  // kBackwardWarpTiles float tiles per warp
-  size_t hcar;  // float[channels][N][kTile]: reverse horizontal carry
-  size_t dA;    // float[channels][N]
-  size_t lane;  // float[nwarps][kTile]: per-lane dA partials
-  size_t red;   // float[2][channels][nthreads]: per-thread dD and ddelta_bias partials
+  size_t dt;     // tile per channel: dt
+  size_t u;      // tile per channel: u
+  size_t dy;     // tile per channel: dy
+  size_t sum_b;  // tile per channel (several rounds): sum over states of dL/dx * B
+  size_t ddt;    // tile per channel (several rounds): dL/ddt so far
+  size_t b;      // tile per warp of a channel (wpc): B of the round's states
+  size_t warp;   // kBackwardWarpTiles tiles per warp (below)
+  size_t hcar;   // float[channels][N][kTile]: reverse horizontal carry
+  size_t dA;     // float[channels][N]
+  size_t lane;   // float[nwarps][kTile]: per-lane dA partials
+  size_t top;    // float[nwarps][kTile]: the vertical dL/dAbar term of a tile's first row
   size_t total;
 };
+// Per warp: Abar (then the state's dL/ddt term), h (hh, then h), g (dy * C, then dL/dh, then
+// dL/dx). The final dD / ddelta_bias reduction reuses this region.
+constexpr int kBackwardWarpTiles = 3;
 
 struct LayoutBuilder {
   size_t off = 0;
@@ -228,32 +230,39 @@ struct LayoutBuilder {
   }
 };
 
-SS2D_HD inline ForwardLayout forward_layout(int channels, int nwarps, int nstate) {
+SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate) {
   LayoutBuilder b;
   ForwardLayout l{};
   const size_t tile = sizeof(float) * kTileFloats;
-  const int channel_tiles = forward_loads_per_warp(nstate) ? 0 : channels;
-  l.dt = b.take(tile * channel_tiles);
-  l.u = b.take(tile * channel_tiles);
+  const int nwarps = channels * wpc;
+  const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
+  l.dt = b.take(tile * carried);
+  l.u = b.take(tile * carried);
+  l.y = b.take(tile * channels);
   l.x = b.take(tile * nwarps);
   l.abar = b.take(tile * nwarps);
-  l.y = b.take(tile * nwarps);
   l.hcar = b.take(sizeof(float) * channels * nstate * kTile);
   l.total = b.off;
   return l;
 }
 
-SS2D_HD inline BackwardLayout backward_layout(int channels, int nwarps, int nstate) {
+SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate) {
   LayoutBuilder b;
   BackwardLayout l{};
   const size_t tile = sizeof(float) * kTileFloats;
+  const int nwarps = channels * wpc;
+  const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
   l.dt = b.take(tile * channels);
   l.u = b.take(tile * channels);
+  l.dy = b.take(tile * channels);
+  l.sum_b = b.take(tile * carried);
+  l.ddt = b.take(tile * carried);
+  l.b = b.take(tile * wpc);
   l.warp = b.take(tile * kBackwardWarpTiles * nwarps);
   l.hcar = b.take(sizeof(float) * channels * nstate * kTile);
   l.dA = b.take(sizeof(float) * channels * nstate);
   l.lane = b.take(sizeof(float) * nwarps * kTile);
-  l.red = b.take(sizeof(float) * 2 * channels * nwarps * kTile);
+  l.top = b.take(sizeof(float) * nwarps * kTile);
   l.total = b.off;
   return l;
 }

@@ -41,6 +41,7 @@ struct VectorWord<2> {
 
 struct DeviceCtx {
   static constexpr int kLaneSlots = 1;
+  static constexpr int kThreadSlots = 1;
 
   template <class V>
   SS2D_HD SS2D_INLINE V* shared(char* smem, size_t byte_offset, int64_t) const {
@@ -93,6 +94,7 @@ struct DeviceCtx {
   }
   SS2D_HD SS2D_INLINE int nwarps() const { return nthreads() / kTile; }
   SS2D_HD SS2D_INLINE int lane_slot(int) const { return 0; }
+  SS2D_HD SS2D_INLINE int thread_slot(int) const { return 0; }
 
   template <class F>
   SS2D_HD SS2D_INLINE void each_thread(F&& f) const {

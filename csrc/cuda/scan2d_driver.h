@@ -100,56 +100,63 @@ inline int largest_divisor_up_to(int n, int cap) {
   return 1;
 }
 
+// Warps of one kernel resident per SM with blocks of nwarps warps taking smem bytes: limited by
+// the SM's shared memory and by the registers per thread the kernel's budget allows.
+inline int resident_warps(size_t smem, int nwarps, int registers, const DeviceLimits& dev) {
+  if (smem > dev.smem_per_block) return 0;
+  const int by_smem = static_cast<int>(dev.smem_per_sm / (smem + kReservedSmemPerBlock));
+  const int by_registers = kRegistersPerSm / (registers * nwarps * kTile);
+  return std::min(by_smem, by_registers) * nwarps;
+}
+
+struct BlockShape {
+  int channels;
+  int wpc;
+};
+
+// Block shape of one kernel: `channels` (dividing the group's channel count, at most kMaxWarps)
+// side by side, each on wpc <= min(kMaxWarps / channels, N) warps. The most channels per block --
+// each B / C quad is loaded once for all of them -- among the shapes that keep at least 3/4 of the
+// best shape's resident warps; then the most warps per channel (fewer state rounds).
+template <class SmemOf>
+inline BlockShape pick_block_shape(const Geometry& g, const DeviceLimits& dev, int registers,
+                                   SmemOf&& smem_of, const char* pass) {
+  const int per_group = g.dim / g.groups;
+  std::vector<std::pair<BlockShape, int>> shapes;
+  int best = 0;
+  for (int c = std::min(kMaxWarps, per_group); c >= 1; --c) {
+    if (per_group % c != 0) continue;
+    for (int wpc = std::min(kMaxWarps / c, g.nstate); wpc >= 1; --wpc) {
+      const int warps = resident_warps(smem_of(c, wpc), c * wpc, registers, dev);
+      shapes.push_back({BlockShape{c, wpc}, warps});
+      best = std::max(best, warps);
+    }
+  }
+  TORCH_CHECK(best > 0, "selective_scan_2d (cuda kernel): N = ", g.nstate, " needs ", smem_of(1, 1),
+              " bytes of shared memory per block in the ", pass, ", the device allows ",
+              dev.smem_per_block);
+  for (const auto& [shape, warps] : shapes) {
+    if (warps > 0 && 4 * warps >= 3 * best) return shape;
+  }
+  return shapes.front().first;  // unreachable: the best shape qualifies
+}
+
 // The work split for a geometry on a device (see Launch in scan2d_common.h).
 inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   Launch k{};
-  const int per_group = g.dim / g.groups;
-  k.fwd_warps_per_channel = std::min(kMaxWarps, g.nstate);
-  k.fwd_channels = largest_divisor_up_to(per_group, kMaxWarps / k.fwd_warps_per_channel);
-  while (k.fwd_channels > 1 &&
-         forward_layout(k.fwd_channels, k.fwd_channels * k.fwd_warps_per_channel, g.nstate).total >
-             dev.smem_per_block) {
-    k.fwd_channels = largest_divisor_up_to(per_group, k.fwd_channels - 1);
-  }
-  while (k.fwd_warps_per_channel > 1 &&
-         forward_layout(1, k.fwd_warps_per_channel, g.nstate).total > dev.smem_per_block) {
-    --k.fwd_warps_per_channel;
-  }
-  TORCH_CHECK(forward_layout(k.fwd_channels, k.fwd_channels * k.fwd_warps_per_channel, g.nstate).total <=
-                  dev.smem_per_block,
-              "selective_scan_2d (cuda kernel): N = ", g.nstate, " needs more shared memory than the "
-              "device allows per block (", dev.smem_per_block, " bytes)");
-  // N = 1: up to 4 channels of a group side by side (one warp each), as many as keep the most
-  // warps resident per SM (shared memory per warp is the same for every choice, so bigger blocks
-  // only pay off where the SM's shared memory divides well); else one channel whose states the
-  // warps split.
-  auto bwd_smem = [&] { return backward_layout(k.bwd_channels, k.bwd_warps, g.nstate).total; };
-  auto resident_warps = [&] {
-    const size_t block = bwd_smem() + kReservedSmemPerBlock;
-    return bwd_smem() > dev.smem_per_block ? 0 : static_cast<int>(dev.smem_per_sm / block) * k.bwd_warps;
-  };
-  k.bwd_channels = 1;
-  k.bwd_warps = g.nstate == 1 ? 1 : std::min(kMaxWarps, g.nstate);
-  if (g.nstate == 1) {
-    int best = resident_warps();
-    for (int side = 2; side <= std::min(kMaxWarps, per_group); ++side) {
-      if (per_group % side != 0) continue;
-      const Launch keep = k;
-      k.bwd_channels = k.bwd_warps = side;
-      const int warps = resident_warps();
-      if (warps >= best) {
-        best = warps;
-      } else {
-        k = keep;
-      }
-    }
-  }
-  while (k.bwd_warps > 1 && bwd_smem() > dev.smem_per_block) --k.bwd_warps;
-  TORCH_CHECK(bwd_smem() <= dev.smem_per_block, "selective_scan_2d (cuda kernel): N = ", g.nstate,
-              " needs ", bwd_smem(), " bytes of shared memory in the backward, the device allows ",
-              dev.smem_per_block);
+  const BlockShape fwd = pick_block_shape(
+      g, dev, kRegistersPerSm / (kBlockThreads * kMinBlocksPerSm),
+      [&](int c, int wpc) { return forward_layout(c, wpc, g.nstate).total; }, "forward");
+  const BlockShape bwd = pick_block_shape(
+      g, dev, kRegistersPerSm / (kBlockThreads * kMinBackwardBlocksPerSm),
+      [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate).total; }, "backward");
+  k.fwd_channels = fwd.channels;
+  k.fwd_wpc = fwd.wpc;
+  k.bwd_channels = bwd.channels;
+  k.bwd_wpc = bwd.wpc;
   // Enough backward blocks to fill the device twice over, each slice owning its dB / dC partial;
-  // a slice holds a whole number of side-by-side channel sets.
+  // a slice holds a whole number of channel sets.
+  const int per_group = g.dim / g.groups;
   const int64_t base_blocks = static_cast<int64_t>(std::max(g.batch_blocks, 1)) * g.groups;
   const int64_t want = ceil_div(2 * static_cast<int64_t>(dev.sm_count), base_blocks);
   const int sets = per_group / k.bwd_channels;

@@ -11,7 +11,7 @@ namespace vmamba2d {
 namespace scan2d {
 
 // grid = (g.batch_blocks, g.dim / k.fwd_channels, 1 or the tiles of a map for the tile-parallel
-// passes), fwd_channels * fwd_warps_per_channel warps.
+// passes), fwd_channels * fwd_wpc warps.
 cudaError_t launch_forward(const Params& p, ElementType type, cudaStream_t stream);
 
 // Tile-parallel passes: carries along tile rows or down tile columns (forward or reverse); 1D grid
@@ -19,7 +19,7 @@ cudaError_t launch_forward(const Params& p, ElementType type, cudaStream_t strea
 cudaError_t launch_carry_scan(const Params& p, const CarryScan& scan, cudaStream_t stream);
 
 // grid = (g.batch_blocks, g.groups * k.slices, 1 or the tiles of a map for the tile-parallel
-// passes), k.bwd_warps warps; p.pass picks the edge kernel or the full backward.
+// passes), bwd_channels * bwd_wpc warps; p.pass picks the edge passes or the full backward.
 cudaError_t launch_backward(const Params& p, ElementType type, cudaStream_t stream);
 
 // Opts every kernel instantiation of this file set into `smem_bytes` of dynamic shared memory

@@ -17,22 +17,12 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBackwardBlocksPerSm) scan2d
 }
 
 template <class T>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_backward_edges_kernel(Params p) {
-  extern __shared__ __align__(16) char smem[];
-  DeviceCtx ctx;
-  backward_edges_block<T>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                          static_cast<int>(blockIdx.z), smem);
-}
-
-template <class T>
 static cudaError_t launch_backward_typed(const Params& p, cudaStream_t stream) {
-  const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_warps, p.g.nstate).total;
+  const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate).total;
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.groups * p.k.slices), static_cast<unsigned>(tiles));
-  const bool edges = p.pass == kRowEdges || p.pass == kColumnEdges;
-  auto kernel = edges ? scan2d_backward_edges_kernel<T> : scan2d_backward_kernel<T>;
-  kernel<<<grid, p.k.bwd_warps * kTile, smem, stream>>>(p);
+  scan2d_backward_kernel<T><<<grid, p.k.bwd_channels * p.k.bwd_wpc * kTile, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -54,11 +44,6 @@ cudaError_t allow_shared_memory(size_t smem_bytes) {
   cudaError_t err = cudaFuncSetAttribute(scan2d_backward_kernel<float>, attr, bytes);
   if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_backward_kernel<__half>, attr, bytes);
   if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_backward_kernel<__nv_bfloat16>, attr, bytes);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_backward_edges_kernel<float>, attr, bytes);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_backward_edges_kernel<__half>, attr, bytes);
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(scan2d_backward_edges_kernel<__nv_bfloat16>, attr, bytes);
-  }
   if (err == cudaSuccess) err = allow_forward_shared_memory(smem_bytes);
   return err;
 }

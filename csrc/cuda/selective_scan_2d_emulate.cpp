@@ -264,6 +264,7 @@ class Schedule {
 class HostCtx {
  public:
   static constexpr int kLaneSlots = kTile;
+  static constexpr int kThreadSlots = kBlockThreads;
 
   HostCtx(int nwarps, Schedule& schedule, Shadow& shadow, int64_t drop_barrier)
       : nwarps_(nwarps), schedule_(schedule), shadow_(shadow), drop_barrier_(drop_barrier) {}
@@ -271,6 +272,7 @@ class HostCtx {
   int nthreads() const { return nwarps_ * kTile; }
   int nwarps() const { return nwarps_; }
   int lane_slot(int lane) const { return lane; }
+  int thread_slot(int t) const { return t; }
 
   template <class V>
   SharedView<V> shared(char* smem, size_t byte_offset, int64_t count) const {
@@ -396,11 +398,7 @@ struct ForwardKernel {
 template <class T>
 struct BackwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
-    if (p.pass == kRowEdges || p.pass == kColumnEdges) {
-      backward_edges_block<T>(ctx, p, bx, by, bz, smem);
-    } else {
-      backward_block<T>(ctx, p, bx, by, bz, smem);
-    }
+    backward_block<T>(ctx, p, bx, by, bz, smem);
   }
 };
 
@@ -418,8 +416,8 @@ struct HostBackend {
   }
 
   static void forward(const Params& p, ElementType type) {
-    const int nwarps = p.k.fwd_channels * p.k.fwd_warps_per_channel;
-    const size_t smem = forward_layout(p.k.fwd_channels, nwarps, p.g.nstate).total;
+    const int nwarps = p.k.fwd_channels * p.k.fwd_wpc;
+    const size_t smem = forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate).total;
     const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
     run_grid(p.g.batch_blocks, p.g.dim / p.k.fwd_channels, tiles, nwarps, smem, g_options,
              [&](HostCtx& ctx, int bx, int by, int bz, char* s) {
@@ -434,9 +432,9 @@ struct HostBackend {
   }
 
   static void backward(const Params& p, ElementType type) {
-    const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_warps, p.g.nstate).total;
+    const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate).total;
     const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
-    run_grid(p.g.batch_blocks, p.g.groups * p.k.slices, tiles, p.k.bwd_warps, smem, g_options,
+    run_grid(p.g.batch_blocks, p.g.groups * p.k.slices, tiles, p.k.bwd_channels * p.k.bwd_wpc, smem, g_options,
              [&](HostCtx& ctx, int bx, int by, int bz, char* s) {
                dispatch<BackwardKernel>(type, ctx, p, bx, by, bz, s);
              });

@@ -21,8 +21,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_carry_s
 
 template <class T>
 static cudaError_t launch_forward_typed(const Params& p, cudaStream_t stream) {
-  const int nwarps = p.k.fwd_channels * p.k.fwd_warps_per_channel;
-  const size_t smem = forward_layout(p.k.fwd_channels, nwarps, p.g.nstate).total;
+  const int nwarps = p.k.fwd_channels * p.k.fwd_wpc;
+  const size_t smem = forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate).total;
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.dim / p.k.fwd_channels), static_cast<unsigned>(tiles));
