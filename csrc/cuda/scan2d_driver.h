@@ -6,7 +6,6 @@
 //   static void forward(const Params&, ElementType);         one forward pass (Params::pass)
 //   static void carry_scan(const Params&, const CarryScan&); tile-parallel carry propagation
 //   static void backward(const Params&, ElementType);        one backward pass (Params::pass)
-//   static void backward(const Params&, ElementType);
 //   static void poison(at::Tensor&);                    fill never-read-before-written scratch
 #pragma once
 

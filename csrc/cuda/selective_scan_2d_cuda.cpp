@@ -120,6 +120,46 @@ std::vector<at::Tensor> emulate_backward_entry(
                                            smem_per_block));
 }
 
+// The work split plan_launch makes for these shapes on a device with these limits.
+pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t nstate,
+                           int64_t height, int64_t width, int64_t sm_count, int64_t smem_per_sm,
+                           int64_t smem_per_block) {
+  TORCH_CHECK_VALUE(batch >= 1 && dim >= 1 && groups >= 1 && dim % groups == 0,
+                    "launch_plan: need batch, dim >= 1 and groups dividing dim, got batch=", batch,
+                    " dim=", dim, " groups=", groups);
+  TORCH_CHECK_VALUE(nstate >= 1 && nstate <= kMaxState, "launch_plan: N must be in 1..", kMaxState,
+                    ", got ", nstate);
+  TORCH_CHECK_VALUE(height >= 1 && width >= 1, "launch_plan: height and width must be >= 1, got ",
+                    height, " x ", width);
+  TORCH_CHECK_VALUE(sm_count >= 1 && smem_per_block >= 1 && smem_per_sm >= smem_per_block,
+                    "launch_plan: need sm_count >= 1 and smem_per_sm >= smem_per_block >= 1");
+  const Geometry g = plan_geometry(batch, dim, groups, nstate, height, width);
+  const DeviceLimits dev{static_cast<int>(sm_count), static_cast<size_t>(smem_per_block),
+                         static_cast<size_t>(smem_per_sm)};
+  const Launch k = plan_launch(g, dev);
+  const size_t fwd_smem = forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate).total;
+  const size_t bwd_smem = backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate).total;
+  const int fwd_registers = kRegistersPerSm / (kBlockThreads * kMinBlocksPerSm);
+  const int bwd_registers = kRegistersPerSm / (kBlockThreads * kMinBackwardBlocksPerSm);
+  pybind11::dict d;
+  d["tiles"] = pybind11::make_tuple(g.tiles_h, g.tiles_w);
+  d["maps_per_tile"] = pybind11::make_tuple(g.pack_rows, g.pack_cols);
+  d["fwd_channels"] = k.fwd_channels;
+  d["fwd_warps_per_channel"] = k.fwd_wpc;
+  d["fwd_threads"] = k.fwd_channels * k.fwd_wpc * kTile;
+  d["fwd_smem_bytes"] = fwd_smem;
+  d["fwd_resident_warps"] = resident_warps(fwd_smem, k.fwd_channels * k.fwd_wpc, fwd_registers, dev);
+  d["fwd_tile_parallel"] = k.tile_parallel;
+  d["bwd_channels"] = k.bwd_channels;
+  d["bwd_warps_per_channel"] = k.bwd_wpc;
+  d["bwd_threads"] = k.bwd_channels * k.bwd_wpc * kTile;
+  d["bwd_smem_bytes"] = bwd_smem;
+  d["bwd_resident_warps"] = resident_warps(bwd_smem, k.bwd_channels * k.bwd_wpc, bwd_registers, dev);
+  d["bwd_slices"] = k.slices;
+  d["bwd_tile_parallel"] = k.bwd_tile_parallel;
+  return d;
+}
+
 }  // namespace
 }  // namespace scan2d
 }  // namespace vmamba2d
@@ -181,6 +221,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Runs a synthetic block through the emulation's checker (tests of the race detector);\n"
         "raises RuntimeError when the checker objects. See scan2d_emulate.h for the scenarios.",
         py::arg("scenario"));
+  m.def("_launch_plan", &launch_plan,
+        "The kernels' work split for these shapes on a device with sm_count SMs and smem_per_sm /\n"
+        "smem_per_block bytes of shared memory (per SM / opt-in per block): channels and warps per\n"
+        "block, threads, dynamic shared memory, the modelled resident warps per SM, slices, tiling.",
+        py::arg("batch"), py::arg("dim"), py::arg("groups"), py::arg("nstate"), py::arg("height"),
+        py::arg("width"), py::arg("sm_count"), py::arg("smem_per_sm"), py::arg("smem_per_block"));
   m.def("_emulation_vector_accesses", &emulation_vector_accesses,
         "Vector (16-byte fp32 / 8-byte fp16, bf16) global loads and stores made by the last\n"
         "_emulate_forward / _emulate_backward call on this thread (tests of the vector path).");
