@@ -95,3 +95,51 @@ def test_kernel_rejects_unsupported_dtypes_by_name():
               for k, v in make_inputs(1, 1, 1, 1, 4, 4).items()}
     with pytest.raises(TypeError, match="float32, float16 or bfloat16, got Double"):
         CUDA_MODULE._emulate_forward(*(inputs[k] for k in ORDER), True, 4, 4, False, False)
+
+
+PLAN_SHAPES = [  # (batch, dim, groups, N, height, width)
+    (128, 384, 4, 1, 56, 56), (128, 3072, 4, 1, 7, 7), (2, 6, 1, 1, 40, 40), (8192, 1, 1, 16, 14, 14),
+    (1, 1, 1, 16, 200, 200), (1, 256, 1, 16, 200, 200), (3, 10, 5, 3, 33, 65), (8, 4, 1, 64, 56, 56),
+    (37, 2, 1, 4, 1, 100), (3, 2, 2, 7, 300, 1),
+]
+
+
+@needs_module
+@pytest.mark.parametrize("device", sorted(DEVICES))
+def test_launch_plans_respect_the_device_and_the_group_layout(device):
+    limits = DEVICES[device]
+    for batch, dim, groups, nstate, height, width in PLAN_SHAPES:
+        plan = CUDA_MODULE._launch_plan(batch, dim, groups, nstate, height, width, limits["sm_count"],
+                                        limits["smem_per_sm"], limits["smem_per_block"])
+        for pass_ in ("fwd", "bwd"):
+            channels, wpc = plan[f"{pass_}_channels"], plan[f"{pass_}_warps_per_channel"]
+            assert (dim // groups) % channels == 0, (device, pass_, plan)  # one group per block
+            assert 1 <= wpc <= nstate and channels * wpc <= 4
+            assert plan[f"{pass_}_threads"] == 32 * channels * wpc
+            assert plan[f"{pass_}_smem_bytes"] <= limits["smem_per_block"]
+            assert plan[f"{pass_}_resident_warps"] >= channels * wpc
+        assert (dim // groups // plan["bwd_channels"]) % plan["bwd_slices"] == 0
+
+
+@needs_module
+def test_one_state_blocks_are_128_threads_on_h100_in_both_passes():
+    # vmamba2d_tiny's scan calls (N = 1, 96 channels per group) on an H100 / H200: 4 channels of a
+    # group per block, one warp each; the backward's 4-channel blocks fit twice per SM.
+    limits = DEVICES["sm90-H100"]
+    for side, dim in ((56, 384), (28, 768), (14, 1536), (7, 3072)):
+        plan = CUDA_MODULE._launch_plan(128, dim, 4, 1, side, side, limits["sm_count"],
+                                        limits["smem_per_sm"], limits["smem_per_block"])
+        assert plan["fwd_threads"] == plan["bwd_threads"] == 128
+        assert plan["fwd_channels"] == plan["bwd_channels"] == 4
+        assert plan["bwd_resident_warps"] == 8
+
+
+@needs_module
+@pytest.mark.parametrize("args, message", [
+    ((2, 6, 4, 1, 8, 8), "groups dividing dim"),
+    ((2, 4, 1, 65, 8, 8), "N must be in 1..64"),
+    ((2, 4, 1, 1, 0, 8), "height and width"),
+])
+def test_launch_plan_rejects_bad_shapes(args, message):
+    with pytest.raises(ValueError, match=message):
+        CUDA_MODULE._launch_plan(*args, 8, 164 * KIB, 163 * KIB)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vmamba2d.ops import selective_scan_2d
+from vmamba2d.ops import _extensions, selective_scan_2d
 
 BENCH_PATH = Path(__file__).resolve().parents[1] / "tools" / "bench_scan.py"
 
@@ -159,3 +159,18 @@ def test_gpu_benchmark_rows_are_the_backends_that_run_here(monkeypatch):
     assert any("cuda: not benchmarked (no kernel image for sm_70)" in note for note in notes)
     monkeypatch.setattr(_extensions, "cuda_kernel_usable", lambda device: True)
     assert gpu.available_backends(torch.device("cuda", 0))[0][0] == "cuda"
+
+
+def test_gpu_benchmark_plan_table_shows_every_shape_and_its_1d_path():
+    bench = _load_gpu_bench()
+    cuda_module = _extensions.cuda_extension()
+    if cuda_module is None:
+        pytest.skip("vmamba2d._C_cuda is not built")
+    shapes = bench.default_shapes(["model", "table3"], bench.TABLE3_MAPS)
+    h100 = bench.DeviceLimits(sm_count=132, smem_per_sm=228 * 1024, smem_per_block=227 * 1024)
+    table = bench.plan_table(shapes, h100, cuda_module).splitlines()
+    assert len(table) == 2 + 2 * len(shapes)
+    # vmamba2d_tiny's N = 1 calls on an H100: 4 channels per block, 128 threads, in both passes.
+    cells = [cell.strip() for cell in table[2].strip("|").split("|")]
+    assert cells[:2] == ["model 56x56 x 384 ch", "2D 56x56"]
+    assert cells[2].startswith("4 x 1, 128,") and cells[4].startswith("4 x 1, 128,")

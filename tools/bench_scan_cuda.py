@@ -378,6 +378,44 @@ def format_table(rows: list[Row], copy_bytes_per_s: float) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What the CUDA kernel's launch plan depends on: SMs and shared memory (bytes) per SM / per block."""
+    sm_count: int
+    smem_per_sm: int
+    smem_per_block: int
+
+
+def device_limits(device: torch.device) -> Optional[DeviceLimits]:
+    """The GPU's limits from torch's device properties; None where this torch does not report them."""
+    props = torch.cuda.get_device_properties(device)
+    per_sm = getattr(props, "shared_memory_per_multiprocessor", None)
+    per_block = getattr(props, "shared_memory_per_block_optin", None)
+    if not per_sm or not per_block:
+        return None
+    return DeviceLimits(props.multi_processor_count, int(per_sm), int(per_block))
+
+
+def plan_table(shapes: list[Shape], limits: DeviceLimits, cuda_module) -> str:
+    """The CUDA kernel's work split for every shape (2D map and the 1D path's 1 x L map) on ``limits``."""
+    lines = [
+        "| shape | map | fwd block (channels x warps, threads, smem, warps/SM) | tile-parallel fwd "
+        "| bwd block (channels x warps, threads, smem, warps/SM) | bwd slices | tile-parallel bwd |",
+        "|---|---|---|---|---|---:|---|",
+    ]
+    for shape in shapes:
+        for label, (height, width) in (("2D", (shape.height, shape.width)), ("1D", (1, shape.length))):
+            p = cuda_module._launch_plan(shape.batch, shape.dim, shape.groups, shape.nstate, height, width,
+                                         limits.sm_count, limits.smem_per_sm, limits.smem_per_block)
+            fwd = (f"{p['fwd_channels']} x {p['fwd_warps_per_channel']}, {p['fwd_threads']}, "
+                   f"{p['fwd_smem_bytes'] / 1024:.1f} KiB, {p['fwd_resident_warps']}")
+            bwd = (f"{p['bwd_channels']} x {p['bwd_warps_per_channel']}, {p['bwd_threads']}, "
+                   f"{p['bwd_smem_bytes'] / 1024:.1f} KiB, {p['bwd_resident_warps']}")
+            lines.append(f"| {shape.label} | {label} {height}x{width} | {fwd} | {p['fwd_tile_parallel']} | {bwd} "
+                         f"| {p['bwd_slices']} | {p['bwd_tile_parallel']} |")
+    return "\n".join(lines)
+
+
 def _git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
@@ -457,7 +495,15 @@ def run(args: argparse.Namespace, device: torch.device, shapes: list[Shape], bac
                       f"{_num(row.two_d.train_ms)} ms, 1D fwd {_num(row.one_d.fwd_ms)} ms "
                       f"{row.two_d.note} {row.one_d.note}".rstrip(), flush=True)
     elapsed = time.monotonic() - start
-    return header + f"\n- benchmark wall time: {elapsed:.0f} s", format_table(rows, copy_bytes_per_s)
+    table = format_table(rows, copy_bytes_per_s)
+    limits = device_limits(device) if device.type == "cuda" else None
+    cuda_module = _extensions.cuda_extension()
+    if "cuda" in backends and limits is not None and cuda_module is not None:
+        table += (f"\n\nCUDA kernel launch plans on this GPU ({limits.sm_count} SMs, "
+                  f"{limits.smem_per_sm // 1024} KiB shared memory per SM, {limits.smem_per_block // 1024} KiB "
+                  "per block; warps/SM as modelled by the planner):\n\n"
+                  + plan_table(shapes, limits, cuda_module))
+    return header + f"\n- benchmark wall time: {elapsed:.0f} s", table
 
 
 def main(argv: Optional[list[str]] = None) -> None:
