@@ -199,6 +199,10 @@ def shape_id(shape):
     return "x".join(map(str, shape[:-1])) + "-" + str(shape[-1]).replace("torch.", "")
 
 
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+RTOL = {torch.float32: 5e-5, torch.float16: 3e-2, torch.bfloat16: 6e-2}
+
+
 @needs_module
 @pytest.mark.parametrize("index", range(len(EMULATED_SHAPES)),
                          ids=[shape_id(s) for s in EMULATED_SHAPES])
@@ -209,7 +213,8 @@ def test_emulated_kernel_matches_reference(index):
     # The planned device: 1 SM -> the forward walks each map's tiles in one block and the backward
     # keeps a group's channels in one block; 1000 SMs -> multi-tile maps run tile-parallel and the
     # backward splits groups into channel slices (partial dB / dC buffers summed in order). Every
-    # third shape on 228 KB SMs (H100): 2 instead of 4 channels per backward block at N = 1.
+    # third shape is planned for 228 KB SMs (H100), the others for 164 KB (A100): block shapes
+    # differ, e.g. 4 instead of 3 channels per backward block at N = 1 with 96 channels per group.
     check_all(emulated_fwd, emulated_bwd, inputs, height, width, rtol=3e-2 if half else 5e-5,
               dy_fp32=half, out_fp32=half, order=ORDERS[index % len(ORDERS)],
               sm_count=1000 if index % 2 else 1,
@@ -217,9 +222,34 @@ def test_emulated_kernel_matches_reference(index):
 
 
 @needs_module
-def test_emulated_kernel_without_optional_inputs_and_softplus():
-    inputs = make_inputs(2, 4, 2, 3, 35, 20, use_d=False, use_bias=False, softplus=False, seed=7)
-    check_all(emulated_fwd, emulated_bwd, inputs, 35, 20, rtol=5e-5, softplus=False, order=3)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_emulated_kernel_without_optional_inputs_and_softplus(dtype):
+    # N = 3 on 2 channels per group: 2 warps per channel, so 2 state rounds, the last one half full.
+    inputs = make_inputs(2, 4, 2, 3, 35, 20, dtype=dtype, use_d=False, use_bias=False, softplus=False,
+                         seed=7)
+    check_all(emulated_fwd, emulated_bwd, inputs, 35, 20, rtol=RTOL[dtype], softplus=False, order=3)
+
+
+@needs_module
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 4, 1, 5, 40, 45), (3, 2, 1, 3, 20, 20)],
+                         ids=lambda shape: "x".join(map(str, shape)))
+def test_emulated_kernel_state_rounds_in_every_dtype(shape, dtype):
+    # More states than warps per channel (several rounds, the last one partly filled), on a map
+    # of 2x2 tiles and on packed single-tile maps; half inputs with fp32 and half y / dy.
+    batch, dim, groups, nstate, height, width = shape
+    inputs = make_inputs(batch, dim, groups, nstate, height, width, dtype=dtype, seed=nstate)
+    half = dtype != torch.float32
+    check_all(emulated_fwd, emulated_bwd, inputs, height, width, rtol=RTOL[dtype], order=4,
+              dy_fp32=half and nstate == 5, out_fp32=half and nstate == 3)
+
+
+@needs_module
+def test_emulated_kernel_softplus_passes_large_arguments_through():
+    # torch's softplus returns z itself above its threshold 20: delta + bias on both sides of it.
+    inputs = make_inputs(2, 4, 1, 2, 20, 40, seed=21)
+    inputs["delta_bias"] = torch.tensor([18.0, 19.9, 20.3, 23.0])
+    check_all(emulated_fwd, emulated_bwd, inputs, 20, 40, rtol=5e-5)
 
 
 @needs_module

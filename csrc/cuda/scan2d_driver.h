@@ -134,10 +134,10 @@ inline BlockShape pick_block_shape(const Geometry& g, const DeviceLimits& dev, i
   TORCH_CHECK(best > 0, "selective_scan_2d (cuda kernel): N = ", g.nstate, " needs ", smem_of(1, 1),
               " bytes of shared memory per block in the ", pass, ", the device allows ",
               dev.smem_per_block);
-  for (const auto& [shape, warps] : shapes) {
-    if (warps > 0 && 4 * warps >= 3 * best) return shape;
-  }
-  return shapes.front().first;  // unreachable: the best shape qualifies
+  // The best shape itself qualifies, so the search always finds one.
+  return std::find_if(shapes.begin(), shapes.end(), [&](const std::pair<BlockShape, int>& s) {
+           return s.second > 0 && 4 * s.second >= 3 * best;
+         })->first;
 }
 
 // The work split for a geometry on a device (see Launch in scan2d_common.h).

@@ -203,6 +203,24 @@ SS2D_HD SS2D_INLINE Plane bc_plane(const Geometry& g, int group, int n) {
   return Plane{static_cast<int64_t>(g.groups) * g.nstate, static_cast<int64_t>(group) * g.nstate + n};
 }
 
+// What warp w of a block works on in a state round: channel d0 + channel (map `map` of the
+// carry buffers) and state `state`; inactive in a last round with fewer states than warps.
+struct WarpTask {
+  bool active;
+  int channel;
+  int state;
+  int64_t map;
+};
+
+SS2D_HD SS2D_INLINE WarpTask warp_task(const Geometry& g, int bb, int d0, int wpc, int round, int w) {
+  WarpTask task;
+  task.channel = w / wpc;
+  task.state = round * wpc + w % wpc;
+  task.active = task.state < g.nstate;
+  task.map = static_cast<int64_t>(bb) * g.dim + d0 + task.channel;
+  return task;
+}
+
 // Forward of one block: batch block bb, channels d0 .. d0 + channels - 1 of one group. Per tile and
 // state round:
 //   A (block): dt / u quads (first round; kept in tiles when there are more rounds) and the B quad
@@ -309,10 +327,10 @@ SS2D_UNROLL
       });
       ctx.barrier();
       ctx.each_warp([&](int w) {
-        const int s = w / wpc;
-        const int n = round * wpc + w % wpc;
-        if (n >= nstate) return;
-        const int64_t map = static_cast<int64_t>(bb) * g.dim + d0 + s;
+        const WarpTask task = warp_task(g, bb, d0, wpc, round, w);
+        if (!task.active) return;
+        const int s = task.channel, n = task.state;
+        const int64_t map = task.map;
         auto x = x_t + w * kTileFloats;
         auto abar = abar_t + w * kTileFloats;
         // Horizontal: hh = Abar * hh_left + x, in place over x.
@@ -572,10 +590,10 @@ SS2D_UNROLL
         });
         ctx.barrier();
         ctx.each_warp([&](int w) {
-          const int s = w / wpc;
-          const int n = round * wpc + w % wpc;
-          if (n >= nstate) return;
-          const int64_t map = static_cast<int64_t>(bb) * g.dim + d0 + s;
+          const WarpTask task = warp_task(g, bb, d0, wpc, round, w);
+          if (!task.active) return;
+          const int s = task.channel, n = task.state;
+          const int64_t map = task.map;
           auto abar = warp_t + (w * kBackwardWarpTiles + 0) * kTileFloats;  // Abar, then dL/ddt term
           auto hv = warp_t + (w * kBackwardWarpTiles + 1) * kTileFloats;    // x, hh, then h
           auto gv = warp_t + (w * kBackwardWarpTiles + 2) * kTileFloats;    // dy * C, gh, then ghh

@@ -137,24 +137,22 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
   const DeviceLimits dev{static_cast<int>(sm_count), static_cast<size_t>(smem_per_block),
                          static_cast<size_t>(smem_per_sm)};
   const Launch k = plan_launch(g, dev);
-  const size_t fwd_smem = forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate).total;
-  const size_t bwd_smem = backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate).total;
-  const int fwd_registers = kRegistersPerSm / (kBlockThreads * kMinBlocksPerSm);
-  const int bwd_registers = kRegistersPerSm / (kBlockThreads * kMinBackwardBlocksPerSm);
   pybind11::dict d;
   d["tiles"] = pybind11::make_tuple(g.tiles_h, g.tiles_w);
   d["maps_per_tile"] = pybind11::make_tuple(g.pack_rows, g.pack_cols);
-  d["fwd_channels"] = k.fwd_channels;
-  d["fwd_warps_per_channel"] = k.fwd_wpc;
-  d["fwd_threads"] = k.fwd_channels * k.fwd_wpc * kTile;
-  d["fwd_smem_bytes"] = fwd_smem;
-  d["fwd_resident_warps"] = resident_warps(fwd_smem, k.fwd_channels * k.fwd_wpc, fwd_registers, dev);
+  auto add_pass = [&](const std::string& pass, int channels, int wpc, size_t smem, int min_blocks) {
+    const int registers = kRegistersPerSm / (kBlockThreads * min_blocks);
+    d[(pass + "_channels").c_str()] = channels;
+    d[(pass + "_warps_per_channel").c_str()] = wpc;
+    d[(pass + "_threads").c_str()] = channels * wpc * kTile;
+    d[(pass + "_smem_bytes").c_str()] = smem;
+    d[(pass + "_resident_warps").c_str()] = resident_warps(smem, channels * wpc, registers, dev);
+  };
+  add_pass("fwd", k.fwd_channels, k.fwd_wpc, forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate).total,
+           kMinBlocksPerSm);
+  add_pass("bwd", k.bwd_channels, k.bwd_wpc, backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate).total,
+           kMinBackwardBlocksPerSm);
   d["fwd_tile_parallel"] = k.tile_parallel;
-  d["bwd_channels"] = k.bwd_channels;
-  d["bwd_warps_per_channel"] = k.bwd_wpc;
-  d["bwd_threads"] = k.bwd_channels * k.bwd_wpc * kTile;
-  d["bwd_smem_bytes"] = bwd_smem;
-  d["bwd_resident_warps"] = resident_warps(bwd_smem, k.bwd_channels * k.bwd_wpc, bwd_registers, dev);
   d["bwd_slices"] = k.slices;
   d["bwd_tile_parallel"] = k.bwd_tile_parallel;
   return d;
