@@ -334,7 +334,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """CLI entry point; returns the process exit code (2 for bad input)."""
+    """CLI entry point; returns the process exit code (2 for bad input, 1 for a diverged run)."""
     try:
         cfg = resolve_train_config(argv)
         ctx = init_distributed(cfg.device)
@@ -345,6 +345,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
+    except FloatingPointError as error:
+        print(f"train.py: error: {error}. Lower --lr, set --clip-grad or train with --amp none, "
+              "then continue with --resume auto", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -557,3 +557,12 @@ def test_unreadable_image_stops_cleanly_or_is_skipped_with_a_count(tmp_path, mon
     assert record["val_images"] == VAL_IMAGES - 1
     log = (output / "log.txt").read_text()
     assert str(bad) in log and str(val_bad) in log
+
+
+def test_a_diverged_run_stops_with_a_message_instead_of_a_traceback(data_root, tmp_path, capsys):
+    output = tmp_path / "run"
+    argv = quick_args(data_root, output, epochs=2) + ["--lr", "1e30", "--warmup-epochs", "0"]
+    assert train_cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "train.py: error: training loss is" in err and "--resume auto" in err
+    assert "Traceback" not in err

@@ -401,3 +401,11 @@ def test_2d_model_learns_a_tiny_easy_set():
     after, _ = evaluate(model, records, num_classes=2, **common)
     assert before["auc"] < 0.8 and after["auc"] >= 0.95
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_a_diverged_run_stops_with_a_message_instead_of_a_traceback(dataset, tmp_path, capsys):
+    argv = train_args(dataset, tmp_path / "run", epochs=2) + ["--lr", "1e30"]
+    assert train_main(argv) == 1
+    err = capsys.readouterr().err
+    assert "mil/train.py: error: training loss is" in err and "--resume" in err
+    assert "Traceback" not in err

@@ -21,13 +21,18 @@ from .survival import assign_survival_bins
 
 
 def train_main(argv: Optional[Sequence[str]] = None) -> int:
-    """``mil/train.py``: returns the exit code (2 for bad input, nothing written then)."""
+    """``mil/train.py``: returns the exit code (2 for bad input, nothing written then; 1 for a
+    diverged run, whose last checkpoint stays intact)."""
     setup_logging()
     try:
         train(resolve_train_config(argv))
     except UsageError as error:
         print(f"mil/train.py: error: {error}", file=sys.stderr)
         return 2
+    except FloatingPointError as error:
+        print(f"mil/train.py: error: {error}. Lower --lr or train with --amp none, then continue "
+              "with --resume", file=sys.stderr)
+        return 1
     return 0
 
 
