@@ -142,6 +142,27 @@ def test_line_grids_equal_the_1d_model(height, width, num_blocks):
     assert a["attention"].shape == (height, width)
 
 
+@pytest.mark.parametrize("mask_pad", [True, False])
+def test_raster_scan_equals_the_2d_model_on_the_flattened_canvas(mask_pad):
+    # scan="raster" runs the blocks on the row-major canvas as one 1 x H*W line, pads included: the
+    # same as the 2D model on a 1 x H*W grid holding the same cells (coords (x, y) -> (y * W + x, 0)).
+    height, width = 4, 6
+    raster = _model(MambaMIL2D, scan="raster", mask_pad=mask_pad, init="mamba")
+    line = _model(MambaMIL2D, seed=1, mask_pad=mask_pad, init="mamba")
+    line.load_state_dict(raster.state_dict())
+    features, coords = _slide(height, width, 5, holes=[(0, 0), (2, 3), (3, 5)], seed=4)
+    flat = torch.stack([coords[:, 1] * width + coords[:, 0], torch.zeros_like(coords[:, 0])], dim=1)
+    a = raster(features, coords, grid_size=(height, width))
+    b = line(features, flat, grid_size=(1, height * width))
+    torch.testing.assert_close(a["logits"], b["logits"], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(a["attention"].flatten(), b["attention"].flatten(), rtol=1e-10, atol=1e-12)
+    assert a["attention"].shape == (height, width)
+    # ... and it is not the 2D scan.
+    two_d = _model(MambaMIL2D, seed=2, mask_pad=mask_pad, init="mamba")
+    two_d.load_state_dict(raster.state_dict())
+    assert not torch.allclose(two_d(features, coords, grid_size=(height, width))["logits"], a["logits"])
+
+
 def _reach(height, width, conv, num_blocks, taps=4):
     """reach[t, s]: cell s can influence cell t's block output (independent boolean model)."""
     cells = [(i, j) for i in range(height) for j in range(width)]
@@ -260,6 +281,7 @@ def test_bad_inputs(cls, features, coords, grid_size, error, match):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(conv="3d"), "conv"), (dict(pad_token="random"), "pad_token"), (dict(init="xavier"), "init"),
     (dict(num_blocks=0), "num_blocks"), (dict(dropout=1.0), "dropout"), (dict(in_dim=0), "in_dim"),
+    (dict(scan="1d"), "scan"), (dict(scan="raster", conv="2d"), "conv='1d'"),
 ])
 def test_bad_options(kwargs, match):
     options = dict(in_dim=5, num_classes=2, dim=8)

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +133,31 @@ def test_shuffled_cells_control_keeps_patches_and_cells_but_breaks_the_motif(sli
         assert (grid[control.tumour_cells[:, 0], control.tumour_cells[:, 1]] == 1).all()
         broken += horizontal_runs(control.tumour_cells) != [3, 3, 3]
     assert broken >= 0.9 * len(slides)
+
+
+def _load_tool():
+    path = Path(__file__).resolve().parents[1] / "tools" / "mil_synthetic.py"
+    spec = importlib.util.spec_from_file_location("mil_synthetic_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_tool_trains_every_row_and_writes_the_table(tmp_path):
+    tool = _load_tool()
+    out = tmp_path / "table.md"
+    argv = ["--min-size", "12", "--max-size", "14", "--train", "6", "--val", "4", "--test", "4",
+            "--epochs", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
+    assert tool.main(argv) == 0
+    table = out.read_text()
+    for label, _, _ in tool.MODELS.values():
+        assert f"| {label} |" in table
+    # the raster row really ran the 2D model's blocks on the flattened canvas
+    config = (tmp_path / "work" / "raster" / "config.yaml").read_text()
+    assert "scan: raster" in config
+
+
+def test_benchmark_tool_names_grids_too_small_for_the_motifs(tmp_path, capsys):
+    tool = _load_tool()
+    assert tool.main(["--min-size", "8", "--max-size", "10", "--work", str(tmp_path)]) == 2
+    assert "too small to hold the motifs" in capsys.readouterr().err

@@ -48,6 +48,7 @@ Tensor = torch.Tensor
 
 CONV_KINDS = ("1d", "2d")
 PAD_TOKENS = ("trainable", "zero")
+SCANS = ("2d", "raster")
 INITS = ("official", "mamba")
 ORDERS = ("raster", "file")
 
@@ -316,6 +317,9 @@ class MambaMIL2D(_SSMMIL):
         conv: ``"1d"`` causal conv along the raster sequence (official) or ``"2d"`` depthwise 3x3 on the grid.
         mask_pad: attention pooling ignores pad cells (True) or covers the whole canvas (False = official).
         pad_token: ``"trainable"`` (U[0,1) init, learned; official default) or ``"zero"`` (fixed zeros).
+        scan: ``"2d"`` (the 2D selective scan over the H x W canvas) or ``"raster"`` (the same blocks
+            on the row-major canvas as one 1 x H*W sequence, pad cells included: the 1D reference of
+            MIL.md section 7; needs ``conv="1d"``).
         attn_hidden: hidden size of the attention pooling (128).
         init: ``"official"`` (Xavier-normal Linear weights, zero biases, so dt bias = 0) or ``"mamba"``
             (PyTorch default Linear init and Mamba's dt bias init).
@@ -327,18 +331,22 @@ class MambaMIL2D(_SSMMIL):
 
     def __init__(self, *, in_dim: int, num_classes: int, dim: int = 128, d_state: int = 16, expand: int = 2,
                  d_conv: int = 4, num_blocks: int = 1, dropout: float = 0.25, conv: str = "1d", mask_pad: bool = True,
-                 pad_token: str = "trainable", attn_hidden: int = 128, init: str = "official",
+                 pad_token: str = "trainable", scan: str = "2d", attn_hidden: int = 128, init: str = "official",
                  survival: bool = False, scan_backend: str = "auto") -> None:
         super().__init__(in_dim, num_classes, dim=dim, d_state=d_state, expand=expand, d_conv=d_conv,
                          num_blocks=num_blocks, dropout=dropout, conv=conv, attn_hidden=attn_hidden, init=init,
                          survival=survival, scan_backend=scan_backend)
         _require_choice("pad_token", pad_token, PAD_TOKENS)
+        self.scan = _require_choice("scan", scan, SCANS)
+        if scan == "raster" and conv != "1d":
+            raise ValueError(f"scan='raster' runs the blocks on a 1 x L sequence and needs conv='1d', "
+                             f"got conv={conv!r}")
         self.mask_pad = mask_pad
         if pad_token == "trainable":
             self.pad_token = nn.Parameter(torch.rand(dim))
         else:
             self.register_buffer("pad_token", torch.zeros(dim))
-        self._config.update(mask_pad=mask_pad, pad_token=pad_token)
+        self._config.update(mask_pad=mask_pad, pad_token=pad_token, scan=scan)
         self._apply_init(init)
 
     def encode(self, features: Tensor, coords: Tensor,
@@ -354,7 +362,8 @@ class MambaMIL2D(_SSMMIL):
         canvas = self.pad_token.to(projected.dtype).expand(grid[0] * grid[1], -1).index_copy(0, index, projected)
         tissue = torch.zeros(canvas.shape[0], dtype=torch.bool, device=canvas.device)
         tissue[index] = True
-        return self._mix(canvas, *grid), tissue, grid
+        shape = (1, grid[0] * grid[1]) if self.scan == "raster" else grid
+        return self._mix(canvas, *shape), tissue, grid
 
     def forward(self, features: Tensor, coords: Tensor,
                 grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
