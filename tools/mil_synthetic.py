@@ -54,6 +54,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--reference-settings", action="store_true",
+                   help="the SSM rows with MIL.md section 7's reference model settings: attention "
+                        "pooling over pad cells too (mask_pad=false) and PyTorch's default Linear "
+                        "init (init=mamba)")
     p.add_argument("--shuffled-cells", action="store_true",
                    help="control: move every patch to a random cell of its slide (no signal left)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False)
@@ -86,6 +90,8 @@ def main(argv=None) -> int:
         if row_id not in args.models:
             continue
         run = args.work / row_id
+        if args.reference_settings and model != "abmil":
+            model_kwargs = [*model_kwargs, "init=mamba"] + (["mask_pad=false"] if model == "mambamil2d" else [])
         argv_train = [*TRAINING, "--model", model, "--model-kwargs", *model_kwargs,
                       "--feature-dir", str(data / "features"), "--label-csv",
                       str(data / "labels.csv"), "--output", str(run), "--epochs", str(args.epochs),
@@ -121,6 +127,8 @@ def write_table(args, rows, curves) -> None:
         f"{args.test} test slides, 32-d features, balanced labels, data seed {args.seed}. "
         "Only the 2D arrangement of the 9 tumour patches differs between the classes "
         "(`vmamba2d/mil/synthetic.py`)." + (
+            " Model settings of MIL.md's reference (`--reference-settings`): attention pooling "
+            "over pad cells too, PyTorch's default Linear init." if args.reference_settings else "") + (
             " CONTROL: every patch moved to a random cell of its slide (`--shuffled-cells`), so "
             "the labels carry no signal." if args.shuffled_cells else ""),
         f"Training: `configs/mil/synthetic.yaml` (D = 32, N = 8, E = 64, 1 block, AdamW lr 1e-3, "
