@@ -161,3 +161,14 @@ def test_benchmark_tool_names_grids_too_small_for_the_motifs(tmp_path, capsys):
     tool = _load_tool()
     assert tool.main(["--min-size", "8", "--max-size", "10", "--work", str(tmp_path)]) == 2
     assert "too small to hold the motifs" in capsys.readouterr().err
+
+
+def test_benchmark_tool_reference_settings_reach_the_model_config(tmp_path):
+    tool = _load_tool()
+    argv = ["--min-size", "12", "--max-size", "14", "--train", "4", "--val", "2", "--test", "2",
+            "--epochs", "1", "--models", "raster", "abmil", "--reference-settings",
+            "--work", str(tmp_path / "work"), "--out", str(tmp_path / "table.md")]
+    assert tool.main(argv) == 0
+    raster = (tmp_path / "work" / "raster" / "config.yaml").read_text()
+    assert "init: mamba" in raster and "mask_pad: false" in raster and "scan: raster" in raster
+    assert "init" not in (tmp_path / "work" / "abmil" / "config.yaml").read_text().split("model_kwargs")[1]
