@@ -1,7 +1,8 @@
 """The models against timm's own conventions: factory device / dtype, reset_classifier placement,
 FX feature extraction (timm's and torchvision's), and the checks timm's tests/test_models.py runs on
 every timm model (forward, backward, default cfg, features_only, forward_intermediates), on small
-configurations of our registered models. TorchScript scripting is not supported (deprecated)."""
+configurations of our registered models, TorchScript included (scripted models call the compiled
+scan kernel of the input's device)."""
 from __future__ import annotations
 
 import math
@@ -217,3 +218,48 @@ def test_timm_forward_intermediates_and_features_only_agree_with_feature_info():
         assert inter.shape == feat.shape
         assert inter.shape[-2:] == (math.ceil(50 / info["reduction"]), math.ceil(66 / info["reduction"]))
         torch.testing.assert_close(inter, feat)
+
+
+# ---------------------------------------------------------------- TorchScript (timm's test_model_forward_torchscript)
+
+
+def scripted(name: str, **kwargs):
+    with timm.set_scriptable(True):
+        model = create(name, **kwargs)
+    return model, torch.jit.script(model)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_torchscript_forward_matches_the_eager_model(name):
+    # timm's test: script under set_scriptable(True), one forward at 128 px. The scripted model runs
+    # the compiled CPU kernel, the eager one here the independent pure-PyTorch scan.
+    model, script = scripted(name)
+    model.eval()
+    script.eval()
+    for height, width in ((128, 128), (64, 96)):  # square: one scan call per block; else two grids
+        x = images(2, height, width)
+        with torch.no_grad():
+            got, want = script(x), model(x)
+        assert got.shape == (2, model.num_classes) and not torch.isnan(got).any()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_torchscript_training_step_and_save_load_round_trip(tmp_path):
+    model, script = scripted("vmamba2d_tiny", num_classes=5)
+    x = images(2, 64, 96)
+    model(x).square().sum().backward()
+    script(x).square().sum().backward()
+    for (name, eager), (_, compiled) in zip(model.named_parameters(), script.named_parameters()):
+        torch.testing.assert_close(compiled.grad, eager.grad, rtol=1e-3, atol=1e-6, msg=name)
+    script.eval()
+    path = tmp_path / "vmamba2d_tiny.pt"
+    torch.jit.save(script, str(path))
+    loaded = torch.jit.load(str(path))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), script(x))
+
+
+def test_scripted_model_still_checks_its_input():
+    _, script = scripted("vmamba2d_tiny")
+    with pytest.raises(Exception, match="in_chans=3 channels"):
+        script(torch.randn(1, 4, 32, 32))

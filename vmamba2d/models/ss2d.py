@@ -14,13 +14,14 @@ Parameter names and shapes follow the public VMamba v2 code so its checkpoints l
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 import torch
 import torch.nn as nn
 from timm.layers import LayerNorm2d
 
 from ..ops import BACKENDS, selective_scan_2d
+from ..ops.fused import selective_scan_2d_fused
 
 Tensor = torch.Tensor
 
@@ -28,7 +29,7 @@ NUM_ROUTES = 4
 SCAN_MODES = ("2d", "1d")
 # Routes are scanned in the order (k0, k2, k1, k3) so that the two routes of one grid shape are
 # adjacent channel blocks: a non-square map needs one op call per grid, a square map one call.
-GRID_SORTED_ROUTES = (0, 2, 1, 3)
+GRID_SORTED_ROUTES = (0, 2, 1, 3)  # as written out in _grid_sorted
 LAYER_NORM_EPS = 1e-5  # VMamba's LayerNorm2d keeps nn.LayerNorm's default
 
 
@@ -43,7 +44,13 @@ def resolve_dt_rank(dim: int, dt_rank: Union[int, str]) -> int:
 
 def _per_route(weight: Tensor, batch: int) -> Tensor:
     """Route weights (K, out, in) repeated for every sample: (batch * K, out, in) for torch.bmm."""
-    return weight.unsqueeze(0).expand(batch, *weight.shape).reshape(batch * weight.shape[0], *weight.shape[1:])
+    routes, rows, cols = weight.shape
+    return weight.unsqueeze(0).expand(batch, routes, rows, cols).reshape(batch * routes, rows, cols)
+
+
+def _grid_sorted(per_route: Tensor) -> Tensor:
+    """(K, ...) per-route values in GRID_SORTED_ROUTES order (k0, k2, k1, k3)."""
+    return torch.stack((per_route[0], per_route[2], per_route[1], per_route[3]))
 
 
 def cross_scan_merge(
@@ -73,10 +80,9 @@ def cross_scan_merge(
     """
     batch, d_inner, height, width = x.shape
     length = height * width
-    k = NUM_ROUTES
+    k = x_proj_weight.shape[0]  # NUM_ROUTES
     n = A_logs.shape[1]
     r = dt_projs_weight.shape[2]
-    order = list(GRID_SORTED_ROUTES)
 
     rows = x.flatten(2)  # (B, Di, L), row-major
     cols = x.transpose(2, 3).flatten(2)  # (B, Di, L), column-major = row-major of the W x H map
@@ -84,17 +90,17 @@ def cross_scan_merge(
 
     # Per-route projections as batched matmuls over (batch, route): much faster on CPU than
     # grouped 1x1 convs, and counted exactly by fvcore's bmm handle.
-    x_dbl = torch.bmm(_per_route(x_proj_weight[order], batch), xs.view(batch * k, d_inner, length))
+    x_dbl = torch.bmm(_per_route(_grid_sorted(x_proj_weight), batch), xs.view(batch * k, d_inner, length))
     x_dbl = x_dbl.view(batch, k, r + 2 * n, length)
     dts, Bs, Cs = torch.split(x_dbl, [r, n, n], dim=2)
-    dts = torch.bmm(_per_route(dt_projs_weight[order], batch), dts.reshape(batch * k, r, length))
+    dts = torch.bmm(_per_route(_grid_sorted(dt_projs_weight), batch), dts.reshape(batch * k, r, length))
     dts = dts.view(batch, k * d_inner, length)
 
     # The scan's small parameters stay in (at least) fp32 under AMP, as in VMamba.
     param_dtype = torch.promote_types(A_logs.dtype, torch.float32)
-    A = -torch.exp(A_logs.to(param_dtype)).view(k, d_inner, n)[order].reshape(k * d_inner, n)
-    D = Ds.to(param_dtype).view(k, d_inner)[order].reshape(-1)
-    delta_bias = dt_projs_bias.to(param_dtype)[order].reshape(-1)
+    A = _grid_sorted(-torch.exp(A_logs.to(param_dtype)).view(k, d_inner, n)).reshape(k * d_inner, n)
+    D = _grid_sorted(Ds.to(param_dtype).view(k, d_inner)).reshape(-1)
+    delta_bias = _grid_sorted(dt_projs_bias.to(param_dtype)).reshape(-1)
     Bs, Cs = Bs.contiguous(), Cs.contiguous()
 
     if scan == "1d":
@@ -103,16 +109,14 @@ def cross_scan_merge(
         grids = [(0, k, height, width)]
     else:  # routes k0, k2 scan the H x W grid; k1, k3 the transposed W x H grid
         grids = [(0, 2, height, width), (2, k, width, height)]
-    ys = []
+    ys: List[Tensor] = []
     for first, last, grid_h, grid_w in grids:
-        channels = slice(first * d_inner, last * d_inner)
-        ys.append(
-            selective_scan_2d(
-                xs[:, channels], dts[:, channels], A[channels], Bs[:, first:last], Cs[:, first:last],
-                D[channels], delta_bias[channels], True,
-                height=int(grid_h), width=int(grid_w), backend=backend,  # ints under jit.trace too
-            )
-        )
+        lo, hi = first * d_inner, last * d_inner
+        args = (xs[:, lo:hi], dts[:, lo:hi], A[lo:hi], Bs[:, first:last], Cs[:, first:last], D[lo:hi], delta_bias[lo:hi])
+        if torch.jit.is_scripting():  # no backend dispatch in TorchScript: the device's compiled kernel
+            ys.append(selective_scan_2d_fused(*args, True, grid_h, grid_w, xs.dtype))
+        else:
+            ys.append(selective_scan_2d(*args, True, height=int(grid_h), width=int(grid_w), backend=backend))
     y = (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)).view(batch, k, d_inner, length)
     y_rows = y[:, 0] + y[:, 1].flip(-1)
     y_cols = y[:, 2] + y[:, 3].flip(-1)

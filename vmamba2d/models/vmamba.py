@@ -36,24 +36,25 @@ def _norm(channels: int, **dd: Any) -> nn.Module:
     return LayerNorm2d(channels, eps=LAYER_NORM_EPS, **dd)
 
 
-def check_image_input(x: object, in_chans: int) -> Tensor:
+def check_image_input(x: Tensor, in_chans: int) -> Tensor:
     """Return x if it is a (B, in_chans, H, W) floating-point tensor with H, W >= 1; raise
     TypeError / ValueError naming what was expected otherwise.
 
     A plain function so that FX symbolic tracing records it as one call (``torch.fx.wrap`` below):
     a traced graph still checks its real input, and tracing never sees a data-dependent branch.
+    TorchScript compiles it too (it types x itself, so the isinstance check is eager-only).
     """
-    if not isinstance(x, torch.Tensor):
+    if not torch.jit.is_scripting() and not isinstance(x, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor of shape (B, {in_chans}, H, W), got {type(x).__name__}")
+    shape = list(x.shape)
     if not x.is_floating_point():
         raise TypeError(f"input must be a floating-point tensor, got dtype {x.dtype}")
-    if x.dim() != 4:
-        raise ValueError(f"input must be 4-D (B, {in_chans}, H, W), got shape {tuple(x.shape)}")
-    if x.shape[1] != in_chans:
-        raise ValueError(f"input must have in_chans={in_chans} channels (B, {in_chans}, H, W), got shape {tuple(x.shape)}")
-    height, width = x.shape[-2:]
-    if height < 1 or width < 1:
-        raise ValueError(f"input height and width must be at least 1, got {height}x{width}")
+    if len(shape) != 4:
+        raise ValueError(f"input must be 4-D (B, {in_chans}, H, W), got shape {shape}")
+    if shape[1] != in_chans:
+        raise ValueError(f"input must have in_chans={in_chans} channels (B, {in_chans}, H, W), got shape {shape}")
+    if shape[2] < 1 or shape[3] < 1:
+        raise ValueError(f"input height and width must be at least 1, got {shape[2]}x{shape[3]}")
     return x
 
 

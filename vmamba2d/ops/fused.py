@@ -35,9 +35,6 @@ Tensor = torch.Tensor
 FWD_OP_NAME = "vmamba2d::selective_scan_2d_fwd"
 BWD_OP_NAME = "vmamba2d::selective_scan_2d_bwd"
 
-_CUDA_SCAN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
 def _kernel_module(device: torch.device) -> ModuleType:
     if device.type == "cuda":
         module, kind = _extensions.cuda_extension(), "cuda"
@@ -185,18 +182,24 @@ selective_scan_2d_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def _kernel_dtypes(u: Tensor, delta: Tensor, B: Tensor, C: Tensor) -> tuple[torch.dtype, torch.dtype]:
     """(scan dtype for u / delta / B / C, dtype for A / D / delta_bias) that the kernel takes."""
-    common = u.dtype
-    for t in (delta, B, C):
-        common = torch.promote_types(common, t.dtype)
+    common = torch.promote_types(torch.promote_types(u.dtype, delta.dtype), torch.promote_types(B.dtype, C.dtype))
     if u.device.type == "cpu":
         compute = torch.float64 if common == torch.float64 else torch.float32
         return compute, compute
-    if common not in _CUDA_SCAN_DTYPES:
+    if common != torch.float32 and common != torch.float16 and common != torch.bfloat16:
         raise TypeError(
             f"the cuda 2D scan kernel takes float32, float16 or bfloat16 inputs, got {common}; "
             "use backend='torch' for float64"
         )
     return common, torch.float32
+
+
+def _contiguous_as(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+    return None if t is None else t.to(dtype).contiguous()
+
+
+def _requires_grad(t: Optional[Tensor]) -> bool:
+    return t is not None and t.requires_grad
 
 
 def selective_scan_2d_fused(
@@ -214,23 +217,23 @@ def selective_scan_2d_fused(
 ) -> Tensor:
     """2D selective scan on the compiled kernel of the inputs' device (differentiable).
 
-    Args (already validated by :func:`vmamba2d.ops.validation.check_scan_inputs`): u, delta
-    (batch, dim, L); A (dim, N); B, C (batch, groups, N, L); D, delta_bias (dim,) or None;
-    L == height * width. Any strides and floating dtypes.
+    Args (already validated by :func:`vmamba2d.ops.validation.check_scan_inputs`, or left to the
+    kernel's own checks): u, delta (batch, dim, L); A (dim, N); B, C (batch, groups, N, L); D,
+    delta_bias (dim,) or None; L == height * width. Any strides and floating dtypes.
     Returns: y (batch, dim, L) in ``out_dtype``.
+
+    TorchScript compiles this function: scripted models call it (the compiled kernel of the
+    inputs' device) instead of the backend dispatch of :func:`vmamba2d.ops.selective_scan_2d`.
     """
     scan_dtype, param_dtype = _kernel_dtypes(u, delta, B, C)
-
-    def prepare(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
-        return None if t is None else t.to(dtype).contiguous()
-
     out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
-    tensors = (u, delta, A, B, C, D, delta_bias)
-    save_carries = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    y, _, _ = selective_scan_2d_fwd(
-        prepare(u, scan_dtype), prepare(delta, scan_dtype), prepare(A, param_dtype),
-        prepare(B, scan_dtype), prepare(C, scan_dtype), prepare(D, param_dtype),
-        prepare(delta_bias, param_dtype), bool(delta_softplus), int(height), int(width), out_fp32,
-        save_carries,
+    save_carries = torch.is_grad_enabled() and (
+        u.requires_grad or delta.requires_grad or A.requires_grad or B.requires_grad or C.requires_grad
+        or _requires_grad(D) or _requires_grad(delta_bias)
     )
+    y = torch.ops.vmamba2d.selective_scan_2d_fwd(
+        u.to(scan_dtype).contiguous(), delta.to(scan_dtype).contiguous(), A.to(param_dtype).contiguous(),
+        B.to(scan_dtype).contiguous(), C.to(scan_dtype).contiguous(), _contiguous_as(D, param_dtype),
+        _contiguous_as(delta_bias, param_dtype), delta_softplus, height, width, out_fp32, save_carries,
+    )[0]
     return y.to(out_dtype)
