@@ -409,3 +409,14 @@ def test_a_diverged_run_stops_with_a_message_instead_of_a_traceback(dataset, tmp
     err = capsys.readouterr().err
     assert "mil/train.py: error: training loss is" in err and "--resume" in err
     assert "Traceback" not in err
+
+
+def test_threads_option_is_restored_after_the_run(dataset, tmp_path):
+    # --threads sets torch's intra-op threads for the run only: an in-process caller keeps its own.
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert train_main(train_args(dataset, tmp_path / "run", epochs=1) + ["--threads", "1"]) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

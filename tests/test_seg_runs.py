@@ -24,9 +24,14 @@ from vmamba2d.training import RunFolderError  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 # a kill (os._exit, as SIGKILL: no cleanup) half-way through writing iter_4.pth, in a child process
+# Bitwise comparisons across processes need the same intra-op thread count on both sides
+# (CPU reductions are split by thread): the child and this process both run with THREADS.
+THREADS = 1
 _KILLED_RUN = """
 import json, os, runpy, sys
 from pathlib import Path
+import torch
+torch.set_num_threads({threads})
 sys.path.insert(0, {root!r})
 import vmamba2d.seg
 from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend
@@ -88,7 +93,16 @@ def _train_reference(train, options: list, reference: Path, monkeypatch) -> None
                       *([("remove", "best_mIoU_iter_2.pth")] if improved else [])]
 
 
+@pytest.fixture
+def pinned_threads():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("pinned_threads")
 def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_root, tmp_path, monkeypatch):
     train = _load_script("train")
     options = _deterministic_options(ade_root)
@@ -96,7 +110,8 @@ def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_r
     work = tmp_path / "killed"
     argv = [str(TINY_CONFIG), "--work-dir", str(work), "--cfg-options", *options]
     script = tmp_path / "killed_run.py"
-    script.write_text(_KILLED_RUN.format(root=str(ROOT), train=str(ROOT / "seg" / "train.py")))
+    script.write_text(_KILLED_RUN.format(root=str(ROOT), train=str(ROOT / "seg" / "train.py"),
+                                         threads=THREADS))
     child_log = tmp_path / "killed_run.log"
     with open(child_log, "w") as log:
         child = subprocess.Popen([sys.executable, str(script), json.dumps(argv)], cwd=tmp_path,

@@ -325,10 +325,19 @@ def aggregate(cfg: MILConfig, summaries: list[dict[str, Any]]) -> dict[str, Any]
 
 
 def train(cfg: MILConfig) -> dict[str, Any]:
-    """Run every (fold, seed) of ``cfg``; returns the aggregated summary."""
-    device = resolve_device(cfg.device)
+    """Run every (fold, seed) of ``cfg``; returns the aggregated summary. ``cfg.threads`` sets
+    torch's intra-op threads for the run; the caller's setting is restored afterwards."""
+    previous_threads = torch.get_num_threads()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train(cfg: MILConfig) -> dict[str, Any]:
+    device = resolve_device(cfg.device)
     if cfg.amp != "none" and device.type != "cuda":
         raise UsageError(f"--amp {cfg.amp} needs a GPU; this run is on {device}")
     output = Path(cfg.output)
