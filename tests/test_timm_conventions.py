@@ -263,3 +263,39 @@ def test_scripted_model_still_checks_its_input():
     _, script = scripted("vmamba2d_tiny")
     with pytest.raises(Exception, match="in_chans=3 channels"):
         script(torch.randn(1, 4, 32, 32))
+
+
+def fx_model(model):
+    """timm's _create_fx_model (eval): the traced graph's output node as a feature extractor."""
+    tracer_kwargs = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions(),
+                         param_shapes_constant=True)
+    train_nodes, eval_nodes = get_graph_node_names(model, tracer_kwargs=tracer_kwargs)
+    return create_feature_extractor(model, train_return_nodes=[train_nodes[-1]],
+                                    eval_return_nodes=[eval_nodes[-1]], tracer_kwargs=tracer_kwargs)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_fx_traced_model_scripts(name):
+    # timm's test_model_forward_fx_torchscript: trace with timm's tracer settings, then script.
+    with timm.set_scriptable(True):
+        model = create(name, scan_backend="auto").eval()
+    script = torch.jit.script(fx_model(model))
+    x = images(1, 64, 96)
+    with torch.inference_mode():
+        got = torch.cat(tuple(script(x).values()))
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_fx_features_only_model_with_feature_cfg_scripts():
+    # timm's test_model_forward_torchscript_with_features_fx: feature_cfg from the caller is merged
+    # into the family's (it collided before), and the fx feature model scripts.
+    with timm.set_scriptable(True):
+        model = create("vmamba2d_tiny", features_only=True, feature_cfg={"feature_cls": "fx"},
+                       out_indices=(1, 3)).eval()
+    script = torch.jit.script(model)
+    x = images(1, 64, 64)
+    with torch.inference_mode():
+        outputs = script(x)
+    assert isinstance(outputs, list) and [o.shape[1] for o in outputs] == model.feature_info.channels()
+    assert [o.shape[-1] for o in outputs] == [64 // r for r in model.feature_info.reduction()]

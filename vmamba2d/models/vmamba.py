@@ -11,8 +11,6 @@ either. Registered names: ``vmamba2d_{tiny,small,base}`` and ``vmamba_{tiny,smal
 ``vmamba_*.in1k`` tags download the official VMamba v2 ImageNet-1k weights (no 2DVMamba weights are
 public: their cfg notes say how to start from VMamba's).
 """
-from __future__ import annotations
-
 import contextlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -395,6 +393,8 @@ def _require_weight_source(variant: str, pretrained_cfg: Any, pretrained_cfg_ove
 
 def _create_vmamba(variant: str, pretrained: bool = False, **kwargs: Any) -> VMamba:
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
+    # the caller's feature_cfg (e.g. {"feature_cls": "fx"}) on top of the family's defaults
+    feature_cfg = {"flatten_sequential": True, "out_indices": out_indices, **(kwargs.pop("feature_cfg", None) or {})}
     if pretrained:
         _require_weight_source(variant, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"))
     with official_checkpoint_loading() if pretrained else contextlib.nullcontext():
@@ -403,7 +403,7 @@ def _create_vmamba(variant: str, pretrained: bool = False, **kwargs: Any) -> VMa
             variant,
             pretrained,
             pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
+            feature_cfg=feature_cfg,
             **kwargs,
         )
 
