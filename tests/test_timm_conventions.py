@@ -299,3 +299,19 @@ def test_fx_features_only_model_with_feature_cfg_scripts():
         outputs = script(x)
     assert isinstance(outputs, list) and [o.shape[1] for o in outputs] == model.feature_info.channels()
     assert [o.shape[-1] for o in outputs] == [64 // r for r in model.feature_info.reduction()]
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_torch_export_keeps_the_scan_as_one_op_and_matches_eager(name):
+    # torch.export (TorchScript's successor): the custom op's fake implementation lets export trace
+    # through it, so the exported program holds the scan as one vmamba2d op per call.
+    model = create(name, scan_backend="auto").eval()
+    x = images(2, 64, 96)
+    program = torch.export.export(model, (x,))
+    targets = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+    scans = [t for t in targets if t.startswith("vmamba2d.selective_scan_2d_fwd")]
+    # 4 blocks; the 2D scan takes 2 calls per block on a non-square map (H x W and W x H grids),
+    # the 1D scan one (all four routes are 1 x L lines)
+    assert len(scans) == (8 if name.startswith("vmamba2d") else 4)
+    with torch.no_grad():
+        assert torch.equal(program.module()(x), model(x))
