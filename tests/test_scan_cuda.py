@@ -245,11 +245,21 @@ def test_emulated_kernel_state_rounds_in_every_dtype(shape, dtype):
 
 
 @needs_module
-def test_emulated_kernel_softplus_passes_large_arguments_through():
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_emulated_kernel_softplus_passes_large_arguments_through(dtype):
     # torch's softplus returns z itself above its threshold 20: delta + bias on both sides of it.
-    inputs = make_inputs(2, 4, 1, 2, 20, 40, seed=21)
+    inputs = make_inputs(2, 4, 1, 2, 20, 40, dtype=dtype, seed=21)
     inputs["delta_bias"] = torch.tensor([18.0, 19.9, 20.3, 23.0])
-    check_all(emulated_fwd, emulated_bwd, inputs, 20, 40, rtol=5e-5)
+    check_all(emulated_fwd, emulated_bwd, inputs, 20, 40, rtol=RTOL[dtype])
+
+
+@needs_module
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_emulated_tile_parallel_passes_with_several_state_rounds(dtype):
+    # One 70x70 map (3x3 tiles) and N = 6 on 4 channels: both passes run tile-parallel (1000 SMs),
+    # and their edge passes loop over state rounds, with a barrier between rounds.
+    inputs = make_inputs(1, 4, 1, 6, 70, 70, dtype=dtype, seed=23)
+    check_all(emulated_fwd, emulated_bwd, inputs, 70, 70, rtol=RTOL[dtype], order=6, sm_count=1000)
 
 
 @needs_module

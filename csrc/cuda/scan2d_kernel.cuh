@@ -367,7 +367,7 @@ SS2D_UNROLL
           if (sequential) {
             if (ti > 0) {
               v = carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)];
-            } else if (p.record && p.carry_v) {
+            } else if (p.record) {  // forward_impl allocates carry_v whenever it records
               carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)] = 0.f;
             }
           } else if (p.pass == kFinal) {
