@@ -23,9 +23,12 @@ from vmamba2d.training import RunFolderError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# a kill (os._exit, as SIGKILL: no cleanup) half-way through writing iter_4.pth, in a child process
+# Kills (os._exit, as SIGKILL: no cleanup) in a child process, at two moments:
+# "mid_write": half-way through writing iter_4.pth (iteration 2 committed);
+# "first_commit": right before the first last_checkpoint is written (best_mIoU_iter_2.pth and
+# iter_2.pth on disk, nothing committed).
 # Bitwise comparisons across processes need the same intra-op thread count on both sides
-# (CPU reductions are split by thread): the child and this process both run with THREADS.
+# (CPU reductions are split by thread): the children and this process all run with THREADS.
 THREADS = 1
 _KILLED_RUN = """
 import json, os, runpy, sys
@@ -34,6 +37,7 @@ import torch
 torch.set_num_threads({threads})
 sys.path.insert(0, {root!r})
 import vmamba2d.seg
+from vmamba2d.seg import safe_checkpoints
 from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend
 from vmamba2d.training.checkpoint import temp_path_for
 
@@ -44,10 +48,38 @@ def dying_put(self, obj, filepath):
             handle.write(obj[: len(obj) // 2])
         os._exit(137)
     write(self, obj, filepath)
-AtomicLocalBackend.put = dying_put
+def dying_commit(work_dir, checkpoint_path):
+    os._exit(137)
+if {moment!r} == "mid_write":
+    AtomicLocalBackend.put = dying_put
+else:
+    safe_checkpoints.write_last_checkpoint = dying_commit
 sys.argv = ["seg/train.py", *json.loads(sys.argv[1])]
 runpy.run_path({train!r}, run_name="__main__")
 """
+
+
+def _start_killed_run(tmp_path: Path, moment: str, options: list) -> tuple:
+    """(work dir, child process, log file) of a training run in a child that dies at ``moment``."""
+    work = tmp_path / f"killed_{moment}"
+    argv = [str(TINY_CONFIG), "--work-dir", str(work), "--cfg-options", *options]
+    script = tmp_path / f"killed_run_{moment}.py"
+    script.write_text(_KILLED_RUN.format(root=str(ROOT), train=str(ROOT / "seg" / "train.py"),
+                                         threads=THREADS, moment=moment))
+    log_path = tmp_path / f"killed_run_{moment}.log"
+    with open(log_path, "w") as log:
+        child = subprocess.Popen([sys.executable, str(script), json.dumps(argv)], cwd=tmp_path,
+                                 stdout=log, stderr=subprocess.STDOUT)
+    return work, child, log_path
+
+
+def _assert_same_weights(checkpoint: Path, reference: Path) -> dict:
+    """Bitwise-equal state dicts; returns the loaded ``checkpoint``."""
+    resumed = torch.load(checkpoint, weights_only=True)
+    expected = torch.load(reference, weights_only=True)
+    for name, tensor in expected["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][name], tensor, rtol=0, atol=0, msg=name)
+    return resumed
 
 
 def _deterministic_options(data_root: Path) -> list:
@@ -103,26 +135,23 @@ def pinned_threads():
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("pinned_threads")
-def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_root, tmp_path, monkeypatch):
+def test_kills_during_checkpoint_writes_then_resume_equal_the_uninterrupted_run(ade_root, tmp_path, monkeypatch):
     train = _load_script("train")
     options = _deterministic_options(ade_root)
-    # the killed run in a child process, running while this process trains the reference
-    work = tmp_path / "killed"
-    argv = [str(TINY_CONFIG), "--work-dir", str(work), "--cfg-options", *options]
-    script = tmp_path / "killed_run.py"
-    script.write_text(_KILLED_RUN.format(root=str(ROOT), train=str(ROOT / "seg" / "train.py"),
-                                         threads=THREADS))
-    child_log = tmp_path / "killed_run.log"
-    with open(child_log, "w") as log:
-        child = subprocess.Popen([sys.executable, str(script), json.dumps(argv)], cwd=tmp_path,
-                                 stdout=log, stderr=subprocess.STDOUT)
+    # the killed runs in child processes, running while this process trains the reference
+    killed = {moment: _start_killed_run(tmp_path, moment, options) for moment in ("mid_write", "first_commit")}
     reference = tmp_path / "reference"
     try:
         _train_reference(train, options, reference, monkeypatch)
     finally:
-        child.wait(timeout=300)
-    assert child.returncode == 137, child_log.read_text()[-3000:]
-    # the kill left: the committed iteration 2, a half-written temp file, and files ahead of the commit
+        for _, child, _ in killed.values():
+            child.wait(timeout=300)
+    for work, child, log_path in killed.values():
+        assert child.returncode == 137, log_path.read_text()[-3000:]
+
+    # killed mid-write of iter_4.pth: the committed iteration 2, a half-written temp file, and files
+    # ahead of the commit
+    work = killed["mid_write"][0]
     assert (work / "last_checkpoint").read_text() == str(work / "iter_2.pth")
     assert not (work / "iter_4.pth").exists()
     assert (work / "iter_2.pth").is_file() and (work / "best_mIoU_iter_2.pth").is_file()  # deleted only after a commit
@@ -135,11 +164,8 @@ def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_r
     assert not list(work.glob(".*.tmp-*"))
     assert (work / "last_checkpoint").read_text() == str(work / "iter_4.pth")
     assert sorted(p.name for p in work.glob("*.pth")) == sorted(p.name for p in reference.glob("*.pth"))
-    resumed = torch.load(work / "iter_4.pth", weights_only=True)
-    expected = torch.load(reference / "iter_4.pth", weights_only=True)
+    resumed = _assert_same_weights(work / "iter_4.pth", reference / "iter_4.pth")
     assert resumed["meta"]["iter"] == 4
-    for name, tensor in expected["state_dict"].items():
-        torch.testing.assert_close(resumed["state_dict"][name], tensor, rtol=0, atol=0, msg=name)
     moved = max((resumed["state_dict"][name] - committed[name]).abs().max().item() for name in committed)
     assert moved > 1e-4  # iterations 3 and 4 did train after the resume
     # the best checkpoint named by the last checkpoint exists (never behind it); no other best is left
@@ -149,10 +175,25 @@ def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted_run(ade_r
     assert _scalar_steps(work, "loss") == [1, 2, 3, 4]
     assert _scalar_steps(work, "mIoU") == [2, 4]
 
+    # killed before the first commit: checkpoints of iteration 2, no last_checkpoint; --resume starts over
+    work = killed["first_commit"][0]
+    assert not (work / "last_checkpoint").exists()
+    assert (work / "iter_2.pth").is_file() and (work / "best_mIoU_iter_2.pth").is_file()
+    train.main([str(TINY_CONFIG), "--work-dir", str(work), "--resume", "--cfg-options", *options,
+                "visualizer.name=restarted"])
+    assert (work / "last_checkpoint").read_text() == str(work / "iter_4.pth")
+    assert sorted(p.name for p in work.glob("*.pth")) == sorted(p.name for p in reference.glob("*.pth"))
+    restarted = _assert_same_weights(work / "iter_4.pth", reference / "iter_4.pth")
+    assert Path(restarted["message_hub"]["runtime_info"]["best_ckpt"]).is_file()
+    assert _scalar_steps(work, "loss") == [1, 2, 3, 4]
+    assert _scalar_steps(work, "mIoU") == [2, 4]
 
-def _fake_checkpoint(path: Path, iteration: int, **runtime_info) -> Path:
+
+def _fake_checkpoint(path: Path, iteration: int, experiment_name: str = "tiny_20261122_200000",
+                     **runtime_info) -> Path:
     """An mmengine-shaped training checkpoint (meta, state_dict, message hub)."""
-    torch.save({"meta": {"iter": iteration, "epoch": 0}, "state_dict": {"w": torch.full((64,), float(iteration))},
+    torch.save({"meta": {"iter": iteration, "epoch": 0, "experiment_name": experiment_name},
+                "state_dict": {"w": torch.full((64,), float(iteration))},
                 "message_hub": {"runtime_info": runtime_info, "log_scalars": {}}}, path)
     return path
 
@@ -269,6 +310,60 @@ def test_work_dir_start_rules(tmp_path):
     cfg = _cfg(fresh)
     prepare_work_dir(cfg, str(other))  # a checkpoint from elsewhere into a never-committed folder
     assert cfg.resume is True and cfg.load_from == str(other)
+
+
+def _killed_before_first_commit(folder: Path) -> Path:
+    """What a kill between the first checkpoint writes and the first commit leaves: the run's log folder
+    (scalars of steps 1 and 2), config copy, best and iter_2 checkpoints, a temp file, no last_checkpoint."""
+    logs = folder / "20261122_210000" / "vis_data"
+    logs.mkdir(parents=True)
+    (logs / "scalars.json").write_text("".join(json.dumps({"loss": 1.0, "step": s}) + "\n" for s in (1, 2)))
+    (folder / "tiny.py").write_text("model = None\n")
+    best = _fake_checkpoint(folder / "best_mIoU_iter_2.pth", 2, experiment_name="tiny_20261122_210000")
+    _fake_checkpoint(folder / "iter_2.pth", 2, experiment_name="tiny_20261122_210000", best_ckpt=str(best))
+    (folder / ".last_checkpoint.tmp-4242").write_bytes(b"/x/iter_")
+    return folder
+
+
+def test_resume_starts_over_after_a_kill_before_the_first_commit(tmp_path):
+    work = _killed_before_first_commit(tmp_path / "work")
+    cfg = _cfg(work)
+    notes = prepare_work_dir(cfg, "auto")
+    assert cfg.resume is False and cfg.load_from is None
+    assert sorted(p.name for p in work.iterdir()) == ["20261122_210000", "tiny.py"]
+    assert (work / "20261122_210000" / "vis_data" / "scalars.json").read_text() == ""  # every step runs again
+    for name in ("best_mIoU_iter_2.pth", "iter_2.pth"):
+        assert any(note.startswith(f"removed {name}: written by a run killed before its first commit")
+                   for note in notes), notes
+    assert prepare_work_dir(_cfg(work), "auto") == [f"{work}: no committed checkpoint yet, starting from scratch"]
+
+    # --resume PATH from elsewhere into such a folder: the uncommitted files go too
+    work = _killed_before_first_commit(tmp_path / "path")
+    other = _fake_checkpoint(tmp_path / "elsewhere.pth", 8)
+    cfg = _cfg(work)
+    prepare_work_dir(cfg, str(other))
+    assert cfg.resume is True and cfg.load_from == str(other)
+    assert sorted(p.name for p in work.iterdir()) == ["20261122_210000", "tiny.py"]
+
+
+def test_checkpoints_of_another_run_in_an_uncommitted_folder_are_refused_and_kept(tmp_path):
+    # another experiment's checkpoint (its timestamp has no log folder here) and an unreadable one
+    work = _killed_before_first_commit(tmp_path / "work")
+    _fake_checkpoint(work / "iter_6.pth", 6, experiment_name="other_20250101_000000")
+    (work / "best_mIoU_iter_8.pth").write_bytes(b"not a checkpoint")
+    before = sorted(p.name for p in work.iterdir() if not p.name.startswith("."))
+    with pytest.raises(RunFolderError, match=r"no last_checkpoint.*not empty \(best_mIoU_iter_8\.pth \(unreadable\), "
+                                             r"iter_6\.pth \(of run 20250101_000000, which left no log folder here\)\)"):
+        prepare_work_dir(_cfg(work), "auto")
+    assert sorted(p.name for p in work.iterdir() if not p.name.startswith(".")) == before
+
+    # checkpoints without any log folder of the run that wrote them (copied in by hand)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    _fake_checkpoint(bare / "iter_2.pth", 2, experiment_name="tiny_20261122_210000")
+    with pytest.raises(RunFolderError, match=r"iter_2\.pth \(of run 20261122_210000"):
+        prepare_work_dir(_cfg(bare), "auto")
+    assert (bare / "iter_2.pth").is_file()
 
 
 def test_atomic_backend_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch):

@@ -11,12 +11,20 @@ before the Runner is built, then
 * ``--resume`` (auto): resumes from ``last_checkpoint`` after checking that the checkpoint is a complete,
   readable torch file; an unreadable one (truncated or corrupted, e.g. written by plain mmengine) is
   skipped, with a warning naming it, for the newest readable older checkpoint, and the run is refused
-  when there is none. Without ``last_checkpoint``, an empty work dir (or one holding only the
-  timestamped log folders and config copy of a run that never committed a checkpoint) starts from
-  scratch; anything else is refused with the folder and its files named;
+  when there is none. Without ``last_checkpoint``, the run starts from scratch when the work dir is
+  empty or holds only what a run that never committed left (see below); anything else is refused
+  with the folder and its files named;
 * ``--resume PATH``: resumes from that checkpoint after the same check (refused when unreadable);
   refused when the work dir holds another run (a ``last_checkpoint`` elsewhere) or, without
-  ``last_checkpoint``, files other than a never-committed run's logs (unless PATH is in that folder);
+  ``last_checkpoint``, anything but what a never-committed run left (unless PATH is in that folder);
+* a run killed before its first commit leaves its timestamped log folders, mmengine's copy of the
+  config and, when the kill came during the first checkpoint, checkpoints (``iter_N.pth``,
+  ``best_<metric>_iter_N.pth``) that no ``last_checkpoint`` names. Such a checkpoint counts as that
+  run's own when it is a readable mmengine checkpoint whose ``meta.experiment_name`` ends in the
+  timestamp of one of the work dir's log folders. Starting over (``--resume`` without a path, or a
+  ``--resume PATH`` from elsewhere) deletes those checkpoints and the scalar records of that run
+  (every step is trained again), so an automatic requeue that always passes ``--resume`` works
+  after a kill at any moment;
 * when resuming from the work dir's latest committed checkpoint, removes what a kill left *ahead* of it:
   checkpoints of later steps, best checkpoints the committed message hub does not name, and the lines
   of later steps in the runs' JSON scalar logs (``<timestamp>/vis_data/*.json``). The text logs
@@ -122,8 +130,10 @@ def prepare_work_dir(cfg: Config, resume: Optional[str]) -> List[str]:
         return notes
     if resume == "auto":
         if pointer is None:
-            _refuse_foreign(work_dir, checkpoint_dir)
+            uncommitted = _uncommitted_run_checkpoints(work_dir, checkpoint_dir, pattern)
             cfg.resume, cfg.load_from = False, None
+            if main:
+                notes += _discard_uncommitted_run(work_dir, uncommitted)
             return notes + ([f"{work_dir}: no committed checkpoint yet, starting from scratch"]
                             if work_dir.is_dir() else [])
         chosen, state, skipped = _newest_readable(pointer, checkpoints, pattern)
@@ -138,7 +148,9 @@ def prepare_work_dir(cfg: Config, resume: Optional[str]) -> List[str]:
                 f"--work-dir {work_dir} already holds another run (last checkpoint {pointer}); resuming "
                 f"{chosen} there would overwrite it. Use --resume without a path, or another --work-dir")
         if pointer is None and not _same_file(chosen.parent, checkpoint_dir):
-            _refuse_foreign(work_dir, checkpoint_dir)
+            uncommitted = _uncommitted_run_checkpoints(work_dir, checkpoint_dir, pattern)
+            if main:
+                notes += _discard_uncommitted_run(work_dir, uncommitted)
     cfg.resume, cfg.load_from = True, str(chosen)
     if main and committed:
         notes += _repair(work_dir, checkpoint_dir, pattern, chosen, state, pointer)
@@ -211,23 +223,68 @@ def _newest_readable(pointer: str, checkpoints: List[Tuple[int, Path]], pattern:
                                + ". Resume from another file with --resume PATH, or start a new --work-dir")
 
 
-def _refuse_foreign(work_dir: Path, checkpoint_dir: Path) -> None:
-    """Refuse a work dir without ``last_checkpoint`` that holds more than a never-committed run's logs."""
-    foreign = []
-    for folder in dict.fromkeys((work_dir, checkpoint_dir)):
-        if not folder.is_dir():
-            continue
+def _uncommitted_run_checkpoints(work_dir: Path, checkpoint_dir: Path, pattern: re.Pattern) -> List[Path]:
+    """The checkpoints a run killed before its first commit left in a work dir without ``last_checkpoint``.
+
+    Allowed contents: timestamped log folders, ``.py`` config copies, temp files of killed writes, and
+    checkpoints (``pattern`` or ``best_*_<pattern>``) whose ``meta.experiment_name`` ends in the
+    timestamp of one of the log folders.
+
+    Raises:
+        RunFolderError naming the folder and every other entry (foreign files, unreadable checkpoints
+        or checkpoints of another experiment), so that nothing of someone else's is deleted.
+    """
+    folders = [folder for folder in dict.fromkeys((work_dir, checkpoint_dir)) if folder.is_dir()]
+    run_logs = {entry.name for entry in work_dir.iterdir()
+                if entry.is_dir() and _RUN_LOG_FOLDER.match(entry.name)} if work_dir.is_dir() else set()
+    best_pattern = re.compile("^best_.+_" + pattern.pattern.lstrip("^"))
+    ours: List[Path] = []
+    foreign: List[str] = []
+    for folder in folders:
         for entry in sorted(folder.iterdir()):
-            run_log = (entry.is_dir() and _RUN_LOG_FOLDER.match(entry.name)) or (
-                entry.is_file() and entry.suffix == ".py")  # mmengine's copy of the config
-            if not (run_log or is_temp_file(entry)):
-                foreign.append(entry.name + ("/" if entry.is_dir() else ""))
+            run_log = entry.is_dir() and _RUN_LOG_FOLDER.match(entry.name)
+            config_copy = entry.is_file() and entry.suffix == ".py"  # mmengine's copy of the config
+            if run_log or config_copy or is_temp_file(entry):
+                continue
+            if entry.is_file() and (pattern.match(entry.name) or best_pattern.match(entry.name)):
+                owner = _experiment_timestamp(entry)
+                if owner is not None and owner in run_logs:
+                    ours.append(entry)
+                    continue
+                foreign.append(f"{entry.name} (" + ("unreadable" if owner is None else f"of run {owner}, which "
+                                                    "left no log folder here") + ")")
+                continue
+            foreign.append(entry.name + ("/" if entry.is_dir() else ""))
     if foreign:
         shown = ", ".join(foreign[:10]) + (f" (+{len(foreign) - 10} more)" if len(foreign) > 10 else "")
         raise RunFolderError(
             f"--resume: {work_dir} has no {LAST_CHECKPOINT_NAME} to continue from but is not empty "
             f"({shown}); refusing to start over there. Resume from a file with --resume PATH, choose "
             "another --work-dir, or empty the folder yourself")
+    return ours
+
+
+def _experiment_timestamp(path: Path) -> Optional[str]:
+    """The run timestamp (``YYYYmmdd_HHMMSS``) ending a checkpoint's ``meta.experiment_name``; None when
+    the file is unreadable or names no timestamp."""
+    try:
+        name = read_checkpoint_state(path)["meta"].get("experiment_name")
+    except UnreadableCheckpoint:
+        return None
+    if not isinstance(name, str):
+        return None
+    timestamp = name[-15:]
+    return timestamp if _RUN_LOG_FOLDER.match(timestamp) else None
+
+
+def _discard_uncommitted_run(work_dir: Path, checkpoints: List[Path]) -> List[str]:
+    """Delete a never-committed run's checkpoints and scalar records before starting over; returns notes."""
+    notes = []
+    for path in checkpoints:
+        path.unlink()
+        notes.append(f"removed {path.name}: written by a run killed before its first commit "
+                     f"(no {LAST_CHECKPOINT_NAME})")
+    return notes + _trim_scalar_logs(work_dir, 0)
 
 
 # ---------------------------------------------------------------------- repair ------------------
