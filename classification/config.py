@@ -1,6 +1,6 @@
 """Training options: built-in recipe defaults < YAML recipe (``--config``) < command-line flags.
 
-The built-in defaults are the DESIGN.md §4 ImageNet-1K recipe (Swin recipe + EMA); the YAML files
+The built-in defaults are the ImageNet-1K recipe of docs/training.md (Swin recipe + EMA); the YAML files
 under ``configs/classification/`` restate it per model with that model's drop-path rate.
 """
 from __future__ import annotations

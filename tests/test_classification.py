@@ -205,7 +205,7 @@ def test_vmamba2d_model_trains_and_evaluates(data_root, tmp_path, capsys):
                                   "--img-size", "32", "--crop-pct", "0.875"])
     assert evaluated["top1"] == pytest.approx(records[-1]["val_top1"])
     assert evaluated["images"] == VAL_IMAGES
-    # the same weights in the public VMamba v2 layout (DESIGN.md §2) load through timm's filter
+    # the same weights in the public VMamba v2 layout (docs/models.md) load through timm's filter
     trained = load_checkpoint_file(output / LAST_NAME)
     official = tmp_path / "official_layout.pth"
     torch.save({"model": official_vmamba_layout(trained["model"]),
@@ -219,7 +219,7 @@ def test_vmamba2d_model_trains_and_evaluates(data_root, tmp_path, capsys):
 
 
 def official_vmamba_layout(state_dict: dict) -> dict:
-    """Rename our VMamba keys to the public VMamba v2 names (DESIGN.md §2); 1x1 convs → Linear."""
+    """Rename our VMamba keys to the public VMamba v2 names (docs/models.md); 1x1 convs → Linear."""
     stem = {"conv1": "0", "norm1": "2", "conv2": "5", "norm2": "7"}
     renamed = {}
     for key, value in state_dict.items():
@@ -334,7 +334,7 @@ def test_recipe_files_hold_the_design_recipe():
                 300, 20, 0.05, 5.0)
             assert (cfg.mixup, cfg.cutmix, cfg.smoothing, cfg.reprob) == (0.8, 1.0, 0.1, 0.25)
             assert cfg.aa == "rand-m9-mstd0.5-inc1" and cfg.model_ema_decay == 0.9999
-            # 8 processes x 128 = 1024 images per update → lr 1e-3 (DESIGN.md §4)
+            # 8 processes x 128 = 1024 images per update → lr 1e-3 (docs/training.md)
             assert cfg.lr * cfg.lr_scale(world_size=8) == pytest.approx(1e-3)
     with pytest.raises(UsageError, match="--config"):
         resolve_train_config(["--config", "no_such_recipe", "--data-dir", "d", "--output", "o"])

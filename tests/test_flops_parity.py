@@ -1,6 +1,6 @@
 """vmamba2d.count_flops: the scan is counted once per route (1D or 2D), and the published numbers.
 
-The published FLOPs at 224x224 (DESIGN.md section 2): 2DVMamba-T 4.94G, 2DVMamba-S 8.8G,
+The published FLOPs at 224x224 (docs/models.md): 2DVMamba-T 4.94G, 2DVMamba-S 8.8G,
 VMamba-T 4.91G, VMamba-S 8.7G; we require agreement within 3%.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MIL metrics and survival pieces against hand-computed values (MIL.md §3, §7)."""
+"""MIL metrics and survival pieces against hand-computed values (docs/mil.md: metrics, survival)."""
 from __future__ import annotations
 
 import math

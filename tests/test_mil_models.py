@@ -28,7 +28,7 @@ def _model(cls, seed=0, **kwargs):
 
 
 def test_official_parameter_count():
-    # MIL.md section 2: 265,220 parameters for in_dim 1024, 3 classes, D=128, N=16, U=1.
+    # docs/mil.md (model): 265,220 parameters for in_dim 1024, 3 classes, D=128, N=16, U=1.
     model = MambaMIL2D(in_dim=1024, num_classes=3)
     assert sum(p.numel() for p in model.parameters()) == 265_220
 

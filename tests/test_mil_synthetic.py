@@ -1,4 +1,4 @@
-"""Properties of the synthetic "stacked vs. scattered runs" slides (MIL.md §7)."""
+"""Properties of the synthetic "stacked vs. scattered runs" slides (docs/mil.md, synthetic task)."""
 from __future__ import annotations
 
 import csv

@@ -19,7 +19,7 @@ BACKENDS = ("cpu", "torch", "reference")
 
 
 # --------------------------------------------------------------------------------------------
-# Independent reference: the recurrence of DESIGN.md section 1, written out pixel by pixel.
+# Independent reference: the recurrence of docs/scan.md, written out pixel by pixel.
 # --------------------------------------------------------------------------------------------
 def reference_scan(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width):
     """y (batch, dim, L) from explicit loops over rows and columns (vectorised over b, d, n)."""

@@ -249,7 +249,7 @@ def _tiny_backbone_named(name):
 
 
 def _official_name(native: str) -> str:
-    """Our parameter name -> the public VMamba v2 code's name (DESIGN.md section 2)."""
+    """Our parameter name -> the public VMamba v2 code's name (docs/models.md, checkpoint layout)."""
     import re
 
     stem = {"conv1": "0", "norm1": "2", "conv2": "5", "norm2": "7"}
@@ -345,8 +345,8 @@ def test_upernet_2dvmamba_tiny_flops_at_512x2048_match_the_paper():
     result = segmentor_complexity(_build(cfg.model), (512, 2048))
     assert result["params"] == pytest.approx(62e6, abs=1.5e6)
     assert result["flops"] == pytest.approx(950e9, rel=0.03), result["flops"]
-    # scans, by DESIGN.md's convention: 4 routes x (15 L Di N + L Di) per block, Di = dim (ssm_ratio 1),
-    # N = 1, L = (512 / stride) x (2048 / stride), dims 96..768, depths 2, 2, 8, 2
+    # scans, by the FLOPs convention of docs/scan.md: 4 routes x (15 L Di N + L Di) per block,
+    # Di = dim (ssm_ratio 1), N = 1, L = (512 / stride) x (2048 / stride), dims 96..768, depths 2, 2, 8, 2
     expected_scan = sum(depth * 4 * 16 * (512 // stride) * (2048 // stride) * dim
                         for depth, stride, dim in zip((2, 2, 8, 2), (4, 8, 16, 32), (96, 192, 384, 768)))
     assert result["flops_by_operator"]["selective_scan_2d_fwd"] == expected_scan

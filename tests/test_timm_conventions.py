@@ -41,7 +41,7 @@ def test_create_on_meta_then_to_empty_and_init_weights(name):
     model.to_empty(device="cpu")
     model.init_weights()
     ops = [m for m in model.modules() if isinstance(m, SS2D)]
-    for op in ops:  # Mamba's SSM initialisation (DESIGN.md section 2)
+    for op in ops:  # Mamba's SSM initialisation (docs/models.md)
         expected_a = torch.log(torch.arange(1, op.d_state + 1, dtype=torch.float32)).expand_as(op.A_logs)
         torch.testing.assert_close(op.A_logs.detach(), expected_a)
         assert torch.equal(op.Ds.detach(), torch.ones_like(op.Ds))

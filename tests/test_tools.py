@@ -209,8 +209,8 @@ def test_flops_tool_matches_the_scan_formula(tmp_path):
                                      "--breakdown", "--out", str(out)]))
     one_d, two_d = rows
     assert two_d["params"] == one_d["params"]
-    # The models differ only in the scans: 2D costs 6 * B * L * D * N more per scan (DESIGN.md
-    # section 1); 4 routes of Di = dim channels, N = 1, per block, at strides 4 / 8 / 16 / 32.
+    # The models differ only in the scans: 2D costs 6 * B * L * D * N more per scan (docs/scan.md,
+    # FLOPs convention); 4 routes of Di = dim channels, N = 1, per block, at strides 4 / 8 / 16 / 32.
     extra = sum(6 * 4 * depth * dim * (64 // stride) * (96 // stride)
                 for depth, dim, stride in zip((2, 2, 8, 2), (96, 192, 384, 768), (4, 8, 16, 32)))
     assert two_d["flops"] - one_d["flops"] == extra

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Benchmark the 2D selective scan: forward and forward+backward time and peak memory per backend.
 
-``--device cuda`` runs the GPU benchmark instead (tools/bench_scan_cuda.py: DESIGN.md section 7's
-shapes, bandwidth against the measured copy bandwidth, 2D vs 1D, targets); its options are listed
-by ``python tools/bench_scan.py --device cuda --help``. The rest of this text is the CPU benchmark.
+``--device cuda`` runs the GPU benchmark instead (tools/bench_scan_cuda.py: the shapes of
+docs/benchmarks.md, bandwidth against the measured copy bandwidth, 2D vs 1D, targets); its options
+are listed by ``python tools/bench_scan.py --device cuda --help``. The rest of this text is the CPU benchmark.
 
-Two settings (issue #2, DESIGN.md section 1):
+Two settings (issue #2, docs/benchmarks.md):
     table3  the paper's Table 3 operator setting: N=16 states, one channel per map, a batch of maps
     model   a 2DVMamba-like layer: dim 384 in 4 groups, N=1, batch 2
 at map sizes 14x14, 56x56 and 200x200, for the backends
@@ -121,9 +121,10 @@ def naive_scan_2d(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
 # Cases and measurement
 # ------------------------------------------------------------------------------------------------
 def make_inputs(setting: Setting, height: int, width: int, device: torch.device, seed: int = 0) -> Inputs:
-    """Scan inputs in the range a freshly initialised 2DVMamba layer feeds the op (DESIGN.md
-    section 2): A = -(1..N) per channel, delta_bias the inverse softplus of a log-uniform step in
-    [1e-3, 0.1], delta = 0.5 * randn (the dt projection's output), D = 1, u / B / C ~ randn."""
+    """Scan inputs in the range a freshly initialised 2DVMamba layer feeds the op
+    (docs/models.md, initialisation): A = -(1..N) per channel, delta_bias the inverse softplus
+    of a log-uniform step in [1e-3, 0.1], delta = 0.5 * randn (the dt projection's output), D = 1,
+    u / B / C ~ randn."""
     gen = torch.Generator().manual_seed(seed)
     b, d, g, n, length = setting.batch, setting.dim, setting.groups, setting.nstate, height * width
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU benchmark of the 2D selective scan against the memory-bandwidth floor (DESIGN.md section 7).
+"""GPU benchmark of the 2D selective scan against the memory-bandwidth floor (docs/benchmarks.md).
 
 Run as ``python tools/bench_scan.py --device cuda [options]`` (or this file directly).
 

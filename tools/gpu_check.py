@@ -11,7 +11,7 @@ its budget is stopped, and the report says so:
     tests            pytest -m cuda on the scan / CUDA test files (files whose imports fail, e.g.
                      for a package missing here, are reported as collection errors, not run)
     sanitize-<tool>  tools/cuda_sanitize.sh with memcheck, racecheck, synccheck, initcheck
-    bench-scan       tools/bench_scan.py --device cuda (DESIGN.md section 7 shapes and targets)
+    bench-scan       tools/bench_scan.py --device cuda (shapes and targets: docs/benchmarks.md)
     bench-model-*    tools/bench_model.py --device cuda, fp32 and bf16 autocast, batch 128:
                      vmamba2d_tiny vs vmamba_tiny and convnext_tiny
 

@@ -1,8 +1,8 @@
-"""Synthetic MIL benchmark (MIL.md §7): only the 2D arrangement of tumour patches carries the label.
+"""Synthetic MIL benchmark (docs/mil.md#synthetic-task): only the 2D arrangement of tumour patches carries the label.
 
 Writes a synthetic dataset (h5 slide files + labels.csv), trains 2DMambaMIL, its blocks run on
-the raster canvas as a 1D sequence (MIL.md's 1D reference), the 1D MambaMIL (tissue tokens) and
-ABMIL on it through the real training CLI (``mil/train.py`` options of
+the raster canvas as a 1D sequence (the 1D reference of docs/mil.md), the 1D MambaMIL (tissue
+tokens) and ABMIL on it through the real training CLI (``mil/train.py`` options of
 configs/mil/synthetic.yaml), and writes a Markdown table: test AUC at the epoch chosen on val, the per-epoch test AUC curve,
 the first epoch reaching 0.95 and the time per epoch.
 
@@ -25,8 +25,8 @@ from vmamba2d.mil.synthetic import write_synthetic_dataset
 
 SSM_KWARGS = ["dim=32", "d_state=8", "expand=2", "num_blocks=1"]
 # Rows: id (--models, run folder) -> (label, mil/train.py --model, --model-kwargs). "raster" is
-# MIL.md section 7's 1D reference: the 2D model's blocks on the row-major canvas, pads included;
-# "mambamil" is the paper's 1D baseline on the tissue tokens alone.
+# the 1D reference (docs/mil.md#the-1d-reference): the 2D model's blocks on the row-major canvas,
+# pads included; "mambamil" is the paper's 1D baseline on the tissue tokens alone.
 MODELS = {
     "mambamil2d": ("2D (MambaMIL2D)", "mambamil2d", SSM_KWARGS),
     "raster": ("1D, raster canvas (MambaMIL2D scan=raster)", "mambamil2d", [*SSM_KWARGS, "scan=raster"]),
@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--reference-settings", action="store_true",
-                   help="the SSM rows with MIL.md section 7's reference model settings: attention "
+                   help="the SSM rows with the model settings of the reference observations "
+                        "(docs/mil.md#reference-observations): attention "
                         "pooling over pad cells too (mask_pad=false) and PyTorch's default Linear "
                         "init (init=mamba)")
     p.add_argument("--shuffled-cells", action="store_true",
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
 
 def write_table(args, rows, curves) -> None:
     lines = [
-        "# Synthetic MIL benchmark: stacked vs. scattered tumour runs (MIL.md §7)",
+        "# Synthetic MIL benchmark: stacked vs. scattered tumour runs (docs/mil.md#synthetic-task)",
         "",
         f"Written by `python tools/mil_synthetic.py {' '.join(sys.argv[1:])}` on "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}.",
@@ -127,7 +128,8 @@ def write_table(args, rows, curves) -> None:
         f"{args.test} test slides, 32-d features, balanced labels, data seed {args.seed}. "
         "Only the 2D arrangement of the 9 tumour patches differs between the classes "
         "(`vmamba2d/mil/synthetic.py`)." + (
-            " Model settings of MIL.md's reference (`--reference-settings`): attention pooling "
+            " Model settings of the reference observations (`--reference-settings`, "
+            "docs/mil.md#reference-observations): attention pooling "
             "over pad cells too, PyTorch's default Linear init." if args.reference_settings else "") + (
             " CONTROL: every patch moved to a random cell of its slide (`--shuffled-cells`), so "
             "the labels carry no signal." if args.shuffled_cells else ""),

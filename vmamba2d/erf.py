@@ -1,4 +1,4 @@
-"""Effective receptive field (ERF) of a backbone, RepLKNet's definition (DESIGN.md section 5).
+"""Effective receptive field (ERF) of a backbone, RepLKNet's definition (docs/models.md).
 
 For each image resized to S x S, the model's last-stage feature map (batch, C, h, w) gives the
 scalar ``sum_c ReLU(feature[:, c, h // 2, w // 2])``; its gradient w.r.t. the input image is

@@ -4,7 +4,7 @@ Convention (the one VMamba and 2DMamba publish): one multiply-add = one flop; co
 layers / matmuls, layer norms and pooling are counted by fvcore's default handles, element-wise ops
 (activations, additions, flips) are not; each selective scan counts 9 * B * L * D * N (+ B * D * L for
 the D skip) when it is a 1D scan and 15 * B * L * D * N (+ B * D * L) when it is a 2D scan
-(DESIGN.md section 1). The scan is visible to fvcore only as the compiled kernel's custom op, so the
+(docs/scan.md). The scan is visible to fvcore only as the compiled kernel's custom op, so the
 trace runs with the compiled backend of the model's device.
 """
 from __future__ import annotations

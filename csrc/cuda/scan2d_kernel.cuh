@@ -1,4 +1,4 @@
-// The tiled 2D selective scan v2 (DESIGN.md sections 1 and 7), forward and backward, written once
+// The tiled 2D selective scan v2 (docs/scan.md, docs/kernels.md), forward and backward, written once
 // for two execution contexts:
 //   * DeviceCtx (scan2d_device.cuh, the .cu files): one CUDA thread per (warp, lane);
 //     each_thread / each_warp / each_lane run the body for the calling thread only, barrier() is

@@ -1,4 +1,4 @@
-"""2DMambaMIL: whole-slide-image MIL on per-slide patch features (MIL.md).
+"""2DMambaMIL: whole-slide-image MIL on per-slide patch features (docs/mil.md).
 
 Models (``vmamba2d.mil.models``): ``MambaMIL2D``, ``MambaMIL``, ``ABMIL``, ``build_model``,
 ``model_from_checkpoint``. Data (``vmamba2d.mil.data``): slide files -> grid placement -> ``SlideDataset``

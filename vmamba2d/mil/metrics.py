@@ -1,5 +1,5 @@
 """Slide-level metrics: classification (accuracy, macro F1, macro one-vs-rest AUC) and the
-survival concordance index (MIL.md §3).
+survival concordance index (docs/mil.md, metrics).
 
 The classification metrics follow the official evaluation: the AUC is scikit-learn's
 ``roc_auc_score`` on one-hot targets, i.e. the macro average of per-class one-vs-rest AUCs (for two

@@ -1,4 +1,4 @@
-"""2DMambaMIL and its baselines for whole-slide-image classification / survival (MIL.md section 2).
+"""2DMambaMIL and its baselines for whole-slide-image classification / survival (docs/mil.md).
 
 All three models share one API (batch of one slide):
 
@@ -9,7 +9,7 @@ All three models share one API (batch of one slide):
 
 ``coords`` are integer grid positions (x = column, y = row), as ``vmamba2d.mil.data`` produces
 them; the grid is ``H = max row + 1`` by ``W = max col + 1`` unless ``grid_size=(H, W)`` is passed
-(absolute placement on a fixed canvas, MIL.md section 6.1). The models never crop.
+(absolute placement on a fixed canvas, docs/mil.md#fixed-canvas). The models never crop.
 
 Models:
     ``MambaMIL2D``  input projection -> slide canvas filled with a pad token -> ``num_blocks`` x
@@ -26,7 +26,7 @@ Outputs besides ``logits`` / ``attention``: ``attention_scores`` (H, W) pre-soft
 cells of the 1D / bag models are 0 and excluded), ``embedding`` (1, dim) pooled slide vector,
 ``probabilities`` (1, C) softmax; with ``survival=True`` instead ``hazards`` (1, K) = sigmoid(logits),
 ``survival`` (1, K) = cumprod(1 - hazards) and ``risk`` (1,) = -sum(survival), K = num_classes
-time bins (MIL.md sections 2 and 6.5).
+time bins (docs/mil.md: survival, survival head size).
 
 ``build_model(name, **kwargs)`` / ``model.config`` / ``model_from_checkpoint(path)`` let scripts
 save and rebuild a model: a checkpoint is a dict holding ``"model"`` (state dict) and
@@ -123,7 +123,7 @@ class RMSNorm(nn.Module):
 
 
 class MambaMixer(nn.Module):
-    """Mamba's mixer with the 2D selective scan over a height x width grid (MIL.md section 2).
+    """Mamba's mixer with the 2D selective scan over a height x width grid (docs/mil.md#model).
 
     ``conv="1d"``: causal depthwise Conv1d (kernel ``d_conv``) along the row-major sequence, as the
     official model; ``conv="2d"``: depthwise 3 x 3 Conv2d on the grid (sees the cells below and to
@@ -249,7 +249,8 @@ class _MILModel(nn.Module):
         return out
 
     def _init_official(self) -> None:
-        """Xavier-normal weights and zero biases for every Linear; LayerNorm (1, 0) (MIL.md section 2)."""
+        """Xavier-normal weights and zero biases for every Linear; LayerNorm (1, 0)
+        (docs/mil.md#initialisation)."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_normal_(module.weight)
@@ -305,7 +306,7 @@ class _SSMMIL(_MILModel):
 
 
 class MambaMIL2D(_SSMMIL):
-    """2DMambaMIL: Mamba blocks with the 2D selective scan over the slide's grid (MIL.md section 2).
+    """2DMambaMIL: Mamba blocks with the 2D selective scan over the slide's grid (docs/mil.md#model).
 
     Args:
         in_dim: feature size F of the patch features.
@@ -319,7 +320,7 @@ class MambaMIL2D(_SSMMIL):
         pad_token: ``"trainable"`` (U[0,1) init, learned; official default) or ``"zero"`` (fixed zeros).
         scan: ``"2d"`` (the 2D selective scan over the H x W canvas) or ``"raster"`` (the same blocks
             on the row-major canvas as one 1 x H*W sequence, pad cells included: the 1D reference of
-            MIL.md section 7; needs ``conv="1d"``).
+            docs/mil.md#the-1d-reference; needs ``conv="1d"``).
         attn_hidden: hidden size of the attention pooling (128).
         init: ``"official"`` (Xavier-normal Linear weights, zero biases, so dt bias = 0) or ``"mamba"``
             (PyTorch default Linear init and Mamba's dt bias init).

@@ -1,5 +1,5 @@
 """Discrete-time survival: time bins, the censored negative log-likelihood and the risk score
-(MIL.md §3, with the bin edges computed on training patients only, §6.6).
+(docs/mil.md#survival, with the bin edges computed on training patients only: #evaluation-leakage).
 
 Conventions: ``censorship`` c = 1 for a censored patient, 0 for an observed event; the model's
 K logits give hazards h_k = sigmoid(logit_k), survival S_k = prod_{i<=k} (1 - h_i), and the risk

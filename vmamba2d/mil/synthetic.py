@@ -1,5 +1,5 @@
 """Synthetic whole-slide MIL task where only the 2D arrangement of tumour patches carries the
-label ("stacked vs. scattered runs", MIL.md §7).
+label ("stacked vs. scattered runs", docs/mil.md#synthetic-task).
 
 Every slide is an H x W grid (H, W drawn independently from U{min_size..max_size}) holding an
 elliptic tissue region (the ellipse spans 85-100 % of the box); cells outside it are not patches.

@@ -20,7 +20,7 @@ _warned_untraceable = False
 
 def register_mmengine_flop_handles() -> None:
     """Make mmengine's ``FlopAnalyzer`` (and so ``get_model_complexity_info`` and mmseg's
-    get_flops tool) count each selective scan by DESIGN.md's convention.
+    get_flops tool) count each selective scan by the convention of docs/scan.md.
 
     mmengine's counter is a copy of fvcore's; it builds every analyzer from the module-level table
     ``_DEFAULT_SUPPORTED_FLOP_OPS`` (op name -> handle), so the scan's handle is added there.
