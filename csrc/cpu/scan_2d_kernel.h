@@ -1,19 +1,20 @@
-// 2D selective scan on CPU: the per-(batch, channel) forward and backward kernels on raw pointers.
+// 2D selective scan on CPU: per-(batch, channel) forward and backward kernels on raw pointers.
 //
-// Recurrence (DESIGN.md section 1), per batch b, channel d, state n, pixel p = i * W + j:
+// Recurrence (docs/scan.md), per batch b, channel d, state n, pixel p = i * W + j:
 //   dt = softplus(delta + delta_bias[d])   (identity without softplus)
 //   a  = exp(dt * A[d, n])
 //   hh[i, j] = a[i, j] * hh[i, j - 1] + dt * B[g, n, p] * u      (horizontal)
 //   h[i, j]  = a[i, j] * h[i - 1, j]  + hh[i, j]                  (vertical)
 //   y = sum_n C[g, n, p] * h + D[d] * u
+// That is route 0 of scan_2d_passes.h; the same per-state code scans any route (the four-route
+// kernel, scan_2d_routes_kernel.h, runs several per channel).
 //
 // The kernels work on one state map of L = H * W values at a time, in a per-thread workspace of a
-// few such maps, so the N per-state maps of a batch are never materialised. Loops along a
-// row are written over contiguous memory so the compiler vectorises them; the horizontal
-// recurrences, which are serial along a row, are interleaved over several rows to hide latency.
+// few such maps, so the N per-state maps of a batch are never materialised.
 //
 // This file is compiled once per instruction set (scan_2d_isa_*.cpp): it must be included with
 // VMAMBA2D_ISA defined to the namespace of that build, so each build's functions stay distinct.
+#pragma once
 #ifndef VMAMBA2D_ISA
 #error "define VMAMBA2D_ISA (the instruction-set namespace) before including scan_2d_kernel.h"
 #endif
@@ -22,14 +23,12 @@
 #include <cstdint>
 
 #include "scan_2d_math.h"
+#include "scan_2d_passes.h"
 #include "scan_2d_types.h"
 
 namespace vmamba2d {
 namespace cpu {
 namespace VMAMBA2D_ISA {
-
-// Number of rows whose serial horizontal recurrences are advanced together.
-constexpr int64_t kRowInterleave = 8;
 
 // dt[p] = softplus(delta[p] + bias) (or without softplus); also dt_u[p] = dt[p] * u[p].
 template <typename T>
@@ -49,66 +48,17 @@ void discretize_state(const T* dt, const T* dt_u, const T* b, T a_rate, int64_t 
   for (int64_t p = 0; p < length; ++p) x[p] = dt_u[p] * b[p];
 }
 
-// In place: values[i, j] <- decay[i, j] * values[i, j - 1] + values[i, j] along every row.
-template <typename T>
-void scan_rows_forward(const T* decay, T* values, int64_t height, int64_t width) {
-  int64_t i = 0;
-  for (; i + kRowInterleave <= height; i += kRowInterleave) {
-    T carry[kRowInterleave] = {};
-    for (int64_t j = 0; j < width; ++j) {
-      for (int64_t r = 0; r < kRowInterleave; ++r) {
-        const int64_t p = (i + r) * width + j;
-        carry[r] = decay[p] * carry[r] + values[p];
-        values[p] = carry[r];
-      }
-    }
-  }
-  for (; i < height; ++i) {
-    T carry = T(0);
-    for (int64_t j = 0; j < width; ++j) {
-      const int64_t p = i * width + j;
-      carry = decay[p] * carry + values[p];
-      values[p] = carry;
-    }
-  }
-}
-
-// In place, right to left: values[i, j] <- values[i, j] + decay[i, j + 1] * values[i, j + 1].
-template <typename T>
-void scan_rows_reverse(const T* decay, T* values, int64_t height, int64_t width) {
-  int64_t i = 0;
-  for (; i + kRowInterleave <= height; i += kRowInterleave) {
-    T carry[kRowInterleave] = {};  // decay[i, j + 1] * values[i, j + 1]
-    for (int64_t j = width - 1; j >= 0; --j) {
-      for (int64_t r = 0; r < kRowInterleave; ++r) {
-        const int64_t p = (i + r) * width + j;
-        const T v = values[p] + carry[r];
-        values[p] = v;
-        carry[r] = decay[p] * v;
-      }
-    }
-  }
-  for (; i < height; ++i) {
-    T carry = T(0);
-    for (int64_t j = width - 1; j >= 0; --j) {
-      const int64_t p = i * width + j;
-      const T v = values[p] + carry;
-      values[p] = v;
-      carry = decay[p] * v;
-    }
-  }
-}
-
-// One (batch, channel)'s slices of the inputs: its own maps, its group's B / C, its scalars.
+// One channel's slices of the inputs for one route: its maps, its route's / group's B and C, its
+// scalars.
 template <typename T>
 struct ChannelInputs {
   const T* u;        // (L,)
   const T* delta;    // (L,)
   const T* B;        // (N, L)
   const T* C;        // (N, L)
-  const T* a_rates;  // (N,): A[d, :]
-  T bias;            // delta_bias[d] or 0
-  T skip;            // D[d] or 0
+  const T* a_rates;  // (N,): the channel's row of A
+  T bias;            // its delta_bias or 0
+  T skip;            // its D or 0
 };
 
 template <typename T>
@@ -121,37 +71,78 @@ ChannelInputs<T> channel_inputs(const ScanInputs<T>& in, const ScanShape& s, int
           in.D ? in.D[d] : T(0)};
 }
 
-// y for one (batch, channel): y[p] = sum_n C[n, p] * h_n[p] + D * u[p].
+// The scratch maps of one state's scans (L values each; carries: one per line of a flat route).
 template <typename T>
-void forward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d, T* y,
-                     Workspace<T>& ws) {
-  const int64_t L = s.length();
-  const int64_t W = s.width;
-  const ChannelInputs<T> ch = channel_inputs(in, s, b, d);
-  const T* u = ch.u;
-  const T* B = ch.B;
-  const T* C = ch.C;
+struct StateMaps {
+  T* decay;
+  T* hh;        // the first pass's result (2D routes); holds x = dt * B * u on entry
+  T* h;         // the state
+  T* lambda;    // dL/dh, then dL/d(decay)
+  T* mu;        // dL/dhh = dL/dx
+  T* products;  // running decay products along the lines of a flat route
+  T* carries;
+};
+
+// In place in m.h: x -> the state of one route.
+template <typename T>
+void scan_state(const RoutePasses& route, const StateMaps<T>& m, const MapShape& shape) {
+  const int64_t H = shape.height;
+  const int64_t W = shape.width;
+  if (route.flat) {
+    scan_lines<T, false>(route.first, route.second, {m.decay, m.h, nullptr, m.h, m.products}, m.carries, H, W);
+    return;
+  }
+  const PassArrays<T> in_place{m.decay, m.h, nullptr, m.h, nullptr};
+  scan_pass<T, false>(route.first, in_place, H, W);
+  scan_pass<T, false>(route.second, in_place, H, W);
+}
+
+// Recomputes one state of one route from x (in m.hh) and runs its adjoint recurrences for the
+// seed C * dy: leaves the state in m.h, dL/dx in m.mu and dL/d(decay) in m.lambda.
+//   2D:   lambda = adjoint of the second pass (C dy), mu = adjoint of the first pass (lambda),
+//         dL/da = lambda * h[previous along the second pass] + mu * hh[previous along the first]
+//   flat: mu = g, the adjoint of the whole sequence, and dL/da = g * h[previous in the sequence]
+template <typename T>
+void scan_state_adjoint(const RoutePasses& route, const T* c, const T* dy, const StateMaps<T>& m,
+                        const MapShape& shape) {
+  const int64_t H = shape.height;
+  const int64_t W = shape.width;
+  if (route.flat) {
+    scan_lines<T, false>(route.first, route.second, {m.decay, m.hh, nullptr, m.h, m.products}, m.carries, H, W);
+    scan_lines<T, true>(opposite(route.first), opposite(route.second), {m.decay, dy, c, m.mu, m.products},
+                        m.carries, H, W);
+    product_with_previous(route.first, m.mu, m.h, m.lambda, false, H, W);
+    const LineOrder lines(route.first, route.second, H, W);
+    for (int64_t t = 1; t < lines.count(); ++t) {
+      const int64_t start = lines.first_cell(t);
+      m.lambda[start] = m.mu[start] * m.h[lines.last_cell(t - 1)];
+    }
+    return;
+  }
+  scan_pass<T, false>(route.first, {m.decay, m.hh, nullptr, m.hh, nullptr}, H, W);
+  scan_pass<T, false>(route.second, {m.decay, m.hh, nullptr, m.h, nullptr}, H, W);
+  scan_pass<T, true>(opposite(route.second), {m.decay, dy, c, m.lambda, nullptr}, H, W);
+  scan_pass<T, true>(opposite(route.first), {m.decay, m.lambda, nullptr, m.mu, nullptr}, H, W);
+  product_with_previous(route.second, m.lambda, m.h, m.lambda, false, H, W);
+  product_with_previous(route.first, m.mu, m.hh, m.lambda, true, H, W);
+}
+
+// Adds one route's sum_n C[n, p] * h_n[p] into y (L,) for one channel.
+// Workspace: dt, dt_u, decay, h, products, carries (kForwardArrays).
+template <typename T>
+void add_route_output(const ChannelInputs<T>& ch, const RoutePasses& route, bool delta_softplus,
+                      const MapShape& shape, T* y, Workspace<T>& ws) {
+  const int64_t L = shape.length();
   T* dt = ws.array(0);
   T* dt_u = ws.array(1);
-  T* decay = ws.array(2);
-  T* h = ws.array(3);
-
-  compute_dt(ch.delta, u, ch.bias, in.delta_softplus, L, dt, dt_u);
-  for (int64_t p = 0; p < L; ++p) y[p] = ch.skip * u[p];
-
-  for (int64_t n = 0; n < s.nstate; ++n) {
-    const T* b_n = B + n * L;
-    const T* c_n = C + n * L;
-    discretize_state(dt, dt_u, b_n, ch.a_rates[n], L, decay, h);
-    scan_rows_forward(decay, h, s.height, W);
-    for (int64_t j = 0; j < W; ++j) y[j] += c_n[j] * h[j];
-    for (int64_t i = 1; i < s.height; ++i) {
-      const int64_t row = i * W;
-      for (int64_t j = 0; j < W; ++j) {
-        h[row + j] += decay[row + j] * h[row - W + j];
-        y[row + j] += c_n[row + j] * h[row + j];
-      }
-    }
+  const StateMaps<T> m{ws.array(2), nullptr, ws.array(3), nullptr, nullptr, ws.array(4), ws.array(5)};
+  const T* h = m.h;
+  compute_dt(ch.delta, ch.u, ch.bias, delta_softplus, L, dt, dt_u);
+  for (int64_t n = 0; n < shape.nstate; ++n) {
+    const T* c_n = ch.C + n * L;
+    discretize_state(dt, dt_u, ch.B + n * L, ch.a_rates[n], L, m.decay, m.h);
+    scan_state(route, m, shape);
+    for (int64_t p = 0; p < L; ++p) y[p] += c_n[p] * h[p];
   }
 }
 
@@ -172,92 +163,71 @@ void chain_state_grads(const T* __restrict ddecay, const T* __restrict decay, co
   }
 }
 
-// Gradients of one (batch, channel), recomputing the forward scans state by state.
-// Adjoints: lambda = dL/dh, mu = dL/dhh:
-//   lambda[i, j] = C dy + a[i + 1, j] lambda[i + 1, j]        (reverse vertical)
-//   mu[i, j]     = lambda[i, j] + a[i, j + 1] mu[i, j + 1]     (reverse horizontal)
-//   dx = mu,  da[i, j] = lambda[i, j] h[i - 1, j] + mu[i, j] hh[i, j - 1]
-// then through a = exp(dt A), x = dt B u and dt = softplus(delta + bias).
+// One route's gradients for one channel, recomputing its scans state by state: adds into out.du
+// and into the route's out.dB / out.dC; writes out.ddelta, out.dA and out.ddelta_bias (when set),
+// never out.dD. Workspace: dt, dt_u, ddt, decay, hh, h, lambda, mu, products, carries
+// (kBackwardArrays).
 template <typename T>
-void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d, const T* dy,
-                      const ChannelGrads<T>& out, Workspace<T>& ws) {
-  const int64_t L = s.length();
-  const int64_t H = s.height;
-  const int64_t W = s.width;
-  const ChannelInputs<T> ch = channel_inputs(in, s, b, d);
-  const T* u = ch.u;
-  const T* B = ch.B;
-  const T* C = ch.C;
+void add_route_grads(const ChannelInputs<T>& ch, const RoutePasses& route, bool delta_softplus,
+                     const MapShape& shape, const T* dy, const ChannelGrads<T>& out, Workspace<T>& ws) {
+  const int64_t L = shape.length();
   T* dt = ws.array(0);
   T* dt_u = ws.array(1);
   T* ddt = ws.array(2);
-  T* decay = ws.array(3);
-  T* hh = ws.array(4);
-  T* h = ws.array(5);
-  T* lambda = ws.array(6);
-  T* mu = ws.array(7);
+  const StateMaps<T> m{ws.array(3), ws.array(4), ws.array(5), ws.array(6),
+                       ws.array(7), ws.array(8), ws.array(9)};
+  compute_dt(ch.delta, ch.u, ch.bias, delta_softplus, L, dt, dt_u);
+  std::fill(ddt, ddt + L, T(0));
 
-  const T bias = ch.bias;
-  compute_dt(ch.delta, u, bias, in.delta_softplus, L, dt, dt_u);
-  const T skip = ch.skip;
-  for (int64_t p = 0; p < L; ++p) {
-    out.du[p] = skip * dy[p];
-    mu[p] = dy[p] * u[p];
-    ddt[p] = T(0);
-  }
-  if (out.dD) *out.dD = sum_values(mu, L);
-
-  for (int64_t n = 0; n < s.nstate; ++n) {
-    const T* b_n = B + n * L;
-    const T* c_n = C + n * L;
-    T* db_n = out.dB + n * L;
+  for (int64_t n = 0; n < shape.nstate; ++n) {
+    const T* b_n = ch.B + n * L;
+    const T* c_n = ch.C + n * L;
     T* dc_n = out.dC + n * L;
     const T a_rate = ch.a_rates[n];
-
-    // Recompute hh and h.
-    discretize_state(dt, dt_u, b_n, a_rate, L, decay, hh);
-    scan_rows_forward(decay, hh, H, W);
-    std::copy(hh, hh + W, h);
-    for (int64_t i = 1; i < H; ++i) {
-      const int64_t row = i * W;
-      for (int64_t j = 0; j < W; ++j) h[row + j] = decay[row + j] * h[row - W + j] + hh[row + j];
-    }
-    for (int64_t p = 0; p < L; ++p) dc_n[p] += dy[p] * h[p];
-
-    // lambda: reverse vertical scan of C * dy.
-    const int64_t last = (H - 1) * W;
-    for (int64_t j = 0; j < W; ++j) lambda[last + j] = c_n[last + j] * dy[last + j];
-    for (int64_t i = H - 2; i >= 0; --i) {
-      const int64_t row = i * W;
-      for (int64_t j = 0; j < W; ++j) {
-        lambda[row + j] = c_n[row + j] * dy[row + j] + decay[row + W + j] * lambda[row + W + j];
-      }
-    }
-    // mu: reverse horizontal scan of lambda.
-    std::copy(lambda, lambda + L, mu);
-    scan_rows_reverse(decay, mu, H, W);
-
-    // dL/d(decay), in place of lambda: lambda[i, j] h[i - 1, j] + mu[i, j] hh[i, j - 1].
-    T* ddecay = lambda;
-    std::fill(ddecay, ddecay + W, T(0));
-    for (int64_t p = W; p < L; ++p) ddecay[p] *= h[p - W];
-    for (int64_t i = 0; i < H; ++i) {
-      const int64_t row = i * W;
-      for (int64_t j = 1; j < W; ++j) ddecay[row + j] += mu[row + j] * hh[row + j - 1];
-    }
+    discretize_state(dt, dt_u, b_n, a_rate, L, m.decay, m.hh);
+    scan_state_adjoint(route, c_n, dy, m, shape);
+    for (int64_t p = 0; p < L; ++p) dc_n[p] += dy[p] * m.h[p];
     // Chain through decay = exp(dt * A) and x = dt * B * u (dx = mu); h is free for dA's terms.
-    T* da_terms = h;
-    chain_state_grads(ddecay, decay, mu, dt, dt_u, u, b_n, a_rate, L, da_terms, ddt, db_n, out.du);
+    T* da_terms = m.h;
+    chain_state_grads(m.lambda, m.decay, m.mu, dt, dt_u, ch.u, b_n, a_rate, L, da_terms, ddt, out.dB + n * L,
+                      out.du);
     out.dA[n] = sum_values(da_terms, L);
   }
 
-  const T* delta = ch.delta;
-  if (in.delta_softplus) {
-    for (int64_t p = 0; p < L; ++p) out.ddelta[p] = ddt[p] * Math<T>::sigmoid(delta[p] + bias);
+  if (delta_softplus) {
+    for (int64_t p = 0; p < L; ++p) out.ddelta[p] = ddt[p] * Math<T>::sigmoid(ch.delta[p] + ch.bias);
   } else {
     std::copy(ddt, ddt + L, out.ddelta);
   }
   if (out.ddelta_bias) *out.ddelta_bias = sum_values(out.ddelta, L);
+}
+
+// sum_p dy[p] * u[p]: the skip weight's gradient (scratch: L values).
+template <typename T>
+T skip_grad(const T* dy, const T* u, int64_t length, T* scratch) {
+  for (int64_t p = 0; p < length; ++p) scratch[p] = dy[p] * u[p];
+  return sum_values(scratch, length);
+}
+
+// y for one (batch, channel): y[p] = sum_n C[n, p] * h_n[p] + D * u[p].
+template <typename T>
+void forward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d, T* y,
+                     Workspace<T>& ws) {
+  const ChannelInputs<T> ch = channel_inputs(in, s, b, d);
+  for (int64_t p = 0; p < s.length(); ++p) y[p] = ch.skip * ch.u[p];
+  add_route_output(ch, route_passes(0), in.delta_softplus, s.map(), y, ws);
+}
+
+// Gradients of one (batch, channel): du, ddelta, dA, dD, ddelta_bias of the channel, and its
+// accumulations into its group's dB / dC.
+template <typename T>
+void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d, const T* dy,
+                      const ChannelGrads<T>& out, Workspace<T>& ws) {
+  const int64_t L = s.length();
+  const ChannelInputs<T> ch = channel_inputs(in, s, b, d);
+  for (int64_t p = 0; p < L; ++p) out.du[p] = ch.skip * dy[p];
+  if (out.dD) *out.dD = skip_grad(dy, ch.u, L, ws.array(0));
+  add_route_grads(ch, route_passes(0), in.delta_softplus, s.map(), dy, out, ws);
 }
 
 }  // namespace VMAMBA2D_ISA

@@ -7,6 +7,16 @@
 namespace vmamba2d {
 namespace cpu {
 
+// The grid of one state map and the number of states.
+struct MapShape {
+  int64_t height;
+  int64_t width;
+  int64_t nstate;
+
+  int64_t length() const { return height * width; }
+};
+
+// The single-route scan: u, delta (batch, dim, L); B, C (batch, groups, N, L).
 struct ScanShape {
   int64_t batch;
   int64_t dim;
@@ -17,10 +27,25 @@ struct ScanShape {
 
   int64_t length() const { return height * width; }
   int64_t channels_per_group() const { return dim / groups; }
+  MapShape map() const { return {height, width, nstate}; }
 };
 
-// Read-only inputs, all contiguous and of one scalar type T.
-// u, delta: (batch, dim, L); A: (dim, N); B, C: (batch, groups, N, L); D, delta_bias: (dim,) or null.
+// The four-route scan: u (batch, dim, L); delta (batch, routes, dim, L); B, C (batch, routes, N, L);
+// A (routes * dim, N); D, delta_bias (routes * dim,).
+struct CrossShape {
+  int64_t batch;
+  int64_t dim;
+  int64_t routes;
+  int64_t nstate;
+  int64_t height;
+  int64_t width;
+
+  int64_t length() const { return height * width; }
+  MapShape map() const { return {height, width, nstate}; }
+};
+
+// Read-only inputs, all contiguous and of one scalar type T, shaped as ScanShape or CrossShape says
+// (D, delta_bias may be null).
 template <typename T>
 struct ScanInputs {
   const T* u;
@@ -45,9 +70,10 @@ class Workspace {
   int64_t length_;
 };
 
-// Where one backward task writes. du, ddelta: (L,) of its channel; dB, dC: (N, L) accumulators of
-// its (batch, group) (shared by the channels of the task, never by two tasks);
-// dA: (N,) and dD, ddelta_bias: scalars, per (batch, channel), reduced over the batch afterwards.
+// Where the gradients of one channel (and route) go. du, ddelta: (L,) of its channel (du
+// accumulates over routes); dB, dC: (N, L) accumulators of its (batch, group or route), shared by
+// the channels of one backward task, never by two tasks; dA: (N,) and dD, ddelta_bias: scalars (or
+// null), per (batch, channel), reduced over the batch afterwards.
 template <typename T>
 struct ChannelGrads {
   T* du;
@@ -59,9 +85,9 @@ struct ChannelGrads {
   T* ddelta_bias;
 };
 
-constexpr int64_t kForwardArrays = 4;  // dt, dt_u, decay, state
+constexpr int64_t kForwardArrays = 6;  // dt, dt_u, decay, state, products, carries
 
-constexpr int64_t kBackwardArrays = 8;  // dt, dt_u, ddt, decay, hh, h, lambda, mu
+constexpr int64_t kBackwardArrays = 10;  // dt, dt_u, ddt, decay, hh, h, lambda, mu, products, carries
 
 }  // namespace cpu
 }  // namespace vmamba2d
