@@ -6,18 +6,20 @@ list (sorted folder names) must be identical in both splits.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from PIL import Image
 from timm.data import create_transform, resolve_data_config
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, default_collate
 from torchvision.datasets import ImageFolder
 
 from vmamba2d.training import EpochSampler, SeededSamples, loader_generator
 
-from .errors import BadImageError, UsageError
+from .auto_augment import is_auto_augment, use_safe_posterize
+from .errors import BadImageError, DataTransformError, UsageError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -69,26 +71,73 @@ def model_data_config(model: torch.nn.Module, img_size: int, interpolation: Opti
     return resolve_data_config(overrides, model=model)
 
 
-def eval_transform(data_config: dict[str, Any]):
-    """Resize to img_size / crop_pct (shorter side), centre-crop img_size, normalise."""
-    return create_transform(data_config["input_size"], is_training=False,
-                            interpolation=data_config["interpolation"], mean=data_config["mean"],
-                            std=data_config["std"], crop_pct=data_config["crop_pct"],
-                            crop_mode=data_config.get("crop_mode"))
+class TransformStepError(Exception):
+    """One step of a :class:`TransformSteps` pipeline raised (message names the step)."""
+
+
+class TransformSteps:
+    """Apply ``steps`` in order, like torchvision's Compose; an exception of a step becomes a
+    TransformStepError naming the step and the original error (type and message)."""
+
+    def __init__(self, steps: Sequence[tuple[str, Any]]) -> None:
+        self.steps = list(steps)
+
+    def __call__(self, image: Any) -> Any:
+        for name, step in self.steps:
+            try:
+                image = step(image)
+            except Exception as error:  # noqa: BLE001 - re-raised with the step's name
+                detail = " ".join(str(error).split())
+                raise TransformStepError(f"{name} raised {type(error).__name__}: {detail}"
+                                         ) from error
+        return image
+
+    def __repr__(self) -> str:
+        return "TransformSteps(" + ", ".join(name for name, _ in self.steps) + ")"
+
+
+def _named_steps(compose: Any, auto_augment: Optional[str]) -> TransformSteps:
+    """timm's Compose as a :class:`TransformSteps`; the auto-augment step gets posterize ops
+    that work with any Pillow (see ``classification.auto_augment``)."""
+    steps = []
+    for step in compose.transforms:
+        name = type(step).__name__
+        if is_auto_augment(step):
+            use_safe_posterize(step)
+            name = f"{name} (--aa {auto_augment})"
+        steps.append((name, step))
+    if auto_augment and not any(is_auto_augment(step) for _, step in steps):
+        raise RuntimeError(f"timm built no auto-augment step for --aa {auto_augment!r}")
+    return TransformSteps(steps)
+
+
+def eval_transform(data_config: dict[str, Any]) -> TransformSteps:
+    """Resize to img_size / crop_pct (shorter side), centre-crop img_size, normalise.
+
+    PIL image -> float tensor (3, img_size, img_size)."""
+    return _named_steps(create_transform(
+        data_config["input_size"], is_training=False, interpolation=data_config["interpolation"],
+        mean=data_config["mean"], std=data_config["std"], crop_pct=data_config["crop_pct"],
+        crop_mode=data_config.get("crop_mode")), None)
 
 
 def train_transform(data_config: dict[str, Any], *, auto_augment: Optional[str], color_jitter: float,
-                    re_prob: float, re_mode: str, re_count: int):
-    """Random-resized crop + flip + RandAugment/colour jitter + normalise + random erasing."""
+                    re_prob: float, re_mode: str, re_count: int) -> TransformSteps:
+    """Random-resized crop + flip + RandAugment/colour jitter + normalise + random erasing.
+
+    PIL image -> float tensor (3, img_size, img_size). The auto-augment step is timm's, with
+    posterize ops that work with any Pillow (``classification.auto_augment``).
+    """
     try:
-        return create_transform(data_config["input_size"], is_training=True,
-                                auto_augment=auto_augment, color_jitter=color_jitter,
-                                interpolation=data_config["interpolation"],
-                                mean=data_config["mean"], std=data_config["std"],
-                                re_prob=re_prob, re_mode=re_mode, re_count=re_count)
+        compose = create_transform(data_config["input_size"], is_training=True,
+                                   auto_augment=auto_augment, color_jitter=color_jitter,
+                                   interpolation=data_config["interpolation"],
+                                   mean=data_config["mean"], std=data_config["std"],
+                                   re_prob=re_prob, re_mode=re_mode, re_count=re_count)
     except (AssertionError, ValueError, KeyError) as error:
         raise UsageError(f"--aa {auto_augment!r}: timm cannot build this augmentation ({error})"
                          ) from error
+    return _named_steps(compose, auto_augment)
 
 
 class ShardSampler(Sampler[int]):
@@ -116,30 +165,80 @@ class ReadableImageFolder(ImageFolder):
     and the image / target are those of the next readable file of the split (the batch keeps
     its size); the training loop then stops or skips (``--skip-bad-images``), and evaluation
     leaves such rows out. More than MAX_CONSECUTIVE_BAD_IMAGES unreadable files in a row raise.
+    When the transform raises, ``image`` is None and ``problem`` a :class:`TransformFailure`;
+    the loaders of this module (:func:`collate_samples`) then raise DataTransformError in the
+    main process, naming the sample, the transform step and the error (a worker's own exception
+    would arrive as a traceback text).
     """
 
-    def __getitem__(self, index: int) -> tuple[Any, int, str]:
+    def __getitem__(self, index: int) -> tuple[Any, int, Any]:
         path, target = self.samples[index]
         try:
             image = self.loader(path)
-            problem = ""
+            problem: Any = ""
         except UNREADABLE_IMAGE_ERRORS as error:
             problem = f"{path}: {error}"
-            image, target = self._next_readable(index)
+            image, target, path = self._next_readable(index)
         if self.transform is not None:
-            image = self.transform(image)
+            try:
+                image = self.transform(image)
+            except Exception as error:  # noqa: BLE001 - raised by the loader, see the docstring
+                return None, target, TransformFailure(index, path, describe_error(error))
         return image, target, problem
 
-    def _next_readable(self, index: int) -> tuple[Any, int]:
+    def _next_readable(self, index: int) -> tuple[Any, int, str]:
         tried = []
         for offset in range(1, min(MAX_CONSECUTIVE_BAD_IMAGES, len(self.samples))):
             path, target = self.samples[(index + offset) % len(self.samples)]
             try:
-                return self.loader(path), target
+                return self.loader(path), target, path
             except UNREADABLE_IMAGE_ERRORS:
                 tried.append(path)
         raise BadImageError(f"{self.samples[index][0]} and the {len(tried)} image(s) after it "
                             f"cannot be read ({', '.join(tried[:3])} ...); is {self.root} intact?")
+
+
+def describe_error(error: BaseException) -> str:
+    """One line: a TransformStepError's message, else ``"<Type>: <message>"``."""
+    if isinstance(error, TransformStepError):
+        return str(error)
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+@dataclass(frozen=True)
+class TransformFailure:
+    """A sample whose transform raised: its index in the data set, its file and what failed."""
+
+    index: int
+    path: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"image {self.index} ({self.path}): {self.error}"
+
+
+def collate_samples(batch: list[tuple[Any, int, Any]]) -> Any:
+    """``default_collate`` of ``(image, target, problem)`` samples, or, when a transform failed
+    on any of them, the list of their :class:`TransformFailure` (reported by the loader)."""
+    failures = [problem for _, _, problem in batch if isinstance(problem, TransformFailure)]
+    return failures if failures else default_collate(batch)
+
+
+class SampleLoader(DataLoader):
+    """DataLoader of :class:`ReadableImageFolder` batches (``collate_fn=collate_samples``) that
+    raises DataTransformError for a batch with failed transforms, naming ``split`` and, when
+    the sampler has one (EpochSampler), the epoch."""
+
+    def __init__(self, dataset: Any, *, split: str, **kwargs: Any) -> None:
+        super().__init__(dataset, collate_fn=collate_samples, **kwargs)
+        self.split = split
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in super().__iter__():
+            if isinstance(batch, list) and batch and isinstance(batch[0], TransformFailure):
+                raise DataTransformError([str(failure) for failure in batch], self.split,
+                                         getattr(self.sampler, "epoch", None))
+            yield batch
 
 
 def make_image_folder(split_dir: Path, transform, expected_classes: Optional[Sequence[str]] = None
@@ -154,7 +253,7 @@ def make_image_folder(split_dir: Path, transform, expected_classes: Optional[Seq
 
 
 def train_loader(dataset: ImageFolder, *, batch_size: int, rank: int, world_size: int, seed: int,
-                 workers: int, pin_memory: bool) -> DataLoader:
+                 workers: int, pin_memory: bool) -> SampleLoader:
     """Shuffled loader of ``(images, targets, problems)`` batches; call ``sampler.set_epoch``.
 
     Order: DistributedSampler seeded with (seed, epoch), even for 1 process. Augmentation:
@@ -168,19 +267,21 @@ def train_loader(dataset: ImageFolder, *, batch_size: int, rank: int, world_size
                          f"({batch_size} per process x {world_size} processes)")
     sampler = EpochSampler(DistributedSampler(dataset, num_replicas=world_size, rank=rank,
                                               shuffle=True, seed=seed, drop_last=True))
-    return DataLoader(SeededSamples(dataset, seed), batch_size=batch_size, sampler=sampler,
-                      num_workers=workers, pin_memory=pin_memory, drop_last=True,
-                      persistent_workers=workers > 0, generator=loader_generator(seed))
+    return SampleLoader(SeededSamples(dataset, seed), split="train", batch_size=batch_size,
+                        sampler=sampler, num_workers=workers, pin_memory=pin_memory,
+                        drop_last=True, persistent_workers=workers > 0,
+                        generator=loader_generator(seed))
 
 
 def eval_loader(dataset: ImageFolder, *, batch_size: int, rank: int, world_size: int,
-                workers: int, pin_memory: bool) -> DataLoader:
+                workers: int, pin_memory: bool) -> SampleLoader:
     """Ordered loader over this rank's shard (every image counted exactly once over all ranks).
 
     Its own generator: iterating it never draws from the global torch generator."""
     sampler = ShardSampler(len(dataset), rank, world_size)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      pin_memory=pin_memory, drop_last=False, generator=loader_generator(0))
+    return SampleLoader(dataset, split="val", batch_size=batch_size, sampler=sampler,
+                        num_workers=workers, pin_memory=pin_memory, drop_last=False,
+                        generator=loader_generator(0))
 
 
 def updates_per_epoch(batches_per_epoch: int, accum_steps: int) -> int:

@@ -24,7 +24,7 @@ from classification.data import (eval_loader, eval_transform, list_classes, make
                                  model_data_config, resolve_val_dir)
 from classification.distributed import DistContext, init_distributed, shutdown_distributed
 from classification.engine import BadImages, evaluate
-from classification.errors import UsageError
+from classification.errors import DataTransformError, UsageError
 from classification.logging_utils import setup_logger
 from classification.models import check_model_name, load_model_for_eval
 
@@ -96,7 +96,8 @@ def run_eval(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """CLI entry point; returns the process exit code (2 for bad input)."""
+    """CLI entry point; returns the process exit code (2 for bad input, 1 for a data transform
+    that raised)."""
     args = build_eval_parser().parse_args(argv)
     try:
         ctx = init_distributed(args.device)
@@ -107,6 +108,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as error:
         print(f"eval.py: error: {error}", file=sys.stderr)
         return 2
+    except DataTransformError as error:
+        print(f"eval.py: error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Train an image classifier on an ImageNet-layout folder (DESIGN.md §4 recipe by default).
+"""Train an image classifier on an ImageNet-layout folder (docs/training.md recipe by default).
 
 Single process:   python classification/train.py --config vmamba2d_tiny --data-dir DATA --output RUN
 Several GPUs:     torchrun --nproc_per_node 8 classification/train.py --config vmamba2d_tiny ...
@@ -47,7 +47,7 @@ from classification.data import (check_train_val_classes, eval_loader, eval_tran
 from classification.distributed import (DistContext, barrier, gather_objects, init_distributed,
                                         shutdown_distributed)
 from classification.engine import BadImages, TrainState, evaluate, train_one_epoch
-from classification.errors import BadImageError, UsageError
+from classification.errors import BadImageError, DataTransformError, UsageError
 from classification.logging_utils import TensorBoardWriter, setup_logger
 from classification.models import check_model_input, check_model_name, create_classifier
 from vmamba2d.training import (RunFolder, RunFolderError, StartPlan, atomic_write,
@@ -292,6 +292,8 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
             ema_val = (evaluate(ema.module, val_loader, ctx, cfg.amp, cfg.progress,
                                 desc="val ema", bad_images=BadImages(skip=True, log=False))
                        if ema is not None else None)
+        except DataTransformError as error:
+            raise DataTransformError(error.failures, error.split, epoch) from error
         except BadImageError as error:
             kept = (f"{output / LAST_NAME} still holds the {epoch} finished epoch(s)" if epoch
                     else "no epoch was finished yet")
@@ -334,7 +336,8 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """CLI entry point; returns the process exit code (2 for bad input, 1 for a diverged run)."""
+    """CLI entry point; returns the process exit code (2 for bad input, 1 for a diverged run
+    or a data transform that raised)."""
     try:
         cfg = resolve_train_config(argv)
         ctx = init_distributed(cfg.device)
@@ -348,6 +351,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except FloatingPointError as error:
         print(f"train.py: error: {error}. Lower --lr, set --clip-grad or train with --amp none, "
               "then continue with --resume auto", file=sys.stderr)
+        return 1
+    except DataTransformError as error:
+        print(f"train.py: error: {error}. Nothing of that epoch was saved. Augmentation is "
+              "seeded per (seed, epoch, image), so --resume auto repeats the same draw: fix or "
+              "remove the image, or change the failing transform's options, then continue with "
+              "--resume auto", file=sys.stderr)
         return 1
     return 0
 
