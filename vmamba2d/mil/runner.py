@@ -55,6 +55,7 @@ from .splits import SPLITS, RunSplits, run_splits
 
 LOGGER = logging.getLogger("vmamba2d.mil")
 CHECKPOINT_FORMAT = "vmamba2d-mil-train-v1"
+_STDERR_HANDLER = "vmamba2d.mil.stderr"
 REPORTED_KEYS = {"classification": ("acc", "f1", "auc"), "survival": ("cindex",)}
 
 
@@ -361,12 +362,14 @@ def _train(cfg: MILConfig) -> dict[str, Any]:
 
 
 def setup_logging() -> None:
-    """INFO messages of vmamba2d.mil to stderr."""
+    """INFO messages of vmamba2d.mil to the current stderr (re-pointed on every call: callers
+    such as test runners and notebooks replace sys.stderr between runs)."""
     logger = logging.getLogger("vmamba2d.mil")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
-                                               "%H:%M:%S"))
-        logger.addHandler(handler)
+    for old in [h for h in logger.handlers if h.get_name() == _STDERR_HANDLER]:
+        logger.removeHandler(old)  # its stream may be closed by now: not flushed
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_STDERR_HANDLER)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
