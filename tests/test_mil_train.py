@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from vmamba2d.mil import runner
 from vmamba2d.mil.cli import eval_main, train_main
@@ -150,6 +152,59 @@ def test_existing_run_is_not_overwritten(dataset, reference_run, capsys):
     assert "is not empty" in capsys.readouterr().err
     assert train_main(train_args(dataset, reference_run) + ["--resume", "--lr", "1e-2"]) == 2
     assert "options differ" in capsys.readouterr().err
+
+
+def _copy_run(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def test_resume_removes_temp_files_of_a_killed_write(dataset, reference_run, tmp_path):
+    # a kill inside an atomic write leaves .<name>.tmp-<pid> next to the file being replaced
+    output = _copy_run(reference_run, tmp_path / "run")
+    left = [output / ".summary.json.tmp-4242", output / ".config.yaml.tmp-4242"]
+    for path in left:
+        path.write_text("partial")
+    assert train_main(train_args(dataset, output) + ["--resume"]) == 0
+    assert not any(path.exists() for path in left)
+    # killed while writing the first file: the folder holds only its temp file
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / ".config.yaml.tmp-77").write_text("task: classifi")
+    assert train_main(train_args(dataset, fresh, epochs=1) + ["--resume"]) == 0
+    assert sorted(p.name for p in fresh.iterdir()) == ["config.yaml", "seed3", "summary.json"]
+
+
+def test_resume_from_a_truncated_last_checkpoint_names_the_file(dataset, reference_run,
+                                                                 tmp_path, capsys):
+    output = _copy_run(reference_run, tmp_path / "run")
+    last = output / "seed3" / "last.pth"
+    (output / "seed3" / "summary.json").unlink()  # killed before the run's summary
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    assert train_main(train_args(dataset, output) + ["--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("mil/train.py: error:")]
+    assert f"cannot read {last}" in line and "damaged" in line
+
+
+def test_resume_into_another_kind_of_run_folder_says_so(dataset, tmp_path, capsys):
+    from vmamba2d.training import RunFolder, StartPlan
+
+    classification = tmp_path / "imagenet"
+    RunFolder(classification, script="classification/train.py").start(StartPlan(None, False), 0)
+    (classification / "config.yaml").write_text(
+        yaml.safe_dump({"model": "vmamba2d_tiny", "data_dir": "/data/imagenet", "epochs": 300}))
+    assert train_main(train_args(dataset, classification) + ["--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "not a MIL run" in err and "'classification/train.py'" in err
+    assert "options differ" not in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.yaml").write_text(yaml.safe_dump({"lr": 0.1}))
+    assert train_main(train_args(dataset, other) + ["--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "not a MIL run" in err and "holds no MIL options" in err
 
 
 # --- selection ---------------------------------------------------------------------------------

@@ -46,8 +46,10 @@ import torch
 import yaml
 
 from ..training import RunFolder, RunFolderError, StartPlan
-from ..training.checkpoint import atomic_write, capture_rng_state, restore_rng_state
-from .config import RESUME_FREE_OPTIONS, MILConfig, UsageError
+from ..training.checkpoint import (atomic_write, capture_rng_state, is_temp_file,
+                                   remove_stale_temp_files, restore_rng_state)
+from ..training.run_folder import MARKER_NAME
+from .config import RESUME_FREE_OPTIONS, TASKS, MILConfig, UsageError
 from .data import GridOptions, SlideDataError, SlideDataset, find_slide_file, read_slide_file
 from .engine import epoch_order, evaluate, select_epoch, train_one_epoch
 from .models import MODELS, build_model
@@ -109,6 +111,20 @@ def infer_in_dim(cfg: MILConfig, entry_slide_id: str) -> int:
     return int(raw.features.shape[1])
 
 
+def read_last_checkpoint(path: Path) -> dict[str, Any]:
+    """A run's ``last.pth`` to continue from; UsageError naming the file when it cannot be."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated / empty / foreign pickles: torch raises many kinds
+        lines = str(error).strip().splitlines()
+        raise UsageError(f"--resume: cannot read {path} ({type(error).__name__}: "
+                         f"{lines[0] if lines else ''}); the file is damaged (e.g. truncated): "
+                         "restore it, or train into a new --output") from error
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise UsageError(f"--resume: {path} is not a checkpoint of mil/train.py")
+    return checkpoint
+
+
 def make_model(cfg: MILConfig, in_dim: int, num_classes: int) -> torch.nn.Module:
     """The configured model; bad ``model_kwargs`` raise a UsageError listing the model's options."""
     kwargs = dict(cfg.model_kwargs, in_dim=in_dim, num_classes=num_classes,
@@ -150,33 +166,66 @@ def plan_runs(cfg: MILConfig) -> tuple[list[RunPlan], int]:
                 start = folder.plan_start("auto" if cfg.resume else None)
             except RunFolderError as error:
                 raise UsageError(str(error)) from error
+            if start.continues:  # a damaged last.pth fails now, not after earlier runs trained
+                read_last_checkpoint(folder.last_path)
             plans.append(RunPlan(name, fold, seed, splits, datasets, folder, start))
     make_model(cfg, in_dim, plans[0].splits.num_classes)  # bad model options fail here
     return plans, in_dim
 
 
+def foreign_run_kind(output: Path) -> Optional[str]:
+    """What ``output`` holds when it is not a MIL run folder (e.g. ``"a run of
+    'classification/train.py'"``); None for a MIL run folder or one without config.yaml."""
+    marker = output / MARKER_NAME  # MIL keeps one run folder per seed / fold, none at the top
+    if marker.is_file():
+        try:
+            script = json.loads(marker.read_text()).get("script")
+        except (OSError, ValueError, AttributeError):
+            script = None
+        return f"a run of {script!r}" if script else f"a run folder of another script ({marker})"
+    saved_path = output / "config.yaml"
+    if not saved_path.is_file():
+        return None
+    try:
+        saved = yaml.safe_load(saved_path.read_text())
+    except yaml.YAMLError:
+        return f"a folder whose {saved_path.name} is not YAML"
+    if (not isinstance(saved, dict) or saved.get("task") not in TASKS
+            or not {"feature_dir", "label_csv"} <= set(saved)):
+        return f"a folder whose {saved_path.name} holds no MIL options"
+    return None
+
+
 def check_output(cfg: MILConfig, output: Path) -> None:
-    """Refuse to overwrite another run; on --resume, refuse a folder trained with other options."""
+    """Refuse to overwrite another run; on --resume, refuse a folder that is not a MIL run or
+    was trained with other options. Temporary files of killed writes do not count."""
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output} exists and is not a folder")
-    saved_path = output / "config.yaml"
+    entries = [e for e in output.iterdir() if not is_temp_file(e)] if output.is_dir() else []
     if not cfg.resume:
-        if output.is_dir() and any(output.iterdir()):
+        if entries:
             raise UsageError(f"--output {output} is not empty; choose a new folder or pass "
                              "--resume to continue the runs kept there")
         return
+    kind = foreign_run_kind(output)
+    if kind:
+        raise UsageError(f"--resume: {output} is {kind}, not a MIL run (mil/train.py keeps "
+                         "config.yaml and one folder per seed / fold there); choose another "
+                         "--output")
+    saved_path = output / "config.yaml"
     if not saved_path.is_file():
-        if output.is_dir() and any(output.iterdir()):
+        if entries:
             raise UsageError(f"--resume: {output} holds no config.yaml, so it is not a MIL run "
                              "folder; choose another --output")
         return
-    saved = yaml.safe_load(saved_path.read_text()) or {}
+    saved = yaml.safe_load(saved_path.read_text())
+    defaults = MILConfig().to_dict()  # options added after the run started have their default
     changed = sorted(k for k, v in cfg.to_dict().items()
-                     if k not in RESUME_FREE_OPTIONS and saved.get(k) != v)
+                     if k not in RESUME_FREE_OPTIONS and saved.get(k, defaults[k]) != v)
     if changed:
         raise UsageError("--resume: options differ from the run kept in "
-                         f"{output}: " + ", ".join(f"{k}: {saved.get(k)!r} -> {getattr(cfg, k)!r}"
-                                                  for k in changed))
+                         f"{output}: " + ", ".join(f"{k}: {saved.get(k, defaults[k])!r} -> "
+                                                  f"{getattr(cfg, k)!r}" for k in changed))
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -240,9 +289,7 @@ def run_one(cfg: MILConfig, plan: RunPlan, in_dim: int, device: torch.device) ->
     history: list[dict[str, Any]] = []
     checkpoint = None
     if plan.start.continues:
-        checkpoint = torch.load(folder.last_path, map_location="cpu", weights_only=True)
-        if checkpoint.get("format") != CHECKPOINT_FORMAT:
-            raise UsageError(f"{folder.last_path} is not a checkpoint of vmamba2d.mil training")
+        checkpoint = read_last_checkpoint(folder.last_path)
         history = list(checkpoint["history"])
     for note in folder.start(plan.start, len(history)):
         LOGGER.warning("%s: %s", plan.name, note)
@@ -346,6 +393,8 @@ def _train(cfg: MILConfig) -> dict[str, Any]:
     plans, in_dim = plan_runs(cfg)
     # --- everything is checked; from here on files are written --------------------------------
     output.mkdir(parents=True, exist_ok=True)
+    for path in remove_stale_temp_files(output):  # of a run killed while writing here
+        LOGGER.warning("removed %s, left by a killed run", path)
     if not (output / "config.yaml").is_file():
         _atomic_write_text(output / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     LOGGER.info("%d run(s) of %s (%s) on %s, in_dim %d", len(plans), cfg.model, cfg.task,
