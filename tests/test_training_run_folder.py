@@ -120,10 +120,21 @@ def resume(folder: Path) -> RunFolder:
     return run
 
 
+def no_hard_links(monkeypatch) -> None:
+    """Make os.link fail as on a file system without hard links (e.g. FAT)."""
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "link", refuse)
+
+
 # best epoch after each commit: epoch 0 best, epoch 1 not, epoch 2 best (improved) / not
-@pytest.mark.parametrize("third_is_best", [True, False])
-def test_kill_before_every_step_of_a_commit_is_repaired_on_resume(tmp_path, third_is_best):
+@pytest.mark.parametrize("third_is_best, hard_links", [(True, True), (False, True),
+                                                      (True, False)])
+def test_kill_before_every_step_of_a_commit_is_repaired_on_resume(tmp_path, monkeypatch,
+                                                                  third_is_best, hard_links):
     template = make_run(tmp_path / "template", 2, [0, 0]).path
+    if not hard_links:
+        no_hard_links(monkeypatch)
     best_of = {1: 0, 2: 0, 3: 2 if third_is_best else 0}
     outcomes = []
     for step in range(100):
@@ -131,6 +142,10 @@ def test_kill_before_every_step_of_a_commit_is_repaired_on_resume(tmp_path, thir
         shutil.copytree(template, folder)
         run = RunFolder(folder, script=SCRIPT)
         outcome = run_killed_at(step, lambda: commit_epoch(run, 2, best_of[3]))
+        # before any repair, best.pth is there, complete: the old one or the new one
+        best = torch.load(run.best_path, weights_only=True)
+        assert best["epoch"] in {0, best_of[3]}, step
+        torch.testing.assert_close(best["weights"], best_checkpoint(best["epoch"])["weights"])
         left = {p.name for p in folder.iterdir()} - PROTOCOL_FILES
         outcomes.append((committed_epochs(run), outcome))
         resumed = resume(folder)

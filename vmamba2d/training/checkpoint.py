@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -56,6 +57,26 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
         if tmp.exists():
             tmp.unlink()
     fsync_folder(path.parent)
+
+
+def atomic_second_name(source: Path, target: Path) -> None:
+    """Give the file ``source`` the second name ``target`` (replacing any file there), leaving
+    ``source`` in place: a hard link, or, where the file system has none (e.g. FAT, some network
+    file systems), a fsynced copy. Via a temporary name + ``os.replace``, so ``target`` is
+    complete or absent after a kill."""
+    source, target = Path(source), Path(target)
+    tmp = temp_path_for(target)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:  # no hard links on this file system: same content, one more write
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:

@@ -12,8 +12,10 @@ A run folder holds
 
 Committing epoch ``e`` (:meth:`RunFolder.commit`) writes, in this order:
 
-1. if ``e`` is a new best: move ``best.pth`` aside to ``.best.pth.prev-<e+1>`` (or, when there
-   is none yet, create the empty ``.best.pth.none-<e+1>``), then write the new ``best.pth``;
+1. if ``e`` is a new best: keep the current ``best.pth`` also as ``.best.pth.prev-<e+1>`` (a
+   hard link, or a copy where the file system has none; ``best.pth`` itself stays in place) or,
+   when there is none yet, create the empty ``.best.pth.none-<e+1>``; then replace ``best.pth``
+   atomically with the new one, so a run that had a ``best.pth`` always has one;
 2. append the epoch's metrics lines to ``metrics.jsonl`` (flushed and fsynced);
 3. replace ``last.pth`` - the commit point; the checkpoint must say that ``e + 1`` epochs are done;
 4. delete the ``.best.pth.prev-`` / ``.none-`` file of step 1.
@@ -48,15 +50,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from .checkpoint import (atomic_torch_save, atomic_write, fsync_folder, is_temp_file,
-                         remove_stale_temp_files)
+from .checkpoint import (atomic_second_name, atomic_torch_save, atomic_write, fsync_folder,
+                         is_temp_file, remove_stale_temp_files)
 
 RUN_FOLDER_FORMAT = "vmamba2d.run-folder/1"
 LAST_NAME = "last.pth"
 BEST_NAME = "best.pth"
 METRICS_NAME = "metrics.jsonl"
 MARKER_NAME = "run.json"
-_BEST_BACKUP = f".{BEST_NAME}.prev-"  # + epochs done after the commit that moved best.pth aside
+_BEST_BACKUP = f".{BEST_NAME}.prev-"  # + epochs done after the commit that replaced best.pth
 _BEST_ABSENT = f".{BEST_NAME}.none-"  # + epochs done after the commit that created best.pth
 
 
@@ -270,9 +272,14 @@ class RunFolder:
             if epochs <= committed_epochs:  # that commit finished; only step 4 was missing
                 entry.unlink()
             elif kind == "prev":
-                os.replace(entry, self.best_path)
-                notes.append(f"restored {BEST_NAME} of the last committed epoch (epoch "
-                             f"{epochs} was not committed)")
+                if self.best_path.exists() and os.path.samefile(entry, self.best_path):
+                    # killed before the new best.pth replaced the old one (renaming a hard link
+                    # onto its other name would do nothing)
+                    entry.unlink()
+                else:
+                    os.replace(entry, self.best_path)
+                    notes.append(f"restored {BEST_NAME} of the last committed epoch (epoch "
+                                 f"{epochs} was not committed)")
             else:
                 if self.best_path.exists():
                     self.best_path.unlink()
@@ -332,10 +339,11 @@ class RunFolder:
             fsync_folder(self.path)
 
     def _stage_best(self, epochs_done: int) -> Path:
-        """Step 1: keep the current best.pth (or the fact that there is none) for a rollback."""
+        """Step 1: keep the current best.pth (or the fact that there is none) for a rollback;
+        best.pth itself stays in place until the new one replaces it."""
         if self.best_path.exists():
             staging = self.path / f"{_BEST_BACKUP}{epochs_done}"
-            os.replace(self.best_path, staging)
+            atomic_second_name(self.best_path, staging)
         else:
             staging = self.path / f"{_BEST_ABSENT}{epochs_done}"
             staging.touch()
