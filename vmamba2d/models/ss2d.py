@@ -1,14 +1,22 @@
 """SS2D: VMamba v2's selective-scan mixer (forward type "v05_noz", channels-first).
 
-The mixer scans the feature map along four routes (K = 4) and sums the results:
+The mixer scans the feature map along four routes (K = 4) and sums the results. The paper's
+routes (``routes="cross"``, :data:`vmamba2d.ops.CROSS_ROUTES`):
 
     k0  the map in row-major order            (a 2D scan on the H x W grid, origin top-left)
     k1  the transposed map (column-major)     (a 2D scan on the W x H grid)
     k2  k0 reversed (the map rotated 180 deg) (H x W grid, origin bottom-right)
     k3  k1 reversed                           (W x H grid)
 
-``scan="2d"`` runs every route through the 2D selective scan (2DVMamba); ``scan="1d"`` runs the
-same four sequences through a 1D scan (the VMamba baseline), which is the 2D op on a 1 x L map.
+``scan="2d"`` runs every route as a 2D selective scan (2DVMamba); ``scan="1d"`` runs the same
+four sequences through a 1D scan (the VMamba baseline). ``routes="corners"`` starts one route at
+each corner of the map instead (not in the paper), so one mixer sees all four quadrants.
+
+``cross_scan="fused"`` (default) computes the per-route projections on the map in its own order
+(they are position-wise, so they commute with the route permutations) and scans all routes with
+one :func:`vmamba2d.ops.cross_selective_scan_2d` call, which backends with a native kernel run
+in place. ``cross_scan="per_route"`` builds the four route-order copies of the map and scans each
+with :func:`vmamba2d.ops.selective_scan_2d` (VMamba's formulation; kept for comparison).
 Parameter names and shapes follow the public VMamba v2 code so its checkpoints load unchanged.
 """
 from __future__ import annotations
@@ -20,16 +28,15 @@ import torch
 import torch.nn as nn
 from timm.layers import LayerNorm2d
 
-from ..ops import BACKENDS, selective_scan_2d
-from ..ops.fused import selective_scan_2d_fused
+from ..ops import BACKENDS, ROUTE_SETS, cross_selective_scan_2d, route_set, selective_scan_2d
+from ..ops.cross_fused import cross_selective_scan_2d_fused
+from ..ops.routes import Route, from_route_order, to_route_order
 
 Tensor = torch.Tensor
 
 NUM_ROUTES = 4
 SCAN_MODES = ("2d", "1d")
-# Routes are scanned in the order (k0, k2, k1, k3) so that the two routes of one grid shape are
-# adjacent channel blocks: a non-square map needs one op call per grid, a square map one call.
-GRID_SORTED_ROUTES = (0, 2, 1, 3)  # as written out in _grid_sorted
+CROSS_SCAN_MODES = ("fused", "per_route")
 LAYER_NORM_EPS = 1e-5  # VMamba's LayerNorm2d keeps nn.LayerNorm's default
 
 
@@ -42,15 +49,68 @@ def resolve_dt_rank(dim: int, dt_rank: Union[int, str]) -> int:
     return dt_rank
 
 
+def _batched(weight: Tensor, batch: int) -> Tensor:
+    """A weight (rows, cols) as (batch, rows, cols) without a copy, for torch.bmm (which fvcore
+    counts with the batch, unlike a broadcasting matmul)."""
+    return weight.unsqueeze(0).expand(batch, weight.shape[0], weight.shape[1])
+
+
 def _per_route(weight: Tensor, batch: int) -> Tensor:
     """Route weights (K, out, in) repeated for every sample: (batch * K, out, in) for torch.bmm."""
     routes, rows, cols = weight.shape
     return weight.unsqueeze(0).expand(batch, routes, rows, cols).reshape(batch * routes, rows, cols)
 
 
-def _grid_sorted(per_route: Tensor) -> Tensor:
-    """(K, ...) per-route values in GRID_SORTED_ROUTES order (k0, k2, k1, k3)."""
-    return torch.stack((per_route[0], per_route[2], per_route[1], per_route[3]))
+def _scan_parameters(A_logs: Tensor, Ds: Tensor, dt_projs_bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(A, D, delta_bias) in route order, (K * Di, N) / (K * Di,) / (K * Di,). The scan's small
+    parameters stay in (at least) fp32 under AMP, as in VMamba."""
+    param_dtype = torch.promote_types(A_logs.dtype, torch.float32)
+    A = -torch.exp(A_logs.to(param_dtype))
+    return A, Ds.to(param_dtype), dt_projs_bias.to(param_dtype).reshape(-1)
+
+
+def cross_scan_fused(
+    x: Tensor,
+    x_proj_weight: Tensor,
+    dt_projs_weight: Tensor,
+    dt_projs_bias: Tensor,
+    A_logs: Tensor,
+    Ds: Tensor,
+    route_codes: List[int],
+    backend: str,
+) -> Tensor:
+    """Scan x along the routes with one four-route op; projections computed in map order.
+
+    Args:
+        x: (B, Di, H, W) activations.
+        x_proj_weight: (K, R + 2N, Di) per-route projection to (dt, B, C).
+        dt_projs_weight: (K, Di, R); dt_projs_bias: (K, Di) per-route step-size projection.
+        A_logs: (K * Di, N); Ds: (K * Di,).
+        route_codes: the K routes as :attr:`vmamba2d.ops.Route.code` values.
+        backend: backend for :func:`vmamba2d.ops.cross_selective_scan_2d`.
+    Returns:
+        (B, Di, H, W), the sum of the route outputs.
+
+    A plain function so that FX symbolic tracing records it as one call (``torch.fx.wrap`` below).
+    """
+    batch, d_inner, height, width = x.shape
+    k, proj_rows, _ = x_proj_weight.shape
+    n = A_logs.shape[1]
+    r = dt_projs_weight.shape[2]
+    length = height * width
+
+    # All routes' (dt, B, C) projections in one batched matmul over the map in its own order.
+    x_dbl = torch.bmm(_batched(x_proj_weight.reshape(k * proj_rows, d_inner), batch), x.reshape(batch, d_inner, length))
+    x_dbl = x_dbl.view(batch, k, proj_rows, length)
+    dts, Bs, Cs = torch.split(x_dbl, [r, n, n], dim=2)
+    dts = torch.bmm(_per_route(dt_projs_weight, batch), dts.reshape(batch * k, r, length))
+    A, D, delta_bias = _scan_parameters(A_logs, Ds, dt_projs_bias)
+    grid = (height, width)
+    dts = dts.view(batch, k, d_inner, height, width)
+    Bs, Cs = Bs.unflatten(-1, grid), Cs.unflatten(-1, grid)
+    if torch.jit.is_scripting():  # no backend dispatch in TorchScript: the compiled CPU kernel
+        return cross_selective_scan_2d_fused(x, dts, A, Bs, Cs, D, delta_bias, True, route_codes, x.dtype)
+    return cross_selective_scan_2d(x, dts, A, Bs, Cs, D, delta_bias, True, routes=route_codes, backend=backend)
 
 
 def cross_scan_merge(
@@ -60,69 +120,54 @@ def cross_scan_merge(
     dt_projs_bias: Tensor,
     A_logs: Tensor,
     Ds: Tensor,
-    scan: str,
+    route_codes: List[int],
     backend: str,
 ) -> Tensor:
-    """Scan x along the four routes and sum the route outputs back onto the map.
+    """Scan x along the routes on route-order copies and sum the route outputs back onto the map.
 
-    Args:
-        x: (B, Di, H, W) activations.
-        x_proj_weight: (K, R + 2N, Di) per-route projection to (dt, B, C).
-        dt_projs_weight: (K, Di, R); dt_projs_bias: (K, Di) per-route step-size projection.
-        A_logs: (K * Di, N); Ds: (K * Di,).
-        scan: "2d" (2D scan on each route's own grid) or "1d" (1D scan of each route's sequence).
-        backend: backend for :func:`selective_scan_2d`.
-    Returns:
-        (B, Di, H, W).
-
-    A plain function so that FX symbolic tracing records it as one call (``torch.fx.wrap`` below):
-    it reads the runtime shape of x, which a symbolic trace cannot.
+    Same arguments and result as :func:`cross_scan_fused`. Builds the K route-order copies of x,
+    projects each, scans the routes of one grid shape with one :func:`selective_scan_2d` call,
+    and maps every route's output back. A plain function for FX (``torch.fx.wrap`` below).
     """
     batch, d_inner, height, width = x.shape
     length = height * width
-    k = x_proj_weight.shape[0]  # NUM_ROUTES
+    k = x_proj_weight.shape[0]
     n = A_logs.shape[1]
     r = dt_projs_weight.shape[2]
+    routes = [Route.from_code(code) for code in route_codes]
+    # Routes grouped by the grid they scan (H x W first, then W x H), so that each grid shape
+    # needs one op call; `order` lists route indices in that grouped order.
+    grids = [route.grid(height, width) for route in routes]
+    order = sorted(range(k), key=lambda i: (grids[i] != grids[0], i))
 
-    rows = x.flatten(2)  # (B, Di, L), row-major
-    cols = x.transpose(2, 3).flatten(2)  # (B, Di, L), column-major = row-major of the W x H map
-    xs = torch.stack([rows, rows.flip(-1), cols, cols.flip(-1)], dim=1).reshape(batch, k * d_inner, length)
-
-    # Per-route projections as batched matmuls over (batch, route): much faster on CPU than
-    # grouped 1x1 convs, and counted exactly by fvcore's bmm handle.
-    x_dbl = torch.bmm(_per_route(_grid_sorted(x_proj_weight), batch), xs.view(batch * k, d_inner, length))
+    xs = torch.stack([to_route_order(x, routes[i]) for i in order], dim=1).reshape(batch, k * d_inner, length)
+    x_dbl = torch.bmm(_per_route(x_proj_weight[order], batch), xs.view(batch * k, d_inner, length))
     x_dbl = x_dbl.view(batch, k, r + 2 * n, length)
     dts, Bs, Cs = torch.split(x_dbl, [r, n, n], dim=2)
-    dts = torch.bmm(_per_route(_grid_sorted(dt_projs_weight), batch), dts.reshape(batch * k, r, length))
+    dts = torch.bmm(_per_route(dt_projs_weight[order], batch), dts.reshape(batch * k, r, length))
     dts = dts.view(batch, k * d_inner, length)
-
-    # The scan's small parameters stay in (at least) fp32 under AMP, as in VMamba.
-    param_dtype = torch.promote_types(A_logs.dtype, torch.float32)
-    A = _grid_sorted(-torch.exp(A_logs.to(param_dtype)).view(k, d_inner, n)).reshape(k * d_inner, n)
-    D = _grid_sorted(Ds.to(param_dtype).view(k, d_inner)).reshape(-1)
-    delta_bias = _grid_sorted(dt_projs_bias.to(param_dtype)).reshape(-1)
+    A, D, delta_bias = (t.view(k, -1, *t.shape[1:])[order].reshape(k * d_inner, *t.shape[1:])
+                        for t in _scan_parameters(A_logs, Ds, dt_projs_bias))
     Bs, Cs = Bs.contiguous(), Cs.contiguous()
 
-    if scan == "1d":
-        grids = [(0, k, 1, length)]
-    elif height == width:
-        grids = [(0, k, height, width)]
-    else:  # routes k0, k2 scan the H x W grid; k1, k3 the transposed W x H grid
-        grids = [(0, 2, height, width), (2, k, width, height)]
     ys: List[Tensor] = []
-    for first, last, grid_h, grid_w in grids:
+    first = 0
+    while first < k:
+        grid_h, grid_w = grids[order[first]]
+        last = first + sum(1 for i in order[first:] if grids[i] == (grid_h, grid_w))
         lo, hi = first * d_inner, last * d_inner
         args = (xs[:, lo:hi], dts[:, lo:hi], A[lo:hi], Bs[:, first:last], Cs[:, first:last], D[lo:hi], delta_bias[lo:hi])
-        if torch.jit.is_scripting():  # no backend dispatch in TorchScript: the device's compiled kernel
-            ys.append(selective_scan_2d_fused(*args, True, grid_h, grid_w, xs.dtype))
-        else:
-            ys.append(selective_scan_2d(*args, True, height=int(grid_h), width=int(grid_w), backend=backend))
+        ys.append(selective_scan_2d(*args, True, height=int(grid_h), width=int(grid_w), backend=backend))
+        first = last
     y = (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)).view(batch, k, d_inner, length)
-    y_rows = y[:, 0] + y[:, 1].flip(-1)
-    y_cols = y[:, 2] + y[:, 3].flip(-1)
-    return y_rows.view(batch, d_inner, height, width) + y_cols.view(batch, d_inner, width, height).transpose(2, 3)
+    merged = [from_route_order(y[:, position], routes[i], height, width) for position, i in enumerate(order)]
+    out = merged[0]
+    for part in merged[1:]:
+        out = out + part
+    return out
 
 
+torch.fx.wrap("cross_scan_fused")
 torch.fx.wrap("cross_scan_merge")
 
 
@@ -137,7 +182,10 @@ class SS2D(nn.Module):
         d_conv: depthwise conv kernel size.
         conv_bias: bias on the depthwise conv.
         scan: "2d" (2D selective scan per route) or "1d" (1D scan per route, VMamba).
-        scan_backend: backend passed to :func:`vmamba2d.ops.selective_scan_2d`.
+        scan_backend: backend passed to the scan ops ("auto", "cpu", "cuda", "triton", "torch",
+            "reference").
+        routes: "cross" (the paper's four routes) or "corners" (one route from each corner).
+        cross_scan: "fused" (one four-route op on the map) or "per_route" (route-order copies).
         dt_min, dt_max, dt_init_floor: range of the initial step sizes (log-uniform).
         proj_drop: dropout after the output projection.
     """
@@ -152,6 +200,8 @@ class SS2D(nn.Module):
         conv_bias: bool = False,
         scan: str = "2d",
         scan_backend: str = "auto",
+        routes: str = "cross",
+        cross_scan: str = "fused",
         dt_min: float = 1e-3,
         dt_max: float = 0.1,
         dt_init_floor: float = 1e-4,
@@ -165,6 +215,10 @@ class SS2D(nn.Module):
             raise ValueError(f"scan must be one of {SCAN_MODES}, got {scan!r}")
         if scan_backend not in BACKENDS:
             raise ValueError(f"scan_backend must be one of {BACKENDS}, got {scan_backend!r}")
+        if routes not in ROUTE_SETS:
+            raise ValueError(f"routes must be one of {tuple(ROUTE_SETS)}, got {routes!r}")
+        if cross_scan not in CROSS_SCAN_MODES:
+            raise ValueError(f"cross_scan must be one of {CROSS_SCAN_MODES}, got {cross_scan!r}")
         if d_state < 1:
             raise ValueError(f"d_state must be >= 1, got {d_state}")
         d_inner = int(ssm_ratio * dim)
@@ -172,6 +226,9 @@ class SS2D(nn.Module):
             raise ValueError(f"ssm_ratio * dim must be >= 1, got {ssm_ratio} * {dim}")
         self.scan = scan
         self.scan_backend = scan_backend
+        self.routes = routes
+        self.cross_scan = cross_scan
+        self.route_codes: List[int] = [route.code for route in route_set(routes, scan)]
         self.d_state = d_state
         self.d_inner = d_inner
         self.dt_rank = resolve_dt_rank(dim, dt_rank)
@@ -215,11 +272,17 @@ class SS2D(nn.Module):
         return self.dropout(self.out_proj(self.out_norm(y)))
 
     def scan_routes(self, x: Tensor) -> Tensor:
-        """Cross-scan x (B, Di, H, W) along the four routes and merge: -> (B, Di, H, W)."""
-        return cross_scan_merge(
-            x, self.x_proj_weight, self.dt_projs_weight, self.dt_projs_bias, self.A_logs, self.Ds,
-            self.scan, self.scan_backend,
-        )
+        """Scan x (B, Di, H, W) along the routes and merge: -> (B, Di, H, W)."""
+        args = (x, self.x_proj_weight, self.dt_projs_weight, self.dt_projs_bias, self.A_logs, self.Ds,
+                self.route_codes, self.scan_backend)
+        if torch.jit.is_scripting():
+            return cross_scan_fused(*args)
+        if self.cross_scan == "per_route":
+            return cross_scan_merge(*args)
+        return cross_scan_fused(*args)
 
     def extra_repr(self) -> str:
-        return f"scan={self.scan!r}, scan_backend={self.scan_backend!r}, d_state={self.d_state}, dt_rank={self.dt_rank}"
+        return (
+            f"scan={self.scan!r}, routes={self.routes!r}, cross_scan={self.cross_scan!r}, "
+            f"scan_backend={self.scan_backend!r}, d_state={self.d_state}, dt_rank={self.dt_rank}"
+        )

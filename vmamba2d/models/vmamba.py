@@ -169,8 +169,11 @@ class VMamba(nn.Module):
         conv_bias: bias on the SS2D depthwise conv.
         mlp_ratio: MLP hidden width / block width.
         scan: "2d" (2DVMamba) or "1d" (VMamba).
-        scan_backend: backend for :func:`vmamba2d.ops.selective_scan_2d` ("auto", "cpu", "cuda",
-            "torch", "reference").
+        scan_backend: backend of the scan ops ("auto", "cpu", "cuda", "triton", "torch", "reference").
+        routes: SS2D route set: "cross" (the paper's four routes) or "corners" (one route from each
+            corner of the map; not in the paper).
+        cross_scan: "fused" (one four-route op per SS2D, projections in map order) or
+            "per_route" (VMamba's route-order copies; for comparison). Same parameters and results.
         drop_rate: dropout before the classifier.
         proj_drop_rate: dropout after SS2D's out_proj and inside the MLP.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
@@ -196,6 +199,8 @@ class VMamba(nn.Module):
         mlp_ratio: float = 4.0,
         scan: str = "2d",
         scan_backend: str = "auto",
+        routes: str = "cross",
+        cross_scan: str = "fused",
         drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
@@ -227,7 +232,7 @@ class VMamba(nn.Module):
         drop_paths = [drop_path_rate * i / max(num_blocks - 1, 1) for i in range(num_blocks)]
         block_kwargs = dict(
             d_state=d_state, ssm_ratio=ssm_ratio, dt_rank=dt_rank, d_conv=d_conv, conv_bias=conv_bias,
-            scan=scan, scan_backend=scan_backend, mlp_ratio=mlp_ratio, proj_drop=proj_drop_rate,
+            scan=scan, scan_backend=scan_backend, routes=routes, cross_scan=cross_scan, mlp_ratio=mlp_ratio, proj_drop=proj_drop_rate,
         )
         stages = []
         self.feature_info = []
@@ -468,7 +473,7 @@ default_cfgs = generate_default_cfgs({
     "vmamba_base.in1k": _official_vmamba_cfg("base"),
 })
 
-# Variant hyper-parameters (DESIGN.md section 2). drop_path_rate stays a training choice (timm
+# Variant hyper-parameters (docs/models.md#variants). drop_path_rate stays a training choice (timm
 # convention: 0 unless passed); the paper trains T/S/B with 0.2 / 0.3 / 0.6.
 _TINY = dict(dims=96, depths=(2, 2, 8, 2), d_state=1, ssm_ratio=1.0)
 _SMALL = dict(dims=96, depths=(2, 2, 15, 2), d_state=1, ssm_ratio=2.0)

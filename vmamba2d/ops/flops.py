@@ -2,11 +2,12 @@
 
 fvcore traces models with ``torch.jit.trace``; the compiled scan shows up as a node named after its
 custom op (``vmamba2d::selective_scan_2d_fwd`` for the compiled kernels,
-``vmamba2d::selective_scan_2d_triton_fwd`` for Triton; both share one schema and one handle). Register the handles with
+``vmamba2d::selective_scan_2d_triton_fwd`` for Triton; both share one schema and one handle;
+``vmamba2d::cross_selective_scan_2d_fwd`` for the four-route op). Register the handles with
 ``FlopCountAnalysis(model, inputs).set_op_handle(**FVCORE_OP_HANDLES)``, or
 ``set_op_handle(name, handle)`` for each item.
 
-Convention (DESIGN.md section 1, one multiply-add = one flop): a 2D scan counts 15 * B * L * D * N,
+Convention (docs/scan.md, one multiply-add = one flop): a 2D scan counts 15 * B * L * D * N,
 a 1D scan (a 1 x L or L x 1 map: the op used as Mamba's scan) 9 * B * L * D * N; either plus
 B * D * L for the ``D * u`` skip term when ``D`` is given.
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from .cross_fused import CROSS_FWD_OP_NAME
 from .fused import FWD_OP_NAME
+from .routes import Route
 from .scan_triton import FWD_OP_NAME as TRITON_FWD_OP_NAME
 
 # Argument positions in the op's schema (u, delta, A, B, C, D, delta_bias, delta_softplus, height,
@@ -59,7 +62,35 @@ def selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
     return count(batch, dim, length, a_sizes[1], with_d)
 
 
+# Argument positions in the four-route op's schema (u, delta, A, B, C, D, delta_bias,
+# delta_softplus, routes, out_fp32).
+_CROSS_U, _CROSS_A, _CROSS_D, _CROSS_ROUTES = 0, 2, 5, 8
+
+
+def cross_selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
+    """fvcore op handle for ``vmamba2d::cross_selective_scan_2d_fwd``: the flops of one node.
+
+    The sum over its routes of what the single-route op counts for the same route: a 2D scan
+    per 2D route, a 1D scan per flat route, each with its own ``D * u`` term when D is given.
+    ``inputs``: u (batch, dim, H, W), A (K * dim, N), D or None, the constant route codes.
+    """
+    u_sizes = _tensor_sizes(inputs[_CROSS_U])
+    a_sizes = _tensor_sizes(inputs[_CROSS_A])
+    codes = inputs[_CROSS_ROUTES].toIValue()
+    if u_sizes is None or a_sizes is None or not isinstance(codes, (list, tuple)):
+        raise ValueError(f"{CROSS_FWD_OP_NAME}: the traced graph has no static shapes for u / A or no constant routes")
+    batch, dim, height, width = u_sizes
+    with_d = inputs[_CROSS_D].type().kind() != "NoneType"
+    return sum(
+        (scan_1d_flops if Route.from_code(code).flat or min(height, width) == 1 else scan_2d_flops)(
+            batch, dim, height * width, a_sizes[1], with_d
+        )
+        for code in codes
+    )
+
+
 FVCORE_OP_HANDLES: dict[str, Callable[[list, list], int]] = {
     FWD_OP_NAME: selective_scan_2d_flop_jit,
     TRITON_FWD_OP_NAME: selective_scan_2d_flop_jit,
+    CROSS_FWD_OP_NAME: cross_selective_scan_2d_flop_jit,
 }

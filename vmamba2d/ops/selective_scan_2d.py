@@ -145,8 +145,12 @@ def backend_info() -> dict:
     and ``triton_version`` (str or None), ``auto_cpu`` / ``auto_cuda`` (the backend auto resolves
     to for fp32 tensors of each device type; for CUDA, judged on the current GPU, or without a
     GPU on whether the extension is built), ``env_override`` (the value of
-    ``VMAMBA2D_SCAN_BACKEND`` or None) and ``cuda_available`` (torch sees a GPU).
+    ``VMAMBA2D_SCAN_BACKEND`` or None), ``cuda_available`` (torch sees a GPU) and
+    ``cross_scan`` (how :func:`vmamba2d.ops.cross_selective_scan_2d` runs on the ``auto_cpu`` /
+    ``auto_cuda`` backends: ``"native"``, routes scanned in place, or ``"per-route"``, one
+    single-route scan per route on route-order copies).
     """
+    from .cross_scan import cross_scan_mode
     from .scan_triton import triton_version
 
     cpu_ok = _kernel_available("cpu")
@@ -155,6 +159,8 @@ def backend_info() -> dict:
     gpu = torch.cuda.is_available()
     cuda_runs = _extensions.cuda_kernel_usable(torch.device("cuda")) if gpu and cuda_ok else cuda_ok
     override = os.environ.get(BACKEND_ENV_VAR) or None
+    auto_cpu = override or ("cpu" if cpu_ok else "torch")
+    auto_cuda = override or ("cuda" if cuda_runs else "triton" if triton_ver else "torch")
     return {
         "cpu_extension": cpu_ok,
         "cpu_extension_source": _extensions.extension_source("cpu"),
@@ -162,9 +168,10 @@ def backend_info() -> dict:
         "cuda_available": gpu,
         "triton": triton_ver is not None,
         "triton_version": triton_ver,
-        "auto_cpu": override or ("cpu" if cpu_ok else "torch"),
-        "auto_cuda": override or ("cuda" if cuda_runs else "triton" if triton_ver else "torch"),
+        "auto_cpu": auto_cpu,
+        "auto_cuda": auto_cuda,
         "env_override": override,
+        "cross_scan": {"cpu": cross_scan_mode(auto_cpu), "cuda": cross_scan_mode(auto_cuda)},
     }
 
 
@@ -183,7 +190,7 @@ def selective_scan_2d(
     backend: str = "auto",
     out_dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
-    """2D selective scan over ``height x width`` maps (2DMamba, DESIGN.md section 1).
+    """2D selective scan over ``height x width`` maps (2DMamba; docs/scan.md).
 
     Args:
         u: (batch, dim, L) input, L = height * width in row-major order.

@@ -42,7 +42,7 @@ def check_scan_inputs(
 
     Expected: u, delta (batch, dim, L) with L == height * width; A (dim, N); B, C
     (batch, groups, N, L) with dim % groups == 0; D, delta_bias (dim,) or None; all floating point
-    and on one device.
+    and on one device; u, delta, B, C of one dtype.
     """
     u = _require_tensor("u", u)
     if u.dim() != 3:
@@ -73,8 +73,58 @@ def check_scan_inputs(
     for name, vec in (("D", D), ("delta_bias", delta_bias)):
         if vec is not None:
             _require_shape(name, _require_tensor(name, vec), (dim,), "(dim,)")
+    check_same_dtype([("u", u), ("delta", delta), ("B", B), ("C", C)])
     named = [("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("delta_bias", delta_bias)]
     for name, tensor in named[1:]:
         if tensor is not None and tensor.device != u.device:
             raise ValueError(f"{name} is on {tensor.device} but u is on {u.device}; all inputs must share a device")
     return batch, dim, length, groups, nstate
+
+
+def check_same_dtype(named: list[tuple[str, Optional[Tensor]]]) -> None:
+    """The scan's data tensors (u, delta, B, C) share one dtype: the kernels compute in it."""
+    first_name, first = named[0]
+    for name, tensor in named[1:]:
+        if tensor is not None and tensor.dtype != first.dtype:
+            raise TypeError(
+                f"{name} has dtype {tensor.dtype} but {first_name} has {first.dtype}; "
+                f"{', '.join(n for n, _ in named)} must share one dtype (A, D and delta_bias may differ)"
+            )
+
+
+def check_cross_scan_inputs(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    num_routes: int,
+) -> tuple[int, int, int, int, int]:
+    """Validate the four-route op's arguments; return ``(batch, dim, height, width, nstate)``.
+
+    Expected: u (batch, dim, H, W); delta (batch, K, dim, H, W); A (K * dim, N); B, C
+    (batch, K, N, H, W); D, delta_bias (K * dim,) or None; u, delta, B, C of one floating dtype;
+    all on u's device. K is ``num_routes``.
+    """
+    u = _require_tensor("u", u)
+    if u.dim() != 4:
+        raise ValueError(f"u must be 4-D (batch, dim, H, W), got shape {tuple(u.shape)}")
+    batch, dim, height, width = u.shape
+    k = num_routes
+    _require_shape("delta", _require_tensor("delta", delta), (batch, k, dim, height, width), "(batch, K, dim, H, W)")
+    A = _require_tensor("A", A)
+    if A.dim() != 2 or A.shape[0] != k * dim or A.shape[1] < 1:
+        raise ValueError(f"A must have shape (K * dim, N) with K * dim = {k * dim} and N >= 1, got {tuple(A.shape)}")
+    nstate = A.shape[1]
+    for name, mat in (("B", B), ("C", C)):
+        _require_shape(name, _require_tensor(name, mat), (batch, k, nstate, height, width), "(batch, K, N, H, W)")
+    for name, vec in (("D", D), ("delta_bias", delta_bias)):
+        if vec is not None:
+            _require_shape(name, _require_tensor(name, vec), (k * dim,), "(K * dim,)")
+    check_same_dtype([("u", u), ("delta", delta), ("B", B), ("C", C)])
+    for name, tensor in (("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("delta_bias", delta_bias)):
+        if tensor is not None and tensor.device != u.device:
+            raise ValueError(f"{name} is on {tensor.device} but u is on {u.device}; all inputs must share a device")
+    return batch, dim, height, width, nstate

@@ -1,0 +1,134 @@
+"""The compiled four-route scan kernel as ``torch.library`` custom ops.
+
+    vmamba2d::cross_selective_scan_2d_fwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
+                                          routes, out_fp32) -> y
+    vmamba2d::cross_selective_scan_2d_bwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
+                                          routes, dy) -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
+
+Implemented by the CPU extension (``cross_forward`` / ``cross_backward``), which scans every
+route in place on the map (shapes in :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`;
+``routes`` are :attr:`Route.code` values). Both ops have fake implementations, so
+``torch.compile(fullgraph=True)`` and ``torch.export`` trace through them; the forward's autograd
+formula calls the backward op, which recomputes from the inputs. The kernel computes in fp32
+(fp64 for fp64 inputs): other dtypes are cast outside the op, so autograd returns every gradient
+in its input's dtype. The backward returns empty tensors for ``dD`` / ``ddelta_bias`` when
+``D`` / ``delta_bias`` are None.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from .fused import _contiguous_as, _kernel_dtypes, _kernel_module
+
+Tensor = torch.Tensor
+
+CROSS_FWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_fwd"
+CROSS_BWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_bwd"
+
+
+@torch.library.custom_op(CROSS_FWD_OP_NAME, mutates_args=())
+def cross_selective_scan_2d_fwd(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    delta_softplus: bool,
+    routes: List[int],
+    out_fp32: bool,
+) -> Tensor:
+    """Kernel forward: y (batch, dim, H, W), fp32 if ``out_fp32`` else u's dtype.
+
+    Inputs contiguous, u / delta / B / C of the compute dtype: u (batch, dim, H, W), delta
+    (batch, K, dim, H, W), A (K * dim, N), B / C (batch, K, N, H, W), D / delta_bias (K * dim,).
+    """
+    return _kernel_module(u.device).cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
+
+
+@cross_selective_scan_2d_fwd.register_fake
+def _cross_fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32):
+    return u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype)
+
+
+@torch.library.custom_op(CROSS_BWD_OP_NAME, mutates_args=())
+def cross_selective_scan_2d_bwd(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    delta_softplus: bool,
+    routes: List[int],
+    dy: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Kernel backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias), each shaped and typed like its
+    input; dy (batch, dim, H, W) contiguous. dD / ddelta_bias are empty when D / delta_bias is None."""
+    grads = _kernel_module(u.device).cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
+    du, ddelta, dA, dB, dC, dD, dbias = grads
+    like = (u, delta, A, B, C)
+    du, ddelta, dA, dB, dC = (g.to(t.dtype) for g, t in zip((du, ddelta, dA, dB, dC), like))
+    dD = dD.to(D.dtype) if D is not None else A.new_empty(0)
+    dbias = dbias.to(delta_bias.dtype) if delta_bias is not None else A.new_empty(0)
+    return du, ddelta, dA, dB, dC, dD, dbias
+
+
+@cross_selective_scan_2d_bwd.register_fake
+def _cross_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy):
+    optional = tuple(torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias))
+    return tuple(torch.empty_like(t) for t in (u, delta, A, B, C)) + optional
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    u, delta, A, B, C, D, delta_bias, delta_softplus, routes, _ = inputs
+    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias)
+    ctx.scan_args = (delta_softplus, routes)
+
+
+def _backward(ctx, dy: Tensor):
+    u, delta, A, B, C, D, delta_bias = ctx.saved_tensors
+    du, ddelta, dA, dB, dC, dD, dbias = cross_selective_scan_2d_bwd(
+        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous()
+    )
+    return (
+        du, ddelta, dA, dB, dC,
+        dD if D is not None else None,
+        dbias if delta_bias is not None else None,
+        None, None, None,
+    )
+
+
+cross_selective_scan_2d_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def cross_selective_scan_2d_fused(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    delta_softplus: bool,
+    routes: List[int],
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """Four-route scan on the compiled kernel (differentiable); shapes as
+    :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`, ``routes`` as route codes.
+
+    Returns y (batch, dim, H, W) in ``out_dtype``. TorchScript compiles this function: scripted
+    models call it directly (CPU tensors) instead of the backend dispatch.
+    """
+    scan_dtype, param_dtype = _kernel_dtypes(u, delta, B, C)
+    out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
+    y = torch.ops.vmamba2d.cross_selective_scan_2d_fwd(
+        u.to(scan_dtype).contiguous(), delta.to(scan_dtype).contiguous(), A.to(param_dtype).contiguous(),
+        B.to(scan_dtype).contiguous(), C.to(scan_dtype).contiguous(), _contiguous_as(D, param_dtype),
+        _contiguous_as(delta_bias, param_dtype), delta_softplus, routes, out_fp32,
+    )
+    return y.to(out_dtype)
