@@ -383,7 +383,10 @@ def _options_to_dict(options: list) -> dict:
 # ---------------------------------------------------------------------------------------------
 # entry points: train -> resume -> test (single-scale, TTA); errors
 # ---------------------------------------------------------------------------------------------
-def test_train_validate_resume_and_test(ade_root, tmp_path, capsys):
+def test_train_validate_resume_and_test(ade_root, tmp_path, capsys, monkeypatch):
+    # torch.load without weights_only unpickles anything (torch < 2.6): the resume and the test still
+    # load these genuine checkpoints, with weights_only=True (vmamba2d.seg.checkpoint_safety)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     train = _load_script("train")
     test = _load_script("test")
     work_dir = tmp_path / "work"

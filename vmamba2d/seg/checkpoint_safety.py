@@ -1,4 +1,5 @@
-"""Let ``torch.load(weights_only=True)`` (torch >= 2.6 default) read mmengine checkpoints.
+"""Let ``torch.load(weights_only=True)`` (torch >= 2.6 default) read mmengine checkpoints, and make
+mmengine load local checkpoint files that way on every torch.
 
 An mmengine checkpoint stores, besides tensors, the message hub: ``HistoryBuffer`` objects holding
 numpy arrays, numpy scalars (``eta``, ``best_score``) and, inside each buffer, the statistic
@@ -13,15 +14,28 @@ methods (``HistoryBuffer.min`` ...), which pickle protocol 2 writes as
   refuses everything else (plain ``getattr`` is not allow-listed).
 
 ``weights_only`` stays on; nothing else is allowed.
+
+mmengine's loader for local files (``Runner.load_checkpoint`` / ``resume``, ``load_from``,
+``mmengine.runner.load_checkpoint``, mmseg's ``init_model``) calls ``torch.load`` without
+``weights_only``: torch < 2.6 then unpickles anything, executing what a malicious file says.
+:func:`use_weights_only_local_loader` replaces it by :func:`load_from_local_file`, which always passes
+``weights_only=True`` (an explicit value, which ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot override)
+and reports a refused or unreadable file in one line. mmengine's URL loaders (``http://``, ``s3://``
+...) are left as they are; the seg entry points only load local files.
 """
 from __future__ import annotations
 
+import os.path as osp
 import pickle
-from typing import Any, Callable, List, Tuple, Union
+import re
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer
+from mmengine.runner import CheckpointLoader
+
+from .errors import RefusedCheckpointError, SegInputError
 
 _NUMERIC_KINDS = "biufc"
 
@@ -69,3 +83,49 @@ def mmengine_checkpoint_globals() -> List[Union[Callable, Tuple[Callable, str]]]
 def allow_mmengine_checkpoint_globals() -> None:
     """Register :func:`mmengine_checkpoint_globals` with ``torch.serialization.add_safe_globals``."""
     torch.serialization.add_safe_globals(mmengine_checkpoint_globals())
+
+
+def load_from_local_file(filename: str, map_location: Optional[Any] = None) -> Any:
+    """mmengine's local checkpoint loader, with ``torch.load(weights_only=True)`` on every torch version.
+
+    Args:
+        filename: checkpoint path (``~`` expanded).
+        map_location: as for ``torch.load``.
+
+    Returns:
+        the loaded object (an mmengine checkpoint dict, or a plain state dict).
+
+    Raises:
+        FileNotFoundError when there is no such file; RefusedCheckpointError when the file holds
+        pickled objects outside the allow-list (nothing of it is executed); SegInputError when torch
+        cannot read it (truncated, not a torch file). Each message is one line naming the file.
+    """
+    path = osp.expanduser(filename)
+    if not osp.isfile(path):
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise RefusedCheckpointError(
+            f"checkpoint {path} refused: it holds Python objects that weights-only loading does not allow "
+            f"({_unpickler_reason(error)}); nothing of it was executed. If you trust the file, re-save "
+            "only its state dict (tensors) and load that") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        raise SegInputError(f"checkpoint {path} cannot be read: {type(error).__name__}: {first_line}") from None
+
+
+def _unpickler_reason(error: pickle.UnpicklingError) -> str:
+    """The cause in torch's multi-line weights_only message (``Unsupported global: GLOBAL print ...``,
+    ``Trying to load unsupported GLOBAL posix.mkdir ...``), without torch's advice around it."""
+    advice = ("Weights only load failed", "Check the documentation", "(1)", "(2)")
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    causes = [line.split("WeightsUnpickler error:", 1)[-1].strip() for line in lines
+              if "WeightsUnpickler error:" in line or not line.startswith(advice)]
+    cause = (causes or lines or [type(error).__name__])[0]
+    return re.split(r"\. Please ", cause, maxsplit=1)[0].rstrip(".")
+
+
+def use_weights_only_local_loader() -> None:
+    """Make mmengine's ``CheckpointLoader`` load local files with :func:`load_from_local_file`."""
+    CheckpointLoader.register_scheme(prefixes="", loader=load_from_local_file, force=True)

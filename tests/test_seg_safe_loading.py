@@ -1,0 +1,72 @@
+"""mmengine loads local checkpoints with weights_only=True on every torch (vmamba2d.seg.checkpoint_safety):
+seg/test.py refuses a malicious checkpoint even under torch's pre-2.6 default, emulated with
+TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("mmseg", reason="the seg extra (mmsegmentation, mmengine, mmcv) is not installed")
+
+import vmamba2d.seg  # noqa: E402,F401  (registers the weights-only local loader)
+from mmengine.logging import HistoryBuffer  # noqa: E402
+from mmengine.runner import CheckpointLoader  # noqa: E402
+from test_seg import TINY_CONFIG, _load_script, _run_options, ade_root  # noqa: E402,F401  (fixture)
+from vmamba2d.seg.errors import RefusedCheckpointError, SegInputError  # noqa: E402
+
+
+class _MakesFolder:
+    """Unpickling it runs ``os.mkdir(path)``: stands for any code a malicious checkpoint executes."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+@pytest.fixture
+def old_torch_default(monkeypatch):
+    """torch.load without weights_only unpickles anything, as torch 2.4 / 2.5 did."""
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+
+
+@pytest.mark.usefixtures("old_torch_default")
+def test_seg_test_refuses_a_malicious_checkpoint_in_one_line(ade_root, tmp_path):
+    executed = tmp_path / "executed"
+    malicious = tmp_path / "malicious.pth"
+    torch.save({"meta": {}, "state_dict": {}, "payload": _MakesFolder(executed)}, malicious)
+    test = _load_script("test")
+    with pytest.raises(RefusedCheckpointError) as raised:
+        test.main([str(TINY_CONFIG), str(malicious), "--work-dir", str(tmp_path / "eval"),
+                   "--cfg-options", *_run_options(ade_root, max_iters=1)])
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"checkpoint {malicious} refused") and "GLOBAL posix.mkdir" in message
+    assert not executed.exists()
+
+
+@pytest.mark.usefixtures("old_torch_default")
+def test_genuine_mmengine_checkpoint_loads_and_unreadable_files_are_named(tmp_path):
+    buffer = HistoryBuffer()
+    buffer.update(0.75)
+    weights = {"backbone.w": torch.arange(6.0).reshape(2, 3)}
+    genuine = tmp_path / "iter_2.pth"
+    torch.save({"meta": {"iter": 2, "experiment_name": "tiny_20261122_210000"}, "state_dict": weights,
+                "message_hub": {"log_scalars": {"train/loss": buffer},
+                                "runtime_info": {"best_score": np.float64(41.5), "iter": 2}}}, genuine)
+    loaded = CheckpointLoader.load_checkpoint(str(genuine), map_location="cpu")
+    torch.testing.assert_close(loaded["state_dict"]["backbone.w"], weights["backbone.w"], rtol=0, atol=0)
+    assert loaded["message_hub"]["log_scalars"]["train/loss"].current() == 0.75
+    assert loaded["message_hub"]["runtime_info"]["best_score"] == 41.5
+
+    truncated = tmp_path / "truncated.pth"
+    truncated.write_bytes(genuine.read_bytes()[:100])
+    with pytest.raises(SegInputError, match=rf"^checkpoint {truncated} cannot be read: RuntimeError: [^\n]*$"):
+        CheckpointLoader.load_checkpoint(str(truncated))
+    with pytest.raises(FileNotFoundError, match="checkpoint not found: .*missing.pth"):
+        CheckpointLoader.load_checkpoint(str(tmp_path / "missing.pth"))
