@@ -251,3 +251,16 @@ def test_grid_options_validation():
                           (dict(placement="absolute", max_cells=10), "cannot be combined")]:
         with pytest.raises(ValueError, match=match):
             GridOptions(**kwargs)
+
+
+def test_unusual_array_types(tmp_path):
+    features, pixels, _ = _tissue(seed=3)
+    _write_h5(tmp_path / "wide.h5", features, pixels.astype(np.uint16))  # CLAM may store uint coords
+    np.testing.assert_array_equal(read_slide_file(tmp_path / "wide.h5").coords_px.numpy(), pixels)
+    _write_h5(tmp_path / "text.h5", np.array([[b"a", b"b"]] * len(pixels)), pixels)
+    with pytest.raises(SlideDataError, match=rf"slide 'text': {tmp_path / 'text.h5'}: features have unsupported type"):
+        read_slide_file(tmp_path / "text.h5")
+    torch.save({"features": torch.from_numpy(features), "coords": torch.from_numpy(pixels)}, tmp_path / "cut.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "cut.pt").read_bytes()[:100])
+    with pytest.raises(SlideDataError, match=rf"slide 'cut': {tmp_path / 'cut.pt'}: cannot read the file \(truncated"):
+        read_slide_file(tmp_path / "cut.pt")

@@ -132,7 +132,7 @@ def test_flags_override_the_config_and_survival_defaults():
     (lambda a: a + ["--select-metric", "cindex"], "--select-metric for task 'classification'"),
     (lambda a: a + ["--holdout-fraction", "0.2"], "survival option"),
     (lambda a: a + ["--label-csv", "{data}/no_test.csv"], "there is no test split"),
-    (lambda a: a + ["--label-csv", "{data}/missing_slide.csv"], "have no .h5 / .pt file"),
+    (lambda a: a + ["--label-csv", "{data}/missing_slide.csv"], "ghost (train) -: no .h5 / .pt file"),
     (lambda a: a + ["--grid", "placement=diagonal"], "--grid"),
 ])
 def test_bad_input_is_named_before_anything_is_written(dataset, tmp_path, capsys, change,

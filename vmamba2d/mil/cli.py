@@ -11,11 +11,12 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .config import FIELD_NAMES, MILConfig, UsageError, resolve_train_config
-from .data import SlideDataError, SlideDataset, read_survival_csv
+from .data import SlideDataError, SlideDataset, SlideEntry, read_survival_csv
 from .engine import evaluate
 from .models import model_from_checkpoint
-from .runner import (CHECKPOINT_FORMAT, grid_options, resolve_device, setup_logging, train,
-                     write_predictions)
+from .runner import (CHECKPOINT_FORMAT, LOGGER, grid_options, resolve_device, setup_logging,
+                     train, write_predictions)
+from .slide_check import check_slides, describe_bad_slides
 from .splits import SPLITS, classification_entries, run_splits
 from .survival import assign_survival_bins
 
@@ -50,6 +51,9 @@ def build_eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--predictions", help="write per-slide predictions to this CSV")
+    p.add_argument("--skip-bad-slides", action="store_true",
+                   help="evaluate without the slides whose files are unusable (default: list "
+                        "them all and stop)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
     return p
 
@@ -73,12 +77,33 @@ def _eval_entries(cfg: MILConfig, checkpoint: dict[str, Any], split: str):
             entries = read_survival_csv(cfg.label_csv)
         else:
             entries = classification_entries(cfg)[0]
-    else:
-        entries = run_splits(replace(cfg, select="last"), checkpoint["fold"]).split(split)
+    else:  # the run's splits, without the slides its training skipped
+        entries = run_splits(replace(cfg, select="last"), checkpoint["fold"],
+                             frozenset(checkpoint.get("skipped_slides", []))).split(split)
     if cfg.task == "survival":  # bins of the training patients the model was trained with
         bins = assign_survival_bins([e.time for e in entries], checkpoint["bin_edges"])
         entries = [replace(e, label=int(b)) for e, b in zip(entries, bins)]
     return entries
+
+
+def usable_entries(entries: list[SlideEntry], cfg: MILConfig, in_dim: int, split: str,
+                   skip: bool) -> tuple[list[SlideEntry], list[str]]:
+    """Read every slide to evaluate once: (entries without unusable slides, their ids) with
+    ``skip``, else a UsageError listing every unusable slide."""
+    uses = {entry.slide_id: [split] for entry in entries}
+    _, bad = check_slides(uses, cfg.feature_dir, grid_options(cfg), in_dim)
+    if not bad:
+        return entries, []
+    report = describe_bad_slides(bad, len(uses))
+    if not skip:
+        raise UsageError(f"{report}\nFix or remove these files, or pass --skip-bad-slides to "
+                         "evaluate without them")
+    LOGGER.warning("%s\nskipped (--skip-bad-slides)", report)
+    skipped = {b.slide_id for b in bad}
+    kept = [entry for entry in entries if entry.slide_id not in skipped]
+    if not kept:
+        raise UsageError(f"--split {split}: every slide is unusable")
+    return kept, sorted(skipped)
 
 
 def eval_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -98,6 +123,8 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
             entries = _eval_entries(cfg, checkpoint, args.split)
             if not entries:
                 raise UsageError(f"--split {args.split}: no slides to evaluate")
+            entries, skipped = usable_entries(entries, cfg, checkpoint["in_dim"], args.split,
+                                              args.skip_bad_slides)
             dataset = SlideDataset(entries, cfg.feature_dir, grid=grid_options(cfg),
                                    in_dim=checkpoint["in_dim"])
         except (SlideDataError, FileNotFoundError) as error:
@@ -113,5 +140,7 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
     if args.predictions:
         write_predictions(Path(args.predictions), rows)
     print(json.dumps({"checkpoint": args.checkpoint, "epoch": checkpoint["epoch"],
-                      "split": args.split, **metrics}, indent=2))
+                      "split": args.split, **metrics,
+                      "skipped_bad_slides": {"count": len(skipped), "slide_ids": skipped}},
+                     indent=2))
     return 0

@@ -1,6 +1,6 @@
 """Options of a MIL training run: built-in defaults < YAML (``--config``) < command-line flags.
 
-The defaults are the official 2DMambaMIL protocol (MIL.md §3): AdamW lr 1e-4, weight decay 1e-5,
+The defaults are the official 2DMambaMIL protocol (docs/mil.md): AdamW lr 1e-4, weight decay 1e-5,
 20 epochs, one slide per step, cosine schedule stepped per epoch for classification (none for
 survival), fp32. The YAML files under ``configs/mil/`` hold one dataset / task each.
 """
@@ -36,7 +36,7 @@ class MILConfig:
     task: str = "classification"
     model: str = "mambamil2d"
     model_kwargs: dict = field(default_factory=dict)  # e.g. {num_blocks: 1, conv: "1d"}
-    in_dim: Optional[int] = None  # None: read from the first training slide
+    in_dim: Optional[int] = None  # None: the feature size of most slides
     # data
     feature_dir: Optional[str] = None
     label_csv: Optional[str] = None
@@ -49,6 +49,7 @@ class MILConfig:
     split_fractions: Optional[list] = None  # [train, val, test]: stratified split of the table
     split_seed: int = 0
     grid: dict = field(default_factory=dict)  # vmamba2d.mil.data.GridOptions fields
+    skip_bad_slides: bool = False  # train without unusable slides (listed in summary.json)
     # survival
     n_bins: int = 4
     alpha: float = 0.0
@@ -122,6 +123,9 @@ def build_train_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-seed", type=int)
     p.add_argument("--grid", nargs="+", metavar="KEY=VALUE",
                    help="grid placement, e.g. patch_step=512 placement=absolute max_cells=40000")
+    p.add_argument("--skip-bad-slides", action=argparse.BooleanOptionalAction,
+                   help="train without the slides whose files are unusable (default: list them "
+                        "all and stop before anything is written)")
     p.add_argument("--n-bins", type=int, help="survival time bins K")
     p.add_argument("--alpha", type=float, help="weight of the uncensored term of the NLL")
     p.add_argument("--holdout-fraction", type=float,

@@ -12,7 +12,7 @@ Placement (``place_on_grid``, options in ``GridOptions``): grid step = ``GridOpt
 if given, else from the attributes, else the GCD of the coordinate offsets (which must equal the most
 common spacing, otherwise the coordinates are irregular and the step must be given). Cell =
 (x // step_x, y // step_y) as the official code; ``placement="crop"`` (default) shifts the cells to
-the tissue bounding box; ``placement="absolute"`` keeps them (official parity, MIL.md section 6.1),
+the tissue bounding box; ``placement="absolute"`` keeps them (official parity, docs/mil.md#fixed-canvas),
 optionally on a fixed ``canvas_size=(H, W)``. Patches landing in one cell are an error
 (``duplicates="error"``) or averaged (``"mean"``) or the last row wins (``"last"``, official).
 Giant slides: with ``max_cells`` set, a grid with more cells is 2 x 2 mean-pooled until it fits
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import csv
 import math
+import pickle
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -203,23 +204,52 @@ def _read_h5(path: Path, slide_id: str) -> tuple[Any, Any, dict[str, Any]]:
         with h5py.File(path, "r") as handle:
             missing = [name for name in ("features", "coords") if name not in handle]
             if missing:
-                raise SlideDataError(f"slide {slide_id!r}: {path} has no dataset(s) {missing} "
+                raise SlideDataError(f"slide {slide_id!r}: {path}: no dataset(s) {missing} "
                                      f"(found {sorted(handle.keys())}); expected 'features' (n, F) and 'coords' (n, 2)")
             attrs = {**_plain_attrs(handle.attrs), **_plain_attrs(handle["coords"].attrs)}
             return handle["features"][()], handle["coords"][()], attrs
-    except OSError as error:
-        raise SlideDataError(f"slide {slide_id!r}: cannot read HDF5 file {path}: {error}") from error
+    except SlideDataError:
+        raise
+    except Exception as error:  # truncated / empty files (OSError), a group named 'features', ...
+        raise SlideDataError(f"slide {slide_id!r}: {path}: cannot read HDF5 file: {_first_line(error)}") from error
 
 
 def _read_pt(path: Path, slide_id: str) -> tuple[Any, Any, dict[str, Any]]:
-    content = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        content = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:  # weights_only refuses arbitrary Python objects
+        raise SlideDataError(f"slide {slide_id!r}: {path}: holds Python objects that are not loaded "
+                             "for safety (only tensors, numbers, strings and containers are); save "
+                             "a dict {'features': tensor (n, F), 'coords': tensor (n, 2)}") from error
+    except Exception as error:  # truncated, empty or not a torch file: torch raises many kinds
+        raise SlideDataError(f"slide {slide_id!r}: {path}: cannot read the file (truncated or not "
+                             f"a torch file): {_first_line(error)}") from error
     if isinstance(content, torch.Tensor):
-        raise SlideDataError(f"slide {slide_id!r}: {path} holds a bare feature tensor without coordinates; "
+        raise SlideDataError(f"slide {slide_id!r}: {path}: holds a bare feature tensor without coordinates; "
                              "save a dict {'features': (n, F), 'coords': (n, 2)} or use the CLAM .h5 file")
     if not isinstance(content, dict) or "features" not in content or "coords" not in content:
-        raise SlideDataError(f"slide {slide_id!r}: {path} must hold a dict with 'features' and 'coords'")
+        raise SlideDataError(f"slide {slide_id!r}: {path}: must hold a dict with 'features' and 'coords'")
     attrs = {k: v for k, v in content.items() if k not in ("features", "coords")}
     return content["features"], content["coords"], attrs
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+def _as_tensor(value: Any, name: str, path: Path, slide_id: str) -> Tensor:
+    """A file's array as a tensor; unsigned integers (e.g. uint32 coords) widen to int64."""
+    if isinstance(value, torch.Tensor):
+        return value
+    array = np.asarray(value)
+    if array.dtype.kind == "u":
+        array = array.astype(np.int64)
+    try:
+        return torch.as_tensor(array)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise SlideDataError(f"slide {slide_id!r}: {path}: {name} have unsupported type "
+                             f"{array.dtype}; expected numbers") from error
 
 
 def read_slide_file(path: PathLike, slide_id: Optional[str] = None) -> RawSlide:
@@ -239,8 +269,8 @@ def read_slide_file(path: PathLike, slide_id: Optional[str] = None) -> RawSlide:
         features, coords, attrs = _read_pt(path, slide_id)
     else:
         raise SlideDataError(f"slide {slide_id!r}: unsupported file type {path.suffix!r} (expected .h5 or .pt)")
-    features = torch.as_tensor(np.asarray(features) if not isinstance(features, torch.Tensor) else features)
-    coords = torch.as_tensor(np.asarray(coords) if not isinstance(coords, torch.Tensor) else coords)
+    features = _as_tensor(features, "features", path, slide_id)
+    coords = _as_tensor(coords, "coords", path, slide_id)
     return RawSlide(slide_id, *check_slide_arrays(features, coords, slide_id), attrs)
 
 
@@ -562,7 +592,7 @@ def read_split_csv(path: PathLike, *, strip_suffixes: Sequence[str] = SLIDE_SUFF
 def select_split(entries: Iterable[SlideEntry], ids: Iterable[str], *, by: str = "slide_id",
                  exclude: Iterable[str] = ()) -> list[SlideEntry]:
     """The entries whose ``by`` field (``"slide_id"`` or ``"case_id"``) is in ``ids``, in the order of
-    ``ids``, minus those in ``exclude`` (e.g. patients also in the training split, MIL.md section 6.6).
+    ``ids``, minus those in ``exclude`` (e.g. patients also in the training split; docs/mil.md).
     An id with no entry raises SlideDataError."""
     if by not in ("slide_id", "case_id"):
         raise ValueError(f"by must be 'slide_id' or 'case_id', got {by!r}")

@@ -3,7 +3,8 @@
 Layout of ``--output``::
 
     config.yaml            the resolved options
-    summary.json           per-run results and their mean / std (written when all runs finish)
+    summary.json           per-run results and their mean / std (written when all runs finish),
+                           and the unusable slides left out (``--skip-bad-slides``)
     <run>/                 one folder per run: "seed<s>" or "fold<f>-seed<s>", kept with the
                            run-folder protocol of ``vmamba2d.training.run_folder``
         run.json           marker of the run folder
@@ -50,9 +51,10 @@ from ..training.checkpoint import (atomic_write, capture_rng_state, is_temp_file
                                    remove_stale_temp_files, restore_rng_state)
 from ..training.run_folder import MARKER_NAME
 from .config import RESUME_FREE_OPTIONS, TASKS, MILConfig, UsageError
-from .data import GridOptions, SlideDataError, SlideDataset, find_slide_file, read_slide_file
+from .data import GridOptions, SlideDataError, SlideDataset
 from .engine import epoch_order, evaluate, select_epoch, train_one_epoch
 from .models import MODELS, build_model
+from .slide_check import BadSlide, check_slides, describe_bad_slides
 from .splits import SPLITS, RunSplits, run_splits
 
 LOGGER = logging.getLogger("vmamba2d.mil")
@@ -63,7 +65,8 @@ REPORTED_KEYS = {"classification": ("acc", "f1", "auc"), "survival": ("cindex",)
 
 @dataclass
 class RunPlan:
-    """One run (fold x seed) with its data, checked before anything is written."""
+    """One run (fold x seed) with its data, checked before anything is written;
+    ``skipped_slides``: ids of the unusable slides left out of every run (--skip-bad-slides)."""
 
     name: str
     fold: Optional[int]
@@ -72,6 +75,7 @@ class RunPlan:
     datasets: dict[str, SlideDataset]
     folder: RunFolder
     start: StartPlan
+    skipped_slides: list[str]
 
 
 def seed_everything(seed: int) -> None:
@@ -102,13 +106,37 @@ def grid_options(cfg: MILConfig) -> GridOptions:
         raise UsageError(f"--grid: {error}") from error
 
 
-def infer_in_dim(cfg: MILConfig, entry_slide_id: str) -> int:
-    """Feature size from the first training slide's file."""
-    try:
-        raw = read_slide_file(find_slide_file(cfg.feature_dir, entry_slide_id), entry_slide_id)
-    except (SlideDataError, FileNotFoundError) as error:
-        raise UsageError(str(error)) from error
-    return int(raw.features.shape[1])
+def slide_uses(splits: dict[Optional[int], RunSplits]) -> dict[str, list[str]]:
+    """Slide id -> where the runs use it (``"train"``, or ``"fold 0 val"`` with folds), in order."""
+    uses: dict[str, list[str]] = {}
+    for fold, fold_splits in splits.items():
+        for name in SPLITS:
+            for entry in fold_splits.split(name):
+                uses.setdefault(entry.slide_id, []).append(name if fold is None
+                                                           else f"fold {fold} {name}")
+    return uses
+
+
+def checked_splits(cfg: MILConfig, options: GridOptions, folds: list[Optional[int]]
+                   ) -> tuple[dict[Optional[int], RunSplits], Optional[int], list[BadSlide]]:
+    """Every fold's splits after reading each slide they name once: (splits, in_dim, bad slides).
+
+    Bad slides raise one UsageError listing them all, or with ``skip_bad_slides`` are left out
+    of the tables before the splits are made (survival bins then come from the usable patients).
+    """
+    splits = {fold: run_splits(cfg, fold) for fold in folds}
+    uses = slide_uses(splits)
+    LOGGER.info("checking the %d slide file(s) the splits name", len(uses))
+    in_dim, bad = check_slides(uses, cfg.feature_dir, options, cfg.in_dim)
+    if not bad:
+        return splits, in_dim, bad
+    report = describe_bad_slides(bad, len(uses))
+    if not cfg.skip_bad_slides:
+        raise UsageError(f"{report}\nFix or remove these files, or pass --skip-bad-slides to "
+                         "train without them")
+    LOGGER.warning("%s\nskipped (--skip-bad-slides)", report)
+    excluded = frozenset(b.slide_id for b in bad)
+    return {fold: run_splits(cfg, fold, excluded) for fold in folds}, in_dim, bad
 
 
 def read_last_checkpoint(path: Path) -> dict[str, Any]:
@@ -125,6 +153,18 @@ def read_last_checkpoint(path: Path) -> dict[str, Any]:
     return checkpoint
 
 
+def check_resumable(plan: RunPlan) -> None:
+    """A continued run must read its last.pth and keep the slides it was trained without."""
+    checkpoint = read_last_checkpoint(plan.folder.last_path)
+    before = sorted(checkpoint.get("skipped_slides", []))
+    if before != plan.skipped_slides:
+        raise UsageError(
+            f"--resume: the unusable slides changed since run {plan.name} started (then: "
+            f"{', '.join(before) or 'none'}; now: {', '.join(plan.skipped_slides) or 'none'}); "
+            "continuing would change its training data. Restore the slide files as they were, "
+            "or train into a new --output")
+
+
 def make_model(cfg: MILConfig, in_dim: int, num_classes: int) -> torch.nn.Module:
     """The configured model; bad ``model_kwargs`` raise a UsageError listing the model's options."""
     kwargs = dict(cfg.model_kwargs, in_dim=in_dim, num_classes=num_classes,
@@ -138,21 +178,21 @@ def make_model(cfg: MILConfig, in_dim: int, num_classes: int) -> torch.nn.Module
                          f"(options of {cfg.model}: {', '.join(accepted)})") from error
 
 
-def plan_runs(cfg: MILConfig) -> tuple[list[RunPlan], int]:
-    """All runs of ``cfg`` with their datasets (files checked), and the feature size."""
+def plan_runs(cfg: MILConfig) -> tuple[list[RunPlan], int, list[BadSlide]]:
+    """All runs of ``cfg`` with their datasets (every slide file read and checked once), the
+    feature size and the unusable slides left out (only with ``skip_bad_slides``)."""
     if not Path(cfg.feature_dir).is_dir():
         raise UsageError(f"--feature-dir {cfg.feature_dir} is not a folder")
     if not Path(cfg.label_csv).is_file():
         raise UsageError(f"--label-csv {cfg.label_csv} not found")
     options = grid_options(cfg)
     folds = cfg.folds if (cfg.uses_folds or cfg.task == "survival") else [None]
-    plans, in_dim = [], cfg.in_dim
-    for fold in folds:
-        splits = run_splits(cfg, fold)
+    all_splits, in_dim, bad = checked_splits(cfg, options, folds)
+    skipped = sorted(b.slide_id for b in bad)
+    plans = []
+    for fold, splits in all_splits.items():
         for note in splits.notes:
             LOGGER.warning("%s%s", f"fold {fold}: " if fold is not None else "", note)
-        if in_dim is None:
-            in_dim = infer_in_dim(cfg, splits.train[0].slide_id)
         for seed in cfg.seeds:
             try:
                 datasets = {name: SlideDataset(splits.split(name), cfg.feature_dir, grid=options,
@@ -166,11 +206,12 @@ def plan_runs(cfg: MILConfig) -> tuple[list[RunPlan], int]:
                 start = folder.plan_start("auto" if cfg.resume else None)
             except RunFolderError as error:
                 raise UsageError(str(error)) from error
-            if start.continues:  # a damaged last.pth fails now, not after earlier runs trained
-                read_last_checkpoint(folder.last_path)
-            plans.append(RunPlan(name, fold, seed, splits, datasets, folder, start))
+            plan = RunPlan(name, fold, seed, splits, datasets, folder, start, skipped)
+            if start.continues:
+                check_resumable(plan)
+            plans.append(plan)
     make_model(cfg, in_dim, plans[0].splits.num_classes)  # bad model options fail here
-    return plans, in_dim
+    return plans, in_dim, bad
 
 
 def foreign_run_kind(output: Path) -> Optional[str]:
@@ -324,7 +365,7 @@ def run_one(cfg: MILConfig, plan: RunPlan, in_dim: int, device: torch.device) ->
                    "model": model.state_dict(), "epoch": epoch, "config": cfg.to_dict(),
                    "fold": plan.fold, "seed": plan.seed, "in_dim": in_dim,
                    "label_map": plan.splits.label_map, "bin_edges": plan.splits.bin_edges,
-                   "metrics": record}
+                   "skipped_slides": plan.skipped_slides, "metrics": record}
         is_best = select_epoch(history, cfg.select, cfg.metric) == len(history) - 1
         folder.commit(epoch=epoch, records=[record],
                       best={**weights, "predictions": predictions} if is_best else None,
@@ -342,6 +383,8 @@ def run_one(cfg: MILConfig, plan: RunPlan, in_dim: int, device: torch.device) ->
     summary = {"run": plan.name, "fold": plan.fold, "seed": plan.seed,
                "train_slides": len(plan.splits.train), "val_slides": len(plan.splits.val),
                "test_slides": len(plan.splits.test), "notes": plan.splits.notes,
+               "skipped_bad_slides": {"count": len(plan.skipped_slides),
+                                      "slide_ids": plan.skipped_slides},
                **summarise_run(cfg, history)}
     if summary["selected_epoch"] != best["epoch"]:
         raise RuntimeError(f"{folder.best_path} holds epoch {best['epoch']}, but epoch "
@@ -390,7 +433,7 @@ def _train(cfg: MILConfig) -> dict[str, Any]:
         raise UsageError(f"--amp {cfg.amp} needs a GPU; this run is on {device}")
     output = Path(cfg.output)
     check_output(cfg, output)
-    plans, in_dim = plan_runs(cfg)
+    plans, in_dim, bad = plan_runs(cfg)
     # --- everything is checked; from here on files are written --------------------------------
     output.mkdir(parents=True, exist_ok=True)
     for path in remove_stale_temp_files(output):  # of a run killed while writing here
@@ -402,6 +445,7 @@ def _train(cfg: MILConfig) -> dict[str, Any]:
     start = time.perf_counter()
     summaries = [run_one(cfg, plan, in_dim, device) for plan in plans]
     result = aggregate(cfg, summaries)
+    result["skipped_bad_slides"] = {"count": len(bad), "slides": [b.to_dict() for b in bad]}
     result["seconds"] = time.perf_counter() - start
     _atomic_write_text(output / "summary.json", json.dumps(result, indent=2))
     for key, value in result["metrics"].items():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import AbstractSet, Optional
 
 import numpy as np
 
@@ -103,14 +103,26 @@ def _select(entries: list[SlideEntry], ids: list[str], by: str, table: str,
     return [lookup[i] for i in dict.fromkeys(ids) if i in lookup]
 
 
-def classification_splits(cfg: MILConfig, fold: Optional[int] = None) -> RunSplits:
-    """Train / val / test entries of a classification run."""
+def _skipped_note(skipped: list[str], what: str) -> list[str]:
+    if not skipped:
+        return []
+    return [f"{len(skipped)} {what} skipped (--skip-bad-slides), e.g. {skipped[:3]}"]
+
+
+def classification_splits(cfg: MILConfig, fold: Optional[int] = None,
+                          exclude: AbstractSet[str] = frozenset()) -> RunSplits:
+    """Train / val / test entries of a classification run, without the slides in ``exclude``
+    (as if their rows were not in the label table)."""
     entries, label_map, dropped = classification_entries(cfg)
+    skipped = [e.slide_id for e in entries if e.slide_id in exclude]
+    entries = [e for e in entries if e.slide_id not in exclude]
     notes = [f"{len(dropped)} slide(s) with labels outside the label map dropped"] if dropped else []
+    notes += _skipped_note(skipped, "unusable slide(s)")
     if cfg.split_csv:
         table = cfg.split_csv.format(fold=fold) if cfg.uses_folds else cfg.split_csv
         ids = read_split_csv(table)
-        parts = {name: _select(entries, ids.get(name, []), "slide_id", table, set(dropped))
+        parts = {name: _select(entries, ids.get(name, []), "slide_id", table,
+                               set(dropped) | set(skipped))
                  for name in SPLITS}
     elif cfg.split_fractions:
         parts = _stratified_split(entries, cfg.split_fractions, cfg.split_seed)
@@ -145,13 +157,17 @@ def _holdout(entries: list[SlideEntry], fraction: float,
             [e for e in entries if e.case_id in held])
 
 
-def survival_splits(cfg: MILConfig, fold: int) -> RunSplits:
-    """Train / val / test patients of a survival fold, labelled with training-only time bins."""
+def survival_splits(cfg: MILConfig, fold: int, exclude: AbstractSet[str] = frozenset()) -> RunSplits:
+    """Train / val / test patients of a survival fold, labelled with training-only time bins;
+    patients whose loaded slide is in ``exclude`` are left out before the bins are computed."""
     entries = read_survival_csv(cfg.label_csv)
+    skipped = [e.case_id for e in entries if e.slide_id in exclude]
+    entries = [e for e in entries if e.slide_id not in exclude]
     table = cfg.split_csv.format(fold=fold)
     ids = read_split_csv(table)
-    parts = {name: _select(entries, ids.get(name, []), "case_id", table) for name in SPLITS}
-    notes = []
+    parts = {name: _select(entries, ids.get(name, []), "case_id", table, set(skipped))
+             for name in SPLITS}
+    notes = _skipped_note(skipped, "patient(s) with an unusable slide")
     evaluated = {e.case_id for e in parts["val"] + parts["test"]}
     overlap = [e.case_id for e in parts["train"] if e.case_id in evaluated]
     if overlap:  # e.g. UCEC: split files list a patient once per slide, in both splits
@@ -180,11 +196,13 @@ def survival_splits(cfg: MILConfig, fold: int) -> RunSplits:
                      cfg.n_bins, bin_edges=[float(v) for v in edges], notes=notes)
 
 
-def run_splits(cfg: MILConfig, fold: Optional[int]) -> RunSplits:
-    """The entries of one run; checks that the chosen selection has the sets it needs."""
+def run_splits(cfg: MILConfig, fold: Optional[int],
+               exclude: AbstractSet[str] = frozenset()) -> RunSplits:
+    """The entries of one run without the slide ids in ``exclude`` (unusable slides); checks that
+    the chosen selection has the sets it needs."""
     try:
-        splits = (survival_splits(cfg, fold) if cfg.task == "survival"
-                  else classification_splits(cfg, fold))
+        splits = (survival_splits(cfg, fold, exclude) if cfg.task == "survival"
+                  else classification_splits(cfg, fold, exclude))
     except (SlideDataError, FileNotFoundError) as error:
         raise UsageError(str(error)) from error
     where = f" (fold {fold})" if cfg.uses_folds else ""
