@@ -2,9 +2,11 @@
 
 Three layers:
   * interpreter (CPU, no GPU): ``test_kernels_in_the_interpreter`` runs
-    tests/triton_interpreted_cases.py in a fresh Python with ``TRITON_INTERPRET=1`` set before
-    triton is imported: the Triton kernels' own code against the independent fp64 loop reference
-    (forward, every gradient, gradcheck, dtypes, bad inputs, torch.compile);
+    tests/triton_interpreted_cases.py (single-route kernels) and
+    tests/triton_interpreted_cross_cases.py (four-route kernels) in a fresh Python with
+    ``TRITON_INTERPRET=1`` set before triton is imported: the Triton kernels' own code against
+    independent fp64 loop references (forward, every gradient, gradcheck, dtypes, bad inputs,
+    torch.compile);
   * dispatch and errors (no Triton kernel runs): what ``auto`` picks and warns on CUDA devices,
     ``backend="cuda"`` without a kernel image, CPU tensors without the interpreter,
     ``backend_info``, the custom ops' fake implementations;
@@ -32,7 +34,9 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_GPU = torch.cuda.is_available()
 KERNELS = scan_triton.KERNELS_MODULE
 REPO_ROOT = Path(__file__).resolve().parents[1]
-INTERPRETED_CASES = Path(__file__).resolve().parent / "triton_interpreted_cases.py"
+# Run together in one child process (one interpreter start-up).
+INTERPRETED_CASES = [Path(__file__).resolve().parent / name
+                     for name in ("triton_interpreted_cases.py", "triton_interpreted_cross_cases.py")]
 
 
 def triton_scan(**kwargs):
@@ -80,7 +84,7 @@ def test_kernels_in_the_interpreter():
     for name in (dispatch.BACKEND_ENV_VAR, scan_triton.TILE_ENV_VAR):
         env.pop(name, None)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", str(INTERPRETED_CASES), "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", *map(str, INTERPRETED_CASES), "-q", "-p", "no:cacheprovider",
          "--durations=5"],
         env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
     )
@@ -102,6 +106,30 @@ def test_fake_op_traces_on_the_meta_device():
     assert y.shape == (2, 4, 12) and y.dtype == torch.float32
     assert [tuple(g.shape) for g in grads] == [(2, 4, 12), (2, 4, 12), (4, 3), (2, 2, 3, 12),
                                               (2, 2, 3, 12), (4,), (0,)]
+
+
+def test_four_route_fake_ops_trace_on_the_meta_device():
+    """The four-route ops' fake implementations: y, and carries only when saved."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from vmamba2d.ops import _triton_cross_scan as cross
+
+    codes = [0, 4, 3, 7]
+    with FakeTensorMode():
+        u = torch.empty(2, 4, 5, 6, dtype=torch.bfloat16)
+        delta = torch.empty(2, 4, 4, 5, 6, dtype=torch.bfloat16)
+        B = torch.empty(2, 4, 3, 5, 6, dtype=torch.bfloat16)
+        A, D = torch.empty(16, 3), torch.empty(16)
+        y, vcarry, hcarry = cross.cross_selective_scan_2d_triton_fwd(u, delta, A, B, B, D, None, True, codes,
+                                                                      True, True)
+        _, no_v, no_h = cross.cross_selective_scan_2d_triton_fwd(u, delta, A, B, B, D, None, True, codes,
+                                                                  True, False)
+        grads = cross.cross_selective_scan_2d_triton_bwd(u, delta, A, B, B, D, None, True, codes, vcarry, hcarry, y)
+    assert y.shape == (2, 4, 5, 6) and y.dtype == torch.float32
+    assert vcarry.numel() > 0 and hcarry.numel() > 0 and vcarry.dtype == torch.float32
+    assert no_v.numel() == 0 and no_h.numel() == 0
+    assert [tuple(g.shape) for g in grads] == [(2, 4, 5, 6), (2, 4, 4, 5, 6), (16, 3), (2, 4, 3, 5, 6),
+                                              (2, 4, 3, 5, 6), (16,), (0,)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ FWD_OP_NAME = "vmamba2d::selective_scan_2d_triton_fwd"
 BWD_OP_NAME = "vmamba2d::selective_scan_2d_triton_bwd"
 TILE_ENV_VAR = "VMAMBA2D_TRITON_TILE"
 KERNELS_MODULE = "vmamba2d.ops._triton_kernels"
+# Every Triton kernel module, with one of its kernels (tells how the module was built).
+KERNEL_MODULES = {KERNELS_MODULE: "scan2d_fwd_kernel", "vmamba2d.ops._triton_cross_kernels": "cross_scan_fwd_kernel"}
 # Elements of one [channels, states, rows, cols] register block and warps per program: 8 elements
 # per thread in the forward, 4 in the backward (which keeps about twice as many blocks live). Chosen
 # from sm_90 compiles without a GPU (no register spills, <= ~220 registers); not timed on a GPU.
@@ -99,10 +101,10 @@ def triton_device_problem(device: torch.device) -> str:
     if device.type != "cpu":
         return f"backend='triton' takes CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), got {device}"
     how = "set TRITON_INTERPRET=1 in the environment before importing vmamba2d (or triton)"
-    loaded = sys.modules.get(KERNELS_MODULE)
-    if loaded is not None and not _interpreted(loaded.scan2d_fwd_kernel):
+    loaded = [(sys.modules[name], kernel) for name, kernel in KERNEL_MODULES.items() if name in sys.modules]
+    if any(not _interpreted(getattr(module, kernel)) for module, kernel in loaded):
         return f"backend='triton' got CPU tensors but its kernels were built for the GPU; {how}"
-    if loaded is None and not _interpret_requested():
+    if not loaded and not _interpret_requested():
         return f"backend='triton' needs CUDA tensors; CPU tensors run only in Triton's interpreter: {how}"
     if not _triton_library_interpreted():
         return f"backend='triton' got CPU tensors but triton was imported before TRITON_INTERPRET=1 was set; {how}"

@@ -1,0 +1,462 @@
+"""Triton kernels of the four-route scan (imported lazily: importing this module imports triton).
+
+Work split: one program per (batch, block of ``BLOCK_D`` channels); the program runs all K routes
+of its channels, route k = 0..K-1 in turn (the route codes are compile-time constants, so each
+route's directions are resolved when the kernel is built). Data stay in map layout
+(batch, ..., H, W); a route is index arithmetic:
+
+* 2D routes walk ``TILE_H x TILE_W`` tiles of the map in the route's order (tile rows from the
+  bottom when ``from_bottom``, tile columns from the right when ``from_right``). A tile holds
+  ``[BLOCK_D, BLOCK_N, TILE_H, TILE_W]`` (channel, state, row, column) in registers, always in map
+  orientation; the route's first pass scans axis 3 (rows-first) or axis 2 (columns-first), the
+  second pass the other axis, each forwards or reversed (``tl.associative_scan(reverse=...)``)
+  by the route's direction along that axis. The state of the horizontal pass enters a tile from
+  its neighbour in registers; the state of the vertical pass through a per-program scratch row.
+* Flat (1D) routes walk the route's sequence in chunks of ``TILE_H * TILE_W`` consecutive steps
+  held as ``[BLOCK_D, BLOCK_N, 1, TILE_H * TILE_W]``; each step's map offset is computed from its
+  index (row / column order and directions), the state runs on from chunk to chunk in registers.
+
+Route outputs are summed into y in route order: route 0 writes an accumulator (fp32, fp64 for
+fp64 inputs), routes 1..K-2 add to it and route K-1 adds and writes y in its dtype. The same
+program touches the same accumulator cells in every route (barriers between routes order them).
+
+The forward kernel can save every tile's incoming states (``SAVE_CARRIES``), so that the backward
+kernel rebuilds a tile's states from its own inputs without another forward sweep. The backward
+walks each route's tiles in reverse and runs the adjoint recurrences in the opposite directions:
+
+    lam = dL/d(second-pass state):  lam[i] = C[i] dy[i] + Abar[next(i)] lam[next(i)]
+    mu  = dL/d(first-pass state):   mu[i]  = lam[i]     + Abar[next(i)] mu[next(i)]
+
+where next(i) is the following cell along the pass. The coefficient belongs to the next cell, so
+the adjoint scans carry the last element's decay through their combine (``_shifted_combine``):
+exp(dt * A) is evaluated once per cell and state in both kernels. The adjoint states cross tile
+boundaries premultiplied by the decay of the cell they leave. Gradients of the decays follow
+from the recomputed states: Abar[i] h1[prev(i)] = h1[i] - x[i] along the first pass and
+Abar[i] h2[prev(i)] = h2[i] - h1[i] along the second.
+
+Shared inputs are reduced without atomics: dB / dC of a route are summed over the program's
+channels and written as one partial per channel block; dA / dD / d(delta_bias) are per-(batch,
+channel) partials; the host sums partials in a fixed order. Padding cells (past the map's edge or
+the sequence's end) take Abar = 1 and x = 0, so they never change a state, and their gradient
+terms are masked out.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FROM_RIGHT: tl.constexpr = 1
+FROM_BOTTOM: tl.constexpr = 2
+COLUMNS_FIRST: tl.constexpr = 4
+FLAT: tl.constexpr = 8
+
+
+@triton.jit
+def _linear_combine(decay_left, value_left, decay_right, value_right):
+    # Composition of two steps h -> decay * h + value, the left one (earlier in scan order) first.
+    return decay_left * decay_right, decay_right * value_left + value_right
+
+
+@triton.jit
+def _shifted_combine(inner_left, decay_left, value_left, inner_right, decay_right, value_right):
+    # Steps g -> value + (incoming) where the incoming term is the previous step's g times the
+    # previous step's decay. A segment keeps (product of its decays but the last, its last
+    # decay, its last g from a zero incoming term).
+    passed = inner_right * decay_left
+    return passed * inner_left, decay_right, value_right + passed * value_left
+
+
+@triton.jit
+def _softplus_and_sigmoid(z):
+    # softplus(z) = max(z, 0) + log(1 + exp(-|z|)); sigmoid(z) from the same exp.
+    e = tl.exp(-tl.abs(z))
+    softplus = tl.maximum(z, 0.0) + tl.log(1.0 + e)
+    sigmoid = tl.where(z >= 0, 1.0, e) / (1.0 + e)
+    return softplus, sigmoid
+
+
+@triton.jit
+def _slice(block, index, AXIS: tl.constexpr, SIZE: tl.constexpr):
+    """The slice ``index`` of a 4-D block along ``AXIS`` (2 or 3), that axis removed."""
+    if AXIS == 2:
+        sel = tl.arange(0, SIZE)[None, None, :, None] == index
+    else:
+        sel = tl.arange(0, SIZE)[None, None, None, :] == index
+    return tl.sum(tl.where(sel, block, 0.0), axis=AXIS)
+
+
+@triton.jit
+def _expand(carry, AXIS: tl.constexpr):
+    """A carry with ``AXIS`` removed, broadcastable against the 4-D block again."""
+    if AXIS == 2:
+        out = carry[:, :, None, :]
+    else:
+        out = carry[:, :, :, None]
+    return out
+
+
+@triton.jit
+def _pass(decay, values, carry, AXIS: tl.constexpr, REVERSE: tl.constexpr):
+    """States of h = decay * h[prev] + values along AXIS, entering with ``carry``."""
+    cumulative, states = tl.associative_scan((decay, values), AXIS, _linear_combine, reverse=REVERSE)
+    return states + cumulative * _expand(carry, AXIS)
+
+
+@triton.jit
+def _adjoint_pass(decay, values, carry, AXIS: tl.constexpr, REVERSE: tl.constexpr):
+    """g = values + decay[next] * g[next] along AXIS (``next`` in the scan's order reversed, i.e.
+    ``REVERSE`` is the adjoint's direction), entering with ``carry`` = decay * g of the cell
+    beyond the tile."""
+    ones = tl.full(decay.shape, 1.0, decay.dtype)
+    inner, _, states = tl.associative_scan((ones, decay, values), AXIS, _shifted_combine, reverse=REVERSE)
+    return states + inner * _expand(carry, AXIS)
+
+
+@triton.jit
+def _first_along(block, decay, AXIS: tl.constexpr, SIZE: tl.constexpr, BACKWARDS: tl.constexpr):
+    """decay * block at the first cell of the tile along AXIS in a pass's direction (the adjoint
+    carry handed to the tile before)."""
+    if BACKWARDS:
+        index = SIZE - 1
+    else:
+        index = 0
+    return _slice(decay * block, index, AXIS, SIZE)
+
+
+@triton.jit
+def _last_along(block, AXIS: tl.constexpr, SIZE: tl.constexpr, BACKWARDS: tl.constexpr):
+    """block at the last cell of the tile along AXIS in a pass's direction (the carry handed on)."""
+    if BACKWARDS:
+        index = 0
+    else:
+        index = SIZE - 1
+    return _slice(block, index, AXIS, SIZE)
+
+
+@triton.jit
+def _tile_cells(tr, tc, height, width, TILE_H: tl.constexpr, TILE_W: tl.constexpr):
+    """Map offsets (TILE_H, TILE_W) of tile (tr, tc) and which are inside the map."""
+    rows = tr * TILE_H + tl.arange(0, TILE_H)[:, None]
+    cols = tc * TILE_W + tl.arange(0, TILE_W)[None, :]
+    ok = (rows < height) & (cols < width)
+    return rows * width + cols, ok
+
+
+@triton.jit
+def _chunk_cells(chunk, height, width, CODE: tl.constexpr, LENGTH: tl.constexpr):
+    """Map offsets (1, LENGTH) of steps chunk * LENGTH ... of a flat route's sequence."""
+    step = chunk * LENGTH + tl.arange(0, LENGTH)[None, :]
+    ok = step < height * width
+    if CODE & COLUMNS_FIRST:
+        col = step // height
+        row = step % height
+    else:
+        row = step // width
+        col = step % width
+    if CODE & FROM_BOTTOM:
+        row = height - 1 - row
+    if CODE & FROM_RIGHT:
+        col = width - 1 - col
+    return tl.where(ok, row * width + col, 0), ok
+
+
+@triton.jit
+def _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, state_ok,
+                  HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr):
+    """Route k's A (BLOCK_D, BLOCK_N, 1, 1), D and delta_bias (BLOCK_D, 1, 1) of the channels
+    (0.0 for an absent D / delta_bias)."""
+    row = k * dim + d_index
+    A = tl.load(A_ptr + row[:, None] * nstate + n1[None, :], mask=chan_ok[:, None] & state_ok[None, :],
+                other=0.0).to(ACC)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + row, mask=chan_ok, other=0.0).to(ACC)[:, None, None]
+    else:
+        bias = 0.0
+    if HAS_D:
+        skip = tl.load(D_ptr + row, mask=chan_ok, other=0.0).to(ACC)[:, None, None]
+    else:
+        skip = 0.0
+    return A[:, :, None, None], skip, bias
+
+
+@triton.jit
+def _step_inputs(u_ptr, delta_ptr, B_ptr, chan3, route_chan3, state3, pos, chan_mask, state_mask, cell_ok,
+                 A4, bias, SOFTPLUS: tl.constexpr, ACC: tl.constexpr):
+    """u, z = delta + bias, dt, sigmoid(z) (BLOCK_D, rows, cols); B, decay, x (4-D) of a tile."""
+    u = tl.load(u_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
+    z = tl.load(delta_ptr + route_chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC) + bias
+    if SOFTPLUS:
+        dt, dz = _softplus_and_sigmoid(z)
+    else:
+        dt = z
+        dz = tl.full(z.shape, 1.0, ACC)
+    Bt = tl.load(B_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+    decay = tl.where(cell_ok[None, None], tl.exp(dt[:, None] * A4), 1.0)
+    x = (dt * u)[:, None] * Bt[None]
+    return u, dt, dz, Bt, decay, x
+
+
+@triton.jit
+def _accumulate(value, acc_ptr, out_ptr, offsets, mask, FIRST: tl.constexpr, LAST: tl.constexpr):
+    """Add ``value`` to the running route sum at ``offsets``: the last route writes ``out_ptr``."""
+    if not FIRST:
+        value += tl.load(acc_ptr + offsets, mask=mask, other=0.0)
+    if LAST:
+        tl.store(out_ptr + offsets, value.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(acc_ptr + offsets, value, mask=mask)
+
+
+@triton.jit
+def _program_channels(dim, nstate, n_chan_blocks, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    batch = pid // n_chan_blocks
+    d_index = (pid % n_chan_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
+    n1 = tl.arange(0, BLOCK_N)
+    return pid, batch, d_index, d_index < dim, n1, n1 < nstate
+
+
+@triton.jit
+def cross_scan_fwd_kernel(
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr,
+    dim, nstate, height, width, n_chan_blocks, n_tile_rows, n_tile_cols, n_chunks,
+    ROUTES: tl.constexpr, NUM_ROUTES: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, SAVE_CARRIES: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Forward of every route of one program's channels.
+
+    ``ROUTES``: the K route codes, 4 bits each (route k in bits 4k..4k+3). ``yacc_ptr``: the route
+    sum's accumulator (batch, dim, H, W) in ACC (may be ``y_ptr``). Carry buffers per (program,
+    route): ``vcarry_ptr`` (slots, BLOCK_D, BLOCK_N, n_tile_cols * TILE_W) vertical-pass states
+    entering each tile row (slots = n_tile_rows when saving, slot 0 unused, else 1 scratch slot);
+    ``hcarry_ptr`` (SAVE_CARRIES only) (n_tile_rows * n_tile_cols, BLOCK_D, BLOCK_N, TILE_H)
+    horizontal-pass states entering each tile, or for flat routes (n_chunks, BLOCK_D, BLOCK_N)
+    the state entering each chunk.
+    """
+    length = height * width
+    pid, batch, d_index, chan_ok, n1, state_ok = _program_channels(dim, nstate, n_chan_blocks, BLOCK_D, BLOCK_N)
+    d1 = tl.arange(0, BLOCK_D)
+    chan3 = ((batch * dim + d_index) * length)[:, None, None]
+    chan_ok3 = chan_ok[:, None, None]
+    state_ok3 = state_ok[:, None, None]
+    carry_ok = chan_ok[:, None, None] & state_ok[None, :, None]
+    padded_width = n_tile_cols * TILE_W
+    n_slots = n_tile_rows if SAVE_CARRIES else 1
+    vslot = BLOCK_D * BLOCK_N * padded_width
+    hsize = n_tile_rows * n_tile_cols * BLOCK_D * BLOCK_N * TILE_H if SAVE_CARRIES else 1
+    carry_row = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * padded_width + tl.arange(0, TILE_W)[None, None, :]
+    carry_col = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * TILE_H + tl.arange(0, TILE_H)[None, None, :]
+    carry_one = (d1[:, None, None] * BLOCK_N + n1[None, :, None])
+
+    for k in tl.static_range(NUM_ROUTES):
+        CODE: tl.constexpr = (ROUTES >> (4 * k)) & 15
+        A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, state_ok,
+                                       HAS_D, HAS_BIAS, ACC)
+        route_chan3 = (((batch * NUM_ROUTES + k) * dim + d_index) * length)[:, None, None]
+        state3 = (((batch * NUM_ROUTES + k) * nstate + n1) * length)[:, None, None]
+        vbase = vcarry_ptr + (pid * NUM_ROUTES + k) * n_slots * vslot
+        hbase = hcarry_ptr + (pid * NUM_ROUTES + k) * hsize
+        tl.debug_barrier()  # the previous route's accumulator writes are visible to every thread
+        if CODE & FLAT:
+            carry = tl.zeros([BLOCK_D, BLOCK_N, 1], dtype=ACC)
+            for chunk in range(n_chunks):
+                pos, cell_ok = _chunk_cells(chunk, height, width, CODE, TILE_H * TILE_W)
+                if SAVE_CARRIES:
+                    tl.store(hbase + chunk * BLOCK_D * BLOCK_N + carry_one, carry, mask=carry_ok)
+                chan_mask = chan_ok3 & cell_ok[None]
+                u, dt, dz, Bt, decay, x = _step_inputs(
+                    u_ptr, delta_ptr, B_ptr, chan3, route_chan3, state3, pos, chan_mask,
+                    state_ok3 & cell_ok[None], cell_ok, A4, bias, SOFTPLUS, ACC)
+                h = _pass(decay, x, carry, 3, False)
+                carry = _last_along(h, 3, TILE_H * TILE_W, False)
+                Ct = tl.load(C_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
+                y = tl.sum(h * Ct[None], axis=1) + skip * u
+                _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
+        else:
+            REV_H: tl.constexpr = (CODE & FROM_RIGHT) != 0
+            REV_V: tl.constexpr = (CODE & FROM_BOTTOM) != 0
+            for rr in range(n_tile_rows):
+                tr = n_tile_rows - 1 - rr if REV_V else rr
+                read_slot = rr if SAVE_CARRIES else 0
+                write_slot = rr + 1 if SAVE_CARRIES else 0
+                hcarry = tl.zeros([BLOCK_D, BLOCK_N, TILE_H], dtype=ACC)
+                for cc in range(n_tile_cols):
+                    tc = n_tile_cols - 1 - cc if REV_H else cc
+                    pos, cell_ok = _tile_cells(tr, tc, height, width, TILE_H, TILE_W)
+                    chan_mask = chan_ok3 & cell_ok[None]
+                    tl.debug_barrier()  # the previous tile row's writes of this scratch row are visible
+                    vcarry = tl.load(vbase + read_slot * vslot + carry_row + tc * TILE_W,
+                                     mask=carry_ok & (rr > 0), other=0.0)
+                    tl.debug_barrier()  # every thread has read the scratch row before it is overwritten
+                    if SAVE_CARRIES:
+                        tl.store(hbase + (tr * n_tile_cols + tc) * BLOCK_D * BLOCK_N * TILE_H + carry_col, hcarry,
+                                 mask=carry_ok)
+                    u, dt, dz, Bt, decay, x = _step_inputs(
+                        u_ptr, delta_ptr, B_ptr, chan3, route_chan3, state3, pos, chan_mask,
+                        state_ok3 & cell_ok[None], cell_ok, A4, bias, SOFTPLUS, ACC)
+                    if CODE & COLUMNS_FIRST:
+                        vstate = _pass(decay, x, vcarry, 2, REV_V)
+                        h = _pass(decay, vstate, hcarry, 3, REV_H)
+                        hstate = h
+                    else:
+                        hstate = _pass(decay, x, hcarry, 3, REV_H)
+                        h = _pass(decay, hstate, vcarry, 2, REV_V)
+                        vstate = h
+                    hcarry = _last_along(hstate, 3, TILE_W, REV_H)
+                    tl.store(vbase + write_slot * vslot + carry_row + tc * TILE_W, _last_along(vstate, 2, TILE_H, REV_V),
+                             mask=carry_ok & (rr + 1 < n_tile_rows))
+                    Ct = tl.load(C_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
+                    y = tl.sum(h * Ct[None], axis=1) + skip * u
+                    _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
+
+
+@triton.jit
+def _tile_gradients(grad_decay, grad_x, h, u, dt, dz, dy, Bt, A4, skip, chan_mask,
+                    SOFTPLUS: tl.constexpr):
+    """Per-cell gradients of a tile from dL/dAbar * Abar (``grad_decay``) and dL/dx (``grad_x``):
+    (du, ddelta (BLOCK_D, rows, cols), dB, dC (BLOCK_N, rows, cols) summed over channels,
+    dA (BLOCK_D, BLOCK_N), dD, d(delta_bias) (BLOCK_D,) summed over cells)."""
+    grad_xB = tl.sum(grad_x * Bt[None], axis=1)
+    du = grad_xB * dt + skip * dy
+    ddt = tl.sum(grad_decay * A4, axis=1) + grad_xB * u
+    ddelta = tl.where(chan_mask, ddt * dz, 0.0)
+    dA = tl.sum(tl.sum(grad_decay * dt[:, None], axis=3), axis=2)
+    dD = tl.sum(tl.sum(dy * u, axis=2), axis=1)
+    dbias = tl.sum(tl.sum(ddelta, axis=2), axis=1)
+    dB = tl.sum(grad_x * (dt * u)[:, None], axis=0)
+    dC = tl.sum(h * dy[:, None], axis=0)
+    return du, ddelta, dB, dC, dA, dD, dbias
+
+
+@triton.jit
+def cross_scan_bwd_kernel(
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dy_ptr, vcarry_ptr, hcarry_ptr, vadj_ptr,
+    du_ptr, duacc_ptr, ddelta_ptr, dA_part_ptr, dB_part_ptr, dC_part_ptr, dD_part_ptr, dbias_part_ptr,
+    dim, nstate, height, width, n_chan_blocks, n_tile_rows, n_tile_cols, n_chunks,
+    ROUTES: tl.constexpr, NUM_ROUTES: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Backward of every route of one program's channels from the carries the forward saved.
+
+    ``vcarry_ptr`` / ``hcarry_ptr``: written by ``cross_scan_fwd_kernel`` with ``SAVE_CARRIES``
+    and the same tiling. ``vadj_ptr``: scratch (programs, BLOCK_D, BLOCK_N, n_tile_cols * TILE_W)
+    for the vertical adjoint entering each tile row. ``duacc_ptr``: du's route-sum accumulator in
+    ACC (may be ``du_ptr``). Outputs: du (batch, dim, H, W); ddelta (batch, K, dim, H, W);
+    partials dA (batch, K * dim, N), dB / dC (batch, K, n_chan_blocks, N, H, W), dD /
+    d(delta_bias) (batch, K * dim).
+    """
+    length = height * width
+    pid, batch, d_index, chan_ok, n1, state_ok = _program_channels(dim, nstate, n_chan_blocks, BLOCK_D, BLOCK_N)
+    d1 = tl.arange(0, BLOCK_D)
+    chan3 = ((batch * dim + d_index) * length)[:, None, None]
+    chan_ok3 = chan_ok[:, None, None]
+    state_ok3 = state_ok[:, None, None]
+    carry_ok = chan_ok[:, None, None] & state_ok[None, :, None]
+    padded_width = n_tile_cols * TILE_W
+    vslot = BLOCK_D * BLOCK_N * padded_width
+    hsize = n_tile_rows * n_tile_cols * BLOCK_D * BLOCK_N * TILE_H
+    carry_row = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * padded_width + tl.arange(0, TILE_W)[None, None, :]
+    carry_col = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * TILE_H + tl.arange(0, TILE_H)[None, None, :]
+    carry_one = (d1[:, None, None] * BLOCK_N + n1[None, :, None])
+    vadj_base = vadj_ptr + pid * vslot
+    param_mask = chan_ok[:, None] & state_ok[None, :]
+
+    for k in tl.static_range(NUM_ROUTES):
+        CODE: tl.constexpr = (ROUTES >> (4 * k)) & 15
+        A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, state_ok,
+                                       HAS_D, HAS_BIAS, ACC)
+        route_chan3 = (((batch * NUM_ROUTES + k) * dim + d_index) * length)[:, None, None]
+        state3 = (((batch * NUM_ROUTES + k) * nstate + n1) * length)[:, None, None]
+        part3 = ((((batch * NUM_ROUTES + k) * n_chan_blocks + pid % n_chan_blocks) * nstate + n1) * length)[:, None, None]
+        vbase = vcarry_ptr + (pid * NUM_ROUTES + k) * n_tile_rows * vslot
+        hbase = hcarry_ptr + (pid * NUM_ROUTES + k) * hsize
+        dA_acc = tl.zeros([BLOCK_D, BLOCK_N], dtype=ACC)
+        dD_acc = tl.zeros([BLOCK_D], dtype=ACC)
+        dbias_acc = tl.zeros([BLOCK_D], dtype=ACC)
+        tl.debug_barrier()  # the previous route's accumulator and scratch accesses are done
+        if CODE & FLAT:
+            adj = tl.zeros([BLOCK_D, BLOCK_N, 1], dtype=ACC)
+            for rc in range(n_chunks):
+                chunk = n_chunks - 1 - rc
+                pos, cell_ok = _chunk_cells(chunk, height, width, CODE, TILE_H * TILE_W)
+                chan_mask = chan_ok3 & cell_ok[None]
+                state_mask = state_ok3 & cell_ok[None]
+                carry = tl.load(hbase + chunk * BLOCK_D * BLOCK_N + carry_one, mask=carry_ok, other=0.0)
+                u, dt, dz, Bt, decay, x = _step_inputs(
+                    u_ptr, delta_ptr, B_ptr, chan3, route_chan3, state3, pos, chan_mask, state_mask, cell_ok,
+                    A4, bias, SOFTPLUS, ACC)
+                dy = tl.load(dy_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
+                Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+                h = _pass(decay, x, carry, 3, False)
+                g = _adjoint_pass(decay, dy[:, None] * Ct[None], adj, 3, True)
+                adj = _first_along(g, decay, 3, TILE_H * TILE_W, False)
+                grad_decay = tl.where(cell_ok[None, None], g * (h - x), 0.0)
+                du, ddelta, dB, dC, dA, dD, dbias = _tile_gradients(
+                    grad_decay, g, h, u, dt, dz, dy, Bt, A4, skip, chan_mask, SOFTPLUS)
+                dA_acc += dA
+                dD_acc += dD
+                dbias_acc += dbias
+                tl.store(ddelta_ptr + route_chan3 + pos[None], ddelta, mask=chan_mask)
+                tl.store(dB_part_ptr + part3 + pos[None], dB, mask=state_mask)
+                tl.store(dC_part_ptr + part3 + pos[None], dC, mask=state_mask)
+                _accumulate(du, duacc_ptr, du_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
+        else:
+            REV_H: tl.constexpr = (CODE & FROM_RIGHT) != 0
+            REV_V: tl.constexpr = (CODE & FROM_BOTTOM) != 0
+            for rr_back in range(n_tile_rows):
+                rr = n_tile_rows - 1 - rr_back
+                tr = n_tile_rows - 1 - rr if REV_V else rr
+                hadj = tl.zeros([BLOCK_D, BLOCK_N, TILE_H], dtype=ACC)
+                for cc_back in range(n_tile_cols):
+                    cc = n_tile_cols - 1 - cc_back
+                    tc = n_tile_cols - 1 - cc if REV_H else cc
+                    pos, cell_ok = _tile_cells(tr, tc, height, width, TILE_H, TILE_W)
+                    chan_mask = chan_ok3 & cell_ok[None]
+                    state_mask = state_ok3 & cell_ok[None]
+                    tl.debug_barrier()
+                    vadj = tl.load(vadj_base + carry_row + tc * TILE_W, mask=carry_ok & (rr_back > 0), other=0.0)
+                    tl.debug_barrier()
+                    vcarry = tl.load(vbase + rr * vslot + carry_row + tc * TILE_W, mask=carry_ok & (rr > 0), other=0.0)
+                    hcarry = tl.load(hbase + (tr * n_tile_cols + tc) * BLOCK_D * BLOCK_N * TILE_H + carry_col,
+                                     mask=carry_ok, other=0.0)
+                    u, dt, dz, Bt, decay, x = _step_inputs(
+                        u_ptr, delta_ptr, B_ptr, chan3, route_chan3, state3, pos, chan_mask, state_mask, cell_ok,
+                        A4, bias, SOFTPLUS, ACC)
+                    dy = tl.load(dy_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
+                    Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+                    grad_out = dy[:, None] * Ct[None]
+                    if CODE & COLUMNS_FIRST:
+                        first = _pass(decay, x, vcarry, 2, REV_V)
+                        h = _pass(decay, first, hcarry, 3, REV_H)
+                        lam = _adjoint_pass(decay, grad_out, hadj, 3, not REV_H)
+                        mu = _adjoint_pass(decay, lam, vadj, 2, not REV_V)
+                        hadj = _first_along(lam, decay, 3, TILE_W, REV_H)
+                        vadj_out = _first_along(mu, decay, 2, TILE_H, REV_V)
+                    else:
+                        first = _pass(decay, x, hcarry, 3, REV_H)
+                        h = _pass(decay, first, vcarry, 2, REV_V)
+                        lam = _adjoint_pass(decay, grad_out, vadj, 2, not REV_V)
+                        mu = _adjoint_pass(decay, lam, hadj, 3, not REV_H)
+                        hadj = _first_along(mu, decay, 3, TILE_W, REV_H)
+                        vadj_out = _first_along(lam, decay, 2, TILE_H, REV_V)
+                    tl.store(vadj_base + carry_row + tc * TILE_W, vadj_out, mask=carry_ok & (rr > 0))
+                    grad_decay = tl.where(cell_ok[None, None], lam * (h - first) + mu * (first - x), 0.0)
+                    du, ddelta, dB, dC, dA, dD, dbias = _tile_gradients(
+                        grad_decay, mu, h, u, dt, dz, dy, Bt, A4, skip, chan_mask, SOFTPLUS)
+                    dA_acc += dA
+                    dD_acc += dD
+                    dbias_acc += dbias
+                    tl.store(ddelta_ptr + route_chan3 + pos[None], ddelta, mask=chan_mask)
+                    tl.store(dB_part_ptr + part3 + pos[None], dB, mask=state_mask)
+                    tl.store(dC_part_ptr + part3 + pos[None], dC, mask=state_mask)
+                    _accumulate(du, duacc_ptr, du_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
+        chan_out = batch * NUM_ROUTES * dim + k * dim + d_index
+        tl.store(dA_part_ptr + chan_out[:, None] * nstate + n1[None, :], dA_acc, mask=param_mask)
+        if HAS_D:
+            tl.store(dD_part_ptr + chan_out, dD_acc, mask=chan_ok)
+        if HAS_BIAS:
+            tl.store(dbias_part_ptr + chan_out, dbias_acc, mask=chan_ok)
