@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 
 from vmamba2d.training.options import config_file_values, parse_key_values
 
+from .auto_augment import check_auto_augment
 from .errors import UsageError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "classification"
@@ -243,6 +244,8 @@ def validate_config(cfg: TrainConfig) -> None:
     if len(cfg.opt_betas) != 2 or not all(_type_matches(b, float) and 0 <= b < 1
                                           for b in cfg.opt_betas):
         raise UsageError(f"--opt-betas needs two numbers in [0, 1), got {cfg.opt_betas}")
+    if cfg.aa is not None:
+        check_auto_augment(cfg.aa)
     if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
         raise UsageError(f"--batch-size must be even when mixup/cutmix is on, got {cfg.batch_size}")
 

@@ -21,9 +21,10 @@ if str(REPO) not in sys.path:  # the classification/ scripts package lives at th
 
 from classification import train as train_cli
 from classification.auto_augment import POSTERIZE_OPS, augment_ops, posterize_keeping_bits
+from classification.config import resolve_train_config
 from classification.data import (TransformSteps, make_image_folder, train_loader,
                                  train_transform)
-from classification.errors import DataTransformError
+from classification.errors import DataTransformError, UsageError
 from tiny_imagefolder import make_tiny_imagefolder
 from vmamba2d.training.seeding import sample_seed_words, seeded_global_rngs
 
@@ -171,3 +172,62 @@ def test_cli_stops_with_one_line_naming_the_failed_transform(data_with_odd_image
     (line,) = [line for line in err.splitlines() if "error" in line]  # the rest is the log
     assert line.startswith("train.py: error: a data transform failed in the train pass of epoch 1")
     assert str(odd) in line and "FailOnSize raised ValueError" in line and "--resume auto" in line
+
+
+# ---------------------------------------------------------------- --aa grammar --------------
+
+def resolve_with_aa(auto_augment: str):
+    return resolve_train_config(["--config", "vmamba2d_tiny", "--data-dir", "d", "--output", "o",
+                                 "--aa", auto_augment])
+
+
+@pytest.mark.parametrize("auto_augment, problem", [
+    ("rand-zz", "section 'zz' has no number"),
+    ("rand-m9-mstd", "section 'mstd' has no number"),
+    ("rand--m9", "section '' has no number"),
+    ("rand-m9-tfoo", "names no RandAugment transform set"),
+    ("rand-m9-m5", "repeats 'm'"),
+    ("rand-m9-mstd0.5-inc1-mstd1", "repeats 'mstd'"),
+    ("rand-m9x", "needs an integer after 'm'"),
+    ("rand-w0", "unknown key 'w'"),
+    ("randaugment-m9", "unknown augmentation 'randaugment'"),
+    ("augmix-m3-severe", "section 'severe' has no number"),
+    ("original-zz", "section 'zz' has no number"),
+    ("v1", "unknown augmentation 'v1'"),
+])
+def test_aa_strings_timm_would_ignore_or_refuse_are_rejected(auto_augment, problem):
+    with pytest.raises(UsageError) as caught:
+        resolve_with_aa(auto_augment)
+    message = str(caught.value)
+    assert message.startswith(f"--aa {auto_augment!r}") and problem in message, message
+    grammar = {"rand": "'rand[-m<int>]", "augm": "'augmix[-m<int>]"}.get(auto_augment[:4],
+                                                                         "'<original|")
+    assert f"expected {grammar}" in message or "expected 'rand[" in message, message
+
+
+def test_timm_silently_ignores_what_is_rejected():
+    """The reason for the check: timm builds 'rand-m9-zz' as if it were 'rand-m9'."""
+    from timm.data.auto_augment import rand_augment_transform
+    ignored = rand_augment_transform("rand-m9-zz-tfoo", {})
+    plain = rand_augment_transform("rand-m9", {})
+    assert [repr(op) for op in ignored.ops] == [repr(op) for op in plain.ops]
+
+
+@pytest.mark.parametrize("auto_augment", [
+    "rand-m9-mstd0.5-inc1", "rand", "rand-m7-n3-p0.4-mmax12-inc0", "rand-m9-tweights",
+    "rand-m9-t3a", "augmix-m5-w4-d2-a1.0-b1", "original-mstd0.5", "originalr", "v0", "v0r", "3a",
+])
+def test_aa_strings_of_the_grammar_are_accepted_and_built_by_timm(auto_augment):
+    assert resolve_with_aa(auto_augment).aa == auto_augment
+    assert any(name.endswith(f"(--aa {auto_augment})")
+               for name, _ in recipe_transform(auto_augment).steps)
+
+
+def test_bad_aa_stops_the_cli_before_anything_is_written(tmp_path, capsys):
+    output = tmp_path / "run"
+    argv = ["--model", "test_convnext", "--data-dir", str(tmp_path / "data"), "--output",
+            str(output), "--aa", "rand-zz"]
+    assert train_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: --aa 'rand-zz'") and len(err.splitlines()) == 1
+    assert not output.exists()
