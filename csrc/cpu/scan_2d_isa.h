@@ -28,25 +28,35 @@
   template <typename T>                                                                            \
   void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d,         \
                         const T* dy, const ChannelGrads<T>& out, Workspace<T>& ws);                \
+  template <typename T>                                                                            \
+  void cross_forward_channel(const ScanInputs<T>& in, const CrossShape& s, const int64_t* routes,  \
+                             int64_t b, int64_t d, T* y, Workspace<T>& ws);                        \
+  template <typename T>                                                                            \
+  void cross_backward_channel(const ScanInputs<T>& in, const CrossShape& s, const int64_t* routes, \
+                              int64_t b, int64_t d, const T* dy, const ChannelGrads<T>* route_grads, \
+                              Workspace<T>& ws);                                                   \
   }                                                                                                \
   }                                                                                                \
   }
 
 // Instantiates the entry points for float and double (in the translation unit of `isa`'s build).
+#define VMAMBA2D_INSTANTIATE_ISA_KERNELS_FOR(T)                                                    \
+  template void forward_channel<T>(const ScanInputs<T>&, const ScanShape&, int64_t, int64_t, T*,   \
+                                   Workspace<T>&);                                                 \
+  template void backward_channel<T>(const ScanInputs<T>&, const ScanShape&, int64_t, int64_t,      \
+                                    const T*, const ChannelGrads<T>&, Workspace<T>&);              \
+  template void cross_forward_channel<T>(const ScanInputs<T>&, const CrossShape&, const int64_t*,  \
+                                         int64_t, int64_t, T*, Workspace<T>&);                     \
+  template void cross_backward_channel<T>(const ScanInputs<T>&, const CrossShape&, const int64_t*, \
+                                          int64_t, int64_t, const T*, const ChannelGrads<T>*,      \
+                                          Workspace<T>&);
+
 #define VMAMBA2D_INSTANTIATE_ISA_KERNELS(isa)                                                      \
   namespace vmamba2d {                                                                             \
   namespace cpu {                                                                                  \
   namespace isa {                                                                                  \
-  template void forward_channel<float>(const ScanInputs<float>&, const ScanShape&, int64_t, int64_t, \
-                                       float*, Workspace<float>&);                                 \
-  template void forward_channel<double>(const ScanInputs<double>&, const ScanShape&, int64_t,       \
-                                        int64_t, double*, Workspace<double>&);                     \
-  template void backward_channel<float>(const ScanInputs<float>&, const ScanShape&, int64_t,        \
-                                        int64_t, const float*, const ChannelGrads<float>&,          \
-                                        Workspace<float>&);                                        \
-  template void backward_channel<double>(const ScanInputs<double>&, const ScanShape&, int64_t,      \
-                                         int64_t, const double*, const ChannelGrads<double>&,       \
-                                         Workspace<double>&);                                      \
+  VMAMBA2D_INSTANTIATE_ISA_KERNELS_FOR(float)                                                      \
+  VMAMBA2D_INSTANTIATE_ISA_KERNELS_FOR(double)                                                     \
   }                                                                                                \
   }                                                                                                \
   }
@@ -63,9 +73,10 @@ namespace cpu {
 // The per-channel kernels of one instruction-set build.
 template <typename T>
 struct ChannelKernels {
-  void (*forward)(const ScanInputs<T>&, const ScanShape&, int64_t, int64_t, T*, Workspace<T>&);
-  void (*backward)(const ScanInputs<T>&, const ScanShape&, int64_t, int64_t, const T*, const ChannelGrads<T>&,
-                   Workspace<T>&);
+  decltype(&baseline::forward_channel<T>) forward;
+  decltype(&baseline::backward_channel<T>) backward;
+  decltype(&baseline::cross_forward_channel<T>) cross_forward;
+  decltype(&baseline::cross_backward_channel<T>) cross_backward;
   const char* isa;
 };
 
@@ -89,12 +100,17 @@ ChannelKernels<T> best_channel_kernels() {
 #if VMAMBA2D_X86_ISA_BUILDS
   const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (cap >= IsaLevel::kAvx512 && has_avx2 && __builtin_cpu_supports("avx512f")) {
-    return {&avx512::forward_channel<T>, &avx512::backward_channel<T>, "avx512"};
+    return {&avx512::forward_channel<T>, &avx512::backward_channel<T>, &avx512::cross_forward_channel<T>,
+            &avx512::cross_backward_channel<T>, "avx512"};
   }
-  if (cap >= IsaLevel::kAvx2 && has_avx2) return {&avx2::forward_channel<T>, &avx2::backward_channel<T>, "avx2"};
+  if (cap >= IsaLevel::kAvx2 && has_avx2) {
+    return {&avx2::forward_channel<T>, &avx2::backward_channel<T>, &avx2::cross_forward_channel<T>,
+            &avx2::cross_backward_channel<T>, "avx2"};
+  }
 #endif
   (void)cap;
-  return {&baseline::forward_channel<T>, &baseline::backward_channel<T>, "baseline"};
+  return {&baseline::forward_channel<T>, &baseline::backward_channel<T>, &baseline::cross_forward_channel<T>,
+          &baseline::cross_backward_channel<T>, "baseline"};
 }
 
 }  // namespace cpu

@@ -12,6 +12,7 @@
 #pragma GCC target("avx2,fma")
 #define VMAMBA2D_ISA avx2
 #include "scan_2d_kernel.h"
+#include "scan_2d_routes_kernel.h"
 
 VMAMBA2D_INSTANTIATE_ISA_KERNELS(avx2)
 #endif

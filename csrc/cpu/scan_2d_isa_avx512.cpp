@@ -12,6 +12,7 @@
 #pragma GCC target("avx512f,avx2,fma,prefer-vector-width=512")
 #define VMAMBA2D_ISA avx512
 #include "scan_2d_kernel.h"
+#include "scan_2d_routes_kernel.h"
 
 VMAMBA2D_INSTANTIATE_ISA_KERNELS(avx512)
 #endif

@@ -3,5 +3,6 @@
 
 #define VMAMBA2D_ISA baseline
 #include "scan_2d_kernel.h"
+#include "scan_2d_routes_kernel.h"
 
 VMAMBA2D_INSTANTIATE_ISA_KERNELS(baseline)
