@@ -5,6 +5,9 @@ Extensions:
     vmamba2d._C_cuda  CUDA kernel from csrc/cuda (when torch has CUDA and a CUDA toolkit is found)
 
 Build with the project's torch already installed: ``pip install --no-build-isolation -e .``.
+Every wheel also carries the CPU kernel's C++ sources (csrc/cpu/*.h, *.cpp) as package data under
+vmamba2d/csrc/cpu: an install built without torch (an isolated ``pip install .``, the wheel of
+``python -m build``) JIT-compiles the kernel from them on first use (vmamba2d/ops/_extensions.py).
 
 Environment variables:
     TORCH_CUDA_ARCH_LIST        CUDA archs (default: 7.0, 7.5, 8.0, 8.6, 9.0 + PTX of 9.0, minus
@@ -16,6 +19,7 @@ Environment variables:
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import shutil
@@ -24,6 +28,7 @@ import sys
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 # -fno-trapping-math lets GCC vectorise the CPU scan's clamped exp / softplus loops (same results).
@@ -33,11 +38,41 @@ CXX_FLAGS = ["-O3", "-std=c++20", "-fno-trapping-math"]
 OPENMP_FLAGS = ["-fopenmp"]
 
 
-def _sources(folder: str, *patterns: str) -> list[str]:
+# Where the wheel carries csrc/cpu's files; vmamba2d/ops/_extensions.py looks there first.
+PACKAGED_CPU_SOURCES = Path("vmamba2d") / "csrc" / "cpu"
+
+
+def _source_paths(folder: str, *patterns: str) -> list[Path]:
     found = []
     for pattern in patterns:
-        found += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / folder).glob(pattern))
+        found += sorted((ROOT / "csrc" / folder).glob(pattern))
     return found
+
+
+def _sources(folder: str, *patterns: str) -> list[str]:
+    return [str(p.relative_to(ROOT)) for p in _source_paths(folder, *patterns)]
+
+
+def _package_version() -> str:
+    """``__version__`` of vmamba2d/__init__.py, read without importing the package (needs torch)."""
+    tree = ast.parse((ROOT / "vmamba2d" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise RuntimeError("vmamba2d/__init__.py defines no __version__ = '...'")
+
+
+class BuildPyWithKernelSources(build_py):
+    """build_py that also copies the CPU kernel's sources into the package, for the JIT build."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:  # an editable install JIT-compiles from the checkout's csrc/cpu
+            return
+        target = Path(self.build_lib) / PACKAGED_CPU_SOURCES
+        self.mkpath(str(target))
+        for source in _source_paths("cpu", "*.h", "*.cpp"):
+            self.copy_file(str(source), str(target / source.name))
 
 
 def _flag(name: str) -> bool:
@@ -152,22 +187,36 @@ def _extensions() -> tuple[list, dict]:
     return extensions, {"build_ext": BuildExtension.with_options(use_ninja=True)}
 
 
-ext_modules, cmdclass = _extensions()
+ext_modules, ext_cmdclass = _extensions()
 
 setup(
     name="vmamba2d",
-    version="0.1.0",
+    version=_package_version(),
     description="2D selective state-space vision backbones (2DVMamba) for PyTorch, timm and mmseg",
-    long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
+    license="MIT",
+    license_files=["LICENSE"],
+    keywords=["mamba", "state space model", "selective scan", "vision backbone", "timm", "pytorch"],
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Science/Research",
+        "Intended Audience :: Developers",
+        "Operating System :: POSIX :: Linux",
+        "Environment :: GPU :: NVIDIA CUDA",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: C++",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: Scientific/Engineering :: Image Recognition",
+    ],
     python_requires=">=3.9",
     packages=find_packages(include=["vmamba2d", "vmamba2d.*"]),
-    include_package_data=True,
     package_data={"vmamba2d": ["assets/*"]},
     ext_modules=ext_modules,
-    cmdclass=cmdclass,
+    cmdclass={"build_py": BuildPyWithKernelSources, **ext_cmdclass},
     install_requires=[
         "torch>=2.4",
+        "ninja",  # torch.utils.cpp_extension needs it for the CPU kernel's JIT build
         "timm>=1.0.15,<2",
         "numpy",
         "safetensors>=0.4",
@@ -186,6 +235,6 @@ setup(
             "regex",
         ],
         "mil": ["h5py>=3", "scikit-learn>=1.2", "scikit-survival>=0.22"],
-        "dev": ["pytest>=7", "ninja"],
+        "dev": ["pytest>=7", "build>=1"],
     },
 )

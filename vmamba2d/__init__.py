@@ -5,4 +5,4 @@ from .flops import count_flops
 
 __all__ = ["count_flops", "models", "ops"]
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is set; setup.py reads it from here
