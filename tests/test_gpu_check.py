@@ -97,13 +97,31 @@ def test_plan_builds_for_this_gpus_arch_and_runs_every_sanitizer_tool(gpu_check,
     env = gpu_check.Environment(capability="8.6")
     steps = gpu_check.plan("python3", env, tmp_path, jobs=16)
     names = [s.name for s in steps]
-    assert names == ["build", "tests", "sanitize-memcheck", "sanitize-racecheck", "sanitize-synccheck",
-                     "sanitize-initcheck", "bench-scan", "bench-model-fp32", "bench-model-bf16"]
+    # First-run order: build, correctness, the Triton primitive, measurements, sanitizers last.
+    assert names == ["build", "tests", "triton-reverse-scan", "bench-scan", "bench-model-fp32", "bench-model-bf16",
+                     "sanitize-memcheck", "sanitize-racecheck", "sanitize-synccheck", "sanitize-initcheck"]
     build, tests = steps[0], steps[1]
     assert build.env == {"TORCH_CUDA_ARCH_LIST": "8.6", "MAX_JOBS": "16"}
     assert "tests/test_scan_cuda.py" in tests.command and "-m" in tests.command
     assert all(Path(gpu_check.REPO, f).is_file() for f in tests.command if f.startswith("tests/"))
-    assert "vmamba2d_tiny" in steps[-1].command and "convnext_tiny" in steps[-1].command
+    assert Path(gpu_check.REPO, steps[2].command[1]).is_file()
+    models = next(s for s in steps if s.name == "bench-model-bf16")
+    assert "vmamba2d_tiny" in models.command and "convnext_tiny" in models.command
+    uncached = {s.name for s in steps if s.env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"}
+    assert uncached == {"sanitize-memcheck", "sanitize-initcheck"}
+
+
+def test_step_budgets_fit_the_default_run(gpu_check, tmp_path):
+    steps = gpu_check.plan("python3", gpu_check.Environment(capability="9.0"), tmp_path, jobs=16)
+    default_budget = gpu_check.parse_args([]).budget_s
+    assert sum(s.budget_s for s in steps) <= default_budget - gpu_check.REPORT_RESERVE_S < 600
+    assert all(s.min_s <= s.budget_s for s in steps)
+
+
+def test_triton_smoke_test_without_a_gpu_says_so():
+    result = subprocess.run([sys.executable, str(TOOL.parent / "triton_reverse_scan_smoke.py")],
+                            capture_output=True, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert result.returncode == 2 and "no GPU" in result.stdout
 
 
 def test_full_run_with_stand_in_steps_writes_one_report(gpu_check, monkeypatch, tmp_path):

@@ -7,13 +7,20 @@ budget (seconds) so that the whole run ends within --budget-s (default 560, insi
 limit); a step that would start with less time left than it needs is skipped, one that runs past
 its budget is stopped, and the report says so:
 
-    build            python3 setup.py build_ext --inplace, TORCH_CUDA_ARCH_LIST = this GPU's arch
-    tests            pytest -m cuda on the scan / CUDA test files (files whose imports fail, e.g.
-                     for a package missing here, are reported as collection errors, not run)
-    sanitize-<tool>  tools/cuda_sanitize.sh with memcheck, racecheck, synccheck, initcheck
-    bench-scan       tools/bench_scan.py --device cuda (shapes and targets: docs/benchmarks.md)
-    bench-model-*    tools/bench_model.py --device cuda, fp32 and bf16 autocast, batch 128:
-                     vmamba2d_tiny vs vmamba_tiny and convnext_tiny
+    build                python3 setup.py build_ext --inplace, TORCH_CUDA_ARCH_LIST = this GPU's arch
+    tests                pytest -m cuda on the scan / CUDA test files (files whose imports fail, e.g.
+                         for a package missing here, are reported as collection errors, not run)
+    triton-reverse-scan  tools/triton_reverse_scan_smoke.py: Triton's reverse associative scan on
+                         a 4-D block with 4 and 8 warps against a Python loop (open upstream bug
+                         report; the Triton backward depends on it)
+    bench-scan           tools/bench_scan.py --device cuda (shapes and targets: docs/benchmarks.md)
+    bench-model-*        tools/bench_model.py --device cuda, fp32 and bf16 autocast, batch 128:
+                         vmamba2d_tiny vs vmamba_tiny and convnext_tiny
+    sanitize-<tool>      tools/cuda_sanitize.sh with memcheck, racecheck, synccheck, initcheck, last
+                         (slowest, and a hang there must not cost the measurements); memcheck and
+                         initcheck with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so they see every allocation
+
+Budgets per step (BUDGETS_S) add up to less than the default run budget.
 
 The report (benchmarks/gpu-check-<date>-<gpu>-<commit>.md) holds the GPU name, driver, torch,
 triton, commit and date, each step's result, time and output tail, and the benchmark tables. It is
@@ -153,28 +160,43 @@ def scan_test_files() -> list[str]:
     return [str(p.relative_to(REPO)) for p in found]
 
 
+# Sanitizers that track allocations see through torch's caching allocator only when it is off.
+UNCACHED_SANITIZERS = ("memcheck", "initcheck")
+# Per-step budgets (seconds); they add up to less than the run's default budget (560 s, itself
+# inside a 10-minute limit) minus REPORT_RESERVE_S, so that the first run on a GPU reaches the end.
+BUDGETS_S = {"build": 140, "tests": 80, "triton-reverse-scan": 30, "bench-scan": 90, "bench-model-fp32": 60,
+             "bench-model-bf16": 50, "sanitize-memcheck": 35, "sanitize-racecheck": 25,
+             "sanitize-synccheck": 15, "sanitize-initcheck": 25}
+
+
 def plan(python: str, env: Environment, work: Path, jobs: int) -> list[Step]:
-    """The steps for this machine, in order, with their budgets (seconds)."""
+    """The steps for this machine, in first-run order (what must work before what is worth timing;
+    the slow sanitizers last), with their budgets (seconds)."""
     steps = [
-        Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=170, min_s=60,
+        Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=BUDGETS_S["build"], min_s=60,
              env={"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs)}),
         Step("tests", [python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
-                       "--continue-on-collection-errors", *scan_test_files()], budget_s=100, min_s=30,
-             meanings={5: "no cuda-marked tests collected"}),
+                       "--continue-on-collection-errors", *scan_test_files()], budget_s=BUDGETS_S["tests"],
+             min_s=30, meanings={5: "no cuda-marked tests collected"}),
+        Step("triton-reverse-scan", [python, "tools/triton_reverse_scan_smoke.py"],
+             budget_s=BUDGETS_S["triton-reverse-scan"], min_s=15, meanings={2: "not run (no GPU or no Triton)"}),
+        Step("bench-scan", [python, "tools/bench_scan.py", "--device", "cuda", "--warmup", "2", "--repeats", "5",
+                            "--out", str(work / "bench_scan.md")], budget_s=BUDGETS_S["bench-scan"], min_s=40,
+             table=work / "bench_scan.md", time_option="--max-seconds"),
     ]
-    for tool in SANITIZER_TOOLS:
-        steps.append(Step(f"sanitize-{tool}", ["bash", "tools/cuda_sanitize.sh"], budget_s=45, min_s=20,
-                          env={"TOOLS": tool, "PYTHON": python},
-                          meanings={2: "not run (no GPU backend or no compute-sanitizer)"}))
-    steps.append(Step("bench-scan", [python, "tools/bench_scan.py", "--device", "cuda", "--warmup", "2",
-                                     "--repeats", "5", "--out", str(work / "bench_scan.md")], budget_s=110, min_s=40,
-                      table=work / "bench_scan.md", time_option="--max-seconds"))
     for precision in ("fp32", "bf16"):
         out = work / f"bench_model_{precision}.md"
-        steps.append(Step(f"bench-model-{precision}",
-                          [python, "tools/bench_model.py", "--device", "cuda", "--models", *MODEL_BENCH_MODELS,
-                           "--precisions", precision, "--batch-sizes", "128", "--iters", "5", "--warmup", "2",
-                           "--out", str(out)], budget_s=75, min_s=45, table=out))
+        name = f"bench-model-{precision}"
+        steps.append(Step(name, [python, "tools/bench_model.py", "--device", "cuda", "--models", *MODEL_BENCH_MODELS,
+                                 "--precisions", precision, "--batch-sizes", "128", "--iters", "5", "--warmup", "2",
+                                 "--out", str(out)], budget_s=BUDGETS_S[name], min_s=30, table=out))
+    for tool in SANITIZER_TOOLS:
+        name = f"sanitize-{tool}"
+        tool_env = {"TOOLS": tool, "PYTHON": python}
+        if tool in UNCACHED_SANITIZERS:
+            tool_env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+        steps.append(Step(name, ["bash", "tools/cuda_sanitize.sh"], budget_s=BUDGETS_S[name], min_s=10, env=tool_env,
+                          meanings={2: "not run (no GPU backend or no compute-sanitizer)"}))
     return steps
 
 
