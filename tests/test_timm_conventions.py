@@ -315,3 +315,9 @@ def test_torch_export_keeps_the_scan_as_one_op_and_matches_eager(name):
     assert len(scans) == (8 if name.startswith("vmamba2d") else 4)
     with torch.no_grad():
         assert torch.equal(program.module()(x), model(x))
+
+
+@pytest.mark.parametrize("out_indices", [(4,), (0, -5), ("1",)])
+def test_features_only_rejects_out_indices_outside_the_stages(out_indices):
+    with pytest.raises(ValueError, match=r"out_indices must hold stage indices in \[-4, 3\]"):
+        timm.create_model("vmamba2d_tiny", features_only=True, out_indices=out_indices)

@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--input-size", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic images and init")
+    parser.add_argument("--model-kwargs", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="extra timm.create_model arguments for every model, e.g. routes=corners")
     parser.add_argument("--out", default="out/erf", help="output folder")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -47,6 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      f"got {len(args.checkpoints)}")
     if args.data is not None and not Path(args.data).is_dir():
         parser.error(f"--data must be an existing folder of images, got {args.data!r}")
+    malformed = [item for item in args.model_kwargs if "=" not in item or item.startswith("=")]
+    if malformed:
+        parser.error(f"--model-kwargs takes KEY=VALUE items, got {malformed}")
+    args.model_kwargs = dict(item.split("=", 1) for item in args.model_kwargs)
     if args.num_images < 1 or args.input_size < 32:
         parser.error("--num-images must be >= 1 and --input-size >= 32")
     return args
@@ -63,7 +69,8 @@ def run(args: argparse.Namespace) -> dict[str, erf.ERFResult]:
         checkpoint = None if checkpoint == NO_CHECKPOINT else checkpoint
         torch.manual_seed(args.seed)
         model = erf.create_feature_model(name, args.input_size, checkpoint=checkpoint,
-                                         pretrained=checkpoint is None and not args.random_init)
+                                         pretrained=checkpoint is None and not args.random_init,
+                                         model_kwargs=args.model_kwargs)
         images = (erf.folder_images(args.data, args.num_images, args.input_size) if args.data
                   else erf.synthetic_images(args.num_images, args.input_size, seed=args.seed))
         results[name] = erf.compute_erf(model, images, device=args.device, batch_size=args.batch_size,

@@ -50,6 +50,7 @@ def create_feature_model(
     input_size: int,
     checkpoint: Optional[str] = None,
     pretrained: bool = False,
+    model_kwargs: Optional[dict] = None,
 ) -> LastStageFeatures:
     """Builds timm model ``name`` returning its last-stage feature map, in eval mode.
 
@@ -60,6 +61,7 @@ def create_feature_model(
             (Swin, ViT), others ignore it.
         checkpoint: optional weights file, loaded through timm's ``pretrained_cfg_overlay``.
         pretrained: load timm's default pretrained weights (ignored when ``checkpoint`` is set).
+        model_kwargs: extra ``timm.create_model`` arguments (e.g. ``{"routes": "corners"}``).
     Returns:
         module mapping (batch, 3, S, S) images to (batch, C, h, w) features.
     """
@@ -69,7 +71,8 @@ def create_feature_model(
 
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise ValueError(f"checkpoint must be an existing file, got {checkpoint!r}")
-    kwargs = dict(features_only=True, out_indices=(-1,), pretrained=pretrained or checkpoint is not None)
+    kwargs = dict(model_kwargs or {}, features_only=True, out_indices=(-1,),
+                  pretrained=pretrained or checkpoint is not None)
     if checkpoint is not None:
         kwargs["pretrained_cfg_overlay"] = dict(file=str(checkpoint))
     try:

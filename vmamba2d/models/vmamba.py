@@ -30,6 +30,9 @@ Tensor = torch.Tensor
 __all__ = ["VMamba", "VSSBlock", "VMambaStage", "Stem", "Downsample", "check_image_input", "checkpoint_filter_fn"]
 
 
+DEFAULT_DEPTHS = (2, 2, 8, 2)
+
+
 def _norm(channels: int, **dd: Any) -> nn.Module:
     return LayerNorm2d(channels, eps=LAYER_NORM_EPS, **dd)
 
@@ -190,7 +193,7 @@ class VMamba(nn.Module):
         num_classes: int = 1000,
         global_pool: str = "avg",
         dims: Union[int, Sequence[int]] = 96,
-        depths: Sequence[int] = (2, 2, 8, 2),
+        depths: Sequence[int] = DEFAULT_DEPTHS,
         d_state: int = 1,
         ssm_ratio: float = 1.0,
         dt_rank: Union[int, str] = "auto",
@@ -396,8 +399,21 @@ def _require_weight_source(variant: str, pretrained_cfg: Any, pretrained_cfg_ove
     raise RuntimeError(f"pretrained=True but {name} has no pretrained weights. " + " ".join(cfg.notes or ()))
 
 
+def _check_out_indices(out_indices: Any, num_stages: int) -> None:
+    """Every feature index names a stage: an int in [-num_stages, num_stages)."""
+    indices = out_indices if isinstance(out_indices, (list, tuple)) else (out_indices,)
+    for index in indices:
+        if isinstance(index, bool) or not isinstance(index, int) or not -num_stages <= index < num_stages:
+            raise ValueError(
+                f"out_indices must hold stage indices in [{-num_stages}, {num_stages - 1}] "
+                f"(the model has {num_stages} stages), got {out_indices!r}"
+            )
+
+
 def _create_vmamba(variant: str, pretrained: bool = False, **kwargs: Any) -> VMamba:
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
+    if kwargs.get("features_only"):
+        _check_out_indices(out_indices, len(kwargs.get("depths", DEFAULT_DEPTHS)))
     # the caller's feature_cfg (e.g. {"feature_cls": "fx"}) on top of the family's defaults
     feature_cfg = {"flatten_sequential": True, "out_indices": out_indices, **(kwargs.pop("feature_cfg", None) or {})}
     if pretrained:

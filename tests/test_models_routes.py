@@ -1,0 +1,127 @@
+"""SS2D on the four-route op: the fused path equals VMamba's per-route copies on every model,
+the corner route set, and the ERF tool drawing it."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+import vmamba2d  # noqa: F401  (registers the models)
+from vmamba2d.models import SS2D
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ["vmamba2d_tiny", "vmamba2d_small", "vmamba2d_base", "vmamba_tiny", "vmamba_small", "vmamba_base"]
+
+
+def _set_cross_scan(model: torch.nn.Module, mode: str) -> None:
+    for module in model.modules():
+        if isinstance(module, SS2D):
+            module.cross_scan = mode
+
+
+def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """||got - expected|| / ||expected|| (Frobenius)."""
+    return (torch.linalg.vector_norm(got - expected) / torch.linalg.vector_norm(expected)).item()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fused_routes_equal_per_route_copies(name):
+    """Every SS2D mixer of the network gives the same output both ways (fp32, 1e-6 relative), and
+    so does the network (rounding differences compound over the deeper models' 21 blocks)."""
+    torch.manual_seed(0)
+    model = timm.create_model(name).eval()
+    images = torch.randn(1, 3, 50, 77)
+    mixer_calls = []
+    hooks = [m.register_forward_hook(lambda module, args, out: mixer_calls.append((module, args[0], out)))
+             for m in model.modules() if isinstance(m, SS2D)]
+    with torch.no_grad():
+        fused = model(images)
+        for hook in hooks:
+            hook.remove()
+        _set_cross_scan(model, "per_route")
+        per_route = model(images)
+        assert len(mixer_calls) == sum(model.stages[i].blocks.__len__() for i in range(4))
+        for module, mixer_input, fused_output in mixer_calls:
+            assert _relative_error(fused_output, module(mixer_input)) <= 1e-6
+    assert _relative_error(fused, per_route) <= (1e-6 if name.endswith("tiny") else 3e-6)
+
+
+@pytest.mark.parametrize("name", ["vmamba2d_tiny", "vmamba_tiny"])
+def test_fused_routes_gradients_equal_per_route_copies(name):
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=10)
+    images = torch.randn(2, 3, 50, 77)
+    grads = {}
+    for mode in ("fused", "per_route"):
+        _set_cross_scan(model, mode)
+        model.zero_grad()
+        model(images).square().sum().backward()
+        grads[mode] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for param_name, grad in grads["fused"].items():
+        assert _relative_error(grad, grads["per_route"][param_name]) <= 1e-5, param_name
+
+
+def test_fused_routes_on_a_large_odd_map():
+    torch.manual_seed(0)
+    op = SS2D(48, scan="2d").eval()
+    x = torch.randn(1, 48, 57, 77)  # stage-1 map of a 225 x 301 image
+    with torch.no_grad():
+        fused = op(x)
+        op.cross_scan = "per_route"
+        assert _relative_error(fused, op(x)) <= 1e-6
+
+
+def _mixer_influence(op: SS2D, size: int = 9) -> torch.Tensor:
+    """|d y[centre] / d x| summed over channels for one mixer's scan (size x size)."""
+    x = torch.randn(1, op.d_inner, size, size, dtype=torch.float64, requires_grad=True)
+    y = op.scan_routes(x)
+    y[0, :, size // 2, size // 2].sum().backward()
+    return x.grad.abs().sum(1)[0]
+
+
+@pytest.mark.parametrize("cross_scan", ["fused", "per_route"])
+def test_corner_routes_reach_all_four_quadrants(cross_scan):
+    torch.manual_seed(0)
+    quadrants = {}
+    for routes in ("cross", "corners"):
+        op = SS2D(8, routes=routes, cross_scan=cross_scan, dtype=torch.float64)
+        influence = _mixer_influence(op)
+        c = influence.shape[0] // 2
+        quadrants[routes] = {
+            "top_left": influence[:c, :c].sum(), "bottom_right": influence[c + 1:, c + 1:].sum(),
+            "top_right": influence[:c, c + 1:].sum(), "bottom_left": influence[c + 1:, :c].sum(),
+        }
+    assert quadrants["cross"]["top_left"] > 0 and quadrants["cross"]["bottom_right"] > 0
+    assert quadrants["cross"]["top_right"] == 0 and quadrants["cross"]["bottom_left"] == 0
+    assert all(mass > 0 for mass in quadrants["corners"].values())
+
+
+def test_corner_routes_keep_the_checkpoint_layout():
+    cross = timm.create_model("vmamba2d_tiny", num_classes=0)
+    corners = timm.create_model("vmamba2d_tiny", num_classes=0, routes="corners")
+    corners.load_state_dict(cross.state_dict())
+    images = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert not torch.allclose(cross.eval()(images), corners.eval()(images))
+    with pytest.raises(ValueError, match="routes must be one of"):
+        SS2D(8, routes="diagonal")
+    with pytest.raises(ValueError, match="cross_scan must be one of"):
+        SS2D(8, cross_scan="copies")
+
+
+def test_erf_tool_draws_the_corner_route_model(tmp_path):
+    spec = importlib.util.spec_from_file_location("erf_tool", ROOT / "tools" / "erf.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    args = tool.parse_args(["--models", "vmamba2d_tiny", "--random-init", "--num-images", "1", "--input-size", "64",
+                            "--out", str(tmp_path), "--device", "cpu", "--model-kwargs", "routes=corners"])
+    assert args.model_kwargs == {"routes": "corners"}
+    tool.run(args)
+    erf_map = np.load(tmp_path / "vmamba2d_tiny.npy")
+    assert erf_map.shape == (64, 64) and erf_map.sum() > 0
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--models", "vmamba2d_tiny", "--model-kwargs", "routes"])
