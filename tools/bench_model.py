@@ -10,10 +10,18 @@ GPU: ``torch.cuda.max_memory_allocated``). Prints a markdown table; ``--out FILE
     python tools/bench_model.py --device cuda            # GPU, batch 128, fp32 and bf16 autocast
     python tools/bench_model.py --device cuda --models vmamba2d_tiny vmamba_tiny convnext_tiny
     python tools/bench_model.py --batch-sizes 1 --iters 5 --out benchmarks/model_cpu.md
+    python tools/bench_model.py --models vmamba2d_tiny vmamba2d_tiny:cross_scan=per_route --profile
+
+A model is a timm name, optionally with ``:key=value,...`` model arguments (e.g.
+``vmamba2d_tiny:cross_scan=per_route`` for the per-route SS2D path). ``--profile`` adds, per
+model, torch.profiler's operators by self time of one inference call and the share of the
+route-copy operators (copy_, flip, cat, stack).
 
 Targets checked at the end: CPU inference of vmamba2d_tiny within 1.5x of vmamba_tiny and 3x of
 convnext_tiny; GPU: vmamba2d_tiny >= 0.9x vmamba_tiny and above VMamba-T's published 1686 img/s
-(A100, fp32, batch 128).
+(A100, fp32, batch 128). Where a ``MODEL:cross_scan=per_route`` row is measured too: the fused
+four-route op >= 1.3x its inference and >= 1.2x its training throughput, with lower peak memory;
+on CPU also vmamba2d_tiny >= 1.0x convnext_tiny at batch 8 and above.
 """
 from __future__ import annotations
 
@@ -67,6 +75,36 @@ def _timed(step, iters: int, warmup: int, device: str) -> float:
     return min(durations)
 
 
+COPY_OPERATORS = ("aten::copy_", "aten::flip", "aten::cat", "aten::stack")
+
+
+def parse_model_spec(spec: str) -> tuple[str, dict]:
+    """``"name:key=value,..."`` -> (timm name, model kwargs); values stay strings except ints."""
+    name, _, options = spec.partition(":")
+    kwargs = {}
+    for item in filter(None, options.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise ValueError(f"model options must be key=value, got {item!r} in {spec!r}")
+        kwargs[key] = int(value) if value.lstrip("-").isdigit() else value
+    return name, kwargs
+
+
+def _profile_inference(infer) -> dict:
+    """torch.profiler over one inference call: the top operators by self CPU time and the share
+    of the route-copy operators."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        infer()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+    top = [(e.key, e.self_cpu_time_total / total) for e in ranked[:12]]
+    copies = sum(e.self_cpu_time_total for e in events if e.key in COPY_OPERATORS) / total
+    return dict(top=top, copy_share=copies)
+
+
 def run_worker(args: argparse.Namespace) -> dict:
     """Measure one (model, batch, precision) in this process; returns the result row."""
     import timm
@@ -78,7 +116,8 @@ def run_worker(args: argparse.Namespace) -> dict:
     device, batch = args.device, args.batch_size
     autocast_dtype = {"fp32": None, "bf16": torch.bfloat16,
                       "amp": torch.bfloat16 if device == "cpu" else torch.float16}[args.precision]
-    model = timm.create_model(args.model, num_classes=1000).to(device)
+    name, model_kwargs = parse_model_spec(args.model)
+    model = timm.create_model(name, num_classes=1000, **model_kwargs).to(device)
     images = torch.randn(batch, 3, args.img_size, args.img_size, device=device)
     targets = torch.randint(0, 1000, (batch,), device=device)
     autocast = torch.autocast(device_type=device, dtype=autocast_dtype or torch.bfloat16,
@@ -95,6 +134,8 @@ def run_worker(args: argparse.Namespace) -> dict:
 
     row = dict(model=args.model, device=device, precision=args.precision, batch=batch,
                infer_img_s=batch / infer_s, infer_peak_mb=infer_peak)
+    if args.profile:
+        row["profile"] = _profile_inference(infer)
     if not args.no_train:
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -131,7 +172,8 @@ def _spawn(model: str, batch: int, precision: str, args: argparse.Namespace) -> 
         sys.executable, str(Path(__file__).resolve()), "--worker", "--models", model, "--device", args.device,
         "--batch-sizes", str(batch), "--precisions", precision, "--iters", str(args.iters),
         "--warmup", str(args.warmup), "--img-size", str(args.img_size),
-    ] + (["--no-train"] if args.no_train or batch not in args.train_batch_sizes else [])
+    ] + (["--no-train"] if args.no_train or batch not in args.train_batch_sizes else []) + (
+        ["--profile"] if args.profile else [])
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if result.returncode != 0:
         raise RuntimeError(f"worker for {model} batch {batch} {precision} failed:\n{result.stderr[-3000:]}")
@@ -188,9 +230,51 @@ def _table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _profile_tables(rows: list[dict]) -> list[str]:
+    lines = []
+    for r in rows:
+        if "profile" not in r:
+            continue
+        lines += ["", f"## Profile: {r['model']} {r['precision']} batch {r['batch']} (one inference call, self CPU time)", "",
+                  f"route-copy operators ({', '.join(COPY_OPERATORS)}): {100 * r['profile']['copy_share']:.1f}%", "",
+                  "| operator | share of self time |", "|---|---|"]
+        lines += [f"| {op} | {100 * share:.1f}% |" for op, share in r["profile"]["top"]]
+    return lines
+
+
+def _fused_route_targets(rows: list[dict], device: str) -> list[str]:
+    """Each ``MODEL:cross_scan=per_route`` row against the ``MODEL`` row (fused op) of its batch."""
+    lookup = {(r["model"], r["precision"], r["batch"]): r for r in rows}
+    lines = []
+    for (spec, precision, batch), per_route in sorted(lookup.items()):
+        name, kwargs = parse_model_spec(spec)
+        fused = lookup.get((name, precision, batch))
+        if kwargs != {"cross_scan": "per_route"} or fused is None:
+            continue
+        ratio = fused["infer_img_s"] / per_route["infer_img_s"]
+        lines.append(f"- {name} {precision} batch {batch}: fused / per-route inference = {ratio:.2f}x "
+                     f"(target >= 1.3x): {'met' if ratio >= 1.3 else 'NOT met'}")
+        if "train_img_s" in fused and "train_img_s" in per_route:
+            ratio = fused["train_img_s"] / per_route["train_img_s"]
+            lines.append(f"- {name} {precision} batch {batch}: fused / per-route training = {ratio:.2f}x "
+                         f"(target >= 1.2x): {'met' if ratio >= 1.2 else 'NOT met'}")
+        for phase in ("infer", "train"):
+            key = f"{phase}_peak_mb"
+            if key in fused and key in per_route:
+                lower = fused[key] < per_route[key]
+                lines.append(f"- {name} {precision} batch {batch}: {phase} peak memory fused {fused[key]:.0f} MiB vs "
+                             f"per-route {per_route[key]:.0f} MiB (target lower): {'met' if lower else 'NOT met'}")
+        convnext = lookup.get(("convnext_tiny", precision, batch))
+        if device == "cpu" and convnext and batch >= 8 and name.endswith("_tiny"):
+            ratio = fused["infer_img_s"] / convnext["infer_img_s"]
+            lines.append(f"- {name} {precision} batch {batch}: {name} / convnext_tiny inference = {ratio:.2f}x "
+                         f"(target >= 1.0x): {'met' if ratio >= 1.0 else 'NOT met'}")
+    return lines
+
+
 def _targets(rows: list[dict], device: str) -> list[str]:
     lookup = {(r["model"], r["precision"], r["batch"]): r["infer_img_s"] for r in rows}
-    lines = ["", "## Targets (inference throughput)", ""]
+    lines = ["", "## Targets (inference throughput)", ""] + _fused_route_targets(rows, device)
     for (model, precision, batch), ours in sorted(lookup.items()):
         if model != "vmamba2d_tiny":
             continue
@@ -230,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-train", action="store_true", help="measure inference only")
     parser.add_argument("--train-batch-sizes", nargs="+", type=int,
                         help="batch sizes that also get a training measurement (default: all of --batch-sizes)")
+    parser.add_argument("--profile", action="store_true",
+                        help="add torch.profiler's top operators of one inference call per row")
     parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -240,6 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     args.precisions = args.precisions or (["fp32", "bf16"] if args.device == "cuda" else ["fp32"])
     if any(b < 1 for b in args.batch_sizes):
         parser.error("--batch-sizes must be positive")
+    for spec in args.models:
+        try:
+            parse_model_spec(spec)
+        except ValueError as err:
+            parser.error(f"--models: {err}")
 
     if args.worker:
         args.model, args.batch_size, args.precision = args.models[0], args.batch_sizes[0], args.precisions[0]
@@ -261,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                     key = (model, precision, batch)
                     best[key] = _best_of(best[key], row) if key in best else row
     rows = list(best.values())
-    lines += _table(rows) + _targets(rows, args.device)
+    lines += _table(rows) + _targets(rows, args.device) + _profile_tables(rows)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
