@@ -54,7 +54,7 @@ def cpu_sources_dir() -> Optional[Path]:
     return None
 
 
-def jit_extension_name(sources_dir: Path) -> str:
+def _jit_extension_name(sources_dir: Path) -> str:
     """The JIT module's name: torch's version, then a hash of everything the build depends on.
 
     torch's extension cache keeps one build folder per name, so a torch upgrade, a changed source
@@ -138,7 +138,7 @@ def _jit_build_cpu() -> Optional[ModuleType]:
     try:
         from torch.utils.cpp_extension import get_default_build_root, load
 
-        name = jit_extension_name(sources_dir)
+        name = _jit_extension_name(sources_dir)
         build_dir = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
         build_dir.mkdir(parents=True, exist_ok=True)
         if not (build_dir / f"{name}.so").is_file():
