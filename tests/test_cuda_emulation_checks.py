@@ -174,11 +174,14 @@ def test_tile_parallel_barriers_are_necessary():
     # 70x70 maps = 3x3 tiles, one block per tile, N = 4, 5 channels (a prime group size: one
     # channel per block, on 4 warps, one state round). Forward: the edge passes have 1 barrier
     # per block, the final pass 2 (sm_count 1000: 5 sequential blocks would not fill it).
-    # Backward, the 5 channels in one block walked one at a time (sm_count 2): edge passes 1 per
-    # channel + 1 between channels (9), the final pass per channel 2 + 2 around its reduction,
-    # + 1 between channels (24).
+    # Backward (sm_count 1000): the planner slices the 5 channels into 5 blocks per tile, so a
+    # block handles one channel: edge passes 1 barrier, the final pass 2 + 2 around its reduction.
+    # (Several channel sets walked by one block -- the barrier between them -- run in the
+    # sequential backward: test_every_barrier_is_necessary.)
     inputs = make_inputs(1, 5, 1, 4, 70, 70, seed=6)
     args = [inputs[k] for k in ORDER]
+    plan = CUDA_MODULE._launch_plan(1, 5, 1, 4, 70, 70, 1000, 164 * 1024, 163 * 1024)
+    assert plan["fwd_tile_parallel"] and plan["bwd_tile_parallel"] and plan["bwd_slices"] == 5
     for index in (0, 1):
         with pytest.raises(RuntimeError, match="race"):
             CUDA_MODULE._emulate_forward(*args, True, 70, 70, False, True, drop_barrier=index,
@@ -186,12 +189,12 @@ def test_tile_parallel_barriers_are_necessary():
     y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 70, 70, False, True,
                                                        drop_barrier=2, sm_count=1000)
     dy = torch.randn_like(y)
-    for index in range(24):
+    for index in range(4):
         with pytest.raises(RuntimeError, match="race"):
             CUDA_MODULE._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v,
-                                          drop_barrier=index, sm_count=2)
-    CUDA_MODULE._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v, drop_barrier=24,
-                                  sm_count=2)
+                                          drop_barrier=index, sm_count=1000)
+    CUDA_MODULE._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v, drop_barrier=4,
+                                  sm_count=1000)
 
 
 @needs_module

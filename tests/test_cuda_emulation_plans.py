@@ -24,9 +24,10 @@ DEVICES = {
     "sm80-A100": dict(sm_count=108, smem_per_block=163 * KIB, smem_per_sm=164 * KIB),
     "sm90-H100": dict(sm_count=132, smem_per_block=227 * KIB, smem_per_sm=228 * KIB),
 }
-# sequential: one SM, so each block walks its map's tiles in order (carries in shared memory);
-# tile-parallel: the device's SM count, more than these few maps fill, so the tiles of a map run
-# in parallel with carry scans between the passes.
+# sequential: one SM, so each block walks its map's tiles in order (carries in shared memory; the
+# forward of the N = 64 map on an H100 goes tile-parallel even there: its 1-warp blocks leave the
+# SM's slots idle); tile-parallel: the device's SM count, more resident slots than these few maps
+# fill, so the tiles of a map run in parallel with carry scans between the passes.
 PLANS = ("sequential", "tile-parallel")
 # (batch, dim, groups, N, height, width, dtype): several tiles with partial edges each, so both
 # plans differ; N = 1 with 4 channels per group (several channels per block), N = 2 and 16 (warps
@@ -143,3 +144,54 @@ def test_one_state_blocks_are_128_threads_on_h100_in_both_passes():
 def test_launch_plan_rejects_bad_shapes(args, message):
     with pytest.raises(ValueError, match=message):
         CUDA_MODULE._launch_plan(*args, 8, 164 * KIB, 163 * KIB)
+
+
+MODEL_SHAPES = [(128, dim, 4, 1, side, side) for side, dim in ((56, 384), (28, 768), (14, 1536), (7, 3072))]
+
+
+def _lost_slots(blocks: int, slots: int) -> float:
+    waves = -(-blocks // slots)
+    return 1 - blocks / (waves * slots)
+
+
+@needs_module
+@pytest.mark.parametrize("device", ["sm80-A100", "sm90-H100"])
+def test_model_shape_grids_fill_their_waves_of_resident_slots(device):
+    # vmamba2d_tiny's scan calls: at most 10% of the resident block slots of the last wave stay
+    # empty in either pass (the backward picks its channel slices for it; v2 put 384 blocks on
+    # an H100's 264 backward slots at 14x14, losing 27%).
+    limits = DEVICES[device]
+    for shape in MODEL_SHAPES:
+        plan = CUDA_MODULE._launch_plan(*shape, limits["sm_count"], limits["smem_per_sm"], limits["smem_per_block"])
+        for pass_ in ("fwd", "bwd"):
+            slots = limits["sm_count"] * plan[f"{pass_}_resident_blocks"]
+            assert plan[f"{pass_}_resident_warps"] == plan[f"{pass_}_resident_blocks"] * plan[f"{pass_}_threads"] // 32
+            assert plan[f"{pass_}_waves"] == -(-plan[f"{pass_}_blocks"] // slots)
+            assert plan[f"{pass_}_lost_slots"] == pytest.approx(_lost_slots(plan[f"{pass_}_blocks"], slots))
+            assert plan[f"{pass_}_lost_slots"] <= 0.10, (device, shape, pass_, plan)
+
+
+@needs_module
+def test_main_grids_count_their_blocks():
+    limits = DEVICES["sm90-H100"]
+    plan = CUDA_MODULE._launch_plan(128, 1536, 4, 1, 14, 14, limits["sm_count"], limits["smem_per_sm"],
+                                    limits["smem_per_block"])
+    # 14x14 maps: 2 x 2 per tile, so 32 batch blocks; 4 channels per block.
+    assert plan["fwd_blocks"] == 32 * 1536 // 4
+    assert plan["bwd_blocks"] == 32 * 4 * plan["bwd_slices"]
+    assert plan["bwd_slices"] == 2  # 256 blocks on 264 slots: 3% lost (3 slices: 384 blocks, 27%)
+
+
+@needs_module
+def test_tile_parallel_switch_weighs_waves_of_resident_slots():
+    # 200 maps of 64 x 64 (2 x 2 tiles) at N = 1, one channel: 200 sequential blocks. An H100 has
+    # more SMs than 200 / 2 but 16 one-warp blocks fit per SM: 2112 slots hold all 800 tile blocks
+    # in one wave, so three tile-parallel passes beat four sequential tile steps.
+    limits = DEVICES["sm90-H100"]
+    plan = CUDA_MODULE._launch_plan(200, 1, 1, 1, 64, 64, limits["sm_count"], limits["smem_per_sm"],
+                                    limits["smem_per_block"])
+    assert plan["fwd_resident_blocks"] == 16 and plan["fwd_tile_parallel"] and plan["fwd_blocks"] == 800
+    # One SM (4 slots of 4-channel blocks): 2 sequential blocks walk 4 tiles in one wave (4 steps);
+    # tile-parallel would take 3 passes x 2 waves.
+    plan = CUDA_MODULE._launch_plan(1, 8, 2, 1, 40, 45, 1, limits["smem_per_sm"], limits["smem_per_block"])
+    assert plan["fwd_resident_blocks"] == 4 and not plan["fwd_tile_parallel"]

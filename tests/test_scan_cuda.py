@@ -210,9 +210,10 @@ def test_emulated_kernel_matches_reference(index):
     batch, dim, groups, nstate, height, width, dtype = EMULATED_SHAPES[index]
     inputs = make_inputs(batch, dim, groups, nstate, height, width, dtype=dtype, seed=index)
     half = dtype != torch.float32
-    # The planned device: 1 SM -> the forward walks each map's tiles in one block and the backward
-    # keeps a group's channels in one block; 1000 SMs -> multi-tile maps run tile-parallel and the
-    # backward splits groups into channel slices (partial dB / dC buffers summed in order). Every
+    # The planned device: 1 SM -> the backward keeps a group's channels in one block and walks each
+    # map's tiles (so does the forward, unless the SM's resident slots run its few blocks' tiles
+    # faster in parallel); 1000 SMs -> maps of 4 or more tiles run tile-parallel (three passes) and
+    # the backward splits groups into channel slices (partial dB / dC buffers summed in order). Every
     # third shape is planned for 228 KB SMs (H100), the others for 164 KB (A100): block shapes
     # differ, e.g. 4 instead of 3 channels per backward block at N = 1 with 96 channels per group.
     check_all(emulated_fwd, emulated_bwd, inputs, height, width, rtol=3e-2 if half else 5e-5,

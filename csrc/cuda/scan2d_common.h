@@ -92,8 +92,9 @@ struct Geometry {
 //            into the slice's own partial buffer (no atomics); the partials are summed in slice
 //            order afterwards: deterministic.
 //  tile_parallel: the forward runs the tile-parallel passes (grid z = tiles of a map) because the
-//            sequential grid has fewer blocks than the device has SMs (few maps, e.g. one 200x200
-//            map): see ForwardPass; bwd_tile_parallel likewise for the backward.
+//            sequential grid has too few blocks for the device's resident block slots (few maps,
+//            e.g. one 200x200 map; use_tile_parallel in scan2d_driver.h): see ForwardPass;
+//            bwd_tile_parallel likewise for the backward.
 struct Launch {
   int fwd_channels;
   int fwd_wpc;

@@ -91,21 +91,48 @@ inline Geometry plan_geometry(int64_t batch, int64_t dim, int64_t groups, int64_
   return g;
 }
 
-// Largest divisor of n that is <= cap (>= 1).
-inline int largest_divisor_up_to(int n, int cap) {
-  for (int k = std::max(1, std::min(n, cap)); k > 1; --k) {
-    if (n % k == 0) return k;
-  }
-  return 1;
-}
-
-// Warps of one kernel resident per SM with blocks of nwarps warps taking smem bytes: limited by
+// Blocks of one kernel resident per SM with blocks of nwarps warps taking smem bytes: limited by
 // the SM's shared memory and by the registers per thread the kernel's budget allows.
-inline int resident_warps(size_t smem, int nwarps, int registers, const DeviceLimits& dev) {
+inline int resident_blocks(size_t smem, int nwarps, int registers, const DeviceLimits& dev) {
   if (smem > dev.smem_per_block) return 0;
   const int by_smem = static_cast<int>(dev.smem_per_sm / (smem + kReservedSmemPerBlock));
   const int by_registers = kRegistersPerSm / (registers * nwarps * kTile);
-  return std::min(by_smem, by_registers) * nwarps;
+  return std::min(by_smem, by_registers);
+}
+
+inline int resident_warps(size_t smem, int nwarps, int registers, const DeviceLimits& dev) {
+  return resident_blocks(smem, nwarps, registers, dev) * nwarps;
+}
+
+// How a grid of `blocks` blocks fills `slots` resident block slots (SMs x resident blocks per SM):
+// in ceil(blocks / slots) waves; the slots of the last wave that stay empty are lost.
+struct WaveFit {
+  int64_t waves;
+  double lost;  // share of the waves' slots without a block, 0 .. 1
+};
+
+inline WaveFit wave_fit(int64_t blocks, int64_t slots) {
+  const int64_t waves = ceil_div(blocks, std::max<int64_t>(slots, 1));
+  return WaveFit{waves, 1.0 - static_cast<double>(blocks) / static_cast<double>(waves * slots)};
+}
+
+// Registers per thread each kernel is compiled for (__launch_bounds__ in the .cu files).
+constexpr int kForwardRegisters = kRegistersPerSm / (kBlockThreads * kMinBlocksPerSm);
+constexpr int kBackwardRegisters = kRegistersPerSm / (kBlockThreads * kMinBackwardBlocksPerSm);
+// A grid that leaves at most this share of its waves' slots empty counts as filling the device.
+constexpr double kMaxLostSlots = 0.10;
+// The tile-parallel passes cost about this many sequential tile steps per tile (edge passes, final
+// pass, carry scans); see use_tile_parallel.
+constexpr int64_t kTileParallelPasses = 3;
+
+// Whether the tiles of a map should run in parallel: a sequential block walks its map's `tiles`
+// tiles one after another, so a grid of `blocks` blocks takes ceil(blocks / slots) waves of `tiles`
+// tile steps; the tile-parallel passes run blocks * tiles blocks about kTileParallelPasses times.
+inline bool use_tile_parallel(int64_t blocks, int64_t tiles, int64_t slots) {
+  if (tiles <= 1 || tiles > 65535) return false;
+  const int64_t sequential = wave_fit(blocks, slots).waves * tiles;
+  const int64_t parallel = kTileParallelPasses * wave_fit(blocks * tiles, slots).waves;
+  return parallel < sequential;
 }
 
 struct BlockShape {
@@ -140,31 +167,66 @@ inline BlockShape pick_block_shape(const Geometry& g, const DeviceLimits& dev, i
          })->first;
 }
 
-// The work split for a geometry on a device (see Launch in scan2d_common.h).
+// Resident block slots of the whole device for a pass's block shape.
+inline int64_t block_slots(const DeviceLimits& dev, size_t smem, int nwarps, int registers) {
+  return static_cast<int64_t>(dev.sm_count) * resident_blocks(smem, nwarps, registers, dev);
+}
+
+// Channel slices of the backward: the fewest (a divisor of the channel sets of a group, each slice
+// owning its dB / dC partial) whose grid of base_blocks * slices blocks loses at most
+// kMaxLostSlots of its waves' slots; else the one that loses the least (fewest on a tie).
+inline int pick_slices(int64_t base_blocks, int sets, int64_t slots) {
+  int best = 1;
+  double best_lost = 2.0;
+  for (int s = 1; s <= sets; ++s) {
+    if (sets % s != 0) continue;
+    const double lost = wave_fit(base_blocks * s, slots).lost;
+    if (lost <= kMaxLostSlots) return s;
+    if (lost < best_lost) {
+      best = s;
+      best_lost = lost;
+    }
+    if (base_blocks * s >= 4 * slots) break;  // more slices only add partials to sum
+  }
+  return best;
+}
+
+// The work split for a geometry on a device (see Launch in scan2d_common.h). Grids are measured
+// in resident block slots (SMs x blocks of that shape resident per SM), not in SMs.
 inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   Launch k{};
-  const BlockShape fwd = pick_block_shape(
-      g, dev, kRegistersPerSm / (kBlockThreads * kMinBlocksPerSm),
-      [&](int c, int wpc) { return forward_layout(c, wpc, g.nstate).total; }, "forward");
-  const BlockShape bwd = pick_block_shape(
-      g, dev, kRegistersPerSm / (kBlockThreads * kMinBackwardBlocksPerSm),
-      [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate).total; }, "backward");
+  const auto fwd_smem = [&](int c, int wpc) { return forward_layout(c, wpc, g.nstate).total; };
+  const auto bwd_smem = [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate).total; };
+  const BlockShape fwd = pick_block_shape(g, dev, kForwardRegisters, fwd_smem, "forward");
+  const BlockShape bwd = pick_block_shape(g, dev, kBackwardRegisters, bwd_smem, "backward");
   k.fwd_channels = fwd.channels;
   k.fwd_wpc = fwd.wpc;
   k.bwd_channels = bwd.channels;
   k.bwd_wpc = bwd.wpc;
-  // Enough backward blocks to fill the device twice over, each slice owning its dB / dC partial;
-  // a slice holds a whole number of channel sets.
-  const int per_group = g.dim / g.groups;
+  const int64_t fwd_slots = block_slots(dev, fwd_smem(fwd.channels, fwd.wpc), fwd.channels * fwd.wpc,
+                                        kForwardRegisters);
+  const int64_t bwd_slots = block_slots(dev, bwd_smem(bwd.channels, bwd.wpc), bwd.channels * bwd.wpc,
+                                        kBackwardRegisters);
   const int64_t base_blocks = static_cast<int64_t>(std::max(g.batch_blocks, 1)) * g.groups;
-  const int64_t want = ceil_div(2 * static_cast<int64_t>(dev.sm_count), base_blocks);
-  const int sets = per_group / k.bwd_channels;
-  k.slices = largest_divisor_up_to(sets, static_cast<int>(std::min<int64_t>(want, sets)));
+  k.slices = pick_slices(base_blocks, g.dim / g.groups / k.bwd_channels, bwd_slots);
+  // Too few maps to fill the slots: the tiles of a map run in parallel instead.
   const int64_t tiles = static_cast<int64_t>(g.tiles_h) * g.tiles_w;
   const int64_t sequential_blocks = static_cast<int64_t>(g.batch_blocks) * (g.dim / k.fwd_channels);
-  k.tile_parallel = tiles > 1 && tiles <= 65535 && sequential_blocks < dev.sm_count;
-  k.bwd_tile_parallel = tiles > 1 && tiles <= 65535 && base_blocks * k.slices < dev.sm_count;
+  k.tile_parallel = use_tile_parallel(sequential_blocks, tiles, fwd_slots);
+  k.bwd_tile_parallel = use_tile_parallel(base_blocks * k.slices, tiles, bwd_slots);
   return k;
+}
+
+// Blocks of the forward's / backward's main grid (the sequential pass or the tile-parallel final
+// pass) for a plan.
+inline int64_t forward_blocks(const Geometry& g, const Launch& k) {
+  const int64_t tiles = k.tile_parallel ? static_cast<int64_t>(g.tiles_h) * g.tiles_w : 1;
+  return static_cast<int64_t>(g.batch_blocks) * (g.dim / k.fwd_channels) * tiles;
+}
+
+inline int64_t backward_blocks(const Geometry& g, const Launch& k) {
+  const int64_t tiles = k.bwd_tile_parallel ? static_cast<int64_t>(g.tiles_h) * g.tiles_w : 1;
+  return static_cast<int64_t>(g.batch_blocks) * g.groups * k.slices * tiles;
 }
 
 template <class Backend>

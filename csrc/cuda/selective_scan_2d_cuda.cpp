@@ -140,18 +140,25 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
   pybind11::dict d;
   d["tiles"] = pybind11::make_tuple(g.tiles_h, g.tiles_w);
   d["maps_per_tile"] = pybind11::make_tuple(g.pack_rows, g.pack_cols);
-  auto add_pass = [&](const std::string& pass, int channels, int wpc, size_t smem, int min_blocks) {
-    const int registers = kRegistersPerSm / (kBlockThreads * min_blocks);
+  auto add_pass = [&](const std::string& pass, int channels, int wpc, size_t smem, int registers,
+                      int64_t blocks) {
+    const int per_sm = resident_blocks(smem, channels * wpc, registers, dev);
+    const WaveFit fit = wave_fit(blocks, static_cast<int64_t>(dev.sm_count) * per_sm);
     d[(pass + "_channels").c_str()] = channels;
     d[(pass + "_warps_per_channel").c_str()] = wpc;
     d[(pass + "_threads").c_str()] = channels * wpc * kTile;
     d[(pass + "_smem_bytes").c_str()] = smem;
-    d[(pass + "_resident_warps").c_str()] = resident_warps(smem, channels * wpc, registers, dev);
+    d[(pass + "_registers").c_str()] = registers;
+    d[(pass + "_resident_blocks").c_str()] = per_sm;
+    d[(pass + "_resident_warps").c_str()] = per_sm * channels * wpc;
+    d[(pass + "_blocks").c_str()] = blocks;
+    d[(pass + "_waves").c_str()] = fit.waves;
+    d[(pass + "_lost_slots").c_str()] = fit.lost;
   };
   add_pass("fwd", k.fwd_channels, k.fwd_wpc, forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate).total,
-           kMinBlocksPerSm);
+           kForwardRegisters, forward_blocks(g, k));
   add_pass("bwd", k.bwd_channels, k.bwd_wpc, backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate).total,
-           kMinBackwardBlocksPerSm);
+           kBackwardRegisters, backward_blocks(g, k));
   d["fwd_tile_parallel"] = k.tile_parallel;
   d["bwd_slices"] = k.slices;
   d["bwd_tile_parallel"] = k.bwd_tile_parallel;
@@ -222,7 +229,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_launch_plan", &launch_plan,
         "The kernels' work split for these shapes on a device with sm_count SMs and smem_per_sm /\n"
         "smem_per_block bytes of shared memory (per SM / opt-in per block): channels and warps per\n"
-        "block, threads, dynamic shared memory, the modelled resident warps per SM, slices, tiling.",
+        "block, threads, dynamic shared memory, the registers per thread it is compiled for, the\n"
+        "modelled resident blocks / warps per SM, the main grid's blocks, its waves over the device's\n"
+        "resident block slots and the share of slots they leave empty, slices, tiling.",
         py::arg("batch"), py::arg("dim"), py::arg("groups"), py::arg("nstate"), py::arg("height"),
         py::arg("width"), py::arg("sm_count"), py::arg("smem_per_sm"), py::arg("smem_per_block"));
   m.def("_emulation_vector_accesses", &emulation_vector_accesses,
