@@ -8,7 +8,7 @@ STAMP := $(VENV)/.vmamba2d-installed
 PYTEST_ARGS ?=
 export MAX_JOBS ?= 2
 
-.PHONY: setup demo test bench ptxas-check gpu-check clean
+.PHONY: setup demo test bench ptxas-check sass-report gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ bench: setup
 # no rebuild: uses the venv's python for torch's include dirs when the venv exists).
 ptxas-check:
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tools/ptxas_report.py --jobs $(MAX_JOBS) --out out/ptxas.md
+
+# Static report of the CUDA kernels for T4 / A100 / H100 (no GPU): registers, spills, resident warps
+# per SM, SASS instructions of the tile loop per cell, load batching, and the launch planner's waves
+# on the model and Table-3 shapes, against the GPU kernels' static targets (tools/sass_report.py;
+# needs nvcc and the built extension, whose planner sizes the blocks).
+sass-report: setup
+	$(PY) tools/sass_report.py --jobs $(MAX_JOBS) --out out/sass_report.md
 
 # For a GPU machine: no venv, no network. Builds the extensions in place against that machine's
 # python3 / torch, runs the CUDA tests, compute-sanitizer and the benchmarks within one 10-minute

@@ -1,0 +1,639 @@
+#!/usr/bin/env python
+"""Static report of the CUDA scan kernels (no GPU needed): resources, residency, tile-loop SASS,
+load batching and launch waves, checked against the static targets of the GPU kernels.
+
+Per kernel instantiation (forward / backward x fp32 / fp16 / bf16) and arch (T4 sm_75, A100 sm_80,
+H100 sm_90):
+
+* registers, spills, stack (``nvcc -cubin -Xptxas -v``, parsed by tools/ptxas_report.py);
+* dynamic shared memory and threads of the block the launch planner picks for the model shape
+  (``_C_cuda._launch_plan``, batch 128, 56x56 x 384 channels, 4 groups, N = 1) on that GPU;
+* resident warps / SM, computed like CUDA's occupancy calculator from those registers, that shared
+  memory and block size with the arch's limits (ARCH_PROFILES: registers per SM, register
+  allocation unit of 256 registers per warp, max warps and blocks per SM, shared memory per SM and
+  per block, its allocation unit and the 1 KiB the runtime reserves per block on sm_80+);
+* SASS of the tile loop, from ``nvdisasm`` of the compiled cubin (``cuobjdump -sass`` prints the
+  same instructions; nvdisasm also ships with Triton, so the report runs where the CUDA toolkit
+  has no binutils). Method:
+    1. the function's instructions are split into basic blocks (leaders: the entry, every branch
+       target label, every instruction after a branch or EXIT); edges: the branch target, and the
+       fall-through unless the branch / EXIT is unconditional;
+    2. loops are the natural loops of the back edges: an edge n -> h to a block laid out at or
+       before n whose head h dominates n; the loop is h plus every block that reaches n without
+       passing h (so out-of-line pieces such as the WARPSYNC fallbacks count with their loop),
+       plus the subroutines it calls (ptxas outlines parts of the body behind CALL.REL on sm_80);
+    3. the tile loop is the innermost loop that contains a block barrier (BAR.SYNC): every tile (in
+       v2 every state round of a tile, one round per tile at N <= warps per channel) runs its load
+       phase, barrier, scan phase, barrier, store phase once per trip;
+    4. "instructions per cell·channel·state" = the static instructions of that loop body (every
+       path and every inner loop counted once) x threads / (cells x channels x states per trip)
+       = instructions / 32, because every trip of a block handles a 32 x 32 tile for each of its
+       warps' (channel, state) pairs, i.e. 32 cells per thread. It is a static code measure: cold
+       paths (scalar fallbacks at map edges) count although they rarely run, inner loops count
+       once although they may run several times (their count is printed beside it);
+    5. load batching: the loop body's instructions in address order; a "batch" is a maximal run of
+       global loads (LDG; cp.async LDGSTS counts as issued, its wait as the use) not interrupted by
+       an instruction that reads a register one of the pending loads writes. One batch means every
+       global load of a trip is issued before the first use of any of them (one memory round trip
+       per tile); k batches mean ~k dependent round trips.
+* from the launch planner, per model / Table-3 shape, GPU and pass: grid blocks, resident blocks /
+  SM (from the same occupancy model), waves = ceil(blocks / (SMs x resident blocks)) and the
+  share of lost slots = 1 - blocks / (waves x slots) in the last wave.
+
+Targets (issue 19 item 1, H100 / sm_90 at N = 1; ``--check`` exits 1 when one of the targets
+named with ``--require`` is not met, the report itself lists all of them as met / not met):
+forward <= 50 instructions per cell·channel in fp32 and <= 40 in bf16, backward <= 100; >= 24
+resident warps / SM in the forward and >= 16 in the backward; <= 10% lost slots on the model
+shapes; zero spills.
+
+    python tools/sass_report.py                         # all three archs, prints the tables
+    python tools/sass_report.py --archs 9.0 --out out/sass.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[1]
+CUDA_SOURCES = REPO / "csrc" / "cuda"
+KERNEL_SOURCES = ("selective_scan_2d_fwd.cu", "selective_scan_2d_bwd.cu")
+KIB = 1024
+
+
+def _load_tool(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+ptxas_report = _load_tool("vmamba2d_ptxas_report", REPO / "tools" / "ptxas_report.py")
+cuda_archs = ptxas_report.cuda_archs
+
+
+# --------------------------------------------------------------------------------------------
+# GPUs
+
+
+@dataclass(frozen=True)
+class ArchProfile:
+    """One GPU's per-SM limits (CUDA programming guide, compute capability tables)."""
+
+    gpu: str
+    arch: str
+    sm_count: int
+    smem_per_sm: int  # largest shared-memory carve-out per SM
+    smem_per_block: int  # opt-in maximum per block
+    reserved_smem_per_block: int  # what the runtime keeps per resident block
+    smem_unit: int  # shared-memory allocation unit
+    max_warps_per_sm: int
+    max_blocks_per_sm: int
+    registers_per_sm: int = 65536
+    register_unit: int = 256  # registers are allocated per warp in units of 256
+
+
+ARCH_PROFILES = {
+    "7.5": ArchProfile("T4", "7.5", 40, 64 * KIB, 64 * KIB, 0, 256, 32, 16),
+    "8.0": ArchProfile("A100", "8.0", 108, 164 * KIB, 163 * KIB, KIB, 128, 64, 32),
+    "9.0": ArchProfile("H100", "9.0", 132, 228 * KIB, 227 * KIB, KIB, 128, 64, 32),
+}
+
+
+def resident_blocks(profile: ArchProfile, registers: int, threads: int, smem: int) -> int:
+    """Blocks of ``threads`` threads using ``registers`` per thread and ``smem`` bytes of dynamic
+    shared memory that fit on one SM at once (0 when one block does not fit)."""
+    warps = math.ceil(threads / 32)
+    if smem > profile.smem_per_block or warps == 0:
+        return 0
+    per_warp = math.ceil(max(registers, 1) * 32 / profile.register_unit) * profile.register_unit
+    by_registers = (profile.registers_per_sm // per_warp) // warps
+    block_smem = math.ceil((smem + profile.reserved_smem_per_block) / profile.smem_unit) * profile.smem_unit
+    by_smem = profile.smem_per_sm // block_smem if block_smem else profile.max_blocks_per_sm
+    by_warps = profile.max_warps_per_sm // warps
+    return min(by_registers, by_smem, by_warps, profile.max_blocks_per_sm)
+
+
+# --------------------------------------------------------------------------------------------
+# SASS: instructions, basic blocks, loops
+
+
+@dataclass
+class Instruction:
+    address: int
+    predicate: str  # "" or e.g. "@!P0"
+    opcode: str  # with modifiers, e.g. "LDG.E.128"
+    operands: str
+    target: Optional[str] = None  # branch target label
+
+    @property
+    def base(self) -> str:
+        return self.opcode.split(".")[0]
+
+
+_FUNCTION = re.compile(r"^\.text\.(\S+):$")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_BRANCH_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
+_BRANCHES = ("BRA", "BRX", "JMP", "JMX")
+_ENDS = ("EXIT", "RET", "KILL")
+
+
+def parse_sass(text: str) -> dict[str, tuple[list[Instruction], dict[str, int]]]:
+    """Per function (mangled name): its instructions in address order and its labels -> index."""
+    functions: dict[str, tuple[list[Instruction], dict[str, int]]] = {}
+    current: Optional[tuple[list[Instruction], dict[str, int]]] = None
+    pending_labels: list[str] = []
+    for line in text.splitlines():
+        if match := _FUNCTION.match(line.strip()):
+            current = ([], {})
+            functions[match.group(1)] = current
+            pending_labels = []
+        elif current is None:
+            continue
+        elif match := _LABEL.match(line.strip()):
+            pending_labels.append(match.group(1))
+        elif match := _INSTRUCTION.match(line):
+            instructions, labels = current
+            for label in pending_labels:
+                labels[label] = len(instructions)
+            pending_labels = []
+            target = _BRANCH_TARGET.search(match.group(4))
+            instructions.append(Instruction(int(match.group(1), 16), (match.group(2) or "").strip(),
+                                            match.group(3), match.group(4).strip(),
+                                            target.group(1) if target else None))
+    return functions
+
+
+@dataclass
+class Block:
+    start: int  # instruction indices [start, end)
+    end: int
+    successors: list[int] = field(default_factory=list)
+
+
+def basic_blocks(instructions: list[Instruction], labels: dict[str, int]) -> list[Block]:
+    """Basic blocks: leaders are the entry, every label and every instruction after a branch or
+    EXIT; edges go to a branch's target and, unless the branch / EXIT is unconditional, to the
+    next block. CALL falls through (its callee returns)."""
+    leaders = {0, *labels.values()}
+    for i, ins in enumerate(instructions):
+        if ins.base in _BRANCHES or ins.base in _ENDS:
+            leaders.add(i + 1)
+    starts = sorted(s for s in leaders if s < len(instructions))
+    blocks = [Block(s, e) for s, e in zip(starts, starts[1:] + [len(instructions)])]
+    block_of = {b.start: n for n, b in enumerate(blocks)}
+    for n, block in enumerate(blocks):
+        last = instructions[block.end - 1]
+        if last.base in _BRANCHES and last.target in labels:
+            block.successors.append(block_of[labels[last.target]])
+        unconditional_end = (last.base in _BRANCHES or last.base in _ENDS) and not last.predicate
+        if not unconditional_end and n + 1 < len(blocks):
+            block.successors.append(n + 1)
+    return blocks
+
+
+def _reachable(blocks: list[Block], start: int, avoid: int, forward: bool = True) -> set[int]:
+    """Blocks reachable from ``start`` without passing ``avoid`` (along the edges, or against them)."""
+    edges: list[list[int]] = [b.successors for b in blocks]
+    if not forward:
+        edges = [[] for _ in blocks]
+        for n, block in enumerate(blocks):
+            for s in block.successors:
+                edges[s].append(n)
+    seen, stack = {start}, [start]
+    while stack:
+        for m in edges[stack.pop()]:
+            if m != avoid and m not in seen:
+                seen.add(m)
+                stack.append(m)
+    return seen
+
+
+def natural_loops(blocks: list[Block]) -> list[set[int]]:
+    """Loops as sets of blocks: for every edge n -> h (n reachable from the entry) to a block at or
+    before n whose head h dominates n (every path from the entry to n passes h), h plus the
+    reachable blocks that reach n without passing h; loops with the same head merged. Out-of-line code that jumps back into a loop is no
+    loop (its target does not dominate it), but belongs to the loop it is entered from and left to."""
+    live = _reachable(blocks, 0, -1)
+    by_head: dict[int, set[int]] = {}
+    for n in sorted(live):
+        for h in blocks[n].successors:
+            if h > n or (h != 0 and n in _reachable(blocks, 0, h)):
+                continue
+            body = by_head.setdefault(h, {h})
+            if n != h:
+                body.update(_reachable(blocks, n, h, forward=False) & live)
+    return list(by_head.values())
+
+
+_REGISTER = re.compile(r"\bR(\d+)(\.64)?\b")
+
+
+def _registers(text: str) -> set[int]:
+    found = set()
+    for match in _REGISTER.finditer(text):
+        first = int(match.group(1))
+        found.update(range(first, first + (2 if match.group(2) else 1)))
+    return found
+
+
+def _load_width(opcode: str) -> int:
+    if ".128" in opcode:
+        return 4
+    if ".64" in opcode:
+        return 2
+    return 1
+
+
+@dataclass
+class LoopReport:
+    instructions: int
+    inner_loops: int
+    inner_loop_instructions: int
+    global_loads: int
+    load_batches: int
+    shared_accesses: int
+    barriers: int
+    special_functions: int  # MUFU: exp2, log2, rcp, ...
+
+    @property
+    def per_cell_channel_state(self) -> float:
+        return self.instructions / 32
+
+
+def load_batches(body: list[Instruction]) -> tuple[int, int]:
+    """(global loads, batches) of a loop body in address order (see the module docstring)."""
+    pending: set[int] = set()
+    loads = batches = 0
+    in_batch = False
+    for ins in body:
+        is_load = ins.base == "LDG" or ins.base == "LDGSTS"
+        if not is_load and pending:
+            sources = ins.operands
+            if ins.base in ("DEPBAR", "LDGDEPBAR") or _registers(sources) & pending:
+                pending.clear()
+                in_batch = False
+        if is_load:
+            loads += 1
+            if not in_batch:
+                batches += 1
+                in_batch = True
+            if ins.base == "LDG":
+                destination = ins.operands.split(",")[0]
+                first = _registers(destination)
+                if first:
+                    start = min(first)
+                    pending.update(range(start, start + _load_width(ins.opcode)))
+            else:
+                pending.add(-1)  # cp.async: used at its wait
+    return loads, batches
+
+
+def tile_loop(instructions: list[Instruction], labels: dict[str, int]) -> Optional[LoopReport]:
+    """The innermost loop containing a BAR.SYNC (the largest if several), or None."""
+    blocks = basic_blocks(instructions, labels)
+    loops = natural_loops(blocks)
+
+    def size(body: set[int]) -> int:
+        return sum(blocks[n].end - blocks[n].start for n in body)
+
+    barrier_blocks = {n for n, b in enumerate(blocks) if any(instructions[i].base == "BAR" for i in range(b.start, b.end))}
+    with_barrier = [body for body in loops if body & barrier_blocks]
+    innermost = [body for body in with_barrier if not any(other < body for other in with_barrier)]
+    if not innermost:
+        return None
+    body = set(max(innermost, key=size))
+    # Subroutines the loop calls (ptxas outlines code behind CALL.REL on some archs) are part of it.
+    block_at = {b.start: n for n, b in enumerate(blocks)}
+    pending = list(body)
+    while pending:
+        block = blocks[pending.pop()]
+        for i in range(block.start, block.end):
+            ins = instructions[i]
+            if ins.base == "CALL" and ins.target in labels:
+                callee = _reachable(blocks, block_at[labels[ins.target]], -1) - body
+                body |= callee
+                pending.extend(callee)
+    ordered = [instructions[i] for n in sorted(body) for i in range(blocks[n].start, blocks[n].end)]
+    inner = [other for other in loops if other < body]
+    outermost_inner = [other for other in inner if not any(other < third for third in inner)]
+    loads, batches = load_batches(ordered)
+    return LoopReport(
+        instructions=len(ordered),
+        inner_loops=len(outermost_inner),
+        inner_loop_instructions=size(set().union(*outermost_inner)) if outermost_inner else 0,
+        global_loads=loads,
+        load_batches=batches,
+        shared_accesses=sum(ins.base in ("LDS", "STS") for ins in ordered),
+        barriers=sum(ins.base == "BAR" for ins in ordered),
+        special_functions=sum(ins.base == "MUFU" for ins in ordered),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# tools
+
+
+def find_disassembler(nvcc: str) -> Optional[str]:
+    """nvdisasm from PATH, the toolkit of CUDA_HOME or nvcc, or the copy Triton ships."""
+    candidates = [shutil.which("nvdisasm")]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates.append(str(Path(home) / "bin" / "nvdisasm"))
+    candidates.append(str(Path(nvcc).resolve().parent / "nvdisasm"))
+    triton = importlib.util.find_spec("triton")
+    if triton is not None and triton.submodule_search_locations:
+        for location in triton.submodule_search_locations:
+            candidates.append(str(Path(location) / "backends" / "nvidia" / "bin" / "nvdisasm"))
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def cuda_module():
+    """The built vmamba2d._C_cuda (its launch planner), or None."""
+    sys.path.insert(0, str(REPO))
+    try:
+        import importlib
+
+        return importlib.import_module("vmamba2d._C_cuda")
+    except ImportError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# the report
+
+
+@dataclass(frozen=True)
+class Shape:
+    family: str
+    batch: int
+    dim: int
+    groups: int
+    nstate: int
+    side: int
+
+    @property
+    def label(self) -> str:
+        what = f"{self.dim} ch" if self.family == "model" else f"{self.batch} maps"
+        return f"{self.family} {self.side}x{self.side} x {what}, N={self.nstate}"
+
+
+# vmamba2d_tiny's SS2D calls at batch 128, and the paper's Table-3 operator shapes (1-channel maps,
+# N = 16; as many maps as tools/bench_scan_cuda.py uses to fill a GPU).
+MODEL_SHAPES = [Shape("model", 128, dim, 4, 1, side) for side, dim in ((56, 384), (28, 768), (14, 1536), (7, 3072))]
+TABLE3_SHAPES = [Shape("table3", maps, 1, 1, 16, side) for side, maps in ((14, 8192), (56, 1024), (200, 128))]
+PLAN_SHAPE = MODEL_SHAPES[0]
+
+
+@dataclass
+class KernelRow:
+    source: str
+    name: str
+    role: str  # forward / backward / other
+    dtype: str
+    arch: str
+    registers: int
+    spill_bytes: int
+    stack_bytes: int
+    threads: int = 0
+    smem: int = 0
+    resident_warps: Optional[int] = None
+    loop: Optional[LoopReport] = None
+
+
+def _dtype_of(name: str) -> str:
+    if "bfloat16" in name:
+        return "bf16"
+    if "half" in name:
+        return "fp16"
+    if "<float>" in name:
+        return "fp32"
+    return "-"
+
+
+def plan_for(module, shape: Shape, profile: ArchProfile) -> dict:
+    return module._launch_plan(shape.batch, shape.dim, shape.groups, shape.nstate, shape.side, shape.side,
+                               profile.sm_count, profile.smem_per_sm, profile.smem_per_block)
+
+
+def analyse(nvcc: str, disassembler: str, archs: list[str], module, jobs: int) -> list[KernelRow]:
+    """Compiles the kernel sources for every arch and analyses every kernel instantiation."""
+    import concurrent.futures
+
+    extra = ptxas_report._torch_compile_flags()
+    rows: list[KernelRow] = []
+    with tempfile.TemporaryDirectory(prefix="sass-report-") as tmp:
+        jobs_list = [(CUDA_SOURCES / source, arch) for arch in archs for source in KERNEL_SOURCES]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            results = list(pool.map(lambda job: ptxas_report.compile_one(nvcc, job[0], job[1], extra, Path(tmp)),
+                                    jobs_list))
+        names = ptxas_report.readable_names(sorted({k.mangled for r in results for k in r.kernels}))
+        for (source, arch), result in zip(jobs_list, results):
+            if not result.ok:
+                raise RuntimeError(f"nvcc failed on {source.name} for sm_{arch}:\n{result.log[-3000:]}")
+            cubin = Path(tmp) / f"{source.stem}.{cuda_archs.sm_name(arch)}.cubin"
+            sass = subprocess.run([disassembler, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+            functions = parse_sass(sass)
+            profile = ARCH_PROFILES[arch]
+            plan = plan_for(module, PLAN_SHAPE, profile) if module is not None else None
+            for kernel in result.kernels:
+                if not kernel.entry:
+                    continue
+                kernel.name = names.get(kernel.mangled, kernel.mangled)
+                row = KernelRow(source.name, kernel.name, kernel.role, _dtype_of(kernel.name), arch,
+                                kernel.registers, kernel.spill_stores + kernel.spill_loads, kernel.stack_bytes)
+                pass_ = {"forward": "fwd", "backward": "bwd"}.get(kernel.role)
+                if plan is not None and pass_ is not None:
+                    row.threads, row.smem = plan[f"{pass_}_threads"], plan[f"{pass_}_smem_bytes"]
+                    row.resident_warps = resident_blocks(profile, row.registers, row.threads, row.smem) * row.threads // 32
+                if kernel.mangled in functions:
+                    row.loop = tile_loop(*functions[kernel.mangled])
+                rows.append(row)
+    return rows
+
+
+@dataclass
+class WaveRow:
+    shape: Shape
+    gpu: str
+    pass_: str
+    blocks: int
+    resident: int
+    waves: int
+    lost: float
+    tile_parallel: bool
+
+
+def waves(rows: list[KernelRow], module, archs: list[str]) -> list[WaveRow]:
+    """Waves and lost slots of the main pass of every shape on every GPU, with the registers
+    ptxas reports for the fp32 kernel of that arch."""
+    out = []
+    for arch in archs:
+        profile = ARCH_PROFILES[arch]
+        registers = {r.role: r.registers for r in rows if r.arch == arch and r.dtype == "fp32"}
+        for shape in MODEL_SHAPES + TABLE3_SHAPES:
+            plan = plan_for(module, shape, profile)
+            for pass_, role in (("fwd", "forward"), ("bwd", "backward")):
+                blocks = plan[f"{pass_}_blocks"]
+                per_sm = resident_blocks(profile, registers[role], plan[f"{pass_}_threads"], plan[f"{pass_}_smem_bytes"])
+                slots = per_sm * profile.sm_count
+                count = math.ceil(blocks / slots) if slots else 0
+                lost = 1 - blocks / (count * slots) if slots else 1.0
+                out.append(WaveRow(shape, profile.gpu, pass_, blocks, per_sm, count, lost,
+                                   plan[f"{pass_}_tile_parallel"]))
+    return out
+
+
+@dataclass
+class Target:
+    name: str
+    value: str
+    met: bool
+
+
+def targets(rows: list[KernelRow], wave_rows: list[WaveRow]) -> list[Target]:
+    """Issue 19's static targets on H100 (sm_90) at N = 1."""
+    out = []
+    h100 = [r for r in rows if r.arch == "9.0"]
+
+    def loop_of(role: str, dtype: str) -> Optional[float]:
+        found = [r.loop.per_cell_channel_state for r in h100 if r.role == role and r.dtype == dtype and r.loop]
+        return found[0] if found else None
+
+    for role, dtype, limit in (("forward", "fp32", 50), ("forward", "bf16", 40), ("backward", "fp32", 100),
+                               ("backward", "bf16", 100)):
+        value = loop_of(role, dtype)
+        if value is not None:
+            out.append(Target(f"{role} {dtype} instructions / cell·channel <= {limit}", f"{value:.1f}", value <= limit))
+    for role, limit in (("forward", 24), ("backward", 16)):
+        warps = [r.resident_warps for r in h100 if r.role == role and r.resident_warps is not None]
+        if warps:
+            out.append(Target(f"{role} resident warps / SM >= {limit} (H100)", f"{min(warps)}", min(warps) >= limit))
+    model = [w for w in wave_rows if w.shape.family == "model" and w.gpu == "H100"]
+    if model:
+        worst = max(model, key=lambda w: w.lost)
+        out.append(Target("lost slots <= 10% on the model shapes (H100)",
+                          f"{100 * worst.lost:.0f}% ({worst.shape.label} {worst.pass_})", worst.lost <= 0.10))
+    spills = sum(r.spill_bytes + r.stack_bytes for r in rows)
+    out.append(Target("zero spills / stack (all archs)", f"{spills} B", spills == 0))
+    return out
+
+
+def format_kernels(rows: list[KernelRow]) -> str:
+    lines = ["| kernel | arch | regs | spill+stack B | block (threads, smem) | resident warps / SM "
+             "| tile-loop instr | inner loops (instr) | instr / cell·ch·state | LDG | load batches "
+             "| all loads before use | LDS+STS | MUFU |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r.role, r.dtype, r.arch)):
+        gpu = ARCH_PROFILES[r.arch].gpu
+        block = f"{r.threads}, {r.smem / KIB:.1f} KiB" if r.threads else "-"
+        warps = "-" if r.resident_warps is None else str(r.resident_warps)
+        if r.loop:
+            loop = r.loop
+            sass = (f"{loop.instructions} | {loop.inner_loops} ({loop.inner_loop_instructions}) | "
+                    f"{loop.per_cell_channel_state:.1f} | {loop.global_loads} | {loop.load_batches} | "
+                    f"{'yes' if loop.load_batches <= 1 else 'no'} | {loop.shared_accesses} | {loop.special_functions}")
+        else:
+            sass = "- | - | - | - | - | - | - | -"
+        lines.append(f"| `{r.name}` | {cuda_archs.sm_name(r.arch)} ({gpu}) | {r.registers} | "
+                     f"{r.spill_bytes + r.stack_bytes} | {block} | {warps} | {sass} |")
+    return "\n".join(lines)
+
+
+def format_waves(wave_rows: list[WaveRow]) -> str:
+    lines = ["| shape | GPU | pass | blocks | resident blocks / SM | waves | lost slots | tile-parallel |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for w in wave_rows:
+        lines.append(f"| {w.shape.label} | {w.gpu} | {w.pass_} | {w.blocks} | {w.resident} | {w.waves} | "
+                     f"{100 * w.lost:.1f}% | {w.tile_parallel} |")
+    return "\n".join(lines)
+
+
+def format_targets(found: list[Target]) -> str:
+    lines = ["| target | value | met |", "|---|---|---|"]
+    lines += [f"| {t.name} | {t.value} | {'yes' if t.met else 'NO'} |" for t in found]
+    return "\n".join(lines)
+
+
+def _git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc/cuda"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return commit + (" (+ uncommitted csrc/cuda changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--archs", nargs="+", default=list(ARCH_PROFILES), choices=list(ARCH_PROFILES))
+    parser.add_argument("--jobs", type=int, default=2, help="parallel nvcc processes")
+    parser.add_argument("--nvcc", default=shutil.which("nvcc"), help="nvcc to use (default: the one on PATH)")
+    parser.add_argument("--out", type=Path, help="also write the markdown report here")
+    parser.add_argument("--require", nargs="*", default=[],
+                        help="exit 1 unless the targets whose names contain these strings are met")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    if not args.nvcc:
+        print("sass_report: no nvcc on PATH (pass --nvcc)", file=sys.stderr)
+        return 2
+    disassembler = find_disassembler(args.nvcc)
+    if disassembler is None:
+        print("sass_report: no nvdisasm (CUDA toolkit binutils or Triton's copy) found", file=sys.stderr)
+        return 2
+    module = cuda_module()
+    if module is None:
+        print("sass_report: vmamba2d._C_cuda is not built (its launch planner sizes the blocks)", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    rows = analyse(args.nvcc, disassembler, args.archs, module, args.jobs)
+    wave_rows = waves(rows, module, args.archs)
+    found = targets(rows, wave_rows)
+    seconds = time.perf_counter() - start
+    kernels, wave_table, target_table = format_kernels(rows), format_waves(wave_rows), format_targets(found)
+    print(kernels, wave_table, target_table, sep="\n\n")
+    print(f"\n{len(rows)} kernel instantiations x arch in {seconds:.1f} s")
+    if args.out:
+        header = [
+            "# Static report of the CUDA scan kernels (tools/sass_report.py)", "",
+            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {_git_commit()}",
+            f"- nvcc {cuda_archs.nvcc_release(args.nvcc)}, flags `{' '.join(cuda_archs.NVCC_FLAGS)}` + torch's "
+            f"defines, `-cubin -arch=sm_XX`; SASS by `{Path(disassembler).name} -c` "
+            f"({subprocess.run([disassembler, '--version'], capture_output=True, text=True).stdout.strip().splitlines()[-1]})",
+            f"- block sizes and shared memory: the launch planner's choice for {PLAN_SHAPE.label} on each GPU; "
+            "resident warps from ptxas's registers and the arch limits in ARCH_PROFILES",
+            "- static figures (no GPU run): method in the tool's docstring", "",
+            "## Kernels", "", kernels, "", "## Waves (main pass, ptxas registers of the fp32 kernel)", "",
+            wave_table, "", "## Targets (issue 19, H100, N = 1)", "", target_table, "",
+        ]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(header))
+    missing = [t for t in found if any(key in t.name for key in args.require) and not t.met]
+    for t in missing:
+        print(f"FAIL {t.name}: {t.value}")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
