@@ -67,6 +67,18 @@ def selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
 _CROSS_U, _CROSS_A, _CROSS_D, _CROSS_ROUTES = 0, 2, 5, 8
 
 
+def _constant_int_list(value: Any) -> Optional[list]:
+    """A traced int[] argument's value: a list constant, or a ListConstruct of constants."""
+    constant = value.toIValue()
+    if constant is not None:
+        return list(constant)
+    node = value.node()
+    if node.kind() != "prim::ListConstruct":
+        return None
+    items = [item.toIValue() for item in node.inputs()]
+    return items if all(isinstance(item, int) for item in items) else None
+
+
 def cross_selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
     """fvcore op handle for ``vmamba2d::cross_selective_scan_2d_fwd``: the flops of one node.
 
@@ -76,8 +88,8 @@ def cross_selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
     """
     u_sizes = _tensor_sizes(inputs[_CROSS_U])
     a_sizes = _tensor_sizes(inputs[_CROSS_A])
-    codes = inputs[_CROSS_ROUTES].toIValue()
-    if u_sizes is None or a_sizes is None or not isinstance(codes, (list, tuple)):
+    codes = _constant_int_list(inputs[_CROSS_ROUTES])
+    if u_sizes is None or a_sizes is None or codes is None:
         raise ValueError(f"{CROSS_FWD_OP_NAME}: the traced graph has no static shapes for u / A or no constant routes")
     batch, dim, height, width = u_sizes
     with_d = inputs[_CROSS_D].type().kind() != "NoneType"
