@@ -198,16 +198,15 @@ def test_results_do_not_depend_on_the_thread_count(ext):
         assert torch.equal(one, two), name
 
 
-def test_empty_batch_gives_empty_outputs_and_zero_parameter_grads(ext):
+@pytest.mark.parametrize("batch, dim", [(0, 3), (2, 0)])
+def test_no_batch_or_no_channels_gives_empty_outputs_and_zero_grads(ext, batch, dim):
     routes = CROSS_ROUTES
-    inputs = make_inputs(routes, 0, 3, 2, 4, 5)
+    inputs = make_inputs(routes, batch, dim, 2, 4, 5)
     y = kernel_forward(ext, routes, inputs)
-    assert y.shape == (0, 3, 4, 5)
+    assert y.shape == (batch, dim, 4, 5)
     grads = kernel_grads(ext, routes, inputs, torch.zeros_like(y))
     for name in GRAD_NAMES:
-        assert grads[name].shape == inputs[name].shape, name
-        if name in ("A", "D", "delta_bias"):
-            assert torch.equal(grads[name], torch.zeros_like(inputs[name])), name
+        assert torch.equal(grads[name], torch.zeros_like(inputs[name])), name
 
 
 def _valid_inputs():

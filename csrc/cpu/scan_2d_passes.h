@@ -186,13 +186,13 @@ void scan_lines(const Pass& along, const Pass& across, const PassArrays<T>& a, T
   scan_pass<T, kAdjoint>(along, a, height, width);
   const LineOrder lines(along, across, height, width);
   const int64_t count = lines.count();
+  if (count == 1) return;
   carries[lines.line(0)] = T(0);
   for (int64_t t = 1; t < count; ++t) {
     const int64_t end = lines.last_cell(t - 1);
     const T last = a.out[end] + a.products[end] * carries[lines.line(t - 1)];
-    carries[lines.line(t)] = kAdjoint ? a.decay[end] * last : last;
+    carries[lines.line(t)] = kAdjoint ? a.decay[end] * last : last;  // the state entering line t
   }
-  if (count == 1) return;
   if (along.along_rows) {
     for (int64_t t = 1; t < count; ++t) {
       const int64_t row = lines.line(t) * width;
