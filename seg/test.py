@@ -2,6 +2,10 @@
 
 Single process:   python seg/test.py CONFIG CHECKPOINT [--tta] [--work-dir DIR]
 Multi-GPU:        torchrun --nproc_per_node=4 seg/test.py CONFIG CHECKPOINT --launcher pytorch
+
+The checkpoint is loaded with ``weights_only=True`` on every torch (vmamba2d.seg.checkpoint_safety).
+Bad input (missing files, a refused or unreadable checkpoint) is reported in one line on stderr,
+exit code 2.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from mmengine.dist import get_rank  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
+from vmamba2d.seg.errors import SegInputError, SegMissingFileError  # noqa: E402
 from vmamba2d.seg.runtime import (  # noqa: E402
     add_runner_arguments,
     check_dataset_folders,
@@ -36,11 +41,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parse_runner_args(parser, argv)
 
 
-def main(argv=None) -> dict:
-    """Run the test loop; print and return the metrics (``mIoU``, ``aAcc``, ``mAcc``)."""
+def evaluate(argv=None) -> dict:
+    """Run the test loop; print and return the metrics (``mIoU``, ``aAcc``, ``mAcc``); raises on bad input."""
     args = parse_args(argv)
     if not os.path.isfile(args.checkpoint):
-        raise FileNotFoundError(f"checkpoint not found: {args.checkpoint}")
+        raise SegMissingFileError(f"checkpoint not found: {args.checkpoint}")
     work_dir = args.work_dir
     if work_dir is None:
         config_name = os.path.splitext(os.path.basename(args.config))[0]
@@ -58,5 +63,15 @@ def main(argv=None) -> dict:
     return metrics
 
 
+def main(argv=None) -> int:
+    """CLI entry point; returns the exit code (2 for bad input, reported in one line on stderr)."""
+    try:
+        evaluate(argv)
+    except SegInputError as error:
+        print(f"test.py: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

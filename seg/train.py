@@ -3,6 +3,9 @@
 Single process:   python seg/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CKPT]] [--from-scratch]
 Multi-GPU:        torchrun --nproc_per_node=4 seg/train.py CONFIG --launcher pytorch
 Slurm:            srun ... python seg/train.py CONFIG --launcher slurm
+
+Bad input (missing files, unreadable checkpoints, a work dir that cannot be started or resumed as
+asked) is reported in one line on stderr, exit code 2.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from mmengine.logging import print_log  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
+from vmamba2d.seg.errors import SegInputError  # noqa: E402
 from vmamba2d.seg.runtime import (  # noqa: E402
     add_runner_arguments,
     check_backbone_weights,
@@ -27,6 +31,7 @@ from vmamba2d.seg.runtime import (  # noqa: E402
     parse_runner_args,
 )
 from vmamba2d.seg.work_dir import prepare_work_dir  # noqa: E402
+from vmamba2d.training import RunFolderError  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,7 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parse_runner_args(parser, argv)
 
 
-def main(argv=None) -> None:
+def train(argv=None) -> None:
+    """Check the inputs, prepare the work dir, build mmengine's Runner and train; raises on bad input."""
     args = parse_args(argv)
     cfg = load_config(args.config, args.cfg_options, args.launcher, args.work_dir)
     check_backbone_weights(cfg, from_scratch=args.from_scratch)
@@ -56,7 +62,7 @@ def main(argv=None) -> None:
         enable_amp(cfg)
     if args.auto_scale_lr:
         if cfg.get("auto_scale_lr") is None:
-            raise ValueError("--auto-scale-lr: the config defines no auto_scale_lr=dict(base_batch_size=...)")
+            raise SegInputError("--auto-scale-lr: the config defines no auto_scale_lr=dict(base_batch_size=...)")
         cfg.auto_scale_lr.enable = True
     for note in prepare_work_dir(cfg, args.resume):  # atomic checkpoints; resume checks and repair
         print_log(note, logger="current", level=logging.WARNING)
@@ -64,5 +70,15 @@ def main(argv=None) -> None:
     runner.train()
 
 
+def main(argv=None) -> int:
+    """CLI entry point; returns the exit code (2 for bad input, reported in one line on stderr)."""
+    try:
+        train(argv)
+    except (SegInputError, RunFolderError) as error:
+        print(f"train.py: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -392,7 +392,7 @@ def test_train_validate_resume_and_test(ade_root, tmp_path, capsys, monkeypatch)
     work_dir = tmp_path / "work"
     # the config's ImageNet init (pretrained/vmamba2d_tiny_in1k.pth) replaced by --from-scratch
     from_scratch = [o for o in _run_options(ade_root, max_iters=2) if o != "model.backbone.init_cfg=None"]
-    train.main([str(TINY_CONFIG), "--from-scratch", "--work-dir", str(work_dir), "--cfg-options", *from_scratch])
+    train.train([str(TINY_CONFIG), "--from-scratch", "--work-dir", str(work_dir), "--cfg-options", *from_scratch])
     options = _run_options(ade_root, max_iters=2)
     checkpoint = work_dir / "iter_2.pth"
     assert checkpoint.is_file()
@@ -403,7 +403,7 @@ def test_train_validate_resume_and_test(ade_root, tmp_path, capsys, monkeypatch)
 
     time.sleep(1.1)  # mmengine names runs by the second
     options = _run_options(ade_root, max_iters=3)
-    train.main([str(TINY_CONFIG), "--work-dir", str(work_dir), "--resume", "--cfg-options", *options])
+    train.train([str(TINY_CONFIG), "--work-dir", str(work_dir), "--resume", "--cfg-options", *options])
     resumed = torch.load(work_dir / "iter_3.pth", weights_only=True)
     assert resumed["meta"]["iter"] == 3
     history = resumed["message_hub"]["log_scalars"]["train/loss"]
@@ -411,8 +411,8 @@ def test_train_validate_resume_and_test(ade_root, tmp_path, capsys, monkeypatch)
 
     time.sleep(1.1)
     capsys.readouterr()
-    metrics = test.main([str(TINY_CONFIG), str(work_dir / "iter_3.pth"), "--work-dir", str(tmp_path / "ss"),
-                         "--cfg-options", *options])
+    metrics = test.evaluate([str(TINY_CONFIG), str(work_dir / "iter_3.pth"), "--work-dir", str(tmp_path / "ss"),
+                             "--cfg-options", *options])
     assert 0.0 <= metrics["mIoU"] <= 100.0 and 0.0 <= metrics["aAcc"] <= 100.0
     # the summary line: every scalar metric (mmseg returns numpy float32 scalars), 2 decimals
     summary = f"{TINY_CONFIG.name} (single-scale): " + ", ".join(
@@ -420,8 +420,8 @@ def test_train_validate_resume_and_test(ade_root, tmp_path, capsys, monkeypatch)
     assert summary + "\n" in capsys.readouterr().out
     time.sleep(1.1)
     tta_options = options + ["tta_scale_factors=[0.5,1.0]"]
-    metrics_tta = test.main([str(TINY_CONFIG), str(work_dir / "iter_3.pth"), "--tta", "--work-dir",
-                             str(tmp_path / "tta"), "--cfg-options", *tta_options])
+    metrics_tta = test.evaluate([str(TINY_CONFIG), str(work_dir / "iter_3.pth"), "--tta", "--work-dir",
+                                 str(tmp_path / "tta"), "--cfg-options", *tta_options])
     assert 0.0 <= metrics_tta["mIoU"] <= 100.0
 
 
@@ -454,30 +454,30 @@ def test_missing_imagenet_weights_stop_training_before_anything_is_built(tmp_pat
     # the dataset is missing too: the weights are checked first, with the ways out in the message
     with pytest.raises(FileNotFoundError, match=r"pretrained/vmamba2d_tiny_in1k\.pth.*init_cfg\.checkpoint=PATH"
                                                 r".*--from-scratch"):
-        train.main([str(TINY_CONFIG), "--work-dir", str(tmp_path / "work")])
+        train.train([str(TINY_CONFIG), "--work-dir", str(tmp_path / "work")])
     assert not (tmp_path / "work").exists()
     # --from-scratch gets past the weights, to the next check (the dataset)
     with pytest.raises(FileNotFoundError, match="images/training"):
-        train.main([str(TINY_CONFIG), "--from-scratch", "--work-dir", str(tmp_path / "work")])
+        train.train([str(TINY_CONFIG), "--from-scratch", "--work-dir", str(tmp_path / "work")])
     # a checkpoint that exists passes
     Path("pretrained").mkdir()
     Path("pretrained/vmamba2d_tiny_in1k.pth").touch()
     with pytest.raises(FileNotFoundError, match="images/training"):
-        train.main([str(TINY_CONFIG), "--work-dir", str(tmp_path / "work")])
+        train.train([str(TINY_CONFIG), "--work-dir", str(tmp_path / "work")])
 
 
 def test_missing_dataset_and_bad_config_keys_fail_clearly(ade_root, tmp_path):
     train = _load_script("train")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="--amp needs a CUDA device"):
-            train.main([str(TINY_CONFIG), "--amp", "--work-dir", str(tmp_path), "--cfg-options",
-                        *_run_options(ade_root, max_iters=2)])
+            train.train([str(TINY_CONFIG), "--amp", "--work-dir", str(tmp_path), "--cfg-options",
+                         *_run_options(ade_root, max_iters=2)])
     missing = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError, match="images/training"):
-        train.main([str(TINY_CONFIG), "--from-scratch", "--work-dir", str(tmp_path), "--cfg-options",
-                    f"train_dataloader.dataset.data_root={missing}"])
+        train.train([str(TINY_CONFIG), "--from-scratch", "--work-dir", str(tmp_path), "--cfg-options",
+                     f"train_dataloader.dataset.data_root={missing}"])
     with pytest.raises(FileNotFoundError, match="config file"):
-        train.main([str(tmp_path / "no_config.py")])
+        train.train([str(tmp_path / "no_config.py")])
     cfg = Config.fromfile(str(TINY_CONFIG))
     cfg.merge_from_dict({"model.backbone.window_size": 7})
     with pytest.raises(TypeError, match="window_size"):

@@ -114,8 +114,8 @@ def _train_reference(train, options: list, reference: Path, monkeypatch) -> None
     monkeypatch.setattr(safe_checkpoints, "write_last_checkpoint", lambda work_dir, path: (
         events.append(("commit", Path(path).name)), commit(work_dir, path))[1])
     # each in-process run gets its own visualizer (mmengine keeps one global instance per name)
-    train.main([str(TINY_CONFIG), "--work-dir", str(reference), "--cfg-options", *options,
-                "visualizer.name=reference"])
+    train.train([str(TINY_CONFIG), "--work-dir", str(reference), "--cfg-options", *options,
+                 "visualizer.name=reference"])
     monkeypatch.undo()
     # validation (and best) before the iteration's checkpoint, last_checkpoint after it, deletions last
     improved = ("write", "best_mIoU_iter_4.pth") in events  # the first validation always sets a best
@@ -159,8 +159,8 @@ def test_kills_during_checkpoint_writes_then_resume_equal_the_uninterrupted_run(
     assert 4 in _scalar_steps(work, "loss")
     committed = torch.load(work / "iter_2.pth", weights_only=True)["state_dict"]
 
-    train.main([str(TINY_CONFIG), "--work-dir", str(work), "--resume", "--cfg-options", *options,
-                "visualizer.name=resumed"])
+    train.train([str(TINY_CONFIG), "--work-dir", str(work), "--resume", "--cfg-options", *options,
+                 "visualizer.name=resumed"])
     assert not list(work.glob(".*.tmp-*"))
     assert (work / "last_checkpoint").read_text() == str(work / "iter_4.pth")
     assert sorted(p.name for p in work.glob("*.pth")) == sorted(p.name for p in reference.glob("*.pth"))
@@ -179,8 +179,8 @@ def test_kills_during_checkpoint_writes_then_resume_equal_the_uninterrupted_run(
     work = killed["first_commit"][0]
     assert not (work / "last_checkpoint").exists()
     assert (work / "iter_2.pth").is_file() and (work / "best_mIoU_iter_2.pth").is_file()
-    train.main([str(TINY_CONFIG), "--work-dir", str(work), "--resume", "--cfg-options", *options,
-                "visualizer.name=restarted"])
+    train.train([str(TINY_CONFIG), "--work-dir", str(work), "--resume", "--cfg-options", *options,
+                 "visualizer.name=restarted"])
     assert (work / "last_checkpoint").read_text() == str(work / "iter_4.pth")
     assert sorted(p.name for p in work.glob("*.pth")) == sorted(p.name for p in reference.glob("*.pth"))
     restarted = _assert_same_weights(work / "iter_4.pth", reference / "iter_4.pth")

@@ -36,17 +36,23 @@ def old_torch_default(monkeypatch):
 
 
 @pytest.mark.usefixtures("old_torch_default")
-def test_seg_test_refuses_a_malicious_checkpoint_in_one_line(ade_root, tmp_path):
+def test_seg_test_refuses_a_malicious_checkpoint_in_one_line(ade_root, tmp_path, capsys):
     executed = tmp_path / "executed"
     malicious = tmp_path / "malicious.pth"
     torch.save({"meta": {}, "state_dict": {}, "payload": _MakesFolder(executed)}, malicious)
     test = _load_script("test")
-    with pytest.raises(RefusedCheckpointError) as raised:
-        test.main([str(TINY_CONFIG), str(malicious), "--work-dir", str(tmp_path / "eval"),
-                   "--cfg-options", *_run_options(ade_root, max_iters=1)])
-    message = str(raised.value)
-    assert "\n" not in message
-    assert message.startswith(f"checkpoint {malicious} refused") and "GLOBAL posix.mkdir" in message
+    argv = [str(TINY_CONFIG), str(malicious), "--work-dir", str(tmp_path / "eval"),
+            "--cfg-options", *_run_options(ade_root, max_iters=1)]
+    refused = rf"^checkpoint {malicious} refused: [^\n]*GLOBAL {os.mkdir.__module__}\.mkdir"  # one line
+    with pytest.raises(RefusedCheckpointError, match=refused):
+        test.evaluate(argv)
+    assert not executed.exists()
+    capsys.readouterr()
+    assert test.main(argv) == 2  # the command line: one line on stderr, exit code 2
+    # (mmengine's loggers of earlier in-process runs may write to stderr too)
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("test.py:")]
+    assert len(errors) == 1 and errors[0].startswith(f"test.py: error: checkpoint {malicious} refused: "), errors
+    assert errors[0].endswith("re-save only its state dict (tensors) and load that")  # the whole message
     assert not executed.exists()
 
 

@@ -1,9 +1,11 @@
 """mmsegmentation integration: ``import vmamba2d.seg`` (or ``custom_imports=dict(imports=['vmamba2d.seg'])``
 in an mmseg config) makes mmseg importable with mmcv-lite, lets torch's ``weights_only`` loading read
-mmengine checkpoints (and makes mmengine load local checkpoint files that way on every torch), registers the crash-safe ``AtomicCheckpointHook`` (:mod:`.safe_checkpoints`;
-seg/train.py uses it, with :mod:`.work_dir` for start / resume / repair), gives mmengine's FLOP counter
-the scan's FLOP handle and registers :class:`VMamba2DBackbone` in mmseg's MODELS registry. mmseg's own tools import ``mmseg.models``
-before a config's ``custom_imports`` run: start them through :mod:`vmamba2d.seg.mmseg_tools`.
+mmengine checkpoints (and makes mmengine load local checkpoint files that way on every torch),
+registers the crash-safe ``AtomicCheckpointHook`` (:mod:`.safe_checkpoints`; seg/train.py uses it,
+with :mod:`.work_dir` for start / resume / repair), gives mmengine's FLOP counter the scan's FLOP
+handle and registers :class:`VMamba2DBackbone` in mmseg's MODELS registry. mmseg's own tools import
+``mmseg.models`` before a config's ``custom_imports`` run: start them through
+:mod:`vmamba2d.seg.mmseg_tools`.
 """
 import importlib.util
 

@@ -17,6 +17,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 import vmamba2d  # noqa: F401  (registers the vmamba2d_* / vmamba_* timm models)
 
 from .complexity import warn_if_scans_untraceable
+from .errors import SegMissingFileError
 from .pretrained import classification_weights, load_matching_weights, read_checkpoint, strip_prefix
 
 _MAX_LISTED = 20
@@ -192,7 +193,7 @@ class VMamba2DBackbone(BaseModule):
         path = self.init_cfg["checkpoint"]
         prefix = self.init_cfg.get("prefix")
         if not Path(path).expanduser().is_file():
-            raise FileNotFoundError(
+            raise SegMissingFileError(
                 f"{type(self).__name__}: init_cfg checkpoint {path} not found. Put the ImageNet-1K weights "
                 "there, point to them with --cfg-options model.backbone.init_cfg.checkpoint=PATH, or train "
                 "the backbone from scratch with --cfg-options model.backbone.init_cfg=None (seg/train.py: "

@@ -35,7 +35,7 @@ import torch
 from mmengine.logging import HistoryBuffer
 from mmengine.runner import CheckpointLoader
 
-from .errors import RefusedCheckpointError, SegInputError
+from .errors import RefusedCheckpointError, SegInputError, SegMissingFileError
 
 _NUMERIC_KINDS = "biufc"
 
@@ -96,28 +96,35 @@ def load_from_local_file(filename: str, map_location: Optional[Any] = None) -> A
         the loaded object (an mmengine checkpoint dict, or a plain state dict).
 
     Raises:
-        FileNotFoundError when there is no such file; RefusedCheckpointError when the file holds
-        pickled objects outside the allow-list (nothing of it is executed); SegInputError when torch
-        cannot read it (truncated, not a torch file). Each message is one line naming the file.
+        SegMissingFileError (a FileNotFoundError) when there is no such file; RefusedCheckpointError
+        when the file holds pickled objects outside the allow-list (nothing of it is executed);
+        SegInputError when torch cannot read it (truncated, not a torch file). Each message is one
+        line naming the file.
     """
     path = osp.expanduser(filename)
     if not osp.isfile(path):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+        raise SegMissingFileError(f"checkpoint not found: {path}")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         raise RefusedCheckpointError(
             f"checkpoint {path} refused: it holds Python objects that weights-only loading does not allow "
-            f"({_unpickler_reason(error)}); nothing of it was executed. If you trust the file, re-save "
+            f"({load_error_reason(error)}); nothing of it was executed. If you trust the file, re-save "
             "only its state dict (tensors) and load that") from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
+        raise SegInputError(f"checkpoint {path} cannot be read: {load_error_reason(error)}") from None
+
+
+def load_error_reason(error: Exception) -> str:
+    """One line saying why ``torch.load`` failed.
+
+    For a weights_only refusal, the cause in torch's multi-line message (``Unsupported global: GLOBAL
+    print ...``, ``Trying to load unsupported GLOBAL posix.mkdir ...``) without the advice around it;
+    otherwise ``'<ExceptionType>: <first line of the message>'``.
+    """
+    if not isinstance(error, pickle.UnpicklingError):
         first_line = (str(error).strip().splitlines() or [""])[0]
-        raise SegInputError(f"checkpoint {path} cannot be read: {type(error).__name__}: {first_line}") from None
-
-
-def _unpickler_reason(error: pickle.UnpicklingError) -> str:
-    """The cause in torch's multi-line weights_only message (``Unsupported global: GLOBAL print ...``,
-    ``Trying to load unsupported GLOBAL posix.mkdir ...``), without torch's advice around it."""
+        return f"{type(error).__name__}: {first_line}"
     advice = ("Weights only load failed", "Check the documentation", "(1)", "(2)")
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     causes = [line.split("WeightsUnpickler error:", 1)[-1].strip() for line in lines

@@ -13,6 +13,9 @@ import torch.nn as nn
 
 from vmamba2d.models.weights import convert_official_vmamba, is_official_layout
 
+from .checkpoint_safety import load_error_reason
+from .errors import RefusedCheckpointError, SegInputError, SegMissingFileError
+
 # Keys holding the weights inside a training checkpoint, EMA first (timm's convention).
 _CHECKPOINT_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
 # Classifier parts a segmentation backbone drops: official VMamba "classifier.{norm,head}", our
@@ -32,10 +35,15 @@ def read_checkpoint(path: str | Path, trusted: bool = False) -> Dict[str, torch.
     Returns:
         the state dict (name -> tensor), taken from ``model_ema`` / ``model`` / ``state_dict`` when
         the file is a training checkpoint, with any DDP ``module.`` prefix removed.
+
+    Raises:
+        SegMissingFileError (a FileNotFoundError) when there is no such file; RefusedCheckpointError
+        when ``weights_only`` loading refuses its pickled objects; SegInputError (a ValueError) when it
+        cannot be read or holds no tensors. Each message is one line naming the file.
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"pretrained checkpoint not found: {path}")
+        raise SegMissingFileError(f"pretrained checkpoint not found: {path}")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -44,12 +52,15 @@ def read_checkpoint(path: str | Path, trusted: bool = False) -> Dict[str, torch.
         try:
             checkpoint = torch.load(path, map_location="cpu", weights_only=not trusted)
         except pickle.UnpicklingError as error:
-            raise ValueError(
-                f"{path} holds Python objects that torch.load(weights_only=True) refuses ({error}). "
-                "If you trust the file, pass trusted=True (backbone init_cfg=dict(type='Pretrained', "
-                "checkpoint=..., trusted=True)), or re-save just its state dict.") from error
+            raise RefusedCheckpointError(
+                f"{path} holds Python objects that torch.load(weights_only=True) refuses "
+                f"({load_error_reason(error)}). If you trust the file, pass trusted=True (backbone "
+                "init_cfg=dict(type='Pretrained', checkpoint=..., trusted=True)), or re-save just its "
+                "state dict.") from None
+        except (RuntimeError, EOFError, OSError, ValueError) as error:
+            raise SegInputError(f"pretrained checkpoint {path} cannot be read: {load_error_reason(error)}") from None
     if not isinstance(checkpoint, Mapping):
-        raise TypeError(f"{path}: expected a state dict or a checkpoint dict, got {type(checkpoint).__name__}")
+        raise SegInputError(f"{path}: expected a state dict or a checkpoint dict, got {type(checkpoint).__name__}")
     for key in _CHECKPOINT_KEYS:
         if isinstance(checkpoint.get(key), Mapping):
             checkpoint = checkpoint[key]
@@ -59,7 +70,8 @@ def read_checkpoint(path: str | Path, trusted: bool = False) -> Dict[str, torch.
         if isinstance(value, torch.Tensor):
             state_dict[key[len("module."):] if key.startswith("module.") else key] = value
     if not state_dict:
-        raise ValueError(f"{path}: no tensors found (looked under {', '.join(_CHECKPOINT_KEYS)} and at top level)")
+        raise SegInputError(f"{path}: no tensors found (looked under {', '.join(_CHECKPOINT_KEYS)} and at top "
+                            "level)")
     return state_dict
 
 
@@ -72,13 +84,13 @@ def strip_prefix(state_dict: Mapping[str, torch.Tensor], prefix: str, source: st
         source: the checkpoint's name, for the error message.
 
     Raises:
-        ValueError naming the key groups the checkpoint does have when no key starts with ``prefix``.
+        SegInputError (a ValueError) naming the key groups the checkpoint does have when no key starts with ``prefix``.
     """
     selected = {key[len(prefix):]: value for key, value in state_dict.items() if key.startswith(prefix)}
     if not selected:
-        raise ValueError(f"{source}: no key starts with prefix={prefix!r}; its keys start with "
-                         f"{key_groups(state_dict)}. Set init_cfg prefix to one of these groups (with "
-                         "the trailing dot), or drop prefix for an ImageNet classification checkpoint.")
+        raise SegInputError(f"{source}: no key starts with prefix={prefix!r}; its keys start with "
+                            f"{key_groups(state_dict)}. Set init_cfg prefix to one of these groups (with "
+                            "the trailing dot), or drop prefix for an ImageNet classification checkpoint.")
     return selected
 
 
@@ -117,8 +129,8 @@ def load_matching_weights(module: nn.Module, state_dict: Mapping[str, torch.Tens
     backbone with fewer ``out_indices`` does not build) are returned for logging, not raised.
 
     Raises:
-        ValueError listing shape mismatches (a checkpoint of another variant), or, when no key
-        matches at all, naming the checkpoint's key groups next to the module's (a prefix mismatch).
+        SegInputError (a ValueError) listing shape mismatches (a checkpoint of another variant), or,
+        when no key matches at all, naming the checkpoint's key groups next to the module's (a prefix mismatch).
 
     Returns:
         (missing keys, unexpected keys), sorted.
@@ -127,14 +139,14 @@ def load_matching_weights(module: nn.Module, state_dict: Mapping[str, torch.Tens
     fitted = {k: _fit_pointwise(v, target[k]) if k in target else v for k, v in state_dict.items()}
     matched = sorted(set(target) & set(fitted))
     if not matched:
-        raise ValueError(
+        raise SegInputError(
             f"{source}: no key matches the model. The checkpoint's keys start with {key_groups(fitted)}; "
             f"the model's with {key_groups(target)}. A whole segmentor checkpoint needs "
             "init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.').")
     mismatched = [f"{k}: checkpoint {tuple(fitted[k].shape)} vs model {tuple(target[k].shape)}"
                   for k in matched if fitted[k].shape != target[k].shape]
     if mismatched:
-        raise ValueError(f"{source}: shape mismatches ({len(mismatched)}), a checkpoint of another model "
-                         f"variant? {', '.join(mismatched[:_MAX_LISTED])}")
+        raise SegInputError(f"{source}: shape mismatches ({len(mismatched)}), a checkpoint of another model "
+                            f"variant? {', '.join(mismatched[:_MAX_LISTED])}")
     module.load_state_dict({k: fitted[k] for k in matched}, strict=False)
     return sorted(set(target) - set(fitted)), sorted(set(fitted) - set(target))

@@ -12,6 +12,8 @@ import torch
 from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
 
+from .errors import SegInputError, SegMissingFileError
+
 _DATALOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")
 
 
@@ -38,7 +40,7 @@ def load_config(path: str, cfg_options: Optional[dict] = None, launcher: str = "
     The work_dir is, in order: ``work_dir``, the config's ``work_dir``, ``./work_dirs/<config name>``.
     """
     if not osp.isfile(path):
-        raise FileNotFoundError(f"config file not found: {path}")
+        raise SegMissingFileError(f"config file not found: {path}")
     # yapf formatting of the config text (for logs and the dumped copy) is cosmetic and costs seconds
     cfg = Config.fromfile(path, format_python_code=False)
     if cfg_options:
@@ -52,7 +54,8 @@ def load_config(path: str, cfg_options: Optional[dict] = None, launcher: str = "
 
 
 def check_dataset_folders(cfg: Config, dataloaders: Iterable[str] = _DATALOADERS) -> None:
-    """Raise FileNotFoundError naming the folder and the expected layout when a dataset is missing.
+    """Raise SegMissingFileError (a FileNotFoundError) naming the folder and the expected layout when a
+    dataset is missing.
 
     Checks ``data_root/data_prefix[img_path|seg_map_path]`` of every dataset of the given
     dataloaders (those present in ``cfg``) before any model is built.
@@ -68,7 +71,7 @@ def check_dataset_folders(cfg: Config, dataloaders: Iterable[str] = _DATALOADERS
                 continue
             full = Path(data_root, folder)
             if not full.is_dir():
-                raise FileNotFoundError(
+                raise SegMissingFileError(
                     f"{name}: dataset folder {full} does not exist (data_root={data_root!r}, "
                     f"data_prefix.{kind}={folder!r}). ADE20K is expected as "
                     "<data_root>/images/{training,validation}/*.jpg and "
@@ -80,12 +83,12 @@ def check_dataset_folders(cfg: Config, dataloaders: Iterable[str] = _DATALOADERS
 def enable_amp(cfg: Config) -> None:
     """Switch the optimizer wrapper to mixed precision (dynamic loss scaling); needs CUDA."""
     if not torch.cuda.is_available():
-        raise ValueError("--amp needs a CUDA device (torch.cuda.is_available() is False)")
+        raise SegInputError("--amp needs a CUDA device (torch.cuda.is_available() is False)")
     wrapper = cfg.optim_wrapper.get("type", "OptimWrapper")
     if wrapper == "AmpOptimWrapper":
         return
     if wrapper != "OptimWrapper":
-        raise ValueError(f"--amp: optim_wrapper.type must be OptimWrapper or AmpOptimWrapper, got {wrapper!r}")
+        raise SegInputError(f"--amp: optim_wrapper.type must be OptimWrapper or AmpOptimWrapper, got {wrapper!r}")
     cfg.optim_wrapper.type = "AmpOptimWrapper"
     cfg.optim_wrapper.loss_scale = "dynamic"
 
@@ -94,7 +97,7 @@ def use_multiscale_flip_test(cfg: Config) -> None:
     """Replace the test pipeline and model by the config's ``tta_pipeline`` / ``tta_model``."""
     for key in ("tta_pipeline", "tta_model"):
         if cfg.get(key) is None:
-            raise ValueError(f"--tta: the config defines no {key}")
+            raise SegInputError(f"--tta: the config defines no {key}")
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
     cfg.tta_model.module = cfg.model
     cfg.model = cfg.tta_model
@@ -134,8 +137,8 @@ def check_backbone_weights(cfg: Config, from_scratch: bool = False) -> None:
         from_scratch: drop the backbone's ImageNet initialisation instead (random init).
 
     Raises:
-        FileNotFoundError naming the file and the three ways out (put it there, point elsewhere,
-        train from scratch).
+        SegMissingFileError (a FileNotFoundError) naming the file and the three ways out (put it there,
+        point elsewhere, train from scratch).
     """
     if from_scratch:
         cfg.model.backbone.init_cfg = None
@@ -146,7 +149,7 @@ def check_backbone_weights(cfg: Config, from_scratch: bool = False) -> None:
         return
     checkpoint = backbone_checkpoint(cfg)
     if checkpoint is not None and not osp.isfile(osp.expanduser(checkpoint)):
-        raise FileNotFoundError(
+        raise SegMissingFileError(
             f"backbone ImageNet-1K weights not found: {checkpoint} (model.backbone.init_cfg.checkpoint, relative "
             f"to {os.getcwd()}). Either put the checkpoint there (our vmamba2d / vmamba classification "
             "checkpoints or official VMamba v2 ones), point to it with --cfg-options "

@@ -48,6 +48,7 @@ from mmengine.config import Config
 from vmamba2d.training.checkpoint import atomic_write, is_temp_file, remove_stale_temp_files
 from vmamba2d.training.run_folder import RunFolderError
 
+from .checkpoint_safety import load_error_reason
 from .safe_checkpoints import LAST_CHECKPOINT_NAME, write_last_checkpoint
 
 _RUN_LOG_FOLDER = re.compile(r"^\d{8}_\d{6}$")  # mmengine's per-run timestamp folders
@@ -87,7 +88,7 @@ def read_checkpoint_state(path: Path) -> Dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # any unpickling problem: report it instead of failing inside the Runner
-        raise UnreadableCheckpoint(f"checkpoint {path} cannot be loaded: {type(error).__name__}: {error}") from None
+        raise UnreadableCheckpoint(f"checkpoint {path} cannot be loaded: {load_error_reason(error)}") from None
     if not isinstance(checkpoint, dict) or "meta" not in checkpoint:
         raise UnreadableCheckpoint(f"checkpoint {path} is not an mmengine training checkpoint (no 'meta')")
     message_hub = checkpoint.get("message_hub") or {}
