@@ -352,8 +352,9 @@ def test_checkpoints_of_another_run_in_an_uncommitted_folder_are_refused_and_kep
     _fake_checkpoint(work / "iter_6.pth", 6, experiment_name="other_20250101_000000")
     (work / "best_mIoU_iter_8.pth").write_bytes(b"not a checkpoint")
     before = sorted(p.name for p in work.iterdir() if not p.name.startswith("."))
-    with pytest.raises(RunFolderError, match=r"no last_checkpoint.*not empty \(best_mIoU_iter_8\.pth \(unreadable\), "
-                                             r"iter_6\.pth \(of run 20250101_000000, which left no log folder here\)\)"):
+    refused = (r"no last_checkpoint.*not empty \(best_mIoU_iter_8\.pth \(unreadable\), "
+               r"iter_6\.pth \(of run 20250101_000000, which left no log folder here\)\)")
+    with pytest.raises(RunFolderError, match=refused):
         prepare_work_dir(_cfg(work), "auto")
     assert sorted(p.name for p in work.iterdir() if not p.name.startswith(".")) == before
 

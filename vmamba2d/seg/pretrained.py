@@ -84,7 +84,8 @@ def strip_prefix(state_dict: Mapping[str, torch.Tensor], prefix: str, source: st
         source: the checkpoint's name, for the error message.
 
     Raises:
-        SegInputError (a ValueError) naming the key groups the checkpoint does have when no key starts with ``prefix``.
+        SegInputError (a ValueError) naming the key groups the checkpoint does have when no key starts
+        with ``prefix``.
     """
     selected = {key[len(prefix):]: value for key, value in state_dict.items() if key.startswith(prefix)}
     if not selected:
@@ -130,7 +131,8 @@ def load_matching_weights(module: nn.Module, state_dict: Mapping[str, torch.Tens
 
     Raises:
         SegInputError (a ValueError) listing shape mismatches (a checkpoint of another variant), or,
-        when no key matches at all, naming the checkpoint's key groups next to the module's (a prefix mismatch).
+        when no key matches at all, naming the checkpoint's key groups next to the module's (a prefix
+        mismatch).
 
     Returns:
         (missing keys, unexpected keys), sorted.
