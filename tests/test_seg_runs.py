@@ -346,6 +346,24 @@ def test_resume_starts_over_after_a_kill_before_the_first_commit(tmp_path):
     assert sorted(p.name for p in work.iterdir()) == ["20261122_210000", "tiny.py"]
 
 
+def test_other_ranks_start_over_while_rank_0_deletes_the_uncommitted_checkpoints(tmp_path, monkeypatch):
+    from vmamba2d.seg import work_dir as work_dir_module
+
+    work = _killed_before_first_commit(tmp_path / "work")
+    read = work_dir_module.read_checkpoint_state
+
+    def read_after_rank_0_deleted(path):
+        Path(path).unlink()  # rank 0 removed it between this rank's listing and its read
+        return read(path)
+
+    monkeypatch.setattr(work_dir_module, "read_checkpoint_state", read_after_rank_0_deleted)
+    monkeypatch.setenv("RANK", "1")
+    cfg = _cfg(work)
+    assert prepare_work_dir(cfg, "auto") == [f"{work}: no committed checkpoint yet, starting from scratch"]
+    assert cfg.resume is False and cfg.load_from is None
+    assert (work / "20261122_210000" / "vis_data" / "scalars.json").read_text() != ""  # rank 0's job
+
+
 def test_checkpoints_of_another_run_in_an_uncommitted_folder_are_refused_and_kept(tmp_path):
     # another experiment's checkpoint (its timestamp has no log folder here) and an unreadable one
     work = _killed_before_first_commit(tmp_path / "work")

@@ -252,6 +252,8 @@ def _uncommitted_run_checkpoints(work_dir: Path, checkpoint_dir: Path, pattern: 
                 if owner is not None and owner in run_logs:
                     ours.append(entry)
                     continue
+                if owner is None and not entry.exists():  # rank 0 of this launch deleted it meanwhile
+                    continue
                 foreign.append(f"{entry.name} (" + ("unreadable" if owner is None else f"of run {owner}, which "
                                                     "left no log folder here") + ")")
                 continue
