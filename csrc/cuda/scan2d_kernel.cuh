@@ -99,33 +99,37 @@ SS2D_HD SS2D_INLINE int64_t plane_offset(const Geometry& g, const Plane& pl, con
   return (cell.batch * pl.planes + pl.plane) * g.length + cell.pos;
 }
 
-// The quad (r, c0 .. c0 + kQuad - 1) of tile (ti, tj) in one plane: whether it is one vector
-// access (all cells real and in one map row, hence consecutive in memory, and the address aligned
-// to the vector width) and the offset of its first cell.
-struct QuadSpan {
-  bool vector;
-  int64_t off;
+// Where the quad (r, c0 .. c0 + kQuad - 1) of tile (ti, tj) lives, worked out once per quad and
+// tile phase and shared by every plane the phase accesses there (B, C of each state, u, delta, y,
+// ... of each channel): whether its four cells are real and in one map row (hence consecutive in
+// memory), and the batch entry and map position of its first cell. A plane's offset is then one
+// multiply-add; quads at map edges or across pack boundaries take the per-cell path.
+struct QuadPlace {
+  bool one_row;
+  int64_t batch;
+  int64_t pos;
 };
 
-template <class Ctx, class View>
-SS2D_HD SS2D_INLINE QuadSpan quad_span(const Ctx& ctx, const Geometry& g, const View& buf, const Plane& pl,
-                                       int bb, int ti, int tj, int r, int c0) {
+SS2D_HD SS2D_INLINE QuadPlace quad_place(const Geometry& g, int bb, int ti, int tj, int r, int c0) {
   const TileCell first = tile_cell(g, bb, ti, tj, r, c0);
   const TileCell last = tile_cell(g, bb, ti, tj, r, c0 + kQuad - 1);
-  QuadSpan q;
-  q.off = plane_offset(g, pl, first);
-  q.vector = first.valid && last.valid && first.batch == last.batch && ctx.vector_aligned(buf, q.off);
-  return q;
+  return QuadPlace{first.valid && last.valid && first.batch == last.batch, first.batch, first.pos};
+}
+
+SS2D_HD SS2D_INLINE int64_t quad_offset(const Geometry& g, const Plane& pl, const QuadPlace& at) {
+  return (at.batch * pl.planes + pl.plane) * g.length + at.pos;
 }
 
 // Loads a quad as fp32 into out (0 on padding cells); returns the mask of real cells (bit k: cell
-// c0 + k). Map edges, pack boundaries inside the quad and misaligned rows take the scalar path.
+// c0 + k). One vector access when the quad is in one map row and aligned; otherwise (map edges,
+// pack boundaries, misaligned rows) cell by cell.
 template <class T, class Ctx, class View>
 SS2D_HD SS2D_INLINE uint32_t load_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
-                                       int bb, int ti, int tj, int r, int c0, float (&out)[kQuad]) {
-  const QuadSpan q = quad_span(ctx, g, src, pl, bb, ti, tj, r, c0);
-  if (q.vector) {
-    const Vec4<T> v = ctx.load_vector(src, q.off);
+                                       const QuadPlace& at, int bb, int ti, int tj, int r, int c0,
+                                       float (&out)[kQuad]) {
+  const int64_t off = quad_offset(g, pl, at);
+  if (at.one_row && ctx.vector_aligned(src, off)) {
+    const Vec4<T> v = ctx.load_vector(src, off);
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) out[k] = Element<T>::load(v.v[k]);
     return (1u << kQuad) - 1;
@@ -143,13 +147,14 @@ SS2D_UNROLL
 // Stores the real cells of a quad (element type V: T, or fp32 for an fp32 y).
 template <class V, class Ctx, class View>
 SS2D_HD SS2D_INLINE void store_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
-                                    int bb, int ti, int tj, int r, int c0, const float (&vals)[kQuad]) {
-  const QuadSpan q = quad_span(ctx, g, dst, pl, bb, ti, tj, r, c0);
-  if (q.vector) {
+                                    const QuadPlace& at, int bb, int ti, int tj, int r, int c0,
+                                    const float (&vals)[kQuad]) {
+  const int64_t off = quad_offset(g, pl, at);
+  if (at.one_row && ctx.vector_aligned(dst, off)) {
     Vec4<V> v;
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) v.v[k] = Element<V>::store(vals[k]);
-    ctx.store_vector(dst, q.off, v);
+    ctx.store_vector(dst, off, v);
     return;
   }
 SS2D_UNROLL
@@ -160,16 +165,17 @@ SS2D_UNROLL
 }
 
 // Adds vals to the real cells of a quad of an fp32 buffer (the dB / dC partials): one vector
-// read-modify-write where the quad is consecutive and aligned, else per real cell.
+// read-modify-write where the quad is in one map row and aligned, else per real cell.
 template <class Ctx, class View>
 SS2D_HD SS2D_INLINE void add_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
-                                  int bb, int ti, int tj, int r, int c0, const float (&vals)[kQuad]) {
-  const QuadSpan q = quad_span(ctx, g, dst, pl, bb, ti, tj, r, c0);
-  if (q.vector) {
-    Vec4<float> v = ctx.load_vector(dst, q.off);
+                                  const QuadPlace& at, int bb, int ti, int tj, int r, int c0,
+                                  const float (&vals)[kQuad]) {
+  const int64_t off = quad_offset(g, pl, at);
+  if (at.one_row && ctx.vector_aligned(dst, off)) {
+    Vec4<float> v = ctx.load_vector(dst, off);
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) v.v[k] += vals[k];
-    ctx.store_vector(dst, q.off, v);
+    ctx.store_vector(dst, off, v);
     return;
   }
 SS2D_UNROLL
@@ -275,11 +281,12 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
     const int vslot_out = p.record ? tile + g.tiles_w : tj;
     for (int round = 0; round < rounds; ++round) {
       each_quad(ctx, [&](int, int r, int c0) {
+        const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
         float bq[kMaxWarps][kQuad];
 SS2D_UNROLL
         for (int j = 0; j < kMaxWarps; ++j) {
           if (j < wpc && round * wpc + j < nstate) {
-            load_quad<T>(ctx, g, Bg, bc_plane(g, group, round * wpc + j), bb, ti, tj, r, c0, bq[j]);
+            load_quad<T>(ctx, g, Bg, bc_plane(g, group, round * wpc + j), at, bb, ti, tj, r, c0, bq[j]);
           }
         }
         for (int s = 0; s < channels; ++s) {
@@ -288,8 +295,8 @@ SS2D_UNROLL
           if (round == 0) {
             const Plane pl{g.dim, d};
             float dq[kQuad];
-            const uint32_t real = load_quad<T>(ctx, g, delta, pl, bb, ti, tj, r, c0, dq);
-            load_quad<T>(ctx, g, u, pl, bb, ti, tj, r, c0, uq);
+            const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, bb, ti, tj, r, c0, dq);
+            load_quad<T>(ctx, g, u, pl, at, bb, ti, tj, r, c0, uq);
             const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
             const float dskip = p.D ? p.D[d] : 0.f;
 SS2D_UNROLL
@@ -400,6 +407,7 @@ SS2D_UNROLL
       ctx.barrier();
       const bool last = round + 1 == rounds;
       each_quad(ctx, [&](int, int r, int c0) {
+        const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
         // Per-channel registers indexed by unrolled loops (no local memory).
         float yq[kMaxWarps][kQuad];
 SS2D_UNROLL
@@ -413,7 +421,7 @@ SS2D_UNROLL
           const int n = round * wpc + j;
           if (j >= wpc || n >= nstate) continue;
           float cq[kQuad];
-          load_quad<T>(ctx, g, Cg, bc_plane(g, group, n), bb, ti, tj, r, c0, cq);
+          load_quad<T>(ctx, g, Cg, bc_plane(g, group, n), at, bb, ti, tj, r, c0, cq);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             if (s >= channels) continue;
@@ -433,9 +441,9 @@ SS2D_UNROLL
           }
           const Plane pl{g.dim, d0 + s};
           if (p.y_fp32) {
-            store_quad<float>(ctx, g, y32, pl, bb, ti, tj, r, c0, yq[s]);
+            store_quad<float>(ctx, g, y32, pl, at, bb, ti, tj, r, c0, yq[s]);
           } else {
-            store_quad<T>(ctx, g, yT, pl, bb, ti, tj, r, c0, yq[s]);
+            store_quad<T>(ctx, g, yT, pl, at, bb, ti, tj, r, c0, yq[s]);
           }
         }
       });
@@ -539,17 +547,18 @@ SS2D_UNROLL
       const int tj = tile - ti * g.tiles_w;
       for (int round = 0; round < rounds; ++round) {
         each_quad(ctx, [&](int, int r, int c0) {
+          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
           if (round == 0) {
             for (int s = 0; s < channels; ++s) {
               const int d = d0 + s;
               const Plane pl{g.dim, d};
               float dq[kQuad], uq[kQuad], dyq[kQuad];
-              const uint32_t real = load_quad<T>(ctx, g, delta, pl, bb, ti, tj, r, c0, dq);
-              if (full) load_quad<T>(ctx, g, u, pl, bb, ti, tj, r, c0, uq);
+              const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, bb, ti, tj, r, c0, dq);
+              if (full) load_quad<T>(ctx, g, u, pl, at, bb, ti, tj, r, c0, uq);
               if (p.dy_fp32) {
-                load_quad<float>(ctx, g, dy32, pl, bb, ti, tj, r, c0, dyq);
+                load_quad<float>(ctx, g, dy32, pl, at, bb, ti, tj, r, c0, dyq);
               } else {
-                load_quad<T>(ctx, g, dyT, pl, bb, ti, tj, r, c0, dyq);
+                load_quad<T>(ctx, g, dyT, pl, at, bb, ti, tj, r, c0, dyq);
               }
               const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
 SS2D_UNROLL
@@ -567,9 +576,9 @@ SS2D_UNROLL
             if (j >= wpc || n >= nstate) continue;
             const Plane bpl = bc_plane(g, group, n);
             float bq[kQuad], cq[kQuad];
-            load_quad<T>(ctx, g, Cg, bpl, bb, ti, tj, r, c0, cq);
+            load_quad<T>(ctx, g, Cg, bpl, at, bb, ti, tj, r, c0, cq);
             if (full) {
-              load_quad<T>(ctx, g, Bg, bpl, bb, ti, tj, r, c0, bq);
+              load_quad<T>(ctx, g, Bg, bpl, at, bb, ti, tj, r, c0, bq);
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[k];
             }
@@ -731,6 +740,7 @@ SS2D_UNROLL
         ctx.barrier();
         const bool last = round + 1 == rounds;
         each_quad(ctx, [&](int t, int r, int c0) {
+          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
           // Per-channel registers indexed by unrolled loops (no local memory).
           float sumb[kMaxWarps][kQuad], ddt[kMaxWarps][kQuad];
 SS2D_UNROLL
@@ -767,8 +777,8 @@ SS2D_UNROLL
               }
             }
             const Plane bpl = bc_plane(g, group, n);
-            add_quad(ctx, g, dB, bpl, bb, ti, tj, r, c0, db);
-            add_quad(ctx, g, dC, bpl, bb, ti, tj, r, c0, dc);
+            add_quad(ctx, g, dB, bpl, at, bb, ti, tj, r, c0, db);
+            add_quad(ctx, g, dC, bpl, at, bb, ti, tj, r, c0, dc);
           }
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
@@ -798,8 +808,8 @@ SS2D_UNROLL
               part[ctx.thread_slot(t)][1][s] += ddq[k];
             }
             const Plane pl{g.dim, d};
-            store_quad<T>(ctx, g, du_g, pl, bb, ti, tj, r, c0, duq);
-            store_quad<T>(ctx, g, ddelta_g, pl, bb, ti, tj, r, c0, ddq);
+            store_quad<T>(ctx, g, du_g, pl, at, bb, ti, tj, r, c0, duq);
+            store_quad<T>(ctx, g, ddelta_g, pl, at, bb, ti, tj, r, c0, ddq);
           }
         });
         // No barrier: the next round's (or tile's) A rewrites only cells this thread itself read.
