@@ -302,17 +302,23 @@ def test_fx_features_only_model_with_feature_cfg_scripts():
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_torch_export_keeps_the_scan_as_one_op_and_matches_eager(name):
+@pytest.mark.parametrize("cross_scan", ["fused", "per_route"])
+def test_torch_export_keeps_the_scan_as_one_op_and_matches_eager(name, cross_scan):
     # torch.export (TorchScript's successor): the custom op's fake implementation lets export trace
     # through it, so the exported program holds the scan as one vmamba2d op per call.
-    model = create(name, scan_backend="auto").eval()
+    model = create(name, scan_backend="auto", cross_scan=cross_scan).eval()
     x = images(2, 64, 96)
     program = torch.export.export(model, (x,))
     targets = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
-    scans = [t for t in targets if t.startswith("vmamba2d.selective_scan_2d_fwd")]
-    # 4 blocks; the 2D scan takes 2 calls per block on a non-square map (H x W and W x H grids),
-    # the 1D scan one (all four routes are 1 x L lines)
-    assert len(scans) == (8 if name.startswith("vmamba2d") else 4)
+    if cross_scan == "fused":
+        # one four-route op per block (4 blocks), and no route-order copies of the map
+        assert sum(t.startswith("vmamba2d.cross_selective_scan_2d_fwd") for t in targets) == 4
+        assert not [t for t in targets if t.startswith(("aten.flip", "aten.cat", "aten.stack"))]
+    else:
+        # the 2D scan takes 2 calls per block on a non-square map (H x W and W x H grids), the 1D
+        # scan one (all four routes are 1 x L lines)
+        scans = [t for t in targets if t.startswith("vmamba2d.selective_scan_2d_fwd")]
+        assert len(scans) == (8 if name.startswith("vmamba2d") else 4)
     with torch.no_grad():
         assert torch.equal(program.module()(x), model(x))
 
