@@ -331,3 +331,65 @@ def test_gpu_backward_is_deterministic():
     runs = [_grads(inputs, 40, 40, dy, triton_scan) for _ in range(3)]
     for name in runs[0]:
         assert all(torch.equal(runs[0][name], run[name]) for run in runs[1:]), name
+
+
+# --------------------------------------------------------------------------------------------
+# Static targets of the four-route kernels (issue 19), from compiles for sm_80 / sm_90 without a
+# GPU (method in vmamba2d/ops/_triton_static.py): the backward keeps >= 12 warps resident per SM,
+# both kernels evaluate exp(dt * A) once per cell and state (counted in the TTIR), spills stay
+# within a few words. benchmarks/scan_triton_static.md records the full table.
+# --------------------------------------------------------------------------------------------
+CROSS_KERNELS = "vmamba2d.ops._triton_cross_kernels"
+SPILL_BUDGET_BYTES = 64
+
+
+@pytest.fixture
+def static_figures(monkeypatch):
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    previous = {name: sys.modules.pop(name, None) for name in (KERNELS, CROSS_KERNELS)}
+    try:
+        static = importlib.import_module("vmamba2d.ops._triton_static")
+        if not static._cuobjdump().exists():
+            pytest.skip("triton's cuobjdump is missing")
+        yield static
+    finally:
+        for name, module in previous.items():
+            sys.modules.pop(name, None)
+            if module is not None:
+                sys.modules[name] = module
+
+
+def test_resident_warps_follow_the_occupancy_rule():
+    from vmamba2d.ops._triton_static import resident_warps
+
+    assert resident_warps(255, 8, 4096, 90) == 8  # 64 K registers hold one 8-warp block
+    assert resident_warps(168, 4, 3072, 90) == 12
+    assert resident_warps(170, 4, 3072, 90) == 8  # 176 after rounding: two blocks
+    assert resident_warps(128, 8, 4096, 80) == 16
+    assert resident_warps(32, 4, 100 * 1024, 80) == 4  # shared memory bound: one block
+    assert resident_warps(16, 1, 0, 90) == 32  # block-count bound
+
+
+@pytest.mark.parametrize("direction, routes, dtype, shape, arch", [
+    ("bwd", "2d", torch.float32, (128, 192, 1, 56, 56), 90),
+    ("bwd", "flat", torch.bfloat16, (128, 192, 1, 56, 56), 90),
+    ("bwd", "2d", torch.bfloat16, (8, 64, 16, 28, 28), 80),
+    ("fwd", "2d", torch.float32, (128, 192, 1, 56, 56), 90),
+    ("fwd", "flat", torch.float16, (128, 768, 1, 14, 14), 80),
+], ids=lambda v: str(v).replace("torch.", ""))
+def test_four_route_kernels_meet_the_static_targets(static_figures, direction, routes, dtype, shape, arch):
+    codes = static_figures.CROSS_2D if routes == "2d" else static_figures.CROSS_FLAT
+    fig = static_figures.cross_kernel_figures(direction, dtype, *shape, codes, arch)
+    assert fig.exps_per_cell_state == 1, fig
+    assert fig.spill_bytes <= SPILL_BUDGET_BYTES, fig
+    if direction == "bwd":
+        assert fig.warps_per_sm >= 12, fig
+
+
+def test_the_exp_count_sees_the_single_route_backwards_extra_exps(static_figures):
+    """The method counts what it should: the single-route backward kernel recomputes the decays of
+    the cells below and to the right, three exps per cell and state."""
+    figures = static_figures.single_route_kernel_figures("bwd", torch.float32, 16, 1, 1, 40, 40, 90)
+    assert [(f.kernel, f.exps_per_cell_state) for f in figures] == [("scan2d_fwd_kernel", 1), ("scan2d_bwd_kernel", 3)]

@@ -75,8 +75,8 @@ def grads(fn, inputs, dy):
 
 # (route set, scan, H, W, batch, dim, N, D, bias, softplus, tile or None for the default)
 CASES = [
-    ("cross", "2d", 5, 7, 1, 3, 2, True, True, True, "2x4"),  # 3 x 2 tiles, edge tiles, 2 channel blocks
-    ("corners", "2d", 4, 6, 1, 2, 1, False, False, False, "2x4"),  # right / bottom origins, no D / bias
+    ("cross", "2d", 5, 7, 1, 3, 2, True, True, True, "2x4"),  # 3 x 2 tiles, edge tiles, 3 channel blocks
+    ("corners", "2d", 4, 6, 1, 3, 1, False, False, False, "2x4"),  # no D / bias; 2 blocks of 2 channels
     ("cross", "1d", 5, 7, 1, 3, 2, True, False, True, "2x4"),  # 5 chunks of 8 steps, the last partial
     ("corners", "1d", 3, 6, 2, 2, 1, False, True, True, None),
     ("cross", "2d", 6, 9, 1, 2, 3, True, True, True, None),  # N = 3 padded to 4, one tile
@@ -122,6 +122,26 @@ def test_the_public_op_runs_the_native_kernel(monkeypatch):
     torch.testing.assert_close(y, reference(route_set("cross"), **inputs), rtol=1e-10, atol=1e-10)
 
 
+def test_the_backward_launches_no_forward_sweep(monkeypatch):
+    """The forward saves the tile carries; the backward op launches only the backward kernel."""
+    inputs = make_cross_inputs(1, 2, 1, 3, 4, 4, seed=2)
+    launched = []
+    original = triton_cross._kernels
+
+    class Recorder:
+        def __getattr__(self, name):
+            launched.append(name)
+            return getattr(original(), name)
+
+    monkeypatch.setattr(triton_cross, "_kernels", Recorder)
+    names = [k for k in TENSORS if inputs[k] is not None]
+    leaves = {k: inputs[k].clone().requires_grad_() for k in names}
+    y = triton_op("cross", **dict(inputs, **leaves))
+    assert launched == ["cross_scan_fwd_kernel"]
+    y.sum().backward()
+    assert launched == ["cross_scan_fwd_kernel", "cross_scan_bwd_kernel"]
+
+
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_half_inputs_accumulate_in_fp32(half):
     routes = route_set("cross")
@@ -146,10 +166,12 @@ def test_half_inputs_accumulate_in_fp32(half):
 
 
 def test_fp32_inputs_and_repeatable_gradients(monkeypatch):
+    """Also: backward programs of 2 channel blocks each, 2 programs per batch element."""
     monkeypatch.setenv(scan_triton.TILE_ENV_VAR, "2x4")
+    monkeypatch.setattr(triton_cross, "MAX_BWD_SETS", 2)
     routes = route_set("corners", "1d")[:2] + route_set("cross")[2:]  # flat and 2D routes in one op
-    inputs = make_cross_inputs(1, 3, 2, 5, 6, len(routes), seed=13)
-    dy = torch.randn(1, 3, 5, 6, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    inputs = make_cross_inputs(1, 4, 2, 5, 6, len(routes), seed=13)  # N = 2: 4 blocks of 1 channel
+    dy = torch.randn(1, 4, 5, 6, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
     y_ref, expected = grads(lambda **kw: reference(routes, **kw), inputs, dy)
     fp32 = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
     runs = [grads(lambda **kw: triton_op(routes, **kw), fp32, dy.float()) for _ in range(2)]

@@ -16,6 +16,8 @@ route's directions are resolved when the kernel is built). Data stay in map layo
   held as ``[BLOCK_D, BLOCK_N, 1, TILE_H * TILE_W]``; each step's map offset is computed from its
   index (row / column order and directions), the state runs on from chunk to chunk in registers.
 
+Route codes are ``Route.code`` bit fields: 1 from_right, 2 from_bottom, 4 columns_first, 8 flat.
+
 Route outputs are summed into y in route order: route 0 writes an accumulator (fp32, fp64 for
 fp64 inputs), routes 1..K-2 add to it and route K-1 adds and writes y in its dtype. The same
 program touches the same accumulator cells in every route (barriers between routes order them).
@@ -45,10 +47,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FROM_RIGHT: tl.constexpr = 1
-FROM_BOTTOM: tl.constexpr = 2
-COLUMNS_FIRST: tl.constexpr = 4
-FLAT: tl.constexpr = 8
 
 
 @triton.jit
@@ -134,12 +132,17 @@ def _last_along(block, AXIS: tl.constexpr, SIZE: tl.constexpr, BACKWARDS: tl.con
 
 
 @triton.jit
-def _tile_cells(tr, tc, height, width, TILE_H: tl.constexpr, TILE_W: tl.constexpr):
-    """Map offsets (TILE_H, TILE_W) of tile (tr, tc) and which are inside the map."""
+def _tile_cells(tr, tc, height, width, TILE_H: tl.constexpr, TILE_W: tl.constexpr, WIDTH_ALIGN: tl.constexpr):
+    """Map offsets (TILE_H, TILE_W) of tile (tr, tc) and which are inside the map.
+
+    Hints: every row starts at a multiple of WIDTH_ALIGN and the column test is constant over
+    aligned runs of WIDTH_ALIGN columns, so loads of a row can be vectorised."""
     rows = tr * TILE_H + tl.arange(0, TILE_H)[:, None]
     cols = tc * TILE_W + tl.arange(0, TILE_W)[None, :]
-    ok = (rows < height) & (cols < width)
-    return rows * width + cols, ok
+    row_start = tl.multiple_of(rows * width, [WIDTH_ALIGN, 1])
+    col_limit = tl.multiple_of(tl.full([1, TILE_W], width, tl.int32), [1, WIDTH_ALIGN])
+    ok = (rows < height) & (cols < col_limit)
+    return row_start + cols, ok
 
 
 @triton.jit
@@ -147,15 +150,15 @@ def _chunk_cells(chunk, height, width, CODE: tl.constexpr, LENGTH: tl.constexpr)
     """Map offsets (1, LENGTH) of steps chunk * LENGTH ... of a flat route's sequence."""
     step = chunk * LENGTH + tl.arange(0, LENGTH)[None, :]
     ok = step < height * width
-    if CODE & COLUMNS_FIRST:
+    if CODE & 4:  # columns_first: column-major sequence
         col = step // height
         row = step % height
     else:
         row = step // width
         col = step % width
-    if CODE & FROM_BOTTOM:
+    if CODE & 2:  # from_bottom
         row = height - 1 - row
-    if CODE & FROM_RIGHT:
+    if CODE & 1:  # from_right
         col = width - 1 - col
     return tl.where(ok, row * width + col, 0), ok
 
@@ -180,20 +183,19 @@ def _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, 
 
 
 @triton.jit
-def _step_inputs(u_ptr, delta_ptr, B_ptr, chan3, route_chan3, state3, pos, chan_mask, state_mask, cell_ok,
-                 A4, bias, SOFTPLUS: tl.constexpr, ACC: tl.constexpr):
-    """u, z = delta + bias, dt, sigmoid(z) (BLOCK_D, rows, cols); B, decay, x (4-D) of a tile."""
+def _step_inputs(u_ptr, delta_ptr, chan3, pos, chan_mask, cell_ok, Bt, A4, bias,
+                 SOFTPLUS: tl.constexpr, ACC: tl.constexpr):
+    """u, dt, d(dt)/d(delta) (BLOCK_D, rows, cols); decay, x (4-D) of a tile with B tile ``Bt``."""
     u = tl.load(u_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
-    z = tl.load(delta_ptr + route_chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC) + bias
+    z = tl.load(delta_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC) + bias
     if SOFTPLUS:
         dt, dz = _softplus_and_sigmoid(z)
     else:
         dt = z
         dz = tl.full(z.shape, 1.0, ACC)
-    Bt = tl.load(B_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
     decay = tl.where(cell_ok[None, None], tl.exp(dt[:, None] * A4), 1.0)
     x = (dt * u)[:, None] * Bt[None]
-    return u, dt, dz, Bt, decay, x
+    return u, dt, dz, decay, x
 
 
 @triton.jit
@@ -211,9 +213,86 @@ def _accumulate(value, acc_ptr, out_ptr, offsets, mask, FIRST: tl.constexpr, LAS
 def _program_channels(dim, nstate, n_chan_blocks, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     batch = pid // n_chan_blocks
-    d_index = (pid % n_chan_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_index = (pid % n_chan_blocks).to(tl.int32) * BLOCK_D + tl.arange(0, BLOCK_D)
     n1 = tl.arange(0, BLOCK_N)
     return pid, batch, d_index, d_index < dim, n1, n1 < nstate
+
+
+@triton.jit
+def _route_forward(
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr,
+    pid, batch, d_index, chan_ok, n1, state_ok, chan3, carry_ok, carry_row, carry_col, carry_one,
+    dim, nstate, height, width, n_tile_rows, n_tile_cols, n_chunks, n_slots, vslot, hsize,
+    k: tl.constexpr, CODE: tl.constexpr, NUM_ROUTES: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, SAVE_CARRIES: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
+    WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
+):
+    """Route k (code ``CODE``) of ``cross_scan_fwd_kernel``'s program."""
+    length = height * width
+    chan_ok3 = chan_ok[:, None, None]
+    state_ok3 = state_ok[:, None, None]
+    A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, state_ok,
+                                   HAS_D, HAS_BIAS, ACC)
+    route = batch * NUM_ROUTES + k
+    delta_ptr += route * dim * length
+    B_ptr += route * nstate * length
+    C_ptr += route * nstate * length
+    state3 = (n1 * length)[:, None, None]
+    vbase = vcarry_ptr + (pid * NUM_ROUTES + k) * n_slots * vslot
+    hbase = hcarry_ptr + (pid * NUM_ROUTES + k) * hsize
+    tl.debug_barrier()  # the previous route's accumulator writes are visible to every thread
+    if CODE & 8:  # flat route
+        carry = tl.zeros([BLOCK_D, BLOCK_N, 1], dtype=ACC)
+        for chunk in range(n_chunks):
+            pos, cell_ok = _chunk_cells(chunk, height, width, CODE, TILE_H * TILE_W)
+            if SAVE_CARRIES:
+                tl.store(hbase + chunk * BLOCK_D * BLOCK_N + carry_one, carry, mask=carry_ok)
+            chan_mask = chan_ok3 & cell_ok[None]
+            Bt = tl.load(B_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
+            u, dt, dz, decay, x = _step_inputs(u_ptr, delta_ptr, chan3, pos, chan_mask, cell_ok, Bt, A4, bias,
+                                               SOFTPLUS, ACC)
+            h = _pass(decay, x, carry, 3, False)
+            carry = _last_along(h, 3, TILE_H * TILE_W, False)
+            Ct = tl.load(C_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
+            y = tl.sum(h * Ct[None], axis=1) + skip * u
+            _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
+    else:
+        REV_H: tl.constexpr = (CODE & 1) != 0
+        REV_V: tl.constexpr = (CODE & 2) != 0
+        for rr in range(n_tile_rows):
+            tr = n_tile_rows - 1 - rr if REV_V else rr
+            read_slot = rr if SAVE_CARRIES else 0
+            write_slot = rr + 1 if SAVE_CARRIES else 0
+            hcarry = tl.zeros([BLOCK_D, BLOCK_N, TILE_H], dtype=ACC)
+            for cc in range(n_tile_cols):
+                tc = n_tile_cols - 1 - cc if REV_H else cc
+                pos, cell_ok = _tile_cells(tr, tc, height, width, TILE_H, TILE_W, WIDTH_ALIGN)
+                chan_mask = chan_ok3 & cell_ok[None]
+                tl.debug_barrier()  # the previous tile row's writes of this scratch row are visible
+                vcarry = tl.load(vbase + read_slot * vslot + carry_row + tc * TILE_W,
+                                 mask=carry_ok & (rr > 0), other=0.0)
+                tl.debug_barrier()  # every thread has read the scratch row before it is overwritten
+                if SAVE_CARRIES:
+                    tl.store(hbase + (tr * n_tile_cols + tc) * BLOCK_D * BLOCK_N * TILE_H + carry_col, hcarry,
+                             mask=carry_ok)
+                Bt = tl.load(B_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
+                u, dt, dz, decay, x = _step_inputs(u_ptr, delta_ptr, chan3, pos, chan_mask, cell_ok, Bt, A4, bias,
+                                                   SOFTPLUS, ACC)
+                if CODE & 4:  # columns first
+                    vstate = _pass(decay, x, vcarry, 2, REV_V)
+                    h = _pass(decay, vstate, hcarry, 3, REV_H)
+                    hstate = h
+                else:
+                    hstate = _pass(decay, x, hcarry, 3, REV_H)
+                    h = _pass(decay, hstate, vcarry, 2, REV_V)
+                    vstate = h
+                hcarry = _last_along(hstate, 3, TILE_W, REV_H)
+                tl.store(vbase + write_slot * vslot + carry_row + tc * TILE_W, _last_along(vstate, 2, TILE_H, REV_V),
+                         mask=carry_ok & (rr + 1 < n_tile_rows))
+                Ct = tl.load(C_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
+                y = tl.sum(h * Ct[None], axis=1) + skip * u
+                _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
 
 
 @triton.jit
@@ -223,7 +302,7 @@ def cross_scan_fwd_kernel(
     ROUTES: tl.constexpr, NUM_ROUTES: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, SAVE_CARRIES: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
-    ACC: tl.constexpr,
+    WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
 ):
     """Forward of every route of one program's channels.
 
@@ -238,9 +317,11 @@ def cross_scan_fwd_kernel(
     length = height * width
     pid, batch, d_index, chan_ok, n1, state_ok = _program_channels(dim, nstate, n_chan_blocks, BLOCK_D, BLOCK_N)
     d1 = tl.arange(0, BLOCK_D)
-    chan3 = ((batch * dim + d_index) * length)[:, None, None]
-    chan_ok3 = chan_ok[:, None, None]
-    state_ok3 = state_ok[:, None, None]
+    # Scalar pointers to the program's batch element, int32 offsets within it.
+    u_ptr += batch * dim * length
+    y_ptr += batch * dim * length
+    yacc_ptr += batch * dim * length
+    chan3 = (d_index * length)[:, None, None]
     carry_ok = chan_ok[:, None, None] & state_ok[None, :, None]
     padded_width = n_tile_cols * TILE_W
     n_slots = n_tile_rows if SAVE_CARRIES else 1
@@ -251,72 +332,18 @@ def cross_scan_fwd_kernel(
     carry_one = (d1[:, None, None] * BLOCK_N + n1[None, :, None])
 
     for k in tl.static_range(NUM_ROUTES):
-        CODE: tl.constexpr = (ROUTES >> (4 * k)) & 15
-        A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, state_ok,
-                                       HAS_D, HAS_BIAS, ACC)
-        route_chan3 = (((batch * NUM_ROUTES + k) * dim + d_index) * length)[:, None, None]
-        state3 = (((batch * NUM_ROUTES + k) * nstate + n1) * length)[:, None, None]
-        vbase = vcarry_ptr + (pid * NUM_ROUTES + k) * n_slots * vslot
-        hbase = hcarry_ptr + (pid * NUM_ROUTES + k) * hsize
-        tl.debug_barrier()  # the previous route's accumulator writes are visible to every thread
-        if CODE & FLAT:
-            carry = tl.zeros([BLOCK_D, BLOCK_N, 1], dtype=ACC)
-            for chunk in range(n_chunks):
-                pos, cell_ok = _chunk_cells(chunk, height, width, CODE, TILE_H * TILE_W)
-                if SAVE_CARRIES:
-                    tl.store(hbase + chunk * BLOCK_D * BLOCK_N + carry_one, carry, mask=carry_ok)
-                chan_mask = chan_ok3 & cell_ok[None]
-                u, dt, dz, Bt, decay, x = _step_inputs(
-                    u_ptr, delta_ptr, B_ptr, chan3, route_chan3, state3, pos, chan_mask,
-                    state_ok3 & cell_ok[None], cell_ok, A4, bias, SOFTPLUS, ACC)
-                h = _pass(decay, x, carry, 3, False)
-                carry = _last_along(h, 3, TILE_H * TILE_W, False)
-                Ct = tl.load(C_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
-                y = tl.sum(h * Ct[None], axis=1) + skip * u
-                _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
-        else:
-            REV_H: tl.constexpr = (CODE & FROM_RIGHT) != 0
-            REV_V: tl.constexpr = (CODE & FROM_BOTTOM) != 0
-            for rr in range(n_tile_rows):
-                tr = n_tile_rows - 1 - rr if REV_V else rr
-                read_slot = rr if SAVE_CARRIES else 0
-                write_slot = rr + 1 if SAVE_CARRIES else 0
-                hcarry = tl.zeros([BLOCK_D, BLOCK_N, TILE_H], dtype=ACC)
-                for cc in range(n_tile_cols):
-                    tc = n_tile_cols - 1 - cc if REV_H else cc
-                    pos, cell_ok = _tile_cells(tr, tc, height, width, TILE_H, TILE_W)
-                    chan_mask = chan_ok3 & cell_ok[None]
-                    tl.debug_barrier()  # the previous tile row's writes of this scratch row are visible
-                    vcarry = tl.load(vbase + read_slot * vslot + carry_row + tc * TILE_W,
-                                     mask=carry_ok & (rr > 0), other=0.0)
-                    tl.debug_barrier()  # every thread has read the scratch row before it is overwritten
-                    if SAVE_CARRIES:
-                        tl.store(hbase + (tr * n_tile_cols + tc) * BLOCK_D * BLOCK_N * TILE_H + carry_col, hcarry,
-                                 mask=carry_ok)
-                    u, dt, dz, Bt, decay, x = _step_inputs(
-                        u_ptr, delta_ptr, B_ptr, chan3, route_chan3, state3, pos, chan_mask,
-                        state_ok3 & cell_ok[None], cell_ok, A4, bias, SOFTPLUS, ACC)
-                    if CODE & COLUMNS_FIRST:
-                        vstate = _pass(decay, x, vcarry, 2, REV_V)
-                        h = _pass(decay, vstate, hcarry, 3, REV_H)
-                        hstate = h
-                    else:
-                        hstate = _pass(decay, x, hcarry, 3, REV_H)
-                        h = _pass(decay, hstate, vcarry, 2, REV_V)
-                        vstate = h
-                    hcarry = _last_along(hstate, 3, TILE_W, REV_H)
-                    tl.store(vbase + write_slot * vslot + carry_row + tc * TILE_W, _last_along(vstate, 2, TILE_H, REV_V),
-                             mask=carry_ok & (rr + 1 < n_tile_rows))
-                    Ct = tl.load(C_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
-                    y = tl.sum(h * Ct[None], axis=1) + skip * u
-                    _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
+        _route_forward(
+            u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr,
+            pid, batch, d_index, chan_ok, n1, state_ok, chan3, carry_ok, carry_row, carry_col, carry_one,
+            dim, nstate, height, width, n_tile_rows, n_tile_cols, n_chunks, n_slots, vslot, hsize,
+            k, (ROUTES >> (4 * k)) & 15, NUM_ROUTES, HAS_D, HAS_BIAS, SOFTPLUS, SAVE_CARRIES,
+            BLOCK_D, BLOCK_N, TILE_H, TILE_W, WIDTH_ALIGN, ACC)
 
 
 @triton.jit
-def _tile_gradients(grad_decay, grad_x, h, u, dt, dz, dy, Bt, A4, skip, chan_mask,
-                    SOFTPLUS: tl.constexpr):
+def _tile_gradients(grad_decay, grad_x, u, dt, dz, dy, Bt, A4, skip, chan_mask):
     """Per-cell gradients of a tile from dL/dAbar * Abar (``grad_decay``) and dL/dx (``grad_x``):
-    (du, ddelta (BLOCK_D, rows, cols), dB, dC (BLOCK_N, rows, cols) summed over channels,
+    (du, ddelta (BLOCK_D, rows, cols), dB (BLOCK_N, rows, cols) summed over channels,
     dA (BLOCK_D, BLOCK_N), dD, d(delta_bias) (BLOCK_D,) summed over cells)."""
     grad_xB = tl.sum(grad_x * Bt[None], axis=1)
     du = grad_xB * dt + skip * dy
@@ -326,137 +353,225 @@ def _tile_gradients(grad_decay, grad_x, h, u, dt, dz, dy, Bt, A4, skip, chan_mas
     dD = tl.sum(tl.sum(dy * u, axis=2), axis=1)
     dbias = tl.sum(tl.sum(ddelta, axis=2), axis=1)
     dB = tl.sum(grad_x * (dt * u)[:, None], axis=0)
-    dC = tl.sum(h * dy[:, None], axis=0)
-    return du, ddelta, dB, dC, dA, dD, dbias
+    return du, ddelta, dB, dA, dD, dbias
+
+
+@triton.jit
+def _add_to(ptr, offsets, value, mask):
+    """ptr[offsets] += value (one program owns these cells: a fixed-order sum, no atomics)."""
+    tl.store(ptr + offsets, tl.load(ptr + offsets, mask=mask, other=0.0) + value, mask=mask)
+
+
+@triton.jit
+def _set_backward(
+    u_ptr, delta_ptr, A_ptr, D_ptr, bias_ptr, dy_ptr, cb, n1, state_ok, pos, cell_ok, Bt, Ct, dim, nstate, length,
+    k: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    BLOCK_D: tl.constexpr, ACC: tl.constexpr,
+):
+    """What one channel set needs of a tile before its scans: (d_index, chan_ok, chan3, chan_mask,
+    carry_ok, A4, skip, u, dt, dz, dy, decay, x, grad_out)."""
+    d_index = cb * BLOCK_D + tl.arange(0, BLOCK_D)
+    chan_ok = d_index < dim
+    chan3 = (d_index * length)[:, None, None]
+    chan_mask = chan_ok[:, None, None] & cell_ok[None]
+    carry_ok = chan_ok[:, None, None] & state_ok[None, :, None]
+    A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, state_ok,
+                                   HAS_D, HAS_BIAS, ACC)
+    u, dt, dz, decay, x = _step_inputs(u_ptr, delta_ptr, chan3, pos, chan_mask, cell_ok, Bt, A4, bias, SOFTPLUS, ACC)
+    dy = tl.load(dy_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
+    return d_index, chan_ok, chan3, chan_mask, carry_ok, A4, skip, u, dt, dz, dy, decay, x, dy[:, None] * Ct[None]
+
+
+@triton.jit
+def _set_gradients(
+    grad_decay, grad_x, u, dt, dz, dy, Bt, A4, skip, d_index, chan_ok, chan3, chan_mask, pos, route, dim, nstate, n1,
+    state_ok, du_ptr, duacc_ptr, ddelta_ptr, dA_part_ptr, dD_part_ptr, dbias_part_ptr,
+    k: tl.constexpr, NUM_ROUTES: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    """Store one channel set's du / ddelta of a tile, add its dA / dD / d(delta_bias) to the
+    partials; return its dB (summed over the set's channels)."""
+    du, ddelta, dB, dA, dD, dbias = _tile_gradients(grad_decay, grad_x, u, dt, dz, dy, Bt, A4, skip, chan_mask)
+    rows = route * dim + d_index
+    _add_to(dA_part_ptr, rows[:, None] * nstate + n1[None, :], dA, chan_ok[:, None] & state_ok[None, :])
+    if HAS_D:
+        _add_to(dD_part_ptr, rows, dD, chan_ok)
+    if HAS_BIAS:
+        _add_to(dbias_part_ptr, rows, dbias, chan_ok)
+    tl.store(ddelta_ptr + chan3 + pos[None], ddelta, mask=chan_mask)
+    _accumulate(du, duacc_ptr, du_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
+    return dB
+
+
+@triton.jit
+def _route_backward(
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dy_ptr, vcarry_ptr, hcarry_ptr, vadj_ptr, hadj_ptr,
+    du_ptr, duacc_ptr, ddelta_ptr, dA_part_ptr, dB_part_ptr, dC_part_ptr, dD_part_ptr, dbias_part_ptr,
+    batch, group, n1, state_ok, carry_row, carry_col, carry_one,
+    dim, nstate, height, width, n_chan_blocks, n_groups, sets, n_tile_rows, n_tile_cols, n_chunks,
+    k: tl.constexpr, CODE: tl.constexpr, NUM_ROUTES: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
+    WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
+):
+    """Route k (code ``CODE``) of ``cross_scan_bwd_kernel``'s program: tiles in reverse route
+    order, the program's channel sets one after another within each tile."""
+    length = height * width
+    state_ok3 = state_ok[:, None, None]
+    route = batch * NUM_ROUTES + k
+    delta_ptr += route * dim * length
+    ddelta_ptr += route * dim * length
+    B_ptr += route * nstate * length
+    C_ptr += route * nstate * length
+    dB_part_ptr += (route * n_groups + group) * nstate * length
+    dC_part_ptr += (route * n_groups + group) * nstate * length
+    state3 = (n1 * length)[:, None, None]
+    padded_width = n_tile_cols * TILE_W
+    vslot = BLOCK_D * BLOCK_N * padded_width
+    hslot = BLOCK_D * BLOCK_N * TILE_H
+    route_vcarry = n_tile_rows * vslot
+    route_hcarry = n_tile_rows * n_tile_cols * hslot
+    first_block = batch * n_chan_blocks + group * sets
+    tl.debug_barrier()  # the previous route's accumulator and scratch accesses are done
+    if CODE & 8:  # flat route
+        for rc in range(n_chunks):
+            chunk = n_chunks - 1 - rc
+            pos, cell_ok = _chunk_cells(chunk, height, width, CODE, TILE_H * TILE_W)
+            state_mask = state_ok3 & cell_ok[None]
+            Bt = tl.load(B_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+            Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+            dB_tile = tl.zeros([BLOCK_N, 1, TILE_H * TILE_W], dtype=ACC)
+            dC_tile = tl.zeros([BLOCK_N, 1, TILE_H * TILE_W], dtype=ACC)
+            for s in range(sets):
+                block = first_block + s
+                d_index, chan_ok, chan3, chan_mask, carry_ok, A4, skip, u, dt, dz, dy, decay, x, grad_out = \
+                    _set_backward(u_ptr, delta_ptr, A_ptr, D_ptr, bias_ptr, dy_ptr, group * sets + s, n1, state_ok,
+                                  pos, cell_ok, Bt, Ct, dim, nstate, length, k, HAS_D, HAS_BIAS, SOFTPLUS, BLOCK_D,
+                                  ACC)
+                adj_slot = hadj_ptr + block * hslot + carry_one
+                tl.debug_barrier()
+                adj = tl.load(adj_slot, mask=carry_ok & (rc > 0), other=0.0)
+                tl.debug_barrier()
+                carry = tl.load(hcarry_ptr + (block * NUM_ROUTES + k) * route_hcarry + chunk * BLOCK_D * BLOCK_N
+                                + carry_one, mask=carry_ok, other=0.0)
+                h = _pass(decay, x, carry, 3, False)
+                dC_tile += tl.sum(h * dy[:, None], axis=0)
+                decayed_prev = h - x  # Abar * h[prev]
+                g = _adjoint_pass(decay, grad_out, adj, 3, True)
+                tl.store(adj_slot, _first_along(g, decay, 3, TILE_H * TILE_W, False), mask=carry_ok)
+                grad_decay = tl.where(cell_ok[None, None], g * decayed_prev, 0.0)
+                dB_tile += _set_gradients(grad_decay, g, u, dt, dz, dy, Bt, A4, skip, d_index, chan_ok, chan3,
+                                          chan_mask, pos, route, dim, nstate, n1, state_ok, du_ptr, duacc_ptr,
+                                          ddelta_ptr, dA_part_ptr, dD_part_ptr, dbias_part_ptr, k, NUM_ROUTES,
+                                          HAS_D, HAS_BIAS)
+            tl.store(dB_part_ptr + state3 + pos[None], dB_tile, mask=state_mask)
+            tl.store(dC_part_ptr + state3 + pos[None], dC_tile, mask=state_mask)
+    else:
+        REV_H: tl.constexpr = (CODE & 1) != 0
+        REV_V: tl.constexpr = (CODE & 2) != 0
+        for rr_back in range(n_tile_rows):
+            rr = n_tile_rows - 1 - rr_back
+            tr = n_tile_rows - 1 - rr if REV_V else rr
+            for cc_back in range(n_tile_cols):
+                cc = n_tile_cols - 1 - cc_back
+                tc = n_tile_cols - 1 - cc if REV_H else cc
+                pos, cell_ok = _tile_cells(tr, tc, height, width, TILE_H, TILE_W, WIDTH_ALIGN)
+                state_mask = state_ok3 & cell_ok[None]
+                Bt = tl.load(B_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+                Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+                dB_tile = tl.zeros([BLOCK_N, TILE_H, TILE_W], dtype=ACC)
+                dC_tile = tl.zeros([BLOCK_N, TILE_H, TILE_W], dtype=ACC)
+                for s in range(sets):
+                    block = first_block + s
+                    d_index, chan_ok, chan3, chan_mask, carry_ok, A4, skip, u, dt, dz, dy, decay, x, grad_out = \
+                        _set_backward(u_ptr, delta_ptr, A_ptr, D_ptr, bias_ptr, dy_ptr, group * sets + s, n1,
+                                      state_ok, pos, cell_ok, Bt, Ct, dim, nstate, length, k, HAS_D, HAS_BIAS,
+                                      SOFTPLUS, BLOCK_D, ACC)
+                    vadj_slot = vadj_ptr + block * vslot + carry_row + tc * TILE_W
+                    hadj_slot = hadj_ptr + block * hslot + carry_col
+                    tl.debug_barrier()
+                    vadj = tl.load(vadj_slot, mask=carry_ok & (rr_back > 0), other=0.0)
+                    hadj = tl.load(hadj_slot, mask=carry_ok & (cc_back > 0), other=0.0)
+                    tl.debug_barrier()
+                    vcarry = tl.load(vcarry_ptr + (block * NUM_ROUTES + k) * route_vcarry + rr * vslot + carry_row
+                                     + tc * TILE_W, mask=carry_ok & (rr > 0), other=0.0)
+                    hcarry = tl.load(hcarry_ptr + (block * NUM_ROUTES + k) * route_hcarry
+                                     + (tr * n_tile_cols + tc) * hslot + carry_col, mask=carry_ok, other=0.0)
+                    if CODE & 4:  # columns first
+                        first = _pass(decay, x, vcarry, 2, REV_V)
+                        h = _pass(decay, first, hcarry, 3, REV_H)
+                    else:
+                        first = _pass(decay, x, hcarry, 3, REV_H)
+                        h = _pass(decay, first, vcarry, 2, REV_V)
+                    dC_tile += tl.sum(h * dy[:, None], axis=0)
+                    decayed_second = h - first  # Abar * (second-pass state before)
+                    decayed_first = first - x  # Abar * (first-pass state before)
+                    if CODE & 4:  # columns first
+                        lam = _adjoint_pass(decay, grad_out, hadj, 3, not REV_H)
+                        mu = _adjoint_pass(decay, lam, vadj, 2, not REV_V)
+                        hadj_out = _first_along(lam, decay, 3, TILE_W, REV_H)
+                        vadj_out = _first_along(mu, decay, 2, TILE_H, REV_V)
+                    else:
+                        lam = _adjoint_pass(decay, grad_out, vadj, 2, not REV_V)
+                        mu = _adjoint_pass(decay, lam, hadj, 3, not REV_H)
+                        hadj_out = _first_along(mu, decay, 3, TILE_W, REV_H)
+                        vadj_out = _first_along(lam, decay, 2, TILE_H, REV_V)
+                    tl.store(vadj_slot, vadj_out, mask=carry_ok)
+                    tl.store(hadj_slot, hadj_out, mask=carry_ok)
+                    grad_decay = tl.where(cell_ok[None, None], lam * decayed_second + mu * decayed_first, 0.0)
+                    dB_tile += _set_gradients(grad_decay, mu, u, dt, dz, dy, Bt, A4, skip, d_index, chan_ok, chan3,
+                                              chan_mask, pos, route, dim, nstate, n1, state_ok, du_ptr, duacc_ptr,
+                                              ddelta_ptr, dA_part_ptr, dD_part_ptr, dbias_part_ptr, k, NUM_ROUTES,
+                                              HAS_D, HAS_BIAS)
+                tl.store(dB_part_ptr + state3 + pos[None], dB_tile, mask=state_mask)
+                tl.store(dC_part_ptr + state3 + pos[None], dC_tile, mask=state_mask)
 
 
 @triton.jit
 def cross_scan_bwd_kernel(
-    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dy_ptr, vcarry_ptr, hcarry_ptr, vadj_ptr,
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dy_ptr, vcarry_ptr, hcarry_ptr, vadj_ptr, hadj_ptr,
     du_ptr, duacc_ptr, ddelta_ptr, dA_part_ptr, dB_part_ptr, dC_part_ptr, dD_part_ptr, dbias_part_ptr,
-    dim, nstate, height, width, n_chan_blocks, n_tile_rows, n_tile_cols, n_chunks,
+    dim, nstate, height, width, n_chan_blocks, n_groups, sets, n_tile_rows, n_tile_cols, n_chunks,
     ROUTES: tl.constexpr, NUM_ROUTES: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
-    ACC: tl.constexpr,
+    WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Backward of every route of one program's channels from the carries the forward saved.
+    """Backward of every route of one program's ``sets`` channel blocks from the carries the
+    forward saved (the forward's programs are the channel blocks: block = batch *
+    n_chan_blocks + group * sets + s).
 
-    ``vcarry_ptr`` / ``hcarry_ptr``: written by ``cross_scan_fwd_kernel`` with ``SAVE_CARRIES``
-    and the same tiling. ``vadj_ptr``: scratch (programs, BLOCK_D, BLOCK_N, n_tile_cols * TILE_W)
-    for the vertical adjoint entering each tile row. ``duacc_ptr``: du's route-sum accumulator in
-    ACC (may be ``du_ptr``). Outputs: du (batch, dim, H, W); ddelta (batch, K, dim, H, W);
-    partials dA (batch, K * dim, N), dB / dC (batch, K, n_chan_blocks, N, H, W), dD /
-    d(delta_bias) (batch, K * dim).
+    Per tile, B and C are loaded once and dB / dC are summed over the program's channel sets in
+    registers, then stored once. ``vcarry_ptr`` / ``hcarry_ptr``: written by
+    ``cross_scan_fwd_kernel`` with ``SAVE_CARRIES`` and the same tiling. Scratch per channel
+    block: ``vadj_ptr`` (BLOCK_D, BLOCK_N, n_tile_cols * TILE_W) the vertical adjoint entering
+    each tile row, ``hadj_ptr`` (BLOCK_D, BLOCK_N, TILE_H) the horizontal adjoint entering each
+    tile (a flat route's adjoint entering each chunk). ``duacc_ptr``: du's route-sum accumulator
+    in ACC (may be ``du_ptr``). Outputs: du (batch, dim, H, W); ddelta (batch, K, dim, H, W);
+    partials (zero-initialised) dA (batch, K * dim, N), dB / dC (batch, K, n_groups, N, H, W),
+    dD / d(delta_bias) (batch, K * dim).
     """
     length = height * width
-    pid, batch, d_index, chan_ok, n1, state_ok = _program_channels(dim, nstate, n_chan_blocks, BLOCK_D, BLOCK_N)
+    pid = tl.program_id(0).to(tl.int64)
+    batch = pid // n_groups
+    group = (pid % n_groups).to(tl.int32)
+    n1 = tl.arange(0, BLOCK_N)
+    state_ok = n1 < nstate
     d1 = tl.arange(0, BLOCK_D)
-    chan3 = ((batch * dim + d_index) * length)[:, None, None]
-    chan_ok3 = chan_ok[:, None, None]
-    state_ok3 = state_ok[:, None, None]
-    carry_ok = chan_ok[:, None, None] & state_ok[None, :, None]
+    # Scalar pointers to the program's batch element, int32 offsets within it.
+    u_ptr += batch * dim * length
+    dy_ptr += batch * dim * length
+    du_ptr += batch * dim * length
+    duacc_ptr += batch * dim * length
     padded_width = n_tile_cols * TILE_W
-    vslot = BLOCK_D * BLOCK_N * padded_width
-    hsize = n_tile_rows * n_tile_cols * BLOCK_D * BLOCK_N * TILE_H
     carry_row = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * padded_width + tl.arange(0, TILE_W)[None, None, :]
     carry_col = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * TILE_H + tl.arange(0, TILE_H)[None, None, :]
     carry_one = (d1[:, None, None] * BLOCK_N + n1[None, :, None])
-    vadj_base = vadj_ptr + pid * vslot
-    param_mask = chan_ok[:, None] & state_ok[None, :]
 
     for k in tl.static_range(NUM_ROUTES):
-        CODE: tl.constexpr = (ROUTES >> (4 * k)) & 15
-        A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, state_ok,
-                                       HAS_D, HAS_BIAS, ACC)
-        route_chan3 = (((batch * NUM_ROUTES + k) * dim + d_index) * length)[:, None, None]
-        state3 = (((batch * NUM_ROUTES + k) * nstate + n1) * length)[:, None, None]
-        part3 = ((((batch * NUM_ROUTES + k) * n_chan_blocks + pid % n_chan_blocks) * nstate + n1) * length)[:, None, None]
-        vbase = vcarry_ptr + (pid * NUM_ROUTES + k) * n_tile_rows * vslot
-        hbase = hcarry_ptr + (pid * NUM_ROUTES + k) * hsize
-        dA_acc = tl.zeros([BLOCK_D, BLOCK_N], dtype=ACC)
-        dD_acc = tl.zeros([BLOCK_D], dtype=ACC)
-        dbias_acc = tl.zeros([BLOCK_D], dtype=ACC)
-        tl.debug_barrier()  # the previous route's accumulator and scratch accesses are done
-        if CODE & FLAT:
-            adj = tl.zeros([BLOCK_D, BLOCK_N, 1], dtype=ACC)
-            for rc in range(n_chunks):
-                chunk = n_chunks - 1 - rc
-                pos, cell_ok = _chunk_cells(chunk, height, width, CODE, TILE_H * TILE_W)
-                chan_mask = chan_ok3 & cell_ok[None]
-                state_mask = state_ok3 & cell_ok[None]
-                carry = tl.load(hbase + chunk * BLOCK_D * BLOCK_N + carry_one, mask=carry_ok, other=0.0)
-                u, dt, dz, Bt, decay, x = _step_inputs(
-                    u_ptr, delta_ptr, B_ptr, chan3, route_chan3, state3, pos, chan_mask, state_mask, cell_ok,
-                    A4, bias, SOFTPLUS, ACC)
-                dy = tl.load(dy_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
-                Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
-                h = _pass(decay, x, carry, 3, False)
-                g = _adjoint_pass(decay, dy[:, None] * Ct[None], adj, 3, True)
-                adj = _first_along(g, decay, 3, TILE_H * TILE_W, False)
-                grad_decay = tl.where(cell_ok[None, None], g * (h - x), 0.0)
-                du, ddelta, dB, dC, dA, dD, dbias = _tile_gradients(
-                    grad_decay, g, h, u, dt, dz, dy, Bt, A4, skip, chan_mask, SOFTPLUS)
-                dA_acc += dA
-                dD_acc += dD
-                dbias_acc += dbias
-                tl.store(ddelta_ptr + route_chan3 + pos[None], ddelta, mask=chan_mask)
-                tl.store(dB_part_ptr + part3 + pos[None], dB, mask=state_mask)
-                tl.store(dC_part_ptr + part3 + pos[None], dC, mask=state_mask)
-                _accumulate(du, duacc_ptr, du_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
-        else:
-            REV_H: tl.constexpr = (CODE & FROM_RIGHT) != 0
-            REV_V: tl.constexpr = (CODE & FROM_BOTTOM) != 0
-            for rr_back in range(n_tile_rows):
-                rr = n_tile_rows - 1 - rr_back
-                tr = n_tile_rows - 1 - rr if REV_V else rr
-                hadj = tl.zeros([BLOCK_D, BLOCK_N, TILE_H], dtype=ACC)
-                for cc_back in range(n_tile_cols):
-                    cc = n_tile_cols - 1 - cc_back
-                    tc = n_tile_cols - 1 - cc if REV_H else cc
-                    pos, cell_ok = _tile_cells(tr, tc, height, width, TILE_H, TILE_W)
-                    chan_mask = chan_ok3 & cell_ok[None]
-                    state_mask = state_ok3 & cell_ok[None]
-                    tl.debug_barrier()
-                    vadj = tl.load(vadj_base + carry_row + tc * TILE_W, mask=carry_ok & (rr_back > 0), other=0.0)
-                    tl.debug_barrier()
-                    vcarry = tl.load(vbase + rr * vslot + carry_row + tc * TILE_W, mask=carry_ok & (rr > 0), other=0.0)
-                    hcarry = tl.load(hbase + (tr * n_tile_cols + tc) * BLOCK_D * BLOCK_N * TILE_H + carry_col,
-                                     mask=carry_ok, other=0.0)
-                    u, dt, dz, Bt, decay, x = _step_inputs(
-                        u_ptr, delta_ptr, B_ptr, chan3, route_chan3, state3, pos, chan_mask, state_mask, cell_ok,
-                        A4, bias, SOFTPLUS, ACC)
-                    dy = tl.load(dy_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
-                    Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
-                    grad_out = dy[:, None] * Ct[None]
-                    if CODE & COLUMNS_FIRST:
-                        first = _pass(decay, x, vcarry, 2, REV_V)
-                        h = _pass(decay, first, hcarry, 3, REV_H)
-                        lam = _adjoint_pass(decay, grad_out, hadj, 3, not REV_H)
-                        mu = _adjoint_pass(decay, lam, vadj, 2, not REV_V)
-                        hadj = _first_along(lam, decay, 3, TILE_W, REV_H)
-                        vadj_out = _first_along(mu, decay, 2, TILE_H, REV_V)
-                    else:
-                        first = _pass(decay, x, hcarry, 3, REV_H)
-                        h = _pass(decay, first, vcarry, 2, REV_V)
-                        lam = _adjoint_pass(decay, grad_out, vadj, 2, not REV_V)
-                        mu = _adjoint_pass(decay, lam, hadj, 3, not REV_H)
-                        hadj = _first_along(mu, decay, 3, TILE_W, REV_H)
-                        vadj_out = _first_along(lam, decay, 2, TILE_H, REV_V)
-                    tl.store(vadj_base + carry_row + tc * TILE_W, vadj_out, mask=carry_ok & (rr > 0))
-                    grad_decay = tl.where(cell_ok[None, None], lam * (h - first) + mu * (first - x), 0.0)
-                    du, ddelta, dB, dC, dA, dD, dbias = _tile_gradients(
-                        grad_decay, mu, h, u, dt, dz, dy, Bt, A4, skip, chan_mask, SOFTPLUS)
-                    dA_acc += dA
-                    dD_acc += dD
-                    dbias_acc += dbias
-                    tl.store(ddelta_ptr + route_chan3 + pos[None], ddelta, mask=chan_mask)
-                    tl.store(dB_part_ptr + part3 + pos[None], dB, mask=state_mask)
-                    tl.store(dC_part_ptr + part3 + pos[None], dC, mask=state_mask)
-                    _accumulate(du, duacc_ptr, du_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
-        chan_out = batch * NUM_ROUTES * dim + k * dim + d_index
-        tl.store(dA_part_ptr + chan_out[:, None] * nstate + n1[None, :], dA_acc, mask=param_mask)
-        if HAS_D:
-            tl.store(dD_part_ptr + chan_out, dD_acc, mask=chan_ok)
-        if HAS_BIAS:
-            tl.store(dbias_part_ptr + chan_out, dbias_acc, mask=chan_ok)
+        _route_backward(
+            u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dy_ptr, vcarry_ptr, hcarry_ptr, vadj_ptr, hadj_ptr,
+            du_ptr, duacc_ptr, ddelta_ptr, dA_part_ptr, dB_part_ptr, dC_part_ptr, dD_part_ptr, dbias_part_ptr,
+            batch, group, n1, state_ok, carry_row, carry_col, carry_one,
+            dim, nstate, height, width, n_chan_blocks, n_groups, sets, n_tile_rows, n_tile_cols, n_chunks,
+            k, (ROUTES >> (4 * k)) & 15, NUM_ROUTES, HAS_D, HAS_BIAS, SOFTPLUS,
+            BLOCK_D, BLOCK_N, TILE_H, TILE_W, WIDTH_ALIGN, ACC)

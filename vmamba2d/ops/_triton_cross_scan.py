@@ -32,10 +32,17 @@ CROSS_FWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_fwd"
 CROSS_BWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_bwd"
 CROSS_KERNELS_MODULE = "vmamba2d.ops._triton_cross_kernels"
 # Elements of one [channels, states, rows, cols] register block (the same tiling in both
-# directions: the backward reads the carries the forward saved) and warps per program.
-BLOCK_ELEMENTS = 1024
+# directions: the backward reads the carries the forward saved), warps per program and the
+# backward's register cap: 168 registers x 4 warps leaves room for 3 programs (12 warps) per SM
+# on sm_80 / sm_90. Chosen from compiles without a GPU (tests/test_scan_triton.py holds the
+# figures); not timed on a GPU.
+BLOCK_ELEMENTS = 512
 FWD_WARPS = 4
-BWD_WARPS = 8
+BWD_WARPS = 4
+BWD_MAX_REGISTERS = 168
+# Channel blocks one backward program runs tile by tile (dB / dC summed over them on chip): at
+# most this many, a divisor of the number of blocks.
+MAX_BWD_SETS = 8
 ROUTE_BITS = 4
 
 
@@ -66,17 +73,29 @@ def _carry_numels(batch: int, dim: int, nstate: int, height: int, width: int, nu
     return vertical, horizontal
 
 
+def backward_sets(n_chan_blocks: int) -> int:
+    """Channel blocks per backward program: the largest divisor of ``n_chan_blocks`` up to
+    ``MAX_BWD_SETS``."""
+    return max(s for s in range(1, MAX_BWD_SETS + 1) if n_chan_blocks % s == 0)
+
+
 def _grid_args(u: Tensor, A: Tensor, t: Tiling) -> tuple:
     _, dim, height, width = u.shape
     n_chunks = -(-(height * width) // (t.tile_h * t.tile_w))
     return (dim, A.shape[1], height, width, t.n_chan_blocks, t.n_tile_rows, t.n_tile_cols, n_chunks)
 
 
+def width_alignment(width: int) -> int:
+    """The largest power of two up to 16 dividing ``width`` (a hint: every map row starts there)."""
+    return min(16, width & -width) if width > 0 else 1
+
+
 def _constexprs(routes: List[int], D: Optional[Tensor], delta_bias: Optional[Tensor], delta_softplus: bool,
-                t: Tiling, acc: torch.dtype) -> dict:
+                t: Tiling, acc: torch.dtype, width: int) -> dict:
     return dict(ROUTES=route_constant(routes), NUM_ROUTES=len(routes), HAS_D=D is not None,
                 HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus), BLOCK_D=t.block_d,
-                BLOCK_N=t.block_n, TILE_H=t.tile_h, TILE_W=t.tile_w, ACC=_tl_dtype(acc))
+                BLOCK_N=t.block_n, TILE_H=t.tile_h, TILE_W=t.tile_w, WIDTH_ALIGN=width_alignment(width),
+                ACC=_tl_dtype(acc))
 
 
 def _check_routes(routes: List[int], delta: Tensor) -> None:
@@ -119,7 +138,7 @@ def cross_selective_scan_2d_triton_fwd(
     _kernels().cross_scan_fwd_kernel[(batch * t.n_chan_blocks,)](
         u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, y, yacc,
         vcarry, hcarry if save_carries else vcarry, *_grid_args(u, A, t),
-        SAVE_CARRIES=save_carries, **_constexprs(routes, D, delta_bias, delta_softplus, t, acc),
+        SAVE_CARRIES=save_carries, **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
         num_warps=FWD_WARPS,
     )
     if not save_carries:
@@ -166,21 +185,26 @@ def cross_selective_scan_2d_triton_bwd(
         raise ValueError(f"the saved carries have {vcarry.numel()} / {hcarry.numel()} elements, expected "
                          f"{expected[0]} / {expected[1]}: run the forward op with save_carries=True on these inputs")
     t = cross_tiling(dim, nstate, height, width)
+    sets = backward_sets(t.n_chan_blocks)
+    n_groups = t.n_chan_blocks // sets
     du, ddelta = torch.empty_like(u), torch.empty_like(delta)
-    dB_part = torch.zeros(batch, num_routes, t.n_chan_blocks, nstate, height, width, device=u.device, dtype=acc)
+    dB_part = torch.zeros(batch, num_routes, n_groups, nstate, height, width, device=u.device, dtype=acc)
     dC_part = torch.zeros_like(dB_part)
     dA_part = torch.zeros(batch, num_routes * dim, nstate, device=u.device, dtype=acc)
     dD_part = torch.zeros(batch, num_routes * dim, device=u.device, dtype=acc)
     dbias_part = torch.zeros_like(dD_part)
     if u.numel() > 0:
-        programs = batch * t.n_chan_blocks
-        vadj = torch.empty(programs * t.block_d * t.block_n * t.n_tile_cols * t.tile_w, device=u.device, dtype=acc)
+        blocks = batch * t.n_chan_blocks
+        vadj = torch.empty(blocks * t.block_d * t.block_n * t.n_tile_cols * t.tile_w, device=u.device, dtype=acc)
+        hadj = torch.empty(blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
         duacc = du if du.dtype == acc or num_routes == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
-        _kernels().cross_scan_bwd_kernel[(programs,)](
+        grid = _grid_args(u, A, t)
+        _kernels().cross_scan_bwd_kernel[(batch * n_groups,)](
             u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, dy,
-            vcarry, hcarry, vadj, du, duacc, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part,
-            *_grid_args(u, A, t), **_constexprs(routes, D, delta_bias, delta_softplus, t, acc),
-            num_warps=BWD_WARPS,
+            vcarry, hcarry, vadj, hadj, du, duacc, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part,
+            *grid[:5], n_groups, sets, *grid[5:],
+            **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
+            num_warps=BWD_WARPS, maxnreg=BWD_MAX_REGISTERS,
         )
     else:
         du.zero_()
