@@ -246,6 +246,21 @@ def test_emulated_kernel_state_rounds_in_every_dtype(shape, dtype):
 
 
 @needs_module
+def test_kernel_softplus_is_within_its_error_bound():
+    # The kernels' fast softplus (exp2 / log2 and a short series, scan2d_kernel.cuh) against
+    # log1p(exp(z)) in float64: relative error <= 1e-5 wherever the result is a normal float
+    # (z >= -87), dense around its branch points (t = 2^-5 at z = -3.47, z = 0, the threshold 20).
+    z = torch.cat([torch.linspace(-87.0, 30.0, 200_001), torch.linspace(-3.6, -3.3, 20_001),
+                   torch.linspace(-1e-3, 1e-3, 2_001), torch.linspace(19.99, 20.01, 2_001),
+                   torch.tensor([-0.0, 0.0, 1e-30, -1e-30])])
+    got = CUDA_MODULE._softplus(z).double()
+    exact = torch.where(z.double() > 20, z.double(), torch.log1p(torch.exp(z.double())))
+    relative = ((got - exact).abs() / exact).max().item()
+    assert relative <= 1e-5, relative
+    assert torch.equal(CUDA_MODULE._softplus(torch.tensor([20.5, 1e4])), torch.tensor([20.5, 1e4]))
+
+
+@needs_module
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_emulated_kernel_softplus_passes_large_arguments_through(dtype):
     # torch's softplus returns z itself above its threshold 20: delta + bias on both sides of it.

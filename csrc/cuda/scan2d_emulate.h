@@ -59,5 +59,9 @@ void emulation_self_check(const std::string& scenario);
 // on this thread.
 int64_t emulation_vector_accesses();
 
+// The kernels' softplus (scan2d_kernel.cuh) applied to every element of a float32 CPU tensor, as
+// the host build computes it (tests of its error bound).
+at::Tensor kernel_softplus(const at::Tensor& z);
+
 }  // namespace scan2d
 }  // namespace vmamba2d

@@ -234,6 +234,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "resident block slots and the share of slots they leave empty, slices, tiling.",
         py::arg("batch"), py::arg("dim"), py::arg("groups"), py::arg("nstate"), py::arg("height"),
         py::arg("width"), py::arg("sm_count"), py::arg("smem_per_sm"), py::arg("smem_per_block"));
+  m.def("_softplus", &kernel_softplus,
+        "The kernels' fast softplus on a float32 CPU tensor, as the host build computes it (tests).",
+        py::arg("z"));
   m.def("_emulation_vector_accesses", &emulation_vector_accesses,
         "Vector (16-byte fp32 / 8-byte fp16, bf16) global loads and stores made by the last\n"
         "_emulate_forward / _emulate_backward call on this thread (tests of the vector path).");

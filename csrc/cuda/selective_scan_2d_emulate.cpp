@@ -572,5 +572,16 @@ void emulation_self_check(const std::string& scenario) { run_scenario(scenario);
 
 int64_t emulation_vector_accesses() { return g_vector_accesses; }
 
+at::Tensor kernel_softplus(const at::Tensor& z) {
+  TORCH_CHECK_VALUE(z.is_cpu() && z.scalar_type() == at::kFloat,
+                    "_softplus: z must be a float32 CPU tensor, got ", z.scalar_type(), " on ", z.device());
+  const at::Tensor in = z.contiguous();
+  at::Tensor out = at::empty_like(in);
+  const float* src = in.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t i = 0; i < in.numel(); ++i) dst[i] = softplus(src[i]);
+  return out;
+}
+
 }  // namespace scan2d
 }  // namespace vmamba2d
