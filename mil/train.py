@@ -1,4 +1,4 @@
-"""Train 2DMambaMIL / MambaMIL / ABMIL on per-slide feature files (classification or survival).
+"""Train 2DMambaMIL or one of its baselines (--model) on per-slide feature files (classification or survival).
 
     python mil/train.py --config bracs --feature-dir FEATURES --output runs/bracs
     python mil/train.py --config bracs --feature-dir FEATURES --output runs/bracs --resume

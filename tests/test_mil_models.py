@@ -255,7 +255,7 @@ def test_config_and_checkpoint_round_trip(tmp_path):
     features, coords = _slide(3, 3, 5)
     torch.testing.assert_close(loaded(features, coords)["risk"], model(features, coords)["risk"])
     with pytest.raises(ValueError, match="model name"):
-        build_model("transmil", in_dim=5, num_classes=2)
+        build_model("transmil2d", in_dim=5, num_classes=2)
     torch.save({"model": model.state_dict()}, path)
     with pytest.raises(ValueError, match="model_config"):
         model_from_checkpoint(path)

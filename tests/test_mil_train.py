@@ -134,6 +134,8 @@ def test_flags_override_the_config_and_survival_defaults():
     (lambda a: a + ["--label-csv", "{data}/no_test.csv"], "there is no test split"),
     (lambda a: a + ["--label-csv", "{data}/missing_slide.csv"], "ghost (train) -: no .h5 / .pt file"),
     (lambda a: a + ["--grid", "placement=diagonal"], "--grid"),
+    (lambda a: a + ["--loss-weights", "instance=0.3"], "--loss-weights: loss term 'instance' is not one of"),
+    (lambda a: a + ["--loss-weights", "slide=-1"], "must be a number >= 0"),
 ])
 def test_bad_input_is_named_before_anything_is_written(dataset, tmp_path, capsys, change,
                                                        message):
@@ -263,6 +265,51 @@ def test_eval_cli_reproduces_the_reported_metrics(dataset, reference_run, tmp_pa
     assert eval_main(["--checkpoint", str(run / "best.pth"), "--label-csv",
                       str(dataset / "labels.csv"), "--device", "cpu", "--no-progress"]) == 2
     assert "--split all" in capsys.readouterr().err
+
+
+# Small options per model (tiny 8-d features); the defaults are the official sizes.
+SMALL_MODEL_KWARGS = {
+    "mambamil2d": ["dim=16", "d_state=4"], "mambamil": ["dim=16", "d_state=4"], "abmil": ["dim=16"],
+    "clam_sb": ["dim=16", "attn_hidden=8", "k_sample=4"], "dsmil": ["query_dim=8"],
+    "transmil": ["dim=16", "heads=2", "landmarks=8"], "s4mil": ["dim=16", "d_state=4"],
+    "mambamil_sr": ["dim=16", "d_state=4"],
+}
+
+
+def test_every_model_is_selectable():
+    from vmamba2d.mil import MODELS
+    from vmamba2d.mil.config import MODEL_NAMES
+
+    assert set(MODEL_NAMES) == set(MODELS) == set(SMALL_MODEL_KWARGS)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_MODEL_KWARGS))
+def test_every_model_trains_and_evaluates_on_the_same_data(dataset, tmp_path, capsys, name):
+    output = tmp_path / "run"
+    args = train_args(dataset, output, epochs=1)[: -len(MODEL_KWARGS)]
+    assert train_main(args + ["--model", name, "--model-kwargs", *SMALL_MODEL_KWARGS[name]]) == 0
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["model"] == name and set(summary["metrics"]) == {"acc", "f1", "auc"}
+    record = history(output / "seed3")[0]
+    assert np.isfinite(record["train_loss"]) and {"acc", "f1", "auc"} <= set(record["test"])
+    if name in ("clam_sb", "dsmil"):  # the auxiliary terms are logged
+        assert len([k for k in record if k.startswith("train_loss_")]) == 2
+    capsys.readouterr()
+    assert eval_main(["--checkpoint", str(output / "seed3" / "best.pth"), "--split", "test",
+                      "--device", "cpu", "--no-progress"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["auc"] == pytest.approx(summary["runs"][0]["reported"]["auc"], abs=1e-6)
+
+
+def test_config_model_kwargs_belong_to_the_config_model():
+    cfg = resolve_train_config(config_args("bracs") + ["--model", "transmil"])
+    assert cfg.model == "transmil" and cfg.model_kwargs == {}
+    cfg = resolve_train_config(config_args("bracs") + ["--model", "clam_sb", "--model-kwargs",
+                                                       "subtyping=true", "--loss-weights",
+                                                       "instance=0.5"])
+    assert cfg.model_kwargs == {"subtyping": True} and cfg.loss_weights == {"instance": 0.5}
+    assert resolve_train_config(config_args("bracs") + ["--model", "mambamil2d"]).model_kwargs[
+        "dim"] == 128
 
 
 def test_eval_cli_bad_checkpoint(tmp_path, capsys):

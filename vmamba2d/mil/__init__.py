@@ -1,8 +1,9 @@
 """2DMambaMIL: whole-slide-image MIL on per-slide patch features (docs/mil.md).
 
-Models (``vmamba2d.mil.models``): ``MambaMIL2D``, ``MambaMIL``, ``ABMIL``, ``build_model``,
-``model_from_checkpoint``. Data (``vmamba2d.mil.data``): slide files -> grid placement -> ``SlideDataset``
-of ``SlideRecord``. Heatmaps: ``vmamba2d.mil.heatmap``. Training / metrics / survival modules are
+Models (``vmamba2d.mil.models``; the other baselines in ``vmamba2d.mil.baselines``): ``MambaMIL2D``,
+``MambaMIL``, ``ABMIL``, ``CLAMSB``, ``DSMIL``, ``TransMIL``, ``S4MIL``, ``MambaMILSR``, ``MODELS``
+(by name), ``build_model``, ``model_from_checkpoint``. Data (``vmamba2d.mil.data``): slide files ->
+grid placement -> ``SlideDataset`` of ``SlideRecord``. Heatmaps: ``vmamba2d.mil.heatmap``. Training / metrics / survival modules are
 imported by their full paths (``vmamba2d.mil.<module>``).
 """
 from .data import (
@@ -16,17 +17,23 @@ from .data import (
     read_split_csv,
     read_survival_csv,
 )
-from .models import ABMIL, MODELS, MambaMIL, MambaMIL2D, build_model, model_from_checkpoint
+from .models import (ABMIL, CLAMSB, DSMIL, MODELS, S4MIL, MambaMIL, MambaMIL2D, MambaMILSR, TransMIL, build_model,
+                     model_from_checkpoint)
 
 __all__ = [
     "ABMIL",
+    "CLAMSB",
+    "DSMIL",
     "GridOptions",
     "MODELS",
     "MambaMIL",
     "MambaMIL2D",
+    "MambaMILSR",
+    "S4MIL",
     "SlideDataset",
     "SlideEntry",
     "SlideRecord",
+    "TransMIL",
     "build_model",
     "model_from_checkpoint",
     "place_on_grid",

@@ -16,7 +16,7 @@ from ..training.options import config_file_values, parse_key_values
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "mil"
 TASKS = ("classification", "survival")
-MODEL_NAMES = ("mambamil2d", "mambamil", "abmil")
+MODEL_NAMES = ("mambamil2d", "mambamil", "abmil", "clam_sb", "dsmil", "transmil", "s4mil", "mambamil_sr")
 AMP_CHOICES = ("none", "bf16", "fp16")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 SCHEDULERS = ("cosine", "none")
@@ -36,6 +36,7 @@ class MILConfig:
     task: str = "classification"
     model: str = "mambamil2d"
     model_kwargs: dict = field(default_factory=dict)  # e.g. {num_blocks: 1, conv: "1d"}
+    loss_weights: dict = field(default_factory=dict)  # loss term -> weight, e.g. {instance: 0.3}
     in_dim: Optional[int] = None  # None: the feature size of most slides
     # data
     feature_dir: Optional[str] = None
@@ -102,14 +103,18 @@ RESUME_FREE_OPTIONS = {"resume", "output", "device", "workers", "threads", "prog
 def build_train_parser() -> argparse.ArgumentParser:
     """CLI of mil/train.py; options not given are absent from the parsed namespace."""
     p = argparse.ArgumentParser(
-        description="Train 2DMambaMIL (or the 1D MambaMIL / ABMIL baselines) on per-slide feature "
+        description="Train 2DMambaMIL (or a baseline: --model) on per-slide feature "
                     "files: classification or survival, seeds x folds, with checkpoints and resume.",
         argument_default=argparse.SUPPRESS)
     p.add_argument("--config", help="YAML file, or a name under configs/mil/ (e.g. bracs)")
     p.add_argument("--task", choices=TASKS)
     p.add_argument("--model", choices=MODEL_NAMES)
     p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE",
-                   help="model options, e.g. num_blocks=2 conv=2d mask_pad=false")
+                   help="model options, e.g. num_blocks=2 conv=2d mask_pad=false (model_kwargs of a "
+                        "--config file apply to that file's model only)")
+    p.add_argument("--loss-weights", nargs="+", metavar="TERM=WEIGHT",
+                   help="weights of the model's loss terms, e.g. slide=0.7 instance=0.3 (clam_sb) "
+                        "or slide=0.5 max_instance=0.5 (dsmil); default: the model's")
     p.add_argument("--in-dim", type=int, help="feature size (default: read from the data)")
     p.add_argument("--feature-dir", help="folder of <slide_id>.h5 / .pt feature files")
     p.add_argument("--label-csv", help="label table (classification) or survival table")
@@ -194,7 +199,7 @@ def validate_config(cfg: MILConfig) -> None:
                 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                            for v in values) or len(set(values)) != len(values)):
             raise bad(name, f"must be a non-empty list of distinct integers >= 0, got {values!r}")
-    for name in ("model_kwargs", "grid"):
+    for name in ("model_kwargs", "grid", "loss_weights"):
         if not isinstance(getattr(cfg, name), dict):
             raise bad(name, f"must be a mapping, got {getattr(cfg, name)!r}")
     reserved = {"in_dim", "num_classes", "survival"} & set(cfg.model_kwargs)
@@ -236,7 +241,11 @@ def resolve_train_config(argv: Optional[Sequence[str]] = None) -> MILConfig:
     """Parse argv and merge MILConfig defaults < --config YAML < flags; validated."""
     given = vars(build_train_parser().parse_args(argv))
     values = config_file_values(given, CONFIG_DIR, FIELD_NAMES, UsageError)
-    for name, flag in (("model_kwargs", "--model-kwargs"), ("grid", "--grid")):
+    if "model" in given and values.get("model", given["model"]) != given["model"]:
+        # A config file's model_kwargs are options of its own model, not of the one --model names.
+        values.pop("model_kwargs", None)
+    for name, flag in (("model_kwargs", "--model-kwargs"), ("grid", "--grid"),
+                       ("loss_weights", "--loss-weights")):
         if name in given:
             given[name] = {**(values.get(name) or {}), **parse_key_values(given[name], flag, UsageError)}
     if "label_map" in given:

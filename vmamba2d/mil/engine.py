@@ -3,12 +3,17 @@
 Classification: cross-entropy on the (1, C) logits; metrics accuracy, macro F1 and macro
 one-vs-rest AUC. Survival: discrete-time NLL with censoring; metric the C-index of the risk
 -sum(S) against the patients' times.
+
+Training loss: the weighted sum of the model's loss terms (``model.loss_weights``, overridden by
+``loss_weights``): ``"slide"`` is the task loss of the logits, the other terms come from
+``model.auxiliary_losses`` (e.g. CLAM's instance loss). Evaluation reports the task loss only, so
+losses compare across models.
 """
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -41,28 +46,66 @@ def slide_loader(dataset: Dataset, order: Sequence[int], workers: int, seed: int
                       collate_fn=_single, generator=loader_generator(seed))
 
 
-def slide_loss(output: dict[str, torch.Tensor], record: Any, task: str, alpha: float,
-               device: torch.device) -> torch.Tensor:
-    """Loss of one slide: CE (classification) or the censored NLL (survival)."""
-    logits = output["logits"].float()
+def task_loss_fn(record: Any, task: str, alpha: float, device: torch.device
+                 ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The task's loss for one slide as a function of (1, C) logits: cross-entropy against the
+    slide's class (classification) or the censored NLL of its time bin (survival)."""
     label = torch.tensor([record.label], device=device)
     if task == "classification":
-        return F.cross_entropy(logits, label)
+        return lambda logits: F.cross_entropy(logits.float(), label)
     censorship = torch.tensor([record.censorship], device=device)
-    return survival_nll_loss(logits, label, censorship, alpha=alpha)
+    return lambda logits: survival_nll_loss(logits.float(), label, censorship, alpha=alpha)
+
+
+def slide_loss(output: dict[str, torch.Tensor], record: Any, task: str, alpha: float,
+               device: torch.device) -> torch.Tensor:
+    """Task loss of one slide's ``output["logits"]``: CE (classification) or the censored NLL (survival)."""
+    return task_loss_fn(record, task, alpha, device)(output["logits"])
+
+
+def resolve_loss_weights(model: torch.nn.Module, overrides: Optional[dict[str, float]]) -> dict[str, float]:
+    """The model's default loss-term weights updated with ``overrides``; unknown terms and negative
+    or non-numeric weights raise a ValueError naming the model's terms."""
+    weights = dict(model.loss_weights)
+    for name, value in (overrides or {}).items():
+        if name not in weights:
+            raise ValueError(f"loss term {name!r} is not one of {getattr(model, 'model_name', 'the model')}'s "
+                             f"terms {sorted(weights)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"weight of loss term {name!r} must be a number >= 0, got {value!r}")
+        weights[name] = float(value)
+    return weights
+
+
+def training_loss(model: torch.nn.Module, output: dict[str, torch.Tensor], record: Any, task: str,
+                  alpha: float, device: torch.device, weights: dict[str, float]
+                  ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted sum of the model's loss terms for one slide: (total, value of each term)."""
+    task_loss = task_loss_fn(record, task, alpha, device)
+    terms = {"slide": task_loss(output["logits"]),
+             **model.auxiliary_losses(output, record.label, task_loss)}
+    if set(terms) != set(weights):
+        raise ValueError(f"the model returned loss terms {sorted(terms)}, expected {sorted(weights)}")
+    total = sum(weights[name] * value for name, value in terms.items())
+    return total, {name: value.item() for name, value in terms.items()}
 
 
 def train_one_epoch(*, model: torch.nn.Module, dataset: Dataset, order: Sequence[int],
                     optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, task: str,
                     alpha: float, device: torch.device, amp: str, workers: int, seed: int,
-                    epoch: int, progress: bool) -> dict[str, float]:
+                    epoch: int, progress: bool,
+                    loss_weights: Optional[dict[str, float]] = None) -> dict[str, float]:
     """One pass over ``dataset`` in ``order``, one optimizer step per slide.
 
-    Returns ``train_loss`` (mean over slides), ``lr`` (during the epoch), ``train_seconds`` and
-    ``train_slides_per_s``.
+    ``loss_weights``: weights of the model's loss terms (None: the model's defaults).
+    Returns ``train_loss`` (mean over slides of the weighted total), ``lr`` (during the epoch),
+    ``train_seconds`` and ``train_slides_per_s``; with several loss terms also
+    ``train_loss_<term>`` (mean of each term, unweighted).
     """
     model.train()
+    weights = resolve_loss_weights(model, loss_weights)
     loss_sum, count = 0.0, 0
+    term_sums: dict[str, float] = {}
     lr = max(group["lr"] for group in optimizer.param_groups)
     bar = tqdm(total=len(order), desc=f"epoch {epoch}", disable=not progress, leave=False,
                dynamic_ncols=True)
@@ -71,7 +114,7 @@ def train_one_epoch(*, model: torch.nn.Module, dataset: Dataset, order: Sequence
         record = record.to(device)
         with autocast(device, amp):
             output = model(record.features, record.coords, grid_size=record.grid)
-        loss = slide_loss(output, record, task, alpha, device)
+        loss, terms = training_loss(model, output, record, task, alpha, device, weights)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -81,13 +124,18 @@ def train_one_epoch(*, model: torch.nn.Module, dataset: Dataset, order: Sequence
             raise FloatingPointError(f"training loss is {value} on slide {record.slide_id!r} in "
                                      f"epoch {epoch}; the last checkpoint is untouched")
         loss_sum += value
+        for name, term in terms.items():
+            term_sums[name] = term_sums.get(name, 0.0) + term
         count += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss_sum / count:.4f}")
     bar.close()
     seconds = time.perf_counter() - start
-    return {"train_loss": loss_sum / max(count, 1), "lr": lr, "train_seconds": seconds,
-            "train_slides_per_s": count / max(seconds, 1e-9)}
+    stats = {"train_loss": loss_sum / max(count, 1), "lr": lr, "train_seconds": seconds,
+             "train_slides_per_s": count / max(seconds, 1e-9)}
+    if len(weights) > 1:
+        stats.update({f"train_loss_{name}": total / max(count, 1) for name, total in term_sums.items()})
+    return stats
 
 
 @torch.no_grad()

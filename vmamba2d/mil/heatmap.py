@@ -35,6 +35,10 @@ def slide_attention(model: torch.nn.Module, record: SlideRecord) -> tuple[torch.
 
     Returns (attention (H, W) float32 CPU, tissue (H, W) bool, outputs dict of the model on CPU).
     """
+    if not getattr(model, "has_attention", True):
+        raise ValueError(f"model {getattr(model, 'model_name', type(model).__name__)} has no per-instance "
+                         "attention score to draw (models with one: mambamil2d, mambamil, mambamil_sr, abmil, "
+                         "clam_sb, dsmil)")
     model.eval()
     device = next(model.parameters()).device
     outputs = model(record.features.to(device), record.coords.to(device), grid_size=record.grid)

@@ -1,32 +1,40 @@
 """2DMambaMIL and its baselines for whole-slide-image classification / survival (docs/mil.md).
 
-All three models share one API (batch of one slide):
+Every model shares one API (batch of one slide):
 
-    model = MambaMIL2D(in_dim=1024, num_classes=3)          # or MambaMIL(...), ABMIL(...)
+    model = build_model("mambamil2d", in_dim=1024, num_classes=3)   # or MambaMIL2D(...), ...
     out = model(features, coords)                           # features (n, in_dim), coords (n, 2)
     out["logits"]     (1, num_classes)
-    out["attention"]  (H, W) softmax attention of each grid cell (0 on pad cells when masked)
+    out["attention"]  (H, W) softmax attention of each grid cell (models with an attention score)
 
 ``coords`` are integer grid positions (x = column, y = row), as ``vmamba2d.mil.data`` produces
 them; the grid is ``H = max row + 1`` by ``W = max col + 1`` unless ``grid_size=(H, W)`` is passed
 (absolute placement on a fixed canvas, docs/mil.md#fixed-canvas). The models never crop.
 
-Models:
-    ``MambaMIL2D``  input projection -> slide canvas filled with a pad token -> ``num_blocks`` x
-                    [RMSNorm -> Mamba mixer whose scan is ``selective_scan_2d`` over the H x W
-                    grid, residual] -> LayerNorm -> attention pooling -> head.
-    ``MambaMIL``    the same mixer on a 1D sequence of the slide's tissue tokens (our scan on a
-                    1 x n map, no pad cells). ``order="raster"`` (default) sorts the tokens
-                    row-major by grid position, so the model is invariant to the file's row order
-                    and equals MambaMIL2D on fully occupied 1 x W / H x 1 grids;
+Models (``MODELS``, by name):
+    ``mambamil2d``  ``MambaMIL2D``: input projection -> slide canvas filled with a pad token ->
+                    ``num_blocks`` x [RMSNorm -> Mamba mixer whose scan is ``selective_scan_2d``
+                    over the H x W grid, residual] -> LayerNorm -> attention pooling -> head.
+    ``mambamil``    ``MambaMIL``: the same mixer on a 1D sequence of the slide's tissue tokens (our
+                    scan on a 1 x n map, no pad cells). ``order="raster"`` (default) sorts the
+                    tokens row-major by grid position, so the model is invariant to the file's row
+                    order and equals MambaMIL2D on fully occupied 1 x W / H x 1 grids;
                     ``order="file"`` keeps the file's row order, as the official baseline does.
-    ``ABMIL``       input projection -> attention pooling -> head (no sequence mixing).
+    ``abmil``       ``ABMIL``: input projection -> attention pooling -> head (no sequence mixing).
+    ``clam_sb``, ``dsmil``, ``transmil``, ``s4mil``, ``mambamil_sr``: the paper's other baselines
+                    (``vmamba2d.mil.baselines``).
 
-Outputs besides ``logits`` / ``attention``: ``attention_scores`` (H, W) pre-softmax scores (pad
-cells of the 1D / bag models are 0 and excluded), ``embedding`` (1, dim) pooled slide vector,
-``probabilities`` (1, C) softmax; with ``survival=True`` instead ``hazards`` (1, K) = sigmoid(logits),
-``survival`` (1, K) = cumprod(1 - hazards) and ``risk`` (1,) = -sum(survival), K = num_classes
-time bins (docs/mil.md: survival, survival head size).
+Outputs besides ``logits``: ``embedding`` (1, dim) pooled slide vector, ``probabilities`` (1, C)
+softmax; with ``survival=True`` instead ``hazards`` (1, K) = sigmoid(logits), ``survival`` (1, K)
+= cumprod(1 - hazards) and ``risk`` (1,) = -sum(survival), K = num_classes time bins (docs/mil.md:
+survival, survival head size). Models with a per-instance attention score (``has_attention``)
+also return ``attention`` (H, W) and ``attention_scores`` (H, W) pre-softmax scores (0 on cells
+without a patch, excluded from the softmax).
+
+Training losses: ``model.loss_weights`` names the loss terms and their default weights; the term
+``"slide"`` is the task loss of ``logits``, the others come from
+``model.auxiliary_losses(output, label, task_loss)`` (CLAM's instance loss, DSMIL's max-instance
+loss). ``vmamba2d.mil.engine`` adds them up; ``mil/train.py --loss-weights`` overrides weights.
 
 ``build_model(name, **kwargs)`` / ``model.config`` / ``model_from_checkpoint(path)`` let scripts
 save and rebuild a model: a checkpoint is a dict holding ``"model"`` (state dict) and
@@ -36,7 +44,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -50,7 +58,9 @@ CONV_KINDS = ("1d", "2d")
 PAD_TOKENS = ("trainable", "zero")
 SCANS = ("2d", "raster")
 INITS = ("official", "mamba")
+BASELINE_INITS = ("torch", "xavier")
 ORDERS = ("raster", "file")
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 
 def _require_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
@@ -149,35 +159,41 @@ class MambaMixer(nn.Module):
         self.D = nn.Parameter(torch.ones(inner))
         self.out_proj = nn.Linear(inner, dim, bias=False)
 
-    def _conv(self, u: Tensor, height: int, width: int) -> Tensor:
-        """(E, L) -> (E, L) depthwise convolution on the raster sequence or on the grid."""
+    def _conv(self, conv: nn.Module, u: Tensor, height: int, width: int) -> Tensor:
+        """(E, L) -> (E, L) depthwise convolution ``conv`` on the raster sequence or on the grid."""
         length = u.shape[1]
         if self.conv_kind == "2d":
-            return self.conv(u.view(1, -1, height, width))[0].reshape(-1, length)
-        # Causal depthwise Conv1d as a sum of shifted products: same result as self.conv(u)[..., :L],
+            return conv(u.view(1, -1, height, width))[0].reshape(-1, length)
+        # Causal depthwise Conv1d as a sum of shifted products: same result as conv(u)[..., :L],
         # many times faster on CPU than the depthwise convolution kernel for one long sequence.
-        taps = self.conv.weight.shape[-1]
+        taps = conv.weight.shape[-1]
         padded = F.pad(u, (taps - 1, 0))
-        out = self.conv.bias.unsqueeze(1).to(u.dtype)
+        out = conv.bias.unsqueeze(1).to(u.dtype)
         for k in range(taps):
-            out = out + self.conv.weight[:, 0, k : k + 1] * padded[:, k : k + length]
+            out = out + conv.weight[:, 0, k : k + 1] * padded[:, k : k + length]
         return out
+
+    def _branch(self, u: Tensor, z: Tensor, height: int, width: int, conv: nn.Module, x_proj: nn.Linear,
+                dt_proj: nn.Linear, A_log: Tensor, D: Tensor) -> Tensor:
+        """One selective-scan branch: u, z (E, L) after in_proj -> gated y * SiLU(z) (E, L)."""
+        u = F.silu(self._conv(conv, u, height, width))
+        dt, B, C = x_proj(u.t()).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        delta = F.linear(dt, dt_proj.weight).t()  # (E, L), bias applied inside the scan
+        scan_dtype = torch.promote_types(u.dtype, torch.float32)
+        y = selective_scan_2d(
+            u.unsqueeze(0), delta.unsqueeze(0),
+            -torch.exp(A_log.to(scan_dtype)),
+            B.t()[None, None], C.t()[None, None],
+            D.to(scan_dtype), dt_proj.bias.to(scan_dtype), True,
+            height=height, width=width, backend=self.scan_backend,
+        )[0]
+        return y * F.silu(z)
 
     def forward(self, x: Tensor, height: int, width: int) -> Tensor:
         """x (L, dim) tokens in row-major order of a height x width grid -> (L, dim)."""
         u, z = self.in_proj(x).t().chunk(2, dim=0)  # (E, L) each
-        u = F.silu(self._conv(u, height, width))
-        dt, B, C = self.x_proj(u.t()).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        delta = F.linear(dt, self.dt_proj.weight).t()  # (E, L), bias applied inside the scan
-        scan_dtype = torch.promote_types(u.dtype, torch.float32)
-        y = selective_scan_2d(
-            u.unsqueeze(0), delta.unsqueeze(0),
-            -torch.exp(self.A_log.to(scan_dtype)),
-            B.t()[None, None], C.t()[None, None],
-            self.D.to(scan_dtype), self.dt_proj.bias.to(scan_dtype), True,
-            height=height, width=width, backend=self.scan_backend,
-        )[0]
-        return self.out_proj((y * F.silu(z)).t())
+        y = self._branch(u, z, height, width, self.conv, self.x_proj, self.dt_proj, self.A_log, self.D)
+        return self.out_proj(y.t())
 
 
 class MambaBlock(nn.Module):
@@ -208,23 +224,39 @@ class AttentionPool(nn.Module):
         return (weights.unsqueeze(0) @ tokens), weights, scores
 
 
+def _require_dropout(name: str, value: float) -> float:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return value
+
+
+def _activation(act: str) -> nn.Module:
+    return ACTIVATIONS[_require_choice("act", act, tuple(ACTIVATIONS))]()
+
+
+TaskLoss = Callable[[Tensor], Tensor]
+
+
 class _MILModel(nn.Module):
-    """Shared parts: input projection, head, outputs, init, config."""
+    """What every MIL model shares: sizes, the classification / survival outputs, the loss terms,
+    the config and the Xavier init.
+
+    Class attributes: ``has_attention`` (returns an (H, W) ``attention`` map),
+    ``permutation_invariant`` (the output does not depend on the order or the grid positions of
+    the patches: a bag model), ``default_loss_weights`` (loss term -> weight; ``"slide"`` = the
+    task loss of ``logits``).
+    """
 
     model_name = ""
+    has_attention = True
+    permutation_invariant = False
+    default_loss_weights: dict[str, float] = {"slide": 1.0}
 
-    def __init__(self, in_dim: int, num_classes: int, dim: int, dropout: float, attn_hidden: int,
-                 survival: bool) -> None:
+    def __init__(self, in_dim: int, num_classes: int, survival: bool) -> None:
         super().__init__()
         self.in_dim = _require_positive("in_dim", in_dim)
         self.num_classes = _require_positive("num_classes", num_classes)
-        _require_positive("dim", dim)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.survival = survival
-        self.proj = nn.Sequential(nn.Linear(in_dim, dim), nn.GELU(), nn.Dropout(dropout))
-        self.pool = AttentionPool(dim, attn_hidden)
-        self.classifier = nn.Linear(dim, num_classes)
         self._config: dict[str, Any] = {}
 
     @property
@@ -232,14 +264,23 @@ class _MILModel(nn.Module):
         """Constructor keywords plus ``"name"``: ``build_model(**model.config)`` rebuilds the model."""
         return {"name": self.model_name, **self._config}
 
-    def _outputs(self, embedding: Tensor, weights: Tensor, scores: Tensor, grid: tuple[int, int]) -> dict[str, Tensor]:
-        logits = self.classifier(embedding)
-        out = {
-            "logits": logits,
-            "attention": weights.view(grid),
-            "attention_scores": scores.view(grid),
-            "embedding": embedding,
-        }
+    @property
+    def loss_weights(self) -> dict[str, float]:
+        """Default weight of each loss term this model trains with (a copy)."""
+        return dict(self.default_loss_weights)
+
+    def auxiliary_losses(self, output: dict[str, Tensor], label: int, task_loss: TaskLoss) -> dict[str, Tensor]:
+        """Loss terms besides ``"slide"`` for one slide of class / time bin ``label``.
+
+        ``output`` is this model's forward output; ``task_loss`` maps (1, C) logits to the task's
+        loss (cross-entropy or the survival NLL) for this slide. Returns term name -> scalar.
+        """
+        return {}
+
+    def head_outputs(self, logits: Tensor, **extra: Tensor) -> dict[str, Tensor]:
+        """``logits`` (1, C) -> dict with ``logits``, ``extra`` and ``probabilities`` (classification)
+        or ``hazards`` / ``survival`` / ``risk`` (survival)."""
+        out = {"logits": logits, **extra}
         if self.survival:
             hazards = torch.sigmoid(logits)
             surv = torch.cumprod(1 - hazards, dim=1)
@@ -248,7 +289,7 @@ class _MILModel(nn.Module):
             out["probabilities"] = torch.softmax(logits, dim=1)
         return out
 
-    def _init_official(self) -> None:
+    def _init_xavier(self) -> None:
         """Xavier-normal weights and zero biases for every Linear; LayerNorm (1, 0)
         (docs/mil.md#initialisation)."""
         for module in self.modules():
@@ -261,17 +302,35 @@ class _MILModel(nn.Module):
                 nn.init.zeros_(module.bias)
 
 
-def _init_mamba_dt(mixer: MambaMixer, dt_min: float = 1e-3, dt_max: float = 1e-1, floor: float = 1e-4) -> None:
+class _AttentionMIL(_MILModel):
+    """Input projection (Linear -> activation -> dropout), attention pooling and a linear head."""
+
+    def __init__(self, in_dim: int, num_classes: int, dim: int, dropout: float, attn_hidden: int,
+                 survival: bool, act: str = "gelu", pool: Optional[nn.Module] = None) -> None:
+        super().__init__(in_dim, num_classes, survival)
+        _require_positive("dim", dim)
+        _require_positive("attn_hidden", attn_hidden)
+        self.proj = nn.Sequential(nn.Linear(in_dim, dim), _activation(act), nn.Dropout(_require_dropout("dropout", dropout)))
+        self.pool = AttentionPool(dim, attn_hidden) if pool is None else pool
+        self.classifier = nn.Linear(dim, num_classes)
+
+    def _outputs(self, embedding: Tensor, weights: Tensor, scores: Tensor, grid: tuple[int, int]) -> dict[str, Tensor]:
+        return self.head_outputs(self.classifier(embedding), attention=weights.view(grid),
+                                 attention_scores=scores.view(grid), embedding=embedding)
+
+
+def _init_mamba_dt(dt_proj: nn.Linear, dt_rank: int, dt_min: float = 1e-3, dt_max: float = 1e-1,
+                   floor: float = 1e-4) -> None:
     """Mamba's dt_proj init: weight U(+-rank^-0.5); bias = softplus^-1 of log-uniform dt in [dt_min, dt_max]."""
-    bound = mixer.dt_rank ** -0.5
-    nn.init.uniform_(mixer.dt_proj.weight, -bound, bound)
-    inner = mixer.dt_proj.bias.numel()
+    bound = dt_rank ** -0.5
+    nn.init.uniform_(dt_proj.weight, -bound, bound)
+    inner = dt_proj.bias.numel()
     dt = torch.exp(torch.rand(inner) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).clamp(min=floor)
     with torch.no_grad():
-        mixer.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
 
-class _SSMMIL(_MILModel):
+class _SSMMIL(_AttentionMIL):
     """Projection, U Mamba blocks, final LayerNorm, attention pooling and head."""
 
     def __init__(self, in_dim: int, num_classes: int, *, dim: int, d_state: int, expand: int, d_conv: int,
@@ -293,10 +352,10 @@ class _SSMMIL(_MILModel):
 
     def _apply_init(self, init: str) -> None:
         if init == "official":
-            self._init_official()
+            self._init_xavier()
         else:
             for block in self.blocks:
-                _init_mamba_dt(block.mixer)
+                _init_mamba_dt(block.mixer.dt_proj, block.mixer.dt_rank)
 
     def _mix(self, tokens: Tensor, height: int, width: int) -> Tensor:
         """(L, dim) tokens in row-major order of a height x width grid -> normalised (L, dim)."""
@@ -374,29 +433,40 @@ class MambaMIL2D(_SSMMIL):
         return self._outputs(embedding, weights, scores, grid)
 
 
-def _scatter_to_grid(values: Tensor, index: Tensor, grid: tuple[int, int]) -> Tensor:
+def scatter_to_grid(values: Tensor, index: Tensor, grid: tuple[int, int]) -> Tensor:
     """(n,) values at row-major cells ``index`` -> (H, W) map, 0 elsewhere."""
     flat = values.new_zeros(grid[0] * grid[1]).index_copy(0, index, values)
     return flat.view(grid)
 
 
-class _TokenMIL(_MILModel):
+def ordered_instances(features: Tensor, coords: Tensor, grid_size: Optional[tuple[int, int]], in_dim: int,
+                      order: str) -> tuple[Tensor, Tensor, tuple[int, int]]:
+    """Check one slide and put its patches in sequence order.
+
+    features (n, in_dim), coords (n, 2) -> (features (n, in_dim) in ``order``: ``"raster"`` =
+    row-major by grid cell, ``"file"`` = as given; their row-major cell index (n,); grid (H, W)).
+    """
+    grid = check_slide_inputs(features, coords, in_dim, grid_size)
+    index = cell_index(coords, grid[1])
+    _require_distinct(index)
+    if order == "raster":
+        index, perm = torch.sort(index)
+        features = features[perm]
+    return features, index, grid
+
+
+class _TokenMIL(_AttentionMIL):
     """Models of the tissue tokens only (no pad cells); attention scattered back onto the grid."""
 
     def _tokens(self, features: Tensor, coords: Tensor, grid_size: Optional[tuple[int, int]],
                 order: str) -> tuple[Tensor, Tensor, tuple[int, int]]:
-        grid = check_slide_inputs(features, coords, self.in_dim, grid_size)
-        index = cell_index(coords, grid[1])
-        _require_distinct(index)
-        if order == "raster":
-            index, perm = torch.sort(index)
-            features = features[perm]
+        features, index, grid = ordered_instances(features, coords, grid_size, self.in_dim, order)
         return self.proj(features), index, grid
 
     def _finish(self, tokens: Tensor, index: Tensor, grid: tuple[int, int]) -> dict[str, Tensor]:
         embedding, weights, scores = self.pool(tokens)
-        return self._outputs(embedding, _scatter_to_grid(weights, index, grid).flatten(),
-                             _scatter_to_grid(scores, index, grid).flatten(), grid)
+        return self._outputs(embedding, scatter_to_grid(weights, index, grid).flatten(),
+                             scatter_to_grid(scores, index, grid).flatten(), grid)
 
 
 class MambaMIL(_TokenMIL, _SSMMIL):
@@ -433,19 +503,26 @@ class MambaMIL(_TokenMIL, _SSMMIL):
 class ABMIL(_TokenMIL):
     """Attention-based MIL (bag model): projection -> attention pooling -> head; no token mixing.
 
-    Args: in_dim, num_classes, dim (128), dropout (0.25), attn_hidden (128), init ("official":
-    Xavier-normal Linear weights, zero biases; "mamba" = PyTorch default init), survival.
+    Defaults = the official 2DMamba repository's ``DAttention`` (``act='relu'``): Linear(in_dim, 512)
+    -> ReLU -> Dropout(0.25), attention 512 -> 128 -> 1 (tanh), classifier 512 -> C, PyTorch's
+    default init (592,132 parameters at in_dim 1024, 3 classes).
+
+    Args: in_dim, num_classes, dim (512), dropout (0.25), attn_hidden (128), act (``"relu"`` or
+    ``"gelu"``), init (``"torch"``: PyTorch's default init; ``"xavier"``: Xavier-normal Linear
+    weights, zero biases), survival. ``ABMIL(dim=128, act="gelu", init="xavier")`` is the smaller
+    variant this package shipped before (148,228 parameters at in_dim 1024, 3 classes).
     """
 
     model_name = "abmil"
+    permutation_invariant = True
 
-    def __init__(self, *, in_dim: int, num_classes: int, dim: int = 128, dropout: float = 0.25,
-                 attn_hidden: int = 128, init: str = "official", survival: bool = False) -> None:
-        super().__init__(in_dim, num_classes, dim, dropout, attn_hidden, survival)
-        if _require_choice("init", init, INITS) == "official":
-            self._init_official()
+    def __init__(self, *, in_dim: int, num_classes: int, dim: int = 512, dropout: float = 0.25,
+                 attn_hidden: int = 128, act: str = "relu", init: str = "torch", survival: bool = False) -> None:
+        super().__init__(in_dim, num_classes, dim, dropout, attn_hidden, survival, act=act)
+        if _require_choice("init", init, BASELINE_INITS) == "xavier":
+            self._init_xavier()
         self._config = dict(in_dim=in_dim, num_classes=num_classes, dim=dim, dropout=dropout,
-                            attn_hidden=attn_hidden, init=init, survival=survival)
+                            attn_hidden=attn_hidden, act=act, init=init, survival=survival)
 
     def forward(self, features: Tensor, coords: Tensor,
                 grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
@@ -454,11 +531,15 @@ class ABMIL(_TokenMIL):
         return self._finish(tokens, index, grid)
 
 
-MODELS: dict[str, type[_MILModel]] = {cls.model_name: cls for cls in (MambaMIL2D, MambaMIL, ABMIL)}
+# The baselines build on the classes above, so they are imported after them.
+from .baselines import CLAMSB, DSMIL, MambaMILSR, S4MIL, TransMIL  # noqa: E402
+
+MODELS: dict[str, type[_MILModel]] = {
+    cls.model_name: cls for cls in (MambaMIL2D, MambaMIL, ABMIL, CLAMSB, DSMIL, TransMIL, S4MIL, MambaMILSR)}
 
 
 def build_model(name: str, **kwargs: Any) -> _MILModel:
-    """A MIL model by name (``"mambamil2d"``, ``"mambamil"``, ``"abmil"``) and constructor keywords."""
+    """A MIL model by name (a key of ``MODELS``, e.g. ``"mambamil2d"``, ``"transmil"``) and constructor keywords."""
     if name not in MODELS:
         raise ValueError(f"model name must be one of {sorted(MODELS)}, got {name!r}")
     return MODELS[name](**kwargs)

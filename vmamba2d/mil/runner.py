@@ -52,7 +52,7 @@ from ..training.checkpoint import (atomic_write, capture_rng_state, is_temp_file
 from ..training.run_folder import MARKER_NAME
 from .config import RESUME_FREE_OPTIONS, TASKS, MILConfig, UsageError
 from .data import GridOptions, SlideDataError, SlideDataset
-from .engine import epoch_order, evaluate, select_epoch, train_one_epoch
+from .engine import epoch_order, evaluate, resolve_loss_weights, select_epoch, train_one_epoch
 from .models import MODELS, build_model
 from .slide_check import BadSlide, check_slides, describe_bad_slides
 from .splits import SPLITS, RunSplits, run_splits
@@ -178,6 +178,15 @@ def make_model(cfg: MILConfig, in_dim: int, num_classes: int) -> torch.nn.Module
                          f"(options of {cfg.model}: {', '.join(accepted)})") from error
 
 
+def loss_weights(cfg: MILConfig, model: torch.nn.Module) -> dict[str, float]:
+    """The model's loss-term weights with ``cfg.loss_weights`` applied; UsageError when they do
+    not fit the model."""
+    try:
+        return resolve_loss_weights(model, cfg.loss_weights)
+    except ValueError as error:
+        raise UsageError(f"--loss-weights: {error}") from error
+
+
 def plan_runs(cfg: MILConfig) -> tuple[list[RunPlan], int, list[BadSlide]]:
     """All runs of ``cfg`` with their datasets (every slide file read and checked once), the
     feature size and the unusable slides left out (only with ``skip_bad_slides``)."""
@@ -210,7 +219,7 @@ def plan_runs(cfg: MILConfig) -> tuple[list[RunPlan], int, list[BadSlide]]:
             if start.continues:
                 check_resumable(plan)
             plans.append(plan)
-    make_model(cfg, in_dim, plans[0].splits.num_classes)  # bad model options fail here
+    loss_weights(cfg, make_model(cfg, in_dim, plans[0].splits.num_classes))  # bad options fail here
     return plans, in_dim, bad
 
 
@@ -345,12 +354,14 @@ def run_one(cfg: MILConfig, plan: RunPlan, in_dim: int, device: torch.device) ->
 
     common = dict(task=cfg.task, alpha=cfg.alpha, device=device, amp=cfg.amp,
                   workers=cfg.workers, seed=plan.seed)
+    term_weights = loss_weights(cfg, model)
     train_set = plan.datasets["train"]
     for epoch in range(len(history), cfg.epochs):
         train_set.set_epoch(epoch)
         order = epoch_order(len(train_set), plan.seed, epoch, cfg.shuffle)
         stats = train_one_epoch(model=model, dataset=train_set, order=order, optimizer=optimizer,
-                                scaler=scaler, epoch=epoch, progress=cfg.progress, **common)
+                                scaler=scaler, epoch=epoch, progress=cfg.progress,
+                                loss_weights=term_weights, **common)
         if scheduler is not None:
             scheduler.step()
         record: dict[str, Any] = {"epoch": epoch, **stats}

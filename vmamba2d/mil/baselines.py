@@ -1,0 +1,420 @@
+"""The paper's other MIL baselines under the MIL API of ``vmamba2d.mil.models`` (docs/mil.md#baselines).
+
+Each model is built at the default sizes of the code the 2DMamba paper trains it with; the
+parameter counts at in_dim 1024 and 3 classes are stated (and derived) in tests/test_mil_models.py.
+
+    ``CLAMSB``      CLAM-SB (Lu et al., Nat. Biomed. Eng. 2021): gated attention pooling plus an
+                    instance-level clustering loss on the top / bottom-k attended patches.
+    ``DSMIL``       DSMIL (Li et al., CVPR 2021): a max-instance stream and a bag stream whose
+                    attention is the similarity to the critical (highest-scoring) instance.
+    ``TransMIL``    TransMIL (Shao et al., NeurIPS 2021): two Nyström attention layers with the PPEG
+                    positional module between them and a class token.
+    ``S4MIL``       S4MIL (Fillioux et al., MICCAI 2023): an S4D layer over the instance sequence,
+                    max-pooled.
+    ``MambaMILSR``  MambaMIL (Yang et al., MICCAI 2024) with its SRMamba block: a Mamba scan of the
+                    sequence plus a second scan of the sequence reordered with stride ``rate``.
+
+Bag models (``permutation_invariant``): ABMIL, CLAM-SB, DSMIL. TransMIL, S4MIL and MambaMIL are
+sequence models: their output depends on the order of the patches. ``order="raster"`` (default)
+sorts the patches row-major by grid position, so they do not depend on the file's row order (but do
+on the positions); ``order="file"`` keeps the row order of the feature file, as the official code.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .models import (BASELINE_INITS, INITS, ORDERS, MambaMixer, TaskLoss, _activation, _init_mamba_dt,
+                     _MILModel, _require_choice, _require_dropout, _require_positive, _TokenMIL, ordered_instances,
+                     scatter_to_grid)
+from .nystrom import NystromAttention
+from .s4d import S4D
+
+Tensor = torch.Tensor
+
+
+# --- CLAM-SB --------------------------------------------------------------------------------------
+
+class GatedAttentionPool(nn.Module):
+    """Gated attention pooling: score = w . (tanh(W_a t) * sigmoid(W_b t)); softmax over tokens."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.attention_a = nn.Sequential(nn.Linear(dim, hidden), nn.Tanh(), nn.Dropout(dropout))
+        self.attention_b = nn.Sequential(nn.Linear(dim, hidden), nn.Sigmoid(), nn.Dropout(dropout))
+        self.score = nn.Linear(hidden, 1)
+
+    def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens (n, dim) -> (embedding (1, dim), weights (n,), scores (n,))."""
+        scores = self.score(self.attention_a(tokens) * self.attention_b(tokens)).squeeze(-1)
+        weights = torch.softmax(scores, dim=0)
+        return weights.unsqueeze(0) @ tokens, weights, scores
+
+
+class CLAMSB(_TokenMIL):
+    """CLAM-SB: projection -> gated attention pooling -> head, plus the instance clustering loss.
+
+    Defaults = CLAM's ``CLAM_SB`` (size "small", gated, k_sample 8, bag_weight 0.7 in
+    ``default_loss_weights``): Linear(in_dim, 512) -> ReLU -> Dropout(0.25), gated attention
+    512 -> 256 -> 1 with Dropout(0.25), classifier 512 -> C, one Linear(512, 2) instance classifier
+    per class, PyTorch's default init.
+
+    Instance loss (term ``"instance"``): the k patches with the highest and the k with the lowest
+    attention score get pseudo labels 1 and 0 for the classifier of the slide's class
+    (cross-entropy); with ``subtyping=True`` the top k of every other class's classifier also get
+    label 0 and the sum is divided by the number of classes. k = min(k_sample, patches) (CLAM
+    itself fails on slides with fewer than k_sample patches).
+
+    Args: in_dim, num_classes, dim (512), attn_hidden (256), dropout (0.25), k_sample (8),
+    subtyping (False), init (``"torch"`` / ``"xavier"``), survival (the instance loss then uses the
+    time bin as the class).
+    """
+
+    model_name = "clam_sb"
+    permutation_invariant = True
+    default_loss_weights = {"slide": 0.7, "instance": 0.3}
+
+    def __init__(self, *, in_dim: int, num_classes: int, dim: int = 512, attn_hidden: int = 256,
+                 dropout: float = 0.25, k_sample: int = 8, subtyping: bool = False, init: str = "torch",
+                 survival: bool = False) -> None:
+        _require_positive("attn_hidden", attn_hidden)
+        pool = GatedAttentionPool(dim, attn_hidden, _require_dropout("dropout", dropout))
+        super().__init__(in_dim, num_classes, dim, dropout, attn_hidden, survival, act="relu", pool=pool)
+        self.k_sample = _require_positive("k_sample", k_sample)
+        self.subtyping = subtyping
+        self.instance_classifiers = nn.ModuleList(nn.Linear(dim, 2) for _ in range(num_classes))
+        if _require_choice("init", init, BASELINE_INITS) == "xavier":
+            self._init_xavier()
+        self._config = dict(in_dim=in_dim, num_classes=num_classes, dim=dim, attn_hidden=attn_hidden,
+                            dropout=dropout, k_sample=k_sample, subtyping=subtyping, init=init, survival=survival)
+
+    def forward(self, features: Tensor, coords: Tensor,
+                grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
+        """features (n, in_dim), coords (n, 2) -> dict (vmamba2d.mil.models) with ``instance_tokens``
+        (n, dim) and ``instance_scores`` (n,) for the instance loss."""
+        tokens, index, grid = self._tokens(features, coords, grid_size, "raster")
+        embedding, weights, scores = self.pool(tokens)
+        out = self._outputs(embedding, scatter_to_grid(weights, index, grid), scatter_to_grid(scores, index, grid), grid)
+        out.update(instance_tokens=tokens, instance_scores=scores)
+        return out
+
+    def auxiliary_losses(self, output: dict[str, Tensor], label: int, task_loss: TaskLoss) -> dict[str, Tensor]:
+        """``{"instance": CLAM's instance clustering loss}`` for a slide of class ``label``."""
+        if not 0 <= label < self.num_classes:
+            raise ValueError(f"label must be a class index in [0, {self.num_classes}), got {label}")
+        tokens, scores = output["instance_tokens"], output["instance_scores"]
+        k = min(self.k_sample, tokens.shape[0])
+        top = torch.topk(scores, k).indices
+        bottom = torch.topk(-scores, k).indices
+        ones = torch.ones(k, dtype=torch.long, device=tokens.device)
+        loss_dtype = torch.promote_types(tokens.dtype, torch.float32)
+        losses = []
+        for index, classifier in enumerate(self.instance_classifiers):
+            if index == label:
+                logits = classifier(torch.cat([tokens[top], tokens[bottom]]))
+                losses.append(F.cross_entropy(logits.to(loss_dtype), torch.cat([ones, 0 * ones])))
+            elif self.subtyping:
+                losses.append(F.cross_entropy(classifier(tokens[top]).to(loss_dtype), 0 * ones))
+        loss = torch.stack(losses).sum()
+        return {"instance": loss / self.num_classes if self.subtyping else loss}
+
+
+# --- DSMIL ----------------------------------------------------------------------------------------
+
+class DSMIL(_MILModel):
+    """DSMIL: an instance classifier (max-instance stream) and a bag classifier whose attention is
+    the query similarity of every patch to each class's critical patch.
+
+    Defaults = the official DSMIL (``dsmil.py``; ``train_tcga.py``: non-linear queries, no value
+    projection, ``dropout_node`` 0) on the input features: instance classifier Linear(in_dim, C);
+    queries Linear(in_dim, 128) -> ReLU -> Linear(128, 128) -> Tanh; values = the features;
+    attention softmax over patches of q_i . q_crit(c) / sqrt(128); bag classifier
+    Conv1d(C, C, kernel in_dim) over the C class embeddings; PyTorch's default init.
+
+    Loss terms: ``"slide"`` (bag stream) and ``"max_instance"`` (the task loss of the per-class
+    maximum of the instance logits), 0.5 each as in DSMIL's training. ``logits`` are the bag
+    stream's; ``attention`` is the attention of the predicted class; ``instance_logits`` (n, C).
+
+    Args: in_dim, num_classes, query_dim (128), nonlinear (True: the two-layer query network),
+    passing_v (False: values = features; True: Dropout(dropout_v) -> Linear -> ReLU), dropout_v
+    (0.0), init (``"torch"`` / ``"xavier"``), survival.
+    """
+
+    model_name = "dsmil"
+    permutation_invariant = True
+    default_loss_weights = {"slide": 0.5, "max_instance": 0.5}
+
+    def __init__(self, *, in_dim: int, num_classes: int, query_dim: int = 128, nonlinear: bool = True,
+                 passing_v: bool = False, dropout_v: float = 0.0, init: str = "torch", survival: bool = False) -> None:
+        super().__init__(in_dim, num_classes, survival)
+        _require_positive("query_dim", query_dim)
+        _require_dropout("dropout_v", dropout_v)
+        self.instance_classifier = nn.Linear(in_dim, num_classes)
+        if nonlinear:
+            self.query = nn.Sequential(nn.Linear(in_dim, query_dim), nn.ReLU(), nn.Linear(query_dim, query_dim),
+                                       nn.Tanh())
+        else:
+            self.query = nn.Linear(in_dim, query_dim)
+        self.value = (nn.Sequential(nn.Dropout(dropout_v), nn.Linear(in_dim, in_dim), nn.ReLU())
+                      if passing_v else nn.Identity())
+        self.bag_classifier = nn.Conv1d(num_classes, num_classes, kernel_size=in_dim)
+        if _require_choice("init", init, BASELINE_INITS) == "xavier":
+            self._init_xavier()
+        self._config = dict(in_dim=in_dim, num_classes=num_classes, query_dim=query_dim, nonlinear=nonlinear,
+                            passing_v=passing_v, dropout_v=dropout_v, init=init, survival=survival)
+
+    def forward(self, features: Tensor, coords: Tensor,
+                grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
+        """features (n, in_dim), coords (n, 2) -> dict (vmamba2d.mil.models) with ``instance_logits`` (n, C)."""
+        features, index, grid = ordered_instances(features, coords, grid_size, self.in_dim, "raster")
+        instance_logits = self.instance_classifier(features)  # (n, C)
+        queries = self.query(features)  # (n, Q)
+        critical = queries[instance_logits.argmax(dim=0)]  # (C, Q)
+        scores = queries @ critical.t() / math.sqrt(queries.shape[1])  # (n, C)
+        weights = torch.softmax(scores, dim=0)
+        bags = weights.t() @ self.value(features)  # (C, V)
+        logits = self.bag_classifier(bags.unsqueeze(0)).view(1, self.num_classes)
+        shown = int(logits.argmax())
+        return self.head_outputs(
+            logits, attention=scatter_to_grid(weights[:, shown], index, grid),
+            attention_scores=scatter_to_grid(scores[:, shown], index, grid),
+            embedding=bags.reshape(1, -1), instance_logits=instance_logits)
+
+    def auxiliary_losses(self, output: dict[str, Tensor], label: int, task_loss: TaskLoss) -> dict[str, Tensor]:
+        """``{"max_instance": task loss of the per-class maximum of the instance logits}``."""
+        return {"max_instance": task_loss(output["instance_logits"].max(dim=0).values.unsqueeze(0))}
+
+
+# --- TransMIL -------------------------------------------------------------------------------------
+
+class TransLayer(nn.Module):
+    """x + NystromAttention(LayerNorm(x)): (n, dim) -> (n, dim)."""
+
+    def __init__(self, dim: int, **attention_options) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.attn = NystromAttention(dim, **attention_options)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.attn(self.norm(x))
+
+
+class PPEG(nn.Module):
+    """TransMIL's pyramid position encoding generator: the tokens after the class token, laid out
+    row-major on a side x side square, plus depthwise 7x7, 5x5 and 3x3 convolutions of them."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.proj1 = nn.Conv2d(dim, dim, 5, padding=2, groups=dim)
+        self.proj2 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, x: Tensor, side: int) -> Tensor:
+        """x (1 + side * side, dim) -> same shape."""
+        square = x[1:].t().reshape(1, x.shape[1], side, side)
+        mixed = square + self.proj(square) + self.proj1(square) + self.proj2(square)
+        return torch.cat([x[:1], mixed.flatten(2)[0].t()])
+
+
+class TransMIL(_MILModel):
+    """TransMIL: projection -> square padding -> class token -> Nyström layer -> PPEG -> Nyström
+    layer -> LayerNorm -> the class token's head.
+
+    Defaults = the TransMIL the official 2DMamba trainer builds (``act='relu'``, dropout 0.25):
+    Linear(in_dim, 512) -> ReLU -> Dropout(0.25); two layers of 8-head Nyström attention (head size
+    64, 256 landmarks, 6 pseudo-inverse iterations, value convolution of length 33, dropout 0.1);
+    PPEG; LayerNorm; classifier 512 -> C; Xavier-normal Linear init, class token ~ N(0, 1e-6).
+    The n tokens are padded to side^2 (side = ceil(sqrt(n))) by repeating the first ones.
+    No per-instance attention score (``has_attention`` False).
+
+    Args: in_dim, num_classes, dim (512), heads (8), landmarks (256), pinv_iterations (6),
+    residual_kernel (33), attn_dropout (0.1), dropout (0.25), act (``"relu"`` / ``"gelu"``),
+    order (``"raster"`` / ``"file"``), init (``"xavier"`` / ``"torch"``), survival.
+    """
+
+    model_name = "transmil"
+    has_attention = False
+
+    def __init__(self, *, in_dim: int, num_classes: int, dim: int = 512, heads: int = 8, landmarks: int = 256,
+                 pinv_iterations: int = 6, residual_kernel: int = 33, attn_dropout: float = 0.1,
+                 dropout: float = 0.25, act: str = "relu", order: str = "raster", init: str = "xavier",
+                 survival: bool = False) -> None:
+        super().__init__(in_dim, num_classes, survival)
+        _require_positive("dim", dim)
+        if _require_positive("heads", heads) and dim % heads:
+            raise ValueError(f"dim ({dim}) must be a multiple of heads ({heads})")
+        self.order = _require_choice("order", order, ORDERS)
+        self.proj = nn.Sequential(nn.Linear(in_dim, dim), _activation(act), nn.Dropout(_require_dropout("dropout", dropout)))
+        self.cls_token = nn.Parameter(torch.randn(1, dim) * 1e-6)
+        attention = dict(heads=heads, head_dim=dim // heads, landmarks=_require_positive("landmarks", landmarks),
+                         pinv_iterations=pinv_iterations, residual_kernel=residual_kernel,
+                         dropout=_require_dropout("attn_dropout", attn_dropout))
+        self.layer1 = TransLayer(dim, **attention)
+        self.pos_layer = PPEG(dim)
+        self.layer2 = TransLayer(dim, **attention)
+        self.norm = nn.LayerNorm(dim)
+        self.classifier = nn.Linear(dim, num_classes)
+        if _require_choice("init", init, BASELINE_INITS) == "xavier":
+            self._init_xavier()
+        self._config = dict(in_dim=in_dim, num_classes=num_classes, dim=dim, heads=heads, landmarks=landmarks,
+                            pinv_iterations=pinv_iterations, residual_kernel=residual_kernel,
+                            attn_dropout=attn_dropout, dropout=dropout, act=act, order=order, init=init,
+                            survival=survival)
+
+    def forward(self, features: Tensor, coords: Tensor,
+                grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
+        """features (n, in_dim), coords (n, 2) -> dict (vmamba2d.mil.models), no attention map."""
+        features, _, _ = ordered_instances(features, coords, grid_size, self.in_dim, self.order)
+        tokens = self.proj(features)
+        side = math.isqrt(tokens.shape[0] - 1) + 1
+        tokens = torch.cat([self.cls_token.to(tokens.dtype), tokens, tokens[: side * side - tokens.shape[0]]])
+        tokens = self.layer2(self.pos_layer(self.layer1(tokens), side))
+        embedding = self.norm(tokens)[:1]
+        return self.head_outputs(self.classifier(embedding), embedding=embedding)
+
+
+# --- S4MIL ----------------------------------------------------------------------------------------
+
+class S4MIL(_MILModel):
+    """S4MIL: projection -> LayerNorm -> S4D over the patch sequence -> max over patches -> head.
+
+    Defaults = the S4MIL the official 2DMamba trainer builds (``act='gelu'``, dropout 0.25):
+    Linear(in_dim, 512) -> GELU -> Dropout(0.25), LayerNorm(512), S4D(512, N = 32), classifier
+    512 -> C, PyTorch's default init and S4D's own. No per-instance attention score.
+
+    Args: in_dim, num_classes, dim (512), d_state (32, even), dropout (0.25), act (``"gelu"`` /
+    ``"relu"``), order (``"raster"`` / ``"file"``), survival.
+    """
+
+    model_name = "s4mil"
+    has_attention = False
+
+    def __init__(self, *, in_dim: int, num_classes: int, dim: int = 512, d_state: int = 32, dropout: float = 0.25,
+                 act: str = "gelu", order: str = "raster", survival: bool = False) -> None:
+        super().__init__(in_dim, num_classes, survival)
+        _require_positive("dim", dim)
+        self.order = _require_choice("order", order, ORDERS)
+        self.proj = nn.Sequential(nn.Linear(in_dim, dim), _activation(act), nn.Dropout(_require_dropout("dropout", dropout)))
+        self.norm = nn.LayerNorm(dim)
+        self.s4 = S4D(dim, d_state)
+        self.classifier = nn.Linear(dim, num_classes)
+        self._config = dict(in_dim=in_dim, num_classes=num_classes, dim=dim, d_state=d_state, dropout=dropout,
+                            act=act, order=order, survival=survival)
+
+    def forward(self, features: Tensor, coords: Tensor,
+                grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
+        """features (n, in_dim), coords (n, 2) -> dict (vmamba2d.mil.models), no attention map."""
+        features, _, _ = ordered_instances(features, coords, grid_size, self.in_dim, self.order)
+        embedding = self.s4(self.norm(self.proj(features))).max(dim=0, keepdim=True).values
+        return self.head_outputs(self.classifier(embedding), embedding=embedding)
+
+
+# --- MambaMIL (SRMamba) ---------------------------------------------------------------------------
+
+def stride_reorder(x: Tensor, rate: int) -> Tensor:
+    """(C, L) -> (C, P): zero-pad to P = rate * ceil(L / rate), then read with stride ``rate``:
+    positions 0, rate, 2 rate, ..., then 1, rate + 1, ... (output w * P / rate + k = input k * rate + w)."""
+    channels, length = x.shape
+    stripes = -(-length // rate)
+    padded = F.pad(x, (0, stripes * rate - length))
+    return padded.view(channels, stripes, rate).transpose(1, 2).reshape(channels, stripes * rate)
+
+
+def stride_restore(y: Tensor, rate: int, length: int) -> Tensor:
+    """Inverse of ``stride_reorder``: (C, P) -> (C, length), padding dropped."""
+    channels, padded = y.shape
+    return y.view(channels, rate, padded // rate).transpose(1, 2).reshape(channels, padded)[:, :length]
+
+
+class SRMambaMixer(MambaMixer):
+    """MambaMIL's SRMamba mixer on a 1D sequence: the Mamba branch plus a second branch (its own
+    conv, x / dt projections, A and D; shared in / out projections) over the in-projected sequence
+    reordered with stride ``rate`` (``stride_reorder``, zero padded); the gated outputs of both
+    branches, the second restored to the original order, are summed before out_proj."""
+
+    def __init__(self, dim: int, rate: int = 10, d_state: int = 16, expand: int = 2, d_conv: int = 4,
+                 scan_backend: str = "auto") -> None:
+        super().__init__(dim, d_state=d_state, expand=expand, d_conv=d_conv, conv="1d", scan_backend=scan_backend)
+        self.rate = _require_positive("rate", rate)
+        inner = expand * dim
+        self.conv_b = nn.Conv1d(inner, inner, d_conv, groups=inner, padding=d_conv - 1)
+        self.x_proj_b = nn.Linear(inner, self.dt_rank + 2 * d_state, bias=False)
+        self.dt_proj_b = nn.Linear(self.dt_rank, inner)
+        self.A_b_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float32)).repeat(inner, 1))
+        self.D_b = nn.Parameter(torch.ones(inner))
+
+    def forward(self, x: Tensor, height: int = 1, width: int = 0) -> Tensor:
+        """x (L, dim) tokens of one sequence -> (L, dim) (``height`` / ``width`` are ignored)."""
+        length = x.shape[0]
+        xz = self.in_proj(x).t()  # (2E, L)
+        u, z = xz.chunk(2, dim=0)
+        y = self._branch(u, z, 1, length, self.conv, self.x_proj, self.dt_proj, self.A_log, self.D)
+        u_b, z_b = stride_reorder(xz, self.rate).chunk(2, dim=0)
+        y_b = self._branch(u_b, z_b, 1, u_b.shape[1], self.conv_b, self.x_proj_b, self.dt_proj_b, self.A_b_log,
+                           self.D_b)
+        return self.out_proj((y + stride_restore(y_b, self.rate, length)).t())
+
+
+class SRMambaBlock(nn.Module):
+    """Pre-norm residual block: x + SRMambaMixer(LayerNorm(x)); (L, dim) -> (L, dim)."""
+
+    def __init__(self, dim: int, **mixer_options) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.mixer = SRMambaMixer(dim, **mixer_options)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.mixer(self.norm(x))
+
+
+class MambaMILSR(_TokenMIL):
+    """MambaMIL with SRMamba blocks: projection -> U x [LayerNorm -> SRMamba, residual] -> LayerNorm
+    -> attention pooling -> head.
+
+    Defaults = the official 2DMamba repository's ``mamba_mil`` (docs/mil.md#baselines): Linear(in_dim,
+    128) -> GELU -> Dropout(0.25), one SRMamba block (N 16, conv 4, expand 2, rate 10), LayerNorm,
+    attention 128 -> 64 -> 1, classifier 128 -> C, Xavier-normal Linear init (so dt bias 0).
+
+    Args: in_dim, num_classes, dim (128), d_state (16), expand (2), d_conv (4), num_blocks (1),
+    rate (10), dropout (0.25), attn_hidden (64), order (``"raster"`` / ``"file"``), init
+    (``"official"`` / ``"mamba"`` as MambaMIL2D), survival, scan_backend.
+    """
+
+    model_name = "mambamil_sr"
+
+    def __init__(self, *, in_dim: int, num_classes: int, dim: int = 128, d_state: int = 16, expand: int = 2,
+                 d_conv: int = 4, num_blocks: int = 1, rate: int = 10, dropout: float = 0.25, attn_hidden: int = 64,
+                 order: str = "raster", init: str = "official", survival: bool = False,
+                 scan_backend: str = "auto") -> None:
+        super().__init__(in_dim, num_classes, dim, dropout, attn_hidden, survival, act="gelu")
+        _require_positive("num_blocks", num_blocks)
+        _require_positive("d_state", d_state)
+        _require_positive("expand", expand)
+        self.order = _require_choice("order", order, ORDERS)
+        self.blocks = nn.ModuleList(
+            SRMambaBlock(dim, rate=rate, d_state=d_state, expand=expand, d_conv=d_conv, scan_backend=scan_backend)
+            for _ in range(num_blocks))
+        self.norm = nn.LayerNorm(dim)
+        if _require_choice("init", init, INITS) == "official":
+            self._init_xavier()
+        else:
+            for block in self.blocks:
+                _init_mamba_dt(block.mixer.dt_proj, block.mixer.dt_rank)
+                _init_mamba_dt(block.mixer.dt_proj_b, block.mixer.dt_rank)
+        self._config = dict(in_dim=in_dim, num_classes=num_classes, dim=dim, d_state=d_state, expand=expand,
+                            d_conv=d_conv, num_blocks=num_blocks, rate=rate, dropout=dropout,
+                            attn_hidden=attn_hidden, order=order, init=init, survival=survival,
+                            scan_backend=scan_backend)
+
+    def forward(self, features: Tensor, coords: Tensor,
+                grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
+        """features (n, in_dim), coords (n, 2) grid (x, y) -> dict (see vmamba2d.mil.models)."""
+        tokens, index, grid = self._tokens(features, coords, grid_size, self.order)
+        for block in self.blocks:
+            tokens = block(tokens)
+        return self._finish(self.norm(tokens), index, grid)
+
