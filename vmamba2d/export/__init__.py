@@ -1,0 +1,1 @@
+"""Export of the models to other runtimes (ONNX)."""

@@ -1,0 +1,129 @@
+"""Export a model of the zoo to one ONNX file and check it against eager PyTorch in onnxruntime.
+
+Needs the ``onnx`` extra (``pip install "vmamba2d[onnx]"``: onnx, onnxscript, onnxruntime).
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
+INPUT_NAME = "image"
+
+
+class MissingOnnxExtraError(ImportError):
+    """The packages of the ``onnx`` extra are not installed."""
+
+
+def missing_onnx_packages() -> List[str]:
+    """The packages of the ``onnx`` extra that cannot be imported."""
+    return [name for name in ONNX_PACKAGES if importlib.util.find_spec(name) is None]
+
+
+def require_onnx_extra() -> None:
+    """Raise MissingOnnxExtraError naming the missing packages and the install command."""
+    missing = missing_onnx_packages()
+    if missing:
+        raise MissingOnnxExtraError(
+            f"ONNX export needs the onnx extra; missing: {', '.join(missing)}. "
+            'Install it with: pip install "vmamba2d[onnx]"'
+        )
+
+
+def _per_route_scans(model: nn.Module) -> bool:
+    return any(getattr(m, "cross_scan", None) == "per_route" for m in model.modules())
+
+
+def _dynamic_shapes(dynamic_size: bool) -> tuple:
+    dims = {0: torch.export.Dim("batch")}
+    if dynamic_size:
+        dims.update({2: torch.export.Dim("height"), 3: torch.export.Dim("width")})
+    return (dims,)
+
+
+def export_onnx(
+    model: nn.Module,
+    path: Union[str, Path],
+    img_size: Tuple[int, int],
+    *,
+    in_chans: int = 3,
+    dynamic_size: bool = False,
+    opset: Optional[int] = None,
+) -> Path:
+    """Export ``model`` (eval mode, CPU) to a self-contained ONNX file at ``path``, checked by
+    ``onnx.checker``.
+
+    The graph takes ``image`` (batch, in_chans, H, W) with a dynamic batch; H and W are fixed at
+    ``img_size`` unless ``dynamic_size``. The scan ops become standard ONNX operators
+    (:mod:`vmamba2d.export.onnx_scan`). Models built with ``cross_scan="per_route"`` give their
+    route grids to the scan as Python ints, so they export with a fixed size only.
+    Returns the path written.
+    """
+    require_onnx_extra()
+    import onnx
+
+    from .onnx_scan import translation_table
+
+    height, width = img_size
+    if height < 1 or width < 1:
+        raise ValueError(f"img_size must be two positive ints (H, W), got {img_size}")
+    if dynamic_size and _per_route_scans(model):
+        raise ValueError(
+            "dynamic_size needs the fused scan: this model has cross_scan='per_route' mixers, whose "
+            "route grids are Python ints fixed at export; export it with a fixed img_size or build "
+            "it with cross_scan='fused'"
+        )
+    path = Path(path)
+    model = model.eval().cpu()
+    # Batch 2, not 1: torch.export specialises a size-1 dimension instead of keeping it dynamic.
+    example = torch.randn(2, in_chans, height, width, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        program = torch.onnx.export(
+            model, (example,), dynamo=True, custom_translation_table=translation_table(),
+            dynamic_shapes=_dynamic_shapes(dynamic_size), input_names=[INPUT_NAME],
+            opset_version=opset, verbose=False,
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    program.save(str(path), external_data=False)
+    onnx.checker.check_model(str(path), full_check=True)
+    return path
+
+
+def _as_list(outputs: Union[torch.Tensor, Sequence[torch.Tensor]]) -> List[np.ndarray]:
+    if isinstance(outputs, torch.Tensor):
+        return [outputs.numpy()]
+    return [t.numpy() for t in outputs]
+
+
+def onnx_session(path: Union[str, Path], threads: Optional[int] = None):
+    """An onnxruntime CPU InferenceSession for ``path`` (``threads``: intra-op threads, None:
+    onnxruntime's default)."""
+    require_onnx_extra()
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def max_relative_error(model: nn.Module, path: Union[str, Path], images: torch.Tensor, session=None) -> float:
+    """Run ``images`` (batch, C, H, W) through the ONNX file in onnxruntime and through ``model``
+    in eager PyTorch; return max |onnx - eager| / max |eager| over every output."""
+    session = session or onnx_session(path)
+    got = session.run(None, {INPUT_NAME: images.numpy()})
+    with torch.no_grad():
+        want = _as_list(model.eval()(images))
+    if len(got) != len(want):
+        raise AssertionError(f"the ONNX file has {len(got)} outputs, the model {len(want)}")
+    errors = []
+    for g, w in zip(got, want):
+        if g.shape != w.shape:
+            raise AssertionError(f"ONNX output shape {g.shape} differs from eager {w.shape}")
+        errors.append(float(np.abs(g.astype(np.float64) - w).max() / max(np.abs(w).max(), np.finfo(np.float32).tiny)))
+    return max(errors)
