@@ -7,7 +7,10 @@
 
 Implemented by the CPU extension (``cross_forward`` / ``cross_backward``), which scans every
 route in place on the map (shapes in :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`;
-``routes`` are :attr:`Route.code` values). Both ops have fake implementations, so
+``routes`` are :attr:`Route.code` values). On a device whose extension has no route kernel (CUDA
+today) the ops run the device's single-route kernel once per route on route-order copies
+(``cross_forward_per_route`` / ``cross_backward_per_route``), so scripted and exported models
+run there too. Both ops have fake implementations, so
 ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through them; the forward's autograd
 formula calls the backward op, which recomputes from the inputs. The kernel computes in fp32
 (fp64 for fp64 inputs): other dtypes are cast outside the op, so autograd returns every gradient
@@ -21,6 +24,7 @@ from typing import List, Optional
 import torch
 
 from .fused import _contiguous_as, _kernel_dtypes, _kernel_module
+from .routes import Route, from_route_order, to_route_order
 
 Tensor = torch.Tensor
 
@@ -46,7 +50,74 @@ def cross_selective_scan_2d_fwd(
     Inputs contiguous, u / delta / B / C of the compute dtype: u (batch, dim, H, W), delta
     (batch, K, dim, H, W), A (K * dim, N), B / C (batch, K, N, H, W), D / delta_bias (K * dim,).
     """
-    return _kernel_module(u.device).cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
+    module = _kernel_module(u.device)
+    if not hasattr(module, "cross_forward"):
+        return cross_forward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
+    return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
+
+
+def _route_inputs(u, delta, A, B, C, D, delta_bias, k: int, route: Route):
+    """Route k's single-route kernel inputs: contiguous route-order copies (batch, dim, L) /
+    (batch, 1, N, L) and its parameter rows."""
+    dim = u.shape[1]
+    rows = slice(k * dim, (k + 1) * dim)
+    return (
+        to_route_order(u, route).contiguous(),
+        to_route_order(delta[:, k], route).contiguous(),
+        A[rows].contiguous(),
+        to_route_order(B[:, k], route).unsqueeze(1).contiguous(),
+        to_route_order(C[:, k], route).unsqueeze(1).contiguous(),
+        None if D is None else D[rows].contiguous(),
+        None if delta_bias is None else delta_bias[rows].contiguous(),
+    )
+
+
+def cross_forward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32) -> Tensor:
+    """The four-route forward on a single-route kernel ``module`` (the extension's ``forward``):
+    one call per route on route-order copies, outputs mapped back and summed in route order in
+    fp32. Shapes and result as :func:`cross_selective_scan_2d_fwd`."""
+    batch, dim, height, width = u.shape
+    acc_dtype = torch.promote_types(u.dtype, torch.float32)
+    y = u.new_zeros((batch, dim, height, width), dtype=acc_dtype)
+    route_out_fp32 = acc_dtype != u.dtype  # half inputs: each route's y in fp32 for the sum
+    for k, code in enumerate(routes):
+        route = Route.from_code(code)
+        rows, cols = route.grid(height, width)
+        args = _route_inputs(u, delta, A, B, C, D, delta_bias, k, route) + (delta_softplus, rows, cols, route_out_fp32)
+        y_route = module.forward(*args, False)[0] if u.device.type == "cuda" else module.forward(*args)
+        y += from_route_order(y_route, route, height, width)
+    return y if out_fp32 else y.to(u.dtype)
+
+
+def cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy):
+    """The four-route backward on a single-route kernel ``module`` (the extension's
+    ``backward``, recomputing each route from its inputs): the route gradients mapped back to map
+    order. Returns [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None] in the compute dtype."""
+    batch, dim, height, width = u.shape
+    du = torch.zeros_like(u)
+    ddelta, dA, dB, dC = (torch.empty_like(t) for t in (delta, A, B, C))
+    dD = None if D is None else torch.empty_like(D)
+    dbias = None if delta_bias is None else torch.empty_like(delta_bias)
+    no_carries = (A.new_empty(0, dtype=torch.float32),) * 2 if u.device.type == "cuda" else ()
+    for k, code in enumerate(routes):
+        route = Route.from_code(code)
+        rows, cols = route.grid(height, width)
+        args = _route_inputs(u, delta, A, B, C, D, delta_bias, k, route)
+        dy_route = to_route_order(dy, route).contiguous()
+        g_u, g_delta, g_A, g_B, g_C, g_D, g_bias = module.backward(
+            *args, delta_softplus, rows, cols, dy_route, *no_carries
+        )
+        to_map = lambda t: from_route_order(t, route, height, width)  # noqa: E731
+        du += to_map(g_u)
+        ddelta[:, k] = to_map(g_delta)
+        dA[k * dim : (k + 1) * dim] = g_A
+        dB[:, k] = to_map(g_B[:, 0])
+        dC[:, k] = to_map(g_C[:, 0])
+        if dD is not None:
+            dD[k * dim : (k + 1) * dim] = g_D
+        if dbias is not None:
+            dbias[k * dim : (k + 1) * dim] = g_bias
+    return [du, ddelta, dA, dB, dC, dD, dbias]
 
 
 @cross_selective_scan_2d_fwd.register_fake
@@ -69,7 +140,11 @@ def cross_selective_scan_2d_bwd(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Kernel backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias), each shaped and typed like its
     input; dy (batch, dim, H, W) contiguous. dD / ddelta_bias are empty when D / delta_bias is None."""
-    grads = _kernel_module(u.device).cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
+    module = _kernel_module(u.device)
+    if hasattr(module, "cross_backward"):
+        grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
+    else:
+        grads = cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
     du, ddelta, dA, dB, dC, dD, dbias = grads
     like = (u, delta, A, B, C)
     du, ddelta, dA, dB, dC = (g.to(t.dtype) for g, t in zip((du, ddelta, dA, dB, dC), like))

@@ -9,9 +9,10 @@ write the map in place, with the route as index arithmetic (:mod:`vmamba2d.ops.r
 Backends (same names and ``auto`` rule as :func:`vmamba2d.ops.selective_scan_2d`):
 
     ``cpu``        native: the compiled CPU kernel scans every route in place.
-    ``triton``     per route: the single-route Triton kernels on route-order copies.
-    ``cuda``       per route: the single-route CUDA kernel on route-order copies (a native CUDA
-                   route kernel is not built yet; ``backend_info()["cross_scan"]`` says so).
+    ``triton``     native: the Triton route kernels scan every route in place.
+    ``cuda``       the same custom op, run per route inside it: the single-route CUDA kernel on
+                   route-order copies (no native CUDA route kernel yet;
+                   ``backend_info()["cross_scan"]`` says so).
     ``torch``, ``reference``   per route, on the backend of that name (readable; for tests).
 
 ``cross_scan_per_route`` is the per-route formulation every native backend is tested against.
@@ -30,8 +31,6 @@ from .validation import check_cross_scan_inputs
 
 Tensor = torch.Tensor
 
-# How each concrete backend runs the four-route op: "native" (routes in place) or "per-route".
-NATIVE_BACKENDS = ("cpu", "triton")
 _warned_stale: set[str] = set()
 
 
@@ -81,13 +80,13 @@ def cross_scan_per_route(
     return y.to(out_dtype)
 
 
-def _cpu_kernel_has_routes() -> bool:
-    """Whether the loaded CPU extension has the four-route kernel (a build from before the op
-    has not); warns once when it lacks it."""
-    module = _extensions.cpu_extension()
+def _kernel_has_routes(backend: str) -> bool:
+    """Whether the ``cpu`` / ``cuda`` extension has a route kernel. A CPU build from before the
+    op has none: warns once (the op then scans route by route on the single-route kernel)."""
+    module = _extensions.cpu_extension() if backend == "cpu" else _extensions.cuda_extension()
     if module is not None and hasattr(module, "cross_forward"):
         return True
-    if module is not None and "cpu" not in _warned_stale:
+    if backend == "cpu" and module is not None and "cpu" not in _warned_stale:
         _warned_stale.add("cpu")
         warnings.warn(
             "vmamba2d: the compiled CPU kernel has no four-route scan (built from older sources; "
@@ -99,21 +98,25 @@ def _cpu_kernel_has_routes() -> bool:
 
 
 def cross_scan_mode(backend: str) -> str:
-    """How the four-route op runs on a concrete backend: ``"native"`` or ``"per-route"``."""
-    if backend == "cpu" and not _cpu_kernel_has_routes():
-        return "per-route"
-    return "native" if backend in NATIVE_BACKENDS else "per-route"
+    """How the four-route op runs on a concrete backend: ``"native"`` (routes scanned in place)
+    or ``"per-route"`` (one single-route scan per route on route-order copies)."""
+    if backend in ("cpu", "cuda"):
+        return "native" if _kernel_has_routes(backend) else "per-route"
+    return "native" if backend == "triton" else "per-route"
 
 
-def _native_impl(backend: str):
-    """The native four-route implementation of ``backend`` (one of NATIVE_BACKENDS)."""
+def _op_impl(backend: str):
+    """The custom-op implementation of the four-route scan for ``backend``, or None for the
+    Python per-route formulation (``torch`` / ``reference``)."""
     if backend == "triton":
         from ._triton_cross_scan import cross_selective_scan_2d_triton
 
         return cross_selective_scan_2d_triton
-    from .cross_fused import cross_selective_scan_2d_fused
+    if backend in ("cpu", "cuda"):
+        from .cross_fused import cross_selective_scan_2d_fused
 
-    return cross_selective_scan_2d_fused
+        return cross_selective_scan_2d_fused
+    return None
 
 
 def cross_selective_scan_2d(
@@ -156,7 +159,9 @@ def cross_selective_scan_2d(
     if name in MAX_NSTATE and nstate > MAX_NSTATE[name]:
         raise ValueError(f"A has N={nstate} states; backend {name!r} supports at most N={MAX_NSTATE[name]}")
     out_dtype = u.dtype if out_dtype is None else out_dtype
-    if cross_scan_mode(name) == "native":
+    cross_scan_mode(name)  # warns once if the CPU build predates the route kernel
+    impl = _op_impl(name)
+    if impl is not None:
         codes = [r.code for r in route_tuple]
-        return _native_impl(name)(u, delta, A, B, C, D, delta_bias, delta_softplus, codes, out_dtype)
+        return impl(u, delta, A, B, C, D, delta_bias, delta_softplus, codes, out_dtype)
     return cross_scan_per_route(u, delta, A, B, C, D, delta_bias, delta_softplus, route_tuple, name, out_dtype)
