@@ -336,11 +336,10 @@ def test_gpu_backward_is_deterministic():
 # --------------------------------------------------------------------------------------------
 # Static targets of the four-route kernels (issue 19), from compiles for sm_80 / sm_90 without a
 # GPU (method in vmamba2d/ops/_triton_static.py): the backward keeps >= 12 warps resident per SM,
-# both kernels evaluate exp(dt * A) once per cell and state (counted in the TTIR), spills stay
-# within a few words. benchmarks/scan_triton_static.md records the full table.
+# both kernels evaluate exp(dt * A) once per cell and state (counted in the TTIR), ptxas reports
+# no spills. benchmarks/scan_triton_static.md records the full table.
 # --------------------------------------------------------------------------------------------
 CROSS_KERNELS = "vmamba2d.ops._triton_cross_kernels"
-SPILL_BUDGET_BYTES = 64
 
 
 @pytest.fixture
@@ -383,7 +382,7 @@ def test_four_route_kernels_meet_the_static_targets(static_figures, direction, r
     codes = static_figures.CROSS_2D if routes == "2d" else static_figures.CROSS_FLAT
     fig = static_figures.cross_kernel_figures(direction, dtype, *shape, codes, arch)
     assert fig.exps_per_cell_state == 1, fig
-    assert fig.spill_bytes <= SPILL_BUDGET_BYTES, fig
+    assert fig.spill_bytes == 0 and fig.stack_bytes == 0, fig
     if direction == "bwd":
         assert fig.warps_per_sm >= 12, fig
 

@@ -76,7 +76,7 @@ def grads(fn, inputs, dy):
 # (route set, scan, H, W, batch, dim, N, D, bias, softplus, tile or None for the default)
 CASES = [
     ("cross", "2d", 5, 7, 1, 3, 2, True, True, True, "2x4"),  # 3 x 2 tiles, edge tiles, 3 channel blocks
-    ("corners", "2d", 4, 6, 1, 3, 1, False, False, False, "2x4"),  # no D / bias; 2 blocks of 2 channels
+    ("corners", "2d", 4, 6, 1, 3, 1, False, False, False, "2x4"),  # no D / bias
     ("cross", "1d", 5, 7, 1, 3, 2, True, False, True, "2x4"),  # 5 chunks of 8 steps, the last partial
     ("corners", "1d", 3, 6, 2, 2, 1, False, True, True, None),
     ("cross", "2d", 6, 9, 1, 2, 3, True, True, True, None),  # N = 3 padded to 4, one tile
@@ -180,6 +180,20 @@ def test_fp32_inputs_and_repeatable_gradients(monkeypatch):
         assert runs[0][1][key].dtype == torch.float32, key
         torch.testing.assert_close(runs[0][1][key].double(), expected[key], rtol=1e-4, atol=1e-4, msg=key)
         assert torch.equal(runs[0][1][key], runs[1][1][key]), key
+
+
+def test_programs_of_several_channels(monkeypatch):
+    """A larger register block: 4 channels per program, the last one past dim."""
+    monkeypatch.setattr(triton_cross, "BLOCK_ELEMENTS", 1024)
+    assert triton_cross.cross_tiling(3, 1, 5, 6).block_d == 4
+    routes = route_set("cross")[:2] + route_set("corners", "1d")[2:]
+    inputs = make_cross_inputs(1, 3, 1, 5, 6, len(routes), seed=21)
+    dy = torch.randn(1, 3, 5, 6, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
+    y_ref, expected = grads(lambda **kw: reference(routes, **kw), inputs, dy)
+    y, got = grads(lambda **kw: triton_op(routes, **kw), inputs, dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-9, atol=1e-9, msg=key)
 
 
 def test_carries_are_saved_only_for_a_backward():

@@ -223,7 +223,7 @@ def _route_forward(
     u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr,
     pid, batch, d_index, chan_ok, n1, state_ok, chan3, carry_ok, carry_row, carry_col, carry_one,
     dim, nstate, height, width, n_tile_rows, n_tile_cols, n_chunks, n_slots, vslot, hsize,
-    k: tl.constexpr, CODE: tl.constexpr, NUM_ROUTES: tl.constexpr,
+    route_index, k: tl.constexpr, CODE: tl.constexpr, NUM_ROUTES: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, SAVE_CARRIES: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
     WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
@@ -232,15 +232,15 @@ def _route_forward(
     length = height * width
     chan_ok3 = chan_ok[:, None, None]
     state_ok3 = state_ok[:, None, None]
-    A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, state_ok,
+    A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, route_index, dim, nstate, d_index, chan_ok, n1, state_ok,
                                    HAS_D, HAS_BIAS, ACC)
-    route = batch * NUM_ROUTES + k
+    route = batch * NUM_ROUTES + route_index
     delta_ptr += route * dim * length
     B_ptr += route * nstate * length
     C_ptr += route * nstate * length
     state3 = (n1 * length)[:, None, None]
-    vbase = vcarry_ptr + (pid * NUM_ROUTES + k) * n_slots * vslot
-    hbase = hcarry_ptr + (pid * NUM_ROUTES + k) * hsize
+    vbase = vcarry_ptr + (pid * NUM_ROUTES + route_index) * n_slots * vslot
+    hbase = hcarry_ptr + (pid * NUM_ROUTES + route_index) * hsize
     tl.debug_barrier()  # the previous route's accumulator writes are visible to every thread
     if CODE & 8:  # flat route
         carry = tl.zeros([BLOCK_D, BLOCK_N, 1], dtype=ACC)
@@ -331,13 +331,17 @@ def cross_scan_fwd_kernel(
     carry_col = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * TILE_H + tl.arange(0, TILE_H)[None, None, :]
     carry_one = (d1[:, None, None] * BLOCK_N + n1[None, :, None])
 
-    for k in tl.static_range(NUM_ROUTES):
-        _route_forward(
-            u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr,
-            pid, batch, d_index, chan_ok, n1, state_ok, chan3, carry_ok, carry_row, carry_col, carry_one,
-            dim, nstate, height, width, n_tile_rows, n_tile_cols, n_chunks, n_slots, vslot, hsize,
-            k, (ROUTES >> (4 * k)) & 15, NUM_ROUTES, HAS_D, HAS_BIAS, SOFTPLUS, SAVE_CARRIES,
-            BLOCK_D, BLOCK_N, TILE_H, TILE_W, WIDTH_ALIGN, ACC)
+    # A run-time loop over the routes, each iteration branching to its route's compiled body: the
+    # compiler cannot hoist one route's address arithmetic into another's (fewer live registers).
+    for route_index in range(NUM_ROUTES):
+        for k in tl.static_range(NUM_ROUTES):
+            if route_index == k:
+                _route_forward(
+                    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr,
+                    pid, batch, d_index, chan_ok, n1, state_ok, chan3, carry_ok, carry_row, carry_col, carry_one,
+                    dim, nstate, height, width, n_tile_rows, n_tile_cols, n_chunks, n_slots, vslot, hsize,
+                    route_index, k, (ROUTES >> (4 * k)) & 15, NUM_ROUTES, HAS_D, HAS_BIAS, SOFTPLUS, SAVE_CARRIES,
+                    BLOCK_D, BLOCK_N, TILE_H, TILE_W, WIDTH_ALIGN, ACC)
 
 
 @triton.jit
@@ -365,7 +369,7 @@ def _add_to(ptr, offsets, value, mask):
 @triton.jit
 def _set_backward(
     u_ptr, delta_ptr, A_ptr, D_ptr, bias_ptr, dy_ptr, cb, n1, state_ok, pos, cell_ok, Bt, Ct, dim, nstate, length,
-    k: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    route_index, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     BLOCK_D: tl.constexpr, ACC: tl.constexpr,
 ):
     """What one channel set needs of a tile before its scans: (d_index, chan_ok, chan3, chan_mask,
@@ -375,7 +379,7 @@ def _set_backward(
     chan3 = (d_index * length)[:, None, None]
     chan_mask = chan_ok[:, None, None] & cell_ok[None]
     carry_ok = chan_ok[:, None, None] & state_ok[None, :, None]
-    A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, state_ok,
+    A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, route_index, dim, nstate, d_index, chan_ok, n1, state_ok,
                                    HAS_D, HAS_BIAS, ACC)
     u, dt, dz, decay, x = _step_inputs(u_ptr, delta_ptr, chan3, pos, chan_mask, cell_ok, Bt, A4, bias, SOFTPLUS, ACC)
     dy = tl.load(dy_ptr + chan3 + pos[None], mask=chan_mask, other=0.0).to(ACC)
@@ -408,7 +412,7 @@ def _route_backward(
     du_ptr, duacc_ptr, ddelta_ptr, dA_part_ptr, dB_part_ptr, dC_part_ptr, dD_part_ptr, dbias_part_ptr,
     batch, group, n1, state_ok, carry_row, carry_col, carry_one,
     dim, nstate, height, width, n_chan_blocks, n_groups, sets, n_tile_rows, n_tile_cols, n_chunks,
-    k: tl.constexpr, CODE: tl.constexpr, NUM_ROUTES: tl.constexpr,
+    route_index, k: tl.constexpr, CODE: tl.constexpr, NUM_ROUTES: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
     WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
@@ -417,7 +421,7 @@ def _route_backward(
     order, the program's channel sets one after another within each tile."""
     length = height * width
     state_ok3 = state_ok[:, None, None]
-    route = batch * NUM_ROUTES + k
+    route = batch * NUM_ROUTES + route_index
     delta_ptr += route * dim * length
     ddelta_ptr += route * dim * length
     B_ptr += route * nstate * length
@@ -445,13 +449,13 @@ def _route_backward(
                 block = first_block + s
                 d_index, chan_ok, chan3, chan_mask, carry_ok, A4, skip, u, dt, dz, dy, decay, x, grad_out = \
                     _set_backward(u_ptr, delta_ptr, A_ptr, D_ptr, bias_ptr, dy_ptr, group * sets + s, n1, state_ok,
-                                  pos, cell_ok, Bt, Ct, dim, nstate, length, k, HAS_D, HAS_BIAS, SOFTPLUS, BLOCK_D,
+                                  pos, cell_ok, Bt, Ct, dim, nstate, length, route_index, HAS_D, HAS_BIAS, SOFTPLUS, BLOCK_D,
                                   ACC)
                 adj_slot = hadj_ptr + block * hslot + carry_one
                 tl.debug_barrier()
                 adj = tl.load(adj_slot, mask=carry_ok & (rc > 0), other=0.0)
                 tl.debug_barrier()
-                carry = tl.load(hcarry_ptr + (block * NUM_ROUTES + k) * route_hcarry + chunk * BLOCK_D * BLOCK_N
+                carry = tl.load(hcarry_ptr + (block * NUM_ROUTES + route_index) * route_hcarry + chunk * BLOCK_D * BLOCK_N
                                 + carry_one, mask=carry_ok, other=0.0)
                 h = _pass(decay, x, carry, 3, False)
                 dC_tile += tl.sum(h * dy[:, None], axis=0)
@@ -484,7 +488,7 @@ def _route_backward(
                     block = first_block + s
                     d_index, chan_ok, chan3, chan_mask, carry_ok, A4, skip, u, dt, dz, dy, decay, x, grad_out = \
                         _set_backward(u_ptr, delta_ptr, A_ptr, D_ptr, bias_ptr, dy_ptr, group * sets + s, n1,
-                                      state_ok, pos, cell_ok, Bt, Ct, dim, nstate, length, k, HAS_D, HAS_BIAS,
+                                      state_ok, pos, cell_ok, Bt, Ct, dim, nstate, length, route_index, HAS_D, HAS_BIAS,
                                       SOFTPLUS, BLOCK_D, ACC)
                     vadj_slot = vadj_ptr + block * vslot + carry_row + tc * TILE_W
                     hadj_slot = hadj_ptr + block * hslot + carry_col
@@ -492,9 +496,9 @@ def _route_backward(
                     vadj = tl.load(vadj_slot, mask=carry_ok & (rr_back > 0), other=0.0)
                     hadj = tl.load(hadj_slot, mask=carry_ok & (cc_back > 0), other=0.0)
                     tl.debug_barrier()
-                    vcarry = tl.load(vcarry_ptr + (block * NUM_ROUTES + k) * route_vcarry + rr * vslot + carry_row
+                    vcarry = tl.load(vcarry_ptr + (block * NUM_ROUTES + route_index) * route_vcarry + rr * vslot + carry_row
                                      + tc * TILE_W, mask=carry_ok & (rr > 0), other=0.0)
-                    hcarry = tl.load(hcarry_ptr + (block * NUM_ROUTES + k) * route_hcarry
+                    hcarry = tl.load(hcarry_ptr + (block * NUM_ROUTES + route_index) * route_hcarry
                                      + (tr * n_tile_cols + tc) * hslot + carry_col, mask=carry_ok, other=0.0)
                     if CODE & 4:  # columns first
                         first = _pass(decay, x, vcarry, 2, REV_V)
@@ -567,11 +571,14 @@ def cross_scan_bwd_kernel(
     carry_col = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * TILE_H + tl.arange(0, TILE_H)[None, None, :]
     carry_one = (d1[:, None, None] * BLOCK_N + n1[None, :, None])
 
-    for k in tl.static_range(NUM_ROUTES):
-        _route_backward(
-            u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dy_ptr, vcarry_ptr, hcarry_ptr, vadj_ptr, hadj_ptr,
-            du_ptr, duacc_ptr, ddelta_ptr, dA_part_ptr, dB_part_ptr, dC_part_ptr, dD_part_ptr, dbias_part_ptr,
-            batch, group, n1, state_ok, carry_row, carry_col, carry_one,
-            dim, nstate, height, width, n_chan_blocks, n_groups, sets, n_tile_rows, n_tile_cols, n_chunks,
-            k, (ROUTES >> (4 * k)) & 15, NUM_ROUTES, HAS_D, HAS_BIAS, SOFTPLUS,
-            BLOCK_D, BLOCK_N, TILE_H, TILE_W, WIDTH_ALIGN, ACC)
+    # Run-time route loop branching to each route's body (see cross_scan_fwd_kernel).
+    for route_index in range(NUM_ROUTES):
+        for k in tl.static_range(NUM_ROUTES):
+            if route_index == k:
+                _route_backward(
+                    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dy_ptr, vcarry_ptr, hcarry_ptr, vadj_ptr,
+                    hadj_ptr, du_ptr, duacc_ptr, ddelta_ptr, dA_part_ptr, dB_part_ptr, dC_part_ptr, dD_part_ptr,
+                    dbias_part_ptr, batch, group, n1, state_ok, carry_row, carry_col, carry_one,
+                    dim, nstate, height, width, n_chan_blocks, n_groups, sets, n_tile_rows, n_tile_cols, n_chunks,
+                    route_index, k, (ROUTES >> (4 * k)) & 15, NUM_ROUTES, HAS_D, HAS_BIAS, SOFTPLUS,
+                    BLOCK_D, BLOCK_N, TILE_H, TILE_W, WIDTH_ALIGN, ACC)

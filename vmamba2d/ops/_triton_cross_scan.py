@@ -33,10 +33,10 @@ CROSS_BWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_bwd"
 CROSS_KERNELS_MODULE = "vmamba2d.ops._triton_cross_kernels"
 # Elements of one [channels, states, rows, cols] register block (the same tiling in both
 # directions: the backward reads the carries the forward saved), warps per program and the
-# backward's register cap: 168 registers x 4 warps leaves room for 3 programs (12 warps) per SM
-# on sm_80 / sm_90. Chosen from compiles without a GPU (tests/test_scan_triton.py holds the
-# figures); not timed on a GPU.
-BLOCK_ELEMENTS = 512
+# backward's register cap. 256 elements over 4 warps (2 per thread) with the cap at 168 registers
+# leave room for 3 backward programs (12 warps) per SM on sm_80 / sm_90 without spills; chosen
+# from compiles without a GPU (tests/test_scan_triton.py holds the figures), not timed on a GPU.
+BLOCK_ELEMENTS = 256
 FWD_WARPS = 4
 BWD_WARPS = 4
 BWD_MAX_REGISTERS = 168

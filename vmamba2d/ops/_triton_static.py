@@ -3,8 +3,9 @@
 Triton's front end, LLVM and the ptxas bundled with triton compile a kernel for a target such as
 ``GPUTarget("cuda", 90, 32)`` with no device present. From the result this module reads:
 
-* registers per thread, spill (local-memory) bytes and shared memory: ``cuobjdump
-  --dump-resource-usage`` on the cubin (REG, LOCAL / STACK) and Triton's shared-memory metadata;
+* registers per thread and stack frame: ``cuobjdump --dump-resource-usage`` on the cubin (REG,
+  STACK); spill stores: ptxas's own report (``-v``, which Triton runs; its log is captured);
+  shared memory: Triton's metadata;
 * resident warps per SM: the occupancy rule of the architecture (registers allocated per warp in
   units of 256, 64 K registers, 64 warps, 32 blocks and 164 KB (sm_80) / 228 KB (sm_90) of shared
   memory per SM, 1 KB reserved per block);
@@ -20,6 +21,8 @@ static figures: no kernel is run and no time is measured.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import subprocess
 import tempfile
@@ -51,6 +54,7 @@ class KernelFigures:
     num_warps: int
     registers: int
     spill_bytes: int
+    stack_bytes: int
     shared_bytes: int
     warps_per_sm: int
     block_exps: int
@@ -124,7 +128,20 @@ def compile_for(kernel, scalars: Dict[str, int], constexprs: Dict[str, object], 
                     attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps} if max_registers is None else {"num_warps": num_warps, "maxnreg": max_registers}
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    log = io.StringIO()
+    knobs = triton.knobs
+    previous = knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile
+    knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile = True, True  # ptxas runs and reports
+    try:
+        with contextlib.redirect_stdout(log):
+            compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    finally:
+        knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile = previous
+    spills = re.findall(r"(\d+) bytes spill stores", log.getvalue())
+    if not spills:
+        raise RuntimeError(f"ptxas printed no report for {kernel.__name__}")
+    compiled.spill_store_bytes = int(spills[-1])
+    return compiled
 
 
 def _figures(name: str, compiled, arch: int, num_warps: int, block_shapes: List[tuple], routes: int) -> KernelFigures:
@@ -132,7 +149,7 @@ def _figures(name: str, compiled, arch: int, num_warps: int, block_shapes: List[
     shared = int(compiled.metadata.shared)
     return KernelFigures(
         kernel=name, arch=arch, num_warps=num_warps, registers=usage["REG"],
-        spill_bytes=usage.get("LOCAL", 0) + usage.get("STACK", 0), shared_bytes=shared,
+        spill_bytes=compiled.spill_store_bytes, stack_bytes=usage.get("STACK", 0), shared_bytes=shared,
         warps_per_sm=resident_warps(usage["REG"], num_warps, shared, arch),
         block_exps=_block_exps(compiled.asm["ttir"], block_shapes), routes=routes,
     )
@@ -211,12 +228,12 @@ def report_rows(archs=(80, 90)) -> List[Dict[str, object]]:
 
 
 def markdown_table(rows: List[Dict[str, object]]) -> str:
-    lines = ["| shape | kernel | routes | arch | warps | registers | spill bytes | shared bytes | warps / SM "
-             "| exps / cell·state |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | kernel | routes | arch | warps | registers | spill stores (B) | stack (B) | shared (B) "
+             "| warps / SM | exps / cell·state |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         f: KernelFigures = row["figures"]  # type: ignore[assignment]
         lines.append(f"| {row['shape']} | {f.kernel} | {row['routes']} | sm_{f.arch} | {f.num_warps} | {f.registers} "
-                     f"| {f.spill_bytes} | {f.shared_bytes} | {f.warps_per_sm} | {f.exps_per_cell_state:g} |")
+                     f"| {f.spill_bytes} | {f.stack_bytes} | {f.shared_bytes} | {f.warps_per_sm} | {f.exps_per_cell_state:g} |")
     return "\n".join(lines)
 
 
