@@ -122,62 +122,70 @@ struct Plane {
   int64_t plane;
 };
 
-SS2D_HD SS2D_INLINE int64_t plane_offset(const Geometry& g, const Plane& pl, const TileCell& cell) {
-  return (cell.batch * pl.planes + pl.plane) * g.length + cell.pos;
-}
-
 // Where the quad (r, c0 .. c0 + kQuad - 1) of tile (ti, tj) lives, worked out once per quad and
 // tile phase and shared by every plane the phase accesses there (B, C of each state, u, delta, y,
-// ... of each channel): whether its four cells are real and in one map row (hence consecutive in
-// memory), and the batch entry and map position of its first cell. A plane's offset is then one
-// multiply-add; quads at map edges or across pack boundaries take the per-cell path.
+// ... of each channel): the batch entry and map position of its first cell, which cells are real,
+// and for each cell how many pack boundaries (packed small maps) lie between it and the first.
+// Cell k is then, in a plane, at the first cell's offset + k, moved packs_k batch entries on and
+// packs_k * seg_w columns back: no per-cell division or validity test at the accesses.
 struct QuadPlace {
-  bool one_row;
   int64_t batch;
   int64_t pos;
+  uint32_t real;   // bit k: cell c0 + k is a real cell
+  uint32_t packs;  // 2 bits per cell k (bits 2k, 2k + 1): pack boundaries between cell 0 and k
 };
 
 SS2D_HD SS2D_INLINE QuadPlace quad_place(const Geometry& g, int bb, int ti, int tj, int r, int c0) {
   const TileCell first = tile_cell(g, bb, ti, tj, r, c0);
-  const TileCell last = tile_cell(g, bb, ti, tj, r, c0 + kQuad - 1);
-  return QuadPlace{first.valid && last.valid && first.batch == last.batch, first.batch, first.pos};
+  const int first_pack = small_div(c0, g.magic_w);
+  QuadPlace at{first.batch, first.pos, 0u, 0u};
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    at.real |= tile_cell(g, bb, ti, tj, r, c0 + k).valid ? 1u << k : 0u;
+    at.packs |= static_cast<uint32_t>(small_div(c0 + k, g.magic_w) - first_pack) << (2 * k);
+  }
+  return at;
 }
+
+// All four cells real and in one map row: consecutive in memory.
+SS2D_HD SS2D_INLINE bool one_row(const QuadPlace& at) { return at.real == (1u << kQuad) - 1 && at.packs == 0; }
 
 SS2D_HD SS2D_INLINE int64_t quad_offset(const Geometry& g, const Plane& pl, const QuadPlace& at) {
   return (at.batch * pl.planes + pl.plane) * g.length + at.pos;
 }
 
+SS2D_HD SS2D_INLINE int64_t cell_offset(const Geometry& g, const Plane& pl, const QuadPlace& at, int64_t first,
+                                        int k) {
+  const int64_t packs = (at.packs >> (2 * k)) & 3u;
+  return first + k + packs * (pl.planes * g.length - g.seg_w);
+}
+
 // Loads a quad as fp32 into out (0 on padding cells); returns the mask of real cells (bit k: cell
 // c0 + k). One vector access when the quad is in one map row and aligned; otherwise (map edges,
-// pack boundaries, misaligned rows) cell by cell.
+// pack boundaries, misaligned rows) one scalar access per real cell.
 template <class T, class Ctx, class View>
 SS2D_HD SS2D_INLINE uint32_t load_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
-                                       const QuadPlace& at, int bb, int ti, int tj, int r, int c0,
-                                       float (&out)[kQuad]) {
+                                       const QuadPlace& at, float (&out)[kQuad]) {
   const int64_t off = quad_offset(g, pl, at);
-  if (at.one_row && ctx.vector_aligned(src, off)) {
+  if (one_row(at) && ctx.vector_aligned(src, off)) {
     const Vec4<T> v = ctx.load_vector(src, off);
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) out[k] = Element<T>::load(v.v[k]);
-    return (1u << kQuad) - 1;
+    return at.real;
   }
-  uint32_t mask = 0;
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
-    const TileCell cell = tile_cell(g, bb, ti, tj, r, c0 + k);
-    out[k] = cell.valid ? Element<T>::load(src[plane_offset(g, pl, cell)]) : 0.f;
-    mask |= cell.valid ? 1u << k : 0u;
+    out[k] = ((at.real >> k) & 1u) ? Element<T>::load(src[cell_offset(g, pl, at, off, k)]) : 0.f;
   }
-  return mask;
+  return at.real;
 }
 
 // Stores the real cells of a quad (element type V: T, or fp32 for an fp32 y).
 template <class V, class Ctx, class View>
 SS2D_HD SS2D_INLINE void store_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
-                                    const QuadPlace& at, int bb, int ti, int tj, int r, int c0,
-                                    const float (&vals)[kQuad]) {
+                                    const QuadPlace& at, const float (&vals)[kQuad]) {
   const int64_t off = quad_offset(g, pl, at);
-  if (at.one_row && ctx.vector_aligned(dst, off)) {
+  if (one_row(at) && ctx.vector_aligned(dst, off)) {
     Vec4<V> v;
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) v.v[k] = Element<V>::store(vals[k]);
@@ -186,8 +194,7 @@ SS2D_UNROLL
   }
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
-    const TileCell cell = tile_cell(g, bb, ti, tj, r, c0 + k);
-    if (cell.valid) dst[plane_offset(g, pl, cell)] = Element<V>::store(vals[k]);
+    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] = Element<V>::store(vals[k]);
   }
 }
 
@@ -195,10 +202,9 @@ SS2D_UNROLL
 // read-modify-write where the quad is in one map row and aligned, else per real cell.
 template <class Ctx, class View>
 SS2D_HD SS2D_INLINE void add_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
-                                  const QuadPlace& at, int bb, int ti, int tj, int r, int c0,
-                                  const float (&vals)[kQuad]) {
+                                  const QuadPlace& at, const float (&vals)[kQuad]) {
   const int64_t off = quad_offset(g, pl, at);
-  if (at.one_row && ctx.vector_aligned(dst, off)) {
+  if (one_row(at) && ctx.vector_aligned(dst, off)) {
     Vec4<float> v = ctx.load_vector(dst, off);
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) v.v[k] += vals[k];
@@ -207,8 +213,7 @@ SS2D_UNROLL
   }
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
-    const TileCell cell = tile_cell(g, bb, ti, tj, r, c0 + k);
-    if (cell.valid) dst[plane_offset(g, pl, cell)] += vals[k];
+    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] += vals[k];
   }
 }
 
@@ -313,7 +318,7 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
 SS2D_UNROLL
         for (int j = 0; j < kMaxWarps; ++j) {
           if (j < wpc && round * wpc + j < nstate) {
-            load_quad<T>(ctx, g, Bg, bc_plane(g, group, round * wpc + j), at, bb, ti, tj, r, c0, bq[j]);
+            load_quad<T>(ctx, g, Bg, bc_plane(g, group, round * wpc + j), at, bq[j]);
           }
         }
         for (int s = 0; s < channels; ++s) {
@@ -322,8 +327,8 @@ SS2D_UNROLL
           if (round == 0) {
             const Plane pl{g.dim, d};
             float dq[kQuad];
-            const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, bb, ti, tj, r, c0, dq);
-            load_quad<T>(ctx, g, u, pl, at, bb, ti, tj, r, c0, uq);
+            const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
+            load_quad<T>(ctx, g, u, pl, at, uq);
             const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
             const float dskip = p.D ? p.D[d] : 0.f;
 SS2D_UNROLL
@@ -448,7 +453,7 @@ SS2D_UNROLL
           const int n = round * wpc + j;
           if (j >= wpc || n >= nstate) continue;
           float cq[kQuad];
-          load_quad<T>(ctx, g, Cg, bc_plane(g, group, n), at, bb, ti, tj, r, c0, cq);
+          load_quad<T>(ctx, g, Cg, bc_plane(g, group, n), at, cq);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             if (s >= channels) continue;
@@ -468,9 +473,9 @@ SS2D_UNROLL
           }
           const Plane pl{g.dim, d0 + s};
           if (p.y_fp32) {
-            store_quad<float>(ctx, g, y32, pl, at, bb, ti, tj, r, c0, yq[s]);
+            store_quad<float>(ctx, g, y32, pl, at, yq[s]);
           } else {
-            store_quad<T>(ctx, g, yT, pl, at, bb, ti, tj, r, c0, yq[s]);
+            store_quad<T>(ctx, g, yT, pl, at, yq[s]);
           }
         }
       });
@@ -580,12 +585,12 @@ SS2D_UNROLL
               const int d = d0 + s;
               const Plane pl{g.dim, d};
               float dq[kQuad], uq[kQuad], dyq[kQuad];
-              const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, bb, ti, tj, r, c0, dq);
-              if (full) load_quad<T>(ctx, g, u, pl, at, bb, ti, tj, r, c0, uq);
+              const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
+              if (full) load_quad<T>(ctx, g, u, pl, at, uq);
               if (p.dy_fp32) {
-                load_quad<float>(ctx, g, dy32, pl, at, bb, ti, tj, r, c0, dyq);
+                load_quad<float>(ctx, g, dy32, pl, at, dyq);
               } else {
-                load_quad<T>(ctx, g, dyT, pl, at, bb, ti, tj, r, c0, dyq);
+                load_quad<T>(ctx, g, dyT, pl, at, dyq);
               }
               const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
 SS2D_UNROLL
@@ -603,9 +608,9 @@ SS2D_UNROLL
             if (j >= wpc || n >= nstate) continue;
             const Plane bpl = bc_plane(g, group, n);
             float bq[kQuad], cq[kQuad];
-            load_quad<T>(ctx, g, Cg, bpl, at, bb, ti, tj, r, c0, cq);
+            load_quad<T>(ctx, g, Cg, bpl, at, cq);
             if (full) {
-              load_quad<T>(ctx, g, Bg, bpl, at, bb, ti, tj, r, c0, bq);
+              load_quad<T>(ctx, g, Bg, bpl, at, bq);
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[k];
             }
@@ -804,8 +809,8 @@ SS2D_UNROLL
               }
             }
             const Plane bpl = bc_plane(g, group, n);
-            add_quad(ctx, g, dB, bpl, at, bb, ti, tj, r, c0, db);
-            add_quad(ctx, g, dC, bpl, at, bb, ti, tj, r, c0, dc);
+            add_quad(ctx, g, dB, bpl, at, db);
+            add_quad(ctx, g, dC, bpl, at, dc);
           }
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
@@ -835,8 +840,8 @@ SS2D_UNROLL
               part[ctx.thread_slot(t)][1][s] += ddq[k];
             }
             const Plane pl{g.dim, d};
-            store_quad<T>(ctx, g, du_g, pl, at, bb, ti, tj, r, c0, duq);
-            store_quad<T>(ctx, g, ddelta_g, pl, at, bb, ti, tj, r, c0, ddq);
+            store_quad<T>(ctx, g, du_g, pl, at, duq);
+            store_quad<T>(ctx, g, ddelta_g, pl, at, ddq);
           }
         });
         // No barrier: the next round's (or tile's) A rewrites only cells this thread itself read.
