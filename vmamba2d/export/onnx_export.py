@@ -4,7 +4,7 @@ Needs the ``onnx`` extra (``pip install "vmamba2d[onnx]"``: onnx, onnxscript, on
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -22,7 +22,13 @@ class MissingOnnxExtraError(ImportError):
 
 def missing_onnx_packages() -> List[str]:
     """The packages of the ``onnx`` extra that cannot be imported."""
-    return [name for name in ONNX_PACKAGES if importlib.util.find_spec(name) is None]
+    missing = []
+    for name in ONNX_PACKAGES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def require_onnx_extra() -> None:
@@ -37,6 +43,19 @@ def require_onnx_extra() -> None:
 
 def _per_route_scans(model: nn.Module) -> bool:
     return any(getattr(m, "cross_scan", None) == "per_route" for m in model.modules())
+
+
+def _example_size(model: nn.Module, img_size: Tuple[int, int], dynamic_size: bool) -> Tuple[int, int]:
+    """The input size to trace at: ``img_size``, raised for a dynamic export until every stage's
+    map is at least 2 x 2 (a size-1 map traces as a constant 1 and the graph breaks at other sizes)."""
+    if not dynamic_size:
+        return img_size
+    info = getattr(model, "feature_info", None)
+    if info is None:
+        raise TypeError(f"dynamic_size needs a model with feature_info (stage reductions), got {type(model).__name__}")
+    reductions = info.reduction() if hasattr(info, "reduction") else [stage["reduction"] for stage in info]
+    side = 2 * max(reductions)
+    return max(img_size[0], side), max(img_size[1], side)
 
 
 def _dynamic_shapes(dynamic_size: bool) -> tuple:
@@ -81,7 +100,8 @@ def export_onnx(
     path = Path(path)
     model = model.eval().cpu()
     # Batch 2, not 1: torch.export specialises a size-1 dimension instead of keeping it dynamic.
-    example = torch.randn(2, in_chans, height, width, generator=torch.Generator().manual_seed(0))
+    example = torch.randn(2, in_chans, *_example_size(model, (height, width), dynamic_size),
+                          generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         program = torch.onnx.export(
             model, (example,), dynamo=True, custom_translation_table=translation_table(),

@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""Export a model of the zoo to a standard ONNX file (runs in onnxruntime, TensorRT, OpenVINO).
+
+Examples:
+
+    python tools/export_onnx.py vmamba2d_tiny out/vmamba2d_tiny.onnx --check
+    python tools/export_onnx.py vmamba_small out/vmamba_s.onnx --checkpoint w.pth --dynamic --check
+    python tools/export_onnx.py vmamba2d_tiny out/backbone.onnx --features-only --img-size 512 512
+    python tools/export_onnx.py vmamba2d_tiny out/ft.onnx --checkpoint ft.pth --model-kwargs num_classes=10
+
+The file takes ``image`` (batch, 3, H, W) with a dynamic batch; H and W are fixed at --img-size
+unless --dynamic. The scan ops are written with standard ONNX operators (no custom domain, no
+plugin). The export runs ``onnx.checker``; --check also runs onnxruntime on random images (batch
+1 and 2, and another size with --dynamic) and prints the max relative error against eager
+PyTorch, exiting with status 1 above 1e-4. Needs the onnx extra: pip install "vmamba2d[onnx]".
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from vmamba2d.export.onnx_export import (  # noqa: E402
+    MissingOnnxExtraError, export_onnx, max_relative_error, onnx_session, require_onnx_extra,
+)
+from vmamba2d.training.options import parse_key_values  # noqa: E402
+
+TOLERANCE = 1e-4  # max relative error of --check (fp32)
+MODEL_PREFIXES = ("vmamba2d_", "vmamba_")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="model name, e.g. vmamba2d_tiny or vmamba_base")
+    parser.add_argument("out", help="ONNX file to write")
+    parser.add_argument("--img-size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"),
+                        help="input height and width (default 224 224)")
+    parser.add_argument("--checkpoint", default=None, help="weights to load (as timm's pretrained file)")
+    parser.add_argument("--model-kwargs", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="model arguments, values as YAML (e.g. num_classes=10 routes=corners)")
+    parser.add_argument("--features-only", action="store_true", help="export the backbone's four stage maps")
+    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's)")
+    parser.add_argument("--dynamic", action="store_true", help="dynamic height and width (batch is always dynamic)")
+    parser.add_argument("--check", action="store_true",
+                        help="run onnxruntime on random images and compare with eager PyTorch")
+    args = parser.parse_args(argv)
+    if not args.model.startswith(MODEL_PREFIXES):
+        parser.error(f"model must be one of the zoo's vmamba2d_* / vmamba_* models, got {args.model!r}")
+    if min(args.img_size) < 1:
+        parser.error(f"--img-size must be two positive ints (H W), got {args.img_size}")
+    if args.checkpoint is not None and not Path(args.checkpoint).is_file():
+        parser.error(f"--checkpoint must be an existing file, got {args.checkpoint!r}")
+    try:
+        args.model_kwargs = parse_key_values(args.model_kwargs, "--model-kwargs")
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def create_model(args: argparse.Namespace) -> torch.nn.Module:
+    """The timm model named by ``args.model`` (eval mode) with ``args.checkpoint`` loaded."""
+    import timm
+
+    import vmamba2d.models  # noqa: F401  (registers the models with timm)
+
+    kwargs = dict(args.model_kwargs, **({"features_only": True} if args.features_only else {}))
+    if args.checkpoint is not None:
+        kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=args.checkpoint))
+    if args.model not in timm.list_models(MODEL_PREFIXES[0] + "*") + timm.list_models(MODEL_PREFIXES[1] + "*"):
+        raise SystemExit(f"error: unknown model {args.model!r}")
+    return timm.create_model(args.model, **kwargs).eval()
+
+
+def check(model: torch.nn.Module, path: Path, img_size: tuple[int, int], dynamic: bool) -> float:
+    """Max relative error of the file against ``model`` on random images; prints one line each."""
+    height, width = img_size
+    cases = [(1, height, width), (2, height, width)]
+    if dynamic:
+        cases.append((1, height + 32, width + 16))
+    session = onnx_session(path)
+    generator = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for batch, h, w in cases:
+        images = torch.randn(batch, 3, h, w, generator=generator)
+        error = max_relative_error(model, path, images, session)
+        print(f"onnxruntime vs eager, batch {batch}, {h}x{w}: max relative error {error:.2e}")
+        worst = max(worst, error)
+    return worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        require_onnx_extra()
+    except MissingOnnxExtraError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    model = create_model(args)
+    start = time.perf_counter()
+    path = export_onnx(model, args.out, tuple(args.img_size), dynamic_size=args.dynamic, opset=args.opset)
+    seconds = time.perf_counter() - start
+    size = "dynamic" if args.dynamic else f"{args.img_size[0]}x{args.img_size[1]}"
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) in {seconds:.1f} s: "
+          f"input 'image' (batch, 3, H, W), batch dynamic, H x W {size}; onnx.checker passed")
+    if args.check:
+        worst = check(model, path, tuple(args.img_size), args.dynamic)
+        if worst > TOLERANCE:
+            print(f"error: max relative error {worst:.2e} above {TOLERANCE:g}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
