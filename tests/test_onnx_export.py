@@ -17,7 +17,7 @@ import vmamba2d.models  # noqa: F401  (registers the models with timm)
 from vmamba2d.export.onnx_export import INPUT_NAME, export_onnx, max_relative_error, onnx_session
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = dict(depths=(1, 1, 1, 1), dims=16)
+SMALL = dict(depths=(1, 1), dims=16)  # two stages: small graphs, quick exports
 TOLERANCE = 1e-4
 
 
@@ -54,10 +54,10 @@ def test_dynamic_export_matches_eager_on_square_and_non_square_inputs(dynamic_ex
 
 
 def test_fixed_size_features_only_export_matches_and_rejects_other_sizes(tmp_path):
-    model = create("vmamba2d_tiny", features_only=True)
+    model = create("vmamba2d_tiny", features_only=True, out_indices=(0, 1))
     path = export_onnx(model, tmp_path / "backbone.onnx", (48, 80))
     session = onnx_session(path)
-    assert len(session.get_outputs()) == 4
+    assert len(session.get_outputs()) == 2
     assert max_relative_error(model, None, images(2, 48, 80), session) <= TOLERANCE
     assert max_relative_error(model, None, images(5, 48, 80), session) <= TOLERANCE
     with pytest.raises(onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument, match="dimensions"):
@@ -84,7 +84,7 @@ def test_cli_exports_a_checkpoint_and_checks_it(tmp_path, capsys):
     out = tmp_path / "model.onnx"
     code = load_tool("export_onnx").main([
         "vmamba_tiny", str(out), "--img-size", "32", "40", "--checkpoint", str(checkpoint),
-        "--model-kwargs", "depths=[1,1,1,1]", "dims=16", "--check",
+        "--model-kwargs", "depths=[1,1]", "dims=16", "--check",
     ])
     printed = capsys.readouterr().out
     assert code == 0
