@@ -236,5 +236,6 @@ setup(
         ],
         "mil": ["h5py>=3", "scikit-learn>=1.2", "scikit-survival>=0.22"],
         "dev": ["pytest>=7", "build>=1"],
+        "onnx": ["onnx>=1.23", "onnxscript>=0.7", "onnx-ir>=1.1", "onnxruntime>=1.32"],
     },
 )
