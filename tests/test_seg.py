@@ -349,7 +349,7 @@ def test_upernet_2dvmamba_tiny_flops_at_512x2048_match_the_paper():
     # Di = dim (ssm_ratio 1), N = 1, L = (512 / stride) x (2048 / stride), dims 96..768, depths 2, 2, 8, 2
     expected_scan = sum(depth * 4 * 16 * (512 // stride) * (2048 // stride) * dim
                         for depth, stride, dim in zip((2, 2, 8, 2), (4, 8, 16, 32), (96, 192, 384, 768)))
-    assert result["flops_by_operator"]["selective_scan_2d_fwd"] == expected_scan
+    assert result["flops_by_operator"]["cross_selective_scan_2d_fwd"] == expected_scan  # one four-route op per block
 
 
 def test_optimizer_excludes_norms_and_ssm_parameters_from_weight_decay():

@@ -112,7 +112,7 @@ def test_get_flops_tool_counts_the_scan_like_seg_get_flops(tmp_path, monkeypatch
     cfg.merge_from_dict(dict(model=TINY_MODEL))
     with DefaultScope.overwrite_default_scope("mmseg"):
         reference = segmentor_complexity(MODELS.build(cfg.model), (64, 96))  # fvcore + our scan handle
-    scan = reference["flops_by_operator"]["selective_scan_2d_fwd"]
+    scan = reference["flops_by_operator"]["cross_selective_scan_2d_fwd"]
     # the scan is a visible share of the total: without its handle the printed number would differ
     assert _format_size(reference["flops"] - scan) != _format_size(reference["flops"])
     assert f"Flops: {_format_size(reference['flops'])}\n" in printed

@@ -55,7 +55,8 @@ def flops_by_operator(model: nn.Module, input_size: Sequence[int] = (3, 224, 224
         input_size: (channels, height, width).
     Returns:
         {operator name: flops} (one multiply-add = one flop; see the module docstring); the scan
-        appears as ``selective_scan_2d_fwd``.
+        appears as ``cross_selective_scan_2d_fwd`` (the models' four-route op) or
+        ``selective_scan_2d_fwd``.
     Raises:
         ValueError for a bad ``input_size``; RuntimeError when the compiled scan kernel is missing
         or when the trace contains no scan although the model has scan modules.
