@@ -167,7 +167,7 @@ def test_benchmark_tool_names_grids_too_small_for_the_motifs(tmp_path, capsys):
 def test_benchmark_tool_reference_settings_reach_the_model_config(tmp_path):
     tool = _load_tool()
     argv = ["--min-size", "12", "--max-size", "14", "--train", "4", "--val", "2", "--test", "2",
-            "--epochs", "1", "--models", "raster", "abmil", "--reference-settings",
+            "--epochs", "1", "--models", "raster", "abmil", "mambamil_sr", "--reference-settings",
             "--work", str(tmp_path / "work"), "--out", str(tmp_path / "table.md")]
     assert tool.main(argv) == 0
     def model_kwargs(row):
@@ -175,4 +175,5 @@ def test_benchmark_tool_reference_settings_reach_the_model_config(tmp_path):
 
     assert model_kwargs("raster") == dict(dim=32, d_state=8, expand=2, num_blocks=1, scan="raster",
                                           init="mamba", mask_pad=False)
-    assert model_kwargs("abmil") == dict(dim=32)
+    assert model_kwargs("abmil") == dict(dim=32, act="gelu", init="xavier")  # the variant measured
+    assert model_kwargs("mambamil_sr") == dict(dim=32, d_state=8, expand=2, num_blocks=1, init="mamba")

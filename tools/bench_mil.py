@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""MIL throughput at the paper's Table 3 sizes: 2DMambaMIL (2D scan) against the 1D MambaMIL.
+"""MIL throughput at the paper's Table 3 sizes: 2DMambaMIL (2D scan) against the 1D MambaMIL and
+the paper's other baselines.
 
 One slide per step (batch 1, as in the paper) whose H x W grid is fully occupied by tissue
-(14x14, 56x56, 200x200 by default), 128-d input features, model width 128, N = 16 states, one
-block, for ``MambaMIL2D`` and ``MambaMIL`` (the same block on the 1 x L raster sequence) in the
-same run. "fwd" = inference (eval mode, torch.inference_mode); "fwd+bwd" = training-mode forward,
+(14x14, 56x56, 200x200 by default), 128-d input features. The Mamba models (``MambaMIL2D``,
+``MambaMIL`` = the same block on the 1 x L raster sequence, ``mambamil_sr``) run with model width
+--dim (128), N = --d-state (16), one block; the other baselines (``--models abmil clam_sb dsmil
+transmil s4mil``) at their default (official) sizes. "fwd" = inference (eval mode, torch.inference_mode); "fwd+bwd" = training-mode forward,
 cross-entropy and backward (no optimizer step). Time: median of --repeats runs after --warmup
 runs, the two models' runs interleaved so that load from other processes hits them alike; slides/s
 = 1 / median. Peak memory: tensor memory alive at once during one step above the inputs and
@@ -36,7 +38,10 @@ from bench_scan import git_commit, machine_description, peak_bytes, timed  # noq
 from vmamba2d.mil.models import build_model  # noqa: E402
 from vmamba2d.ops import backend_info  # noqa: E402
 
-MODEL_LABELS = {"mambamil2d": "2DMambaMIL (2D scan)", "mambamil": "MambaMIL (1D scan)"}
+MODEL_LABELS = {"mambamil2d": "2DMambaMIL (2D scan)", "mambamil": "MambaMIL (1D scan)",
+                "mambamil_sr": "MambaMIL, SRMamba (1D scan x 2)", "abmil": "ABMIL", "clam_sb": "CLAM-SB",
+                "dsmil": "DSMIL", "transmil": "TransMIL", "s4mil": "S4MIL"}
+MAMBA_MODELS = ("mambamil2d", "mambamil", "mambamil_sr")
 PAPER_THROUGHPUT = {  # paper Table 3, inference, feature maps per second (GPU not named)
     ("mambamil", 14): 894, ("mambamil", 56): 752, ("mambamil", 200): 203,
     ("mambamil2d", 14): 655, ("mambamil2d", 56): 625, ("mambamil2d", 200): 185,
@@ -93,8 +98,9 @@ def run_size(size: int, args: argparse.Namespace, device: torch.device) -> list[
     models, steps, cases = {}, {}, []
     for name in args.models:
         torch.manual_seed(0)
-        models[name] = build_model(name, in_dim=args.in_dim, num_classes=2, dim=args.dim, d_state=args.d_state,
-                                   scan_backend=args.scan_backend).to(device)
+        sizes = (dict(dim=args.dim, d_state=args.d_state, scan_backend=args.scan_backend)
+                 if name in MAMBA_MODELS else {})
+        models[name] = build_model(name, in_dim=args.in_dim, num_classes=2, **sizes).to(device)
         steps[name] = make_steps(models[name], features, coords, args.amp)
         cases.append(Case(name, size))
     modes = [("fwd", 0)] + ([] if args.no_train else [("train", 1)])
@@ -164,8 +170,9 @@ def report_header(args: argparse.Namespace, device: torch.device) -> str:
         f"- commit: {git_commit(MEASURED_PATHS)}",
         f"- machine: {machine_description(device)}; load average at start: {load}",
         f"- software: python {platform.python_version()}, torch {torch.__version__}; scan backend: {scan}",
-        f"- settings: one slide per step, grid fully occupied, in_dim {args.in_dim}, dim {args.dim}, "
-        f"N {args.d_state}, 1 block, conv 1d, {'bf16 autocast' if args.amp else 'fp32'}; "
+        f"- settings: one slide per step, grid fully occupied, in_dim {args.in_dim}; Mamba models dim {args.dim}, "
+        f"N {args.d_state}, 1 block, conv 1d; other baselines at their default sizes; "
+        f"{'bf16 autocast' if args.amp else 'fp32'}; "
         f"median of {args.repeats} runs after {args.warmup} warm-up, models interleaved",
         "- times: wall clock; \"CPU ms\" = CPU time of the process over the step, summed over its threads",
         "- peak memory: tensor memory alive at once during one step above the inputs and weights "

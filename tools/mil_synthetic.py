@@ -2,7 +2,8 @@
 
 Writes a synthetic dataset (h5 slide files + labels.csv), trains 2DMambaMIL, its blocks run on
 the raster canvas as a 1D sequence (the 1D reference of docs/mil.md), the 1D MambaMIL (tissue
-tokens) and ABMIL on it through the real training CLI (``mil/train.py`` options of
+tokens) and the paper's other baselines (ABMIL, CLAM-SB, DSMIL, TransMIL, S4MIL, MambaMIL with
+SRMamba) on it through the real training CLI (``mil/train.py`` options of
 configs/mil/synthetic.yaml), and writes a Markdown table: test AUC at the epoch chosen on val, the per-epoch test AUC curve,
 the first epoch reaching 0.95 and the time per epoch.
 
@@ -26,13 +27,21 @@ from vmamba2d.mil.synthetic import write_synthetic_dataset
 SSM_KWARGS = ["dim=32", "d_state=8", "expand=2", "num_blocks=1"]
 # Rows: id (--models, run folder) -> (label, mil/train.py --model, --model-kwargs). "raster" is
 # the 1D reference (docs/mil.md#the-1d-reference): the 2D model's blocks on the row-major canvas,
-# pads included; "mambamil" is the paper's 1D baseline on the tissue tokens alone.
+# pads included; "mambamil" is the paper's 1D baseline on the tissue tokens alone. Every model is
+# 32 wide here (the synthetic features are 32-d); the other options are each model's defaults.
 MODELS = {
     "mambamil2d": ("2D (MambaMIL2D)", "mambamil2d", SSM_KWARGS),
     "raster": ("1D, raster canvas (MambaMIL2D scan=raster)", "mambamil2d", [*SSM_KWARGS, "scan=raster"]),
     "mambamil": ("1D, tissue tokens (MambaMIL)", "mambamil", SSM_KWARGS),
-    "abmil": ("bag (ABMIL)", "abmil", ["dim=32"]),
+    "abmil": ("bag (ABMIL)", "abmil", ["dim=32", "act=gelu", "init=xavier"]),
+    "clam_sb": ("bag (CLAM-SB)", "clam_sb", ["dim=32", "attn_hidden=16"]),
+    "dsmil": ("bag (DSMIL)", "dsmil", ["query_dim=32"]),
+    "transmil": ("sequence (TransMIL)", "transmil", ["dim=32", "heads=4", "landmarks=16"]),
+    "s4mil": ("sequence (S4MIL)", "s4mil", ["dim=32", "d_state=8"]),
+    "mambamil_sr": ("1D, tissue tokens, SRMamba (MambaMIL, rate 10)", "mambamil_sr", SSM_KWARGS),
 }
+# Models with the Mamba init options that --reference-settings switches.
+SSM_MODELS = ("mambamil2d", "mambamil", "mambamil_sr")
 # configs/mil/synthetic.yaml, spelled out so that the bag model gets only the options it has.
 TRAINING = ["--task", "classification", "--label-map", "negative=0", "positive=1",
             "--lr", "1e-3", "--weight-decay", "1e-5", "--scheduler", "cosine", "--shuffle",
@@ -55,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--reference-settings", action="store_true",
-                   help="the SSM rows with the model settings of the reference observations "
+                   help="the Mamba rows with the model settings of the reference observations "
                         "(docs/mil.md#reference-observations): attention "
                         "pooling over pad cells too (mask_pad=false) and PyTorch's default Linear "
                         "init (init=mamba)")
@@ -91,7 +100,7 @@ def main(argv=None) -> int:
         if row_id not in args.models:
             continue
         run = args.work / row_id
-        if args.reference_settings and model != "abmil":
+        if args.reference_settings and model in SSM_MODELS:
             model_kwargs = [*model_kwargs, "init=mamba"] + (["mask_pad=false"] if model == "mambamil2d" else [])
         argv_train = [*TRAINING, "--model", model, "--model-kwargs", *model_kwargs,
                       "--feature-dir", str(data / "features"), "--label-csv",
@@ -133,7 +142,8 @@ def write_table(args, rows, curves) -> None:
             "over pad cells too, PyTorch's default Linear init." if args.reference_settings else "") + (
             " CONTROL: every patch moved to a random cell of its slide (`--shuffled-cells`), so "
             "the labels carry no signal." if args.shuffled_cells else ""),
-        f"Training: `configs/mil/synthetic.yaml` (D = 32, N = 8, E = 64, 1 block, AdamW lr 1e-3, "
+        f"Training: `configs/mil/synthetic.yaml` (Mamba rows: D = 32, N = 8, E = 64, 1 block; the "
+        f"other baselines 32 wide, options in `tools/mil_synthetic.py`; AdamW lr 1e-3, "
         f"wd 1e-5, cosine, {args.epochs} epochs, one slide per step, shuffled), seed {args.seed}, "
         f"device {args.device}, {args.threads} torch thread(s), {platform.processor() or 'CPU'} "
         f"(shared machine: times are indicative). torch {torch.__version__}.",
