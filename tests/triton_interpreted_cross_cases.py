@@ -166,9 +166,9 @@ def test_half_inputs_accumulate_in_fp32(half):
 
 
 def test_fp32_inputs_and_repeatable_gradients(monkeypatch):
-    """Also: backward programs of 2 channel blocks each, 2 programs per batch element."""
+    """Also: programs of 2 channel blocks each, 2 programs per batch element."""
     monkeypatch.setenv(scan_triton.TILE_ENV_VAR, "2x4")
-    monkeypatch.setattr(triton_cross, "MAX_BWD_SETS", 2)
+    monkeypatch.setattr(triton_cross, "MAX_SETS", 2)
     routes = route_set("corners", "1d")[:2] + route_set("cross")[2:]  # flat and 2D routes in one op
     inputs = make_cross_inputs(1, 4, 2, 5, 6, len(routes), seed=13)  # N = 2: 4 blocks of 1 channel
     dy = torch.randn(1, 4, 5, 6, generator=torch.Generator().manual_seed(14), dtype=torch.float64)

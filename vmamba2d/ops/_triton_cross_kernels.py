@@ -210,53 +210,66 @@ def _accumulate(value, acc_ptr, out_ptr, offsets, mask, FIRST: tl.constexpr, LAS
 
 
 @triton.jit
-def _program_channels(dim, nstate, n_chan_blocks, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    batch = pid // n_chan_blocks
-    d_index = (pid % n_chan_blocks).to(tl.int32) * BLOCK_D + tl.arange(0, BLOCK_D)
-    n1 = tl.arange(0, BLOCK_N)
-    return pid, batch, d_index, d_index < dim, n1, n1 < nstate
+def _set_channels(cb, dim, length, state_ok, cell_ok, BLOCK_D: tl.constexpr):
+    """Channel block ``cb``: (d_index, chan_ok (BLOCK_D,), int32 offsets of its maps (BLOCK_D, 1, 1),
+    the tile's (channel, cell) mask, the (channel, state) carry mask)."""
+    d_index = cb * BLOCK_D + tl.arange(0, BLOCK_D)
+    chan_ok = d_index < dim
+    chan_mask = chan_ok[:, None, None] & cell_ok[None]
+    return d_index, chan_ok, (d_index * length)[:, None, None], chan_mask, chan_ok[:, None, None] & state_ok[None, :, None]
 
 
 @triton.jit
 def _route_forward(
-    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr,
-    pid, batch, d_index, chan_ok, n1, state_ok, chan3, carry_ok, carry_row, carry_col, carry_one,
-    dim, nstate, height, width, n_tile_rows, n_tile_cols, n_chunks, n_slots, vslot, hsize,
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr, hstate_ptr,
+    batch, group, n1, state_ok, carry_row, carry_col, carry_one,
+    dim, nstate, height, width, n_chan_blocks, sets, n_tile_rows, n_tile_cols, n_chunks,
     route_index, k: tl.constexpr, CODE: tl.constexpr, NUM_ROUTES: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, SAVE_CARRIES: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
     WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Route k (code ``CODE``) of ``cross_scan_fwd_kernel``'s program."""
+    """Route k (code ``CODE``) of ``cross_scan_fwd_kernel``'s program: tiles in route order, the
+    program's channel sets one after another within each tile."""
     length = height * width
-    chan_ok3 = chan_ok[:, None, None]
     state_ok3 = state_ok[:, None, None]
-    A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, route_index, dim, nstate, d_index, chan_ok, n1, state_ok,
-                                   HAS_D, HAS_BIAS, ACC)
     route = batch * NUM_ROUTES + route_index
     delta_ptr += route * dim * length
     B_ptr += route * nstate * length
     C_ptr += route * nstate * length
     state3 = (n1 * length)[:, None, None]
-    vbase = vcarry_ptr + (pid * NUM_ROUTES + route_index) * n_slots * vslot
-    hbase = hcarry_ptr + (pid * NUM_ROUTES + route_index) * hsize
-    tl.debug_barrier()  # the previous route's accumulator writes are visible to every thread
+    padded_width = n_tile_cols * TILE_W
+    vslot = BLOCK_D * BLOCK_N * padded_width
+    hslot = BLOCK_D * BLOCK_N * TILE_H
+    n_slots = n_tile_rows if SAVE_CARRIES else 1
+    route_hcarry = n_tile_rows * n_tile_cols * hslot if SAVE_CARRIES else 0
+    first_block = batch * n_chan_blocks + group * sets
+    tl.debug_barrier()  # the previous route's accumulator and scratch accesses are done
     if CODE & 8:  # flat route
-        carry = tl.zeros([BLOCK_D, BLOCK_N, 1], dtype=ACC)
         for chunk in range(n_chunks):
             pos, cell_ok = _chunk_cells(chunk, height, width, CODE, TILE_H * TILE_W)
-            if SAVE_CARRIES:
-                tl.store(hbase + chunk * BLOCK_D * BLOCK_N + carry_one, carry, mask=carry_ok)
-            chan_mask = chan_ok3 & cell_ok[None]
-            Bt = tl.load(B_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
-            u, dt, dz, decay, x = _step_inputs(u_ptr, delta_ptr, chan3, pos, chan_mask, cell_ok, Bt, A4, bias,
-                                               SOFTPLUS, ACC)
-            h = _pass(decay, x, carry, 3, False)
-            carry = _last_along(h, 3, TILE_H * TILE_W, False)
-            Ct = tl.load(C_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
-            y = tl.sum(h * Ct[None], axis=1) + skip * u
-            _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
+            state_mask = state_ok3 & cell_ok[None]
+            Bt = tl.load(B_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+            Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+            for s in range(sets):
+                block = first_block + s
+                d_index, chan_ok, chan3, chan_mask, carry_ok = _set_channels(group * sets + s, dim, length, state_ok,
+                                                                             cell_ok, BLOCK_D)
+                A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, route_index, dim, nstate, d_index, chan_ok,
+                                               n1, state_ok, HAS_D, HAS_BIAS, ACC)
+                state_slot = hstate_ptr + block * hslot + carry_one
+                tl.debug_barrier()
+                carry = tl.load(state_slot, mask=carry_ok & (chunk > 0), other=0.0)
+                tl.debug_barrier()
+                if SAVE_CARRIES:
+                    tl.store(hcarry_ptr + (block * NUM_ROUTES + route_index) * route_hcarry
+                             + chunk * BLOCK_D * BLOCK_N + carry_one, carry, mask=carry_ok)
+                u, dt, dz, decay, x = _step_inputs(u_ptr, delta_ptr, chan3, pos, chan_mask, cell_ok, Bt, A4, bias,
+                                                   SOFTPLUS, ACC)
+                h = _pass(decay, x, carry, 3, False)
+                tl.store(state_slot, _last_along(h, 3, TILE_H * TILE_W, False), mask=carry_ok)
+                y = tl.sum(h * Ct[None], axis=1) + skip * u
+                _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
     else:
         REV_H: tl.constexpr = (CODE & 1) != 0
         REV_V: tl.constexpr = (CODE & 2) != 0
@@ -264,69 +277,77 @@ def _route_forward(
             tr = n_tile_rows - 1 - rr if REV_V else rr
             read_slot = rr if SAVE_CARRIES else 0
             write_slot = rr + 1 if SAVE_CARRIES else 0
-            hcarry = tl.zeros([BLOCK_D, BLOCK_N, TILE_H], dtype=ACC)
             for cc in range(n_tile_cols):
                 tc = n_tile_cols - 1 - cc if REV_H else cc
                 pos, cell_ok = _tile_cells(tr, tc, height, width, TILE_H, TILE_W, WIDTH_ALIGN)
-                chan_mask = chan_ok3 & cell_ok[None]
-                tl.debug_barrier()  # the previous tile row's writes of this scratch row are visible
-                vcarry = tl.load(vbase + read_slot * vslot + carry_row + tc * TILE_W,
-                                 mask=carry_ok & (rr > 0), other=0.0)
-                tl.debug_barrier()  # every thread has read the scratch row before it is overwritten
-                if SAVE_CARRIES:
-                    tl.store(hbase + (tr * n_tile_cols + tc) * BLOCK_D * BLOCK_N * TILE_H + carry_col, hcarry,
-                             mask=carry_ok)
-                Bt = tl.load(B_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
-                u, dt, dz, decay, x = _step_inputs(u_ptr, delta_ptr, chan3, pos, chan_mask, cell_ok, Bt, A4, bias,
-                                                   SOFTPLUS, ACC)
-                if CODE & 4:  # columns first
-                    vstate = _pass(decay, x, vcarry, 2, REV_V)
-                    h = _pass(decay, vstate, hcarry, 3, REV_H)
-                    hstate = h
-                else:
-                    hstate = _pass(decay, x, hcarry, 3, REV_H)
-                    h = _pass(decay, hstate, vcarry, 2, REV_V)
-                    vstate = h
-                hcarry = _last_along(hstate, 3, TILE_W, REV_H)
-                tl.store(vbase + write_slot * vslot + carry_row + tc * TILE_W, _last_along(vstate, 2, TILE_H, REV_V),
-                         mask=carry_ok & (rr + 1 < n_tile_rows))
-                Ct = tl.load(C_ptr + state3 + pos[None], mask=state_ok3 & cell_ok[None], other=0.0).to(ACC)
-                y = tl.sum(h * Ct[None], axis=1) + skip * u
-                _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
+                state_mask = state_ok3 & cell_ok[None]
+                Bt = tl.load(B_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+                Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+                for s in range(sets):
+                    block = first_block + s
+                    d_index, chan_ok, chan3, chan_mask, carry_ok = _set_channels(group * sets + s, dim, length,
+                                                                                 state_ok, cell_ok, BLOCK_D)
+                    A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, route_index, dim, nstate, d_index,
+                                                   chan_ok, n1, state_ok, HAS_D, HAS_BIAS, ACC)
+                    vbase = vcarry_ptr + (block * NUM_ROUTES + route_index) * n_slots * vslot + carry_row + tc * TILE_W
+                    state_slot = hstate_ptr + block * hslot + carry_col
+                    tl.debug_barrier()  # the previous tile's writes of these scratch rows are visible
+                    vcarry = tl.load(vbase + read_slot * vslot, mask=carry_ok & (rr > 0), other=0.0)
+                    hcarry = tl.load(state_slot, mask=carry_ok & (cc > 0), other=0.0)
+                    tl.debug_barrier()  # every thread has read them before they are overwritten
+                    if SAVE_CARRIES:
+                        tl.store(hcarry_ptr + (block * NUM_ROUTES + route_index) * route_hcarry
+                                 + (tr * n_tile_cols + tc) * hslot + carry_col, hcarry, mask=carry_ok)
+                    u, dt, dz, decay, x = _step_inputs(u_ptr, delta_ptr, chan3, pos, chan_mask, cell_ok, Bt, A4, bias,
+                                                       SOFTPLUS, ACC)
+                    if CODE & 4:  # columns first
+                        vstate = _pass(decay, x, vcarry, 2, REV_V)
+                        h = _pass(decay, vstate, hcarry, 3, REV_H)
+                        hstate = h
+                    else:
+                        hstate = _pass(decay, x, hcarry, 3, REV_H)
+                        h = _pass(decay, hstate, vcarry, 2, REV_V)
+                        vstate = h
+                    tl.store(state_slot, _last_along(hstate, 3, TILE_W, REV_H), mask=carry_ok)
+                    tl.store(vbase + write_slot * vslot, _last_along(vstate, 2, TILE_H, REV_V),
+                             mask=carry_ok & (rr + 1 < n_tile_rows))
+                    y = tl.sum(h * Ct[None], axis=1) + skip * u
+                    _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
 
 
 @triton.jit
 def cross_scan_fwd_kernel(
-    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr,
-    dim, nstate, height, width, n_chan_blocks, n_tile_rows, n_tile_cols, n_chunks,
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr, hstate_ptr,
+    dim, nstate, height, width, n_chan_blocks, n_groups, sets, n_tile_rows, n_tile_cols, n_chunks,
     ROUTES: tl.constexpr, NUM_ROUTES: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, SAVE_CARRIES: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
     WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Forward of every route of one program's channels.
+    """Forward of every route of one program's ``sets`` channel blocks (block = batch *
+    n_chan_blocks + group * sets + s); per tile, B and C are loaded once for all of them.
 
     ``ROUTES``: the K route codes, 4 bits each (route k in bits 4k..4k+3). ``yacc_ptr``: the route
-    sum's accumulator (batch, dim, H, W) in ACC (may be ``y_ptr``). Carry buffers per (program,
-    route): ``vcarry_ptr`` (slots, BLOCK_D, BLOCK_N, n_tile_cols * TILE_W) vertical-pass states
-    entering each tile row (slots = n_tile_rows when saving, slot 0 unused, else 1 scratch slot);
+    sum's accumulator (batch, dim, H, W) in ACC (may be ``y_ptr``). Per channel block and route:
+    ``vcarry_ptr`` (slots, BLOCK_D, BLOCK_N, n_tile_cols * TILE_W) vertical-pass states entering
+    each tile row (slots = n_tile_rows when saving, slot 0 unused, else 1 scratch slot);
     ``hcarry_ptr`` (SAVE_CARRIES only) (n_tile_rows * n_tile_cols, BLOCK_D, BLOCK_N, TILE_H)
     horizontal-pass states entering each tile, or for flat routes (n_chunks, BLOCK_D, BLOCK_N)
-    the state entering each chunk.
+    the state entering each chunk. Per channel block: ``hstate_ptr`` (BLOCK_D, BLOCK_N, TILE_H)
+    scratch for the horizontal-pass (flat: the sequence's) state between tiles.
     """
     length = height * width
-    pid, batch, d_index, chan_ok, n1, state_ok = _program_channels(dim, nstate, n_chan_blocks, BLOCK_D, BLOCK_N)
+    pid = tl.program_id(0).to(tl.int64)
+    batch = pid // n_groups
+    group = (pid % n_groups).to(tl.int32)
+    n1 = tl.arange(0, BLOCK_N)
+    state_ok = n1 < nstate
     d1 = tl.arange(0, BLOCK_D)
     # Scalar pointers to the program's batch element, int32 offsets within it.
     u_ptr += batch * dim * length
     y_ptr += batch * dim * length
     yacc_ptr += batch * dim * length
-    chan3 = (d_index * length)[:, None, None]
-    carry_ok = chan_ok[:, None, None] & state_ok[None, :, None]
     padded_width = n_tile_cols * TILE_W
-    n_slots = n_tile_rows if SAVE_CARRIES else 1
-    vslot = BLOCK_D * BLOCK_N * padded_width
-    hsize = n_tile_rows * n_tile_cols * BLOCK_D * BLOCK_N * TILE_H if SAVE_CARRIES else 1
     carry_row = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * padded_width + tl.arange(0, TILE_W)[None, None, :]
     carry_col = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * TILE_H + tl.arange(0, TILE_H)[None, None, :]
     carry_one = (d1[:, None, None] * BLOCK_N + n1[None, :, None])
@@ -338,8 +359,8 @@ def cross_scan_fwd_kernel(
             if route_index == k:
                 _route_forward(
                     u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr,
-                    pid, batch, d_index, chan_ok, n1, state_ok, chan3, carry_ok, carry_row, carry_col, carry_one,
-                    dim, nstate, height, width, n_tile_rows, n_tile_cols, n_chunks, n_slots, vslot, hsize,
+                    hstate_ptr, batch, group, n1, state_ok, carry_row, carry_col, carry_one,
+                    dim, nstate, height, width, n_chan_blocks, sets, n_tile_rows, n_tile_cols, n_chunks,
                     route_index, k, (ROUTES >> (4 * k)) & 15, NUM_ROUTES, HAS_D, HAS_BIAS, SOFTPLUS, SAVE_CARRIES,
                     BLOCK_D, BLOCK_N, TILE_H, TILE_W, WIDTH_ALIGN, ACC)
 
@@ -374,11 +395,7 @@ def _set_backward(
 ):
     """What one channel set needs of a tile before its scans: (d_index, chan_ok, chan3, chan_mask,
     carry_ok, A4, skip, u, dt, dz, dy, decay, x, grad_out)."""
-    d_index = cb * BLOCK_D + tl.arange(0, BLOCK_D)
-    chan_ok = d_index < dim
-    chan3 = (d_index * length)[:, None, None]
-    chan_mask = chan_ok[:, None, None] & cell_ok[None]
-    carry_ok = chan_ok[:, None, None] & state_ok[None, :, None]
+    d_index, chan_ok, chan3, chan_mask, carry_ok = _set_channels(cb, dim, length, state_ok, cell_ok, BLOCK_D)
     A4, skip, bias = _route_params(A_ptr, D_ptr, bias_ptr, route_index, dim, nstate, d_index, chan_ok, n1, state_ok,
                                    HAS_D, HAS_BIAS, ACC)
     u, dt, dz, decay, x = _step_inputs(u_ptr, delta_ptr, chan3, pos, chan_mask, cell_ok, Bt, A4, bias, SOFTPLUS, ACC)

@@ -40,9 +40,9 @@ BLOCK_ELEMENTS = 256
 FWD_WARPS = 4
 BWD_WARPS = 4
 BWD_MAX_REGISTERS = 168
-# Channel blocks one backward program runs tile by tile (dB / dC summed over them on chip): at
-# most this many, a divisor of the number of blocks.
-MAX_BWD_SETS = 8
+# Channel blocks one program runs tile by tile (B / C loaded once per tile for all of them; the
+# backward sums their dB / dC on chip): at most this many, a divisor of the number of blocks.
+MAX_SETS = 8
 ROUTE_BITS = 4
 
 
@@ -73,10 +73,9 @@ def _carry_numels(batch: int, dim: int, nstate: int, height: int, width: int, nu
     return vertical, horizontal
 
 
-def backward_sets(n_chan_blocks: int) -> int:
-    """Channel blocks per backward program: the largest divisor of ``n_chan_blocks`` up to
-    ``MAX_BWD_SETS``."""
-    return max(s for s in range(1, MAX_BWD_SETS + 1) if n_chan_blocks % s == 0)
+def program_sets(n_chan_blocks: int) -> int:
+    """Channel blocks per program: the largest divisor of ``n_chan_blocks`` up to ``MAX_SETS``."""
+    return max(s for s in range(1, MAX_SETS + 1) if n_chan_blocks % s == 0)
 
 
 def _grid_args(u: Tensor, A: Tensor, t: Tiling) -> tuple:
@@ -134,10 +133,13 @@ def cross_selective_scan_2d_triton_fwd(
     if u.numel() == 0:
         return y, vcarry, hcarry
     t = cross_tiling(dim, A.shape[1], height, width)
+    sets = program_sets(t.n_chan_blocks)
     yacc = y if y.dtype == acc or len(routes) == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
-    _kernels().cross_scan_fwd_kernel[(batch * t.n_chan_blocks,)](
+    hstate = torch.empty(batch * t.n_chan_blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
+    grid = _grid_args(u, A, t)
+    _kernels().cross_scan_fwd_kernel[(batch * (t.n_chan_blocks // sets),)](
         u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, y, yacc,
-        vcarry, hcarry if save_carries else vcarry, *_grid_args(u, A, t),
+        vcarry, hcarry if save_carries else vcarry, hstate, *grid[:5], t.n_chan_blocks // sets, sets, *grid[5:],
         SAVE_CARRIES=save_carries, **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
         num_warps=FWD_WARPS,
     )
@@ -185,7 +187,7 @@ def cross_selective_scan_2d_triton_bwd(
         raise ValueError(f"the saved carries have {vcarry.numel()} / {hcarry.numel()} elements, expected "
                          f"{expected[0]} / {expected[1]}: run the forward op with save_carries=True on these inputs")
     t = cross_tiling(dim, nstate, height, width)
-    sets = backward_sets(t.n_chan_blocks)
+    sets = program_sets(t.n_chan_blocks)
     n_groups = t.n_chan_blocks // sets
     du, ddelta = torch.empty_like(u), torch.empty_like(delta)
     dB_part = torch.zeros(batch, num_routes, n_groups, nstate, height, width, device=u.device, dtype=acc)

@@ -166,13 +166,13 @@ def cross_kernel_figures(direction: str, dtype: torch.dtype, batch: int, dim: in
                                      torch.empty(1, nstate, device="meta"), t)))
     constexprs = cross._constexprs(routes, torch.empty(0), torch.empty(0), True, t, acc, width)
     pointer_dtypes = {"y_ptr": torch.float32 if out_fp32 else dtype}
+    grid["sets"] = cross.program_sets(t.n_chan_blocks)
+    grid["n_groups"] = t.n_chan_blocks // grid["sets"]
     if direction == "fwd":
         kernel, warps, max_registers = kernels.cross_scan_fwd_kernel, cross.FWD_WARPS, None
         constexprs["SAVE_CARRIES"] = True
     else:
         kernel, warps, max_registers = kernels.cross_scan_bwd_kernel, cross.BWD_WARPS, cross.BWD_MAX_REGISTERS
-        grid["sets"] = cross.backward_sets(t.n_chan_blocks)
-        grid["n_groups"] = t.n_chan_blocks // grid["sets"]
     compiled = compile_for(kernel, grid, constexprs, dtype, pointer_dtypes, arch, warps, max_registers)
     blocks = [(t.block_d, t.block_n, t.tile_h, t.tile_w), (t.block_d, t.block_n, 1, t.tile_h * t.tile_w)]
     return _figures(kernel.__name__, compiled, arch, warps, blocks, len(routes))
