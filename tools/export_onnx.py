@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from vmamba2d.export.onnx_export import (  # noqa: E402
-    MissingOnnxExtraError, export_onnx, max_relative_error, onnx_session, require_onnx_extra,
+    INPUT_NAME, MissingOnnxExtraError, export_onnx, max_relative_error, onnx_session, require_onnx_extra,
 )
 from vmamba2d.training.options import parse_key_values  # noqa: E402
 
@@ -48,11 +48,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dynamic", action="store_true", help="dynamic height and width (batch is always dynamic)")
     parser.add_argument("--check", action="store_true",
                         help="run onnxruntime on random images and compare with eager PyTorch")
+    parser.add_argument("--bench", type=int, nargs="+", default=[], metavar="BATCH",
+                        help="time onnxruntime and eager PyTorch (CPU) at these batch sizes")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for --bench, both runtimes (default: torch's)")
+    parser.add_argument("--iters", type=int, default=3, help="timed runs per batch size and runtime (--bench)")
     args = parser.parse_args(argv)
     if not args.model.startswith(MODEL_PREFIXES):
         parser.error(f"model must be one of the zoo's vmamba2d_* / vmamba_* models, got {args.model!r}")
     if min(args.img_size) < 1:
         parser.error(f"--img-size must be two positive ints (H W), got {args.img_size}")
+    if min(args.bench, default=1) < 1 or args.iters < 1 or (args.threads is not None and args.threads < 1):
+        parser.error("--bench batch sizes, --iters and --threads must be positive")
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():
         parser.error(f"--checkpoint must be an existing file, got {args.checkpoint!r}")
     try:
@@ -93,6 +100,35 @@ def check(model: torch.nn.Module, path: Path, img_size: tuple[int, int], dynamic
     return worst
 
 
+def _fastest(run, iters: int) -> float:
+    """Seconds of the fastest of ``iters`` calls of ``run`` after one warm-up call."""
+    run()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def bench(model: torch.nn.Module, path: Path, img_size: tuple[int, int], batches: list[int],
+          threads: int | None, iters: int) -> None:
+    """Prints img/s of onnxruntime and of eager PyTorch (inference mode) for each batch size,
+    the two runtimes timed back to back on the same images, with the same number of threads."""
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    session = onnx_session(path, threads=threads)
+    for batch in batches:
+        images = torch.randn(batch, 3, *img_size, generator=torch.Generator().manual_seed(0))
+        feeds = {INPUT_NAME: images.numpy()}
+        with torch.inference_mode():
+            eager = _fastest(lambda: model(images), iters)
+        onnx = _fastest(lambda: session.run(None, feeds), iters)
+        print(f"batch {batch}, {img_size[0]}x{img_size[1]}, {threads} threads: onnxruntime "
+              f"{batch / onnx:.2f} img/s, eager PyTorch {batch / eager:.2f} img/s "
+              f"(onnxruntime / eager = {eager / onnx:.2f}x)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -112,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         if worst > TOLERANCE:
             print(f"error: max relative error {worst:.2e} above {TOLERANCE:g}", file=sys.stderr)
             return 1
+    if args.bench:
+        bench(model, path, tuple(args.img_size), args.bench, args.threads, args.iters)
     return 0
 
 
