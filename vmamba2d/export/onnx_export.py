@@ -129,6 +129,8 @@ def onnx_session(path: Union[str, Path], threads: Optional[int] = None):
     options = onnxruntime.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
+        # idle threads sleep instead of spinning, so they do not slow a PyTorch run beside them
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -164,6 +164,8 @@ def scan_route(u, delta, A, B, C, delta_bias, delta_softplus: bool, route: Route
     if delta_bias is not None:
         dt = op.Add(dt, delta_bias)
     if delta_softplus:
+        # ONNX Softplus, although onnxruntime runs it ~3x slower than Exp-Add-Log: log(1 + exp(x))
+        # written out loses dt's relative precision for small steps (x << 0; 7e-5 at x = -7).
         dt = op.Softplus(dt)
     axis_n = op.Constant(value_ints=[-1])
     decay = op.Exp(op.Mul(op.Unsqueeze(dt, axis_n), A))  # (S1, S2, batch, groups, channels, N)
