@@ -185,13 +185,13 @@ def test_main_grids_count_their_blocks():
 @needs_module
 def test_tile_parallel_switch_weighs_waves_of_resident_slots():
     # 200 maps of 64 x 64 (2 x 2 tiles) at N = 1, one channel: 200 sequential blocks. An H100 has
-    # more SMs than 200 / 2 but 16 one-warp blocks fit per SM: 2112 slots hold all 800 tile blocks
+    # more SMs than 200 / 2 but 24 one-warp blocks fit per SM: 3168 slots hold all 800 tile blocks
     # in one wave, so three tile-parallel passes beat four sequential tile steps.
     limits = DEVICES["sm90-H100"]
     plan = CUDA_MODULE._launch_plan(200, 1, 1, 1, 64, 64, limits["sm_count"], limits["smem_per_sm"],
                                     limits["smem_per_block"])
-    assert plan["fwd_resident_blocks"] == 16 and plan["fwd_tile_parallel"] and plan["fwd_blocks"] == 800
-    # One SM (4 slots of 4-channel blocks): 2 sequential blocks walk 4 tiles in one wave (4 steps);
+    assert plan["fwd_resident_blocks"] == 24 and plan["fwd_tile_parallel"] and plan["fwd_blocks"] == 800
+    # One SM (6 slots of 4-channel blocks): 2 sequential blocks walk 4 tiles in one wave (4 steps);
     # tile-parallel would take 3 passes x 2 waves.
     plan = CUDA_MODULE._launch_plan(1, 8, 2, 1, 40, 45, 1, limits["smem_per_sm"], limits["smem_per_block"])
-    assert plan["fwd_resident_blocks"] == 4 and not plan["fwd_tile_parallel"]
+    assert plan["fwd_resident_blocks"] == 6 and not plan["fwd_tile_parallel"]

@@ -320,13 +320,14 @@ def _emulated_vector_accesses(inputs, height, width, rtol=5e-5, **options):
 def test_emulated_aligned_tiles_move_every_quad_as_one_vector():
     # 32x32 fp32 maps, N = 1, the group's 4 channels in one block: every row starts 16-byte
     # aligned, so every quad is one vector access, and B / C quads are loaded once per block, not
-    # per channel. Forward: per channel delta, u loads + y stores; per block B, C loads. Backward:
+    # per channel. Forward: per channel delta, u loads, u again for y = D * u after the scans (one
+    # state round keeps no y tile) + y stores; per block B, C loads. Backward:
     # per channel delta, u, dy loads + du, ddelta stores; per block B, C loads and one vector
     # read-modify-write (2 accesses) each of the dB and dC partials.
     batch, dim = 1, 4
     inputs = make_inputs(batch, dim, 1, 1, 32, 32, seed=11)
     fwd, bwd = _emulated_vector_accesses(inputs, 32, 32, sm_count=1)
-    assert fwd == batch * (dim * 3 + 2) * QUADS_PER_TILE
+    assert fwd == batch * (dim * 4 + 2) * QUADS_PER_TILE
     assert bwd == batch * (dim * 5 + 2 + 4) * QUADS_PER_TILE
 
 

@@ -45,12 +45,13 @@ constexpr int kQuadRowStep = kTile / kQuadsPerRow;  // rows per warp-wide quad a
 constexpr int kTileQuads = kTileCells / kQuad;
 constexpr int kTileQuadShift = kTileCellShift - 2;
 // Resource budget of every kernel (checked by `nvcc -Xptxas -v`, see the README): blocks of at
-// most 128 threads; the forward and the carry scan at most 65536 / (128 * kMinBlocksPerSm) = 128
-// registers per thread, the backward, whose shared memory allows at most 2 blocks per SM anyway,
-// at most 255; no spills. Dynamic shared memory: forward_layout / backward_layout below; e.g. at
-// N = 1 with 4 channels per block the forward takes 50 KB and the backward 107 KB (two blocks of
-// 128 threads per H100 / H200 SM). plan_launch picks channels and warps per block from them.
-constexpr int kMinBlocksPerSm = 4;
+// most 128 threads; the forward and the carry scan at most 65536 / (128 * kMinBlocksPerSm) = 85
+// (ptxas: 80) registers per thread, so that six 4-warp forward blocks (24 warps) fit on an SM; the
+// backward, whose shared memory allows at most 2 blocks per SM anyway, at most 255; no spills.
+// Dynamic shared memory: forward_layout / backward_layout below; e.g. at N = 1 with 4 channels per
+// block the forward takes 33 KB (six blocks per H100 / H200 SM) and the backward 107 KB (two).
+// plan_launch picks channels and warps per block from them.
+constexpr int kMinBlocksPerSm = 6;
 constexpr int kMinBackwardBlocksPerSm = 2;
 constexpr int kRegistersPerSm = 65536;
 
@@ -197,7 +198,7 @@ SS2D_HD inline int64_t grad_carry_numel(const Geometry& g) {
 struct ForwardLayout {
   size_t dt;    // tile per channel (several rounds): dt (0 on padding, so Abar = 1)
   size_t u;     // tile per channel (several rounds): u (0 on padding, so x = 0)
-  size_t y;     // tile per channel: D * u, then + C * h of each state
+  size_t y;     // tile per channel (several rounds): D * u + C * h of the rounds so far
   size_t x;     // tile per warp: x = dt * B * u, then hh, then h
   size_t abar;  // tile per warp: exp(dt * A[n])
   size_t hcar;  // float[channels][N][kTile]: horizontal carry to the next tile
@@ -239,7 +240,7 @@ SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate) {
   const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
   l.dt = b.take(tile * carried);
   l.u = b.take(tile * carried);
-  l.y = b.take(tile * channels);
+  l.y = b.take(tile * carried);
   l.x = b.take(tile * nwarps);
   l.abar = b.take(tile * nwarps);
   l.hcar = b.take(sizeof(float) * channels * nstate * kTile);

@@ -263,12 +263,14 @@ SS2D_HD SS2D_INLINE WarpTask warp_task(const Geometry& g, int bb, int d0, int wp
 // state round:
 //   A (block): dt / u quads (first round; kept in tiles when there are more rounds) and the B quad
 //      of each of the round's states, loaded once for all channels; per (channel, state) warp:
-//      x = dt * B * u and Abar = exp(dt * A[n]) -- the pass's only exp; y = D * u (first round);
+//      x = dt * B * u and Abar = exp(dt * A[n]) -- the pass's only exp;
 //   (barrier) scans (warp w, its channel and state): lane r scans tile row r in place over x
 //      (hh = Abar * hh_left + x, carry from the tile on the left), then lane c scans tile column
 //      c (h = Abar * h_above + hh, carry from the tile above) -- shared memory only;
-//   (barrier) B (block): the C quad of each of the round's states, loaded once for all channels:
-//      y += C * h; after the last round the y quads are stored.
+//   (barrier) B (block): y = D * u in the first round (u from its tile with several rounds, else
+//      read again: keeping no y tile between A and B lets six blocks share an SM at N = 1), else y
+//      from the y tile; the C quad of each of the round's states, loaded once for all channels:
+//      y += C * h; y goes back to its tile, after the last round to global memory.
 template <class T, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
@@ -281,7 +283,7 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const int carried_floats = rounds > 1 ? channels * kTileFloats : 0;
   auto dt_t = ctx.template shared<float>(smem, l.dt, carried_floats);
   auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
-  auto y_t = ctx.template shared<float>(smem, l.y, channels * kTileFloats);
+  auto y_t = ctx.template shared<float>(smem, l.y, carried_floats);
   auto x_t = ctx.template shared<float>(smem, l.x, nwarps * kTileFloats);
   auto abar_t = ctx.template shared<float>(smem, l.abar, nwarps * kTileFloats);
   auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
@@ -330,7 +332,6 @@ SS2D_UNROLL
             const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
             load_quad<T>(ctx, g, u, pl, at, uq);
             const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
-            const float dskip = p.D ? p.D[d] : 0.f;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
               const int e = s * kTileFloats + tile_offset(r, c0 + k);
@@ -339,7 +340,6 @@ SS2D_UNROLL
                 dt_t[e] = dt[k];
                 u_t[e] = uq[k];
               }
-              if (!edges_only) y_t[e] = dskip * uq[k];
             }
           } else {
 SS2D_UNROLL
@@ -445,8 +445,23 @@ SS2D_UNROLL
 SS2D_UNROLL
         for (int s = 0; s < kMaxWarps; ++s) {
           if (s >= channels) continue;
+          if (round > 0) {
 SS2D_UNROLL
-          for (int k = 0; k < kQuad; ++k) yq[s][k] = y_t[s * kTileFloats + tile_offset(r, c0 + k)];
+            for (int k = 0; k < kQuad; ++k) yq[s][k] = y_t[s * kTileFloats + tile_offset(r, c0 + k)];
+            continue;
+          }
+          // y starts at D * u. With one state round u is not kept on chip: its quad is read again
+          // (from L2, the block read it in this tile's first phase).
+          const float dskip = p.D ? p.D[d0 + s] : 0.f;
+          float uq[kQuad] = {0.f, 0.f, 0.f, 0.f};
+          if (rounds > 1) {
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) uq[k] = u_t[s * kTileFloats + tile_offset(r, c0 + k)];
+          } else if (p.D) {
+            load_quad<T>(ctx, g, u, Plane{g.dim, d0 + s}, at, uq);
+          }
+SS2D_UNROLL
+          for (int k = 0; k < kQuad; ++k) yq[s][k] = dskip * uq[k];
         }
 SS2D_UNROLL
         for (int j = 0; j < kMaxWarps; ++j) {
