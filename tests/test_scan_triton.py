@@ -375,7 +375,8 @@ def test_resident_warps_follow_the_occupancy_rule():
     ("bwd", "2d", torch.float32, (128, 192, 1, 56, 56), 90),
     ("bwd", "flat", torch.bfloat16, (128, 192, 1, 56, 56), 90),
     ("bwd", "2d", torch.bfloat16, (8, 64, 16, 28, 28), 80),
-    ("fwd", "2d", torch.float32, (128, 192, 1, 56, 56), 90),
+    ("fwd", "2d", torch.float32, (128, 192, 1, 56, 56), 80),
+    ("fwd", "2d", torch.bfloat16, (8, 64, 16, 28, 28), 90),
     ("fwd", "flat", torch.float16, (128, 768, 1, 14, 14), 80),
 ], ids=lambda v: str(v).replace("torch.", ""))
 def test_four_route_kernels_meet_the_static_targets(static_figures, direction, routes, dtype, shape, arch):
@@ -383,8 +384,7 @@ def test_four_route_kernels_meet_the_static_targets(static_figures, direction, r
     fig = static_figures.cross_kernel_figures(direction, dtype, *shape, codes, arch)
     assert fig.exps_per_cell_state == 1, fig
     assert fig.spill_bytes == 0 and fig.stack_bytes == 0, fig
-    if direction == "bwd":
-        assert fig.warps_per_sm >= 12, fig
+    assert fig.warps_per_sm >= (12 if direction == "bwd" else 16), fig
 
 
 def test_the_exp_count_sees_the_single_route_backwards_extra_exps(static_figures):

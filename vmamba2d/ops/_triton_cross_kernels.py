@@ -1,8 +1,11 @@
 """Triton kernels of the four-route scan (imported lazily: importing this module imports triton).
 
-Work split: one program per (batch, block of ``BLOCK_D`` channels); the program runs all K routes
-of its channels, route k = 0..K-1 in turn (the route codes are compile-time constants, so each
-route's directions are resolved when the kernel is built). Data stay in map layout
+Work split: one program per (batch, group of ``sets`` consecutive blocks of ``BLOCK_D``
+channels); the program runs all K routes of its channels, route k = 0..K-1 in turn. The route
+codes are compile-time constants: a run-time loop over the routes branches to each route's body,
+built with that route's directions (one body per route, none hoisted into another). Within a
+route the program walks the tiles in the route's order and, per tile, its channel blocks one
+after another: B and C tiles are loaded once for all of them. Data stay in map layout
 (batch, ..., H, W); a route is index arithmetic:
 
 * 2D routes walk ``TILE_H x TILE_W`` tiles of the map in the route's order (tile rows from the
@@ -10,17 +13,20 @@ route's directions are resolved when the kernel is built). Data stay in map layo
   ``[BLOCK_D, BLOCK_N, TILE_H, TILE_W]`` (channel, state, row, column) in registers, always in map
   orientation; the route's first pass scans axis 3 (rows-first) or axis 2 (columns-first), the
   second pass the other axis, each forwards or reversed (``tl.associative_scan(reverse=...)``)
-  by the route's direction along that axis. The state of the horizontal pass enters a tile from
-  its neighbour in registers; the state of the vertical pass through a per-program scratch row.
+  by the route's direction along that axis. The states entering a tile from its neighbours
+  (horizontal pass: last column of the tile before; vertical pass: last row of the tile row
+  before) go through per-channel-block scratch rows, written and re-read around barriers.
 * Flat (1D) routes walk the route's sequence in chunks of ``TILE_H * TILE_W`` consecutive steps
   held as ``[BLOCK_D, BLOCK_N, 1, TILE_H * TILE_W]``; each step's map offset is computed from its
-  index (row / column order and directions), the state runs on from chunk to chunk in registers.
+  index (row / column order and directions), the state runs on from chunk to chunk.
 
 Route codes are ``Route.code`` bit fields: 1 from_right, 2 from_bottom, 4 columns_first, 8 flat.
 
 Route outputs are summed into y in route order: route 0 writes an accumulator (fp32, fp64 for
-fp64 inputs), routes 1..K-2 add to it and route K-1 adds and writes y in its dtype. The same
-program touches the same accumulator cells in every route (barriers between routes order them).
+fp64 inputs), routes 1..K-2 add to it and route K-1 adds and writes y in its dtype (du likewise
+in the backward). The same program touches the same accumulator cells in every route (barriers
+between routes order them). The routes visit the tiles in different orders, so u is read once
+per route (no copy of it is made) and y goes through the accumulator.
 
 The forward kernel can save every tile's incoming states (``SAVE_CARRIES``), so that the backward
 kernel rebuilds a tile's states from its own inputs without another forward sweep. The backward
@@ -36,9 +42,10 @@ boundaries premultiplied by the decay of the cell they leave. Gradients of the d
 from the recomputed states: Abar[i] h1[prev(i)] = h1[i] - x[i] along the first pass and
 Abar[i] h2[prev(i)] = h2[i] - h1[i] along the second.
 
-Shared inputs are reduced without atomics: dB / dC of a route are summed over the program's
-channels and written as one partial per channel block; dA / dD / d(delta_bias) are per-(batch,
-channel) partials; the host sums partials in a fixed order. Padding cells (past the map's edge or
+Shared inputs are reduced without atomics: per tile, dB / dC of a route are summed over the
+program's channels in registers and stored once, one partial per program group; dA / dD /
+d(delta_bias) are per-(batch, channel) partials the program adds to tile by tile; the host sums
+partials in a fixed order. Padding cells (past the map's edge or
 the sequence's end) take Abar = 1 and x = 0, so they never change a state, and their gradient
 terms are masked out.
 """

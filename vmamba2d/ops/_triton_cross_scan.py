@@ -32,13 +32,16 @@ CROSS_FWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_fwd"
 CROSS_BWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_bwd"
 CROSS_KERNELS_MODULE = "vmamba2d.ops._triton_cross_kernels"
 # Elements of one [channels, states, rows, cols] register block (the same tiling in both
-# directions: the backward reads the carries the forward saved), warps per program and the
-# backward's register cap. 256 elements over 4 warps (2 per thread) with the cap at 168 registers
-# leave room for 3 backward programs (12 warps) per SM on sm_80 / sm_90 without spills; chosen
-# from compiles without a GPU (tests/test_scan_triton.py holds the figures), not timed on a GPU.
+# directions: the backward reads the carries the forward saved), warps per program and register
+# caps. 256 elements over 4 warps (2 per thread); capped at 168 registers the backward keeps 3
+# programs (12 warps) per SM on sm_80 / sm_90, the forward at 128 registers 4 programs (16 warps),
+# both without spills (uncapped, ptxas picks fewer registers and spills a few bytes, or more and
+# fewer programs fit). Chosen from compiles without a GPU (tests/test_scan_triton.py holds the
+# figures), not timed on a GPU.
 BLOCK_ELEMENTS = 256
 FWD_WARPS = 4
 BWD_WARPS = 4
+FWD_MAX_REGISTERS = 128
 BWD_MAX_REGISTERS = 168
 # Channel blocks one program runs tile by tile (B / C loaded once per tile for all of them; the
 # backward sums their dB / dC on chip): at most this many, a divisor of the number of blocks.
@@ -141,7 +144,7 @@ def cross_selective_scan_2d_triton_fwd(
         u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, y, yacc,
         vcarry, hcarry if save_carries else vcarry, hstate, *grid[:5], t.n_chan_blocks // sets, sets, *grid[5:],
         SAVE_CARRIES=save_carries, **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
-        num_warps=FWD_WARPS,
+        num_warps=FWD_WARPS, maxnreg=FWD_MAX_REGISTERS,
     )
     if not save_carries:
         vcarry = vcarry.new_empty(0)

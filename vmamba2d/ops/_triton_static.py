@@ -169,7 +169,7 @@ def cross_kernel_figures(direction: str, dtype: torch.dtype, batch: int, dim: in
     grid["sets"] = cross.program_sets(t.n_chan_blocks)
     grid["n_groups"] = t.n_chan_blocks // grid["sets"]
     if direction == "fwd":
-        kernel, warps, max_registers = kernels.cross_scan_fwd_kernel, cross.FWD_WARPS, None
+        kernel, warps, max_registers = kernels.cross_scan_fwd_kernel, cross.FWD_WARPS, cross.FWD_MAX_REGISTERS
         constexprs["SAVE_CARRIES"] = True
     else:
         kernel, warps, max_registers = kernels.cross_scan_bwd_kernel, cross.BWD_WARPS, cross.BWD_MAX_REGISTERS
