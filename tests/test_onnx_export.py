@@ -118,3 +118,31 @@ def test_cli_rejects_bad_arguments(argv, message, capsys):
         load_tool("export_onnx").parse_args(argv)
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+class _GridBlock(torch.nn.Module):
+    """A 2DMambaMIL block on a fixed 4 x 5 grid (the MIL models' scan: the single-route op)."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.block(tokens, 4, 5)
+
+
+def test_mil_mamba_block_exports(tmp_path):
+    from vmamba2d.export import translation_table
+    from vmamba2d.mil.models import MambaBlock
+
+    torch.manual_seed(0)
+    model = _GridBlock(MambaBlock(16, d_state=4)).eval()
+    tokens = torch.randn(20, 16, generator=torch.Generator().manual_seed(2))
+    program = torch.onnx.export(model, (tokens,), dynamo=True, custom_translation_table=translation_table(),
+                                verbose=False)
+    program.save(str(tmp_path / "block.onnx"), external_data=False)
+    session = onnx_session(tmp_path / "block.onnx")
+    got = session.run(None, {session.get_inputs()[0].name: tokens.numpy()})[0]
+    with torch.no_grad():
+        want = model(tokens).numpy()
+    assert np.abs(got - want).max() / np.abs(want).max() <= TOLERANCE
