@@ -238,7 +238,7 @@ def _route_forward(
 ):
     """Route k (code ``CODE``) of ``cross_scan_fwd_kernel``'s program: tiles in route order, the
     program's channel sets one after another within each tile."""
-    length = height * width
+    length = tl.multiple_of(height * width, WIDTH_ALIGN)  # rows start aligned: vector loads
     state_ok3 = state_ok[:, None, None]
     route = batch * NUM_ROUTES + route_index
     delta_ptr += route * dim * length
@@ -343,7 +343,7 @@ def cross_scan_fwd_kernel(
     the state entering each chunk. Per channel block: ``hstate_ptr`` (BLOCK_D, BLOCK_N, TILE_H)
     scratch for the horizontal-pass (flat: the sequence's) state between tiles.
     """
-    length = height * width
+    length = tl.multiple_of(height * width, WIDTH_ALIGN)  # rows start aligned: vector loads
     pid = tl.program_id(0).to(tl.int64)
     batch = pid // n_groups
     group = (pid % n_groups).to(tl.int32)
