@@ -261,6 +261,19 @@ def test_kernel_softplus_is_within_its_error_bound():
 
 
 @needs_module
+def test_kernel_softplus_gradient_is_within_its_error_bound():
+    # sigmoid(z) from dt = softplus(z) (the backward's ddelta factor): series below dt = 2^-5,
+    # 1 - exp(-dt) above, against -expm1(-dt) in float64: relative error <= 1e-5 from dt = 1e-30
+    # to where sigmoid rounds to 1, dense around the switch; 0 on padding cells (dt = 0).
+    dt = torch.cat([torch.logspace(-30, 1.5, 200_001), torch.linspace(0.030, 0.033, 20_001)])
+    got = CUDA_MODULE._softplus_grad_from_value(dt).double()
+    exact = -torch.expm1(-dt.double())
+    relative = ((got - exact).abs() / exact).max().item()
+    assert relative <= 1e-5, relative
+    assert CUDA_MODULE._softplus_grad_from_value(torch.zeros(1)).item() == 0.0
+
+
+@needs_module
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_emulated_kernel_softplus_passes_large_arguments_through(dtype):
     # torch's softplus returns z itself above its threshold 20: delta + bias on both sides of it.

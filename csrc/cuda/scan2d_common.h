@@ -216,7 +216,7 @@ struct BackwardLayout {
   size_t hcar;   // float[channels][N][kTile]: reverse horizontal carry
   size_t dA;     // float[channels][N]
   size_t lane;   // float[nwarps][kTile]: per-lane dA partials
-  size_t top;    // float[nwarps][kTile]: the vertical dL/dAbar term of a tile's first row
+  size_t top;    // float[nwarps][kTile]: h flowing into a tile's first row from the tile above
   size_t total;
 };
 // Per warp: Abar (then the state's dL/ddt term), h (hh, then h), g (dy * C, then dL/dh, then

@@ -62,6 +62,8 @@ int64_t emulation_vector_accesses();
 // The kernels' softplus (scan2d_kernel.cuh) applied to every element of a float32 CPU tensor, as
 // the host build computes it (tests of its error bound).
 at::Tensor kernel_softplus(const at::Tensor& z);
+// Its derivative sigmoid(z), from dt = softplus(z) >= 0, as the host build computes it.
+at::Tensor kernel_softplus_grad_from_value(const at::Tensor& dt);
 
 }  // namespace scan2d
 }  // namespace vmamba2d

@@ -583,5 +583,17 @@ at::Tensor kernel_softplus(const at::Tensor& z) {
   return out;
 }
 
+at::Tensor kernel_softplus_grad_from_value(const at::Tensor& dt) {
+  TORCH_CHECK_VALUE(dt.is_cpu() && dt.scalar_type() == at::kFloat,
+                    "_softplus_grad_from_value: dt must be a float32 CPU tensor, got ", dt.scalar_type(),
+                    " on ", dt.device());
+  const at::Tensor in = dt.contiguous();
+  at::Tensor out = at::empty_like(in);
+  const float* src = in.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t i = 0; i < in.numel(); ++i) dst[i] = softplus_grad_from_value(src[i]);
+  return out;
+}
+
 }  // namespace scan2d
 }  // namespace vmamba2d
