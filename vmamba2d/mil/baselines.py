@@ -1,7 +1,8 @@
 """The paper's other MIL baselines under the MIL API of ``vmamba2d.mil.models`` (docs/mil.md#baselines).
 
-Each model is built at the default sizes of the code the 2DMamba paper trains it with; the
-parameter counts at in_dim 1024 and 3 classes are stated (and derived) in tests/test_mil_models.py.
+Default sizes: the 2DMamba code's (MambaMIL), the MambaMIL repository trainer's, which the 2DMamba
+trainer descends from (TransMIL, S4MIL), and the authors' own code's (CLAM-SB, DSMIL); the
+parameter counts at in_dim 1024 and 3 classes are stated (and derived) in tests/test_mil_baselines.py.
 
     ``CLAMSB``      CLAM-SB (Lu et al., Nat. Biomed. Eng. 2021): gated attention pooling plus an
                     instance-level clustering loss on the top / bottom-k attended patches.
@@ -224,7 +225,7 @@ class TransMIL(_MILModel):
     """TransMIL: projection -> square padding -> class token -> Nyström layer -> PPEG -> Nyström
     layer -> LayerNorm -> the class token's head.
 
-    Defaults = the TransMIL the official 2DMamba trainer builds (``act='relu'``, dropout 0.25):
+    Defaults = TransMIL as the MambaMIL / 2DMamba trainers build it (``act='relu'``, dropout 0.25):
     Linear(in_dim, 512) -> ReLU -> Dropout(0.25); two layers of 8-head Nyström attention (head size
     64, 256 landmarks, 6 pseudo-inverse iterations, value convolution of length 33, dropout 0.1);
     PPEG; LayerNorm; classifier 512 -> C; Xavier-normal Linear init, class token ~ N(0, 1e-6).
@@ -282,7 +283,7 @@ class TransMIL(_MILModel):
 class S4MIL(_MILModel):
     """S4MIL: projection -> LayerNorm -> S4D over the patch sequence -> max over patches -> head.
 
-    Defaults = the S4MIL the official 2DMamba trainer builds (``act='gelu'``, dropout 0.25):
+    Defaults = S4MIL as the MambaMIL / 2DMamba trainers build it (``act='gelu'``, dropout 0.25):
     Linear(in_dim, 512) -> GELU -> Dropout(0.25), LayerNorm(512), S4D(512, N = 32), classifier
     512 -> C, PyTorch's default init and S4D's own. No per-instance attention score.
 
