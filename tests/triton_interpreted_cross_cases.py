@@ -196,6 +196,17 @@ def test_programs_of_several_channels(monkeypatch):
         torch.testing.assert_close(got[key], expected[key], rtol=1e-9, atol=1e-9, msg=key)
 
 
+@pytest.mark.parametrize("shape", [(0, 2, 1, 3, 4), (1, 2, 1, 0, 4)], ids=["batch0", "height0"])
+def test_empty_inputs(shape):
+    batch, dim, nstate, height, width = shape
+    inputs = make_cross_inputs(batch, dim, nstate, height, width, 4)
+    y, got = grads(lambda **kw: triton_op("cross", **kw), inputs, torch.zeros(batch, dim, height, width,
+                                                                               dtype=torch.float64))
+    assert y.shape == (batch, dim, height, width)
+    for key, grad in got.items():
+        assert grad.shape == inputs[key].shape and not grad.any(), key
+
+
 def test_carries_are_saved_only_for_a_backward():
     inputs = make_cross_inputs(1, 2, 1, 3, 4, 4, seed=15)
     args = [inputs[k] for k in TENSORS]
