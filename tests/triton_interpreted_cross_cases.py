@@ -207,6 +207,12 @@ def test_empty_inputs(shape):
         assert grad.shape == inputs[key].shape and not grad.any(), key
 
 
+def test_more_routes_than_the_kernel_packs_raise():
+    inputs = make_cross_inputs(1, 1, 1, 2, 2, 16, seed=23)
+    with pytest.raises(ValueError, match="at most 15 routes"):
+        triton_op([r for r in route_set("cross") for _ in range(4)], **inputs)
+
+
 def test_carries_are_saved_only_for_a_backward():
     inputs = make_cross_inputs(1, 2, 1, 3, 4, 4, seed=15)
     args = [inputs[k] for k in TENSORS]

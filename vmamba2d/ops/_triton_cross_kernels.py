@@ -171,11 +171,11 @@ def _chunk_cells(chunk, height, width, CODE: tl.constexpr, LENGTH: tl.constexpr)
 
 
 @triton.jit
-def _route_params(A_ptr, D_ptr, bias_ptr, k, dim, nstate, d_index, chan_ok, n1, state_ok,
+def _route_params(A_ptr, D_ptr, bias_ptr, route_index, dim, nstate, d_index, chan_ok, n1, state_ok,
                   HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr):
-    """Route k's A (BLOCK_D, BLOCK_N, 1, 1), D and delta_bias (BLOCK_D, 1, 1) of the channels
+    """The route's A (BLOCK_D, BLOCK_N, 1, 1), D and delta_bias (BLOCK_D, 1, 1) of the channels
     (0.0 for an absent D / delta_bias)."""
-    row = k * dim + d_index
+    row = route_index * dim + d_index
     A = tl.load(A_ptr + row[:, None] * nstate + n1[None, :], mask=chan_ok[:, None] & state_ok[None, :],
                 other=0.0).to(ACC)
     if HAS_BIAS:

@@ -100,9 +100,14 @@ def _constexprs(routes: List[int], D: Optional[Tensor], delta_bias: Optional[Ten
                 ACC=_tl_dtype(acc))
 
 
+MAX_ROUTES = 15  # the packed route codes stay within 60 bits
+
+
 def _check_routes(routes: List[int], delta: Tensor) -> None:
     if len(routes) != delta.shape[1] or any(not 0 <= int(c) < 1 << ROUTE_BITS for c in routes):
         raise ValueError(f"routes must be {delta.shape[1]} route codes in [0, 16), got {list(routes)}")
+    if len(routes) > MAX_ROUTES:
+        raise ValueError(f"backend 'triton' scans at most {MAX_ROUTES} routes in one op, got {len(routes)}")
 
 
 @torch.library.custom_op(CROSS_FWD_OP_NAME, mutates_args=())
