@@ -250,3 +250,16 @@ def test_custom_op_per_route_composition_matches_the_route_kernel(with_optional)
             assert g is None, name
         else:
             torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10, msg=name)
+
+
+def test_four_route_ops_share_the_flop_handles_argument_positions():
+    """The fvcore handle reads u, A, D and routes by position: every four-route op's schema has
+    them there."""
+    from vmamba2d.ops.flops import FVCORE_OP_HANDLES, cross_selective_scan_2d_flop_jit
+
+    names = [name for name, handle in FVCORE_OP_HANDLES.items() if handle is cross_selective_scan_2d_flop_jit]
+    assert len(names) == 2
+    for name in names:
+        namespace, op = name.split("::")
+        arguments = [a.name for a in getattr(getattr(torch.ops, namespace), op).default._schema.arguments]
+        assert [arguments[i] for i in (0, 2, 5, 8)] == ["u", "A", "D", "routes"], name

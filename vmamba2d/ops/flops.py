@@ -3,7 +3,7 @@
 fvcore traces models with ``torch.jit.trace``; the compiled scan shows up as a node named after its
 custom op (``vmamba2d::selective_scan_2d_fwd`` for the compiled kernels,
 ``vmamba2d::selective_scan_2d_triton_fwd`` for Triton; both share one schema and one handle;
-``vmamba2d::cross_selective_scan_2d_fwd`` for the four-route op). Register the handles with
+``vmamba2d::cross_selective_scan_2d_fwd`` / ``..._triton_fwd`` for the four-route op). Register the handles with
 ``FlopCountAnalysis(model, inputs).set_op_handle(**FVCORE_OP_HANDLES)``, or
 ``set_op_handle(name, handle)`` for each item.
 
@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 from .cross_fused import CROSS_FWD_OP_NAME
 from .fused import FWD_OP_NAME
 from .routes import Route
+from ._triton_cross_scan import CROSS_FWD_OP_NAME as TRITON_CROSS_FWD_OP_NAME
 from .scan_triton import FWD_OP_NAME as TRITON_FWD_OP_NAME
 
 # Argument positions in the op's schema (u, delta, A, B, C, D, delta_bias, delta_softplus, height,
@@ -105,4 +106,5 @@ FVCORE_OP_HANDLES: dict[str, Callable[[list, list], int]] = {
     FWD_OP_NAME: selective_scan_2d_flop_jit,
     TRITON_FWD_OP_NAME: selective_scan_2d_flop_jit,
     CROSS_FWD_OP_NAME: cross_selective_scan_2d_flop_jit,
+    TRITON_CROSS_FWD_OP_NAME: cross_selective_scan_2d_flop_jit,
 }
