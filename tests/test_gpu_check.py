@@ -98,8 +98,8 @@ def test_plan_builds_for_this_gpus_arch_and_runs_every_sanitizer_tool(gpu_check,
     steps = gpu_check.plan("python3", env, tmp_path, jobs=16)
     names = [s.name for s in steps]
     # First-run order: build, correctness, the Triton primitive, measurements, sanitizers last.
-    assert names == ["build", "tests", "triton-reverse-scan", "bench-scan", "bench-model-fp32", "bench-model-bf16",
-                     "sanitize-memcheck", "sanitize-racecheck", "sanitize-synccheck", "sanitize-initcheck"]
+    assert names == ["build", "tests", "triton-reverse-scan", "bench-scan", "bench-cross-scan", "bench-model-fp32",
+                     "bench-model-bf16", "sanitize-memcheck", "sanitize-racecheck", "sanitize-synccheck", "sanitize-initcheck"]
     build, tests = steps[0], steps[1]
     assert build.env == {"TORCH_CUDA_ARCH_LIST": "8.6", "MAX_JOBS": "16"}
     assert "tests/test_scan_cuda.py" in tests.command and "-m" in tests.command

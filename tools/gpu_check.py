@@ -14,6 +14,8 @@ its budget is stopped, and the report says so:
                          a 4-D block with 4 and 8 warps against a Python loop (open upstream bug
                          report; the Triton backward depends on it)
     bench-scan           tools/bench_scan.py --device cuda (shapes and targets: docs/benchmarks.md)
+    bench-cross-scan     tools/bench_cross_scan.py --device cuda: the four-route op vs per-route
+                         copies on the cuda and triton backends
     bench-model-*        tools/bench_model.py --device cuda, fp32 and bf16 autocast, batch 128:
                          vmamba2d_tiny vs vmamba_tiny and convnext_tiny
     sanitize-<tool>      tools/cuda_sanitize.sh with memcheck, racecheck, synccheck, initcheck, last
@@ -164,8 +166,9 @@ def scan_test_files() -> list[str]:
 UNCACHED_SANITIZERS = ("memcheck", "initcheck")
 # Per-step budgets (seconds); they add up to less than the run's default budget (560 s, itself
 # inside a 10-minute limit) minus REPORT_RESERVE_S, so that the first run on a GPU reaches the end.
-BUDGETS_S = {"build": 140, "tests": 80, "triton-reverse-scan": 30, "bench-scan": 90, "bench-model-fp32": 60,
-             "bench-model-bf16": 50, "sanitize-memcheck": 35, "sanitize-racecheck": 25,
+BUDGETS_S = {"build": 140, "tests": 80, "triton-reverse-scan": 30, "bench-scan": 70, "bench-cross-scan": 25,
+             "bench-model-fp32": 60,
+             "bench-model-bf16": 45, "sanitize-memcheck": 35, "sanitize-racecheck": 25,
              "sanitize-synccheck": 15, "sanitize-initcheck": 25}
 
 
@@ -183,6 +186,11 @@ def plan(python: str, env: Environment, work: Path, jobs: int) -> list[Step]:
         Step("bench-scan", [python, "tools/bench_scan.py", "--device", "cuda", "--warmup", "2", "--repeats", "5",
                             "--out", str(work / "bench_scan.md")], budget_s=BUDGETS_S["bench-scan"], min_s=40,
              table=work / "bench_scan.md", time_option="--max-seconds"),
+        # the four-route op vs its routes one by one on copies (cuda, triton), stages 1 and 3 of the tiny model
+        Step("bench-cross-scan", [python, "tools/bench_cross_scan.py", "--device", "cuda", "--backends", "cuda",
+                                  "triton", "--scans", "2d", "--stages", "0", "2", "--repeats", "3",
+                                  "--out", str(work / "bench_cross_scan.md")],
+             budget_s=BUDGETS_S["bench-cross-scan"], min_s=15, table=work / "bench_cross_scan.md"),
     ]
     for precision in ("fp32", "bf16"):
         out = work / f"bench_model_{precision}.md"
