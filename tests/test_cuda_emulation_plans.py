@@ -195,3 +195,20 @@ def test_tile_parallel_switch_weighs_waves_of_resident_slots():
     # tile-parallel would take 3 passes x 2 waves.
     plan = CUDA_MODULE._launch_plan(1, 8, 2, 1, 40, 45, 1, limits["smem_per_sm"], limits["smem_per_block"])
     assert plan["fwd_resident_blocks"] == 6 and not plan["fwd_tile_parallel"]
+
+
+@needs_module
+@pytest.mark.parametrize("device", list(DEVICES))
+def test_the_plan_matrix_reaches_every_plan_of_every_pass(device):
+    """test_every_device_plan_matches_reference labels runs "sequential" / "tile-parallel" by the
+    SM count it plans for; the planner decides by waves of resident slots, so check that over
+    SHAPES each device still runs each pass (forward, backward) in both plans under the race
+    detector, whatever the planner's thresholds become."""
+    reached = set()
+    for shape in SHAPES:
+        for plan in PLANS:
+            limits = _options(device, plan, order=0)
+            launch = CUDA_MODULE._launch_plan(*shape[:6], limits["sm_count"], limits["smem_per_sm"],
+                                              limits["smem_per_block"])
+            reached |= {(p, launch[f"{p}_tile_parallel"]) for p in ("fwd", "bwd")}
+    assert reached == {("fwd", False), ("fwd", True), ("bwd", False), ("bwd", True)}
