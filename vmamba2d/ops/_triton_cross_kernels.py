@@ -139,6 +139,24 @@ def _last_along(block, AXIS: tl.constexpr, SIZE: tl.constexpr, BACKWARDS: tl.con
 
 
 @triton.jit
+def _program_layout(n_groups, nstate, n_tile_cols, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                    TILE_H: tl.constexpr, TILE_W: tl.constexpr):
+    """The program's (batch, group), its state lanes and their mask, and the offsets of a
+    (BLOCK_D, BLOCK_N, ...) block of tile-edge carries: a padded tile row, a tile column, one
+    value per (channel, state). Shared by the forward and backward kernels."""
+    pid = tl.program_id(0).to(tl.int64)
+    batch = pid // n_groups
+    group = (pid % n_groups).to(tl.int32)
+    n1 = tl.arange(0, BLOCK_N)
+    state_ok = n1 < nstate
+    d1 = tl.arange(0, BLOCK_D)
+    carry_one = d1[:, None, None] * BLOCK_N + n1[None, :, None]
+    carry_row = carry_one * (n_tile_cols * TILE_W) + tl.arange(0, TILE_W)[None, None, :]
+    carry_col = carry_one * TILE_H + tl.arange(0, TILE_H)[None, None, :]
+    return batch, group, n1, state_ok, carry_row, carry_col, carry_one
+
+
+@triton.jit
 def _tile_cells(tr, tc, height, width, TILE_H: tl.constexpr, TILE_W: tl.constexpr, WIDTH_ALIGN: tl.constexpr):
     """Map offsets (TILE_H, TILE_W) of tile (tr, tc) and which are inside the map.
 
@@ -344,20 +362,12 @@ def cross_scan_fwd_kernel(
     scratch for the horizontal-pass (flat: the sequence's) state between tiles.
     """
     length = tl.multiple_of(height * width, WIDTH_ALIGN)  # rows start aligned: vector loads
-    pid = tl.program_id(0).to(tl.int64)
-    batch = pid // n_groups
-    group = (pid % n_groups).to(tl.int32)
-    n1 = tl.arange(0, BLOCK_N)
-    state_ok = n1 < nstate
-    d1 = tl.arange(0, BLOCK_D)
+    batch, group, n1, state_ok, carry_row, carry_col, carry_one = _program_layout(
+        n_groups, nstate, n_tile_cols, BLOCK_D, BLOCK_N, TILE_H, TILE_W)
     # Scalar pointers to the program's batch element, int32 offsets within it.
     u_ptr += batch * dim * length
     y_ptr += batch * dim * length
     yacc_ptr += batch * dim * length
-    padded_width = n_tile_cols * TILE_W
-    carry_row = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * padded_width + tl.arange(0, TILE_W)[None, None, :]
-    carry_col = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * TILE_H + tl.arange(0, TILE_H)[None, None, :]
-    carry_one = (d1[:, None, None] * BLOCK_N + n1[None, :, None])
 
     # A run-time loop over the routes, each iteration branching to its route's compiled body: the
     # compiler cannot hoist one route's address arithmetic into another's (fewer live registers).
@@ -579,21 +589,13 @@ def cross_scan_bwd_kernel(
     dD / d(delta_bias) (batch, K * dim).
     """
     length = height * width
-    pid = tl.program_id(0).to(tl.int64)
-    batch = pid // n_groups
-    group = (pid % n_groups).to(tl.int32)
-    n1 = tl.arange(0, BLOCK_N)
-    state_ok = n1 < nstate
-    d1 = tl.arange(0, BLOCK_D)
+    batch, group, n1, state_ok, carry_row, carry_col, carry_one = _program_layout(
+        n_groups, nstate, n_tile_cols, BLOCK_D, BLOCK_N, TILE_H, TILE_W)
     # Scalar pointers to the program's batch element, int32 offsets within it.
     u_ptr += batch * dim * length
     dy_ptr += batch * dim * length
     du_ptr += batch * dim * length
     duacc_ptr += batch * dim * length
-    padded_width = n_tile_cols * TILE_W
-    carry_row = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * padded_width + tl.arange(0, TILE_W)[None, None, :]
-    carry_col = (d1[:, None, None] * BLOCK_N + n1[None, :, None]) * TILE_H + tl.arange(0, TILE_H)[None, None, :]
-    carry_one = (d1[:, None, None] * BLOCK_N + n1[None, :, None])
 
     # Run-time route loop branching to each route's body (see cross_scan_fwd_kernel).
     for route_index in range(NUM_ROUTES):
