@@ -234,6 +234,12 @@ setup(
             "ftfy",
             "regex",
         ],
+        "det": [
+            "mmengine>=0.10,<1.0",
+            "mmdet==3.3.0",
+            "mmcv-lite==2.1.0",
+            "pycocotools>=2.0",
+        ],
         "mil": ["h5py>=3", "scikit-learn>=1.2", "scikit-survival>=0.22"],
         "dev": ["pytest>=7", "build>=1"],
         "onnx": ["onnx>=1.23", "onnxscript>=0.7", "onnx-ir>=1.1", "onnxruntime>=1.32"],
