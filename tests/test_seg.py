@@ -20,7 +20,7 @@ from mmengine.logging import HistoryBuffer  # noqa: E402
 from mmengine.model import revert_sync_batchnorm  # noqa: E402
 from mmseg.registry import MODELS  # noqa: E402
 from mmseg.utils import register_all_modules  # noqa: E402
-from vmamba2d.seg.mmcv_compat import compiled_mmcv_ops_available  # noqa: E402
+from vmamba2d.openmmlab.mmcv_compat import compiled_mmcv_ops_available  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs" / "seg").glob("upernet_*.py"))
@@ -117,7 +117,7 @@ def test_compat_layer_is_active_and_mmseg_models_import():
     import mmseg.models  # noqa: F401  (fails on mmcv-lite without the stand-in)
 
     assert vmamba2d.seg.compat_layer_active()
-    assert mmcv.ops.point_sample is vmamba2d.seg.mmcv_compat.point_sample
+    assert mmcv.ops.point_sample is vmamba2d.openmmlab.mmcv_compat.point_sample
     assert MODELS.get("VMamba2DBackbone") is vmamba2d.seg.VMamba2DBackbone
 
 

@@ -14,7 +14,7 @@ if _MISSING:
     raise ImportError(f"vmamba2d.seg needs {', '.join(_MISSING)}: install the seg extra, "
                       "`pip install -e .[seg]` (mmsegmentation 1.2.2, mmengine, mmcv-lite 2.1.0)")
 
-from .mmcv_compat import compat_layer_active, install_mmcv_ops_compat  # noqa: E402
+from vmamba2d.openmmlab.mmcv_compat import compat_layer_active, install_mmcv_ops_compat  # noqa: E402
 
 install_mmcv_ops_compat()  # before anything imports mmseg.models / mmseg.utils
 
