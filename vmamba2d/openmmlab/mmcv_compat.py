@@ -1,124 +1,143 @@
-"""A narrow stand-in for ``mmcv.ops`` when mmcv's compiled extension is missing.
+"""A stand-in for ``mmcv.ops`` when mmcv's compiled extension is missing (mmcv-lite).
 
-mmsegmentation 1.2.2 imports a few names from ``mmcv.ops`` at module level (``point_sample`` in
-``mmseg.utils.mask_classification``, ``mmseg.models.utils.point_sample`` and the SAN head;
-``sigmoid_focal_loss`` in ``mmseg.models.losses.focal_loss``), so ``import mmseg.models`` fails
-with ``mmcv-lite``, whose ``mmcv.ops`` package needs the compiled ``mmcv._ext``. UperNet and the
-FCN head use no compiled op, so a stand-in module lets mmseg import and train them:
+mmsegmentation 1.2.2 and mmdetection 3.3.0 import names from ``mmcv.ops`` and its submodules at
+module level (``point_sample``, ``sigmoid_focal_loss``, ``batched_nms`` from ``mmcv.ops.nms``,
+``roi_align`` from ``mmcv.ops.roi_align``, the merge cells, ``CARAFEPack``, deformable
+convolutions, ...), and mmdetection's RoI extractors look their layer up with
+``getattr(mmcv.ops, 'RoIAlign')``. With ``mmcv-lite`` every one of those imports fails, because
+its ``mmcv.ops`` package needs the compiled ``mmcv._ext``. The stand-in is a package-like module
+tree (``mmcv.ops`` plus the submodules that the two toolkits import) with:
 
-* ``point_sample`` and ``sigmoid_focal_loss`` are implemented in PyTorch (same semantics as mmcv's);
-* the compiled ops that mmseg imports inside ``try`` blocks (``CrissCrossAttention``, ``PSAMask``,
-  ``DeformConv2d``, ``ModulatedDeformConv2d``) are placeholders that raise ``NotImplementedError``
-  naming the op when they are built;
-* every other name raises ``AttributeError`` (so ``from mmcv.ops import X`` fails clearly).
+* PyTorch implementations, same semantics as mmcv's: ``nms``, ``batched_nms``, ``nms_match``
+  (:mod:`.mmcv_nms`, on ``torchvision.ops.nms``), ``roi_align`` / ``RoIAlign`` (on
+  ``torchvision.ops.roi_align``; ``pool_mode='avg'`` only) and ``roi_pool`` / ``RoIPool``
+  (:mod:`.mmcv_roi_ops`), ``point_sample`` and ``rel_roi_point_to_rel_img_point``
+  (:mod:`.mmcv_point_ops`), ``sigmoid_focal_loss`` (:mod:`.mmcv_focal_loss`), the NAS-FPN merge
+  cells (:mod:`.mmcv_merge_cells`). That covers UperNet / FCN in mmseg and Faster / Mask R-CNN
+  (FPN, RPN, RoIAlign heads, mask targets) in mmdet.
+* placeholders for compiled-only ops (deformable convolution, CARAFE, masked convolution,
+  multi-scale deformable attention, corner pooling, criss-cross attention, PSA mask,
+  ``soft_nms``) that import fine and raise ``NotImplementedError`` naming the op when they are
+  built or called;
+* every other name raises ``AttributeError`` (so ``from mmcv.ops import X`` fails clearly), and
+  every other submodule is missing (``ModuleNotFoundError``).
 
 The stand-in is installed only when ``mmcv._ext`` cannot be found; with a full mmcv build nothing
 is changed.
 """
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import types
 import warnings
+from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
-_MODULE_NAME = "mmcv.ops"
+from .mmcv_focal_loss import sigmoid_focal_loss
+from .mmcv_nms import batched_nms, nms, nms_match, soft_nms
+from .mmcv_point_ops import point_sample, rel_roi_point_to_rel_img_point
+from .mmcv_roi_ops import RoIAlign, RoIPool, roi_align, roi_pool
+
+_PACKAGE = "mmcv.ops"
 _MARKER = "__vmamba2d_compat__"
 _INSTALL_HINT = ("install a full mmcv build (e.g. `pip install mmcv==2.1.0`, compiled from source) "
                  "to use it")
-_UNAVAILABLE_OPS = ("CrissCrossAttention", "PSAMask", "DeformConv2d", "ModulatedDeformConv2d")
+
+# compiled-only ops, by the mmcv.ops submodule that defines them: class placeholders (CamelCase)
+# fail when built, function placeholders when called
+_UNAVAILABLE_OPS = {
+    "carafe": ("CARAFE", "CARAFENaive", "CARAFEPack", "carafe", "carafe_naive"),
+    "cc_attention": ("CrissCrossAttention",),
+    "corner_pool": ("CornerPool",),
+    "deform_conv": ("DeformConv2d", "DeformConv2dPack", "deform_conv2d"),
+    "masked_conv": ("MaskedConv2d", "masked_conv2d"),
+    "modulated_deform_conv": ("ModulatedDeformConv2d", "ModulatedDeformConv2dPack",
+                              "modulated_deform_conv2d"),
+    "multi_scale_deform_attn": ("MultiScaleDeformableAttention",),
+    "psa_mask": ("PSAMask",),
+}
 
 
-def point_sample(input: torch.Tensor, points: torch.Tensor, align_corners: bool = False,
-                 **kwargs) -> torch.Tensor:
-    """Bilinearly sample ``input`` at normalised point coordinates (mmcv.ops.point_sample).
-
-    Args:
-        input: (N, C, H, W) feature map.
-        points: (N, P, 2) or (N, Hg, Wg, 2) coordinates (x, y) in [0, 1].
-        align_corners: as in ``torch.nn.functional.grid_sample``.
-        **kwargs: passed on to ``grid_sample`` (e.g. ``mode``, ``padding_mode``).
-
-    Returns:
-        (N, C, P) for 3-D ``points``, else (N, C, Hg, Wg).
-    """
-    if input.dim() != 4:
-        raise ValueError(f"point_sample: input must be (N, C, H, W), got shape {tuple(input.shape)}")
-    if points.dim() not in (3, 4) or points.shape[-1] != 2:
-        raise ValueError("point_sample: points must be (N, P, 2) or (N, Hg, Wg, 2), got shape "
-                         f"{tuple(points.shape)}")
-    grid = points.unsqueeze(2) if points.dim() == 3 else points
-    output = F.grid_sample(input, 2.0 * grid - 1.0, align_corners=align_corners, **kwargs)
-    return output.squeeze(3) if points.dim() == 3 else output
-
-
-def sigmoid_focal_loss(input: torch.Tensor, target: torch.Tensor, gamma: float = 2.0,
-                       alpha: float = 0.25, weight: torch.Tensor | None = None,
-                       reduction: str = "mean") -> torch.Tensor:
-    """Sigmoid focal loss with class-index targets (mmcv.ops.sigmoid_focal_loss).
-
-    Element (n, c) is positive when ``target[n] == c``: loss ``-alpha (1-p)^gamma log p``,
-    otherwise ``-(1-alpha) p^gamma log(1-p)``, with ``p = sigmoid(input[n, c])``; a ``target``
-    equal to the number of classes (background) makes every element negative.
-
-    Args:
-        input: (N, C) logits.
-        target: (N,) int64 class indices in [0, C].
-        gamma, alpha: focusing and balance parameters.
-        weight: optional (C,) per-class weight, applied through ``weight[target[n]]``.
-        reduction: "none" -> (N, C); "mean" -> sum / N; "sum" -> sum.
-
-    Returns:
-        The loss, shaped by ``reduction``.
-    """
-    if input.dim() != 2:
-        raise ValueError(f"sigmoid_focal_loss: input must be (N, C), got shape {tuple(input.shape)}")
-    if target.shape != input.shape[:1] or target.dtype != torch.long:
-        raise ValueError("sigmoid_focal_loss: target must be an int64 tensor of shape "
-                         f"({input.shape[0]},), got {target.dtype} {tuple(target.shape)}")
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(f"sigmoid_focal_loss: reduction must be 'none', 'mean' or 'sum', got "
-                         f"{reduction!r}")
-    classes = torch.arange(input.shape[1], device=input.device)
-    positive = (target.unsqueeze(1) == classes.unsqueeze(0)).to(input.dtype)
-    prob = input.sigmoid()
-    positive_loss = -alpha * (1 - prob).pow(gamma) * F.logsigmoid(input)
-    negative_loss = -(1 - alpha) * prob.pow(gamma) * F.logsigmoid(-input)
-    loss = positive * positive_loss + (1 - positive) * negative_loss
-    if weight is not None:
-        if weight.dim() != 1 or weight.shape[0] != input.shape[1]:
-            raise ValueError(f"sigmoid_focal_loss: weight must be ({input.shape[1]},), got shape "
-                             f"{tuple(weight.shape)}")
-        # mmcv indexes the weight by the target class; background targets (== C) get weight 1
-        padded = torch.cat([weight.to(loss.dtype), weight.new_ones(1).to(loss.dtype)])
-        loss = loss * padded[target].unsqueeze(1)
-    if reduction == "mean":
-        return loss.sum() / input.shape[0]
-    if reduction == "sum":
-        return loss.sum()
-    return loss
-
-
-def _unavailable_op(name: str) -> type:
-    """A placeholder class for a compiled mmcv op that fails loudly when it is built."""
-
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(
-            f"mmcv.ops.{name} is a compiled mmcv op and mmcv's compiled extension (mmcv._ext) is "
+def _unavailable_message(name: str) -> str:
+    return (f"mmcv.ops.{name} is a compiled mmcv op and mmcv's compiled extension (mmcv._ext) is "
             f"not installed (vmamba2d's mmcv-lite compatibility layer is active); {_INSTALL_HINT}.")
 
-    return type(name, (torch.nn.Module,), {"__init__": __init__, "__module__": _MODULE_NAME})
+
+def _unavailable_op(name: str) -> Callable:
+    """A placeholder for a compiled mmcv op: a Module class failing when built, or a function."""
+    if name[0].isupper():
+        def __init__(self, *args, **kwargs):
+            raise NotImplementedError(_unavailable_message(name))
+
+        return type(name, (torch.nn.Module,), {"__init__": __init__, "__module__": _PACKAGE})
+
+    def unavailable(*args, **kwargs):
+        raise NotImplementedError(_unavailable_message(name))
+
+    unavailable.__name__ = unavailable.__qualname__ = name
+    unavailable.__module__ = _PACKAGE
+    return unavailable
 
 
-def _missing_name(name: str):
-    raise AttributeError(
-        f"module 'mmcv.ops' has no attribute {name!r}: mmcv's compiled extension (mmcv._ext) is not "
-        f"installed and vmamba2d's mmcv-lite compatibility layer provides only "
-        f"point_sample, sigmoid_focal_loss and placeholders for {', '.join(_UNAVAILABLE_OPS)}; "
-        f"{_INSTALL_HINT}.")
+def _implemented_ops() -> dict[str, dict[str, Any]]:
+    """The PyTorch ops, by the mmcv.ops submodule that defines them in mmcv."""
+    from . import mmcv_merge_cells  # imports mmcv.cnn, so only once mmcv is known to be there
+
+    return {
+        "focal_loss": {"sigmoid_focal_loss": sigmoid_focal_loss},
+        "merge_cells": {name: getattr(mmcv_merge_cells, name) for name in
+                        ("BaseMergeCell", "ConcatCell", "GlobalPoolingCell", "SumCell")},
+        "nms": {"batched_nms": batched_nms, "nms": nms, "nms_match": nms_match,
+                "soft_nms": soft_nms},
+        "point_sample": {"point_sample": point_sample,
+                         "rel_roi_point_to_rel_img_point": rel_roi_point_to_rel_img_point},
+        "roi_align": {"RoIAlign": RoIAlign, "roi_align": roi_align},
+        "roi_pool": {"RoIPool": RoIPool, "roi_pool": roi_pool},
+    }
+
+
+def _missing_name(module: str, provided: list[str]) -> Callable[[str], Any]:
+    def __getattr__(name: str):
+        raise AttributeError(
+            f"module {module!r} has no attribute {name!r}: mmcv's compiled extension (mmcv._ext) "
+            f"is not installed and vmamba2d's mmcv-lite compatibility layer provides only "
+            f"{', '.join(provided)}; {_INSTALL_HINT}.")
+
+    return __getattr__
+
+
+def _new_module(name: str, contents: dict[str, Any], is_package: bool) -> types.ModuleType:
+    doc = __doc__ if is_package else f"vmamba2d's stand-in for {name} (see {__name__})."
+    module = types.ModuleType(name, doc)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=is_package)
+    if is_package:
+        module.__path__ = []  # a package whose only submodules are those put in sys.modules
+    setattr(module, _MARKER, True)
+    for attribute, value in contents.items():
+        setattr(module, attribute, value)
+    module.__all__ = sorted(contents)
+    module.__getattr__ = _missing_name(name, module.__all__)
+    return module
+
+
+def _build_modules() -> dict[str, types.ModuleType]:
+    """The stand-in modules, by full name (``mmcv.ops`` and ``mmcv.ops.<submodule>``)."""
+    submodules = _implemented_ops()
+    for submodule, names in _UNAVAILABLE_OPS.items():
+        submodules[submodule] = {name: _unavailable_op(name) for name in names}
+    modules = {f"{_PACKAGE}.{submodule}": _new_module(f"{_PACKAGE}.{submodule}", contents, False)
+               for submodule, contents in sorted(submodules.items())}
+    everything = {name: value for contents in submodules.values()
+                  for name, value in contents.items()}
+    package = _new_module(_PACKAGE, everything, True)
+    for full_name, module in modules.items():
+        # as in mmcv, an op named like its submodule (nms, roi_align, ...) shadows the submodule
+        if not hasattr(package, full_name.rsplit(".", 1)[1]):
+            setattr(package, full_name.rsplit(".", 1)[1], module)
+    return {_PACKAGE: package, **modules}
 
 
 def compiled_mmcv_ops_available() -> bool:
@@ -131,7 +150,7 @@ def compiled_mmcv_ops_available() -> bool:
 
 def compat_layer_active() -> bool:
     """True when the stand-in ``mmcv.ops`` module of this file is the one in use."""
-    return getattr(sys.modules.get(_MODULE_NAME), _MARKER, False)
+    return getattr(sys.modules.get(_PACKAGE), _MARKER, False)
 
 
 def install_mmcv_ops_compat() -> bool:
@@ -146,18 +165,13 @@ def install_mmcv_ops_compat() -> bool:
         return False
     import mmcv  # mmcv-lite: the package exists, its compiled ops do not
 
-    module = types.ModuleType(_MODULE_NAME, __doc__)
-    setattr(module, _MARKER, True)
-    module.point_sample = point_sample
-    module.sigmoid_focal_loss = sigmoid_focal_loss
-    for name in _UNAVAILABLE_OPS:
-        setattr(module, name, _unavailable_op(name))
-    module.__getattr__ = _missing_name
-    module.__all__ = ["point_sample", "sigmoid_focal_loss", *_UNAVAILABLE_OPS]
-    sys.modules[_MODULE_NAME] = module
-    mmcv.ops = module
+    modules = _build_modules()
+    sys.modules.update(modules)
+    mmcv.ops = modules[_PACKAGE]
     warnings.warn(
         "vmamba2d: mmcv's compiled ops (mmcv._ext) are not installed; using a PyTorch stand-in for "
-        "mmcv.ops (point_sample, sigmoid_focal_loss). UperNet/FCN heads need no compiled op; heads "
-        "that do (CCNet, PSANet, DCN) raise NotImplementedError.", stacklevel=2)
+        "mmcv.ops (nms, batched_nms, RoIAlign, RoIPool, point_sample, sigmoid_focal_loss, merge "
+        "cells). UperNet/FCN and Faster/Mask R-CNN need nothing else; ops that do (deformable "
+        "convolution, CARAFE, CCNet, PSANet, soft_nms, ...) raise NotImplementedError.",
+        stacklevel=2)
     return True
