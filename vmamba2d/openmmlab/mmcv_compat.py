@@ -13,12 +13,12 @@ tree (``mmcv.ops`` plus the submodules that the two toolkits import) with:
   ``torchvision.ops.roi_align``; ``pool_mode='avg'`` only) and ``roi_pool`` / ``RoIPool``
   (:mod:`.mmcv_roi_ops`), ``point_sample`` and ``rel_roi_point_to_rel_img_point``
   (:mod:`.mmcv_point_ops`), ``sigmoid_focal_loss`` (:mod:`.mmcv_focal_loss`), the NAS-FPN merge
-  cells (:mod:`.mmcv_merge_cells`). That covers UperNet / FCN in mmseg and Faster / Mask R-CNN
-  (FPN, RPN, RoIAlign heads, mask targets) in mmdet.
+  cells (:mod:`.mmcv_merge_cells`) and ``CornerPool`` (:mod:`.mmcv_corner_pool`). That covers
+  UperNet / FCN in mmseg and Faster / Mask R-CNN (FPN, RPN, RoIAlign heads, mask targets) in
+  mmdet;
 * placeholders for compiled-only ops (deformable convolution, CARAFE, masked convolution,
-  multi-scale deformable attention, corner pooling, criss-cross attention, PSA mask,
-  ``soft_nms``) that import fine and raise ``NotImplementedError`` naming the op when they are
-  built or called;
+  multi-scale deformable attention, criss-cross attention, PSA mask, ``soft_nms``) that import
+  fine and raise ``NotImplementedError`` naming the op when they are built or called;
 * every other name raises ``AttributeError`` (so ``from mmcv.ops import X`` fails clearly), and
   every other submodule is missing (``ModuleNotFoundError``).
 
@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import torch
 
+from .mmcv_corner_pool import CornerPool
 from .mmcv_focal_loss import sigmoid_focal_loss
 from .mmcv_nms import batched_nms, nms, nms_match, soft_nms
 from .mmcv_point_ops import point_sample, rel_roi_point_to_rel_img_point
@@ -51,7 +52,6 @@ _INSTALL_HINT = ("install a full mmcv build (e.g. `pip install mmcv==2.1.0`, com
 _UNAVAILABLE_OPS = {
     "carafe": ("CARAFE", "CARAFENaive", "CARAFEPack", "carafe", "carafe_naive"),
     "cc_attention": ("CrissCrossAttention",),
-    "corner_pool": ("CornerPool",),
     "deform_conv": ("DeformConv2d", "DeformConv2dPack", "deform_conv2d"),
     "masked_conv": ("MaskedConv2d", "masked_conv2d"),
     "modulated_deform_conv": ("ModulatedDeformConv2d", "ModulatedDeformConv2dPack",
@@ -87,6 +87,7 @@ def _implemented_ops() -> dict[str, dict[str, Any]]:
     from . import mmcv_merge_cells  # imports mmcv.cnn, so only once mmcv is known to be there
 
     return {
+        "corner_pool": {"CornerPool": CornerPool},
         "focal_loss": {"sigmoid_focal_loss": sigmoid_focal_loss},
         "merge_cells": {name: getattr(mmcv_merge_cells, name) for name in
                         ("BaseMergeCell", "ConcatCell", "GlobalPoolingCell", "SumCell")},
@@ -171,7 +172,8 @@ def install_mmcv_ops_compat() -> bool:
     warnings.warn(
         "vmamba2d: mmcv's compiled ops (mmcv._ext) are not installed; using a PyTorch stand-in for "
         "mmcv.ops (nms, batched_nms, RoIAlign, RoIPool, point_sample, sigmoid_focal_loss, merge "
-        "cells). UperNet/FCN and Faster/Mask R-CNN need nothing else; ops that do (deformable "
-        "convolution, CARAFE, CCNet, PSANet, soft_nms, ...) raise NotImplementedError.",
+        "cells, CornerPool). UperNet/FCN and Faster/Mask R-CNN need nothing else; ops that do "
+        "(deformable convolution, CARAFE, CCNet, PSANet, soft_nms, ...) raise "
+        "NotImplementedError.",
         stacklevel=2)
     return True
