@@ -100,7 +100,7 @@ def test_norm_eval_keeps_norms_in_eval_mode_and_batchnorm_statistics_fixed():
 def logged(monkeypatch) -> list:
     """(message, level) of every print_log call of the backbone module."""
     messages = []
-    monkeypatch.setattr(vmamba2d.seg.backbone, "print_log",
+    monkeypatch.setattr(vmamba2d.openmmlab.backbone, "print_log",
                         lambda message, logger=None, level=20: messages.append((message, level)))
     return messages
 

@@ -1,5 +1,5 @@
 """Crash-safe segmentation runs: atomic mmengine checkpoints, commit order, start / resume / repair rules
-of seg/train.py (vmamba2d.seg.safe_checkpoints, vmamba2d.seg.work_dir)."""
+of seg/train.py (vmamba2d.openmmlab.safe_checkpoints, vmamba2d.openmmlab.work_dir)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ pytest.importorskip("mmseg", reason="the seg extra (mmsegmentation, mmengine, mm
 import vmamba2d.seg  # noqa: E402,F401  (registers the hook, the atomic backend and the weights_only allow-list)
 from mmengine.config import Config  # noqa: E402
 from test_seg import TINY_CONFIG, _load_script, _run_options, ade_root  # noqa: E402,F401  (fixture)
-from vmamba2d.seg import safe_checkpoints  # noqa: E402
+from vmamba2d.openmmlab import safe_checkpoints  # noqa: E402
 from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend  # noqa: E402
 from vmamba2d.seg.work_dir import UnreadableCheckpoint, prepare_work_dir  # noqa: E402
 from vmamba2d.training import RunFolderError  # noqa: E402
@@ -37,7 +37,7 @@ import torch
 torch.set_num_threads({threads})
 sys.path.insert(0, {root!r})
 import vmamba2d.seg
-from vmamba2d.seg import safe_checkpoints
+from vmamba2d.openmmlab import safe_checkpoints
 from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend
 from vmamba2d.training.checkpoint import temp_path_for
 
@@ -347,7 +347,7 @@ def test_resume_starts_over_after_a_kill_before_the_first_commit(tmp_path):
 
 
 def test_other_ranks_start_over_while_rank_0_deletes_the_uncommitted_checkpoints(tmp_path, monkeypatch):
-    from vmamba2d.seg import work_dir as work_dir_module
+    from vmamba2d.openmmlab import work_dir as work_dir_module
 
     work = _killed_before_first_commit(tmp_path / "work")
     read = work_dir_module.read_checkpoint_state

@@ -213,7 +213,8 @@ def test_user_script_with_the_one_line_import_runs_mmseg_apis(tmp_path):
 
 
 def test_tracing_with_a_pure_pytorch_scan_warns_that_flop_counters_miss_the_scans(monkeypatch):
-    from vmamba2d.seg import VMamba2DBackbone, complexity
+    from vmamba2d.openmmlab import complexity
+    from vmamba2d.seg import VMamba2DBackbone
 
     monkeypatch.setattr(complexity, "_warned_untraceable", False)
     backbone = VMamba2DBackbone("vmamba2d_tiny", model_kwargs=dict(dims=8, depths=(1, 1, 1, 1), scan_backend="torch"))

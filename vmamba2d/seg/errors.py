@@ -1,13 +1,11 @@
-"""Errors the segmentation entry points (seg/train.py, seg/test.py) report in one line, exit code 2."""
+"""Errors the segmentation entry points (seg/train.py, seg/test.py) report in one line, exit code 2.
 
+The classes live in :mod:`vmamba2d.openmmlab.errors` (shared with :mod:`vmamba2d.det`); the names
+below are the ones this package has always exported.
+"""
+from vmamba2d.openmmlab.errors import InputError, MissingFileError, RefusedCheckpointError
 
-class SegInputError(ValueError):
-    """Bad user input: a path, a checkpoint or an option (the message names it and what was expected)."""
+SegInputError = InputError
+SegMissingFileError = MissingFileError
 
-
-class SegMissingFileError(SegInputError, FileNotFoundError):
-    """A file or folder the user named (config, checkpoint, dataset folder) does not exist."""
-
-
-class RefusedCheckpointError(SegInputError):
-    """A checkpoint holds pickled Python objects that weights-only loading does not allow."""
+__all__ = ["RefusedCheckpointError", "SegInputError", "SegMissingFileError"]

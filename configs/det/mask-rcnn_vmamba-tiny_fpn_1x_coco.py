@@ -1,0 +1,18 @@
+# Mask R-CNN + FPN + VMamba (v2, 1D scan)-Tiny on COCO 2017, 8 GPUs x 2 images:
+# 1x schedule (12 epochs, single-scale 1333x800).
+# ImageNet-1K weights of the backbone (ours or official VMamba v2) are read from pretrained/ below;
+# elsewhere: --cfg-options model.backbone.init_cfg.checkpoint=path/to/weights.pth. Without the file
+# det/train.py stops before building anything; `det/train.py CONFIG --from-scratch` (or
+# --cfg-options model.backbone.init_cfg=None) trains the backbone from random weights.
+_base_ = [
+    '_base_/models/mask-rcnn_vmamba2d_fpn.py',
+    '_base_/datasets/coco_instance.py',
+    '_base_/schedules/schedule_1x.py',
+    '_base_/default_runtime.py',
+]
+model = dict(
+    backbone=dict(
+        model_name='vmamba_tiny',
+        drop_path_rate=0.2,
+        init_cfg=dict(type='Pretrained', checkpoint='pretrained/vmamba_tiny_in1k.pth')),
+    neck=dict(in_channels=[96, 192, 384, 768]))

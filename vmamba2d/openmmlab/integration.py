@@ -1,0 +1,44 @@
+"""What ``import vmamba2d.seg`` and ``import vmamba2d.det`` both do before their toolkit is imported."""
+from __future__ import annotations
+
+import importlib.util
+from typing import Sequence
+
+
+def require_packages(package: str, names: Sequence[str], extra: str, versions: str) -> None:
+    """Raise ImportError naming the pip extra when any of the modules ``names`` is not installed.
+
+    Args:
+        package: the importing package, for the message (``"vmamba2d.det"``).
+        names: top-level modules it needs (``("mmengine", "mmcv", "mmdet")``).
+        extra: the ``pip install -e .[extra]`` that provides them.
+        versions: what the extra pins, for the message.
+    """
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"{package} needs {', '.join(missing)}: install the {extra} extra, "
+                          f"`pip install -e .[{extra}]` ({versions})")
+
+
+def prepare_openmmlab() -> None:
+    """Make mmengine / mmcv-lite ready for our models; call it before importing mmseg or mmdet.
+
+    In order: installs the ``mmcv.ops`` stand-in when mmcv's compiled extension is missing
+    (:mod:`.mmcv_compat`), lets ``torch.load(weights_only=True)`` read mmengine checkpoints and makes
+    mmengine load local checkpoint files that way on every torch (:mod:`.checkpoint_safety`),
+    registers the atomic local file backend and ``AtomicCheckpointHook`` in mmengine's HOOKS
+    (:mod:`.safe_checkpoints`; toolkit registries inherit it) and gives mmengine's FLOP counter the
+    scan's FLOP handles (:mod:`.complexity`). Each step may run again without harm.
+    """
+    from .mmcv_compat import install_mmcv_ops_compat
+
+    install_mmcv_ops_compat()  # before anything imports mmseg.models / mmdet.models
+
+    from .checkpoint_safety import allow_mmengine_checkpoint_globals, use_weights_only_local_loader
+    from .complexity import register_mmengine_flop_handles
+    from .safe_checkpoints import register_atomic_backend
+
+    allow_mmengine_checkpoint_globals()
+    use_weights_only_local_loader()
+    register_atomic_backend()
+    register_mmengine_flop_handles()
