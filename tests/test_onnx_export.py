@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime
 import pytest
 import timm
 import torch
 
 import vmamba2d.models  # noqa: F401  (registers the models with timm)
+from vmamba2d.export import UntestedTorchError, register_onnx_translations
+from vmamba2d.export.mil_onnx import mil_max_relative_error, random_bag
 from vmamba2d.export.onnx_export import INPUT_NAME, export_onnx, max_relative_error, onnx_session
+from vmamba2d.export.onnx_registry import register_if_onnx_installed
+from vmamba2d.export.onnx_scan import selective_scan_2d_onnx
+from vmamba2d.mil.models import MambaMIL2D
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(depths=(1, 1), dims=16)  # two stages: small graphs, quick exports
@@ -38,12 +46,36 @@ def load_tool(name: str):
     return module
 
 
-@pytest.fixture(scope="module", params=["vmamba2d_tiny", "vmamba_tiny"])
-def dynamic_export(request, tmp_path_factory):
-    """(model, session) of a dynamic-size export: the 2D-scan family and the 1D (flat) one."""
-    model = create(request.param)
-    path = export_onnx(model, tmp_path_factory.mktemp("onnx") / f"{request.param}.onnx", (32, 48), dynamic_size=True)
-    return model, onnx_session(path)
+FAMILIES = ("vmamba2d_tiny", "vmamba_tiny")  # the 2D-scan family and the 1D (flat) one
+BARE_EXPORT = """
+import sys, timm, torch
+import vmamba2d  # registers the scan ops' ONNX translations with torch's exporter
+
+for name in sys.argv[2:]:
+    torch.manual_seed(0)
+    model = timm.create_model(name, depths=(1, 1), dims=16).eval()
+    dims = {0: torch.export.Dim("batch"), 2: torch.export.Dim("height"), 3: torch.export.Dim("width")}
+    torch.onnx.export(model, torch.randn(2, 3, 32, 48), f"{sys.argv[1]}/{name}.onnx", dynamo=True,
+                      dynamic_shapes=(dims,))
+"""
+
+
+@pytest.fixture(scope="module")
+def bare_exports(tmp_path_factory) -> Path:
+    """The issue's contract in a fresh process: ``import vmamba2d``, then the bare
+    ``torch.onnx.export(model, x, dynamo=True)`` (no translation table) of both families, batch,
+    height and width dynamic. Returns the folder of ``<name>.onnx`` files."""
+    folder = tmp_path_factory.mktemp("bare")
+    done = subprocess.run([sys.executable, "-c", BARE_EXPORT, str(folder), *FAMILIES], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def dynamic_export(request, bare_exports):
+    """(model, session): the eager model (same seed and config as the exported one) and its file."""
+    return create(request.param), onnx_session(bare_exports / f"{request.param}.onnx")
 
 
 @pytest.mark.parametrize("batch, height, width", [(1, 64, 64), (3, 40, 72), (2, 33, 17)])
@@ -51,6 +83,25 @@ def test_dynamic_export_matches_eager_on_square_and_non_square_inputs(dynamic_ex
     # one file: the batch size it was traced with (2) and others, any height / width
     model, session = dynamic_export
     assert max_relative_error(model, None, images(batch, height, width), session) <= TOLERANCE
+
+
+def _domains(graph: onnx.GraphProto) -> set:
+    """Domains of the graph's nodes and of their subgraphs' nodes (Scan bodies)."""
+    domains = set()
+    for node in graph.node:
+        domains.add(node.domain)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                domains |= _domains(attr.g)
+    return domains
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_bare_export_is_checked_standard_onnx(bare_exports, name):
+    model = onnx.load(str(bare_exports / f"{name}.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    assert not model.functions
+    assert _domains(model.graph) == {""} and {imp.domain for imp in model.opset_import} == {""}
 
 
 def test_fixed_size_features_only_export_matches_and_rejects_other_sizes(tmp_path):
@@ -84,13 +135,13 @@ def test_cli_exports_a_checkpoint_and_checks_it(tmp_path, capsys):
     out = tmp_path / "model.onnx"
     code = load_tool("export_onnx").main([
         "vmamba_tiny", str(out), "--img-size", "32", "40", "--checkpoint", str(checkpoint),
-        "--model-kwargs", "depths=[1,1]", "dims=16", "--check",
+        "--model-kwargs", "depths=[1,1]", "dims=16", "--dynamic", "--check",
     ])
     printed = capsys.readouterr().out
     assert code == 0
-    assert "onnx.checker passed" in printed and printed.count("max relative error") == 2
+    assert "onnx.checker passed" in printed and printed.count("max relative error") == 3
     session = onnx_session(out)
-    x = images(2, 32, 40)
+    x = images(2, 24, 56)  # --dynamic: not the size it was traced at
     assert max_relative_error(trained, None, x, session) <= TOLERANCE
     got = session.run(None, {INPUT_NAME: x.numpy()})[0]
     with torch.no_grad():
@@ -108,10 +159,12 @@ def test_cli_refuses_clearly_without_the_onnx_extra(tmp_path, monkeypatch, capsy
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["convnext_tiny", "m.onnx"], "vmamba2d_\\* / vmamba_\\* models"),
+    (["convnext_tiny", "m.onnx"], "vmamba2d_\\* / vmamba_\\* models or mambamil2d"),
     (["vmamba2d_tiny", "m.onnx", "--checkpoint", "missing.pth"], "--checkpoint must be an existing file"),
     (["vmamba2d_tiny", "m.onnx", "--img-size", "0", "32"], "--img-size must be two positive ints"),
     (["vmamba2d_tiny", "m.onnx", "--model-kwargs", "depths"], "--model-kwargs: expected KEY=VALUE"),
+    (["mambamil2d", "m.onnx", "--dynamic", "--img-size", "64", "64"], "--img-size --dynamic: image models only"),
+    (["mambamil2d", "m.onnx", "--checkpoint", __file__, "--model-kwargs", "in_dim=8"], "--checkpoint .* or --model-kwargs"),
 ])
 def test_cli_rejects_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -120,29 +173,65 @@ def test_cli_rejects_bad_arguments(argv, message, capsys):
     assert re.search(message, capsys.readouterr().err)
 
 
-class _GridBlock(torch.nn.Module):
-    """A 2DMambaMIL block on a fixed 4 x 5 grid (the MIL models' scan: the single-route op)."""
+IMPORT_WITHOUT_ONNXSCRIPT = """
+import sys, warnings
+sys.modules["onnxscript"] = None  # as if the onnx extra were not installed
+warnings.simplefilter("error")
+import vmamba2d
+assert "onnx" not in sys.modules
+try:
+    vmamba2d.export.register_onnx_translations()
+except vmamba2d.export.MissingOnnxExtraError as error:
+    print(error)
+"""
 
-    def __init__(self, block: torch.nn.Module) -> None:
-        super().__init__()
-        self.block = block
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.block(tokens, 4, 5)
+def test_import_vmamba2d_needs_no_onnx_and_registering_refuses_clearly():
+    done = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_ONNXSCRIPT], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "needs onnxscript" in done.stdout and 'pip install "vmamba2d[onnx]"' in done.stdout
 
 
-def test_mil_mamba_block_exports(tmp_path):
-    from vmamba2d.export import translation_table
-    from vmamba2d.mil.models import MambaBlock
+def test_registering_on_an_untested_torch_refuses_clearly_and_import_only_warns(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    with pytest.raises(UntestedTorchError, match="custom_translation_table=vmamba2d.export.translation_table"):
+        register_onnx_translations()
+    with pytest.warns(RuntimeWarning, match="will not find the scan ops' ONNX translations"):
+        register_if_onnx_installed()
 
+
+def test_registering_again_is_a_no_op_and_another_translation_is_refused(monkeypatch):
+    from onnxscript.function_libs.torch_lib import registration
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        register_onnx_translations()  # already done by import vmamba2d
+    name = "vmamba2d::selective_scan_2d_fwd"
+    assert [f.func for f in registration.default_registry[name].overloads] == [selective_scan_2d_onnx]
+    other = registration.OverloadedFunction(name)
+    other.overloads.append(object())
+    monkeypatch.setitem(registration.default_registry._registry, name, other)
+    with pytest.raises(RuntimeError, match="another ONNX translation is already registered"):
+        register_onnx_translations()
+
+
+def test_cli_exports_a_mil_checkpoint_that_matches_eager_on_bags(tmp_path, capsys):
+    # 2DMambaMIL with a survival head: n and the grid (read from the coords) are dynamic
     torch.manual_seed(0)
-    model = _GridBlock(MambaBlock(16, d_state=4)).eval()
-    tokens = torch.randn(20, 16, generator=torch.Generator().manual_seed(2))
-    program = torch.onnx.export(model, (tokens,), dynamo=True, custom_translation_table=translation_table(),
-                                verbose=False)
-    program.save(str(tmp_path / "block.onnx"), external_data=False)
-    session = onnx_session(tmp_path / "block.onnx")
-    got = session.run(None, {session.get_inputs()[0].name: tokens.numpy()})[0]
-    with torch.no_grad():
-        want = model(tokens).numpy()
-    assert np.abs(got - want).max() / np.abs(want).max() <= TOLERANCE
+    model = MambaMIL2D(in_dim=8, num_classes=4, dim=16, d_state=4, attn_hidden=8, survival=True,
+                       init="mamba").eval()
+    checkpoint = tmp_path / "mil.pth"
+    torch.save({"model": model.state_dict(), "model_config": model.config}, checkpoint)
+    out = tmp_path / "slide.onnx"
+    code = load_tool("export_onnx").main(["mambamil2d", str(out), "--checkpoint", str(checkpoint), "--check"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "onnx.checker passed" in printed and printed.count("max relative error") == 2
+    session = onnx_session(out)
+    assert [o.name for o in session.get_outputs()] == ["logits", "attention", "attention_scores", "embedding",
+                                                       "hazards", "survival", "risk"]
+    one_patch = (torch.randn(1, 8, generator=torch.Generator().manual_seed(3)), torch.tensor([[2, 1]]))
+    for features, coords in (random_bag(8, 2, (1, 2)), random_bag(8, 9, (9, 1), seed=1),
+                             random_bag(8, 23, (4, 7), seed=2), one_patch):
+        assert mil_max_relative_error(model, None, features, coords, session) <= TOLERANCE

@@ -7,11 +7,15 @@ Examples:
     python tools/export_onnx.py vmamba_small out/vmamba_s.onnx --checkpoint w.pth --dynamic --check
     python tools/export_onnx.py vmamba2d_tiny out/backbone.onnx --features-only --img-size 512 512
     python tools/export_onnx.py vmamba2d_tiny out/ft.onnx --checkpoint ft.pth --model-kwargs num_classes=10
+    python tools/export_onnx.py mambamil2d out/slide.onnx --checkpoint runs/mil/best.pth --check
 
 The file takes ``image`` (batch, 3, H, W) with a dynamic batch; H and W are fixed at --img-size
-unless --dynamic. The scan ops are written with standard ONNX operators (no custom domain, no
-plugin). The export runs ``onnx.checker``; --check also runs onnxruntime on random images (batch
-1 and 2, and another size with --dynamic) and prints the max relative error against eager
+unless --dynamic. ``mambamil2d`` (2DMambaMIL; --checkpoint a MIL checkpoint, or --model-kwargs
+in_dim=... num_classes=... for random weights) gives a file of one slide: ``features`` (n, in_dim)
+and ``coords`` (n, 2) int64, n dynamic, the grid read from the coords (vmamba2d.export.mil_onnx).
+The scan ops are written with standard ONNX operators (no custom domain, no plugin). The export
+runs ``onnx.checker``; --check also runs onnxruntime on random inputs (images: batch 1 and 2, and
+another size with --dynamic; slides: two bags) and prints the max relative error against eager
 PyTorch, exiting with status 1 above 1e-4. Needs the onnx extra: pip install "vmamba2d[onnx]".
 """
 from __future__ import annotations
@@ -25,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from vmamba2d.export.mil_onnx import export_mil_onnx, mil_max_relative_error, random_bag  # noqa: E402
 from vmamba2d.export.onnx_export import (  # noqa: E402
     INPUT_NAME, MissingOnnxExtraError, export_onnx, max_relative_error, onnx_session, require_onnx_extra,
 )
@@ -32,15 +37,19 @@ from vmamba2d.training.options import parse_key_values  # noqa: E402
 
 TOLERANCE = 1e-4  # max relative error of --check (fp32)
 MODEL_PREFIXES = ("vmamba2d_", "vmamba_")
+MIL_MODEL = "mambamil2d"
+DEFAULT_IMG_SIZE = (224, 224)
+IMAGE_ONLY_OPTIONS = ("img_size", "features_only", "dynamic", "bench")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="model name, e.g. vmamba2d_tiny or vmamba_base")
+    parser.add_argument("model", help=f"model name, e.g. vmamba2d_tiny or vmamba_base, or {MIL_MODEL}")
     parser.add_argument("out", help="ONNX file to write")
-    parser.add_argument("--img-size", type=int, nargs=2, default=(224, 224), metavar=("H", "W"),
+    parser.add_argument("--img-size", type=int, nargs=2, default=None, metavar=("H", "W"),
                         help="input height and width (default 224 224)")
-    parser.add_argument("--checkpoint", default=None, help="weights to load (as timm's pretrained file)")
+    parser.add_argument("--checkpoint", default=None,
+                        help=f"weights to load (as timm's pretrained file; for {MIL_MODEL} a MIL checkpoint)")
     parser.add_argument("--model-kwargs", nargs="+", default=[], metavar="KEY=VALUE",
                         help="model arguments, values as YAML (e.g. num_classes=10 routes=corners)")
     parser.add_argument("--features-only", action="store_true", help="export the backbone's four stage maps")
@@ -54,8 +63,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="CPU threads for --bench, both runtimes (default: torch's)")
     parser.add_argument("--iters", type=int, default=3, help="timed runs per batch size and runtime (--bench)")
     args = parser.parse_args(argv)
-    if not args.model.startswith(MODEL_PREFIXES):
-        parser.error(f"model must be one of the zoo's vmamba2d_* / vmamba_* models, got {args.model!r}")
+    if args.model == MIL_MODEL:
+        given = [f"--{name.replace('_', '-')}" for name in IMAGE_ONLY_OPTIONS if getattr(args, name)]
+        if given:
+            parser.error(f"{' '.join(given)}: image models only, not {MIL_MODEL}")
+        if args.checkpoint is not None and args.model_kwargs:
+            parser.error(f"{MIL_MODEL}: --checkpoint (it holds the model's config) or --model-kwargs, not both")
+    elif not args.model.startswith(MODEL_PREFIXES):
+        parser.error(f"model must be one of the zoo's vmamba2d_* / vmamba_* models or {MIL_MODEL}, got {args.model!r}")
+    args.img_size = tuple(args.img_size or DEFAULT_IMG_SIZE)
     if min(args.img_size) < 1:
         parser.error(f"--img-size must be two positive ints (H W), got {args.img_size}")
     if min(args.bench, default=1) < 1 or args.iters < 1 or (args.threads is not None and args.threads < 1):
@@ -70,7 +86,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def create_model(args: argparse.Namespace) -> torch.nn.Module:
-    """The timm model named by ``args.model`` (eval mode) with ``args.checkpoint`` loaded."""
+    """The model named by ``args.model`` (eval mode) with ``args.checkpoint`` loaded: a timm model,
+    or 2DMambaMIL from a MIL checkpoint or ``args.model_kwargs``."""
+    if args.model == MIL_MODEL:
+        from vmamba2d.mil.models import build_model, model_from_checkpoint
+
+        if args.checkpoint is not None:
+            try:
+                model = model_from_checkpoint(args.checkpoint)
+            except ValueError as error:
+                raise SystemExit(f"error: {error}") from error
+            if model.model_name != MIL_MODEL:
+                raise SystemExit(f"error: {args.checkpoint} holds a {model.model_name!r} model, not {MIL_MODEL!r}")
+            return model.eval()
+        try:
+            return build_model(MIL_MODEL, **args.model_kwargs).eval()
+        except TypeError as error:
+            raise SystemExit(f"error: {MIL_MODEL} needs --model-kwargs in_dim=... num_classes=... "
+                             f"(or a --checkpoint): {error}") from error
     import timm
 
     import vmamba2d.models  # noqa: F401  (registers the models with timm)
@@ -96,6 +129,19 @@ def check(model: torch.nn.Module, path: Path, img_size: tuple[int, int], dynamic
         images = torch.randn(batch, 3, h, w, generator=generator)
         error = max_relative_error(model, path, images, session)
         print(f"onnxruntime vs eager, batch {batch}, {h}x{w}: max relative error {error:.2e}")
+        worst = max(worst, error)
+    return worst
+
+
+def check_mil(model: torch.nn.Module, path: Path) -> float:
+    """Max relative error of a slide model's file against ``model`` on two random bags; prints one
+    line each."""
+    session = onnx_session(path)
+    worst = 0.0
+    for patches, grid in ((12, (5, 3)), (40, (6, 9))):
+        features, coords = random_bag(model.in_dim, patches, grid, seed=patches)
+        error = mil_max_relative_error(model, path, features, coords, session)
+        print(f"onnxruntime vs eager, {patches} patches on a {grid[0]}x{grid[1]} grid: max relative error {error:.2e}")
         worst = max(worst, error)
     return worst
 
@@ -138,18 +184,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model = create_model(args)
     start = time.perf_counter()
-    path = export_onnx(model, args.out, tuple(args.img_size), dynamic_size=args.dynamic, opset=args.opset)
+    if args.model == MIL_MODEL:
+        path = export_mil_onnx(model, args.out, opset=args.opset)
+        inputs = f"inputs 'features' (n, {model.in_dim}) and 'coords' (n, 2) int64, n dynamic, grid from coords"
+    else:
+        path = export_onnx(model, args.out, args.img_size, dynamic_size=args.dynamic, opset=args.opset)
+        size = "dynamic" if args.dynamic else f"{args.img_size[0]}x{args.img_size[1]}"
+        inputs = f"input 'image' (batch, 3, H, W), batch dynamic, H x W {size}"
     seconds = time.perf_counter() - start
-    size = "dynamic" if args.dynamic else f"{args.img_size[0]}x{args.img_size[1]}"
-    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) in {seconds:.1f} s: "
-          f"input 'image' (batch, 3, H, W), batch dynamic, H x W {size}; onnx.checker passed")
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) in {seconds:.1f} s: {inputs}; onnx.checker passed")
     if args.check:
-        worst = check(model, path, tuple(args.img_size), args.dynamic)
+        if args.model == MIL_MODEL:
+            worst = check_mil(model, path)
+        else:
+            worst = check(model, path, args.img_size, args.dynamic)
         if worst > TOLERANCE:
             print(f"error: max relative error {worst:.2e} above {TOLERANCE:g}", file=sys.stderr)
             return 1
     if args.bench:
-        bench(model, path, tuple(args.img_size), args.bench, args.threads, args.iters)
+        bench(model, path, args.img_size, args.bench, args.threads, args.iters)
     return 0
 
 

@@ -1,7 +1,9 @@
 """Export of the models to other runtimes: ONNX (needs the ``onnx`` extra).
 
     export_onnx(model, "model.onnx", (224, 224))          # one self-contained, checked file
+    torch.onnx.export(model, (x,), dynamo=True)           # translations registered by import vmamba2d
     torch.onnx.export(model, (x,), dynamo=True, custom_translation_table=translation_table())
+    export_mil_onnx(mil_model, "slide.onnx")             # a 2DMambaMIL model: features, coords
 """
 from .onnx_export import (
     MissingOnnxExtraError,
@@ -11,6 +13,8 @@ from .onnx_export import (
     onnx_session,
     require_onnx_extra,
 )
+from .mil_onnx import export_mil_onnx, mil_max_relative_error
+from .onnx_registry import TESTED_TORCH_SERIES, UntestedTorchError, register_onnx_translations
 
 
 def translation_table() -> dict:
@@ -24,10 +28,15 @@ def translation_table() -> dict:
 
 __all__ = [
     "MissingOnnxExtraError",
+    "export_mil_onnx",
     "export_onnx",
     "max_relative_error",
+    "mil_max_relative_error",
     "missing_onnx_packages",
     "onnx_session",
+    "register_onnx_translations",
     "require_onnx_extra",
+    "TESTED_TORCH_SERIES",
     "translation_table",
+    "UntestedTorchError",
 ]

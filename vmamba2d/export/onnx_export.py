@@ -84,8 +84,6 @@ def export_onnx(
     Returns the path written.
     """
     require_onnx_extra()
-    import onnx
-
     from .onnx_scan import translation_table
 
     height, width = img_size
@@ -97,7 +95,6 @@ def export_onnx(
             "route grids are Python ints fixed at export; export it with a fixed img_size or build "
             "it with cross_scan='fused'"
         )
-    path = Path(path)
     model = model.eval().cpu()
     # Batch 2, not 1: torch.export specialises a size-1 dimension instead of keeping it dynamic.
     example = torch.randn(2, in_chans, *_example_size(model, (height, width), dynamic_size),
@@ -108,6 +105,15 @@ def export_onnx(
             dynamic_shapes=_dynamic_shapes(dynamic_size), input_names=[INPUT_NAME],
             opset_version=opset, verbose=False,
         )
+    return save_checked(program, path)
+
+
+def save_checked(program, path: Union[str, Path]) -> Path:
+    """Write ``program`` (a torch.onnx.ONNXProgram) to one self-contained file at ``path``, checked
+    by ``onnx.checker``; return the path."""
+    import onnx
+
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     program.save(str(path), external_data=False)
     onnx.checker.check_model(str(path), full_check=True)
@@ -136,11 +142,19 @@ def onnx_session(path: Union[str, Path], threads: Optional[int] = None):
 
 def max_relative_error(model: nn.Module, path: Union[str, Path], images: torch.Tensor, session=None) -> float:
     """Run ``images`` (batch, C, H, W) through the ONNX file in onnxruntime and through ``model``
-    in eager PyTorch; return max |onnx - eager| / max |eager| over every output."""
+    in eager PyTorch; return max |onnx - eager| / max |eager| over every output. The file's one
+    input may have any name (``image`` from :func:`export_onnx`, ``x`` from a bare
+    ``torch.onnx.export``)."""
     session = session or onnx_session(path)
-    got = session.run(None, {INPUT_NAME: images.numpy()})
+    got = session.run(None, {session.get_inputs()[0].name: images.numpy()})
     with torch.no_grad():
         want = _as_list(model.eval()(images))
+    return max_relative_difference(got, want)
+
+
+def max_relative_difference(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
+    """max |got - want| / max |want| over pairs of arrays of equal shapes (AssertionError naming
+    the mismatch otherwise)."""
     if len(got) != len(want):
         raise AssertionError(f"the ONNX file has {len(got)} outputs, the model {len(want)}")
     errors = []

@@ -98,6 +98,8 @@ def check_slide_inputs(
         raise ValueError(f"coords must have shape (n, 2) = ({features.shape[0]}, 2) to match features, got {tuple(coords.shape)}")
     if coords.device != features.device:
         raise ValueError(f"coords is on {coords.device} but features is on {features.device}")
+    if torch.compiler.is_exporting():
+        return _exported_grid(coords, grid_size)
     if bool((coords < 0).any()):
         raise ValueError("coords must be non-negative grid positions (the data layer shifts them to the tissue bounding box)")
     needed = (int(coords[:, 1].max()) + 1, int(coords[:, 0].max()) + 1)
@@ -109,12 +111,42 @@ def check_slide_inputs(
     return height, width
 
 
+def _exported_grid(coords: Tensor, grid_size: Optional[tuple[int, int]]) -> tuple[int, int]:
+    """The grid ``(H, W)`` while ``torch.export`` (ONNX export) traces a model.
+
+    The value checks of :func:`check_slide_inputs` (non-negative, distinct coords inside
+    ``grid_size``) depend on the data, and an exported graph has no assertions: the exported model
+    takes its coords as valid, like those the data layer writes. Without ``grid_size`` the grid is
+    read from the coords at run time (symbolic sizes).
+    """
+    if grid_size is not None:
+        return int(grid_size[0]), int(grid_size[1])
+    height = coords[:, 1].max().item() + 1
+    width = coords[:, 0].max().item() + 1
+    torch._check(height >= 1)  # lets the tracer reason about sizes built from H and W
+    torch._check(width >= 1)
+    return height, width
+
+
 def cell_index(coords: Tensor, width: int) -> Tensor:
     """Row-major cell index ``row * width + col`` of each (x, y) grid position: (n, 2) -> (n,)."""
     return coords[:, 1].long() * width + coords[:, 0].long()
 
 
+def _cumprod(x: Tensor) -> Tensor:
+    """``torch.cumprod(x, dim=1)`` of (1, K); while ``torch.export`` traces, as K - 1 products in the
+    same order (torch 2.14's ONNX exporter has no translation for cumprod)."""
+    if not torch.compiler.is_exporting():
+        return torch.cumprod(x, dim=1)
+    columns = [x[:, :1]]
+    for k in range(1, x.shape[1]):
+        columns.append(columns[-1] * x[:, k : k + 1])
+    return torch.cat(columns, dim=1)
+
+
 def _require_distinct(index: Tensor) -> None:
+    if torch.compiler.is_exporting():  # a value check: see _exported_grid
+        return
     if index.numel() != torch.unique(index).numel():
         raise ValueError("coords contain duplicate grid positions: every patch needs its own cell")
 
@@ -283,7 +315,7 @@ class _MILModel(nn.Module):
         out = {"logits": logits, **extra}
         if self.survival:
             hazards = torch.sigmoid(logits)
-            surv = torch.cumprod(1 - hazards, dim=1)
+            surv = _cumprod(1 - hazards)
             out.update(hazards=hazards, survival=surv, risk=-surv.sum(dim=1))
         else:
             out["probabilities"] = torch.softmax(logits, dim=1)
