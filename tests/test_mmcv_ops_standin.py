@@ -154,9 +154,9 @@ def test_placeholders_name_the_op():
             build()
     with pytest.raises(NotImplementedError, match="deform_conv2d"):
         ops.deform_conv2d(torch.zeros(1, 1, 3, 3))
-    with pytest.raises(NotImplementedError, match="soft_nms"):
+    with pytest.raises(ValueError, match=r"nms_cfg\['type'\]"):
         ops.batched_nms(torch.tensor([[0.0, 0, 1, 1]]), torch.ones(1), torch.zeros(1),
-                        dict(type="soft_nms", iou_threshold=0.5))
+                        dict(type="nms_rotated", iou_threshold=0.5))
     with pytest.raises(NotImplementedError, match="pool_mode='max'"):
         ops.roi_align(torch.zeros(1, 1, 4, 4), torch.tensor([[0.0, 0, 0, 2, 2]]), 2, 1.0, 0, "max")
 
@@ -283,6 +283,58 @@ def test_nms_match_groups_suppressed_boxes_under_their_keeper():
     assert [g.tolist() for g in groups] == expected and isinstance(groups[0], np.ndarray)
     assert [g.tolist() for g in ops.nms_match(torch.from_numpy(dets), 0.3)] == expected
     assert ops.nms_match(np.zeros((0, 5), np.float32), 0.3) == []
+
+
+def _reference_soft_nms(boxes, scores, iou_threshold, sigma, min_score, method, offset):
+    """mmcv's CPU soft-NMS loop: swap the best box to the front, decay, drop below min_score."""
+    boxes, scores, inds = [list(b) for b in boxes], list(scores), list(range(len(scores)))
+    count, i, dets = len(scores), 0, []
+    while i < count:
+        best = max(range(i, count), key=lambda p: (scores[p], -p))  # first maximum
+        for values in (boxes, scores, inds):
+            values[i], values[best] = values[best], values[i]
+        dets.append(boxes[i] + [scores[i]])
+        pos = i + 1
+        while pos < count:
+            overlap = _iou(boxes[i], boxes[pos], offset)
+            if method == "gaussian":
+                scores[pos] *= math.exp(-overlap * overlap / sigma)
+            elif overlap >= iou_threshold:
+                scores[pos] *= (1 - overlap) if method == "linear" else 0.0
+            if scores[pos] < min_score:
+                for values in (boxes, scores, inds):
+                    values[pos] = values[count - 1]
+                count -= 1
+                pos -= 1
+            pos += 1
+        i += 1
+    return np.array(dets).reshape(-1, 5), inds[:count]
+
+
+@pytest.mark.parametrize("method", ["linear", "gaussian", "naive"])
+def test_soft_nms_matches_mmcv_loop(method):
+    rng = np.random.default_rng(4)
+    boxes = _random_boxes(rng, 25, size=30.0)
+    scores = rng.uniform(0.05, 1.0, 25).astype(np.float32)
+    for offset in (0, 1):
+        expected_dets, expected_inds = _reference_soft_nms(boxes.tolist(), scores.tolist(), 0.3,
+                                                           0.5, 0.05, method, offset)
+        dets, inds = ops.soft_nms(boxes, scores, 0.3, 0.5, 0.05, method, offset)
+        assert isinstance(dets, np.ndarray) and inds.tolist() == expected_inds
+        np.testing.assert_allclose(dets, expected_dets, rtol=1e-5, atol=1e-6)
+    # through batched_nms, per class: the decayed scores are the returned scores
+    labels = torch.from_numpy(rng.integers(0, 2, 25))
+    dets, keep = ops.batched_nms(torch.from_numpy(boxes), torch.from_numpy(scores), labels,
+                                 dict(type="soft_nms", iou_threshold=0.3, min_score=0.05,
+                                      method=method, split_thr=5))
+    assert (dets[1:, 4] <= dets[:-1, 4]).all() and (dets[:, 4] >= 0.05).all()
+    torch.testing.assert_close(dets[:, :4], torch.from_numpy(boxes)[keep])
+    for label in (0, 1):
+        members = torch.nonzero(labels == label).squeeze(1)
+        _, group_inds = _reference_soft_nms(boxes[members].tolist(), scores[members].tolist(),
+                                            0.3, 0.5, 0.05, method, 0)
+        assert sorted(members[group_inds].tolist()) == sorted(k for k in keep.tolist()
+                                                              if labels[k] == label)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,17 +8,17 @@ convolutions, ...), and mmdetection's RoI extractors look their layer up with
 its ``mmcv.ops`` package needs the compiled ``mmcv._ext``. The stand-in is a package-like module
 tree (``mmcv.ops`` plus the submodules that the two toolkits import) with:
 
-* PyTorch implementations, same semantics as mmcv's: ``nms``, ``batched_nms``, ``nms_match``
-  (:mod:`.mmcv_nms`, on ``torchvision.ops.nms``), ``roi_align`` / ``RoIAlign`` (on
-  ``torchvision.ops.roi_align``; ``pool_mode='avg'`` only) and ``roi_pool`` / ``RoIPool``
-  (:mod:`.mmcv_roi_ops`), ``point_sample`` and ``rel_roi_point_to_rel_img_point``
+* PyTorch implementations, same semantics as mmcv's: ``nms``, ``batched_nms``, ``nms_match``,
+  ``soft_nms`` (:mod:`.mmcv_nms`; ``nms`` runs ``torchvision.ops.nms``), ``roi_align`` /
+  ``RoIAlign`` (on ``torchvision.ops.roi_align``; ``pool_mode='avg'`` only) and ``roi_pool`` /
+  ``RoIPool`` (:mod:`.mmcv_roi_ops`), ``point_sample`` and ``rel_roi_point_to_rel_img_point``
   (:mod:`.mmcv_point_ops`), ``sigmoid_focal_loss`` (:mod:`.mmcv_focal_loss`), the NAS-FPN merge
   cells (:mod:`.mmcv_merge_cells`) and ``CornerPool`` (:mod:`.mmcv_corner_pool`). That covers
   UperNet / FCN in mmseg and Faster / Mask R-CNN (FPN, RPN, RoIAlign heads, mask targets) in
   mmdet;
 * placeholders for compiled-only ops (deformable convolution, CARAFE, masked convolution,
-  multi-scale deformable attention, criss-cross attention, PSA mask, ``soft_nms``) that import
-  fine and raise ``NotImplementedError`` naming the op when they are built or called;
+  multi-scale deformable attention, criss-cross attention, PSA mask) that import fine and raise
+  ``NotImplementedError`` naming the op when they are built or called;
 * every other name raises ``AttributeError`` (so ``from mmcv.ops import X`` fails clearly), and
   every other submodule is missing (``ModuleNotFoundError``).
 
@@ -173,7 +173,7 @@ def install_mmcv_ops_compat() -> bool:
         "vmamba2d: mmcv's compiled ops (mmcv._ext) are not installed; using a PyTorch stand-in for "
         "mmcv.ops (nms, batched_nms, RoIAlign, RoIPool, point_sample, sigmoid_focal_loss, merge "
         "cells, CornerPool). UperNet/FCN and Faster/Mask R-CNN need nothing else; ops that do "
-        "(deformable convolution, CARAFE, CCNet, PSANet, soft_nms, ...) raise "
+        "(deformable convolution, CARAFE, CCNet, PSANet, ...) raise "
         "NotImplementedError.",
         stacklevel=2)
     return True
