@@ -1,15 +1,17 @@
 """The Triton backend of the 2D scan, and the dispatch rules around it.
 
-Three layers:
+Four layers:
   * interpreter (CPU, no GPU): ``test_kernels_in_the_interpreter`` runs
-    tests/triton_interpreted_cases.py (single-route kernels) and
-    tests/triton_interpreted_cross_cases.py (four-route kernels) in a fresh Python with
-    ``TRITON_INTERPRET=1`` set before triton is imported: the Triton kernels' own code against
-    independent fp64 loop references (forward, every gradient, gradcheck, dtypes, bad inputs,
-    torch.compile);
+    tests/triton_interpreted_cases.py (the single-route op) and
+    tests/triton_interpreted_cross_cases.py (the four-route op; both run the same kernels) in a
+    fresh Python with ``TRITON_INTERPRET=1`` set before triton is imported: the Triton kernels' own
+    code against independent fp64 loop references (forward, every gradient, gradcheck, dtypes, bad
+    inputs, torch.compile);
   * dispatch and errors (no Triton kernel runs): what ``auto`` picks and warns on CUDA devices,
     ``backend="cuda"`` without a kernel image, CPU tensors without the interpreter,
     ``backend_info``, the custom ops' fake implementations;
+  * static targets (no GPU): the kernels compiled for sm_80 / sm_90 as each op launches them;
+    registers, spills, resident warps and exps per cell and state held to issue 19's targets;
   * GPU (``-m cuda``, skipped without a GPU): the compiled kernels against the same reference.
 """
 from __future__ import annotations
@@ -19,7 +21,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -94,16 +95,20 @@ def test_kernels_in_the_interpreter():
 
 
 def test_fake_op_traces_on_the_meta_device():
-    """The fake implementations alone (no kernel, no Triton) give shapes and dtypes."""
+    """The fake implementations alone (no kernel, no Triton) give shapes and dtypes; carries only
+    when saved."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
         u = torch.empty(2, 4, 12, dtype=torch.bfloat16)
         B = torch.empty(2, 2, 3, 12, dtype=torch.bfloat16)
         A, D = torch.empty(4, 3), torch.empty(4)
-        y = scan_triton.selective_scan_2d_triton_fwd(u, u, A, B, B, D, None, True, 3, 4, True)
-        grads = scan_triton.selective_scan_2d_triton_bwd(u, u, A, B, B, D, None, True, 3, 4, y)
+        y, vcarry, hcarry = scan_triton.selective_scan_2d_triton_fwd(u, u, A, B, B, D, None, True, 3, 4, True, True)
+        _, no_v, no_h = scan_triton.selective_scan_2d_triton_fwd(u, u, A, B, B, D, None, True, 3, 4, True)
+        grads = scan_triton.selective_scan_2d_triton_bwd(u, u, A, B, B, D, None, True, 3, 4, y, vcarry, hcarry)
     assert y.shape == (2, 4, 12) and y.dtype == torch.float32
+    assert vcarry.numel() > 0 and hcarry.numel() > 0 and vcarry.dtype == torch.float32
+    assert no_v.numel() == 0 and no_h.numel() == 0
     assert [tuple(g.shape) for g in grads] == [(2, 4, 12), (2, 4, 12), (4, 3), (2, 2, 3, 12),
                                               (2, 2, 3, 12), (4,), (0,)]
 
@@ -214,79 +219,6 @@ def test_backend_info_reports_triton(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------
-# The kernels compile for Hopper (sm_90) without a GPU: front end, PTX and ptxas (bundled with
-# triton). Catches what the interpreter cannot (types of loop-carried values, lowering of the
-# 4-D scans) and checks that the default tilings fit in registers.
-# --------------------------------------------------------------------------------------------
-@pytest.fixture
-def compiled_kernels(monkeypatch):
-    if not HAS_TRITON:
-        pytest.skip("triton is not installed")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    previous = sys.modules.pop(KERNELS, None)
-    try:
-        yield importlib.import_module(KERNELS)
-    finally:
-        sys.modules.pop(KERNELS, None)
-        if previous is not None:
-            sys.modules[KERNELS] = previous
-
-
-_SCAN_DTYPE_ARGS = {"u_ptr", "delta_ptr", "B_ptr", "C_ptr", "y_ptr", "dy_ptr", "du_ptr", "ddelta_ptr"}
-
-
-def _sm90_resource_usage(kernels, kernel_name, scan_dtype, nstate, height, width, save_carries):
-    """Compile one kernel for sm_90 at the default tiling; return cuobjdump's resource line."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    backward = kernel_name == "scan2d_bwd_kernel"
-    elements, warps = ((scan_triton.BWD_BLOCK_ELEMENTS, scan_triton.BWD_WARPS) if backward or save_carries
-                       else (scan_triton.FWD_BLOCK_ELEMENTS, scan_triton.FWD_WARPS))
-    tiling = scan_triton.choose_tiling(8, nstate, height, width, elements)
-    constexprs = dict(HAS_D=True, HAS_BIAS=True, SOFTPLUS=True, BLOCK_D=tiling.block_d,
-                      BLOCK_N=tiling.block_n, TILE_H=tiling.tile_h, TILE_W=tiling.tile_w,
-                      ACC=scan_triton._tl_dtype(torch.float32))
-    if not backward:
-        constexprs.update(STORE_Y=not save_carries, SAVE_CARRIES=save_carries)
-    fn = getattr(kernels, kernel_name)
-    signature = {
-        name: "constexpr" if name in constexprs
-        else (f"*{scan_dtype}" if name in _SCAN_DTYPE_ARGS else "*fp32") if name.endswith("_ptr")
-        else "i32"
-        for name in fn.arg_names
-    }
-    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not cuobjdump.exists():
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(compiled.asm["cubin"])
-        handle.flush()
-        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", handle.name],
-                               capture_output=True, text=True, check=True).stdout
-    return next(line for line in usage.splitlines() if "REG:" in line)
-
-
-@pytest.mark.parametrize("kernel_name, save_carries, scan_dtype, nstate, height, width", [
-    ("scan2d_fwd_kernel", False, "bf16", 1, 56, 56),
-    ("scan2d_fwd_kernel", False, "fp32", 64, 7, 7),
-    ("scan2d_fwd_kernel", True, "fp32", 16, 14, 14),
-    ("scan2d_bwd_kernel", False, "fp32", 1, 56, 56),
-    ("scan2d_bwd_kernel", False, "bf16", 16, 200, 200),
-    ("scan2d_bwd_kernel", False, "fp32", 64, 7, 7),
-], ids=lambda v: str(v))
-def test_kernels_compile_for_sm90_without_spills(compiled_kernels, kernel_name, save_carries, scan_dtype,
-                                                 nstate, height, width):
-    usage = _sm90_resource_usage(compiled_kernels, kernel_name, scan_dtype, nstate, height, width, save_carries)
-    if usage is None:
-        pytest.skip("triton's cuobjdump is missing: compiled, resource usage not checked")
-    assert "STACK:0 " in usage, f"register spills: {usage.strip()}"
-
-
-# --------------------------------------------------------------------------------------------
 # Real GPU
 # --------------------------------------------------------------------------------------------
 needs_gpu = pytest.mark.skipif(not (HAS_GPU and HAS_TRITON), reason="needs a GPU and triton")
@@ -334,14 +266,15 @@ def test_gpu_backward_is_deterministic():
 
 
 # --------------------------------------------------------------------------------------------
-# Static targets of the four-route kernels (issue 19), from compiles for sm_80 / sm_90 without a
-# GPU (method in vmamba2d/ops/_triton_static.py): the backward keeps >= 12 warps resident per SM,
-# both kernels evaluate exp(dt * A) once per cell and state (counted in the TTIR), ptxas reports
-# no spills in the backward and at most one 4-byte register spilled in the forward (bf16 on sm_90
-# with vector loads). benchmarks/scan_triton_static.md records the full table.
+# Static targets of the Triton kernels (issue 19), from compiles for sm_80 / sm_90 without a GPU
+# (method in vmamba2d/ops/_triton_static.py), for the four-route op and the single-route op (the
+# same kernels with one route and its groups of B / C as maps): the backward keeps >= 12 warps
+# resident per SM, the forward >= 16, both evaluate exp(dt * A) once per cell and state (counted in
+# the TTIR), ptxas reports no spills in the backward and at most one 4-byte register spilled in the
+# forward (bf16 on sm_90 with vector loads). benchmarks/scan_triton_static.md records the full table.
 # --------------------------------------------------------------------------------------------
-CROSS_KERNELS = "vmamba2d.ops._triton_cross_kernels"
 SPILL_BUDGET_BYTES = {"fwd": 4, "bwd": 0}
+MIN_WARPS_PER_SM = {"fwd": 16, "bwd": 12}
 
 
 @pytest.fixture
@@ -349,17 +282,22 @@ def static_figures(monkeypatch):
     if not HAS_TRITON:
         pytest.skip("triton is not installed")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    previous = {name: sys.modules.pop(name, None) for name in (KERNELS, CROSS_KERNELS)}
+    previous = sys.modules.pop(KERNELS, None)
     try:
         static = importlib.import_module("vmamba2d.ops._triton_static")
         if not static._cuobjdump().exists():
             pytest.skip("triton's cuobjdump is missing")
         yield static
     finally:
-        for name, module in previous.items():
-            sys.modules.pop(name, None)
-            if module is not None:
-                sys.modules[name] = module
+        sys.modules.pop(KERNELS, None)
+        if previous is not None:
+            sys.modules[KERNELS] = previous
+
+
+def _assert_meets_the_targets(fig, direction):
+    assert fig.exps_per_cell_state == 1, fig
+    assert fig.spill_bytes <= SPILL_BUDGET_BYTES[direction], fig
+    assert fig.warps_per_sm >= MIN_WARPS_PER_SM[direction], fig
 
 
 def test_resident_warps_follow_the_occupancy_rule():
@@ -373,6 +311,30 @@ def test_resident_warps_follow_the_occupancy_rule():
     assert resident_warps(16, 1, 0, 90) == 32  # block-count bound
 
 
+def test_the_exp_count_sees_only_exps_on_register_blocks():
+    """exps on the (channel, state, cell) block count, per-cell ones (softplus) do not; TTIR syntax."""
+    from vmamba2d.ops._triton_static import _block_exps
+
+    ttir = """
+    %41 = math.exp %40 : tensor<1x1x16x16xf32> loc(#loc12)
+    %42 = math.exp %39 : tensor<1x16x16xf32> loc(#loc13)
+    %43 = math.exp %40 : tensor<1x1x16x16xf32> loc(#loc14)
+    %44 = math.exp %38 : tensor<1x1x1x256xf32> loc(#loc15)
+    """
+    assert _block_exps(ttir, [(1, 1, 16, 16)]) == 2
+    assert _block_exps(ttir, [(1, 1, 16, 16), (1, 1, 1, 256)]) == 3
+
+
+def test_programs_pack_channel_blocks_only_on_large_grids():
+    from vmamba2d.ops import _triton_cross_scan as cross
+
+    assert cross.program_sets(192, 128) == 8  # stage 1: 3072 programs
+    assert cross.program_sets(24, 128) == 3  # 1024 programs; 4 per program would leave 768
+    assert cross.program_sets(128, 1) == 1  # one slide's scan (2DMambaMIL): a block per program
+    assert cross.program_sets(7, 1024) == 7
+    assert cross.program_sets(0, 4) == 1
+
+
 @pytest.mark.parametrize("direction, routes, dtype, shape, arch", [
     ("bwd", "2d", torch.float32, (128, 192, 1, 56, 56), 90),
     ("bwd", "flat", torch.bfloat16, (128, 192, 1, 56, 56), 90),
@@ -384,17 +346,20 @@ def test_resident_warps_follow_the_occupancy_rule():
 ], ids=lambda v: str(v).replace("torch.", ""))
 def test_four_route_kernels_meet_the_static_targets(static_figures, direction, routes, dtype, shape, arch):
     codes = static_figures.CROSS_2D if routes == "2d" else static_figures.CROSS_FLAT
-    fig = static_figures.cross_kernel_figures(direction, dtype, *shape, codes, arch)
-    assert fig.exps_per_cell_state == 1, fig
-    assert fig.spill_bytes <= SPILL_BUDGET_BYTES[direction], fig
-    assert fig.warps_per_sm >= (12 if direction == "bwd" else 16), fig
+    _assert_meets_the_targets(static_figures.cross_kernel_figures(direction, dtype, *shape, codes, arch), direction)
 
 
-def test_the_exp_count_sees_the_single_route_backwards_extra_exps(static_figures):
-    """The method counts what it should: the single-route backward kernel recomputes the decays of
-    the cells below and to the right, three exps per cell and state."""
-    figures = static_figures.single_route_kernel_figures("bwd", torch.float32, 16, 1, 1, 40, 40, 90)
-    assert [(f.kernel, f.exps_per_cell_state) for f in figures] == [("scan2d_fwd_kernel", 1), ("scan2d_bwd_kernel", 3)]
+@pytest.mark.parametrize("direction, dtype, shape, groups, arch", [
+    ("bwd", torch.float32, (128, 192, 1, 56, 56), 1, 90),
+    ("bwd", torch.bfloat16, (128, 192, 1, 56, 56), 4, 90),
+    ("bwd", torch.float32, (8, 64, 16, 28, 28), 1, 80),
+    ("fwd", torch.bfloat16, (128, 192, 1, 56, 56), 1, 90),
+    ("fwd", torch.float32, (8, 64, 16, 28, 28), 4, 90),
+], ids=lambda v: str(v).replace("torch.", ""))
+def test_single_route_kernels_meet_the_static_targets(static_figures, direction, dtype, shape, groups, arch):
+    batch, dim, nstate, height, width = shape
+    fig = static_figures.single_route_kernel_figures(direction, dtype, batch, dim, groups, nstate, height, width, arch)
+    _assert_meets_the_targets(fig, direction)
 
 
 @pytest.mark.cuda

@@ -9,7 +9,8 @@ By hand: ``TRITON_INTERPRET=1 python -m pytest tests/triton_interpreted_cases.py
 The kernels are compared with the independent fp64 loop reference of test_scan_ops: forward and
 every gradient on a shape matrix with edge tiles (small tiles forced with VMAMBA2D_TRITON_TILE),
 1 x L / L x 1 maps, groups, N up to 64, odd batches; gradcheck; fp32 / half inputs; out_dtype;
-bad inputs; torch.compile; the custom ops' fake implementations.
+bad inputs; torch.compile; the custom ops' fake implementations; the backward's reuse of the
+forward's carries.
 
 The interpreter evaluates a ``tl.associative_scan`` with a user combine one element at a time in
 Python (minutes for these cases); this module replaces that evaluation with a doubling
@@ -35,6 +36,7 @@ from triton.runtime import interpreter  # noqa: E402
 
 from test_scan_ops import BAD_INPUTS, TENSOR_ARGS, _grads, make_inputs, reference_scan  # noqa: E402
 from vmamba2d.ops import resolve_backend, scan_triton, selective_scan_2d  # noqa: E402
+from vmamba2d.ops import _triton_cross_scan as triton_cross  # noqa: E402
 
 KERNELS_IMPORTED_BY_THE_PACKAGE = scan_triton.KERNELS_MODULE in sys.modules
 
@@ -61,6 +63,9 @@ def _doubling_scan(self, inputs):
 
 
 interpreter.ScanOps.generic_scan = _doubling_scan
+# Programs pack several channel blocks here as they do on the model's large grids (the tests'
+# grids are far below the launcher's threshold).
+triton_cross.MIN_PROGRAMS = 1
 
 
 def triton_scan(**kwargs):
@@ -80,7 +85,7 @@ CASES = [
     (13, 29, 1, 4, 1, 16, True, True, True, None),  # default tiling with edges; 4 channel blocks
     (5, 6, 3, 2, 1, 64, True, True, True, None),  # N = 64, odd batch
     (33, 65, 1, 2, 1, 2, False, True, True, None),  # several default tiles per row and column
-    (6, 10, 1, 6, 1, 1, True, True, True, None),  # 6 channels in blocks of 4: a partial block
+    (6, 10, 1, 6, 1, 1, True, True, True, None),  # 6 channel blocks run by one program
 ]
 
 
@@ -280,11 +285,41 @@ def test_torch_compile_fullgraph_traces_the_triton_op(monkeypatch):
 def test_custom_op_fake_implementations_pass_opcheck(monkeypatch):
     inputs = make_inputs(1, 4, 2, 2, 2, 3, dtype=torch.float32, seed=41)
     args = [inputs[k] for k in TENSOR_ARGS]
-    torch.library.opcheck(scan_triton.selective_scan_2d_triton_fwd, (*args, True, 2, 3, False),
+    torch.library.opcheck(scan_triton.selective_scan_2d_triton_fwd, (*args, True, 2, 3, False, True),
                           test_utils=("test_schema", "test_faketensor"))
+    _, vcarry, hcarry = scan_triton.selective_scan_2d_triton_fwd(*args, True, 2, 3, False, True)
     dy = torch.randn(1, 4, 6)
-    torch.library.opcheck(scan_triton.selective_scan_2d_triton_bwd, (*args, True, 2, 3, dy),
+    torch.library.opcheck(scan_triton.selective_scan_2d_triton_bwd, (*args, True, 2, 3, dy, vcarry, hcarry),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_the_backward_reuses_the_forwards_carries(monkeypatch):
+    """The forward saves the tile carries only when a gradient is needed; the backward op then
+    launches the backward kernel alone (no second forward sweep) and refuses missing carries."""
+    inputs = make_inputs(1, 4, 2, 2, 3, 4, seed=43)
+    launched = []
+    original = triton_cross._kernels
+
+    class Recorder:
+        def __getattr__(self, name):
+            launched.append(name)
+            return getattr(original(), name)
+
+    monkeypatch.setattr(triton_cross, "_kernels", Recorder)
+    with torch.no_grad():
+        y_plain = triton_scan(**inputs, height=3, width=4)
+    leaves = {k: inputs[k].clone().requires_grad_() for k in TENSOR_ARGS}
+    y = triton_scan(**dict(inputs, **leaves), height=3, width=4)
+    assert launched == ["scan_fwd_kernel", "scan_fwd_kernel"]
+    y.sum().backward()
+    assert launched == ["scan_fwd_kernel", "scan_fwd_kernel", "scan_bwd_kernel"]
+    assert torch.equal(y.detach(), y_plain)
+
+    args = [inputs[k] for k in TENSOR_ARGS]
+    _, no_v, no_h = scan_triton.selective_scan_2d_triton_fwd(*args, True, 3, 4, False, False)
+    assert no_v.numel() == 0 and no_h.numel() == 0
+    with pytest.raises(ValueError, match="save_carries=True"):
+        scan_triton.selective_scan_2d_triton_bwd(*args, True, 3, 4, torch.ones_like(y_plain), no_v, no_h)
 
 
 def test_importing_the_package_does_not_import_the_kernels():

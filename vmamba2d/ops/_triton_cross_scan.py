@@ -1,4 +1,4 @@
-"""The four-route scan on Triton kernels (``_triton_cross_kernels``) as ``torch.library`` custom ops.
+"""Launches of the Triton scan kernels (``_triton_kernels``), and the four-route scan as ``torch.library`` custom ops.
 
     vmamba2d::cross_selective_scan_2d_triton_fwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
                                                  routes, out_fp32, save_carries) -> (y, vcarry, hcarry)
@@ -15,6 +15,10 @@ ops have fake implementations (``torch.compile(fullgraph=True)`` and ``torch.exp
 them). u / delta / B / C / dy may be fp16, bf16, fp32 or fp64 (one dtype), A / D / delta_bias
 fp32 (fp64 with fp64 inputs); kernels accumulate in fp32 (fp64) and write every gradient in its
 input's dtype. On CPU tensors the kernels run only in Triton's interpreter (see ``scan_triton``).
+
+``launch_forward`` / ``launch_backward`` run the kernels for both ops: this module's with one
+parameter group, the single-route op of ``scan_triton`` with route code 0 and its groups of B / C
+as maps (one configuration of the same kernels).
 """
 from __future__ import annotations
 
@@ -24,13 +28,12 @@ from typing import List, Optional
 
 import torch
 
-from .scan_triton import Tiling, _acc_dtype, _check_op_inputs, _tl_dtype, choose_tiling
+from .scan_triton import KERNELS_MODULE, Tiling, _acc_dtype, _check_op_inputs, _tl_dtype, choose_tiling
 
 Tensor = torch.Tensor
 
 CROSS_FWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_fwd"
 CROSS_BWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_bwd"
-CROSS_KERNELS_MODULE = "vmamba2d.ops._triton_cross_kernels"
 # Elements of one [channels, states, rows, cols] register block (the same tiling in both
 # directions: the backward reads the carries the forward saved), warps per program and register
 # caps. 256 elements over 4 warps (2 per thread); capped at 168 registers the backward keeps 3
@@ -44,13 +47,18 @@ BWD_WARPS = 4
 FWD_MAX_REGISTERS = 128
 BWD_MAX_REGISTERS = 168
 # Channel blocks one program runs tile by tile (B / C loaded once per tile for all of them; the
-# backward sums their dB / dC on chip): at most this many, a divisor of the number of blocks.
+# backward sums their dB / dC on chip): at most MAX_SETS, a divisor of the number of blocks, and
+# only while the grid keeps MIN_PROGRAMS programs (about two waves of resident forward programs on
+# an H100, 132 SMs x 4): a batch-1 scan such as 2DMambaMIL's keeps one block per program. Not
+# timed on a GPU.
 MAX_SETS = 8
+MIN_PROGRAMS = 1024
 ROUTE_BITS = 4
 
 
 def _kernels() -> ModuleType:
-    return importlib.import_module(CROSS_KERNELS_MODULE)
+    """The kernel module (imports triton on first use)."""
+    return importlib.import_module(KERNELS_MODULE)
 
 
 def route_constant(routes: List[int]) -> int:
@@ -66,19 +74,21 @@ def cross_tiling(dim: int, nstate: int, height: int, width: int) -> Tiling:
     return choose_tiling(dim, nstate, height, width, BLOCK_ELEMENTS)
 
 
-def _carry_numels(batch: int, dim: int, nstate: int, height: int, width: int, num_routes: int,
+def _carry_numels(maps: int, dim: int, nstate: int, height: int, width: int, num_routes: int,
                   save: bool) -> tuple[int, int]:
     """Elements of the (vertical, horizontal) carry buffers the forward kernel takes."""
     t = cross_tiling(dim, nstate, height, width)
-    per_route = batch * t.n_chan_blocks * num_routes * t.block_d * t.block_n
+    per_route = maps * t.n_chan_blocks * num_routes * t.block_d * t.block_n
     vertical = per_route * (t.n_tile_rows if save else 1) * t.n_tile_cols * t.tile_w
     horizontal = per_route * t.n_tile_rows * t.n_tile_cols * t.tile_h if save else 0
     return vertical, horizontal
 
 
-def program_sets(n_chan_blocks: int) -> int:
-    """Channel blocks per program: the largest divisor of ``n_chan_blocks`` up to ``MAX_SETS``."""
-    return max(s for s in range(1, MAX_SETS + 1) if n_chan_blocks % s == 0)
+def program_sets(n_chan_blocks: int, maps: int) -> int:
+    """Channel blocks per program: the largest divisor of ``n_chan_blocks`` up to ``MAX_SETS`` that
+    leaves at least ``MIN_PROGRAMS`` programs for ``maps`` maps (1 when none does)."""
+    return max((s for s in range(1, MAX_SETS + 1)
+                if n_chan_blocks % s == 0 and maps * n_chan_blocks // s >= MIN_PROGRAMS), default=1)
 
 
 def _grid_args(u: Tensor, A: Tensor, t: Tiling) -> tuple:
@@ -110,6 +120,96 @@ def _check_routes(routes: List[int], delta: Tensor) -> None:
         raise ValueError(f"backend 'triton' scans at most {MAX_ROUTES} routes in one op, got {len(routes)}")
 
 
+def launch_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
+                   delta_bias: Optional[Tensor], delta_softplus: bool, routes: List[int], out_fp32: bool,
+                   save_carries: bool, param_groups: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Run ``scan_fwd_kernel`` over ``maps`` maps: (y, vcarry, hcarry) as the four-route forward op.
+
+    Inputs contiguous, validated: u (maps, dim, H, W), delta (maps, K, dim, H, W), A
+    (param_groups * K * dim, N), B / C (maps, K, N, H, W), D / delta_bias (param_groups * K * dim,)
+    or None; map m reads the parameter rows of group m % param_groups.
+    """
+    maps, dim, height, width = u.shape
+    acc = _acc_dtype(u, delta, B, C)
+    y = torch.empty(u.shape, device=u.device, dtype=torch.float32 if out_fp32 else u.dtype)
+    v_numel, h_numel = _carry_numels(maps, dim, A.shape[1], height, width, len(routes), save_carries)
+    vcarry = torch.empty(v_numel, device=u.device, dtype=acc)
+    hcarry = torch.empty(h_numel, device=u.device, dtype=acc)
+    if u.numel() == 0:
+        return y, vcarry, hcarry
+    t = cross_tiling(dim, A.shape[1], height, width)
+    sets = program_sets(t.n_chan_blocks, maps)
+    yacc = y if y.dtype == acc or len(routes) == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
+    hstate = torch.empty(maps * t.n_chan_blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
+    grid = _grid_args(u, A, t)
+    _kernels().scan_fwd_kernel[(maps * (t.n_chan_blocks // sets),)](
+        u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, y, yacc,
+        vcarry, hcarry if save_carries else vcarry, hstate, *grid[:5], t.n_chan_blocks // sets, sets, *grid[5:],
+        param_groups, SAVE_CARRIES=save_carries, **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
+        num_warps=FWD_WARPS, maxnreg=FWD_MAX_REGISTERS,
+    )
+    if not save_carries:
+        vcarry = vcarry.new_empty(0)
+    return y, vcarry, hcarry
+
+
+def empty_carries(maps: int, dim: int, nstate: int, height: int, width: int, num_routes: int, save: bool,
+                   dtype: torch.dtype, like: Tensor) -> tuple[Tensor, Tensor]:
+    """Empty (vcarry, hcarry) as ``launch_forward`` returns them (for fake implementations)."""
+    v_numel, h_numel = _carry_numels(maps, dim, nstate, height, width, num_routes, True) if save else (0, 0)
+    return like.new_empty(v_numel, dtype=dtype), like.new_empty(h_numel, dtype=dtype)
+
+
+def launch_backward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
+                    delta_bias: Optional[Tensor], delta_softplus: bool, routes: List[int], vcarry: Tensor,
+                    hcarry: Tensor, dy: Tensor, param_groups: int) -> tuple[Tensor, ...]:
+    """Run ``scan_bwd_kernel`` from the carries ``launch_forward`` saved: (du, ddelta, dA, dB, dC, dD,
+    ddelta_bias), each shaped and typed like its input (dD / ddelta_bias empty when D / delta_bias is
+    None). Inputs as ``launch_forward``; dy (maps, dim, H, W) contiguous."""
+    maps, dim, height, width = u.shape
+    num_routes, nstate = len(routes), A.shape[1]
+    acc = _acc_dtype(u, delta, B, C)
+    expected = _carry_numels(maps, dim, nstate, height, width, num_routes, True)
+    if (vcarry.numel(), hcarry.numel()) != expected:
+        raise ValueError(f"the saved carries have {vcarry.numel()} / {hcarry.numel()} elements, expected "
+                         f"{expected[0]} / {expected[1]}: run the forward op with save_carries=True on these inputs")
+    t = cross_tiling(dim, nstate, height, width)
+    sets = program_sets(t.n_chan_blocks, maps)
+    n_groups = t.n_chan_blocks // sets
+    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
+    dB_part = torch.zeros(maps, num_routes, n_groups, nstate, height, width, device=u.device, dtype=acc)
+    dC_part = torch.zeros_like(dB_part)
+    dA_part = torch.zeros(maps, num_routes * dim, nstate, device=u.device, dtype=acc)
+    dD_part = torch.zeros(maps, num_routes * dim, device=u.device, dtype=acc)
+    dbias_part = torch.zeros_like(dD_part)
+    if u.numel() > 0:
+        blocks = maps * t.n_chan_blocks
+        vadj = torch.empty(blocks * t.block_d * t.block_n * t.n_tile_cols * t.tile_w, device=u.device, dtype=acc)
+        hadj = torch.empty(blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
+        duacc = du if du.dtype == acc or num_routes == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
+        grid = _grid_args(u, A, t)
+        _kernels().scan_bwd_kernel[(maps * n_groups,)](
+            u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, dy,
+            vcarry, hcarry, vadj, hadj, du, duacc, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part,
+            *grid[:5], n_groups, sets, *grid[5:], param_groups,
+            **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
+            num_warps=BWD_WARPS, maxnreg=BWD_MAX_REGISTERS,
+        )
+    else:
+        du.zero_()
+        ddelta.zero_()
+    # Fixed-order sums of the per-program partials: deterministic, no atomics. Maps of one
+    # parameter group are summed over the batch (map m = batch index * param_groups + group).
+    rows = param_groups * num_routes * dim
+    dB = dB_part.sum(dim=2).to(B.dtype)
+    dC = dC_part.sum(dim=2).to(C.dtype)
+    dA = dA_part.view(maps // param_groups, rows, nstate).sum(dim=0).to(A.dtype)
+    dD = dD_part.view(maps // param_groups, rows).sum(dim=0).to(D.dtype) if D is not None else A.new_empty(0)
+    dbias = (dbias_part.view(maps // param_groups, rows).sum(dim=0).to(delta_bias.dtype) if delta_bias is not None
+             else A.new_empty(0))
+    return du, ddelta, dA, dB, dC, dD, dbias
+
+
 @torch.library.custom_op(CROSS_FWD_OP_NAME, mutates_args=())
 def cross_selective_scan_2d_triton_fwd(
     u: Tensor,
@@ -132,39 +232,15 @@ def cross_selective_scan_2d_triton_fwd(
     """
     _check_op_inputs(u, A, B)
     _check_routes(routes, delta)
-    batch, dim, height, width = u.shape
-    acc = _acc_dtype(u, delta, B, C)
-    y = torch.empty(u.shape, device=u.device, dtype=torch.float32 if out_fp32 else u.dtype)
-    v_numel, h_numel = _carry_numels(batch, dim, A.shape[1], height, width, len(routes), save_carries)
-    vcarry = torch.empty(v_numel, device=u.device, dtype=acc)
-    hcarry = torch.empty(h_numel, device=u.device, dtype=acc)
-    if u.numel() == 0:
-        return y, vcarry, hcarry
-    t = cross_tiling(dim, A.shape[1], height, width)
-    sets = program_sets(t.n_chan_blocks)
-    yacc = y if y.dtype == acc or len(routes) == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
-    hstate = torch.empty(batch * t.n_chan_blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
-    grid = _grid_args(u, A, t)
-    _kernels().cross_scan_fwd_kernel[(batch * (t.n_chan_blocks // sets),)](
-        u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, y, yacc,
-        vcarry, hcarry if save_carries else vcarry, hstate, *grid[:5], t.n_chan_blocks // sets, sets, *grid[5:],
-        SAVE_CARRIES=save_carries, **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
-        num_warps=FWD_WARPS, maxnreg=FWD_MAX_REGISTERS,
-    )
-    if not save_carries:
-        vcarry = vcarry.new_empty(0)
-    return y, vcarry, hcarry
+    return launch_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, save_carries, 1)
 
 
 @cross_selective_scan_2d_triton_fwd.register_fake
 def _fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, save_carries):
-    acc = _acc_dtype(u, delta, B, C)
     batch, dim, height, width = u.shape
-    v_numel, h_numel = _carry_numels(batch, dim, A.shape[1], height, width, len(routes), True)
-    if not save_carries:
-        v_numel, h_numel = 0, 0
-    return (u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype),
-            u.new_empty(v_numel, dtype=acc), u.new_empty(h_numel, dtype=acc))
+    carries = empty_carries(batch, dim, A.shape[1], height, width, len(routes), save_carries,
+                            _acc_dtype(u, delta, B, C), u)
+    return (u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype), *carries)
 
 
 @torch.library.custom_op(CROSS_BWD_OP_NAME, mutates_args=())
@@ -187,45 +263,7 @@ def cross_selective_scan_2d_triton_bwd(
     forward returned with ``save_carries``; dy (batch, dim, H, W) contiguous."""
     _check_op_inputs(u, A, B)
     _check_routes(routes, delta)
-    batch, dim, height, width = u.shape
-    num_routes, nstate = len(routes), A.shape[1]
-    acc = _acc_dtype(u, delta, B, C)
-    expected = _carry_numels(batch, dim, nstate, height, width, num_routes, True)
-    if (vcarry.numel(), hcarry.numel()) != expected:
-        raise ValueError(f"the saved carries have {vcarry.numel()} / {hcarry.numel()} elements, expected "
-                         f"{expected[0]} / {expected[1]}: run the forward op with save_carries=True on these inputs")
-    t = cross_tiling(dim, nstate, height, width)
-    sets = program_sets(t.n_chan_blocks)
-    n_groups = t.n_chan_blocks // sets
-    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
-    dB_part = torch.zeros(batch, num_routes, n_groups, nstate, height, width, device=u.device, dtype=acc)
-    dC_part = torch.zeros_like(dB_part)
-    dA_part = torch.zeros(batch, num_routes * dim, nstate, device=u.device, dtype=acc)
-    dD_part = torch.zeros(batch, num_routes * dim, device=u.device, dtype=acc)
-    dbias_part = torch.zeros_like(dD_part)
-    if u.numel() > 0:
-        blocks = batch * t.n_chan_blocks
-        vadj = torch.empty(blocks * t.block_d * t.block_n * t.n_tile_cols * t.tile_w, device=u.device, dtype=acc)
-        hadj = torch.empty(blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
-        duacc = du if du.dtype == acc or num_routes == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
-        grid = _grid_args(u, A, t)
-        _kernels().cross_scan_bwd_kernel[(batch * n_groups,)](
-            u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, dy,
-            vcarry, hcarry, vadj, hadj, du, duacc, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part,
-            *grid[:5], n_groups, sets, *grid[5:],
-            **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
-            num_warps=BWD_WARPS, maxnreg=BWD_MAX_REGISTERS,
-        )
-    else:
-        du.zero_()
-        ddelta.zero_()
-    # Fixed-order sums of the per-program partials: deterministic, no atomics.
-    dB = dB_part.sum(dim=2).to(B.dtype)
-    dC = dC_part.sum(dim=2).to(C.dtype)
-    dA = dA_part.sum(dim=0).to(A.dtype)
-    dD = dD_part.sum(dim=0).to(D.dtype) if D is not None else A.new_empty(0)
-    dbias = dbias_part.sum(dim=0).to(delta_bias.dtype) if delta_bias is not None else A.new_empty(0)
-    return du, ddelta, dA, dB, dC, dD, dbias
+    return launch_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, vcarry, hcarry, dy, 1)
 
 
 @cross_selective_scan_2d_triton_bwd.register_fake

@@ -155,50 +155,43 @@ def _figures(name: str, compiled, arch: int, num_warps: int, block_shapes: List[
     )
 
 
-def cross_kernel_figures(direction: str, dtype: torch.dtype, batch: int, dim: int, nstate: int, height: int,
-                         width: int, routes: List[int], arch: int, out_fp32: bool = False) -> KernelFigures:
-    """Figures of the four-route ``direction`` ("fwd" / "bwd") kernel as the op launches it."""
+def kernel_figures(direction: str, dtype: torch.dtype, maps: int, dim: int, nstate: int, height: int, width: int,
+                   routes: List[int], arch: int, param_groups: int = 1, out_fp32: bool = False) -> KernelFigures:
+    """Figures of the ``direction`` ("fwd" / "bwd") kernel as ``_triton_cross_scan`` launches it on
+    ``maps`` maps of ``dim`` channels with these routes and parameter groups."""
     kernels = cross._kernels()
     t = cross.cross_tiling(dim, nstate, height, width)
     acc = torch.float32
     grid = dict(zip(("dim", "nstate", "height", "width", "n_chan_blocks", "n_tile_rows", "n_tile_cols", "n_chunks"),
-                    cross._grid_args(torch.empty(batch, dim, height, width, device="meta"),
+                    cross._grid_args(torch.empty(maps, dim, height, width, device="meta"),
                                      torch.empty(1, nstate, device="meta"), t)))
     constexprs = cross._constexprs(routes, torch.empty(0), torch.empty(0), True, t, acc, width)
     pointer_dtypes = {"y_ptr": torch.float32 if out_fp32 else dtype}
-    grid["sets"] = cross.program_sets(t.n_chan_blocks)
+    grid["sets"] = cross.program_sets(t.n_chan_blocks, maps)
     grid["n_groups"] = t.n_chan_blocks // grid["sets"]
+    grid["param_groups"] = param_groups
     if direction == "fwd":
-        kernel, warps, max_registers = kernels.cross_scan_fwd_kernel, cross.FWD_WARPS, cross.FWD_MAX_REGISTERS
+        kernel, warps, max_registers = kernels.scan_fwd_kernel, cross.FWD_WARPS, cross.FWD_MAX_REGISTERS
         constexprs["SAVE_CARRIES"] = True
     else:
-        kernel, warps, max_registers = kernels.cross_scan_bwd_kernel, cross.BWD_WARPS, cross.BWD_MAX_REGISTERS
+        kernel, warps, max_registers = kernels.scan_bwd_kernel, cross.BWD_WARPS, cross.BWD_MAX_REGISTERS
     compiled = compile_for(kernel, grid, constexprs, dtype, pointer_dtypes, arch, warps, max_registers)
     blocks = [(t.block_d, t.block_n, t.tile_h, t.tile_w), (t.block_d, t.block_n, 1, t.tile_h * t.tile_w)]
     return _figures(kernel.__name__, compiled, arch, warps, blocks, len(routes))
 
 
-def single_route_kernel_figures(direction: str, dtype: torch.dtype, dim: int, groups: int, nstate: int, height: int,
-                                width: int, arch: int) -> List[KernelFigures]:
-    """Figures of the single-route kernels the ``direction`` op launches (the backward op launches
-    the forward kernel with SAVE_CARRIES, then the backward kernel)."""
-    kernels = scan_triton._kernels()
-    backward = direction == "bwd"
-    elements, warps = ((scan_triton.BWD_BLOCK_ELEMENTS, scan_triton.BWD_WARPS) if backward
-                       else (scan_triton.FWD_BLOCK_ELEMENTS, scan_triton.FWD_WARPS))
-    t = scan_triton.choose_tiling(dim // groups, nstate, height, width, elements)
-    scalars = dict(dim=dim, groups=groups, chans_per_group=dim // groups, nstate=nstate, height=height, width=width,
-                   n_chan_blocks=t.n_chan_blocks, n_tile_rows=t.n_tile_rows, n_tile_cols=t.n_tile_cols)
-    base = dict(HAS_D=True, HAS_BIAS=True, SOFTPLUS=True, BLOCK_D=t.block_d, BLOCK_N=t.block_n, TILE_H=t.tile_h,
-                TILE_W=t.tile_w, ACC=scan_triton._tl_dtype(torch.float32))
-    launches = [(kernels.scan2d_fwd_kernel, dict(base, STORE_Y=not backward, SAVE_CARRIES=backward))]
-    if backward:
-        launches.append((kernels.scan2d_bwd_kernel, base))
-    blocks = [(t.block_d, t.block_n, t.tile_h, t.tile_w)]
-    pointer_dtypes = {"y_ptr": dtype}
-    return [_figures(kernel.__name__, compile_for(kernel, scalars, constexprs, dtype, pointer_dtypes, arch, warps),
-                     arch, warps, blocks, 1)
-            for kernel, constexprs in launches]
+def cross_kernel_figures(direction: str, dtype: torch.dtype, batch: int, dim: int, nstate: int, height: int,
+                         width: int, routes: List[int], arch: int) -> KernelFigures:
+    """Figures of the kernel the four-route ``direction`` op launches (u (batch, dim, H, W))."""
+    return kernel_figures(direction, dtype, batch, dim, nstate, height, width, routes, arch)
+
+
+def single_route_kernel_figures(direction: str, dtype: torch.dtype, batch: int, dim: int, groups: int, nstate: int,
+                                height: int, width: int, arch: int) -> KernelFigures:
+    """Figures of the kernel the single-route ``direction`` op launches (u (batch, dim, L), ``groups``
+    groups of B / C): its one route, each group of B / C a map with its own parameter rows."""
+    return kernel_figures(direction, dtype, batch * groups, dim // groups, nstate, height, width,
+                          scan_triton.SINGLE_ROUTE, arch, param_groups=groups)
 
 
 # (label, dtype, batch, dim, N, H, W): the model's stage shapes (VMamba / 2DVMamba tiny, batch 128,
@@ -211,6 +204,9 @@ REPORT_SHAPES = [
 ]
 CROSS_2D = [0, 4, 3, 7]
 CROSS_FLAT = [8, 12, 11, 15]
+# Groups of B / C of the single-route rows (the per-route model path scans with 1; 4 is a grouped
+# configuration: G maps per batch element, parameter rows picked per map).
+SINGLE_ROUTE_GROUPS = (1, 4)
 
 
 def report_rows(archs=(80, 90)) -> List[Dict[str, object]]:
@@ -222,8 +218,10 @@ def report_rows(archs=(80, 90)) -> List[Dict[str, object]]:
                 for routes_name, routes in (("cross 2D", CROSS_2D), ("cross flat", CROSS_FLAT)):
                     fig = cross_kernel_figures(direction, dtype, batch, dim, nstate, height, width, routes, arch)
                     rows.append(dict(shape=label, routes=routes_name, figures=fig))
-                for fig in single_route_kernel_figures(direction, dtype, dim, 1, nstate, height, width, arch):
-                    rows.append(dict(shape=label, routes=f"single route ({direction} op)", figures=fig))
+                for groups in SINGLE_ROUTE_GROUPS:
+                    fig = single_route_kernel_figures(direction, dtype, batch, dim, groups, nstate, height, width, arch)
+                    rows.append(dict(shape=label, routes=f"single route, {groups} group{'s' * (groups > 1)}",
+                                     figures=fig))
     return rows
 
 

@@ -1,13 +1,21 @@
-"""The Triton 2D selective scan as ``torch.library`` custom ops (kernels in ``_triton_kernels``).
+"""The Triton 2D selective scan as ``torch.library`` custom ops, and what every Triton op shares
+(device checks, tiling, dtypes).
 
     vmamba2d::selective_scan_2d_triton_fwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
-                                           height, width, out_fp32) -> y
+                                           height, width, out_fp32, save_carries=False)
+                                           -> (y, vcarry, hcarry)
     vmamba2d::selective_scan_2d_triton_bwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
-                                           height, width, dy) -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
+                                           height, width, dy, vcarry, hcarry)
+                                           -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
 
-Both have fake implementations (``torch.compile(fullgraph=True)`` traces them) and the forward op's
-autograd formula calls the backward op, which recomputes the scan from the saved inputs (only the
-inputs are kept between forward and backward; the tile carries are rebuilt in the backward).
+The single-route op runs the kernels of the four-route op (``_triton_kernels``, launched by
+``_triton_cross_scan``) as one configuration of them: one route (code 0: rows first, from the top
+left) and each of the G groups of B / C its own map (u (batch, dim, L) is read as
+(batch * G, dim / G, H, W); map b * G + g takes the parameter rows of group g). With
+``save_carries`` the forward also returns the states entering each tile, and the backward
+rebuilds every tile's states from them (no second forward sweep). Both ops have fake
+implementations (``torch.compile(fullgraph=True)`` traces them); the forward op's autograd
+formula calls the backward op.
 
 Dtypes: u / delta / B / C / dy may be fp16, bf16, fp32 or fp64, A / D / delta_bias fp32 or fp64;
 the kernels accumulate in fp32 (fp64 when any scan input is fp64) and write every gradient in its
@@ -35,16 +43,12 @@ Tensor = torch.Tensor
 FWD_OP_NAME = "vmamba2d::selective_scan_2d_triton_fwd"
 BWD_OP_NAME = "vmamba2d::selective_scan_2d_triton_bwd"
 TILE_ENV_VAR = "VMAMBA2D_TRITON_TILE"
+# The Triton kernel module, and one of its kernels (tells how the module was built).
 KERNELS_MODULE = "vmamba2d.ops._triton_kernels"
-# Every Triton kernel module, with one of its kernels (tells how the module was built).
-KERNEL_MODULES = {KERNELS_MODULE: "scan2d_fwd_kernel", "vmamba2d.ops._triton_cross_kernels": "cross_scan_fwd_kernel"}
-# Elements of one [channels, states, rows, cols] register block and warps per program: 8 elements
-# per thread in the forward, 4 in the backward (which keeps about twice as many blocks live). Chosen
-# from sm_90 compiles without a GPU (no register spills, <= ~220 registers); not timed on a GPU.
-FWD_BLOCK_ELEMENTS = 1024
-FWD_WARPS = 4
-BWD_BLOCK_ELEMENTS = 1024
-BWD_WARPS = 8
+PROBE_KERNEL = "scan_fwd_kernel"
+LAUNCHER_MODULE = "vmamba2d.ops._triton_cross_scan"
+# The single-route op's scan: route code 0 (rows first, from the top left).
+SINGLE_ROUTE = [0]
 MAX_NSTATE = 64
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -75,9 +79,9 @@ def _interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _kernels() -> ModuleType:
-    """The kernel module (imports triton on first use)."""
-    return importlib.import_module(KERNELS_MODULE)
+def _launcher() -> ModuleType:
+    """The kernels' launcher module (imported on use: it imports this one)."""
+    return importlib.import_module(LAUNCHER_MODULE)
 
 
 def _interpreted(jit_function) -> bool:
@@ -101,10 +105,10 @@ def triton_device_problem(device: torch.device) -> str:
     if device.type != "cpu":
         return f"backend='triton' takes CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), got {device}"
     how = "set TRITON_INTERPRET=1 in the environment before importing vmamba2d (or triton)"
-    loaded = [(sys.modules[name], kernel) for name, kernel in KERNEL_MODULES.items() if name in sys.modules]
-    if any(not _interpreted(getattr(module, kernel)) for module, kernel in loaded):
+    kernels = sys.modules.get(KERNELS_MODULE)
+    if kernels is not None and not _interpreted(getattr(kernels, PROBE_KERNEL)):
         return f"backend='triton' got CPU tensors but its kernels were built for the GPU; {how}"
-    if not loaded and not _interpret_requested():
+    if kernels is None and not _interpret_requested():
         return f"backend='triton' needs CUDA tensors; CPU tensors run only in Triton's interpreter: {how}"
     if not _triton_library_interpreted():
         return f"backend='triton' got CPU tensors but triton was imported before TRITON_INTERPRET=1 was set; {how}"
@@ -193,39 +197,23 @@ def _tl_dtype(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _launch_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, y, tiling,
-                    save_carries, num_warps):
-    """Run the forward kernel; return the carry buffers (above, left) it wrote."""
-    kernels = _kernels()
-    batch, dim, _ = u.shape
-    groups, nstate = B.shape[1], B.shape[2]
-    acc = _acc_dtype(u, delta, B, C)
-    programs = batch * groups * tiling.n_chan_blocks
-    slots = tiling.n_tile_rows if save_carries else 1
-    carry_row = tiling.block_d * tiling.block_n * tiling.n_tile_cols * tiling.tile_w
-    above = torch.empty(programs * slots * carry_row, device=u.device, dtype=acc)
-    tiles = tiling.n_tile_rows * tiling.n_tile_cols
-    left_size = programs * tiles * tiling.block_d * tiling.block_n * tiling.tile_h if save_carries else 1
-    left = torch.empty(left_size, device=u.device, dtype=acc)
-    kernels.scan2d_fwd_kernel[(programs,)](
-        u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u,
-        y if y is not None else u, above, left,
-        dim, groups, dim // groups, nstate, height, width,
-        tiling.n_chan_blocks, tiling.n_tile_rows, tiling.n_tile_cols,
-        HAS_D=D is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
-        STORE_Y=y is not None, SAVE_CARRIES=save_carries,
-        BLOCK_D=tiling.block_d, BLOCK_N=tiling.block_n, TILE_H=tiling.tile_h, TILE_W=tiling.tile_w,
-        ACC=_tl_dtype(acc), num_warps=num_warps,
-    )
-    return above, left
-
-
 def _check_op_inputs(u: Tensor, A: Tensor, B: Tensor) -> None:
     check_triton_device(u.device)
     if A.shape[1] > MAX_NSTATE:
         raise ValueError(f"A has N={A.shape[1]} states; backend 'triton' supports at most N={MAX_NSTATE}")
     if u.dtype not in _SUPPORTED_DTYPES or B.dtype not in _SUPPORTED_DTYPES:
         raise TypeError(f"backend 'triton' takes float16, bfloat16, float32 or float64 inputs, got {u.dtype}")
+
+
+def _as_maps(u: Tensor, delta: Tensor, B: Tensor, C: Tensor, height: int, width: int) -> tuple[Tensor, ...]:
+    """The single-route op's tensors as the kernels' maps, one per (batch, group of B / C):
+    u (batch * G, dim / G, H, W), delta (batch * G, 1, dim / G, H, W), B / C (batch * G, 1, N, H, W)."""
+    batch, dim, _ = u.shape
+    groups, nstate = B.shape[1], B.shape[2]
+    maps = batch * groups
+    chans = dim // groups
+    return (u.view(maps, chans, height, width), delta.view(maps, 1, chans, height, width),
+            B.view(maps, 1, nstate, height, width), C.view(maps, 1, nstate, height, width))
 
 
 @torch.library.custom_op(FWD_OP_NAME, mutates_args=())
@@ -241,25 +229,28 @@ def selective_scan_2d_triton_fwd(
     height: int,
     width: int,
     out_fp32: bool,
-) -> Tensor:
-    """Triton forward: y (batch, dim, L), fp32 if ``out_fp32`` else u's dtype.
+    save_carries: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Triton forward: (y, vcarry, hcarry). y (batch, dim, L), fp32 if ``out_fp32`` else u's dtype;
+    the carries are 1-D buffers for the backward op (empty unless ``save_carries``).
 
     Inputs contiguous: u, delta (batch, dim, L); A (dim, N); B, C (batch, groups, N, L); D,
     delta_bias (dim,) or None.
     """
     _check_op_inputs(u, A, B)
-    y = torch.empty(u.shape, device=u.device, dtype=torch.float32 if out_fp32 else u.dtype)
-    if u.numel() == 0:
-        return y
-    tiling = choose_tiling(u.shape[1] // B.shape[1], A.shape[1], height, width, FWD_BLOCK_ELEMENTS)
-    _launch_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, y, tiling,
-                    save_carries=False, num_warps=FWD_WARPS)
-    return y
+    maps = _as_maps(u, delta, B, C, height, width)
+    y, vcarry, hcarry = _launcher().launch_forward(*maps[:2], A, *maps[2:], D, delta_bias, delta_softplus,
+                                                   SINGLE_ROUTE, out_fp32, save_carries, B.shape[1])
+    return y.view(u.shape), vcarry, hcarry
 
 
 @selective_scan_2d_triton_fwd.register_fake
-def _fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32):
-    return u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype)
+def _fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32, save_carries=False):
+    batch, dim, _ = u.shape
+    groups = B.shape[1]
+    carries = _launcher().empty_carries(batch * groups, dim // groups, A.shape[1], height, width, 1, save_carries,
+                                        _acc_dtype(u, delta, B, C), u)
+    return (u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype), *carries)
 
 
 @torch.library.custom_op(BWD_OP_NAME, mutates_args=())
@@ -275,72 +266,46 @@ def selective_scan_2d_triton_bwd(
     height: int,
     width: int,
     dy: Tensor,
+    vcarry: Tensor,
+    hcarry: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Triton backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias), each shaped and typed like its input.
 
-    dy (batch, dim, L) contiguous. dD / ddelta_bias are empty (shape (0,)) when D / delta_bias is None.
+    dy (batch, dim, L) contiguous; ``vcarry`` / ``hcarry``: what the forward op returned with
+    ``save_carries`` on these inputs. dD / ddelta_bias are empty (shape (0,)) when D / delta_bias is None.
     """
     _check_op_inputs(u, A, B)
-    batch, dim, length = u.shape
-    groups, nstate = B.shape[1], B.shape[2]
-    acc = _acc_dtype(u, delta, B, C)
-    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
-    tiling = choose_tiling(dim // groups, nstate, height, width, BWD_BLOCK_ELEMENTS)
-    dB_part = torch.empty(batch, groups, tiling.n_chan_blocks, nstate, length, device=u.device, dtype=acc)
-    dC_part = torch.empty_like(dB_part)
-    dA_part = torch.zeros(batch, dim, nstate, device=u.device, dtype=acc)
-    dD_part = torch.zeros(batch, dim, device=u.device, dtype=acc)
-    dbias_part = torch.zeros(batch, dim, device=u.device, dtype=acc)
-    if u.numel() > 0:
-        above, left = _launch_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width,
-                                      None, tiling, save_carries=True, num_warps=BWD_WARPS)
-        programs = batch * groups * tiling.n_chan_blocks
-        below = torch.empty(programs * tiling.block_d * tiling.block_n * tiling.n_tile_cols * tiling.tile_w,
-                            device=u.device, dtype=acc)
-        _kernels().scan2d_bwd_kernel[(programs,)](
-            u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, dy,
-            above, left, below,
-            du, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part,
-            dim, groups, dim // groups, nstate, height, width,
-            tiling.n_chan_blocks, tiling.n_tile_rows, tiling.n_tile_cols,
-            HAS_D=D is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
-            BLOCK_D=tiling.block_d, BLOCK_N=tiling.block_n, TILE_H=tiling.tile_h, TILE_W=tiling.tile_w,
-            ACC=_tl_dtype(acc), num_warps=BWD_WARPS,
-        )
-    else:
-        dB_part.zero_()
-        dC_part.zero_()
-    # Fixed-order sums of the per-program partials: deterministic, no atomics.
-    dB = dB_part.sum(dim=2).to(B.dtype)
-    dC = dC_part.sum(dim=2).to(C.dtype)
-    dA = dA_part.sum(dim=0).to(A.dtype)
-    dD = dD_part.sum(dim=0).to(D.dtype) if D is not None else A.new_empty(0)
-    dbias = dbias_part.sum(dim=0).to(delta_bias.dtype) if delta_bias is not None else A.new_empty(0)
-    return du, ddelta, dA, dB, dC, dD, dbias
+    u_maps, delta_maps, B_maps, C_maps = _as_maps(u, delta, B, C, height, width)
+    du, ddelta, dA, dB, dC, dD, dbias = _launcher().launch_backward(
+        u_maps, delta_maps, A, B_maps, C_maps, D, delta_bias, delta_softplus, SINGLE_ROUTE, vcarry, hcarry,
+        dy.view(u_maps.shape), B.shape[1])
+    return du.view(u.shape), ddelta.view(delta.shape), dA, dB.view(B.shape), dC.view(C.shape), dD, dbias
 
 
 @selective_scan_2d_triton_bwd.register_fake
-def _bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy):
+def _bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy, vcarry, hcarry):
     optional = tuple(torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias))
     return tuple(torch.empty_like(t) for t in (u, delta, A, B, C)) + optional
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, _ = inputs
-    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias)
+    u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, _, _ = inputs
+    _, vcarry, hcarry = output
+    ctx.mark_non_differentiable(vcarry, hcarry)
+    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias, vcarry, hcarry)
     ctx.scan_args = (delta_softplus, height, width)
 
 
-def _backward(ctx, dy: Tensor):
-    u, delta, A, B, C, D, delta_bias = ctx.saved_tensors
+def _backward(ctx, dy: Tensor, _dvcarry: Tensor, _dhcarry: Tensor):
+    u, delta, A, B, C, D, delta_bias, vcarry, hcarry = ctx.saved_tensors
     du, ddelta, dA, dB, dC, dD, dbias = selective_scan_2d_triton_bwd(
-        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous()
+        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous(), vcarry, hcarry
     )
     return (
         du, ddelta, dA, dB, dC,
         dD if D is not None else None,
         dbias if delta_bias is not None else None,
-        None, None, None, None,
+        None, None, None, None, None,
     )
 
 
@@ -375,10 +340,12 @@ def selective_scan_2d_triton(
     def prepare(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
         return None if t is None else t.to(dtype).contiguous()
 
+    tensors = (u, delta, A, B, C, D, delta_bias)
+    save_carries = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
-    y = selective_scan_2d_triton_fwd(
+    y, _, _ = selective_scan_2d_triton_fwd(
         prepare(u, scan_dtype), prepare(delta, scan_dtype), prepare(A, param_dtype),
         prepare(B, scan_dtype), prepare(C, scan_dtype), prepare(D, param_dtype),
-        prepare(delta_bias, param_dtype), bool(delta_softplus), int(height), int(width), out_fp32,
+        prepare(delta_bias, param_dtype), bool(delta_softplus), int(height), int(width), out_fp32, save_carries,
     )
     return y.to(out_dtype)
