@@ -15,7 +15,8 @@ tree (``mmcv.ops`` plus the submodules that the two toolkits import) with:
   (:mod:`.mmcv_point_ops`), ``sigmoid_focal_loss`` (:mod:`.mmcv_focal_loss`), the NAS-FPN merge
   cells (:mod:`.mmcv_merge_cells`) and ``CornerPool`` (:mod:`.mmcv_corner_pool`). That covers
   UperNet / FCN in mmseg and Faster / Mask R-CNN (FPN, RPN, RoIAlign heads, mask targets) in
-  mmdet;
+  mmdet; ``get_compiler_version`` / ``get_compiling_cuda_version`` report "n/a" (so
+  ``mmcv.utils.collect_env`` works);
 * placeholders for compiled-only ops (deformable convolution, CARAFE, masked convolution,
   multi-scale deformable attention, criss-cross attention, PSA mask) that import fine and raise
   ``NotImplementedError`` naming the op when they are built or called;
@@ -82,6 +83,16 @@ def _unavailable_op(name: str) -> Callable:
     return unavailable
 
 
+def get_compiler_version() -> str:
+    """What ``mmcv.ops.get_compiler_version`` reports under the stand-in (no compiled ops)."""
+    return "n/a (mmcv._ext not installed; vmamba2d's mmcv.ops stand-in)"
+
+
+def get_compiling_cuda_version() -> str:
+    """What ``mmcv.ops.get_compiling_cuda_version`` reports under the stand-in."""
+    return "n/a (mmcv._ext not installed; vmamba2d's mmcv.ops stand-in)"
+
+
 def _implemented_ops() -> dict[str, dict[str, Any]]:
     """The PyTorch ops, by the mmcv.ops submodule that defines them in mmcv."""
     from . import mmcv_merge_cells  # imports mmcv.cnn, so only once mmcv is known to be there
@@ -89,6 +100,9 @@ def _implemented_ops() -> dict[str, dict[str, Any]]:
     return {
         "corner_pool": {"CornerPool": CornerPool},
         "focal_loss": {"sigmoid_focal_loss": sigmoid_focal_loss},
+        # mmcv.utils.collect_env reads these
+        "info": {"get_compiler_version": get_compiler_version,
+                 "get_compiling_cuda_version": get_compiling_cuda_version},
         "merge_cells": {name: getattr(mmcv_merge_cells, name) for name in
                         ("BaseMergeCell", "ConcatCell", "GlobalPoolingCell", "SumCell")},
         "nms": {"batched_nms": batched_nms, "nms": nms, "nms_match": nms_match,
