@@ -98,3 +98,37 @@ def test_onnxruntime_matches_the_fp64_loop_reference_on_every_route(exported):
         assert g.shape == want.shape, name
         error = np.abs(g - want).max() / np.abs(want).max()
         assert error <= 1e-5, f"{name}: relative error {error:.2e}"
+
+
+class TritonScanOps(nn.Module):
+    """Calls the Triton kernels' custom ops directly (torch.export traces them through their fake
+    implementations, so no GPU is needed): the four-route op on the cross routes and the
+    single-route op with two channel groups."""
+
+    def forward(self, u, delta, A, B, C, D, bias, u1, delta1, A1, B1, C1, D1, bias1):
+        k = len(CROSS_ROUTES)
+        y_cross = torch.ops.vmamba2d.cross_selective_scan_2d_triton_fwd(
+            u, delta[:, :k].contiguous(), A[: k * DIM], B[:, :k].contiguous(), C[:, :k].contiguous(), D[: k * DIM],
+            bias[: k * DIM], True, [r.code for r in CROSS_ROUTES], True, False)[0]
+        y_single = torch.ops.vmamba2d.selective_scan_2d_triton_fwd(
+            u1, delta1, A1, B1, C1, D1, bias1, True, HEIGHT, WIDTH, True, False)[0]
+        return y_cross, y_single
+
+
+def test_triton_ops_export_with_the_default_translations(tmp_path):
+    # no custom_translation_table: import vmamba2d registered every scan op's translation
+    path = tmp_path / "triton_ops.onnx"
+    torch.onnx.export(TritonScanOps().eval(), _inputs(), str(path), dynamo=True, verbose=False)
+    args = _inputs()
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)}
+    got = session.run(None, feeds)
+    u, delta, A, B, C, D, bias = (t.double() for t in args[:7])
+    k = len(CROSS_ROUTES)
+    want_cross = cross_scan_per_route(u, delta[:, :k], A[: k * DIM], B[:, :k], C[:, :k], D[: k * DIM],
+                                      bias[: k * DIM], True, CROSS_ROUTES, "reference", torch.float64)
+    want_single = _reference(args)[2]
+    for name, g, want in (("cross routes", got[0], want_cross.numpy()), ("single route", got[1], want_single)):
+        assert g.shape == want.shape, name
+        error = np.abs(g - want).max() / np.abs(want).max()
+        assert error <= 1e-5, f"{name}: relative error {error:.2e}"

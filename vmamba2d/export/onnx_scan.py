@@ -1,8 +1,10 @@
 """ONNX translations of the scan custom ops, made of standard ONNX operators only.
 
 ``torch.onnx.export(..., dynamo=True)`` cannot look inside ``vmamba2d::selective_scan_2d_fwd`` or
-``vmamba2d::cross_selective_scan_2d_fwd`` (they call the compiled kernel), so
-:func:`translation_table` gives the exporter an onnxscript function for each. The functions write
+``vmamba2d::cross_selective_scan_2d_fwd`` (they call the compiled kernel) nor their Triton
+counterparts (``..._triton_fwd``), so :func:`translation_table` gives the exporter an onnxscript
+function for each (``import vmamba2d`` registers them as the exporter's defaults,
+:mod:`vmamba2d.export.onnx_registry`). The functions write
 the scan with operators of the default ONNX domain (Transpose, Softplus, Exp, Mul, Add, ReduceSum,
 Scan, Gather, ...), so onnxruntime, TensorRT and OpenVINO load the file without a plugin.
 
@@ -302,18 +304,38 @@ def selective_scan_2d_onnx(
         y = op.Add(y, op.Mul(op.Unsqueeze(D, op.Constant(value_ints=[1])), u))
     if out_fp32:
         y = op.Cast(y, to=ir.DataType.FLOAT)
+    return (y, *_no_carries())
+
+
+def _no_carries():
+    """Two empty carry outputs: the kernels' carries only feed their backward."""
     no_carry = op.Constant(value=ir.tensor(np.zeros((0,), dtype=np.float32)))
-    return y, no_carry, op.Identity(no_carry)
+    return no_carry, op.Identity(no_carry)
+
+
+def cross_selective_scan_2d_triton_onnx(
+    u, delta, A, B, C, D, delta_bias, delta_softplus: bool, routes: Sequence[int], out_fp32: bool,
+    save_carries: bool = False,
+):
+    """ONNX translation of ``vmamba2d::cross_selective_scan_2d_triton_fwd`` (the four-route op's
+    Triton kernel, run where the CUDA kernel cannot): (y, vcarry, hcarry), y as
+    :func:`cross_selective_scan_2d_onnx`, the carries empty."""
+    y = cross_selective_scan_2d_onnx(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
+    return (y, *_no_carries())
 
 
 def translation_table() -> dict:
     """``custom_translation_table`` for :func:`torch.onnx.export` (dynamo=True): every scan custom
-    op the models call, mapped to its ONNX translation."""
+    op the models call (compiled CPU / CUDA kernels and Triton kernels), mapped to its ONNX
+    translation."""
     import torch
 
-    from ..ops import cross_fused, fused  # noqa: F401  (registers the custom ops)
+    from ..ops import _triton_cross_scan, cross_fused, fused, scan_triton  # noqa: F401  (registers the custom ops)
 
     return {
         torch.ops.vmamba2d.cross_selective_scan_2d_fwd.default: cross_selective_scan_2d_onnx,
         torch.ops.vmamba2d.selective_scan_2d_fwd.default: selective_scan_2d_onnx,
+        torch.ops.vmamba2d.cross_selective_scan_2d_triton_fwd.default: cross_selective_scan_2d_triton_onnx,
+        # same schema as the compiled single-route op
+        torch.ops.vmamba2d.selective_scan_2d_triton_fwd.default: selective_scan_2d_onnx,
     }
