@@ -41,7 +41,7 @@ def _iou(a, b, offset=0.0):
 
 
 def _reference_nms(boxes, scores, iou_threshold, offset=0.0, groups=None):
-    """Greedy NMS over lists: score order (ties by index), drop IoU > threshold in the same group."""
+    """Greedy NMS over lists: score order (ties by index), drop IoU > threshold within a group."""
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     kept = []
     for i in order:
@@ -75,8 +75,10 @@ def _bilinear(feature, y, x):
     else:
         x_high = x_low + 1
     ly, lx = y - y_low, x - x_low
-    return ((1 - ly) * (1 - lx) * feature[:, y_low, x_low] + (1 - ly) * lx * feature[:, y_low, x_high]
-            + ly * (1 - lx) * feature[:, y_high, x_low] + ly * lx * feature[:, y_high, x_high])
+    return ((1 - ly) * (1 - lx) * feature[:, y_low, x_low]
+            + (1 - ly) * lx * feature[:, y_low, x_high]
+            + ly * (1 - lx) * feature[:, y_high, x_low]
+            + ly * lx * feature[:, y_high, x_high])
 
 
 def _reference_roi_align(features, rois, out_h, out_w, scale, sampling_ratio, aligned):
@@ -104,7 +106,7 @@ def _reference_roi_align(features, rois, out_h, out_w, scale, sampling_ratio, al
 
 
 def _reference_roi_pool(features, rois, out_h, out_w, scale):
-    """mmcv's RoIPool CUDA kernel: float corners, (x2 + 1) * scale, floor / ceil bins, 0 if empty."""
+    """mmcv's RoIPool CUDA kernel: float corners, (x2 + 1) * scale, floor/ceil bins, 0 if empty."""
     features = features.double().numpy()
     height, width = features.shape[-2:]
     output = np.zeros((len(rois), features.shape[1], out_h, out_w))
@@ -120,7 +122,8 @@ def _reference_roi_pool(features, rois, out_h, out_w, scale):
                 left = min(max(math.floor(pw * bin_w + x1), 0), width)
                 right = min(max(math.ceil((pw + 1) * bin_w + x1), 0), width)
                 if bottom > top and right > left:
-                    output[k, :, ph, pw] = features[int(b), :, top:bottom, left:right].max(axis=(1, 2))
+                    window = features[int(b), :, top:bottom, left:right]
+                    output[k, :, ph, pw] = window.max(axis=(1, 2))
     return torch.from_numpy(output)
 
 
@@ -263,8 +266,8 @@ def test_batched_nms_class_aware_agnostic_and_split_paths_match_reference():
     dets, keep = ops.batched_nms(boxes_t, scores_t, labels_t, None)
     assert keep.tolist() == sorted(range(60), key=lambda i: (-scores[i], i))
     # empty input
-    dets, keep = ops.batched_nms(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, dtype=torch.long),
-                                 dict(iou_threshold=0.5))
+    dets, keep = ops.batched_nms(torch.zeros(0, 4), torch.zeros(0),
+                                 torch.zeros(0, dtype=torch.long), dict(iou_threshold=0.5))
     assert dets.shape == (0, 5) and keep.shape == (0,)
 
 
@@ -397,8 +400,8 @@ def test_rel_roi_point_to_rel_img_point():
     expected = torch.tensor([[[10 / 40, 20 / 50], [20 / 40, 30 / 50]],
                              [[8 / 40, 4 / 50], [2 / 40, 2 / 50]]])
     torch.testing.assert_close(ops.rel_roi_point_to_rel_img_point(rois, points, image), expected)
-    torch.testing.assert_close(ops.rel_roi_point_to_rel_img_point(rois[:, 1:], points, (25, 20), 0.5),
-                               expected)
+    half_scale = ops.rel_roi_point_to_rel_img_point(rois[:, 1:], points, (25, 20), 0.5)
+    torch.testing.assert_close(half_scale, expected)
 
 
 def test_bitmap_masks_crop_and_resize_is_crop_then_area_resize():
@@ -456,7 +459,9 @@ def test_corner_pool_is_a_running_max_towards_its_side():
         for j in range(5):
             torch.testing.assert_close(top[..., i, j], x[..., i:, j].amax(dim=-1))
             torch.testing.assert_close(right[..., i, j], x[..., i, :j + 1].amax(dim=-1))
-    torch.testing.assert_close(ops.CornerPool("bottom")(x), ops.CornerPool("top")(x.flip(2)).flip(2))
-    torch.testing.assert_close(ops.CornerPool("left")(x), ops.CornerPool("right")(x.flip(3)).flip(3))
+    torch.testing.assert_close(ops.CornerPool("bottom")(x),
+                               ops.CornerPool("top")(x.flip(2)).flip(2))
+    torch.testing.assert_close(ops.CornerPool("left")(x),
+                               ops.CornerPool("right")(x.flip(3)).flip(3))
     with pytest.raises(ValueError, match="mode"):
         ops.CornerPool("up")

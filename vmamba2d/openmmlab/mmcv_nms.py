@@ -118,7 +118,8 @@ def soft_nms(boxes: ArrayLike, scores: ArrayLike, iou_threshold: float = 0.3, si
     scores_t = torch.from_numpy(scores) if isinstance(scores, np.ndarray) else scores
     _check_boxes("soft_nms", boxes_t, scores_t)
     if method not in ("linear", "gaussian", "naive"):
-        raise ValueError(f"soft_nms: method must be 'linear', 'gaussian' or 'naive', got {method!r}")
+        raise ValueError(f"soft_nms: method must be 'linear', 'gaussian' or 'naive', got "
+                         f"{method!r}")
     if offset not in (0, 1):
         raise ValueError(f"soft_nms: offset must be 0 or 1, got {offset!r}")
 
