@@ -310,9 +310,9 @@ def test_the_backward_reuses_the_forwards_carries(monkeypatch):
         y_plain = triton_scan(**inputs, height=3, width=4)
     leaves = {k: inputs[k].clone().requires_grad_() for k in TENSOR_ARGS}
     y = triton_scan(**dict(inputs, **leaves), height=3, width=4)
-    assert launched == ["scan_fwd_kernel", "scan_fwd_kernel"]
+    assert launched == ["scan2d_fwd_kernel", "scan2d_fwd_kernel"]
     y.sum().backward()
-    assert launched == ["scan_fwd_kernel", "scan_fwd_kernel", "scan_bwd_kernel"]
+    assert launched == ["scan2d_fwd_kernel", "scan2d_fwd_kernel", "scan2d_bwd_kernel"]
     assert torch.equal(y.detach(), y_plain)
 
     args = [inputs[k] for k in TENSOR_ARGS]

@@ -123,7 +123,7 @@ def _check_routes(routes: List[int], delta: Tensor) -> None:
 def launch_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
                    delta_bias: Optional[Tensor], delta_softplus: bool, routes: List[int], out_fp32: bool,
                    save_carries: bool, param_groups: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Run ``scan_fwd_kernel`` over ``maps`` maps: (y, vcarry, hcarry) as the four-route forward op.
+    """Run ``scan2d_fwd_kernel`` over ``maps`` maps: (y, vcarry, hcarry) as the four-route forward op.
 
     Inputs contiguous, validated: u (maps, dim, H, W), delta (maps, K, dim, H, W), A
     (param_groups * K * dim, N), B / C (maps, K, N, H, W), D / delta_bias (param_groups * K * dim,)
@@ -142,7 +142,7 @@ def launch_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D:
     yacc = y if y.dtype == acc or len(routes) == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
     hstate = torch.empty(maps * t.n_chan_blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
     grid = _grid_args(u, A, t)
-    _kernels().scan_fwd_kernel[(maps * (t.n_chan_blocks // sets),)](
+    _kernels().scan2d_fwd_kernel[(maps * (t.n_chan_blocks // sets),)](
         u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, y, yacc,
         vcarry, hcarry if save_carries else vcarry, hstate, *grid[:5], t.n_chan_blocks // sets, sets, *grid[5:],
         param_groups, SAVE_CARRIES=save_carries, **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
@@ -163,7 +163,7 @@ def empty_carries(maps: int, dim: int, nstate: int, height: int, width: int, num
 def launch_backward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
                     delta_bias: Optional[Tensor], delta_softplus: bool, routes: List[int], vcarry: Tensor,
                     hcarry: Tensor, dy: Tensor, param_groups: int) -> tuple[Tensor, ...]:
-    """Run ``scan_bwd_kernel`` from the carries ``launch_forward`` saved: (du, ddelta, dA, dB, dC, dD,
+    """Run ``scan2d_bwd_kernel`` from the carries ``launch_forward`` saved: (du, ddelta, dA, dB, dC, dD,
     ddelta_bias), each shaped and typed like its input (dD / ddelta_bias empty when D / delta_bias is
     None). Inputs as ``launch_forward``; dy (maps, dim, H, W) contiguous."""
     maps, dim, height, width = u.shape
@@ -188,7 +188,7 @@ def launch_backward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D
         hadj = torch.empty(blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
         duacc = du if du.dtype == acc or num_routes == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
         grid = _grid_args(u, A, t)
-        _kernels().scan_bwd_kernel[(maps * n_groups,)](
+        _kernels().scan2d_bwd_kernel[(maps * n_groups,)](
             u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, dy,
             vcarry, hcarry, vadj, hadj, du, duacc, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part,
             *grid[:5], n_groups, sets, *grid[5:], param_groups,

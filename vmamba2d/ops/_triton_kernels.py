@@ -30,9 +30,10 @@ Route codes are ``Route.code`` bit fields: 1 from_right, 2 from_bottom, 4 column
 
 Route outputs are summed into y in route order: route 0 writes an accumulator (fp32, fp64 for
 fp64 inputs), routes 1..K-2 add to it and route K-1 adds and writes y in its dtype (du likewise
-in the backward; with K = 1 route 0 writes y directly). The same program touches the same accumulator cells in every route (barriers
-between routes order them). The routes visit the tiles in different orders, so u is read once
-per route (no copy of it is made) and y goes through the accumulator.
+in the backward; with K = 1 route 0 writes y directly). The same program touches the same
+accumulator cells in every route (barriers between routes order them). The routes visit the tiles
+in different orders, so u is read once per route (no copy of it is made) and y goes through the
+accumulator.
 
 The forward kernel can save every tile's incoming states (``SAVE_CARRIES``), so that the backward
 kernel rebuilds a tile's states from its own inputs without another forward sweep. The backward
@@ -268,7 +269,7 @@ def _route_forward(
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
     WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Route k (code ``CODE``) of ``scan_fwd_kernel``'s program: tiles in route order, the
+    """Route k (code ``CODE``) of ``scan2d_fwd_kernel``'s program: tiles in route order, the
     program's channel sets one after another within each tile."""
     length = tl.multiple_of(height * width, WIDTH_ALIGN)  # rows start aligned: vector loads
     state_ok3 = state_ok[:, None, None]
@@ -355,7 +356,7 @@ def _route_forward(
 
 
 @triton.jit
-def scan_fwd_kernel(
+def scan2d_fwd_kernel(
     u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr, yacc_ptr, vcarry_ptr, hcarry_ptr, hstate_ptr,
     dim, nstate, height, width, n_chan_blocks, n_groups, sets, n_tile_rows, n_tile_cols, n_chunks, param_groups,
     ROUTES: tl.constexpr, NUM_ROUTES: tl.constexpr,
@@ -369,10 +370,10 @@ def scan_fwd_kernel(
     Inputs: u (maps, dim, H, W), delta (maps, K, dim, H, W), B / C (maps, K, N, H, W), A
     (param_groups * K * dim, N), D / delta_bias (param_groups * K * dim,); map m takes the rows of
     parameter group m % param_groups. ``ROUTES``: the K route codes, 4 bits each (route k in bits
-    4k..4k+3). ``yacc_ptr``: the route sum's accumulator (maps, dim, H, W) in ACC (may be ``y_ptr``). Per channel block and route:
-    ``vcarry_ptr`` (slots, BLOCK_D, BLOCK_N, n_tile_cols * TILE_W) vertical-pass states entering
-    each tile row (slots = n_tile_rows when saving, slot 0 unused, else 1 scratch slot);
-    ``hcarry_ptr`` (SAVE_CARRIES only) (n_tile_rows * n_tile_cols, BLOCK_D, BLOCK_N, TILE_H)
+    4k..4k+3). ``yacc_ptr``: the route sum's accumulator (maps, dim, H, W) in ACC (may be
+    ``y_ptr``). Per channel block and route: ``vcarry_ptr`` (slots, BLOCK_D, BLOCK_N,
+    n_tile_cols * TILE_W) vertical-pass states entering each tile row (slots = n_tile_rows when
+    saving, slot 0 unused, else 1 scratch slot); ``hcarry_ptr`` (SAVE_CARRIES only) (n_tile_rows * n_tile_cols, BLOCK_D, BLOCK_N, TILE_H)
     horizontal-pass states entering each tile, or for flat routes (n_chunks, BLOCK_D, BLOCK_N)
     the state entering each chunk. Per channel block: ``hstate_ptr`` (BLOCK_D, BLOCK_N, TILE_H)
     scratch for the horizontal-pass (flat: the sequence's) state between tiles.
@@ -468,7 +469,7 @@ def _route_backward(
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
     WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Route k (code ``CODE``) of ``scan_bwd_kernel``'s program: tiles in reverse route
+    """Route k (code ``CODE``) of ``scan2d_bwd_kernel``'s program: tiles in reverse route
     order, the program's channel sets one after another within each tile."""
     length = height * width
     state_ok3 = state_ok[:, None, None]
@@ -582,7 +583,7 @@ def _route_backward(
 
 
 @triton.jit
-def scan_bwd_kernel(
+def scan2d_bwd_kernel(
     u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, dy_ptr, vcarry_ptr, hcarry_ptr, vadj_ptr, hadj_ptr,
     du_ptr, duacc_ptr, ddelta_ptr, dA_part_ptr, dB_part_ptr, dC_part_ptr, dD_part_ptr, dbias_part_ptr,
     dim, nstate, height, width, n_chan_blocks, n_groups, sets, n_tile_rows, n_tile_cols, n_chunks, param_groups,
@@ -593,11 +594,11 @@ def scan_bwd_kernel(
 ):
     """Backward of every route of one program's ``sets`` channel blocks from the carries the
     forward saved (the forward's programs are the channel blocks: block = map *
-    n_chan_blocks + group * sets + s); inputs as ``scan_fwd_kernel``.
+    n_chan_blocks + group * sets + s); inputs as ``scan2d_fwd_kernel``.
 
     Per tile, B and C are loaded once and dB / dC are summed over the program's channel sets in
     registers, then stored once. ``vcarry_ptr`` / ``hcarry_ptr``: written by
-    ``scan_fwd_kernel`` with ``SAVE_CARRIES`` and the same tiling. Scratch per channel
+    ``scan2d_fwd_kernel`` with ``SAVE_CARRIES`` and the same tiling. Scratch per channel
     block: ``vadj_ptr`` (BLOCK_D, BLOCK_N, n_tile_cols * TILE_W) the vertical adjoint entering
     each tile row, ``hadj_ptr`` (BLOCK_D, BLOCK_N, TILE_H) the horizontal adjoint entering each
     tile (a flat route's adjoint entering each chunk). ``duacc_ptr``: du's route-sum accumulator
@@ -615,7 +616,7 @@ def scan_bwd_kernel(
     du_ptr += map_index * dim * length
     duacc_ptr += map_index * dim * length
 
-    # Run-time route loop branching to each route's body (see scan_fwd_kernel).
+    # Run-time route loop branching to each route's body (see scan2d_fwd_kernel).
     for route_index in range(NUM_ROUTES):
         for k in tl.static_range(NUM_ROUTES):
             if route_index == k:

@@ -171,10 +171,10 @@ def kernel_figures(direction: str, dtype: torch.dtype, maps: int, dim: int, nsta
     grid["n_groups"] = t.n_chan_blocks // grid["sets"]
     grid["param_groups"] = param_groups
     if direction == "fwd":
-        kernel, warps, max_registers = kernels.scan_fwd_kernel, cross.FWD_WARPS, cross.FWD_MAX_REGISTERS
+        kernel, warps, max_registers = kernels.scan2d_fwd_kernel, cross.FWD_WARPS, cross.FWD_MAX_REGISTERS
         constexprs["SAVE_CARRIES"] = True
     else:
-        kernel, warps, max_registers = kernels.scan_bwd_kernel, cross.BWD_WARPS, cross.BWD_MAX_REGISTERS
+        kernel, warps, max_registers = kernels.scan2d_bwd_kernel, cross.BWD_WARPS, cross.BWD_MAX_REGISTERS
     compiled = compile_for(kernel, grid, constexprs, dtype, pointer_dtypes, arch, warps, max_registers)
     blocks = [(t.block_d, t.block_n, t.tile_h, t.tile_w), (t.block_d, t.block_n, 1, t.tile_h * t.tile_w)]
     return _figures(kernel.__name__, compiled, arch, warps, blocks, len(routes))

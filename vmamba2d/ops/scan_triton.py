@@ -45,7 +45,7 @@ BWD_OP_NAME = "vmamba2d::selective_scan_2d_triton_bwd"
 TILE_ENV_VAR = "VMAMBA2D_TRITON_TILE"
 # The Triton kernel module, and one of its kernels (tells how the module was built).
 KERNELS_MODULE = "vmamba2d.ops._triton_kernels"
-PROBE_KERNEL = "scan_fwd_kernel"
+PROBE_KERNEL = "scan2d_fwd_kernel"
 LAUNCHER_MODULE = "vmamba2d.ops._triton_cross_scan"
 # The single-route op's scan: route code 0 (rows first, from the top left).
 SINGLE_ROUTE = [0]
