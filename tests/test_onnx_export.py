@@ -216,6 +216,24 @@ def test_registering_again_is_a_no_op_and_another_translation_is_refused(monkeyp
         register_onnx_translations()
 
 
+def test_a_translation_onnxscript_cannot_read_is_not_registered(monkeypatch):
+    # onnxscript reads every registered function's signature at each export: one it cannot read
+    # would break the export of any model, so it must be refused at registration
+    from onnxscript._internal.values import TracedOnnxFunction
+    from onnxscript.function_libs.torch_lib import registration
+
+    name = "vmamba2d::cross_selective_scan_2d_fwd"
+    monkeypatch.delitem(registration.default_registry._registry, name)
+
+    def unreadable(self):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(TracedOnnxFunction, "function_ir", property(unreadable))
+    with pytest.raises(RuntimeError, match="cannot read the signature of cross_selective_scan_2d_onnx"):
+        register_onnx_translations()
+    assert name not in registration.default_registry
+
+
 def test_cli_exports_a_mil_checkpoint_that_matches_eager_on_bags(tmp_path, capsys):
     # 2DMambaMIL with a survival head: n and the grid (read from the coords) are dynamic
     torch.manual_seed(0)

@@ -38,7 +38,8 @@ def register_onnx_translations() -> None:
     Raises MissingOnnxExtraError without the ``onnx`` extra, UntestedTorchError on a torch series
     not in ``TESTED_TORCH_SERIES`` (then pass
     ``custom_translation_table=vmamba2d.export.translation_table()`` to ``torch.onnx.export``),
-    and RuntimeError if another translation is already registered for one of the ops.
+    and RuntimeError if another translation is already registered for one of the ops or onnxscript
+    cannot read a translation's signature (then nothing more is registered).
     """
     if _torch_series() not in TESTED_TORCH_SERIES:
         tested = ", ".join(f"{major}.{minor}" for major, minor in TESTED_TORCH_SERIES)
@@ -67,7 +68,14 @@ def register_onnx_translations() -> None:
             continue
         # trace_only: torch's exporter runs the Python function at export, writing its nodes inline
         # (no onnxscript function, no custom domain in the file).
-        registration.torch_op(name, trace_only=True)(translation)
+        traced = registration.torch_op(name, registry=registration.Registry(), trace_only=True)(translation)
+        try:
+            # onnxscript parses the function's source for its signature at every export, for all
+            # registered ops at once: a failure there would break the export of any model.
+            traced.function_ir
+        except Exception as error:
+            raise RuntimeError(f"onnxscript cannot read the signature of {translation.__name__}: {error}") from error
+        registration.default_registry.register(traced, name)
 
 
 def register_if_onnx_installed() -> None:
