@@ -18,7 +18,7 @@ import torch
 
 import vmamba2d.models  # noqa: F401  (registers the models with timm)
 from vmamba2d.export import UntestedTorchError, register_onnx_translations
-from vmamba2d.export.mil_onnx import mil_max_relative_error, random_bag
+from vmamba2d.export.mil_onnx import export_mil_onnx, mil_max_relative_error, random_bag
 from vmamba2d.export.onnx_export import INPUT_NAME, export_onnx, max_relative_error, onnx_session
 from vmamba2d.export.onnx_registry import register_if_onnx_installed
 from vmamba2d.export.onnx_scan import selective_scan_2d_onnx
@@ -149,6 +149,15 @@ def test_cli_exports_a_checkpoint_and_checks_it(tmp_path, capsys):
     assert np.abs(got - untrained).max() > 1e-2  # the checkpoint's weights, not a fresh init
 
 
+def test_export_functions_refuse_an_opset_below_18(tmp_path):
+    # the exporter would write opset 18 instead (it cannot convert its Split nodes down)
+    with pytest.raises(ValueError, match="opset must be None or an int >= 18, got 17"):
+        export_onnx(create("vmamba2d_tiny"), tmp_path / "m.onnx", (32, 32), opset=17)
+    with pytest.raises(ValueError, match="opset must be None or an int >= 18, got 17"):
+        export_mil_onnx(MambaMIL2D(in_dim=8, num_classes=2, dim=16), tmp_path / "slide.onnx", opset=17)
+    assert not list(tmp_path.iterdir())
+
+
 def test_cli_refuses_clearly_without_the_onnx_extra(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # import onnxscript -> ImportError
     code = load_tool("export_onnx").main(["vmamba2d_tiny", str(tmp_path / "m.onnx")])
@@ -163,6 +172,7 @@ def test_cli_refuses_clearly_without_the_onnx_extra(tmp_path, monkeypatch, capsy
     (["vmamba2d_tiny", "m.onnx", "--checkpoint", "missing.pth"], "--checkpoint must be an existing file"),
     (["vmamba2d_tiny", "m.onnx", "--img-size", "0", "32"], "--img-size must be two positive ints"),
     (["vmamba2d_tiny", "m.onnx", "--model-kwargs", "depths"], "--model-kwargs: expected KEY=VALUE"),
+    (["vmamba2d_tiny", "m.onnx", "--opset", "17"], "--opset must be at least 18"),
     (["mambamil2d", "m.onnx", "--dynamic", "--img-size", "64", "64"], "--img-size --dynamic: image models only"),
     (["mambamil2d", "m.onnx", "--checkpoint", __file__, "--model-kwargs", "in_dim=8"], "--checkpoint .* or --model-kwargs"),
 ])

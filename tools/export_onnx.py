@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 from vmamba2d.export.mil_onnx import export_mil_onnx, mil_max_relative_error, random_bag  # noqa: E402
 from vmamba2d.export.onnx_export import (  # noqa: E402
-    INPUT_NAME, MissingOnnxExtraError, export_onnx, max_relative_error, onnx_session, require_onnx_extra,
+    INPUT_NAME, MIN_OPSET, MissingOnnxExtraError, export_onnx, max_relative_error, onnx_session, require_onnx_extra,
 )
 from vmamba2d.training.options import parse_key_values  # noqa: E402
 
@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-kwargs", nargs="+", default=[], metavar="KEY=VALUE",
                         help="model arguments, values as YAML (e.g. num_classes=10 routes=corners)")
     parser.add_argument("--features-only", action="store_true", help="export the backbone's four stage maps")
-    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's)")
+    parser.add_argument("--opset", type=int, default=None,
+                        help=f"ONNX opset, at least {MIN_OPSET} (default: the exporter's)")
     parser.add_argument("--dynamic", action="store_true", help="dynamic height and width (batch is always dynamic)")
     parser.add_argument("--check", action="store_true",
                         help="run onnxruntime on random images and compare with eager PyTorch")
@@ -74,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.img_size = tuple(args.img_size or DEFAULT_IMG_SIZE)
     if min(args.img_size) < 1:
         parser.error(f"--img-size must be two positive ints (H W), got {args.img_size}")
+    if args.opset is not None and args.opset < MIN_OPSET:
+        parser.error(f"--opset must be at least {MIN_OPSET} (the scan translations' opset), got {args.opset}")
     if min(args.bench, default=1) < 1 or args.iters < 1 or (args.threads is not None and args.threads < 1):
         parser.error("--bench batch sizes, --iters and --threads must be positive")
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():

@@ -17,7 +17,7 @@ from typing import Optional, Union
 
 import torch
 
-from .onnx_export import max_relative_difference, onnx_session, require_onnx_extra, save_checked
+from .onnx_export import check_opset, max_relative_difference, onnx_session, require_onnx_extra, save_checked
 
 FEATURES_NAME = "features"
 COORDS_NAME = "coords"
@@ -48,6 +48,7 @@ def export_mil_onnx(model: torch.nn.Module, path: Union[str, Path], *, opset: Op
 
     if not isinstance(model, MambaMIL2D):
         raise TypeError(f"model must be a vmamba2d.mil.models.MambaMIL2D, got {type(model).__name__}")
+    check_opset(opset)
     model = model.eval().cpu()
     features, coords = random_bag(model.in_dim, 7, (3, 4))
     with torch.no_grad(), warnings.catch_warnings():

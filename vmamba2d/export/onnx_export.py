@@ -14,6 +14,9 @@ import torch.nn as nn
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 INPUT_NAME = "image"
+# The scan translations are written in opset 18; torch's exporter cannot convert some of its own
+# nodes (Split) to an older opset and then keeps 18 instead of the opset asked for.
+MIN_OPSET = 18
 
 
 class MissingOnnxExtraError(ImportError):
@@ -86,6 +89,7 @@ def export_onnx(
     require_onnx_extra()
     from .onnx_scan import translation_table
 
+    check_opset(opset)
     height, width = img_size
     if height < 1 or width < 1:
         raise ValueError(f"img_size must be two positive ints (H, W), got {img_size}")
@@ -106,6 +110,12 @@ def export_onnx(
             opset_version=opset, verbose=False,
         )
     return save_checked(program, path)
+
+
+def check_opset(opset: Optional[int]) -> None:
+    """Raise ValueError unless ``opset`` is None (the exporter's default) or at least MIN_OPSET."""
+    if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or opset < MIN_OPSET):
+        raise ValueError(f"opset must be None or an int >= {MIN_OPSET}, got {opset!r}")
 
 
 def save_checked(program, path: Union[str, Path]) -> Path:
