@@ -7,7 +7,7 @@ Examples:
     python tools/export_onnx.py vmamba_small out/vmamba_s.onnx --checkpoint w.pth --dynamic --check
     python tools/export_onnx.py vmamba2d_tiny out/backbone.onnx --features-only --img-size 512 512
     python tools/export_onnx.py vmamba2d_tiny out/ft.onnx --checkpoint ft.pth --model-kwargs num_classes=10
-    python tools/export_onnx.py mambamil2d out/slide.onnx --checkpoint runs/mil/best.pth --check
+    python tools/export_onnx.py mambamil2d out/slide.onnx --checkpoint runs/bracs/seed0/best.pth --check
 
 The file takes ``image`` (batch, 3, H, W) with a dynamic batch; H and W are fixed at --img-size
 unless --dynamic. ``mambamil2d`` (2DMambaMIL; --checkpoint a MIL checkpoint, or --model-kwargs
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"ONNX opset, at least {MIN_OPSET} (default: the exporter's)")
     parser.add_argument("--dynamic", action="store_true", help="dynamic height and width (batch is always dynamic)")
     parser.add_argument("--check", action="store_true",
-                        help="run onnxruntime on random images and compare with eager PyTorch")
+                        help="run onnxruntime on random inputs and compare with eager PyTorch")
     parser.add_argument("--bench", type=int, nargs="+", default=[], metavar="BATCH",
                         help="time onnxruntime and eager PyTorch (CPU) at these batch sizes")
     parser.add_argument("--threads", type=int, default=None,
