@@ -35,17 +35,18 @@ Tensor = torch.Tensor
 CROSS_FWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_fwd"
 CROSS_BWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_bwd"
 # Elements of one [channels, states, rows, cols] register block (the same tiling in both
-# directions: the backward reads the carries the forward saved), warps per program and register
-# caps. 256 elements over 4 warps (2 per thread); capped at 168 registers the backward keeps 3
-# programs (12 warps) per SM on sm_80 / sm_90, the forward at 128 registers 4 programs (16 warps),
-# both without spills (uncapped, ptxas picks fewer registers and spills a few bytes, or more and
-# fewer programs fit). Chosen from compiles without a GPU (tests/test_scan_triton.py holds the
-# figures), not timed on a GPU.
+# directions: the backward reads the carries the forward saved), two per thread: 4 warps per
+# program, more when N > 16 makes the block larger (a tile keeps at least 16 cells). Register
+# caps: forward 128 (4 programs, 16 warps per SM on sm_80 / sm_90); backward 168 for several
+# routes on 4 warps (3 programs, 12 warps), else 128 (one route's body, or programs of 8 / 16
+# warps: 16 warps per SM); all without spills (uncapped, ptxas picks fewer registers and spills a
+# few bytes, or more and fewer programs fit). Chosen from compiles without a GPU
+# (tests/test_scan_triton.py holds the figures), not timed on a GPU.
 BLOCK_ELEMENTS = 256
-FWD_WARPS = 4
-BWD_WARPS = 4
+ELEMENTS_PER_THREAD = 2
 FWD_MAX_REGISTERS = 128
 BWD_MAX_REGISTERS = 168
+BWD_NARROW_MAX_REGISTERS = 128
 # Channel blocks one program runs tile by tile (B / C loaded once per tile for all of them; the
 # backward sums their dB / dC on chip): at most MAX_SETS, a divisor of the number of blocks, and
 # only while the grid keeps MIN_PROGRAMS programs (about two waves of resident forward programs on
@@ -82,6 +83,14 @@ def _carry_numels(maps: int, dim: int, nstate: int, height: int, width: int, num
     vertical = per_route * (t.n_tile_rows if save else 1) * t.n_tile_cols * t.tile_w
     horizontal = per_route * t.n_tile_rows * t.n_tile_cols * t.tile_h if save else 0
     return vertical, horizontal
+
+
+def launch_config(t: Tiling, direction: str, num_routes: int) -> tuple[int, int]:
+    """(num_warps, register cap) of the ``direction`` ("fwd" / "bwd") kernel's launch."""
+    warps = max(4, t.block_d * t.block_n * t.tile_h * t.tile_w // (32 * ELEMENTS_PER_THREAD))
+    if direction == "fwd":
+        return warps, FWD_MAX_REGISTERS
+    return warps, BWD_MAX_REGISTERS if warps == 4 and num_routes > 1 else BWD_NARROW_MAX_REGISTERS
 
 
 def program_sets(n_chan_blocks: int, maps: int) -> int:
@@ -142,11 +151,12 @@ def launch_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D:
     yacc = y if y.dtype == acc or len(routes) == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
     hstate = torch.empty(maps * t.n_chan_blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
     grid = _grid_args(u, A, t)
+    warps, max_registers = launch_config(t, "fwd", len(routes))
     _kernels().scan2d_fwd_kernel[(maps * (t.n_chan_blocks // sets),)](
         u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, y, yacc,
         vcarry, hcarry if save_carries else vcarry, hstate, *grid[:5], t.n_chan_blocks // sets, sets, *grid[5:],
         param_groups, SAVE_CARRIES=save_carries, **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
-        num_warps=FWD_WARPS, maxnreg=FWD_MAX_REGISTERS,
+        num_warps=warps, maxnreg=max_registers,
     )
     if not save_carries:
         vcarry = vcarry.new_empty(0)
@@ -188,12 +198,13 @@ def launch_backward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D
         hadj = torch.empty(blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
         duacc = du if du.dtype == acc or num_routes == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
         grid = _grid_args(u, A, t)
+        warps, max_registers = launch_config(t, "bwd", num_routes)
         _kernels().scan2d_bwd_kernel[(maps * n_groups,)](
             u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, dy,
             vcarry, hcarry, vadj, hadj, du, duacc, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part,
             *grid[:5], n_groups, sets, *grid[5:], param_groups,
             **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
-            num_warps=BWD_WARPS, maxnreg=BWD_MAX_REGISTERS,
+            num_warps=warps, maxnreg=max_registers,
         )
     else:
         du.zero_()

@@ -170,11 +170,12 @@ def kernel_figures(direction: str, dtype: torch.dtype, maps: int, dim: int, nsta
     grid["sets"] = cross.program_sets(t.n_chan_blocks, maps)
     grid["n_groups"] = t.n_chan_blocks // grid["sets"]
     grid["param_groups"] = param_groups
+    warps, max_registers = cross.launch_config(t, direction, len(routes))
     if direction == "fwd":
-        kernel, warps, max_registers = kernels.scan2d_fwd_kernel, cross.FWD_WARPS, cross.FWD_MAX_REGISTERS
+        kernel = kernels.scan2d_fwd_kernel
         constexprs["SAVE_CARRIES"] = True
     else:
-        kernel, warps, max_registers = kernels.scan2d_bwd_kernel, cross.BWD_WARPS, cross.BWD_MAX_REGISTERS
+        kernel = kernels.scan2d_bwd_kernel
     compiled = compile_for(kernel, grid, constexprs, dtype, pointer_dtypes, arch, warps, max_registers)
     blocks = [(t.block_d, t.block_n, t.tile_h, t.tile_w), (t.block_d, t.block_n, 1, t.tile_h * t.tile_w)]
     return _figures(kernel.__name__, compiled, arch, warps, blocks, len(routes))
@@ -195,12 +196,13 @@ def single_route_kernel_figures(direction: str, dtype: torch.dtype, batch: int, 
 
 
 # (label, dtype, batch, dim, N, H, W): the model's stage shapes (VMamba / 2DVMamba tiny, batch 128,
-# inner dim 2 x 96 .. 2 x 768) and a larger N.
+# inner dim 2 x 96 .. 2 x 768) and larger N (N = 64: programs of 16 warps).
 REPORT_SHAPES = [
     ("stage 1", torch.float32, 128, 192, 1, 56, 56),
     ("stage 1 bf16", torch.bfloat16, 128, 192, 1, 56, 56),
     ("stage 3", torch.float32, 128, 768, 1, 14, 14),
     ("N = 16", torch.float32, 8, 64, 16, 28, 28),
+    ("N = 64", torch.float32, 8, 64, 64, 14, 14),
 ]
 CROSS_2D = [0, 4, 3, 7]
 CROSS_FLAT = [8, 12, 11, 15]
