@@ -196,6 +196,7 @@ except vmamba2d.export.MissingOnnxExtraError as error:
 """
 
 
+@pytest.mark.slow  # a child process / an export: seconds, more on a busy machine
 def test_import_vmamba2d_needs_no_onnx_and_registering_refuses_clearly():
     done = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_ONNXSCRIPT], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
@@ -244,6 +245,7 @@ def test_a_translation_onnxscript_cannot_read_is_not_registered(monkeypatch):
     assert name not in registration.default_registry
 
 
+@pytest.mark.slow  # a child process / an export: seconds, more on a busy machine
 def test_cli_exports_a_mil_checkpoint_that_matches_eager_on_bags(tmp_path, capsys):
     # 2DMambaMIL with a survival head: n and the grid (read from the coords) are dynamic
     torch.manual_seed(0)
