@@ -16,8 +16,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import ClassifierHead, DropPath, LayerNorm2d, Mlp, get_device_dtype, trunc_normal_
+from timm.layers import ClassifierHead, DropPath, LayerNorm2d, get_device_dtype, trunc_normal_
 from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs, register_model
 from timm.models._builder import resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
@@ -27,7 +28,7 @@ from .weights import checkpoint_filter_fn, official_checkpoint_loading
 
 Tensor = torch.Tensor
 
-__all__ = ["VMamba", "VSSBlock", "VMambaStage", "Stem", "Downsample", "check_image_input", "checkpoint_filter_fn"]
+__all__ = ["VMamba", "VSSBlock", "PointwiseMlp", "VMambaStage", "Stem", "Downsample", "check_image_input", "checkpoint_filter_fn"]
 
 
 DEFAULT_DEPTHS = (2, 2, 8, 2)
@@ -62,6 +63,41 @@ def check_image_input(x: Tensor, in_chans: int) -> Tensor:
 torch.fx.wrap("check_image_input")
 
 
+def _gelu_reusing_input(x: Tensor) -> Tensor:
+    """Exact GELU of x (any shape), written over x when autograd does not need x (inference, or
+    no parameter upstream requires grad), as a new tensor otherwise.
+
+    Saves a fresh buffer of x's size. Large buffers (the MLP's hidden maps: 38 MiB at batch 8 on
+    the first stage's 56x56 maps) are handed back to the system when freed, so every fresh one
+    costs page faults on first touch (benchmarks/model_cpu_routes.md).
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return F.gelu(x)
+    return torch.ops.aten.gelu_(x)
+
+
+torch.fx.wrap("_gelu_reusing_input")  # FX records one call; the autograd check runs on real tensors
+
+class PointwiseMlp(nn.Module):
+    """1x1 conv -> GELU -> dropout -> 1x1 conv -> dropout on (B, C, H, W) maps (timm's ``Mlp`` with
+    ``use_conv=True``: same parameters, same state_dict keys ``fc1.*`` / ``fc2.*``), with GELU
+    over fc1's output in inference (:func:`_gelu_reusing_input`).
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, device: Optional[torch.device] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__()
+        self.fc1 = nn.Conv2d(dim, hidden_dim, kernel_size=1, device=device, dtype=dtype)
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Conv2d(hidden_dim, dim, kernel_size=1, device=device, dtype=dtype)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, C, H, W) -> (B, C, H, W)."""
+        hidden = _gelu_reusing_input(self.fc1(x))
+        return self.drop2(self.fc2(self.drop1(hidden)))
+
+
 class Stem(nn.Module):
     """Patch embedding "v2": two 3x3 stride-2 convs (padding 1),
     (B, in_chans, H, W) -> (B, dim, ceil(H/4), ceil(W/4)).
@@ -77,13 +113,15 @@ class Stem(nn.Module):
         self.in_chans = in_chans
         self.conv1 = nn.Conv2d(in_chans, dim // 2, kernel_size=3, stride=2, padding=1, **dd)
         self.norm1 = _norm(dim // 2, **dd)
-        self.act = nn.GELU()
         self.conv2 = nn.Conv2d(dim // 2, dim, kernel_size=3, stride=2, padding=1, **dd)
         self.norm2 = _norm(dim, **dd)
 
     def forward(self, x: Tensor) -> Tensor:
         x = check_image_input(x, self.in_chans)
-        x = self.act(self.norm1(self.conv1(x)))
+        # A channels-last image makes conv1 write channels-last, the layout LayerNorm2d normalises
+        # in without a copy (an NCHW conv1 output would be copied there, 4x the image's size).
+        x = x.contiguous(memory_format=torch.channels_last)
+        x = _gelu_reusing_input(self.norm1(self.conv1(x)))
         return self.norm2(self.conv2(x))
 
 
@@ -119,7 +157,7 @@ class VSSBlock(nn.Module):
         self.norm = _norm(dim, **dd)
         self.op = SS2D(dim, proj_drop=proj_drop, **ss2d_kwargs, **dd)
         self.norm2 = _norm(dim, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, use_conv=True, **dd)
+        self.mlp = PointwiseMlp(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
