@@ -64,11 +64,14 @@ def _run(height=40, width=40, *, batch=2, dim=2, groups=1, nstate=2, seed=3, **o
 
 
 # 40x40 maps = 2x2 tiles, N = 2, 2 channels. Forward (both channels in one block, one state
-# round): 2 barriers per tile (after block phase A, after the warps' scans). Backward (one channel
-# per block on the default device, 2 sets): per set 2 per tile + 2 around the dD / ddelta_bias
-# reduction, + 1 between the sets: 2 * (4 * 2 + 2) + 1.
+# round): 2 barriers per tile (after block phase A, after the warps' scans). Backward on a 64 KiB
+# device (BACKWARD_DEVICE: one channel per block, 2 sets, so the barrier between the sets runs;
+# with one state round u and dy stay off chip, so on larger devices both channels share a block):
+# per set 2 per tile + 2 around the dD / ddelta_bias reduction, + 1 between the sets:
+# 2 * (4 * 2 + 2) + 1.
 FORWARD_BARRIERS = range(8)
 BACKWARD_BARRIERS = range(21)
+BACKWARD_DEVICE = dict(sm_count=1, smem_per_sm=64 * 1024, smem_per_block=64 * 1024)
 
 
 @needs_module
@@ -85,7 +88,7 @@ def test_every_barrier_is_necessary():
     for index in BACKWARD_BARRIERS:
         with pytest.raises(RuntimeError, match="race"):
             CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
-                                          drop_barrier=index, sm_count=1)
+                                          drop_barrier=index, **BACKWARD_DEVICE)
 
 
 @needs_module
@@ -120,11 +123,11 @@ DEVICES = {  # shared memory per SM / per block (opt-in) of real GPUs
 @needs_module
 @pytest.mark.parametrize("device, channels_per_block", [("T4", 2), ("A100", 4), ("H100", 4)])
 def test_one_state_backward_blocks_hold_four_channels_where_they_fit(device, channels_per_block):
-    # N = 1 backward blocks take ~27 KB of shared memory per channel (3 channel tiles, 3 warp
-    # tiles) + one B tile: 4 channels (128 threads) fit twice on an H100 / H200 SM and once on an
-    # A100 SM (whose best plan, 1 channel per block, keeps 5 warps resident: 4 is within 3/4 of
-    # that); a T4 block of 64 KB holds 2. Seen in the barrier count of 2x2 tiles: per set of
-    # channels 2 per tile + 2 around the reduction, + 1 between sets.
+    # N = 1 backward blocks take ~17 KB of shared memory per channel (the dt tile and 3 warp tiles;
+    # with one state round u and dy are read again in the last phase) + one B tile: 4 channels (128
+    # threads, 72 KB) fit three times on an H100 / H200 SM and twice on an A100 SM; on a T4 (64 KB)
+    # 1 or 2 channels keep 2 warps resident and the block takes 2. Seen in the barrier count of 2x2
+    # tiles: per set of channels 2 per tile + 2 around the reduction, + 1 between sets.
     inputs = make_inputs(2, 4, 1, 1, 40, 40, seed=9)  # 2 maps per channel: 1 slice per group
     args = [inputs[k] for k in ORDER]
     options = dict(sm_count=1, **DEVICES[device])
@@ -148,7 +151,7 @@ def test_dropping_a_barrier_past_the_last_one_changes_nothing():
     y, carry_h, carry_v = CUDA_MODULE._emulate_forward(
         *args, True, 40, 40, False, True, drop_barrier=len(FORWARD_BARRIERS), sm_count=1)
     CUDA_MODULE._emulate_backward(*args, True, 40, 40, torch.randn_like(y), carry_h, carry_v,
-                                  drop_barrier=len(BACKWARD_BARRIERS), sm_count=1)
+                                  drop_barrier=len(BACKWARD_BARRIERS), **BACKWARD_DEVICE)
 
 
 @needs_module

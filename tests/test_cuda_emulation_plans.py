@@ -125,14 +125,16 @@ def test_launch_plans_respect_the_device_and_the_group_layout(device):
 @needs_module
 def test_one_state_blocks_are_128_threads_on_h100_in_both_passes():
     # vmamba2d_tiny's scan calls (N = 1, 96 channels per group) on an H100 / H200: 4 channels of a
-    # group per block, one warp each; the backward's 4-channel blocks fit twice per SM.
+    # group per block, one warp each; the backward's 4-channel blocks (one-state variant: u and dy
+    # not kept on chip, 170 registers) fit three times per SM (twice in v3's first version).
     limits = DEVICES["sm90-H100"]
     for side, dim in ((56, 384), (28, 768), (14, 1536), (7, 3072)):
         plan = CUDA_MODULE._launch_plan(128, dim, 4, 1, side, side, limits["sm_count"],
                                         limits["smem_per_sm"], limits["smem_per_block"])
         assert plan["fwd_threads"] == plan["bwd_threads"] == 128
         assert plan["fwd_channels"] == plan["bwd_channels"] == 4
-        assert plan["bwd_resident_warps"] == 8
+        assert plan["bwd_resident_warps"] == 12
+        assert plan["bwd_variant"] == "kOneStateSequential" and plan["bwd_registers"] == 170
 
 
 @needs_module
@@ -179,7 +181,7 @@ def test_main_grids_count_their_blocks():
     # 14x14 maps: 2 x 2 per tile, so 32 batch blocks; 4 channels per block.
     assert plan["fwd_blocks"] == 32 * 1536 // 4
     assert plan["bwd_blocks"] == 32 * 4 * plan["bwd_slices"]
-    assert plan["bwd_slices"] == 2  # 256 blocks on 264 slots: 3% lost (3 slices: 384 blocks, 27%)
+    assert plan["bwd_slices"] == 3  # 384 blocks on 396 slots: 3% lost (2 slices: 256 blocks, 35%)
 
 
 @needs_module
@@ -212,3 +214,24 @@ def test_the_plan_matrix_reaches_every_plan_of_every_pass(device):
                                               limits["smem_per_block"])
             reached |= {(p, launch[f"{p}_tile_parallel"]) for p in ("fwd", "bwd")}
     assert reached == {("fwd", False), ("fwd", True), ("bwd", False), ("bwd", True)}
+
+
+@needs_module
+@pytest.mark.parametrize("device", list(DEVICES))
+def test_the_plan_matrix_runs_every_kernel_variant_of_every_pass(device):
+    """Each pass has a general kernel and one specialised for N = 1 in the sequential pass (the model
+    shapes' plan); the emulation runs the variant the plan names (the same kernel_variant() choice
+    as the GPU launchers), so SHAPES x PLANS must reach both variants of both passes on every
+    device, and the specialised one exactly at N = 1 with one warp per channel, sequentially."""
+    reached = set()
+    for shape in SHAPES:
+        for plan in PLANS:
+            limits = _options(device, plan, order=0)
+            launch = CUDA_MODULE._launch_plan(*shape[:6], limits["sm_count"], limits["smem_per_sm"],
+                                              limits["smem_per_block"])
+            for p in ("fwd", "bwd"):
+                one_state = (shape[3] == 1 and launch[f"{p}_warps_per_channel"] == 1
+                             and not launch[f"{p}_tile_parallel"])
+                assert launch[f"{p}_variant"] == ("kOneStateSequential" if one_state else "kGeneral")
+                reached.add((p, launch[f"{p}_variant"]))
+    assert reached == {(p, v) for p in ("fwd", "bwd") for v in ("kGeneral", "kOneStateSequential")}

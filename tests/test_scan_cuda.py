@@ -335,13 +335,14 @@ def test_emulated_aligned_tiles_move_every_quad_as_one_vector():
     # aligned, so every quad is one vector access, and B / C quads are loaded once per block, not
     # per channel. Forward: per channel delta, u loads, u again for y = D * u after the scans (one
     # state round keeps no y tile) + y stores; per block B, C loads. Backward:
-    # per channel delta, u, dy loads + du, ddelta stores; per block B, C loads and one vector
-    # read-modify-write (2 accesses) each of the dB and dC partials.
+    # per channel delta, u, dy loads, u and dy again in the last phase (one state round keeps no
+    # u / dy tiles) + du, ddelta stores; per block B, C loads and one vector read-modify-write (2
+    # accesses) each of the dB and dC partials.
     batch, dim = 1, 4
     inputs = make_inputs(batch, dim, 1, 1, 32, 32, seed=11)
     fwd, bwd = _emulated_vector_accesses(inputs, 32, 32, sm_count=1)
     assert fwd == batch * (dim * 4 + 2) * QUADS_PER_TILE
-    assert bwd == batch * (dim * 5 + 2 + 4) * QUADS_PER_TILE
+    assert bwd == batch * (dim * 7 + 2 + 4) * QUADS_PER_TILE
 
 
 @needs_module
@@ -361,8 +362,9 @@ def test_emulated_blocks_share_b_and_c_quads_between_channels_at_many_states():
 @needs_module
 def test_emulated_misaligned_inputs_take_the_scalar_path():
     # The same maps with u, delta, B, C one element off 16-byte alignment: no input quad may be
-    # vector-loaded (the emulation fails on a misaligned vector access); the fresh outputs, dy and
-    # the dB / dC partials stay aligned, so only their quads are vector accesses.
+    # vector-loaded (the emulation fails on a misaligned vector access); the fresh outputs, dy (read
+    # twice by the one-state backward) and the dB / dC partials stay aligned, so only their quads
+    # are vector accesses.
     batch, dim = 1, 4
     inputs = make_inputs(batch, dim, 1, 1, 32, 32, seed=12)
     for name in ("u", "delta", "B", "C"):
@@ -370,7 +372,7 @@ def test_emulated_misaligned_inputs_take_the_scalar_path():
         assert inputs[name].is_contiguous() and inputs[name].storage_offset() == 1
     fwd, bwd = _emulated_vector_accesses(inputs, 32, 32, sm_count=1, order=2)
     assert fwd == batch * dim * QUADS_PER_TILE
-    assert bwd == batch * (dim * 3 + 4) * QUADS_PER_TILE
+    assert bwd == batch * (dim * 4 + 4) * QUADS_PER_TILE
 
 
 @needs_module

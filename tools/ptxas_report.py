@@ -131,6 +131,10 @@ def parse_ptxas(text: str, source: str, arch: str) -> list[KernelResources]:
     return list(found.values())
 
 
+# Names of csrc/cuda's `enum class Variant` values, in their order (demangled as "(Variant)<n>").
+KERNEL_VARIANTS = ("kGeneral", "kOneStateSequential")
+
+
 def readable_names(mangled: list[str]) -> dict[str, str]:
     """Demangled names without the argument list and the project's namespaces (c++filt)."""
     demangler = shutil.which("cu++filt") or shutil.which("c++filt")
@@ -143,6 +147,8 @@ def readable_names(mangled: list[str]) -> dict[str, str]:
     for raw, name in zip(mangled, plain):
         for prefix in ("vmamba2d::scan2d::", "vmamba2d::", "(anonymous namespace)::"):
             name = name.replace(prefix, "")
+        for number, variant in enumerate(KERNEL_VARIANTS):  # the kernels' Variant template argument
+            name = name.replace(f"(Variant){number}", variant)
         if name.endswith(")"):  # drop the parameter list: the last balanced (...) group
             depth = 0
             for index in range(len(name) - 1, -1, -1):

@@ -47,9 +47,11 @@ constexpr int kTileQuadShift = kTileCellShift - 2;
 // Resource budget of every kernel (checked by `nvcc -Xptxas -v`, see the README): blocks of at
 // most 128 threads; the forward and the carry scan at most 65536 / (128 * kMinBlocksPerSm) = 85
 // (ptxas: 80) registers per thread, so that six 4-warp forward blocks (24 warps) fit on an SM; the
-// backward, whose shared memory allows at most 2 blocks per SM anyway, at most 255; no spills.
-// Dynamic shared memory: forward_layout / backward_layout below; e.g. at N = 1 with 4 channels per
-// block the forward takes 33 KB (six blocks per H100 / H200 SM) and the backward 107 KB (two).
+// backward at most 255 (its general variant, whose shared memory allows at most 2 blocks per SM
+// anyway) or 170 (its one-state variant: three blocks per SM, backward_min_blocks_per_sm); no
+// spills. Dynamic shared memory: forward_layout / backward_layout below; e.g. at N = 1 with 4
+// channels per block the forward takes 33 KB (six blocks per H100 / H200 SM) and the backward 71 KB
+// (three).
 // plan_launch picks channels and warps per block from them.
 constexpr int kMinBlocksPerSm = 6;
 constexpr int kMinBackwardBlocksPerSm = 2;
@@ -162,6 +164,27 @@ struct Params {
   float* grad_in_h;
 };
 
+// Compile-time specialisations of the forward and backward kernels (both contexts run the same
+// one). kGeneral serves every plan and pass with the counts read at run time. kOneStateSequential
+// serves N = 1 in the sequential pass -- the plan of the model shapes: one warp per channel, one
+// state round --, with the state count, the warps per channel and the pass folded at compile time,
+// so its code has no loops over a round's states and no tile-parallel branches.
+enum class Variant : int { kGeneral = 0, kOneStateSequential = 1 };
+
+// The variant that runs a pass of plan p with wpc warps per channel (the launchers and the host
+// emulation both ask this function).
+SS2D_HD inline Variant kernel_variant(const Params& p, int wpc) {
+  return p.g.nstate == 1 && wpc == 1 && p.pass == kSequential ? Variant::kOneStateSequential
+                                                              : Variant::kGeneral;
+}
+
+// Blocks per SM each backward variant is compiled for (__launch_bounds__): the one-state variant
+// reads u and dy again in its last phase instead of keeping them on chip (one state round), which
+// with its 168 registers lets three 4-warp blocks share an SM (12 warps on an H100).
+constexpr int backward_min_blocks_per_sm(Variant v) {
+  return v == Variant::kOneStateSequential ? kMinBackwardBlocksPerSm + 1 : kMinBackwardBlocksPerSm;
+}
+
 // One carry propagation between tile-parallel passes (carry_scan_block).
 struct CarryScan {
   bool rows;      // along tile rows (else down tile columns)
@@ -207,8 +230,8 @@ struct ForwardLayout {
 
 struct BackwardLayout {
   size_t dt;     // tile per channel: dt
-  size_t u;      // tile per channel: u
-  size_t dy;     // tile per channel: dy
+  size_t u;      // tile per channel (several rounds): u
+  size_t dy;     // tile per channel (several rounds): dy
   size_t sum_b;  // tile per channel (several rounds): sum over states of dL/dx * B
   size_t ddt;    // tile per channel (several rounds): dL/ddt so far
   size_t b;      // tile per warp of a channel (wpc): B of the round's states
@@ -255,8 +278,8 @@ SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate)
   const int nwarps = channels * wpc;
   const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
   l.dt = b.take(tile * channels);
-  l.u = b.take(tile * channels);
-  l.dy = b.take(tile * channels);
+  l.u = b.take(tile * carried);
+  l.dy = b.take(tile * carried);
   l.sum_b = b.take(tile * carried);
   l.ddt = b.take(tile * carried);
   l.b = b.take(tile * wpc);

@@ -118,7 +118,9 @@ inline WaveFit wave_fit(int64_t blocks, int64_t slots) {
 
 // Registers per thread each kernel is compiled for (__launch_bounds__ in the .cu files).
 constexpr int kForwardRegisters = kRegistersPerSm / (kBlockThreads * kMinBlocksPerSm);
-constexpr int kBackwardRegisters = kRegistersPerSm / (kBlockThreads * kMinBackwardBlocksPerSm);
+inline int backward_registers(Variant v) {
+  return kRegistersPerSm / (kBlockThreads * backward_min_blocks_per_sm(v));
+}
 // A grid that leaves at most this share of its waves' slots empty counts as filling the device.
 constexpr double kMaxLostSlots = 0.10;
 // The tile-parallel passes cost about this many sequential tile steps per tile (edge passes, final
@@ -128,10 +130,11 @@ constexpr int64_t kTileParallelPasses = 3;
 // Whether the tiles of a map should run in parallel: a sequential block walks its map's `tiles`
 // tiles one after another, so a grid of `blocks` blocks takes ceil(blocks / slots) waves of `tiles`
 // tile steps; the tile-parallel passes run blocks * tiles blocks about kTileParallelPasses times.
-inline bool use_tile_parallel(int64_t blocks, int64_t tiles, int64_t slots) {
+// The two run different kernel variants, so their resident slots may differ (the backward at N = 1).
+inline bool use_tile_parallel(int64_t blocks, int64_t tiles, int64_t slots, int64_t parallel_slots) {
   if (tiles <= 1 || tiles > 65535) return false;
   const int64_t sequential = wave_fit(blocks, slots).waves * tiles;
-  const int64_t parallel = kTileParallelPasses * wave_fit(blocks * tiles, slots).waves;
+  const int64_t parallel = kTileParallelPasses * wave_fit(blocks * tiles, parallel_slots).waves;
   return parallel < sequential;
 }
 
@@ -198,7 +201,11 @@ inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   const auto fwd_smem = [&](int c, int wpc) { return forward_layout(c, wpc, g.nstate).total; };
   const auto bwd_smem = [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate).total; };
   const BlockShape fwd = pick_block_shape(g, dev, kForwardRegisters, fwd_smem, "forward");
-  const BlockShape bwd = pick_block_shape(g, dev, kBackwardRegisters, bwd_smem, "backward");
+  // The backward's sequential pass runs the one-state variant at N = 1 (one warp per channel
+  // there), with its own register budget; the tile-parallel passes run the general variant.
+  const int bwd_registers =
+      backward_registers(g.nstate == 1 ? Variant::kOneStateSequential : Variant::kGeneral);
+  const BlockShape bwd = pick_block_shape(g, dev, bwd_registers, bwd_smem, "backward");
   k.fwd_channels = fwd.channels;
   k.fwd_wpc = fwd.wpc;
   k.bwd_channels = bwd.channels;
@@ -206,14 +213,16 @@ inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   const int64_t fwd_slots = block_slots(dev, fwd_smem(fwd.channels, fwd.wpc), fwd.channels * fwd.wpc,
                                         kForwardRegisters);
   const int64_t bwd_slots = block_slots(dev, bwd_smem(bwd.channels, bwd.wpc), bwd.channels * bwd.wpc,
-                                        kBackwardRegisters);
+                                        bwd_registers);
+  const int64_t bwd_parallel_slots = block_slots(dev, bwd_smem(bwd.channels, bwd.wpc),
+                                                 bwd.channels * bwd.wpc, backward_registers(Variant::kGeneral));
   const int64_t base_blocks = static_cast<int64_t>(std::max(g.batch_blocks, 1)) * g.groups;
   k.slices = pick_slices(base_blocks, g.dim / g.groups / k.bwd_channels, bwd_slots);
   // Too few maps to fill the slots: the tiles of a map run in parallel instead.
   const int64_t tiles = static_cast<int64_t>(g.tiles_h) * g.tiles_w;
   const int64_t sequential_blocks = static_cast<int64_t>(g.batch_blocks) * (g.dim / k.fwd_channels);
-  k.tile_parallel = use_tile_parallel(sequential_blocks, tiles, fwd_slots);
-  k.bwd_tile_parallel = use_tile_parallel(base_blocks * k.slices, tiles, bwd_slots);
+  k.tile_parallel = use_tile_parallel(sequential_blocks, tiles, fwd_slots, fwd_slots);
+  k.bwd_tile_parallel = use_tile_parallel(base_blocks * k.slices, tiles, bwd_slots, bwd_parallel_slots);
   return k;
 }
 

@@ -1,4 +1,4 @@
-// The tiled 2D selective scan v2 (docs/scan.md, docs/kernels.md), forward and backward, written once
+// The tiled 2D selective scan v3 (docs/scan.md, docs/kernels.md), forward and backward, written once
 // for two execution contexts:
 //   * DeviceCtx (scan2d_device.cuh, the .cu files): one CUDA thread per (warp, lane);
 //     each_thread / each_warp / each_lane run the body for the calling thread only, barrier() is
@@ -257,11 +257,12 @@ struct WarpTask {
   int64_t map;
 };
 
-SS2D_HD SS2D_INLINE WarpTask warp_task(const Geometry& g, int bb, int d0, int wpc, int round, int w) {
+SS2D_HD SS2D_INLINE WarpTask warp_task(const Geometry& g, int nstate, int bb, int d0, int wpc, int round,
+                                       int w) {
   WarpTask task;
   task.channel = w / wpc;
   task.state = round * wpc + w % wpc;
-  task.active = task.state < g.nstate;
+  task.active = task.state < nstate;
   task.map = static_cast<int64_t>(bb) * g.dim + d0 + task.channel;
   return task;
 }
@@ -274,16 +275,22 @@ SS2D_HD SS2D_INLINE WarpTask warp_task(const Geometry& g, int bb, int d0, int wp
 //   (barrier) scans (warp w, its channel and state): lane r scans tile row r in place over x
 //      (hh = Abar * hh_left + x, carry from the tile on the left), then lane c scans tile column
 //      c (h = Abar * h_above + hh, carry from the tile above) -- shared memory only;
-//   (barrier) B (block): y = D * u in the first round (u from its tile with several rounds, else
-//      read again: keeping no y tile between A and B lets six blocks share an SM at N = 1), else y
-//      from the y tile; the C quad of each of the round's states, loaded once for all channels:
-//      y += C * h; y goes back to its tile, after the last round to global memory.
-template <class T, class Ctx>
+//   (barrier) B (block): the C quad of each of the round's states, loaded once for all channels;
+//      per channel (a rolled loop) y = D * u in the first round (u from its tile with several
+//      rounds, else read again: keeping no y tile between A and B lets six blocks share an SM at
+//      N = 1), else y from the y tile; y += C * h; y goes back to its tile, after the last round to
+//      global memory.
+// Both passes are templates over Variant (scan2d_common.h): the one-state variant folds N = 1,
+// one warp per channel and the sequential pass into constants, so its code keeps no state loops
+// and no tile-parallel branches.
+template <class T, Variant V, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
-  const int nstate = g.nstate;
+  constexpr bool kOne = V == Variant::kOneStateSequential;
+  const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.fwd_channels;
-  const int wpc = p.k.fwd_wpc;
+  const int wpc = kOne ? 1 : p.k.fwd_wpc;
+  const int pass = kOne ? static_cast<int>(kSequential) : p.pass;
   const int nwarps = channels * wpc;
   const int rounds = state_rounds(nstate, wpc);
   const ForwardLayout l = forward_layout(channels, wpc, nstate);
@@ -311,8 +318,8 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const uint32_t starts_w = segment_starts(g.seg_w);
   const int d0 = cblock * channels;
   const int group = group_of(g, d0);
-  const bool sequential = p.pass == kSequential;
-  const bool edges_only = p.pass == kRowEdges || p.pass == kColumnEdges;
+  const bool sequential = pass == kSequential;
+  const bool edges_only = pass == kRowEdges || pass == kColumnEdges;
 
   const int first_tile = sequential ? 0 : tile_z;
   for (int tile = first_tile; tile < (sequential ? tiles : tile_z + 1); ++tile) {
@@ -373,7 +380,7 @@ SS2D_UNROLL
       });
       ctx.barrier();
       ctx.each_warp([&](int w) {
-        const WarpTask task = warp_task(g, bb, d0, wpc, round, w);
+        const WarpTask task = warp_task(g, nstate, bb, d0, wpc, round, w);
         if (!task.active) return;
         const int s = task.channel, n = task.state;
         const int64_t map = task.map;
@@ -386,7 +393,7 @@ SS2D_UNROLL
           if (sequential) {
             if (tj > 0) h = hcar[(s * nstate + n) * kTile + r];
             if (p.carry_h) carry_h[at] = h;
-          } else if (p.pass != kRowEdges) {
+          } else if (pass != kRowEdges) {
             h = carry_h[at];
           }
           float decay = 1.f;
@@ -400,12 +407,12 @@ SS2D_UNROLL
             x[e] = h;
           }
           if (sequential) hcar[(s * nstate + n) * kTile + r] = h;
-          if (p.pass == kRowEdges) {
+          if (pass == kRowEdges) {
             edge[at] = h;
             prod[at] = decay;
           }
         });
-        if (p.pass == kRowEdges) return;
+        if (pass == kRowEdges) return;
         ctx.sync_warp();
         // Vertical: h = Abar * h_above + hh, in place.
         ctx.each_lane([&](int c) {
@@ -416,7 +423,7 @@ SS2D_UNROLL
             } else if (p.record) {  // forward_impl allocates carry_v whenever it records
               carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)] = 0.f;
             }
-          } else if (p.pass == kFinal) {
+          } else if (pass == kFinal) {
             v = carry_v[carry_index(map, tiles, tile, nstate, n, c)];
           }
           float decay = 1.f;
@@ -432,7 +439,7 @@ SS2D_UNROLL
           if (sequential && ti + 1 < g.tiles_h) {
             carry_v[carry_index(map, vslots, vslot_out, nstate, n, c)] = v;
           }
-          if (p.pass == kColumnEdges) {
+          if (pass == kColumnEdges) {
             const int64_t at = carry_index(map, tiles, tile, nstate, n, c);
             edge[at] = v;
             prod[at] = decay;
@@ -447,57 +454,53 @@ SS2D_UNROLL
       const bool last = round + 1 == rounds;
       each_quad(ctx, [&](int, int r, int c0) {
         const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-        // Per-channel registers indexed by unrolled loops (no local memory).
-        float yq[kMaxWarps][kQuad];
-SS2D_UNROLL
-        for (int s = 0; s < kMaxWarps; ++s) {
-          if (s >= channels) continue;
-          if (round > 0) {
-SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) yq[s][k] = y_t[s * kTileFloats + tile_offset(r, c0 + k)];
-            continue;
-          }
-          // y starts at D * u. With one state round u is not kept on chip: its quad is read again
-          // (from L2, the block read it in this tile's first phase).
-          const float dskip = p.D ? p.D[d0 + s] : 0.f;
-          float uq[kQuad] = {0.f, 0.f, 0.f, 0.f};
-          if (rounds > 1) {
-SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) uq[k] = u_t[s * kTileFloats + tile_offset(r, c0 + k)];
-          } else if (p.D) {
-            load_quad<T>(ctx, g, u, Plane{g.dim, d0 + s}, at, uq);
-          }
-SS2D_UNROLL
-          for (int k = 0; k < kQuad; ++k) yq[s][k] = dskip * uq[k];
-        }
+        // The C quads of the round's states, loaded once for all channels (registers indexed by
+        // unrolled loops: no local memory).
+        float cq[kMaxWarps][kQuad];
 SS2D_UNROLL
         for (int j = 0; j < kMaxWarps; ++j) {
           const int n = round * wpc + j;
-          if (j >= wpc || n >= nstate) continue;
-          float cq[kQuad];
-          load_quad<T>(ctx, g, Cg, bc_plane(g, group, n), at, cq);
+          if (j < wpc && n < nstate) load_quad<T>(ctx, g, Cg, bc_plane(g, group, n), at, cq[j]);
+        }
+        // One channel per trip (a rolled loop: one copy of the u / y accesses in the code).
+SS2D_UNROLL_BY(1)
+        for (int s = 0; s < channels; ++s) {
+          float yq[kQuad];
+          if (round > 0) {
 SS2D_UNROLL
-          for (int s = 0; s < kMaxWarps; ++s) {
-            if (s >= channels) continue;
+            for (int k = 0; k < kQuad; ++k) yq[k] = y_t[s * kTileFloats + tile_offset(r, c0 + k)];
+          } else {
+            // y starts at D * u. With one state round u is not kept on chip: its quad is read
+            // again (from L2, the block read it in this tile's first phase).
+            const float dskip = p.D ? p.D[d0 + s] : 0.f;
+            float uq[kQuad] = {0.f, 0.f, 0.f, 0.f};
+            if (rounds > 1) {
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) uq[k] = u_t[s * kTileFloats + tile_offset(r, c0 + k)];
+            } else if (p.D) {
+              load_quad<T>(ctx, g, u, Plane{g.dim, d0 + s}, at, uq);
+            }
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) yq[k] = dskip * uq[k];
+          }
+SS2D_UNROLL
+          for (int j = 0; j < kMaxWarps; ++j) {
+            if (j >= wpc || round * wpc + j >= nstate) continue;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
-              yq[s][k] += cq[k] * x_t[(s * wpc + j) * kTileFloats + tile_offset(r, c0 + k)];
+              yq[k] += cq[j][k] * x_t[(s * wpc + j) * kTileFloats + tile_offset(r, c0 + k)];
             }
           }
-        }
-SS2D_UNROLL
-        for (int s = 0; s < kMaxWarps; ++s) {
-          if (s >= channels) continue;
           if (!last) {
 SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) y_t[s * kTileFloats + tile_offset(r, c0 + k)] = yq[s][k];
+            for (int k = 0; k < kQuad; ++k) y_t[s * kTileFloats + tile_offset(r, c0 + k)] = yq[k];
             continue;
           }
           const Plane pl{g.dim, d0 + s};
           if (p.y_fp32) {
-            store_quad<float>(ctx, g, y32, pl, at, yq[s]);
+            store_quad<float>(ctx, g, y32, pl, at, yq);
           } else {
-            store_quad<T>(ctx, g, yT, pl, at, yq[s]);
+            store_quad<T>(ctx, g, yT, pl, at, yq);
           }
         }
       });
@@ -510,9 +513,10 @@ SS2D_UNROLL
 // `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
 // walked in reverse (bottom-right first), or, in the tile-parallel passes, only tile `tile_z` with
 // the gradient carries into it from grad_in_v / grad_in_h. Per tile and state round:
-//   A (block): dt, u, dy quads (first round) into channel tiles; the B and C quads of each of the
-//      round's states, loaded once for all channels; per warp: Abar = exp(dt * A[n]) -- the pass's
-//      only exp --, g = dy * C and x = dt * B * u;
+//   A (block): the B and C quads of each of the round's states, loaded once for all channels; per
+//      channel (a rolled loop) dt, u, dy quads (first round; dt into its channel tile, u and dy
+//      too when there are more rounds), and per warp of the channel Abar = exp(dt * A[n]) -- the
+//      pass's only exp --, g = dy * C and x = dt * B * u;
 //   (barrier) scans (warp w, shared memory only):
 //      1. row lanes recompute hh from the saved carry (in place over x; the row is also kept in
 //         registers for step 3);
@@ -523,27 +527,36 @@ SS2D_UNROLL
 //         and dL/dAbar * Abar = gh * h[r-1] * Abar + ghh * hh[c-1] * Abar, whose dL/ddt term
 //         (times A[n]) replaces Abar and whose dA term (times dt) the lanes sum;
 //   (barrier) B (block): per state, dB = sum over channels of ghh * dt * u and dC = sum of dy * h,
-//      in channel order, added once per cell into the slice's partials (one vector add per quad);
+//      in channel order (the channels one per trip of a rolled loop; u and dy from their tiles,
+//      or with one state round read again from global memory / L2, so that no u / dy tiles take
+//      shared memory), added once per cell into the slice's partials (one vector add per quad);
 //      per channel the sums over states of ghh * B and of dL/ddt; after the last round du = dt *
 //      sum(ghh * B) + D * dy and ddelta are stored and each thread adds its dD / ddelta_bias terms.
 // Edge passes (kColumnEdges, kRowEdges; see backward_impl) stop after step 2's reverse scan
 // (zero carry from below: the carry passed up and the product of Abar down the column) or after
 // the reverse horizontal scan from the true carries (zero carry from the right).
-template <class T, class Ctx>
+template <class T, Variant V, class Ctx>
 SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
-  const int nstate = g.nstate;
+  constexpr bool kOne = V == Variant::kOneStateSequential;
+  const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.bwd_channels;
-  const int wpc = p.k.bwd_wpc;
+  const int wpc = kOne ? 1 : p.k.bwd_wpc;
+  const int pass = kOne ? static_cast<int>(kSequential) : p.pass;
+  // The vertical scans of the full pass: unrolled completely where registers allow (the
+  // one-state variant), else by 8 (the general variant stays below 255 registers).
+  constexpr int kScanUnroll = kOne ? kTile : 8;
   const int nwarps = channels * wpc;
   const int nthreads = ctx.nthreads();
   const int rounds = state_rounds(nstate, wpc);
   const BackwardLayout l = backward_layout(channels, wpc, nstate);
   const int channel_floats = channels * kTileFloats;
-  const int carried_floats = rounds > 1 ? channel_floats : 0;
+  // u and dy stay on chip only when several state rounds use them (see backward_layout).
+  const bool keep_inputs = rounds > 1;
+  const int carried_floats = keep_inputs ? channel_floats : 0;
   auto dt_t = ctx.template shared<float>(smem, l.dt, channel_floats);
-  auto u_t = ctx.template shared<float>(smem, l.u, channel_floats);
-  auto dy_t = ctx.template shared<float>(smem, l.dy, channel_floats);
+  auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
+  auto dy_t = ctx.template shared<float>(smem, l.dy, carried_floats);
   auto sumb_t = ctx.template shared<float>(smem, l.sum_b, carried_floats);
   auto ddt_t = ctx.template shared<float>(smem, l.ddt, carried_floats);
   auto b_t = ctx.template shared<float>(smem, l.b, wpc * kTileFloats);
@@ -564,8 +577,8 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const int slices = p.k.slices;
   const int slice = cblock % slices;
   const int group = cblock / slices;
-  const bool sequential = p.pass == kSequential;
-  const bool full = sequential || p.pass == kFinal;
+  const bool sequential = pass == kSequential;
+  const bool full = sequential || pass == kFinal;
   auto dB = ctx.global(full ? p.dB_part + slice * n_bc : nullptr, full ? n_bc : 0);
   auto dC = ctx.global(full ? p.dC_part + slice * n_bc : nullptr, full ? n_bc : 0);
   const int64_t part_rows = full ? maps(g) * (sequential ? 1 : g.tiles_h * g.tiles_w) : 0;
@@ -602,11 +615,29 @@ SS2D_UNROLL
       for (int round = 0; round < rounds; ++round) {
         each_quad(ctx, [&](int, int r, int c0) {
           const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          if (round == 0) {
-            for (int s = 0; s < channels; ++s) {
+          // The C (and B) quads of the round's states, loaded once for all channels (registers
+          // indexed by unrolled loops: no local memory).
+          float bq[kMaxWarps][kQuad], cq[kMaxWarps][kQuad];
+SS2D_UNROLL
+          for (int j = 0; j < kMaxWarps; ++j) {
+            const int n = round * wpc + j;
+            if (j >= wpc || n >= nstate) continue;
+            const Plane bpl = bc_plane(g, group, n);
+            load_quad<T>(ctx, g, Cg, bpl, at, cq[j]);
+            if (full) {
+              load_quad<T>(ctx, g, Bg, bpl, at, bq[j]);
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
+            }
+          }
+          // One channel per trip (a rolled loop: one copy of the delta / u / dy accesses).
+SS2D_UNROLL_BY(1)
+          for (int s = 0; s < channels; ++s) {
+            float dt[kQuad], uq[kQuad] = {0.f, 0.f, 0.f, 0.f}, dyq[kQuad];
+            if (round == 0) {
               const int d = d0 + s;
               const Plane pl{g.dim, d};
-              float dq[kQuad], uq[kQuad], dyq[kQuad];
+              float dq[kQuad];
               const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
               if (full) load_quad<T>(ctx, g, u, pl, at, uq);
               if (p.dy_fp32) {
@@ -618,42 +649,41 @@ SS2D_UNROLL
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
                 const int e = s * kTileFloats + tile_offset(r, c0 + k);
-                dt_t[e] = dt_of(p, dq[k], bias, (real >> k) & 1u);
-                if (full) u_t[e] = uq[k];
-                dy_t[e] = dyq[k];
+                dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
+                dt_t[e] = dt[k];
+                if (keep_inputs) {
+                  if (full) u_t[e] = uq[k];
+                  dy_t[e] = dyq[k];
+                }
+              }
+            } else {
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const int e = s * kTileFloats + tile_offset(r, c0 + k);
+                dt[k] = dt_t[e];
+                if (full) uq[k] = u_t[e];
+                dyq[k] = dy_t[e];
               }
             }
-          }
 SS2D_UNROLL
-          for (int j = 0; j < kMaxWarps; ++j) {
-            const int n = round * wpc + j;
-            if (j >= wpc || n >= nstate) continue;
-            const Plane bpl = bc_plane(g, group, n);
-            float bq[kQuad], cq[kQuad];
-            load_quad<T>(ctx, g, Cg, bpl, at, cq);
-            if (full) {
-              load_quad<T>(ctx, g, Bg, bpl, at, bq);
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[k];
-            }
-            for (int s = 0; s < channels; ++s) {
+            for (int j = 0; j < kMaxWarps; ++j) {
+              const int n = round * wpc + j;
+              if (j >= wpc || n >= nstate) continue;
               const int w = s * wpc + j;
               const float a2 = p.A[static_cast<int64_t>(d0 + s) * nstate + n] * kLog2e;
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
                 const int e = tile_offset(r, c0 + k);
-                const int ce = s * kTileFloats + e;
-                const float dt = dt_t[ce];
-                warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] = exp2f(dt * a2);
-                warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e] = dy_t[ce] * cq[k];
-                if (full) warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e] = dt * u_t[ce] * bq[k];
+                warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] = exp2f(dt[k] * a2);
+                warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e] = dyq[k] * cq[j][k];
+                if (full) warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e] = dt[k] * uq[k] * bq[j][k];
               }
             }
           }
         });
         ctx.barrier();
         ctx.each_warp([&](int w) {
-          const WarpTask task = warp_task(g, bb, d0, wpc, round, w);
+          const WarpTask task = warp_task(g, nstate, bb, d0, wpc, round, w);
           if (!task.active) return;
           const int s = task.channel, n = task.state;
           const int64_t map = task.map;
@@ -663,7 +693,7 @@ SS2D_UNROLL
           if (!full) {
             ctx.each_lane([&](int c) {
               const int64_t at = carry_index(map, tiles, tile, nstate, n, c);
-              float gnext = p.pass == kColumnEdges ? 0.f : static_cast<float>(gin_v[at]);
+              float gnext = pass == kColumnEdges ? 0.f : static_cast<float>(gin_v[at]);
               float decay = 1.f;
 SS2D_UNROLL_BY(8)
               for (int r = kTile - 1; r >= 0; --r) {
@@ -675,12 +705,12 @@ SS2D_UNROLL_BY(8)
                 gnext = a * gh;
                 decay *= a;
               }
-              if (p.pass == kColumnEdges) {
+              if (pass == kColumnEdges) {
                 edge[at] = gnext;
                 prod[at] = decay;
               }
             });
-            if (p.pass == kColumnEdges) return;
+            if (pass == kColumnEdges) return;
             ctx.sync_warp();
             ctx.each_lane([&](int r) {
               float gnext = 0.f;
@@ -721,7 +751,7 @@ SS2D_UNROLL
             const float v_in =
                 tiles > 1 ? static_cast<float>(carry_v[carry_index(map, tiles, tile, nstate, n, c)]) : 0.f;
             float v = v_in;
-SS2D_UNROLL_BY(8)
+SS2D_UNROLL_BY(kScanUnroll)
             for (int r = 0; r < kTile; ++r) {
               if ((starts_h >> r) & 1u) v = 0.f;
               const int e = tile_offset(r, c);
@@ -736,7 +766,7 @@ SS2D_UNROLL_BY(8)
               gnext = gcarry_v[gslot];
             }
             float gh = 0.f;
-SS2D_UNROLL_BY(8)
+SS2D_UNROLL_BY(kScanUnroll)
             for (int r = kTile - 1; r >= 0; --r) {
               if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = 0.f;
               const int e = tile_offset(r, c);
@@ -785,6 +815,7 @@ SS2D_UNROLL
           ctx.each_lane([&](int lane) {
             if (lane != 0) return;
             float total = 0.f;
+SS2D_UNROLL
             for (int i = 0; i < kTile; ++i) total += lane_dA[i];
             dA_s[s * nstate + n] += total;
           });
@@ -797,75 +828,100 @@ SS2D_UNROLL
         const bool last = round + 1 == rounds;
         each_quad(ctx, [&](int t, int r, int c0) {
           const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          // Per-channel registers indexed by unrolled loops (no local memory).
-          float sumb[kMaxWarps][kQuad], ddt[kMaxWarps][kQuad];
+          // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
+          // local memory); the channels one per trip of a rolled loop (one copy of the du /
+          // ddelta accesses in the code).
+          float db[kMaxWarps][kQuad], dc[kMaxWarps][kQuad];
 SS2D_UNROLL
-          for (int s = 0; s < kMaxWarps; ++s) {
-            if (s >= channels) continue;
+          for (int j = 0; j < kMaxWarps; ++j) {
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) db[j][k] = dc[j][k] = 0.f;
+          }
+SS2D_UNROLL_BY(1)
+          for (int s = 0; s < channels; ++s) {
+            const Plane pl{g.dim, d0 + s};
+            // u and dy: kept on chip with several rounds, else read again (from L2: the block read
+            // them in this tile's first phase), which leaves room for a third block per SM.
+            float uq[kQuad], dyq[kQuad];
+            if (keep_inputs) {
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const int ce = s * kTileFloats + tile_offset(r, c0 + k);
+                uq[k] = u_t[ce];
+                dyq[k] = dy_t[ce];
+              }
+            } else {
+              load_quad<T>(ctx, g, u, pl, at, uq);
+              if (p.dy_fp32) {
+                load_quad<float>(ctx, g, dy32, pl, at, dyq);
+              } else {
+                load_quad<T>(ctx, g, dyT, pl, at, dyq);
+              }
+            }
+            float sumb[kQuad], ddt[kQuad];
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
               const int ce = s * kTileFloats + tile_offset(r, c0 + k);
-              sumb[s][k] = round > 0 ? static_cast<float>(sumb_t[ce]) : 0.f;
-              ddt[s][k] = round > 0 ? static_cast<float>(ddt_t[ce]) : 0.f;
+              sumb[k] = round > 0 ? static_cast<float>(sumb_t[ce]) : 0.f;
+              ddt[k] = round > 0 ? static_cast<float>(ddt_t[ce]) : 0.f;
             }
-          }
 SS2D_UNROLL
-          for (int j = 0; j < kMaxWarps; ++j) {
-            const int n = round * wpc + j;
-            if (j >= wpc || n >= nstate) continue;
-            float db[kQuad] = {0.f, 0.f, 0.f, 0.f};
-            float dc[kQuad] = {0.f, 0.f, 0.f, 0.f};
-SS2D_UNROLL
-            for (int s = 0; s < kMaxWarps; ++s) {
-              if (s >= channels) continue;
+            for (int j = 0; j < kMaxWarps; ++j) {
+              if (j >= wpc || round * wpc + j >= nstate) continue;
               const int w = s * wpc + j;
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
                 const int e = tile_offset(r, c0 + k);
                 const int ce = s * kTileFloats + e;
                 const float ghh = warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e];
-                const float uv = u_t[ce];
+                const float uv = uq[k];
                 const float bv = b_t[j * kTileFloats + e];
-                db[k] += ghh * dt_t[ce] * uv;
-                dc[k] += dy_t[ce] * warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e];
-                sumb[s][k] += ghh * bv;
-                ddt[s][k] += warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] + ghh * bv * uv;
+                db[j][k] += ghh * dt_t[ce] * uv;
+                dc[j][k] += dyq[k] * warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e];
+                sumb[k] += ghh * bv;
+                ddt[k] += warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] + ghh * bv * uv;
               }
             }
-            const Plane bpl = bc_plane(g, group, n);
-            add_quad(ctx, g, dB, bpl, at, db);
-            add_quad(ctx, g, dC, bpl, at, dc);
-          }
-SS2D_UNROLL
-          for (int s = 0; s < kMaxWarps; ++s) {
-            if (s >= channels) continue;
             if (!last) {
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
                 const int ce = s * kTileFloats + tile_offset(r, c0 + k);
-                sumb_t[ce] = sumb[s][k];
-                ddt_t[ce] = ddt[s][k];
+                sumb_t[ce] = sumb[k];
+                ddt_t[ce] = ddt[k];
               }
               continue;
             }
             // Padding cells: dy = u = 0 and no gradient reaches them, so their terms are 0; their
             // du / ddelta are not stored.
-            const int d = d0 + s;
-            const float dskip = p.D ? p.D[d] : 0.f;
+            const float dskip = p.D ? p.D[d0 + s] : 0.f;
             float duq[kQuad], ddq[kQuad];
+            float dD_terms = 0.f, ddb_terms = 0.f;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
-              const int ce = s * kTileFloats + tile_offset(r, c0 + k);
-              const float dt = dt_t[ce];
-              const float dyv = dy_t[ce];
-              duq[k] = dt * sumb[s][k] + dskip * dyv;
-              ddq[k] = p.softplus ? ddt[s][k] * softplus_grad_from_value(dt) : ddt[s][k];
-              part[ctx.thread_slot(t)][0][s] += dyv * u_t[ce];
-              part[ctx.thread_slot(t)][1][s] += ddq[k];
+              const float dt = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
+              const float dyv = dyq[k];
+              duq[k] = dt * sumb[k] + dskip * dyv;
+              ddq[k] = p.softplus ? ddt[k] * softplus_grad_from_value(dt) : ddt[k];
+              dD_terms += dyv * uq[k];
+              ddb_terms += ddq[k];
             }
-            const Plane pl{g.dim, d};
+            // The thread's shares of channel s (selected, not indexed at run time: no local memory).
+SS2D_UNROLL
+            for (int i = 0; i < kMaxWarps; ++i) {
+              if (i != s) continue;
+              part[ctx.thread_slot(t)][0][i] += dD_terms;
+              part[ctx.thread_slot(t)][1][i] += ddb_terms;
+            }
             store_quad<T>(ctx, g, du_g, pl, at, duq);
             store_quad<T>(ctx, g, ddelta_g, pl, at, ddq);
+          }
+SS2D_UNROLL
+          for (int j = 0; j < kMaxWarps; ++j) {
+            const int n = round * wpc + j;
+            if (j >= wpc || n >= nstate) continue;
+            const Plane bpl = bc_plane(g, group, n);
+            add_quad(ctx, g, dB, bpl, at, db[j]);
+            add_quad(ctx, g, dC, bpl, at, dc[j]);
           }
         });
         // No barrier: the next round's (or tile's) A rewrites only cells this thread itself read.

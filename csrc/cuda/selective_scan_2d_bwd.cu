@@ -8,11 +8,11 @@ namespace scan2d {
 
 cudaError_t allow_forward_shared_memory(size_t smem_bytes);  // selective_scan_2d_fwd.cu
 
-template <class T>
-__global__ void __launch_bounds__(kBlockThreads, kMinBackwardBlocksPerSm) scan2d_backward_kernel(Params p) {
+template <class T, Variant V>
+__global__ void __launch_bounds__(kBlockThreads, backward_min_blocks_per_sm(V)) scan2d_backward_kernel(Params p) {
   extern __shared__ __align__(16) char smem[];
   DeviceCtx ctx;
-  backward_block<T>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+  backward_block<T, V>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
                     static_cast<int>(blockIdx.z), smem);
 }
 
@@ -22,7 +22,10 @@ static cudaError_t launch_backward_typed(const Params& p, cudaStream_t stream) {
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.groups * p.k.slices), static_cast<unsigned>(tiles));
-  scan2d_backward_kernel<T><<<grid, p.k.bwd_channels * p.k.bwd_wpc * kTile, smem, stream>>>(p);
+  const auto kernel = kernel_variant(p, p.k.bwd_wpc) == Variant::kOneStateSequential
+                          ? scan2d_backward_kernel<T, Variant::kOneStateSequential>
+                          : scan2d_backward_kernel<T, Variant::kGeneral>;
+  kernel<<<grid, p.k.bwd_channels * p.k.bwd_wpc * kTile, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -38,12 +41,21 @@ cudaError_t launch_backward(const Params& p, ElementType type, cudaStream_t stre
   return cudaErrorInvalidValue;
 }
 
-cudaError_t allow_shared_memory(size_t smem_bytes) {
+template <class T>
+static cudaError_t allow_backward_shared_memory(size_t smem_bytes) {
   const int bytes = static_cast<int>(smem_bytes);
   const cudaFuncAttribute attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  cudaError_t err = cudaFuncSetAttribute(scan2d_backward_kernel<float>, attr, bytes);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_backward_kernel<__half>, attr, bytes);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_backward_kernel<__nv_bfloat16>, attr, bytes);
+  cudaError_t err = cudaFuncSetAttribute(scan2d_backward_kernel<T, Variant::kGeneral>, attr, bytes);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(scan2d_backward_kernel<T, Variant::kOneStateSequential>, attr, bytes);
+  }
+  return err;
+}
+
+cudaError_t allow_shared_memory(size_t smem_bytes) {
+  cudaError_t err = allow_backward_shared_memory<float>(smem_bytes);
+  if (err == cudaSuccess) err = allow_backward_shared_memory<__half>(smem_bytes);
+  if (err == cudaSuccess) err = allow_backward_shared_memory<__nv_bfloat16>(smem_bytes);
   if (err == cudaSuccess) err = allow_forward_shared_memory(smem_bytes);
   return err;
 }

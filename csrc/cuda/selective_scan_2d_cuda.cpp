@@ -155,13 +155,25 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
     d[(pass + "_waves").c_str()] = fit.waves;
     d[(pass + "_lost_slots").c_str()] = fit.lost;
   };
+  // The kernel variant that runs each pass's main grid.
+  auto variant_of = [&](bool tile_parallel, int wpc) {
+    Params p{};
+    p.g = g;
+    p.pass = tile_parallel ? kFinal : kSequential;
+    return kernel_variant(p, wpc);
+  };
+  const Variant fwd_variant = variant_of(k.tile_parallel, k.fwd_wpc);
+  const Variant bwd_variant = variant_of(k.bwd_tile_parallel, k.bwd_wpc);
   add_pass("fwd", k.fwd_channels, k.fwd_wpc, forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate).total,
            kForwardRegisters, forward_blocks(g, k));
   add_pass("bwd", k.bwd_channels, k.bwd_wpc, backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate).total,
-           kBackwardRegisters, backward_blocks(g, k));
+           backward_registers(bwd_variant), backward_blocks(g, k));
   d["fwd_tile_parallel"] = k.tile_parallel;
   d["bwd_slices"] = k.slices;
   d["bwd_tile_parallel"] = k.bwd_tile_parallel;
+  const auto name = [](Variant v) { return v == Variant::kOneStateSequential ? "kOneStateSequential" : "kGeneral"; };
+  d["fwd_variant"] = name(fwd_variant);
+  d["bwd_variant"] = name(bwd_variant);
   return d;
 }
 
@@ -231,7 +243,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "smem_per_block bytes of shared memory (per SM / opt-in per block): channels and warps per\n"
         "block, threads, dynamic shared memory, the registers per thread it is compiled for, the\n"
         "modelled resident blocks / warps per SM, the main grid's blocks, its waves over the device's\n"
-        "resident block slots and the share of slots they leave empty, slices, tiling.",
+        "resident block slots and the share of slots they leave empty, slices, tiling, and the\n"
+        "kernel variant (fwd_variant / bwd_variant) that runs each pass.",
         py::arg("batch"), py::arg("dim"), py::arg("groups"), py::arg("nstate"), py::arg("height"),
         py::arg("width"), py::arg("sm_count"), py::arg("smem_per_sm"), py::arg("smem_per_block"));
   m.def("_softplus", &kernel_softplus,

@@ -391,14 +391,22 @@ void dispatch(ElementType type, Ctx& ctx, const Params& p, int bx, int by, int b
 template <class T>
 struct ForwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
-    forward_block<T>(ctx, p, bx, by, bz, smem);
+    if (kernel_variant(p, p.k.fwd_wpc) == Variant::kOneStateSequential) {
+      forward_block<T, Variant::kOneStateSequential>(ctx, p, bx, by, bz, smem);
+    } else {
+      forward_block<T, Variant::kGeneral>(ctx, p, bx, by, bz, smem);
+    }
   }
 };
 
 template <class T>
 struct BackwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
-    backward_block<T>(ctx, p, bx, by, bz, smem);
+    if (kernel_variant(p, p.k.bwd_wpc) == Variant::kOneStateSequential) {
+      backward_block<T, Variant::kOneStateSequential>(ctx, p, bx, by, bz, smem);
+    } else {
+      backward_block<T, Variant::kGeneral>(ctx, p, bx, by, bz, smem);
+    }
   }
 };
 

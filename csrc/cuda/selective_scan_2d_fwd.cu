@@ -6,11 +6,11 @@
 namespace vmamba2d {
 namespace scan2d {
 
-template <class T>
+template <class T, Variant V>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_forward_kernel(Params p) {
   extern __shared__ __align__(16) char smem[];
   DeviceCtx ctx;
-  forward_block<T>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+  forward_block<T, V>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
                    static_cast<int>(blockIdx.z), smem);
 }
 
@@ -26,7 +26,10 @@ static cudaError_t launch_forward_typed(const Params& p, cudaStream_t stream) {
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.dim / p.k.fwd_channels), static_cast<unsigned>(tiles));
-  scan2d_forward_kernel<T><<<grid, nwarps * kTile, smem, stream>>>(p);
+  const auto kernel = kernel_variant(p, p.k.fwd_wpc) == Variant::kOneStateSequential
+                          ? scan2d_forward_kernel<T, Variant::kOneStateSequential>
+                          : scan2d_forward_kernel<T, Variant::kGeneral>;
+  kernel<<<grid, nwarps * kTile, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -48,12 +51,21 @@ cudaError_t launch_forward(const Params& p, ElementType type, cudaStream_t strea
   return cudaErrorInvalidValue;
 }
 
-cudaError_t allow_forward_shared_memory(size_t smem_bytes) {
+template <class T>
+static cudaError_t allow_forward_shared_memory_typed(size_t smem_bytes) {
   const int bytes = static_cast<int>(smem_bytes);
   const cudaFuncAttribute attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  cudaError_t err = cudaFuncSetAttribute(scan2d_forward_kernel<float>, attr, bytes);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_forward_kernel<__half>, attr, bytes);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_forward_kernel<__nv_bfloat16>, attr, bytes);
+  cudaError_t err = cudaFuncSetAttribute(scan2d_forward_kernel<T, Variant::kGeneral>, attr, bytes);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(scan2d_forward_kernel<T, Variant::kOneStateSequential>, attr, bytes);
+  }
+  return err;
+}
+
+cudaError_t allow_forward_shared_memory(size_t smem_bytes) {
+  cudaError_t err = allow_forward_shared_memory_typed<float>(smem_bytes);
+  if (err == cudaSuccess) err = allow_forward_shared_memory_typed<__half>(smem_bytes);
+  if (err == cudaSuccess) err = allow_forward_shared_memory_typed<__nv_bfloat16>(smem_bytes);
   return err;
 }
 
