@@ -211,7 +211,6 @@ def _header(args: argparse.Namespace) -> list[str]:
         "inference under torch.inference_mode, training step = forward + cross-entropy + backward + AdamW step, "
         "one fresh process per (model, batch, precision)",
         f"- peak memory: {'torch.cuda.max_memory_allocated' if args.device == 'cuda' else 'peak RSS of the worker process (weights, activations, allocator caches, Python)'}",
-        "",
     ]
 
 
@@ -351,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{model} {precision} batch {batch}: {row['infer_img_s']:.2f} img/s inference", file=sys.stderr)
                     key = (model, precision, batch)
                     best[key] = _best_of(best[key], row) if key in best else row
+    load = os.getloadavg()  # with the start's in the header: how busy the machine was meanwhile
+    lines += [f"- load average at end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}", ""]
     rows = list(best.values())
     lines += _table(rows) + _targets(rows, args.device) + _profile_tables(rows)
     text = "\n".join(lines) + "\n"
