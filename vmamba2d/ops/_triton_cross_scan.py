@@ -39,8 +39,9 @@ CROSS_BWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_bwd"
 # program, more when N > 16 makes the block larger (a tile keeps at least 16 cells). Register
 # caps: forward 128 (4 programs, 16 warps per SM on sm_80 / sm_90); backward 168 for several
 # routes on 4 warps (3 programs, 12 warps), else 128 (one route's body, or programs of 8 / 16
-# warps: 16 warps per SM); all without spills (uncapped, ptxas picks fewer registers and spills a
-# few bytes, or more and fewer programs fit). Chosen from compiles without a GPU
+# warps: 16 warps per SM); without spills up to N = 16 (uncapped, ptxas picks fewer registers and
+# spills a few bytes, or more and fewer programs fit); at N = 32 / 64 the backward spills a few
+# bytes (up to 20 B) rather than halve its resident warps. Chosen from compiles without a GPU
 # (tests/test_scan_triton.py holds the figures), not timed on a GPU.
 BLOCK_ELEMENTS = 256
 ELEMENTS_PER_THREAD = 2
