@@ -411,13 +411,34 @@ def test_mask_rcnn_flops_and_the_2d_scan_share_on_a_small_input():
           f"VMamba-T {results['vmamba_tiny']['flops'] / 1e9:.2f}G; the 2D scan adds {extra / 1e9:.3f}G")
 
 
-def test_mmdet_tools_run_after_import(tiny_run, capsys):
+def test_mmdet_tools_run_after_import_and_get_flops_counts_the_scan(tiny_run, capsys, monkeypatch, tmp_path):
+    """mmdet's own get_flops tool (mmengine's counter, on a dataset image) prints the FLOPs
+    det/get_flops.py counts (fvcore); backbone dims 64 make the scan a visible share."""
+    from mmengine.analysis.print_helper import _format_size
+    from vmamba2d.det.complexity import detector_complexity
     from vmamba2d.det.mmdet_tools import resolve_tool, run_tool
+    from vmamba2d.ops import backend_info
 
+    if not backend_info()["cpu_extension"]:
+        pytest.skip("the compiled CPU scan kernel is not available: the scan op cannot be traced")
     assert resolve_tool("print_config").name == "print_config.py"
-    run_tool("misc/print_config.py", [str(tiny_run)])
-    out = capsys.readouterr().out
-    assert "VMamba2DBackbone" in out and "custom_imports" in out
+    monkeypatch.chdir(tmp_path)
+    # NMS off (IoU threshold 1): the RPN keeps max_per_img = 100 proposals on any image, so the RoI
+    # heads' share is the same on the tool's dataset image and on det/get_flops.py's blank one
+    wide = ["model.backbone.model_kwargs.dims=64", "model.neck.in_channels=[64,128,256,512]",
+            "model.test_cfg.rpn.nms.iou_threshold=1.0"]
+    run_tool("analysis_tools/get_flops.py", [str(tiny_run), "--num-images", "1", "--cfg-options", *wide])
+    printed = capsys.readouterr().out
+    cfg = Config.fromfile(str(tiny_run))
+    cfg.model.backbone.model_kwargs.dims = 64
+    cfg.model.neck.in_channels = [64, 128, 256, 512]
+    cfg.model.test_cfg.rpn.nms.iou_threshold = 1.0
+    reference = detector_complexity(_build(cfg.model), IMAGE_SIZE)
+    scan = reference["flops_by_operator"]["cross_selective_scan_2d_fwd"]
+    assert reference["proposals"] == 100
+    assert _format_size(reference["flops"] - scan) != _format_size(reference["flops"])
+    assert f"Flops: {_format_size(reference['flops'])}\n" in printed
+    assert f"Input shape: {IMAGE_SIZE}" in printed
 
 
 def test_shared_modules_are_reexported_under_vmamba2d_seg():
