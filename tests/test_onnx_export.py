@@ -174,6 +174,7 @@ def test_cli_refuses_clearly_without_the_onnx_extra(tmp_path, monkeypatch, capsy
     (["vmamba2d_tiny", "m.onnx", "--model-kwargs", "depths"], "--model-kwargs: expected KEY=VALUE"),
     (["vmamba2d_tiny", "m.onnx", "--opset", "17"], "--opset must be at least 18"),
     (["mambamil2d", "m.onnx", "--dynamic", "--img-size", "64", "64"], "--img-size --dynamic: image models only"),
+    (["mambamil2d", "m.onnx", "--bench", "1"], "--bench bag sizes must be at least 2 patches"),
     (["mambamil2d", "m.onnx", "--checkpoint", __file__, "--model-kwargs", "in_dim=8"], "--checkpoint .* or --model-kwargs"),
 ])
 def test_cli_rejects_bad_arguments(argv, message, capsys):
@@ -254,10 +255,12 @@ def test_cli_exports_a_mil_checkpoint_that_matches_eager_on_bags(tmp_path, capsy
     checkpoint = tmp_path / "mil.pth"
     torch.save({"model": model.state_dict(), "model_config": model.config}, checkpoint)
     out = tmp_path / "slide.onnx"
-    code = load_tool("export_onnx").main(["mambamil2d", str(out), "--checkpoint", str(checkpoint), "--check"])
+    code = load_tool("export_onnx").main(["mambamil2d", str(out), "--checkpoint", str(checkpoint), "--check",
+                                          "--bench", "30", "--iters", "1", "--threads", "1"])
     printed = capsys.readouterr().out
     assert code == 0
     assert "onnx.checker passed" in printed and printed.count("max relative error") == 2
+    assert re.search(r"30 patches on a 6x6 grid, 1 threads: onnxruntime [\d.]+ ms, eager PyTorch [\d.]+ ms", printed)
     session = onnx_session(out)
     assert [o.name for o in session.get_outputs()] == ["logits", "attention", "attention_scores", "embedding",
                                                        "hazards", "survival", "risk"]

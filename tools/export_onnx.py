@@ -21,6 +21,7 @@ PyTorch, exiting with status 1 above 1e-4. Needs the onnx extra: pip install "vm
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -29,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from vmamba2d.export.mil_onnx import export_mil_onnx, mil_max_relative_error, random_bag  # noqa: E402
+from vmamba2d.export.mil_onnx import (  # noqa: E402
+    COORDS_NAME, FEATURES_NAME, export_mil_onnx, mil_max_relative_error, random_bag,
+)
 from vmamba2d.export.onnx_export import (  # noqa: E402
     INPUT_NAME, MIN_OPSET, MissingOnnxExtraError, export_onnx, max_relative_error, onnx_session, require_onnx_extra,
 )
@@ -39,7 +42,7 @@ TOLERANCE = 1e-4  # max relative error of --check (fp32)
 MODEL_PREFIXES = ("vmamba2d_", "vmamba_")
 MIL_MODEL = "mambamil2d"
 DEFAULT_IMG_SIZE = (224, 224)
-IMAGE_ONLY_OPTIONS = ("img_size", "features_only", "dynamic", "bench")
+IMAGE_ONLY_OPTIONS = ("img_size", "features_only", "dynamic")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,8 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dynamic", action="store_true", help="dynamic height and width (batch is always dynamic)")
     parser.add_argument("--check", action="store_true",
                         help="run onnxruntime on random inputs and compare with eager PyTorch")
-    parser.add_argument("--bench", type=int, nargs="+", default=[], metavar="BATCH",
-                        help="time onnxruntime and eager PyTorch (CPU) at these batch sizes")
+    parser.add_argument("--bench", type=int, nargs="+", default=[], metavar="SIZE",
+                        help=f"time onnxruntime and eager PyTorch (CPU) at these batch sizes ({MIL_MODEL}: "
+                             "bag sizes, patches on the smallest square grid holding them)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for --bench, both runtimes (default: torch's)")
     parser.add_argument("--iters", type=int, default=3, help="timed runs per batch size and runtime (--bench)")
@@ -70,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"{' '.join(given)}: image models only, not {MIL_MODEL}")
         if args.checkpoint is not None and args.model_kwargs:
             parser.error(f"{MIL_MODEL}: --checkpoint (it holds the model's config) or --model-kwargs, not both")
+        if min(args.bench, default=2) < 2:
+            parser.error(f"{MIL_MODEL}: --bench bag sizes must be at least 2 patches, got {args.bench}")
     elif not args.model.startswith(MODEL_PREFIXES):
         parser.error(f"model must be one of the zoo's vmamba2d_* / vmamba_* models or {MIL_MODEL}, got {args.model!r}")
     args.img_size = tuple(args.img_size or DEFAULT_IMG_SIZE)
@@ -178,6 +184,24 @@ def bench(model: torch.nn.Module, path: Path, img_size: tuple[int, int], batches
               f"(onnxruntime / eager = {eager / onnx:.2f}x)")
 
 
+def bench_mil(model: torch.nn.Module, path: Path, bags: list[int], threads: int | None, iters: int) -> None:
+    """Prints the time of one slide in onnxruntime and in eager PyTorch (inference mode) for each
+    bag size (random patches on the smallest square grid holding them), back to back on the same
+    inputs, with the same number of threads."""
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    session = onnx_session(path, threads=threads)
+    for patches in bags:
+        side = math.isqrt(patches - 1) + 1
+        features, coords = random_bag(model.in_dim, patches, (side, side))
+        feeds = {FEATURES_NAME: features.numpy(), COORDS_NAME: coords.numpy()}
+        with torch.inference_mode():
+            eager = _fastest(lambda: model(features, coords), iters)
+        onnx = _fastest(lambda: session.run(None, feeds), iters)
+        print(f"{patches} patches on a {side}x{side} grid, {threads} threads: onnxruntime {onnx * 1e3:.1f} ms, "
+              f"eager PyTorch {eager * 1e3:.1f} ms per slide (onnxruntime / eager = {eager / onnx:.2f}x)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -204,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         if worst > TOLERANCE:
             print(f"error: max relative error {worst:.2e} above {TOLERANCE:g}", file=sys.stderr)
             return 1
-    if args.bench:
+    if args.bench and args.model == MIL_MODEL:
+        bench_mil(model, path, args.bench, args.threads, args.iters)
+    elif args.bench:
         bench(model, path, args.img_size, args.bench, args.threads, args.iters)
     return 0
 
