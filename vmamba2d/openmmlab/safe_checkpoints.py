@@ -86,7 +86,7 @@ class AtomicCheckpointHook(CheckpointHook):
                 out_dir is None or "://" not in str(out_dir)):
             backend_args = {"backend": ATOMIC_BACKEND}
         super().__init__(*args, backend_args=backend_args, **kwargs)
-        self._pending_step = False
+        self._save_pending = False
         self._superseded_best: List[str] = []
         self._loaded_rng: Optional[Dict[str, Any]] = None
 
@@ -135,7 +135,7 @@ class AtomicCheckpointHook(CheckpointHook):
         if not due:
             return
         if _validation_follows(runner, self.by_epoch):
-            self._pending_step = True  # committed after the validation (and best) of this step
+            self._save_pending = True  # committed after the validation (and best) of this step
             return
         done = runner.epoch + 1 if self.by_epoch else runner.iter + 1
         runner.logger.info(f"Saving checkpoint at {done} {unit}")
@@ -147,13 +147,13 @@ class AtomicCheckpointHook(CheckpointHook):
             best_updated = self._save_best_checkpoint(runner, metrics)
         else:
             runner.logger.warning("the validation returned no metrics: the best checkpoint is not updated")
-        if not (self._pending_step or best_updated):
+        if not (self._save_pending or best_updated):
             return
         # the training loop has counted the step already: runner.epoch / runner.iter is N
         step = runner.epoch if self.by_epoch else runner.iter
         runner.logger.info(f"Saving checkpoint at {step} {'epochs' if self.by_epoch else 'iterations'}")
         self._save_checkpoint_with_step(runner, step, dict(epoch=runner.epoch, iter=runner.iter))
-        self._pending_step = False
+        self._save_pending = False
 
     # ------------------------------------------------------------------ writing --------------
 
