@@ -244,8 +244,15 @@ SS2D_HD SS2D_INLINE float dt_of(const Params& p, float delta, float bias, bool r
   return real ? (p.softplus ? softplus(z) : z) : 0.f;
 }
 
-SS2D_HD SS2D_INLINE Plane bc_plane(const Geometry& g, int group, int n) {
-  return Plane{static_cast<int64_t>(g.groups) * g.nstate, static_cast<int64_t>(group) * g.nstate + n};
+// The B / C planes of a group, worked out once per block: state n is plane first + n.
+struct GroupPlanes {
+  int64_t planes;
+  int64_t first;
+  SS2D_HD Plane operator()(int n) const { return Plane{planes, first + n}; }
+};
+
+SS2D_HD SS2D_INLINE GroupPlanes group_planes(const Geometry& g, int group) {
+  return GroupPlanes{static_cast<int64_t>(g.groups) * g.nstate, static_cast<int64_t>(group) * g.nstate};
 }
 
 // What warp w of a block works on in a state round: channel d0 + channel (map `map` of the
@@ -317,7 +324,7 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
   const int d0 = cblock * channels;
-  const int group = group_of(g, d0);
+  const GroupPlanes bc_planes = group_planes(g, group_of(g, d0));
   const bool sequential = pass == kSequential;
   const bool edges_only = pass == kRowEdges || pass == kColumnEdges;
 
@@ -334,7 +341,7 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
 SS2D_UNROLL
         for (int j = 0; j < kMaxWarps; ++j) {
           if (j < wpc && round * wpc + j < nstate) {
-            load_quad<T>(ctx, g, Bg, bc_plane(g, group, round * wpc + j), at, bq[j]);
+            load_quad<T>(ctx, g, Bg, bc_planes(round * wpc + j), at, bq[j]);
           }
         }
         for (int s = 0; s < channels; ++s) {
@@ -460,7 +467,7 @@ SS2D_UNROLL
 SS2D_UNROLL
         for (int j = 0; j < kMaxWarps; ++j) {
           const int n = round * wpc + j;
-          if (j < wpc && n < nstate) load_quad<T>(ctx, g, Cg, bc_plane(g, group, n), at, cq[j]);
+          if (j < wpc && n < nstate) load_quad<T>(ctx, g, Cg, bc_planes(n), at, cq[j]);
         }
         // One channel per trip (a rolled loop: one copy of the u / y accesses in the code).
 SS2D_UNROLL_BY(1)
@@ -577,6 +584,7 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const int slices = p.k.slices;
   const int slice = cblock % slices;
   const int group = cblock / slices;
+  const GroupPlanes bc_planes = group_planes(g, group);
   const bool sequential = pass == kSequential;
   const bool full = sequential || pass == kFinal;
   auto dB = ctx.global(full ? p.dB_part + slice * n_bc : nullptr, full ? n_bc : 0);
@@ -622,7 +630,7 @@ SS2D_UNROLL
           for (int j = 0; j < kMaxWarps; ++j) {
             const int n = round * wpc + j;
             if (j >= wpc || n >= nstate) continue;
-            const Plane bpl = bc_plane(g, group, n);
+            const Plane bpl = bc_planes(n);
             load_quad<T>(ctx, g, Cg, bpl, at, cq[j]);
             if (full) {
               load_quad<T>(ctx, g, Bg, bpl, at, bq[j]);
@@ -919,7 +927,7 @@ SS2D_UNROLL
           for (int j = 0; j < kMaxWarps; ++j) {
             const int n = round * wpc + j;
             if (j >= wpc || n >= nstate) continue;
-            const Plane bpl = bc_plane(g, group, n);
+            const Plane bpl = bc_planes(n);
             add_quad(ctx, g, dB, bpl, at, db[j]);
             add_quad(ctx, g, dC, bpl, at, dc[j]);
           }
