@@ -73,6 +73,29 @@ def test_tile_loop_is_the_innermost_loop_with_a_barrier():
     assert loop.per_cell_channel_state == 8 / 32
 
 
+def test_loop_bodies_entered_through_a_call_belong_to_the_tile_loop():
+    # sm_80 style: the loop body (with the barrier) is reached only through CALL.REL.NOINC, whose
+    # callee returns to the instruction after the call.
+    listing = (
+        ".text.g:\n"
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;\n"
+        ".L_x_1:\n"
+        "        /*0010*/                   LDG.E R4, desc[UR4][R2.64] ;\n"
+        "        /*0020*/                   CALL.REL.NOINC `(.L_x_2) ;\n"
+        "        /*0030*/                   BRA `(.L_x_3) ;\n"
+        ".L_x_2:\n"
+        "        /*0040*/                   FADD R5, R4, R4 ;\n"
+        "        /*0050*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;\n"
+        "        /*0060*/               @P0 BRA `(.L_x_1) ;\n"
+        "        /*0070*/                   RET.REL.NODEC R8 `(g) ;\n"
+        ".L_x_3:\n"
+        "        /*0080*/                   EXIT ;\n"
+    )
+    loop = sass_report.tile_loop(*sass_report.parse_sass(listing)["g"])
+    assert loop is not None
+    assert (loop.global_loads, loop.barriers, loop.load_batches) == (1, 1, 1)
+
+
 def test_loads_issued_before_any_use_form_one_batch():
     body = sass_report.parse_sass(
         ".text.f:\n"
