@@ -10,52 +10,14 @@ which is printed too.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import vmamba2d.det  # noqa: E402,F401  (mmcv-lite compatibility, backbone registration)
-from mmdet.registry import MODELS  # noqa: E402
-from mmdet.utils import register_all_modules  # noqa: E402
-from mmengine.config import DictAction  # noqa: E402
+from vmamba2d.det.commands import FLOPS  # noqa: E402  (imports vmamba2d.det first: mmcv-lite compatibility, backbone)
 
-from vmamba2d.det.complexity import detector_complexity  # noqa: E402
-from vmamba2d.openmmlab.runtime import load_config  # noqa: E402
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Parameters and FLOPs of a detector.")
-    parser.add_argument("config", help="config file")
-    parser.add_argument("--shape", type=int, nargs="+", default=[1280, 800],
-                        help="input height and width (one value: square)")
-    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default=None,
-                        help="override config entries")
-    args = parser.parse_args(argv)
-    if len(args.shape) not in (1, 2) or min(args.shape) < 1:
-        parser.error(f"--shape takes one or two positive ints, got {args.shape}")
-    return args
-
-
-def main(argv=None) -> dict:
-    """Print and return :func:`vmamba2d.det.complexity.detector_complexity` for the config."""
-    args = parse_args(argv)
-    shape = (args.shape[0], args.shape[-1])
-    cfg = load_config(args.config, args.cfg_options)
-    register_all_modules()
-    model = MODELS.build(cfg.model)
-    start = time.perf_counter()
-    result = detector_complexity(model, shape)
-    elapsed = time.perf_counter() - start
-    print("| config | input | params (M) | FLOPs (G) | backbone FLOPs (G) | RPN proposals |")
-    print("|---|---|---|---|---|---|")
-    print(f"| {os.path.basename(args.config)} | 1x3x{shape[0]}x{shape[1]} | {result['params'] / 1e6:.2f} "
-          f"| {result['flops'] / 1e9:.1f} | {result['backbone_flops'] / 1e9:.1f} | {result['proposals']} |")
-    print(f"(traced in {elapsed:.1f} s)")
-    return result
-
+parse_args, main = FLOPS.parse_args, FLOPS.main
 
 if __name__ == "__main__":
     main()

@@ -11,6 +11,9 @@ handle for mmengine's counter), then runs the tool file shipped in the installed
     python seg/mmseg_tool.py misc/print_config.py CONFIG          # the same, from the repository
     python -m vmamba2d.seg.mmseg_tools --list                      # the tools found
 
+``mmseg_tools_dir``, ``available_tools``, ``resolve_tool``, ``run_tool`` and ``main`` are the
+methods of :class:`vmamba2d.openmmlab.tool_runner.ToolRunner` for mmseg.
+
 Two upstream bugs of mmseg 1.2.2 are worked around, each only while its tool runs:
 
 * ``get_flops.py`` passes both ``input_shape`` and ``inputs`` to mmengine's
@@ -23,11 +26,11 @@ Two upstream bugs of mmseg 1.2.2 are worked around, each only while its tool run
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator
 
 import vmamba2d.seg  # noqa: F401  (must precede every mmseg tool import)
 from vmamba2d.openmmlab.tool_runner import ToolRunner
+
 
 @contextlib.contextmanager
 def _complexity_info_takes_inputs_only() -> Iterator[None]:
@@ -76,36 +79,8 @@ _RUNNER = ToolRunner("mmseg", "mmsegmentation==1.2.2", "vmamba2d.seg.mmseg_tools
     "misc/browse_dataset.py": _visualizer_gets_contiguous_images,
 })
 
-
-def mmseg_tools_dir() -> Path:
-    """The folder of mmseg's tools: ``mmseg/.mim/tools`` (wheel) or ``<checkout>/tools`` (editable).
-
-    Raises:
-        FileNotFoundError when neither exists.
-    """
-    return _RUNNER.tools_dir()
-
-
-def available_tools(tools_dir: Optional[Path] = None) -> List[str]:
-    """Tool paths relative to the tools folder, e.g. ``'analysis_tools/get_flops.py'``."""
-    return _RUNNER.available_tools(tools_dir)
-
-
-def resolve_tool(name: str, tools_dir: Optional[Path] = None) -> Path:
-    """The tool file for ``name`` (see :meth:`ToolRunner.resolve_tool`); ValueError when it matches
-    no tool or several."""
-    return _RUNNER.resolve_tool(name, tools_dir)
-
-
-def run_tool(name: str, argv: Sequence[str]) -> None:
-    """Run mmseg tool ``name`` with command-line arguments ``argv``, as ``python TOOL ARGV`` would."""
-    _RUNNER.run_tool(name, argv)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Command line: ``TOOL [ARGS...]`` runs an mmseg tool; ``--list`` prints the tools found."""
-    _RUNNER.main(argv)
-
+mmseg_tools_dir, available_tools = _RUNNER.tools_dir, _RUNNER.available_tools
+resolve_tool, run_tool, main = _RUNNER.resolve_tool, _RUNNER.run_tool, _RUNNER.main
 
 if __name__ == "__main__":
     main()

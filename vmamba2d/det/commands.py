@@ -1,0 +1,21 @@
+"""The detection command lines (det/train.py, det/test.py, det/get_flops.py): the flows of
+:mod:`vmamba2d.openmmlab.commands` with the COCO dataset and annotation check, COCO APs (3 decimals,
+as mmdet) and the detector's complexity count (with the RPN proposals the RoI heads ran on)."""
+from vmamba2d.det.complexity import detector_complexity
+from vmamba2d.det.runtime import check_coco_paths
+from vmamba2d.openmmlab.commands import Column, FlopsCommand, TestCommand, TrainCommand
+
+TRAIN = TrainCommand("Train a detector (mmdet config).",
+                     config_example="configs/det/mask-rcnn_vmamba2d-tiny_fpn_1x_coco.py",
+                     check_dataset=check_coco_paths)
+
+TEST = TestCommand("Evaluate a detector checkpoint (COCO box / mask AP).",
+                   checkpoint_help="checkpoint file (from det/train.py)",
+                   cfg_options_example="test_dataloader.dataset.data_root=... test_evaluator.ann_file=...",
+                   check_dataset=check_coco_paths, metric_digits=3, offers_tta=False)
+
+FLOPS = FlopsCommand("Parameters and FLOPs of a detector.", default_shape=(1280, 800), scope="mmdet",
+                     count=detector_complexity,
+                     columns=(Column("params (M)", "params", 1e6, 2), Column("FLOPs (G)", "flops", 1e9, 1),
+                              Column("backbone FLOPs (G)", "backbone_flops", 1e9, 1),
+                              Column("RPN proposals", "proposals", 1, 0)))
