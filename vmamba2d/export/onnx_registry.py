@@ -85,7 +85,7 @@ def register_if_onnx_installed() -> None:
         return
     try:
         register_onnx_translations()
-    except (ImportError, RuntimeError) as error:
+    except Exception as error:  # a broken optional install (onnx, protobuf, ...) must not break import vmamba2d
         warnings.warn(
             f"vmamba2d: the bare torch.onnx.export(model, x, dynamo=True) will not find the scan ops' "
             f"ONNX translations: {error}", RuntimeWarning, stacklevel=3,
