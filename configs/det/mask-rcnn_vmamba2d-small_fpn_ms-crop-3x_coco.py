@@ -4,15 +4,10 @@
 # elsewhere: --cfg-options model.backbone.init_cfg.checkpoint=path/to/weights.pth. Without the file
 # det/train.py stops before building anything; `det/train.py CONFIG --from-scratch` (or
 # --cfg-options model.backbone.init_cfg=None) trains the backbone from random weights.
-_base_ = [
-    '_base_/models/mask-rcnn_vmamba2d_fpn.py',
-    '_base_/datasets/coco_instance_ms-crop.py',
-    '_base_/schedules/schedule_3x.py',
-    '_base_/default_runtime.py',
-]
+# Everything but the backbone comes from the 2DVMamba-Tiny config of the same schedule.
+_base_ = './mask-rcnn_vmamba2d-tiny_fpn_ms-crop-3x_coco.py'
 model = dict(
     backbone=dict(
         model_name='vmamba2d_small',
         drop_path_rate=0.3,
-        init_cfg=dict(type='Pretrained', checkpoint='pretrained/vmamba2d_small_in1k.pth')),
-    neck=dict(in_channels=[96, 192, 384, 768]))
+        init_cfg=dict(checkpoint='pretrained/vmamba2d_small_in1k.pth')))
