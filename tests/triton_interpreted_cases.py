@@ -14,8 +14,9 @@ forward's carries.
 
 The interpreter evaluates a ``tl.associative_scan`` with a user combine one element at a time in
 Python (minutes for these cases); this module replaces that evaluation with a doubling
-(Hillis-Steele) one that applies the kernel's own combine function to whole slices, and one test
-checks the two agree.
+(Hillis-Steele) one that applies the kernel's own combine function to whole slices. It also
+skips the interpreter's re-patching of triton.language on every call of a ``@jit`` helper after
+the helper's first call. One test checks both shortcuts against the interpreter's own evaluation.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 from triton.runtime import interpreter  # noqa: E402
+from triton.runtime.errors import InterpreterError  # noqa: E402
 
 from test_scan_ops import BAD_INPUTS, TENSOR_ARGS, _grads, make_inputs, reference_scan  # noqa: E402
 from vmamba2d.ops import resolve_backend, scan_triton, selective_scan_2d  # noqa: E402
@@ -63,6 +65,27 @@ def _doubling_scan(self, inputs):
 
 
 interpreter.ScanOps.generic_scan = _doubling_scan
+
+INTERPRETER_DEVICE_CALL = interpreter.InterpretedFunction.__call__
+_helpers_called = set()
+
+
+def _device_call_patching_once(self, *args, **kwargs):
+    """A ``@jit`` helper called from a kernel. Triton's interpreter patches triton.language again
+    on every such call (inspect.getmembers and a sort per call: most of these tests' time); the
+    kernel launch around the call has patched the language of the kernels' module, and a helper's
+    first call patches what its own module needs (those patches are never undone), so later calls
+    run the helper directly."""
+    if self.fn not in _helpers_called:
+        _helpers_called.add(self.fn)
+        return INTERPRETER_DEVICE_CALL(self, *args, **kwargs)
+    try:
+        return self.rewrite()(*args, **kwargs)
+    except Exception as err:
+        raise InterpreterError(repr(err)) from err
+
+
+interpreter.InterpretedFunction.__call__ = _device_call_patching_once
 # Programs pack several channel blocks here as they do on the model's large grids (the tests'
 # grids are far below the launcher's threshold).
 triton_cross.MIN_PROGRAMS = 1
@@ -115,12 +138,14 @@ def test_forward_and_gradients_match_reference(case, monkeypatch):
         torch.testing.assert_close(got[name], expected[name], rtol=1e-9, atol=1e-9, msg=name)
 
 
-def test_doubling_scan_matches_the_interpreters_own_scan(monkeypatch):
-    """The fast scan installed above against Triton's element-by-element one, on one small tile."""
+def test_interpreter_shortcuts_match_the_interpreters_own_evaluation(monkeypatch):
+    """The fast scan and the patch-once helper calls installed above against Triton's own
+    element-by-element scan and per-call patching, on one small tile."""
     inputs = make_inputs(1, 2, 1, 2, 3, 4, seed=53)
     dy = torch.randn(1, 2, 12, generator=torch.Generator().manual_seed(54), dtype=torch.float64)
     fast = _grads(inputs, 3, 4, dy, triton_scan)
     monkeypatch.setattr(interpreter.ScanOps, "generic_scan", INTERPRETER_SCAN)
+    monkeypatch.setattr(interpreter.InterpretedFunction, "__call__", INTERPRETER_DEVICE_CALL)
     slow = _grads(inputs, 3, 4, dy, triton_scan)
     for name in fast:
         torch.testing.assert_close(fast[name], slow[name], rtol=1e-13, atol=1e-13, msg=name)
