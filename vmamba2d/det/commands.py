@@ -3,16 +3,16 @@
 as mmdet) and the detector's complexity count (with the RPN proposals the RoI heads ran on)."""
 from vmamba2d.det.complexity import detector_complexity
 from vmamba2d.det.runtime import check_coco_paths
-from vmamba2d.openmmlab.commands import Column, FlopsCommand, TestCommand, TrainCommand
+from vmamba2d.openmmlab.commands import Column, EvaluateCommand, FlopsCommand, TrainCommand
 
 TRAIN = TrainCommand("Train a detector (mmdet config).",
                      config_example="configs/det/mask-rcnn_vmamba2d-tiny_fpn_1x_coco.py",
                      check_dataset=check_coco_paths)
 
-TEST = TestCommand("Evaluate a detector checkpoint (COCO box / mask AP).",
-                   checkpoint_help="checkpoint file (from det/train.py)",
-                   cfg_options_example="test_dataloader.dataset.data_root=... test_evaluator.ann_file=...",
-                   check_dataset=check_coco_paths, metric_digits=3, offers_tta=False)
+TEST = EvaluateCommand("Evaluate a detector checkpoint (COCO box / mask AP).",
+                        checkpoint_help="checkpoint file (from det/train.py)",
+                        cfg_options_example="test_dataloader.dataset.data_root=... test_evaluator.ann_file=...",
+                        check_dataset=check_coco_paths, metric_digits=3, offers_tta=False)
 
 FLOPS = FlopsCommand("Parameters and FLOPs of a detector.", default_shape=(1280, 800), scope="mmdet",
                      count=detector_complexity,

@@ -116,7 +116,7 @@ class TrainCommand:
 
 
 @dataclass(frozen=True)
-class TestCommand:
+class EvaluateCommand:
     """``test.py CONFIG CHECKPOINT [--work-dir DIR] [--tta]``: the test loop on a checkpoint, loaded
     weights-only (:mod:`vmamba2d.openmmlab.checkpoint_safety`).
 

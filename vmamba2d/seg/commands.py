@@ -1,7 +1,7 @@
 """The segmentation command lines (seg/train.py, seg/test.py, seg/get_flops.py): the flows of
 :mod:`vmamba2d.openmmlab.commands` with the ADE20K dataset check, mIoU (2 decimals, as mmseg), the
 multi-scale + flip test and the segmentor's complexity count."""
-from vmamba2d.openmmlab.commands import Column, FlopsCommand, TestCommand, TrainCommand
+from vmamba2d.openmmlab.commands import Column, EvaluateCommand, FlopsCommand, TrainCommand
 from vmamba2d.openmmlab.complexity import segmentor_complexity
 from vmamba2d.seg.runtime import check_dataset_folders
 
@@ -9,9 +9,10 @@ TRAIN = TrainCommand("Train a segmentor (mmseg config).",
                      config_example="configs/seg/upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py",
                      check_dataset=check_dataset_folders)
 
-TEST = TestCommand("Evaluate a segmentor checkpoint (mIoU).", checkpoint_help="checkpoint file (from seg/train.py)",
-                   cfg_options_example="test_dataloader.dataset.data_root=...",
-                   check_dataset=check_dataset_folders, metric_digits=2, offers_tta=True)
+TEST = EvaluateCommand("Evaluate a segmentor checkpoint (mIoU).",
+                        checkpoint_help="checkpoint file (from seg/train.py)",
+                        cfg_options_example="test_dataloader.dataset.data_root=...",
+                        check_dataset=check_dataset_folders, metric_digits=2, offers_tta=True)
 
 FLOPS = FlopsCommand("Parameters and FLOPs of a segmentor.", default_shape=(512, 2048), scope="mmseg",
                      count=segmentor_complexity,
