@@ -1,5 +1,5 @@
 """SS2D on the four-route op: the fused path equals VMamba's per-route copies on every model,
-the corner route set, and the ERF tool drawing it."""
+the blocks' MLP reusing its hidden map in inference, the corner route set, and the ERF tool drawing it."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import timm
 import torch
+from timm.layers import Mlp
 
 import vmamba2d  # noqa: F401  (registers the models)
 from vmamba2d.models import SS2D
+from vmamba2d.models.vmamba import PointwiseMlp
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["vmamba2d_tiny", "vmamba2d_small", "vmamba2d_base", "vmamba_tiny", "vmamba_small", "vmamba_base"]
@@ -73,6 +75,26 @@ def test_fused_routes_on_a_large_odd_map():
         fused = op(x)
         op.cross_scan = "per_route"
         assert _relative_error(fused, op(x)) <= 1e-6
+
+
+def test_pointwise_mlp_equals_timms_mlp_and_reuses_its_hidden_map_in_inference():
+    torch.manual_seed(0)
+    reference = Mlp(8, 32, act_layer=torch.nn.GELU, use_conv=True)
+    ours = PointwiseMlp(8, 32)
+    ours.load_state_dict(reference.state_dict())  # strict: same keys and shapes as timm's Mlp
+    x = torch.randn(2, 8, 5, 7).contiguous(memory_format=torch.channels_last)
+    buffers = {}
+    ours.fc1.register_forward_hook(lambda module, args, out: buffers.__setitem__("fc1", out.data_ptr()))
+    ours.fc2.register_forward_pre_hook(lambda module, args: buffers.__setitem__("fc2", args[0].data_ptr()))
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(x), reference(x), rtol=0, atol=0)
+    assert buffers["fc2"] == buffers["fc1"]  # GELU wrote over fc1's output
+
+    ours(x).square().sum().backward()  # with autograd GELU keeps its input
+    assert buffers["fc2"] != buffers["fc1"]
+    reference(x).square().sum().backward()
+    for (name, got), expected in zip(ours.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, expected.grad, rtol=0, atol=0, msg=name)
 
 
 def _mixer_influence(op: SS2D, size: int = 9) -> torch.Tensor:

@@ -98,10 +98,6 @@ def cross_scan_fused(
     n = A_logs.shape[1]
     r = dt_projs_weight.shape[2]
     length = height * width
-    # In the models x arrives channels-last (the convolutions keep LayerNorm2d's layout) and the op
-    # reads (B, Di, H, W) maps: one copy here serves both the projection (a view below) and the op,
-    # which would otherwise each make their own.
-    x = x.contiguous()
 
     # All routes' (dt, B, C) projections in one batched matmul over the map in its own order.
     x_dbl = torch.bmm(_batched(x_proj_weight.reshape(k * proj_rows, d_inner), batch), x.reshape(batch, d_inner, length))
