@@ -55,7 +55,9 @@ H100 sm_90):
        per-cell scalar fallbacks (a block with <= 32-bit global accesses that no path joins with a
        block holding a 64 / 128-bit access of the same kind: the other side of load_quad's /
        store_quad's vector test) do not run; every optional block on the path runs (softplus,
-       carries, D: a bound on that work); code outside the tile loop is not counted. The figure is
+       carries, D: a bound on that work); calls to the compiler's runtime subroutines (64-bit
+       remainder, sm_75's warpsync; at most once per tile) count as the CALL only; code outside the
+       tile loop is not counted. The figure is
        per tile cell: padding cells of edge tiles count as cells (the report gives the model
        shape's real-cell share).
 * the kernels' compile-time variants (``Variant`` in csrc/cuda/scan2d_common.h): kGeneral serves
@@ -484,8 +486,7 @@ def iteration_instructions(instructions: list[Instruction], blocks: list[Block],
             best[n] = cost[n] + tail
         return best[n]
 
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(blocks) + 1000))
-    value = longest(head)
+    value = longest(head)  # recursion depth: at most the body's blocks (~150 in the kernels)
     return None if value == float("-inf") else value
 
 
@@ -885,7 +886,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"defines, `-cubin -arch=sm_XX`; SASS by `{Path(disassembler).name} -c` "
             f"({subprocess.run([disassembler, '--version'], capture_output=True, text=True).stdout.strip().splitlines()[-1]})",
             f"- block sizes and shared memory: the launch planner's choice for {PLAN_SHAPE.label} on each GPU; "
-            "resident warps from ptxas's registers and the arch limits in ARCH_PROFILES",
+            "resident warps from ptxas's registers and the arch limits in ARCH_PROFILES; planner: "
+            + ("vmamba2d._C_cuda" if args.extension is None else "a scratch build of csrc/cuda (`--extension`)"),
             "- nothing here ran on a GPU: these are code counts and estimates, not measurements of speed; "
             "method in the tool's docstring",
             "- static instr / cell·ch·state: the tile loop's instructions / 32, every instruction once (rolled "
@@ -897,8 +899,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             "in the tile loop (quad loops) run ceil((256 - 32 w) / threads) times in warp w, loops inside those "
             "(rolled channel loops) the plan's channels per block; assumptions: interior quads (the per-cell "
             "scalar fallbacks at map edges, pack boundaries and misaligned rows do not run), every optional "
-            "block on the longest path runs (softplus, carries, D), work outside the tile loop (per-block "
-            "setup; the backward's per-channel-set reductions) not counted; targets and ratchet apply to it",
+            "block on the longest path runs (softplus, carries, D), runtime subroutine calls (64-bit remainder, "
+            "sm_75 warpsync; once per tile at most) count as the CALL only, work outside the tile loop (per-block "
+            "setup; the backward's per-channel-set reductions) not counted; kGeneral rows: the same plan (one state "
+            "round per tile); targets and ratchet apply to the variant that runs the plan",
             f"- per tile cell: on {PLAN_SHAPE.label} the tiles hold {100 * real_share:.1f}% real cells "
             f"(padding quads take the scalar path), so per real cell·channel the figure is at least "
             f"{1 / real_share:.2f} x the estimate",
