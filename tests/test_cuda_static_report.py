@@ -199,7 +199,7 @@ def test_executed_estimate_follows_the_launch_plan(threads, channels):
         sass_report.executed_estimate(instructions, labels, 100, channels)
 
 
-def test_no_estimate_where_loop_bodies_are_entered_through_a_call():
+def test_no_estimate_where_a_subroutine_called_from_the_tile_loop_returns():
     listing = (
         ".text.g:\n"
         "        /*0000*/                   MOV R1, c[0x0][0x28] ;\n"
@@ -214,7 +214,24 @@ def test_no_estimate_where_loop_bodies_are_entered_through_a_call():
         "        /*0060*/                   EXIT ;\n"
     )
     estimate = sass_report.executed_estimate(*sass_report.parse_sass(listing)["g"], 128, 4)
-    assert estimate.per_cell_channel is None and "CALL" in estimate.note
+    assert estimate.per_cell_channel is None and "returns" in estimate.note
+
+
+def test_a_predicated_call_with_no_return_is_a_loop_exit():
+    # sm_80 style: the loop's exit test is a predicated CALL.REL.NOINC past the back branch, and no
+    # RET follows: one trip runs 0x10 .. 0x30 (3 instructions), the exit block is outside the loop.
+    listing = (
+        ".text.g:\n"
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;\n"
+        ".L_x_1:\n"
+        "        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;\n"
+        "        /*0020*/               @P0 CALL.REL.NOINC `(.L_x_2) ;\n"
+        "        /*0030*/                   BRA `(.L_x_1) ;\n"
+        ".L_x_2:\n"
+        "        /*0040*/                   EXIT ;\n"
+    )
+    estimate = sass_report.executed_estimate(*sass_report.parse_sass(listing)["g"], 128, 4)
+    assert estimate.per_cell_channel == pytest.approx(4 * 3 * 32 / (1024 * 4))
 
 
 def test_kernel_names_give_dtype_and_variant():

@@ -50,8 +50,9 @@ H100 sm_90):
        iteration); trip counts come from the launch plan of the model shape, by nesting: the loops
        directly in the tile loop are the block phases' quad loops, run ceil((kTileQuads - 32 w) /
        threads) times by warp w (it issues while its first lane has quads), the loops inside them
-       the rolled channel loops, run channels-per-block times; deeper nesting or loop bodies entered
-       through CALL give no estimate. Assumptions, printed with the figures: interior quads -- the
+       the rolled channel loops, run channels-per-block times (deeper nesting gives no estimate); a
+       predicated CALL.REL.NOINC to a label from which no RET follows (sm_80's loop exits) is the
+       jump it is, any other CALL to a label of the function gives no estimate. Assumptions, printed with the figures: interior quads -- the
        per-cell scalar fallbacks (a block with <= 32-bit global accesses that no path joins with a
        block holding a 64 / 128-bit access of the same kind: the other side of load_quad's /
        store_quad's vector test) do not run; every optional block on the path runs (softplus,
@@ -514,9 +515,15 @@ def executed_estimate(instructions: list[Instruction], labels: dict[str, int], t
     body = _tile_loop_body(instructions, blocks, loops)
     if body is None:
         return ExecutedEstimate(None, "no tile loop")
-    if any(instructions[blocks[n].end - 1].base == "CALL" and instructions[blocks[n].end - 1].target in labels
-           for n in body):
-        return ExecutedEstimate(None, "loop bodies entered through CALL: trip counts not derived")
+    # ptxas (sm_80) leaves loops through predicated CALL.REL.NOINC to a label of the function: where
+    # no RET can follow, that is a conditional jump, which is how basic_blocks links it.
+    returns = {n for n, b in enumerate(blocks) if any(instructions[i].base == "RET" for i in range(b.start, b.end))}
+    block_at = {b.start: n for n, b in enumerate(blocks)}
+    for n in body:
+        last = instructions[blocks[n].end - 1]
+        if last.base == "CALL" and last.target in labels and (
+                not last.predicate or _reachable(blocks, block_at[labels[last.target]], -1) & returns):
+            return ExecutedEstimate(None, "a subroutine called from the tile loop returns: trip counts not derived")
     inner = [other for other in loops if other < body]
     depth = {min(b): 1 + sum(b < o for o in inner) for b in inner}
     if any(d > 2 for d in depth.values()):
@@ -906,9 +913,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"- per tile cell: on {PLAN_SHAPE.label} the tiles hold {100 * real_share:.1f}% real cells "
             f"(padding quads take the scalar path), so per real cell·channel the figure is at least "
             f"{1 / real_share:.2f} x the estimate",
-            "- sm_80: ptxas enters loop bodies through CALL.REL.NOINC there, so the inner-loop column reads "
-            "one loop of almost the whole tile loop and no executed estimate is derived; the static instruction "
-            "and load counts are comparable", "",
+            "- sm_80: ptxas enters and leaves loop bodies through CALL.REL.NOINC there, so the inner-loop column "
+            "reads one loop of almost the whole tile loop; the static instruction and load counts are comparable, "
+            "and the executed estimate takes a predicated CALL.REL.NOINC from which no RET follows for the jump it "
+            "is (none is derived where a RET can follow)", "",
             "## Kernels", "", kernels, "", "## Waves (main pass, ptxas registers of the fp32 kernel variant that runs it)", "",
             wave_table, "", "## Targets (issue 19, H100, N = 1)", "", target_table, "",
         ]
