@@ -67,7 +67,7 @@ def _gelu_reusing_input(x: Tensor) -> Tensor:
     """Exact GELU of x (any shape), written over x when autograd does not need x (inference, or
     no parameter upstream requires grad), as a new tensor otherwise.
 
-    Saves a fresh buffer of x's size. Large buffers (the MLP's hidden maps: 38 MiB at batch 8 on
+    Saves a fresh buffer of x's size. Large buffers (the MLP's hidden maps: 37 MiB at batch 8 on
     the first stage's 56x56 maps) are handed back to the system when freed, so every fresh one
     costs page faults on first touch (benchmarks/model_cpu_routes.md).
     """
