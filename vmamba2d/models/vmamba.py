@@ -28,7 +28,9 @@ from .weights import checkpoint_filter_fn, official_checkpoint_loading
 
 Tensor = torch.Tensor
 
-__all__ = ["VMamba", "VSSBlock", "PointwiseMlp", "VMambaStage", "Stem", "Downsample", "check_image_input", "checkpoint_filter_fn"]
+__all__ = [
+    "VMamba", "VSSBlock", "PointwiseMlp", "VMambaStage", "Stem", "Downsample", "check_image_input", "checkpoint_filter_fn",
+]
 
 
 DEFAULT_DEPTHS = (2, 2, 8, 2)
@@ -77,6 +79,7 @@ def _gelu_reusing_input(x: Tensor) -> Tensor:
 
 
 torch.fx.wrap("_gelu_reusing_input")  # FX records one call; the autograd check runs on real tensors
+
 
 class PointwiseMlp(nn.Module):
     """1x1 conv -> GELU -> dropout -> 1x1 conv -> dropout on (B, C, H, W) maps (timm's ``Mlp`` with
