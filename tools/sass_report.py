@@ -523,7 +523,7 @@ def executed_estimate(instructions: list[Instruction], labels: dict[str, int], t
         last = instructions[blocks[n].end - 1]
         if last.base == "CALL" and last.target in labels and (
                 not last.predicate or _reachable(blocks, block_at[labels[last.target]], -1) & returns):
-            return ExecutedEstimate(None, "a subroutine called from the tile loop returns: trip counts not derived")
+            return ExecutedEstimate(None, "a CALL in the tile loop may return: trip counts not derived")
     inner = [other for other in loops if other < body]
     depth = {min(b): 1 + sum(b < o for o in inner) for b in inner}
     if any(d > 2 for d in depth.values()):
@@ -531,7 +531,7 @@ def executed_estimate(instructions: list[Instruction], labels: dict[str, int], t
     excluded = scalar_fallbacks(instructions, blocks, loops)
     total = 0.0
     for warp in range(threads // 32):
-        quad_trips = math.ceil((TILE_QUADS - 32 * warp) / threads)
+        quad_trips = max(0, math.ceil((TILE_QUADS - 32 * warp) / threads))
         trips = [(b, quad_trips if depth[min(b)] == 1 else channels) for b in inner]
         per_trip = iteration_instructions(instructions, blocks, body, trips, excluded)
         if per_trip is None:
