@@ -349,8 +349,8 @@ def _missing_piece() -> str:
     if module is None:
         return "vmamba2d._C_cuda is not built"
     plan = sass_report.plan_for(module, sass_report.PLAN_SHAPE, sass_report.ARCH_PROFILES["9.0"])
-    if not {"fwd_blocks", "fwd_variant"} <= set(plan):
-        return "vmamba2d._C_cuda is older than csrc/cuda (its launch plan lacks fwd_blocks / fwd_variant): rebuild it"
+    if not {"fwd_blocks", "bwd_blocks"} <= set(plan):
+        return "vmamba2d._C_cuda is older than csrc/cuda (its launch plan lacks fwd_blocks / bwd_blocks): rebuild it"
     return ""
 
 

@@ -876,6 +876,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("sass_report: vmamba2d._C_cuda is not built (its launch planner sizes the blocks)", file=sys.stderr)
         return 2
     plan = plan_for(module, PLAN_SHAPE, ARCH_PROFILES["9.0"])
+    missing_keys = {"fwd_blocks", "bwd_blocks"} - set(plan)
+    if missing_keys:
+        print(f"sass_report: the launch planner of {module.__file__} lacks {sorted(missing_keys)}: it is older than "
+              "csrc/cuda; rebuild it, or pass --extension with a scratch build", file=sys.stderr)
+        return 2
     real_share = real_cell_share(plan, PLAN_SHAPE)
     start = time.perf_counter()
     rows = analyse(args.nvcc, disassembler, args.archs, module, args.jobs)
