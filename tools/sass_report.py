@@ -52,7 +52,7 @@ H100 sm_90):
        threads) times by warp w (it issues while its first lane has quads), the loops inside them
        the rolled channel loops, run channels-per-block times (deeper nesting gives no estimate); a
        predicated CALL.REL.NOINC to a label from which no RET follows (sm_80's loop exits) is the
-       jump it is, any other CALL to a label of the function gives no estimate. Assumptions, printed with the figures: interior quads -- the
+       jump it is; any other CALL to a label of the function gives no estimate. Assumptions, printed with the figures: interior quads -- the
        per-cell scalar fallbacks (a block with <= 32-bit global accesses that no path joins with a
        block holding a 64 / 128-bit access of the same kind: the other side of load_quad's /
        store_quad's vector test) do not run; every optional block on the path runs (softplus,
@@ -456,7 +456,7 @@ def iteration_instructions(instructions: list[Instruction], blocks: list[Block],
     block that branches back to the head or out of the loop: every optional block on it runs (a
     bound on the optional work), a two-sided branch takes its longer side. None when every path
     meets an excluded block."""
-    head = min(body)
+    head = min(body)  # natural_loops' heads are their lowest blocks (checked on the kernels' SASS)
     children = [(b, t) for b, t in inner if b < body and not any(b < o < body for o, _ in inner)]
     node = {n: n for n in body}
     cost: dict[int, float] = {n: float(blocks[n].end - blocks[n].start) for n in body}
@@ -465,7 +465,7 @@ def iteration_instructions(instructions: list[Instruction], blocks: list[Block],
         key = min(child)
         for n in child:
             node[n] = key
-        cost[key] = float("-inf") if per_iteration is None else trips * per_iteration
+        cost[key] = 0.0 if trips == 0 else (float("-inf") if per_iteration is None else trips * per_iteration)
     for n in excluded & body:
         if node[n] == n:
             cost[n] = float("-inf")
