@@ -450,3 +450,19 @@ def test_shared_modules_are_reexported_under_vmamba2d_seg():
     assert vmamba2d.seg.work_dir.prepare_work_dir is vmamba2d.openmmlab.work_dir.prepare_work_dir
     assert issubclass(vmamba2d.seg.errors.SegMissingFileError, FileNotFoundError)
     assert os.path.basename(vmamba2d.seg.errors.__file__) == "errors.py"
+
+
+def test_get_flops_is_reproducible_on_a_random_detector(capsys):
+    """det/get_flops.py seeds the random model it builds: the RoI heads' FLOPs scale with the number
+    of proposals the untrained RPN keeps, which otherwise changes from run to run."""
+    from vmamba2d.det.commands import FLOPS
+    from vmamba2d.ops import backend_info
+
+    if not backend_info()["cpu_extension"]:
+        pytest.skip("the compiled CPU scan kernel is not available: the scan op cannot be traced")
+    args = [str(TINY_DET_CONFIG), "--shape", "128", "--cfg-options", "model.backbone.init_cfg=None"]
+    first = FLOPS.main(args)
+    torch.rand(7)  # moves the global generator on, as anything run before the tool would
+    second = FLOPS.main(args)
+    capsys.readouterr()
+    assert (first["proposals"], first["flops"]) == (second["proposals"], second["flops"])

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, NamedTuple, Optional, Sequence, Tuple, Type
 
+import torch
 import torch.nn as nn
 from mmengine.config import Config, DictAction
 from mmengine.dist import get_rank
@@ -219,6 +220,9 @@ class FlopsCommand:
                             help="input height and width (one value: square)")
         parser.add_argument("--cfg-options", nargs="+", action=DictAction, default=None,
                             help="override config entries")
+        parser.add_argument("--seed", type=int, default=0,
+                            help="seed of the randomly initialised model (a detector's RoI-head "
+                                 "FLOPs depend on how many proposals its RPN keeps)")
         args = parser.parse_args(argv)
         if len(args.shape) not in (1, 2) or min(args.shape) < 1:
             parser.error(f"--shape takes one or two positive ints, got {args.shape}")
@@ -234,6 +238,7 @@ class FlopsCommand:
         """Print and return ``count(model, (height, width))`` for the config."""
         args = self.parse_args(argv)
         shape = (args.shape[0], args.shape[-1])
+        torch.manual_seed(args.seed)
         model = self.build_model(load_config(args.config, args.cfg_options))
         start = time.perf_counter()
         result = self.count(model, shape)
