@@ -1,5 +1,6 @@
 """SS2D on the four-route op: the fused path equals VMamba's per-route copies on every model,
-the blocks' MLP reusing its hidden map in inference, the corner route set, and the ERF tool drawing it."""
+inference buffers (the MLP reusing its hidden map, stages in batch chunks), the corner route set,
+and the ERF tool drawing it."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +13,7 @@ import torch
 from timm.layers import Mlp
 
 import vmamba2d  # noqa: F401  (registers the models)
-from vmamba2d.models import SS2D
+from vmamba2d.models import SS2D, vmamba
 from vmamba2d.models.vmamba import PointwiseMlp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +96,23 @@ def test_pointwise_mlp_equals_timms_mlp_and_reuses_its_hidden_map_in_inference()
     reference(x).square().sum().backward()
     for (name, got), expected in zip(ours.named_parameters(), reference.parameters()):
         torch.testing.assert_close(got.grad, expected.grad, rtol=0, atol=0, msg=name)
+
+
+def test_stages_infer_in_batch_chunks_with_the_whole_batch_result(monkeypatch):
+    torch.manual_seed(0)
+    model = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0).eval()
+    images = torch.randn(5, 3, 64, 48)
+    batches = []
+    model.stages[0].blocks.register_forward_hook(lambda module, args, out: batches.append(args[0].shape[0]))
+    with torch.no_grad():
+        whole = model(images)
+        assert batches == [5]  # small maps: one chunk
+        monkeypatch.setattr(vmamba, "INFERENCE_CHUNK_BYTES", 2 * 32 * 16 * 12 * 4)  # two samples' MLP maps
+        chunked = model(images)
+    assert batches == [5, 2, 2, 1]
+    assert _relative_error(chunked, whole) <= 1e-6
+    model(images)  # with autograd: the whole batch at once
+    assert batches[-1] == 5
 
 
 def _mixer_influence(op: SS2D, size: int = 9) -> torch.Tensor:

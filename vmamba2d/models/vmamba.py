@@ -168,8 +168,20 @@ class VSSBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
+# Largest activation buffer (bytes) one inference chunk of a stage may allocate. glibc's malloc
+# hands larger requests (above its mmap threshold, at most 32 MiB) to a fresh mmap every time and
+# unmaps them when freed, so each one is page-faulted anew; smaller freed buffers are reused.
+INFERENCE_CHUNK_BYTES = 24 * 2**20
+
+
 class VMambaStage(nn.Module):
-    """Optional downsample followed by ``depth`` VSS blocks; gradient checkpointing per block."""
+    """Optional downsample followed by ``depth`` VSS blocks; gradient checkpointing per block.
+
+    Without autograd the blocks run on batch chunks small enough that a block's widest buffer
+    (the MLP's hidden map or SS2D's per-route step sizes) stays within ``INFERENCE_CHUNK_BYTES``;
+    every block works per sample, so the result is the same, and faster where the whole batch's
+    buffers would be page-faulted on every call (benchmarks/model_cpu_routes.md).
+    """
 
     def __init__(
         self,
@@ -194,7 +206,30 @@ class VMambaStage(nn.Module):
         x = self.downsample(x)
         if self.grad_checkpointing and not torch.jit.is_scripting():
             return checkpoint_seq(self.blocks, x)
+        if not torch.jit.is_scripting() and not torch.is_grad_enabled():
+            return self._blocks_in_chunks(x)
         return self.blocks(x)
+
+    def inference_chunk_size(self, x: Tensor) -> int:
+        """Samples per chunk for x (B, C, H, W): the batch split into the fewest near-equal chunks
+        that keep the widest buffer of a block within ``INFERENCE_CHUNK_BYTES`` (at least one
+        sample per chunk)."""
+        block = self.blocks[0]
+        widest_channels = max(block.mlp.fc1.out_channels, len(block.op.route_codes) * block.op.d_inner)
+        per_sample = widest_channels * x.shape[2] * x.shape[3] * x.element_size()
+        most = max(1, INFERENCE_CHUNK_BYTES // per_sample)
+        chunks = -(-x.shape[0] // most)
+        return -(-x.shape[0] // chunks)
+
+    @torch.jit.unused
+    def _blocks_in_chunks(self, x: Tensor) -> Tensor:
+        # Traced and compiled graphs keep one call on the whole batch (no shape-dependent loop).
+        if torch.jit.is_tracing() or isinstance(x, torch.fx.Proxy) or torch.compiler.is_compiling():
+            return self.blocks(x)
+        chunk = self.inference_chunk_size(x)
+        if chunk >= x.shape[0]:
+            return self.blocks(x)
+        return torch.cat([self.blocks(part) for part in x.split(chunk)], dim=0)
 
 
 class VMamba(nn.Module):
