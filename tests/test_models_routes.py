@@ -13,7 +13,7 @@ import torch
 from timm.layers import Mlp
 
 import vmamba2d  # noqa: F401  (registers the models)
-from vmamba2d.models import SS2D, vmamba
+from vmamba2d.models import SS2D
 from vmamba2d.models.vmamba import PointwiseMlp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,21 +98,26 @@ def test_pointwise_mlp_equals_timms_mlp_and_reuses_its_hidden_map_in_inference()
         torch.testing.assert_close(got.grad, expected.grad, rtol=0, atol=0, msg=name)
 
 
-def test_stages_infer_in_batch_chunks_with_the_whole_batch_result(monkeypatch):
+def test_stages_infer_in_batch_chunks_with_the_whole_batch_result():
+    two_samples_mib = 2 * 32 * 16 * 12 * 4 / 2**20  # two samples' MLP hidden maps in the first stage
     torch.manual_seed(0)
-    model = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0).eval()
+    whole_model = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0).eval()
+    chunked_model = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0, inference_chunk_mib=two_samples_mib)
+    chunked_model.load_state_dict(whole_model.state_dict())
+    chunked_model.eval()
     images = torch.randn(5, 3, 64, 48)
-    batches = []
-    model.stages[0].blocks.register_forward_hook(lambda module, args, out: batches.append(args[0].shape[0]))
+    batches = {"whole": [], "chunked": []}
+    for key, model in (("whole", whole_model), ("chunked", chunked_model)):
+        model.stages[0].blocks.register_forward_hook(
+            lambda module, args, out, key=key: batches[key].append(args[0].shape[0]))
     with torch.no_grad():
-        whole = model(images)
-        assert batches == [5]  # small maps: one chunk
-        monkeypatch.setattr(vmamba, "INFERENCE_CHUNK_BYTES", 2 * 32 * 16 * 12 * 4)  # two samples' MLP maps
-        chunked = model(images)
-    assert batches == [5, 2, 2, 1]
+        whole, chunked = whole_model(images), chunked_model(images)
+    assert batches == {"whole": [5], "chunked": [2, 2, 1]}
     assert _relative_error(chunked, whole) <= 1e-6
-    model(images)  # with autograd: the whole batch at once
-    assert batches[-1] == 5
+    chunked_model(images)  # with autograd: the whole batch at once
+    assert batches["chunked"][-1] == 5
+    with pytest.raises(ValueError, match="inference_chunk_mib"):
+        timm.create_model("vmamba2d_tiny", dims=8, inference_chunk_mib=-1)
 
 
 def _mixer_influence(op: SS2D, size: int = 9) -> torch.Tensor:

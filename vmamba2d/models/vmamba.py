@@ -168,19 +168,14 @@ class VSSBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-# Largest activation buffer (bytes) one inference chunk of a stage may allocate. glibc's malloc
-# hands larger requests (above its mmap threshold, at most 32 MiB) to a fresh mmap every time and
-# unmaps them when freed, so each one is page-faulted anew; smaller freed buffers are reused.
-INFERENCE_CHUNK_BYTES = 24 * 2**20
-
-
 class VMambaStage(nn.Module):
     """Optional downsample followed by ``depth`` VSS blocks; gradient checkpointing per block.
 
-    Without autograd the blocks run on batch chunks small enough that a block's widest buffer
-    (the MLP's hidden map or SS2D's per-route step sizes) stays within ``INFERENCE_CHUNK_BYTES``;
-    every block works per sample, so the result is the same, and faster where the whole batch's
-    buffers would be page-faulted on every call (benchmarks/model_cpu_routes.md).
+    With ``inference_chunk_bytes > 0``, without autograd the blocks run on batch chunks small
+    enough that a block's widest buffer (the MLP's hidden map or SS2D's per-route step sizes) stays
+    within that many bytes; every block works per sample, so the result is the same. glibc's
+    malloc hands requests above its mmap threshold (at most 32 MiB) to a fresh mmap every time, so
+    such buffers are page-faulted anew on every call (benchmarks/model_cpu_routes.md).
     """
 
     def __init__(
@@ -190,6 +185,7 @@ class VMambaStage(nn.Module):
         depth: int,
         downsample: bool,
         drop_path: Sequence[float],
+        inference_chunk_bytes: int = 0,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
         **block_kwargs: Any,
@@ -197,6 +193,7 @@ class VMambaStage(nn.Module):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
         self.grad_checkpointing = False
+        self.inference_chunk_bytes = inference_chunk_bytes
         self.downsample = Downsample(dim, out_dim, **dd) if downsample else nn.Identity()
         self.blocks = nn.Sequential(
             *[VSSBlock(out_dim, drop_path=drop_path[i], **block_kwargs, **dd) for i in range(depth)]
@@ -206,18 +203,18 @@ class VMambaStage(nn.Module):
         x = self.downsample(x)
         if self.grad_checkpointing and not torch.jit.is_scripting():
             return checkpoint_seq(self.blocks, x)
-        if not torch.jit.is_scripting() and not torch.is_grad_enabled():
+        if self.inference_chunk_bytes > 0 and not torch.jit.is_scripting() and not torch.is_grad_enabled():
             return self._blocks_in_chunks(x)
         return self.blocks(x)
 
     def inference_chunk_size(self, x: Tensor) -> int:
         """Samples per chunk for x (B, C, H, W): the batch split into the fewest near-equal chunks
-        that keep the widest buffer of a block within ``INFERENCE_CHUNK_BYTES`` (at least one
+        that keep the widest buffer of a block within ``inference_chunk_bytes`` (at least one
         sample per chunk)."""
         block = self.blocks[0]
         widest_channels = max(block.mlp.fc1.out_channels, len(block.op.route_codes) * block.op.d_inner)
         per_sample = widest_channels * x.shape[2] * x.shape[3] * x.element_size()
-        most = max(1, INFERENCE_CHUNK_BYTES // per_sample)
+        most = max(1, self.inference_chunk_bytes // per_sample)
         chunks = -(-x.shape[0] // most)
         return -(-x.shape[0] // chunks)
 
@@ -256,6 +253,10 @@ class VMamba(nn.Module):
         drop_rate: dropout before the classifier.
         proj_drop_rate: dropout after SS2D's out_proj and inside the MLP.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
+        inference_chunk_mib: without autograd, run each stage on batch chunks whose widest buffer
+            stays within this many MiB (0: the whole batch at once; same results either way). 24
+            keeps CPU buffers below glibc's mmap threshold (:class:`VMambaStage`); an option until
+            a quiet-machine benchmark shows it pays (benchmarks/model_cpu_routes.md).
         device, dtype: where and in which dtype to create the parameters (e.g. ``device="meta"``,
             then ``to_empty(device=...)`` and :meth:`init_weights` or a state dict).
 
@@ -283,11 +284,15 @@ class VMamba(nn.Module):
         drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        inference_chunk_mib: float = 0.0,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         dd = dict(device=device, dtype=dtype)
+        chunk_mib_ok = isinstance(inference_chunk_mib, (int, float)) and not isinstance(inference_chunk_mib, bool)
+        if not chunk_mib_ok or inference_chunk_mib < 0:
+            raise ValueError(f"inference_chunk_mib must be a number >= 0, got {inference_chunk_mib!r}")
         if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans < 1:
             raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
@@ -320,7 +325,8 @@ class VMamba(nn.Module):
             stages.append(
                 VMambaStage(
                     dims[max(i - 1, 0)], dims[i], depths[i], downsample=i > 0,
-                    drop_path=drop_paths[first_block:first_block + depths[i]], **block_kwargs, **dd,
+                    drop_path=drop_paths[first_block:first_block + depths[i]],
+                    inference_chunk_bytes=int(inference_chunk_mib * 2**20), **block_kwargs, **dd,
                 )
             )
             first_block += depths[i]
