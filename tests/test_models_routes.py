@@ -116,8 +116,23 @@ def test_stages_infer_in_batch_chunks_with_the_whole_batch_result():
     assert _relative_error(chunked, whole) <= 1e-6
     chunked_model(images)  # with autograd: the whole batch at once
     assert batches["chunked"][-1] == 5
-    with pytest.raises(ValueError, match="inference_chunk_mib"):
-        timm.create_model("vmamba2d_tiny", dims=8, inference_chunk_mib=-1)
+    for bad in (-1, "on", True):
+        with pytest.raises(ValueError, match="inference_chunk_mib"):
+            timm.create_model("vmamba2d_tiny", dims=8, inference_chunk_mib=bad)
+
+
+def test_the_default_chunks_cpu_inference_only():
+    """inference_chunk_mib="auto" (the default): 24 MiB chunks for maps on the CPU, the whole batch
+    on any other device; a number applies everywhere."""
+    stage = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0).stages[0]
+    cpu_map, other_map = torch.empty(2, 8, 56, 56), torch.empty(2, 8, 56, 56, device="meta")
+    assert stage.inference_chunk_limit(cpu_map) == 24 * 2**20
+    assert stage.inference_chunk_limit(other_map) == 0
+    per_sample = 32 * 56 * 56 * 4  # the MLP's hidden map (4 x 8 channels) in fp32
+    size = stage.inference_chunk_size(torch.empty(200, 8, 56, 56))
+    assert size * per_sample <= 24 * 2**20 < (size + 1) * per_sample * 2  # within the limit, not wastefully small
+    fixed = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0, inference_chunk_mib=0).stages[0]
+    assert fixed.inference_chunk_limit(cpu_map) == 0
 
 
 def _mixer_influence(op: SS2D, size: int = 9) -> torch.Tensor:

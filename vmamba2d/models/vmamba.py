@@ -34,6 +34,9 @@ __all__ = [
 
 
 DEFAULT_DEPTHS = (2, 2, 8, 2)
+# Below glibc's largest mmap threshold (32 MiB): measured 1.12x / 1.17x inference img/s at batch
+# 8 / 16 for vmamba2d_tiny on CPU, outputs unchanged (benchmarks/model_cpu_routes.md).
+CPU_INFERENCE_CHUNK_MIB = 24
 
 
 def _norm(channels: int, **dd: Any) -> nn.Module:
@@ -171,9 +174,10 @@ class VSSBlock(nn.Module):
 class VMambaStage(nn.Module):
     """Optional downsample followed by ``depth`` VSS blocks; gradient checkpointing per block.
 
-    With ``inference_chunk_bytes > 0``, without autograd the blocks run on batch chunks small
-    enough that a block's widest buffer (the MLP's hidden map or SS2D's per-route step sizes) stays
-    within that many bytes; every block works per sample, so the result is the same. glibc's
+    With a chunk limit (``inference_chunk_bytes > 0``, or ``None``: ``CPU_INFERENCE_CHUNK_MIB`` for
+    maps on the CPU and no limit on other devices), without autograd the blocks run on batch chunks
+    small enough that a block's widest buffer (the MLP's hidden map or SS2D's per-route step sizes)
+    stays within that many bytes; every block works per sample, so the result is the same. glibc's
     malloc hands requests above its mmap threshold (at most 32 MiB) to a fresh mmap every time, so
     such buffers are page-faulted anew on every call (benchmarks/model_cpu_routes.md).
     """
@@ -185,7 +189,7 @@ class VMambaStage(nn.Module):
         depth: int,
         downsample: bool,
         drop_path: Sequence[float],
-        inference_chunk_bytes: int = 0,
+        inference_chunk_bytes: Optional[int] = None,
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
         **block_kwargs: Any,
@@ -203,26 +207,38 @@ class VMambaStage(nn.Module):
         x = self.downsample(x)
         if self.grad_checkpointing and not torch.jit.is_scripting():
             return checkpoint_seq(self.blocks, x)
-        if self.inference_chunk_bytes > 0 and not torch.jit.is_scripting() and not torch.is_grad_enabled():
+        if not torch.jit.is_scripting() and self._runs_in_chunks(x):
             return self._blocks_in_chunks(x)
         return self.blocks(x)
 
+    @torch.jit.unused
+    def _runs_in_chunks(self, x: Tensor) -> bool:
+        # Traced and compiled graphs keep one call on the whole batch (no shape-dependent loop).
+        if torch.is_grad_enabled() or torch.jit.is_tracing() or isinstance(x, torch.fx.Proxy):
+            return False
+        return not torch.compiler.is_compiling() and self.inference_chunk_limit(x) > 0
+
+    @torch.jit.unused
+    def inference_chunk_limit(self, x: Tensor) -> int:
+        """Bytes a block's widest buffer may take for x in inference (0: no limit)."""
+        if self.inference_chunk_bytes is not None:
+            return self.inference_chunk_bytes
+        return CPU_INFERENCE_CHUNK_MIB * 2**20 if x.device.type == "cpu" else 0
+
+    @torch.jit.unused
     def inference_chunk_size(self, x: Tensor) -> int:
         """Samples per chunk for x (B, C, H, W): the batch split into the fewest near-equal chunks
-        that keep the widest buffer of a block within ``inference_chunk_bytes`` (at least one
-        sample per chunk)."""
+        that keep the widest buffer of a block within the chunk limit (at least one sample per
+        chunk)."""
         block = self.blocks[0]
         widest_channels = max(block.mlp.fc1.out_channels, len(block.op.route_codes) * block.op.d_inner)
         per_sample = widest_channels * x.shape[2] * x.shape[3] * x.element_size()
-        most = max(1, self.inference_chunk_bytes // per_sample)
+        most = max(1, self.inference_chunk_limit(x) // per_sample)
         chunks = -(-x.shape[0] // most)
         return -(-x.shape[0] // chunks)
 
     @torch.jit.unused
     def _blocks_in_chunks(self, x: Tensor) -> Tensor:
-        # Traced and compiled graphs keep one call on the whole batch (no shape-dependent loop).
-        if torch.jit.is_tracing() or isinstance(x, torch.fx.Proxy) or torch.compiler.is_compiling():
-            return self.blocks(x)
         chunk = self.inference_chunk_size(x)
         if chunk >= x.shape[0]:
             return self.blocks(x)
@@ -254,9 +270,9 @@ class VMamba(nn.Module):
         proj_drop_rate: dropout after SS2D's out_proj and inside the MLP.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
         inference_chunk_mib: without autograd, run each stage on batch chunks whose widest buffer
-            stays within this many MiB (0: the whole batch at once; same results either way). 24
-            keeps CPU buffers below glibc's mmap threshold (:class:`VMambaStage`); an option until
-            a quiet-machine benchmark shows it pays (benchmarks/model_cpu_routes.md).
+            stays within this many MiB (0: the whole batch at once; same results either way).
+            "auto": ``CPU_INFERENCE_CHUNK_MIB`` (24, below glibc's mmap threshold) for inputs on
+            the CPU, the whole batch on other devices (:class:`VMambaStage`).
         device, dtype: where and in which dtype to create the parameters (e.g. ``device="meta"``,
             then ``to_empty(device=...)`` and :meth:`init_weights` or a state dict).
 
@@ -284,15 +300,18 @@ class VMamba(nn.Module):
         drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
-        inference_chunk_mib: float = 0.0,
+        inference_chunk_mib: Union[float, str] = "auto",
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         dd = dict(device=device, dtype=dtype)
-        chunk_mib_ok = isinstance(inference_chunk_mib, (int, float)) and not isinstance(inference_chunk_mib, bool)
-        if not chunk_mib_ok or inference_chunk_mib < 0:
-            raise ValueError(f"inference_chunk_mib must be a number >= 0, got {inference_chunk_mib!r}")
+        chunk_mib_ok = inference_chunk_mib == "auto" or (
+            isinstance(inference_chunk_mib, (int, float)) and not isinstance(inference_chunk_mib, bool)
+            and inference_chunk_mib >= 0)
+        if not chunk_mib_ok:
+            raise ValueError(f'inference_chunk_mib must be "auto" or a number >= 0, got {inference_chunk_mib!r}')
+        chunk_bytes = None if inference_chunk_mib == "auto" else int(inference_chunk_mib * 2**20)
         if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans < 1:
             raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
@@ -326,7 +345,7 @@ class VMamba(nn.Module):
                 VMambaStage(
                     dims[max(i - 1, 0)], dims[i], depths[i], downsample=i > 0,
                     drop_path=drop_paths[first_block:first_block + depths[i]],
-                    inference_chunk_bytes=int(inference_chunk_mib * 2**20), **block_kwargs, **dd,
+                    inference_chunk_bytes=chunk_bytes, **block_kwargs, **dd,
                 )
             )
             first_block += depths[i]
