@@ -30,10 +30,15 @@ DEVICES = {
 # fill, so the tiles of a map run in parallel with carry scans between the passes.
 PLANS = ("sequential", "tile-parallel")
 # (batch, dim, groups, N, height, width, dtype): several tiles with partial edges each, so both
-# plans differ; N = 1 with 4 channels per group (several channels per block), N = 2 and 16 (warps
+# plans differ; N = 1 with 4 channels per group (several channels per block) in each dtype (the
+# one-state kernel variant is compiled per dtype, with fp32 output / gradient options for the half
+# types; one fp16 map of a single tile), N = 2 and 16 (warps
 # split the states; the smaller devices take fewer channels / warps per block), N = 64.
 SHAPES = [
     (1, 8, 2, 1, 40, 45, torch.float32),
+    (2, 8, 2, 1, 37, 41, torch.bfloat16),
+    (2, 8, 1, 1, 33, 35, torch.float16),
+    (4, 8, 1, 1, 20, 30, torch.float16),
     (3, 4, 1, 2, 33, 40, torch.bfloat16),
     (1, 2, 1, 16, 35, 33, torch.float16),
     (1, 1, 1, 64, 33, 34, torch.float32),
@@ -63,8 +68,11 @@ def test_every_device_plan_matches_reference(device, plan, shape):
     rtol = 3e-2 if half else 5e-5
     args = [inputs[k] for k in ORDER]
 
+    # Half types: fp32 and input-dtype outputs / output gradients alternate over the devices, so
+    # each kernel variant of each dtype runs both.
+    fp32_out = half and list(DEVICES).index(device) % 2 == 0
     # Inference: no carries saved (the path a torch.no_grad() forward takes).
-    y_infer, carry_h, carry_v = emulated_fwd(*args, True, height, width, half, False,
+    y_infer, carry_h, carry_v = emulated_fwd(*args, True, height, width, fp32_out, False,
                                              **_options(device, plan, order=2 + seed))
     assert carry_h.numel() == 0 and carry_v.numel() == 0
     dy = torch.zeros(y_infer.shape, dtype=y_infer.dtype)
@@ -73,9 +81,11 @@ def test_every_device_plan_matches_reference(device, plan, shape):
 
     # Training: forward saving the tile carries, backward from them, in another shuffled order.
     y_train, _ = check_all(emulated_fwd, emulated_bwd, inputs, height, width, rtol=rtol,
-                           dy_fp32=half, out_fp32=half, **_options(device, plan, order=100 + seed))
-    # Saving carries does not change the arithmetic: both forwards agree to the bit.
-    assert torch.equal(y_infer, y_train)
+                           dy_fp32=half and not fp32_out, out_fp32=half,
+                           **_options(device, plan, order=100 + seed))
+    # Saving carries does not change the arithmetic: both forwards agree to the bit (after the
+    # same rounding to the output dtype).
+    assert torch.equal(y_infer, y_train.to(y_infer.dtype))
 
 
 @needs_module
@@ -222,7 +232,8 @@ def test_the_plan_matrix_runs_every_kernel_variant_of_every_pass(device):
     """Each pass has a general kernel and one specialised for N = 1 in the sequential pass (the model
     shapes' plan); the emulation runs the variant the plan names (the same kernel_variant() choice
     as the GPU launchers), so SHAPES x PLANS must reach both variants of both passes on every
-    device, and the specialised one exactly at N = 1 with one warp per channel, sequentially."""
+    device, and the specialised one exactly at N = 1 with one warp per channel, sequentially, in
+    every dtype it is compiled for."""
     reached = set()
     for shape in SHAPES:
         for plan in PLANS:
@@ -233,5 +244,8 @@ def test_the_plan_matrix_runs_every_kernel_variant_of_every_pass(device):
                 one_state = (shape[3] == 1 and launch[f"{p}_warps_per_channel"] == 1
                              and not launch[f"{p}_tile_parallel"])
                 assert launch[f"{p}_variant"] == ("kOneStateSequential" if one_state else "kGeneral")
-                reached.add((p, launch[f"{p}_variant"]))
-    assert reached == {(p, v) for p in ("fwd", "bwd") for v in ("kGeneral", "kOneStateSequential")}
+                reached.add((p, launch[f"{p}_variant"], shape[-1]))
+    one_state = {(p, "kOneStateSequential", dtype) for p in ("fwd", "bwd")
+                 for dtype in (torch.float32, torch.bfloat16, torch.float16)}
+    general = {(p, v) for p, v, _ in reached if v == "kGeneral"}
+    assert one_state <= reached and general == {("fwd", "kGeneral"), ("bwd", "kGeneral")}
