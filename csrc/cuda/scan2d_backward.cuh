@@ -1,0 +1,460 @@
+// The backward block of the tiled 2D scan (contexts and rules: scan2d_tile.cuh).
+#pragma once
+
+#include "scan2d_tile.cuh"
+
+namespace vmamba2d {
+namespace scan2d {
+
+// Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`,
+// `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
+// walked in reverse (bottom-right first), or, in the tile-parallel passes, only tile `tile_z` with
+// the gradient carries into it from grad_in_v / grad_in_h. Per tile and state round:
+//   A (block): the B and C quads of each of the round's states, loaded once for all channels; per
+//      channel (a rolled loop) dt, u, dy quads (first round; dt into its channel tile, u and dy
+//      too when there are more rounds), and per warp of the channel Abar = exp(dt * A[n]) -- the
+//      pass's only exp --, g = dy * C and x = dt * B * u;
+//   (barrier) scans (warp w, shared memory only):
+//      1. row lanes recompute hh from the saved carry (in place over x; the row is also kept in
+//         registers for step 3);
+//      2. column lanes recompute h (in place over hh), then the reverse vertical scan
+//             gh[r] = dy[r] * C[r] + Abar[r+1] * gh[r+1]      (in place over g);
+//      3. row lanes: the reverse horizontal scan
+//             ghh[c] = gh[c] + Abar[c+1] * ghh[c+1]            (dL/dx, in place over g)
+//         and dL/dAbar * Abar = gh * h[r-1] * Abar + ghh * hh[c-1] * Abar, whose dL/ddt term
+//         (times A[n]) replaces Abar and whose dA term (times dt) the lanes sum;
+//   (barrier) B (block): per state, dB = sum over channels of ghh * dt * u and dC = sum of dy * h,
+//      in channel order (the channels one per trip of a rolled loop; u and dy from their tiles,
+//      or with one state round read again from global memory / L2, so that no u / dy tiles take
+//      shared memory), added once per cell into the slice's partials (one vector add per quad);
+//      per channel the sums over states of ghh * B and of dL/ddt; after the last round du = dt *
+//      sum(ghh * B) + D * dy and ddelta are stored and each thread adds its dD / ddelta_bias terms.
+// Edge passes (kColumnEdges, kRowEdges; see backward_impl) stop after step 2's reverse scan
+// (zero carry from below: the carry passed up and the product of Abar down the column) or after
+// the reverse horizontal scan from the true carries (zero carry from the right).
+template <class T, Variant V, class Ctx>
+SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
+  const Geometry& g = p.g;
+  constexpr bool kOne = V == Variant::kOneStateSequential;
+  const int nstate = kOne ? 1 : g.nstate;
+  const int channels = p.k.bwd_channels;
+  const int wpc = kOne ? 1 : p.k.bwd_wpc;
+  const int pass = kOne ? static_cast<int>(kSequential) : p.pass;
+  // The vertical scans of the full pass: unrolled completely where registers allow (the
+  // one-state variant), else by 8 (the general variant stays below 255 registers).
+  constexpr int kScanUnroll = kOne ? kTile : 8;
+  const int nwarps = channels * wpc;
+  const int nthreads = ctx.nthreads();
+  const int rounds = state_rounds(nstate, wpc);
+  const BackwardLayout l = backward_layout(channels, wpc, nstate);
+  const int channel_floats = channels * kTileFloats;
+  // u and dy stay on chip only when several state rounds use them (see backward_layout).
+  const bool keep_inputs = rounds > 1;
+  const int carried_floats = keep_inputs ? channel_floats : 0;
+  auto dt_t = ctx.template shared<float>(smem, l.dt, channel_floats);
+  auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
+  auto dy_t = ctx.template shared<float>(smem, l.dy, carried_floats);
+  auto sumb_t = ctx.template shared<float>(smem, l.sum_b, carried_floats);
+  auto ddt_t = ctx.template shared<float>(smem, l.ddt, carried_floats);
+  auto b_t = ctx.template shared<float>(smem, l.b, wpc * kTileFloats);
+  auto warp_t = ctx.template shared<float>(smem, l.warp, kBackwardWarpTiles * nwarps * kTileFloats);
+  auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
+  auto dA_s = ctx.template shared<float>(smem, l.dA, channels * nstate);
+  auto lane_s = ctx.template shared<float>(smem, l.lane, nwarps * kTile);
+  auto top_s = ctx.template shared<float>(smem, l.top, nwarps * kTile);
+  const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
+  auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
+  auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
+  auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
+  auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
+  auto dy32 = ctx.global(static_cast<const float*>(p.dy_fp32 ? p.dy : nullptr), n_ud);
+  auto dyT = ctx.global(static_cast<const T*>(p.dy_fp32 ? nullptr : p.dy), n_ud);
+  auto du_g = ctx.global(static_cast<T*>(p.du), n_ud);
+  auto ddelta_g = ctx.global(static_cast<T*>(p.ddelta), n_ud);
+  const int slices = p.k.slices;
+  const int slice = cblock % slices;
+  const int group = cblock / slices;
+  const GroupPlanes bc_planes = group_planes(g, group);
+  const bool sequential = pass == kSequential;
+  const bool full = sequential || pass == kFinal;
+  auto dB = ctx.global(full ? p.dB_part + slice * n_bc : nullptr, full ? n_bc : 0);
+  auto dC = ctx.global(full ? p.dC_part + slice * n_bc : nullptr, full ? n_bc : 0);
+  const int64_t part_rows = full ? maps(g) * (sequential ? 1 : g.tiles_h * g.tiles_w) : 0;
+  auto dA_part = ctx.global(p.dA_part, part_rows * nstate);
+  auto dD_part = ctx.global(p.dD_part, part_rows);
+  auto ddb_part = ctx.global(p.ddb_part, part_rows);
+  const int tiles = g.tiles_h * g.tiles_w;
+  const int64_t carries = carry_numel(g, true);
+  auto carry_v = ctx.global(p.carry_v, full && tiles > 1 ? carries : 0);
+  auto carry_h = ctx.global(p.carry_h, full && tiles > 1 ? carries : 0);
+  auto gcarry_v = ctx.global(p.grad_carry_v, tiles > 1 && sequential ? grad_carry_numel(g) : 0);
+  auto gin_v = ctx.global(p.grad_in_v, sequential ? 0 : carries);
+  auto gin_h = ctx.global(p.grad_in_h, sequential ? 0 : carries);
+  auto edge = ctx.global(p.edge, full ? 0 : carries);
+  auto prod = ctx.global(p.prod, full ? 0 : carries);
+  const uint32_t starts_h = segment_starts(g.seg_h);
+  const uint32_t starts_w = segment_starts(g.seg_w);
+  const int per_slice = g.dim / g.groups / slices;
+  // Per thread and channel: its share of dD (sum of dy * u) and of ddelta_bias (sum of ddelta).
+  float part[Ctx::kThreadSlots][2][kMaxWarps];
+
+  for (int set = 0; set < per_slice; set += channels) {
+    const int d0 = group * (g.dim / g.groups) + slice * per_slice + set;
+    if (full) {
+      ctx.each_thread([&](int t) {
+        for (int i = t; i < channels * nstate; i += nthreads) dA_s[i] = 0.f;
+SS2D_UNROLL
+        for (int s = 0; s < kMaxWarps; ++s) part[ctx.thread_slot(t)][0][s] = part[ctx.thread_slot(t)][1][s] = 0.f;
+      });
+    }
+    for (int tile = sequential ? tiles - 1 : tile_z; tile >= (sequential ? 0 : tile_z); --tile) {
+      const int ti = tile / g.tiles_w;
+      const int tj = tile - ti * g.tiles_w;
+      for (int round = 0; round < rounds; ++round) {
+        each_quad(ctx, [&](int, int r, int c0) {
+          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+          // The C (and B) quads of the round's states, loaded once for all channels (registers
+          // indexed by unrolled loops: no local memory).
+          float bq[kMaxWarps][kQuad], cq[kMaxWarps][kQuad];
+SS2D_UNROLL
+          for (int j = 0; j < kMaxWarps; ++j) {
+            const int n = round * wpc + j;
+            if (j >= wpc || n >= nstate) continue;
+            const Plane bpl = bc_planes(n);
+            load_quad<T>(ctx, g, Cg, bpl, at, cq[j]);
+            if (full) {
+              load_quad<T>(ctx, g, Bg, bpl, at, bq[j]);
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
+            }
+          }
+          // One channel per trip (a rolled loop: one copy of the delta / u / dy accesses).
+SS2D_UNROLL_BY(1)
+          for (int s = 0; s < channels; ++s) {
+            float dt[kQuad], uq[kQuad] = {0.f, 0.f, 0.f, 0.f}, dyq[kQuad];
+            if (round == 0) {
+              const int d = d0 + s;
+              const Plane pl{g.dim, d};
+              float dq[kQuad];
+              const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
+              if (full) load_quad<T>(ctx, g, u, pl, at, uq);
+              if (p.dy_fp32) {
+                load_quad<float>(ctx, g, dy32, pl, at, dyq);
+              } else {
+                load_quad<T>(ctx, g, dyT, pl, at, dyq);
+              }
+              const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const int e = s * kTileFloats + tile_offset(r, c0 + k);
+                dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
+                dt_t[e] = dt[k];
+                if (keep_inputs) {
+                  if (full) u_t[e] = uq[k];
+                  dy_t[e] = dyq[k];
+                }
+              }
+            } else {
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const int e = s * kTileFloats + tile_offset(r, c0 + k);
+                dt[k] = dt_t[e];
+                if (full) uq[k] = u_t[e];
+                dyq[k] = dy_t[e];
+              }
+            }
+SS2D_UNROLL
+            for (int j = 0; j < kMaxWarps; ++j) {
+              const int n = round * wpc + j;
+              if (j >= wpc || n >= nstate) continue;
+              const int w = s * wpc + j;
+              const float a2 = p.A[static_cast<int64_t>(d0 + s) * nstate + n] * kLog2e;
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const int e = tile_offset(r, c0 + k);
+                warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] = exp2f(dt[k] * a2);
+                warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e] = dyq[k] * cq[j][k];
+                if (full) warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e] = dt[k] * uq[k] * bq[j][k];
+              }
+            }
+          }
+        });
+        ctx.barrier();
+        ctx.each_warp([&](int w) {
+          const WarpTask task = warp_task(g, nstate, bb, d0, wpc, round, w);
+          if (!task.active) return;
+          const int s = task.channel, n = task.state;
+          const int64_t map = task.map;
+          auto abar = warp_t + (w * kBackwardWarpTiles + 0) * kTileFloats;  // Abar, then dL/ddt term
+          auto hv = warp_t + (w * kBackwardWarpTiles + 1) * kTileFloats;    // x, hh, then h
+          auto gv = warp_t + (w * kBackwardWarpTiles + 2) * kTileFloats;    // dy * C, gh, then ghh
+          if (!full) {
+            ctx.each_lane([&](int c) {
+              const int64_t at = carry_index(map, tiles, tile, nstate, n, c);
+              float gnext = pass == kColumnEdges ? 0.f : static_cast<float>(gin_v[at]);
+              float decay = 1.f;
+SS2D_UNROLL_BY(8)
+              for (int r = kTile - 1; r >= 0; --r) {
+                if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = decay = 0.f;
+                const int e = tile_offset(r, c);
+                const float a = abar[e];
+                const float gh = gv[e] + gnext;
+                gv[e] = gh;
+                gnext = a * gh;
+                decay *= a;
+              }
+              if (pass == kColumnEdges) {
+                edge[at] = gnext;
+                prod[at] = decay;
+              }
+            });
+            if (pass == kColumnEdges) return;
+            ctx.sync_warp();
+            ctx.each_lane([&](int r) {
+              float gnext = 0.f;
+              float decay = 1.f;
+SS2D_UNROLL_BY(8)
+              for (int c = kTile - 1; c >= 0; --c) {
+                if (c + 1 < kTile && ((starts_w >> (c + 1)) & 1u)) gnext = decay = 0.f;
+                const int e = tile_offset(r, c);
+                const float a = abar[e];
+                gnext = a * (gv[e] + gnext);
+                decay *= a;
+              }
+              const int64_t at = carry_index(map, tiles, tile, nstate, n, r);
+              edge[at] = gnext;
+              prod[at] = decay;
+            });
+            return;
+          }
+          const float a_n = p.A[map % g.dim * nstate + n];
+          auto dts = dt_t + s * kTileFloats;
+          auto top = top_s + w * kTile;
+          auto lane_dA = lane_s + w * kTile;
+          float hh_row[Ctx::kLaneSlots][kTile];
+          ctx.each_lane([&](int r) {
+            float h = tiles > 1 ? static_cast<float>(carry_h[carry_index(map, tiles, tile, nstate, n, r)]) : 0.f;
+            float* hrow = hh_row[ctx.lane_slot(r)];
+SS2D_UNROLL
+            for (int c = 0; c < kTile; ++c) {
+              if ((starts_w >> c) & 1u) h = 0.f;
+              const int e = tile_offset(r, c);
+              h = abar[e] * h + hv[e];
+              hv[e] = h;
+              hrow[c] = h;
+            }
+          });
+          ctx.sync_warp();
+          ctx.each_lane([&](int c) {
+            const float v_in =
+                tiles > 1 ? static_cast<float>(carry_v[carry_index(map, tiles, tile, nstate, n, c)]) : 0.f;
+            float v = v_in;
+SS2D_UNROLL_BY(kScanUnroll)
+            for (int r = 0; r < kTile; ++r) {
+              if ((starts_h >> r) & 1u) v = 0.f;
+              const int e = tile_offset(r, c);
+              v = abar[e] * v + hv[e];
+              hv[e] = v;
+            }
+            const int64_t gslot = carry_index(map, g.tiles_w, tj, nstate, n, c);
+            float gnext = 0.f;
+            if (!sequential) {
+              gnext = gin_v[carry_index(map, tiles, tile, nstate, n, c)];
+            } else if (ti + 1 < g.tiles_h) {
+              gnext = gcarry_v[gslot];
+            }
+            float gh = 0.f;
+SS2D_UNROLL_BY(kScanUnroll)
+            for (int r = kTile - 1; r >= 0; --r) {
+              if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = 0.f;
+              const int e = tile_offset(r, c);
+              gh = gv[e] + gnext;
+              gv[e] = gh;
+              gnext = abar[e] * gh;
+            }
+            top[c] = v_in;
+            if (sequential && ti > 0) gcarry_v[gslot] = gnext;
+          });
+          ctx.sync_warp();
+          ctx.each_lane([&](int r) {
+            const float h_in =
+                tiles > 1 ? static_cast<float>(carry_h[carry_index(map, tiles, tile, nstate, n, r)]) : 0.f;
+            float gnext = 0.f;
+            if (!sequential) {
+              gnext = gin_h[carry_index(map, tiles, tile, nstate, n, r)];
+            } else if (tj + 1 < g.tiles_w) {
+              gnext = hcar[(s * nstate + n) * kTile + r];
+            }
+            // The vertical dL/dAbar term gh * h_above * Abar: h_above from the row above, in the
+            // tile's first row from the tile above (top), none in the first row of a packed map.
+            const bool map_top = r > 0 && ((starts_h >> r) & 1u);
+            const auto above = r == 0 ? top : hv + (r - 1) * kStride;
+            const float* hrow = hh_row[ctx.lane_slot(r)];
+            float dA_lane = 0.f;
+SS2D_UNROLL
+            for (int c = kTile - 1; c >= 0; --c) {
+              if (c + 1 < kTile && ((starts_w >> (c + 1)) & 1u)) gnext = 0.f;
+              const int e = tile_offset(r, c);
+              const float a = abar[e];
+              const float gh = gv[e];
+              const float ghh = gh + gnext;
+              const float hh_left = c == 0 ? h_in : (((starts_w >> c) & 1u) ? 0.f : hrow[c - 1]);
+              const float vertical = map_top ? 0.f : gh * static_cast<float>(above[c]) * a;
+              const float dabar = vertical + ghh * hh_left * a;
+              gv[e] = ghh;
+              abar[e] = dabar * a_n;
+              dA_lane += dabar * dts[e];
+              gnext = a * ghh;
+            }
+            if (sequential) hcar[(s * nstate + n) * kTile + r] = gnext;
+            lane_dA[r] = dA_lane;
+          });
+          ctx.sync_warp();
+          ctx.each_lane([&](int lane) {
+            if (lane != 0) return;
+            float total = 0.f;
+SS2D_UNROLL
+            for (int i = 0; i < kTile; ++i) total += lane_dA[i];
+            dA_s[s * nstate + n] += total;
+          });
+        });
+        if (!full) {
+          if (round + 1 < rounds) ctx.barrier();  // the next round's A rewrites the warp tiles
+          continue;
+        }
+        ctx.barrier();
+        const bool last = round + 1 == rounds;
+        each_quad(ctx, [&](int t, int r, int c0) {
+          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+          // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
+          // local memory); the channels one per trip of a rolled loop (one copy of the du /
+          // ddelta accesses in the code).
+          float db[kMaxWarps][kQuad], dc[kMaxWarps][kQuad];
+SS2D_UNROLL
+          for (int j = 0; j < kMaxWarps; ++j) {
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) db[j][k] = dc[j][k] = 0.f;
+          }
+SS2D_UNROLL_BY(1)
+          for (int s = 0; s < channels; ++s) {
+            const Plane pl{g.dim, d0 + s};
+            // u and dy: kept on chip with several rounds, else read again (from L2: the block read
+            // them in this tile's first phase), which leaves room for a third block per SM.
+            float uq[kQuad], dyq[kQuad];
+            if (keep_inputs) {
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const int ce = s * kTileFloats + tile_offset(r, c0 + k);
+                uq[k] = u_t[ce];
+                dyq[k] = dy_t[ce];
+              }
+            } else {
+              load_quad<T>(ctx, g, u, pl, at, uq);
+              if (p.dy_fp32) {
+                load_quad<float>(ctx, g, dy32, pl, at, dyq);
+              } else {
+                load_quad<T>(ctx, g, dyT, pl, at, dyq);
+              }
+            }
+            float sumb[kQuad], ddt[kQuad];
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              const int ce = s * kTileFloats + tile_offset(r, c0 + k);
+              sumb[k] = round > 0 ? static_cast<float>(sumb_t[ce]) : 0.f;
+              ddt[k] = round > 0 ? static_cast<float>(ddt_t[ce]) : 0.f;
+            }
+SS2D_UNROLL
+            for (int j = 0; j < kMaxWarps; ++j) {
+              if (j >= wpc || round * wpc + j >= nstate) continue;
+              const int w = s * wpc + j;
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const int e = tile_offset(r, c0 + k);
+                const int ce = s * kTileFloats + e;
+                const float ghh = warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e];
+                const float uv = uq[k];
+                const float bv = b_t[j * kTileFloats + e];
+                db[j][k] += ghh * dt_t[ce] * uv;
+                dc[j][k] += dyq[k] * warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e];
+                sumb[k] += ghh * bv;
+                ddt[k] += warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] + ghh * bv * uv;
+              }
+            }
+            if (!last) {
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const int ce = s * kTileFloats + tile_offset(r, c0 + k);
+                sumb_t[ce] = sumb[k];
+                ddt_t[ce] = ddt[k];
+              }
+              continue;
+            }
+            // Padding cells: dy = u = 0 and no gradient reaches them, so their terms are 0; their
+            // du / ddelta are not stored.
+            const float dskip = p.D ? p.D[d0 + s] : 0.f;
+            float duq[kQuad], ddq[kQuad];
+            float dD_terms = 0.f, ddb_terms = 0.f;
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              const float dt = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
+              const float dyv = dyq[k];
+              duq[k] = dt * sumb[k] + dskip * dyv;
+              ddq[k] = p.softplus ? ddt[k] * softplus_grad_from_value(dt) : ddt[k];
+              dD_terms += dyv * uq[k];
+              ddb_terms += ddq[k];
+            }
+            // The thread's shares of channel s (selected, not indexed at run time: no local memory).
+SS2D_UNROLL
+            for (int i = 0; i < kMaxWarps; ++i) {
+              if (i != s) continue;
+              part[ctx.thread_slot(t)][0][i] += dD_terms;
+              part[ctx.thread_slot(t)][1][i] += ddb_terms;
+            }
+            store_quad<T>(ctx, g, du_g, pl, at, duq);
+            store_quad<T>(ctx, g, ddelta_g, pl, at, ddq);
+          }
+SS2D_UNROLL
+          for (int j = 0; j < kMaxWarps; ++j) {
+            const int n = round * wpc + j;
+            if (j >= wpc || n >= nstate) continue;
+            const Plane bpl = bc_planes(n);
+            add_quad(ctx, g, dB, bpl, at, db[j]);
+            add_quad(ctx, g, dC, bpl, at, dc[j]);
+          }
+        });
+        // No barrier: the next round's (or tile's) A rewrites only cells this thread itself read.
+      }
+    }
+    if (full) {
+      // dD / ddelta_bias: the threads' shares summed in thread order (the warp tiles are free now).
+      ctx.barrier();
+      auto red = ctx.template shared<float>(smem, l.warp, 2 * channels * nthreads);
+      ctx.each_thread([&](int t) {
+SS2D_UNROLL
+        for (int s = 0; s < kMaxWarps; ++s) {
+          if (s >= channels) continue;
+          red[s * nthreads + t] = part[ctx.thread_slot(t)][0][s];
+          red[(channels + s) * nthreads + t] = part[ctx.thread_slot(t)][1][s];
+        }
+      });
+      ctx.barrier();
+      ctx.each_thread([&](int t) {
+        if (t >= channels) return;
+        float dD = 0.f, ddb = 0.f;
+        for (int i = 0; i < nthreads; ++i) {
+          dD += red[t * nthreads + i];
+          ddb += red[(channels + t) * nthreads + i];
+        }
+        const int64_t map = static_cast<int64_t>(bb) * g.dim + d0 + t;
+        const int64_t row = (sequential ? 0 : tile_z) * maps(g) + map;
+        dD_part[row] = dD;
+        ddb_part[row] = ddb;
+        for (int n = 0; n < nstate; ++n) dA_part[row * nstate + n] = dA_s[t * nstate + n];
+      });
+    }
+    if (set + channels < per_slice) ctx.barrier();  // before the next channels reuse the tiles
+  }
+}
+
+}  // namespace scan2d
+}  // namespace vmamba2d

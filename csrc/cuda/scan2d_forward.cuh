@@ -1,0 +1,252 @@
+// The forward block of the tiled 2D scan (contexts and rules: scan2d_tile.cuh).
+#pragma once
+
+#include "scan2d_tile.cuh"
+
+namespace vmamba2d {
+namespace scan2d {
+
+// Forward of one block: batch block bb, channels d0 .. d0 + channels - 1 of one group. Per tile and
+// state round:
+//   A (block): dt / u quads (first round; kept in tiles when there are more rounds) and the B quad
+//      of each of the round's states, loaded once for all channels; per (channel, state) warp:
+//      x = dt * B * u and Abar = exp(dt * A[n]) -- the pass's only exp;
+//   (barrier) scans (warp w, its channel and state): lane r scans tile row r in place over x
+//      (hh = Abar * hh_left + x, carry from the tile on the left), then lane c scans tile column
+//      c (h = Abar * h_above + hh, carry from the tile above) -- shared memory only;
+//   (barrier) B (block): the C quad of each of the round's states, loaded once for all channels;
+//      per channel (a rolled loop) y = D * u in the first round (u from its tile with several
+//      rounds, else read again: keeping no y tile between A and B lets six blocks share an SM at
+//      N = 1), else y from the y tile; y += C * h; y goes back to its tile, after the last round to
+//      global memory.
+// Both passes are templates over Variant (scan2d_common.h): the one-state variant folds N = 1,
+// one warp per channel and the sequential pass into constants, so its code keeps no state loops
+// and no tile-parallel branches.
+template <class T, Variant V, class Ctx>
+SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
+  const Geometry& g = p.g;
+  constexpr bool kOne = V == Variant::kOneStateSequential;
+  const int nstate = kOne ? 1 : g.nstate;
+  const int channels = p.k.fwd_channels;
+  const int wpc = kOne ? 1 : p.k.fwd_wpc;
+  const int pass = kOne ? static_cast<int>(kSequential) : p.pass;
+  const int nwarps = channels * wpc;
+  const int rounds = state_rounds(nstate, wpc);
+  const ForwardLayout l = forward_layout(channels, wpc, nstate);
+  const int carried_floats = rounds > 1 ? channels * kTileFloats : 0;
+  auto dt_t = ctx.template shared<float>(smem, l.dt, carried_floats);
+  auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
+  auto y_t = ctx.template shared<float>(smem, l.y, carried_floats);
+  auto x_t = ctx.template shared<float>(smem, l.x, nwarps * kTileFloats);
+  auto abar_t = ctx.template shared<float>(smem, l.abar, nwarps * kTileFloats);
+  auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
+  const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
+  auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
+  auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
+  auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
+  auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
+  auto y32 = ctx.global(static_cast<float*>(p.y_fp32 ? p.y : nullptr), n_ud);
+  auto yT = ctx.global(static_cast<T*>(p.y_fp32 ? nullptr : p.y), n_ud);
+  const int tiles = g.tiles_h * g.tiles_w;
+  const int vslots = p.record ? tiles : g.tiles_w;
+  auto carry_v = ctx.global(p.carry_v, p.carry_v ? carry_numel(g, p.record) : 0);
+  auto carry_h = ctx.global(p.carry_h, p.carry_h ? carry_numel(g, true) : 0);
+  auto edge = ctx.global(p.edge, p.edge ? carry_numel(g, true) : 0);
+  auto prod = ctx.global(p.prod, p.prod ? carry_numel(g, true) : 0);
+  const uint32_t starts_h = segment_starts(g.seg_h);
+  const uint32_t starts_w = segment_starts(g.seg_w);
+  const int d0 = cblock * channels;
+  const GroupPlanes bc_planes = group_planes(g, group_of(g, d0));
+  const bool sequential = pass == kSequential;
+  const bool edges_only = pass == kRowEdges || pass == kColumnEdges;
+
+  const int first_tile = sequential ? 0 : tile_z;
+  for (int tile = first_tile; tile < (sequential ? tiles : tile_z + 1); ++tile) {
+    const int ti = tile / g.tiles_w;
+    const int tj = tile - ti * g.tiles_w;
+    const int vslot_in = p.record ? tile : tj;
+    const int vslot_out = p.record ? tile + g.tiles_w : tj;
+    for (int round = 0; round < rounds; ++round) {
+      each_quad(ctx, [&](int, int r, int c0) {
+        const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+        float bq[kMaxWarps][kQuad];
+SS2D_UNROLL
+        for (int j = 0; j < kMaxWarps; ++j) {
+          if (j < wpc && round * wpc + j < nstate) {
+            load_quad<T>(ctx, g, Bg, bc_planes(round * wpc + j), at, bq[j]);
+          }
+        }
+        for (int s = 0; s < channels; ++s) {
+          const int d = d0 + s;
+          float dt[kQuad], uq[kQuad];
+          if (round == 0) {
+            const Plane pl{g.dim, d};
+            float dq[kQuad];
+            const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
+            load_quad<T>(ctx, g, u, pl, at, uq);
+            const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              const int e = s * kTileFloats + tile_offset(r, c0 + k);
+              dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
+              if (rounds > 1) {
+                dt_t[e] = dt[k];
+                u_t[e] = uq[k];
+              }
+            }
+          } else {
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              const int e = s * kTileFloats + tile_offset(r, c0 + k);
+              dt[k] = dt_t[e];
+              uq[k] = u_t[e];
+            }
+          }
+SS2D_UNROLL
+          for (int j = 0; j < kMaxWarps; ++j) {
+            const int n = round * wpc + j;
+            if (j >= wpc || n >= nstate) continue;
+            const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
+            const int w = s * wpc + j;
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              const int e = w * kTileFloats + tile_offset(r, c0 + k);
+              x_t[e] = dt[k] * uq[k] * bq[j][k];
+              abar_t[e] = exp2f(dt[k] * a2);
+            }
+          }
+        }
+      });
+      ctx.barrier();
+      ctx.each_warp([&](int w) {
+        const WarpTask task = warp_task(g, nstate, bb, d0, wpc, round, w);
+        if (!task.active) return;
+        const int s = task.channel, n = task.state;
+        const int64_t map = task.map;
+        auto x = x_t + w * kTileFloats;
+        auto abar = abar_t + w * kTileFloats;
+        // Horizontal: hh = Abar * hh_left + x, in place over x.
+        ctx.each_lane([&](int r) {
+          const int64_t at = carry_index(map, tiles, tile, nstate, n, r);
+          float h = 0.f;
+          if (sequential) {
+            if (tj > 0) h = hcar[(s * nstate + n) * kTile + r];
+            if (p.carry_h) carry_h[at] = h;
+          } else if (pass != kRowEdges) {
+            h = carry_h[at];
+          }
+          float decay = 1.f;
+SS2D_UNROLL
+          for (int c = 0; c < kTile; ++c) {
+            if ((starts_w >> c) & 1u) h = decay = 0.f;
+            const int e = tile_offset(r, c);
+            const float a = abar[e];
+            h = a * h + x[e];
+            decay *= a;
+            x[e] = h;
+          }
+          if (sequential) hcar[(s * nstate + n) * kTile + r] = h;
+          if (pass == kRowEdges) {
+            edge[at] = h;
+            prod[at] = decay;
+          }
+        });
+        if (pass == kRowEdges) return;
+        ctx.sync_warp();
+        // Vertical: h = Abar * h_above + hh, in place.
+        ctx.each_lane([&](int c) {
+          float v = 0.f;
+          if (sequential) {
+            if (ti > 0) {
+              v = carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)];
+            } else if (p.record) {  // forward_impl allocates carry_v whenever it records
+              carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)] = 0.f;
+            }
+          } else if (pass == kFinal) {
+            v = carry_v[carry_index(map, tiles, tile, nstate, n, c)];
+          }
+          float decay = 1.f;
+SS2D_UNROLL
+          for (int r = 0; r < kTile; ++r) {
+            if ((starts_h >> r) & 1u) v = decay = 0.f;
+            const int e = tile_offset(r, c);
+            const float a = abar[e];
+            v = a * v + x[e];
+            decay *= a;
+            x[e] = v;
+          }
+          if (sequential && ti + 1 < g.tiles_h) {
+            carry_v[carry_index(map, vslots, vslot_out, nstate, n, c)] = v;
+          }
+          if (pass == kColumnEdges) {
+            const int64_t at = carry_index(map, tiles, tile, nstate, n, c);
+            edge[at] = v;
+            prod[at] = decay;
+          }
+        });
+      });
+      if (edges_only) {
+        if (round + 1 < rounds) ctx.barrier();  // the next round's A rewrites x / Abar
+        continue;
+      }
+      ctx.barrier();
+      const bool last = round + 1 == rounds;
+      each_quad(ctx, [&](int, int r, int c0) {
+        const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+        // The C quads of the round's states, loaded once for all channels (registers indexed by
+        // unrolled loops: no local memory).
+        float cq[kMaxWarps][kQuad];
+SS2D_UNROLL
+        for (int j = 0; j < kMaxWarps; ++j) {
+          const int n = round * wpc + j;
+          if (j < wpc && n < nstate) load_quad<T>(ctx, g, Cg, bc_planes(n), at, cq[j]);
+        }
+        // One channel per trip (a rolled loop: one copy of the u / y accesses in the code).
+SS2D_UNROLL_BY(1)
+        for (int s = 0; s < channels; ++s) {
+          float yq[kQuad];
+          if (round > 0) {
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) yq[k] = y_t[s * kTileFloats + tile_offset(r, c0 + k)];
+          } else {
+            // y starts at D * u. With one state round u is not kept on chip: its quad is read
+            // again (from L2, the block read it in this tile's first phase).
+            const float dskip = p.D ? p.D[d0 + s] : 0.f;
+            float uq[kQuad] = {0.f, 0.f, 0.f, 0.f};
+            if (rounds > 1) {
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) uq[k] = u_t[s * kTileFloats + tile_offset(r, c0 + k)];
+            } else if (p.D) {
+              load_quad<T>(ctx, g, u, Plane{g.dim, d0 + s}, at, uq);
+            }
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) yq[k] = dskip * uq[k];
+          }
+SS2D_UNROLL
+          for (int j = 0; j < kMaxWarps; ++j) {
+            if (j >= wpc || round * wpc + j >= nstate) continue;
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              yq[k] += cq[j][k] * x_t[(s * wpc + j) * kTileFloats + tile_offset(r, c0 + k)];
+            }
+          }
+          if (!last) {
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) y_t[s * kTileFloats + tile_offset(r, c0 + k)] = yq[k];
+            continue;
+          }
+          const Plane pl{g.dim, d0 + s};
+          if (p.y_fp32) {
+            store_quad<float>(ctx, g, y32, pl, at, yq);
+          } else {
+            store_quad<T>(ctx, g, yT, pl, at, yq);
+          }
+        }
+      });
+      // No barrier: the next round's (or tile's) A rewrites only cells this thread itself read.
+    }
+  }
+}
+
+}  // namespace scan2d
+}  // namespace vmamba2d

@@ -1,0 +1,279 @@
+// Shared pieces of the tiled 2D selective scan v3 (docs/scan.md, docs/kernels.md). The forward and
+// backward blocks (scan2d_forward.cuh, scan2d_backward.cuh) are written once for two execution
+// contexts:
+//   * DeviceCtx (scan2d_device.cuh, the .cu files): one CUDA thread per (warp, lane);
+//     each_thread / each_warp / each_lane run the body for the calling thread only, barrier() is
+//     __syncthreads(), sync_warp() is __syncwarp(), shared / global views are raw pointers.
+//   * HostCtx (selective_scan_2d_emulate.cpp): one CPU thread runs every (warp, lane) of a block in
+//     a chosen order (forward, reversed, shuffled), views are bounds-checked and every shared
+//     access is recorded by a race detector, so the very code the GPU runs is tested on the CPU.
+// Rules that keep the two equivalent: no barrier inside each_thread / each_warp; shared or global
+// memory is touched only inside each_thread / each_lane; state that lives across each_lane calls is
+// indexed by ctx.lane_slot(lane), across each_thread calls by ctx.thread_slot(t); threads of one phase exchange data only across a barrier (block)
+// or a sync_warp (warp) -- the emulation's race detector enforces the last rule.
+//
+// Structure: every global access of u, delta, B, C, dy, y, du, ddelta, dB, dC happens in a block
+// phase (each_quad: all threads, one quad of kQuad consecutive cells of a tile row per step, one
+// 16-byte (fp32) / 8-byte (fp16, bf16) vector access when the four cells are consecutive in memory
+// and aligned -- ctx.vector_aligned / load_vector / store_vector, whose host model checks alignment
+// and bounds --, else one scalar access per real cell: map edges, pack boundaries, rows of a width
+// that is not a multiple of 4, misaligned base pointers). A block owns several channels of one
+// group, so each B / C quad is loaded once for all of them. The scans run in warp phases on shared
+// tiles only: a lane owns a tile row (horizontal) or a tile column (vertical). Only y, the
+// gradients and the per-state tile carries (kTile floats per tile edge) go to global memory.
+// When the maps are too few to fill the GPU, the tiles of a map run in parallel (ForwardPass in
+// scan2d_common.h): the scan is linear in the carries, so edges computed with zero carry-in plus
+// the product of Abar along each edge line give every tile's true carries after a short sequential
+// scan over tiles (carry_scan_block).
+#pragma once
+
+#include <math.h>
+
+#include "scan2d_common.h"
+
+namespace vmamba2d {
+namespace scan2d {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Conversion of the kernel's element type to / from fp32; the .cu files specialise it for the
+// CUDA half types, the host emulation uses c10's (both convert with round-to-nearest-even).
+template <class T>
+struct Element {
+  static SS2D_HD SS2D_INLINE float load(T v) { return static_cast<float>(v); }
+  static SS2D_HD SS2D_INLINE T store(float v) { return T(v); }
+};
+
+// log2(x) for x in [1, 2]: on the GPU one special-function instruction (lg2.approx.f32, absolute
+// error <= 2^-22.6 there, PTX ISA) where log2f adds a range reduction around it; libm's log2f on
+// the host. (exp2f already compiles to the special-function ex2 with a subnormal fix-up.)
+SS2D_HD SS2D_INLINE float log2_1_to_2(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return log2f(x);
+#endif
+}
+
+// torch.nn.functional.softplus with its default threshold 20, in about half the instructions of
+// log1pf(expf(z)): softplus(z) = max(z, 0) + log1p(t) with t = exp(-|z|) in (0, 1]. log1p(t) is
+// log2(1 + t) * ln 2 where 1 + t keeps enough of t (t >= 2^-5: rounding 1 + t costs <= 2^-24 /
+// 0.0308 = 2e-6 relative, lg2.approx <= 2^-22.6 / 0.044 = 4e-6), else the series t - t^2/2 + t^3/3
+// - t^4/4 (truncation <= t^4 / 5 <= 2e-7 relative). The rounding of |z| * log2(e) before exp2f
+// adds <= |z| * 2^-24 relative in t, 5e-6 at z = -87 (series side). The relative error stays below
+// 1e-5 wherever softplus(z) is a normal float (z >= -87); tests/test_scan_cuda.py checks the
+// bound on the host build (libm's log2f), the GPU tests the kernel's results.
+SS2D_HD SS2D_INLINE float softplus(float z) {
+  if (z > 20.f) return z;
+  const float t = exp2f(-fabsf(z) * kLog2e);
+  const float series = t * (1.f - t * (0.5f - t * (1.f / 3.f - t * 0.25f)));
+  const float log1p_t = t < 0.03125f ? series : log2_1_to_2(1.f + t) * kLn2;
+  return fmaxf(z, 0.f) + log1p_t;
+}
+
+// d softplus(z) / dz = sigmoid(z) = 1 - exp(-dt) with dt = softplus(z) >= 0, in a few instructions:
+// below dt = 2^-5 the series dt - dt^2/2 + dt^3/6 - dt^4/24 (no cancellation; truncation <= dt^4 /
+// 120 relative), else 1 - exp2f(-dt * log2(e)) with exp(-dt) <= 0.97, so its error (2 ulp for exp2f)
+// grows at most 31-fold: relative error below 1e-5 (was -expm1f(-dt), ~30 instructions); checked
+// on the host build by tests/test_scan_cuda.py.
+SS2D_HD SS2D_INLINE float softplus_grad_from_value(float dt) {
+  const float series = dt * (1.f - dt * (0.5f - dt * (1.f / 6.f - dt * (1.f / 24.f))));
+  return dt < 0.03125f ? series : 1.f - exp2f(-dt * kLog2e);
+}
+
+// Bit k set: tile row/column k starts a new map (packed mode), so scans restart there.
+SS2D_HD SS2D_INLINE uint32_t segment_starts(int segment) {
+  uint32_t mask = 0;
+  for (int k = segment; k < kTile; k += segment) mask |= 1u << k;
+  return mask;
+}
+
+SS2D_HD SS2D_INLINE int small_div(int x, uint32_t magic) {
+  return static_cast<int>((static_cast<uint32_t>(x) * magic) >> 16);
+}
+
+// Where cell (r, c) of tile (ti, tj) of batch block bb lives: batch entry and position in the map.
+struct TileCell {
+  bool valid;
+  int64_t batch;
+  int64_t pos;
+};
+
+SS2D_HD SS2D_INLINE TileCell tile_cell(const Geometry& g, int bb, int ti, int tj, int r, int c) {
+  const int pr = small_div(r, g.magic_h);
+  const int pc = small_div(c, g.magic_w);
+  const int row = ti * kTile + r - pr * g.seg_h;
+  const int col = tj * kTile + c - pc * g.seg_w;
+  TileCell cell;
+  cell.batch = static_cast<int64_t>(bb) * g.pack_rows * g.pack_cols + pr * g.pack_cols + pc;
+  cell.valid = pr < g.pack_rows && pc < g.pack_cols && cell.batch < g.batch && row < g.height &&
+               col < g.width;
+  cell.pos = static_cast<int64_t>(row) * g.width + col;
+  return cell;
+}
+
+SS2D_HD SS2D_INLINE int64_t carry_index(int64_t map, int slots, int slot, int nstate, int n, int k) {
+  return ((map * slots + slot) * nstate + n) * kTile + k;
+}
+
+SS2D_HD SS2D_INLINE int group_of(const Geometry& g, int d) { return d / (g.dim / g.groups); }
+
+SS2D_HD SS2D_INLINE int tile_offset(int r, int c) { return r * kStride + c; }
+
+// A plane of a [batch][planes][length] tensor: channel d of u / delta / y / du / ddelta
+// (planes = dim) or state n of group grp in B / C (planes = groups * N, plane = grp * N + n).
+struct Plane {
+  int64_t planes;
+  int64_t plane;
+};
+
+// Where the quad (r, c0 .. c0 + kQuad - 1) of tile (ti, tj) lives, worked out once per quad and
+// tile phase and shared by every plane the phase accesses there (B, C of each state, u, delta, y,
+// ... of each channel): the batch entry and map position of its first cell, which cells are real,
+// and for each cell how many pack boundaries (packed small maps) lie between it and the first.
+// Cell k is then, in a plane, at the first cell's offset + k, moved packs_k batch entries on and
+// packs_k * seg_w columns back: no per-cell division or validity test at the accesses.
+struct QuadPlace {
+  int64_t batch;
+  int64_t pos;
+  uint32_t real;   // bit k: cell c0 + k is a real cell
+  uint32_t packs;  // 2 bits per cell k (bits 2k, 2k + 1): pack boundaries between cell 0 and k
+};
+
+SS2D_HD SS2D_INLINE QuadPlace quad_place(const Geometry& g, int bb, int ti, int tj, int r, int c0) {
+  const TileCell first = tile_cell(g, bb, ti, tj, r, c0);
+  const int first_pack = small_div(c0, g.magic_w);
+  QuadPlace at{first.batch, first.pos, 0u, 0u};
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    at.real |= tile_cell(g, bb, ti, tj, r, c0 + k).valid ? 1u << k : 0u;
+    at.packs |= static_cast<uint32_t>(small_div(c0 + k, g.magic_w) - first_pack) << (2 * k);
+  }
+  return at;
+}
+
+// All four cells real and in one map row: consecutive in memory.
+SS2D_HD SS2D_INLINE bool one_row(const QuadPlace& at) { return at.real == (1u << kQuad) - 1 && at.packs == 0; }
+
+SS2D_HD SS2D_INLINE int64_t quad_offset(const Geometry& g, const Plane& pl, const QuadPlace& at) {
+  return (at.batch * pl.planes + pl.plane) * g.length + at.pos;
+}
+
+SS2D_HD SS2D_INLINE int64_t cell_offset(const Geometry& g, const Plane& pl, const QuadPlace& at, int64_t first,
+                                        int k) {
+  const int64_t packs = (at.packs >> (2 * k)) & 3u;
+  return first + k + packs * (pl.planes * g.length - g.seg_w);
+}
+
+// Loads a quad as fp32 into out (0 on padding cells); returns the mask of real cells (bit k: cell
+// c0 + k). One vector access when the quad is in one map row and aligned; otherwise (map edges,
+// pack boundaries, misaligned rows) one scalar access per real cell.
+template <class T, class Ctx, class View>
+SS2D_HD SS2D_INLINE uint32_t load_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
+                                       const QuadPlace& at, float (&out)[kQuad]) {
+  const int64_t off = quad_offset(g, pl, at);
+  if (one_row(at) && ctx.vector_aligned(src, off)) {
+    const Vec4<T> v = ctx.load_vector(src, off);
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) out[k] = Element<T>::load(v.v[k]);
+    return at.real;
+  }
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    out[k] = ((at.real >> k) & 1u) ? Element<T>::load(src[cell_offset(g, pl, at, off, k)]) : 0.f;
+  }
+  return at.real;
+}
+
+// Stores the real cells of a quad (element type V: T, or fp32 for an fp32 y).
+template <class V, class Ctx, class View>
+SS2D_HD SS2D_INLINE void store_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
+                                    const QuadPlace& at, const float (&vals)[kQuad]) {
+  const int64_t off = quad_offset(g, pl, at);
+  if (one_row(at) && ctx.vector_aligned(dst, off)) {
+    Vec4<V> v;
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) v.v[k] = Element<V>::store(vals[k]);
+    ctx.store_vector(dst, off, v);
+    return;
+  }
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] = Element<V>::store(vals[k]);
+  }
+}
+
+// Adds vals to the real cells of a quad of an fp32 buffer (the dB / dC partials): one vector
+// read-modify-write where the quad is in one map row and aligned, else per real cell.
+template <class Ctx, class View>
+SS2D_HD SS2D_INLINE void add_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
+                                  const QuadPlace& at, const float (&vals)[kQuad]) {
+  const int64_t off = quad_offset(g, pl, at);
+  if (one_row(at) && ctx.vector_aligned(dst, off)) {
+    Vec4<float> v = ctx.load_vector(dst, off);
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) v.v[k] += vals[k];
+    ctx.store_vector(dst, off, v);
+    return;
+  }
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] += vals[k];
+  }
+}
+
+// Block phases walk the quads of a tile: thread t takes quads t, t + nthreads, ... (quad q: row
+// q / kQuadsPerRow, first column quad_column(q)); a warp-wide access covers kQuadRowStep whole
+// rows, and the shared-tile stride kTile + 1 keeps the per-cell shared accesses free of bank
+// conflicts. Every block phase of a kernel uses this same thread -> cell map, so a block phase may
+// rewrite cells an earlier block phase read without a barrier in between.
+SS2D_HD SS2D_INLINE int quad_column(int quad) { return (quad & (kQuadsPerRow - 1)) * kQuad; }
+SS2D_HD SS2D_INLINE int quad_row(int quad) { return quad >> kQuadsPerRowShift; }
+
+template <class Ctx, class F>
+SS2D_HD SS2D_INLINE void each_quad(Ctx& ctx, F&& f) {
+  ctx.each_thread([&](int t) {
+    for (int q = t; q < kTileQuads; q += ctx.nthreads()) f(t, quad_row(q), quad_column(q));
+  });
+}
+
+SS2D_HD SS2D_INLINE float dt_of(const Params& p, float delta, float bias, bool real) {
+  const float z = delta + bias;
+  return real ? (p.softplus ? softplus(z) : z) : 0.f;
+}
+
+// The B / C planes of a group, worked out once per block: state n is plane first + n.
+struct GroupPlanes {
+  int64_t planes;
+  int64_t first;
+  SS2D_HD Plane operator()(int n) const { return Plane{planes, first + n}; }
+};
+
+SS2D_HD SS2D_INLINE GroupPlanes group_planes(const Geometry& g, int group) {
+  return GroupPlanes{static_cast<int64_t>(g.groups) * g.nstate, static_cast<int64_t>(group) * g.nstate};
+}
+
+// What warp w of a block works on in a state round: channel d0 + channel (map `map` of the
+// carry buffers) and state `state`; inactive in a last round with fewer states than warps.
+struct WarpTask {
+  bool active;
+  int channel;
+  int state;
+  int64_t map;
+};
+
+SS2D_HD SS2D_INLINE WarpTask warp_task(const Geometry& g, int nstate, int bb, int d0, int wpc, int round,
+                                       int w) {
+  WarpTask task;
+  task.channel = w / wpc;
+  task.state = round * wpc + w % wpc;
+  task.active = task.state < nstate;
+  task.map = static_cast<int64_t>(bb) * g.dim + d0 + task.channel;
+  return task;
+}
+
+}  // namespace scan2d
+}  // namespace vmamba2d
