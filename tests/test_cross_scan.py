@@ -263,3 +263,25 @@ def test_four_route_ops_share_the_flop_handles_argument_positions():
         namespace, op = name.split("::")
         arguments = [a.name for a in getattr(getattr(torch.ops, namespace), op).default._schema.arguments]
         assert [arguments[i] for i in (0, 2, 5, 8)] == ["u", "A", "D", "routes"], name
+
+
+def test_channels_last_map_stays_channels_last_through_the_cpu_op():
+    """The models' maps are channels-last: the op returns y (and du) in that layout, no copy, with the
+    loops' values; the fake implementation reports the same layout (torch.compile / export)."""
+    inputs = _inputs(height=5, width=6)
+    inputs["u"] = inputs["u"].contiguous(memory_format=torch.channels_last)
+    leaves = {k: v.requires_grad_() for k, v in inputs.items()}
+    grad_out = torch.randn(2, 3, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    expected = _loops_reference(**leaves, softplus=True, routes=CROSS_ROUTES)
+    expected_grads = torch.autograd.grad(expected, list(leaves.values()), grad_out)
+    got = cross_selective_scan_2d(**leaves, routes="cross", backend="cpu")
+    assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
+    got_grads = torch.autograd.grad(got, list(leaves.values()), grad_out.contiguous(memory_format=torch.channels_last))
+    assert got_grads[0].is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    for name, g, e in zip(leaves, got_grads, expected_grads):
+        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+    op = torch.ops.vmamba2d.cross_selective_scan_2d_fwd.default
+    args = tuple(inputs[k].detach() for k in ("u", "delta", "A", "B", "C", "D", "delta_bias"))
+    torch.library.opcheck(op, args + (True, [r.code for r in CROSS_ROUTES], False),
+                          test_utils=("test_schema", "test_faketensor"))

@@ -240,3 +240,28 @@ def test_backward_rejects_a_dy_of_another_shape(ext):
     with pytest.raises(RuntimeError, match="dy must match"):
         ext.cross_backward(**_valid_inputs(), routes=[r.code for r in CROSS_ROUTES],
                            dy=torch.zeros(1, 2, 4, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["cross_2d", "corners_flat"])
+def test_channels_last_maps_are_scanned_in_their_layout(ext, name):
+    """u channels-last (the models' layout): y and du come out channels-last with the reference's
+    values; dy is read channels-last too."""
+    routes = ROUTE_SETS[name]
+    inputs = make_inputs(routes, 2, 5, 2, 6, 7, seed=13)
+    dy = torch.randn(2, 5, 6, 7, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    channels_last = dict(inputs, u=inputs["u"].contiguous(memory_format=torch.channels_last))
+    y = kernel_forward(ext, routes, channels_last)
+    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+    torch.testing.assert_close(y, reference_cross_scan(routes, **inputs), rtol=1e-10, atol=1e-10)
+    got = kernel_grads(ext, routes, channels_last, dy.contiguous(memory_format=torch.channels_last))
+    assert got["u"].is_contiguous(memory_format=torch.channels_last)
+    expected = reference_grads(routes, inputs, dy)
+    for grad_name in GRAD_NAMES:
+        torch.testing.assert_close(got[grad_name], expected[grad_name], rtol=1e-9, atol=1e-9, msg=grad_name)
+
+
+def test_a_map_neither_contiguous_nor_channels_last_is_rejected(ext):
+    inputs = dict(_valid_inputs())
+    inputs["u"] = inputs["u"].transpose(2, 3).contiguous().transpose(2, 3)
+    with pytest.raises(RuntimeError, match="u must be contiguous or channels-last"):
+        ext.cross_forward(**inputs, routes=[r.code for r in CROSS_ROUTES], out_fp32=False)

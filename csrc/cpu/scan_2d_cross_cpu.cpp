@@ -6,7 +6,8 @@
 //
 // u (batch, dim, H, W) is read once for all K = len(routes) routes; delta (batch, K, dim, H, W),
 // B / C (batch, K, N, H, W), A (K * dim, N), D / delta_bias (K * dim,) hold each route's inputs in
-// map order; y (batch, dim, H, W) is the routes' outputs summed in route order. Dtypes as the
+// map order; y (batch, dim, H, W) is the routes' outputs summed in route order. u may be contiguous
+// or channels-last; y, du (and the dy the backward reads) are in u's layout. Dtypes as the
 // single-route op (scan_2d_cpu.cpp). The forward runs tasks over (batch, channel); the backward
 // over (batch, channel chunk), each task writing the dB / dC of every route into its own partial
 // buffer, summed over the chunks in a fixed order afterwards (deterministic results).
@@ -25,7 +26,7 @@ namespace {
 CrossShape check_cross_inputs(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B,
                               const Tensor& C, const OptTensor& D, const OptTensor& delta_bias,
                               const std::vector<int64_t>& routes) {
-  check_scan_tensors(u, delta, A, B, C);
+  check_scan_tensors(u, delta, A, B, C, /*u_channels_last_ok=*/true);
   TORCH_CHECK(!routes.empty(), "vmamba2d CPU scan: routes must name at least one route");
   for (const int64_t code : routes) {
     TORCH_CHECK(code >= 0 && code < 16, "vmamba2d CPU scan: routes must be route codes in [0, 16), got ", code);
@@ -33,7 +34,7 @@ CrossShape check_cross_inputs(const Tensor& u, const Tensor& delta, const Tensor
   TORCH_CHECK(u.dim() == 4, "vmamba2d CPU scan: u must be (batch, dim, H, W), got ", u.sizes());
   TORCH_CHECK(A.dim() == 2, "vmamba2d CPU scan: A must be (routes * dim, N), got ", A.sizes());
   const int64_t K = static_cast<int64_t>(routes.size());
-  const CrossShape s{u.size(0), u.size(1), K, A.size(1), u.size(2), u.size(3)};
+  const CrossShape s{u.size(0), u.size(1), K, A.size(1), u.size(2), u.size(3), is_channels_last_map(u)};
   TORCH_CHECK(s.height > 0 && s.width > 0, "vmamba2d CPU scan: u's map must not be empty, got ", u.sizes());
   TORCH_CHECK(delta.sizes() == at::IntArrayRef({s.batch, K, s.dim, s.height, s.width}),
               "vmamba2d CPU scan: delta must be (batch, routes, dim, H, W) = ",
@@ -56,17 +57,16 @@ Tensor cross_forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, c
                      const std::vector<int64_t>& routes, bool out_fp32) {
   const CrossShape s = check_cross_inputs(u, delta, A_in, B, C, D_in, bias_in, routes);
   const ComputeInputs inputs(u, delta, A_in, B, C, D_in, bias_in, delta_softplus);
-  Tensor y = at::empty(u.sizes(), u.options());
-  const Tensor workspaces = thread_workspaces(s.length(), kForwardArrays, u);
+  Tensor y = at::empty(u.sizes(), u.options().memory_format(map_format(s.channels_last)));
+  const Tensor workspaces = thread_workspaces(s.length(), kCrossForwardArrays, u);
 
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "vmamba2d_cross_scan_2d_cpu_forward", [&] {
     const ScanInputs<scalar_t> in = inputs.pointers<scalar_t>();
     const ChannelKernels<scalar_t> kernels = best_channel_kernels<scalar_t>();
     scalar_t* y_ptr = y.data_ptr<scalar_t>();
-    parallel_tasks<scalar_t>(s.batch * s.dim, workspaces, kForwardArrays, s.length(),
+    parallel_tasks<scalar_t>(s.batch * s.dim, workspaces, kCrossForwardArrays, s.length(),
                              [&](int64_t task, Workspace<scalar_t>& ws) {
-                               kernels.cross_forward(in, s, routes.data(), task / s.dim, task % s.dim,
-                                                     y_ptr + task * s.length(), ws);
+                               kernels.cross_forward(in, s, routes.data(), task / s.dim, task % s.dim, y_ptr, ws);
                              });
   });
   return out_fp32 ? y.to(at::kFloat) : y;
@@ -79,13 +79,13 @@ std::vector<OptTensor> cross_backward(const Tensor& u, const Tensor& delta, cons
   TORCH_CHECK(dy_in.sizes() == u.sizes(), "vmamba2d CPU scan: dy must match u's shape ", u.sizes(), ", got ",
               dy_in.sizes());
   const ComputeInputs inputs(u, delta, A_in, B, C, D_in, bias_in, delta_softplus);
-  const Tensor dy = as_compute(dy_in, u.scalar_type());
+  const Tensor dy = dy_in.to(u.scalar_type()).contiguous(map_format(s.channels_last));
 
   const int64_t K = s.routes;
   const int64_t chunks = backward_chunks_per_unit(s.batch, s.dim);
   // dB / dC partial sums: (batch, chunks, routes, N, L); chunk c holds channels [c*dim/chunks, ...).
   const BackwardParts parts(u, delta, {s.batch, chunks, K, s.nstate, s.length()}, 1, K * s.dim, s.nstate);
-  const Tensor workspaces = thread_workspaces(s.length(), kBackwardArrays, u);
+  const Tensor workspaces = thread_workspaces(s.length(), kCrossBackwardArrays, u);
 
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "vmamba2d_cross_scan_2d_cpu_backward", [&] {
     using T = scalar_t;
@@ -95,19 +95,19 @@ std::vector<OptTensor> cross_backward(const Tensor& u, const Tensor& delta, cons
     const T* dy_ptr = dy.data_ptr<T>();
     const int64_t L = s.length();
     const int64_t NL = s.nstate * L;
-    parallel_tasks<T>(s.batch * chunks, workspaces, kBackwardArrays, L, [&](int64_t task, Workspace<T>& ws) {
+    parallel_tasks<T>(s.batch * chunks, workspaces, kCrossBackwardArrays, L, [&](int64_t task, Workspace<T>& ws) {
       const int64_t b = task / chunks;
       const int64_t chunk = task % chunks;
       std::vector<ChannelGrads<T>> route_grads(K);
       for (int64_t d = chunk * s.dim / chunks; d < (chunk + 1) * s.dim / chunks; ++d) {
-        const int64_t bd = b * s.dim + d;
         for (int64_t k = 0; k < K; ++k) {
           const int64_t row = b * K * s.dim + k * s.dim + d;  // of the per-(batch, route, channel) grads
-          route_grads[k] = {all.du + bd * L,           all.ddelta + row * L, all.dB + (task * K + k) * NL,
+          // du: set by the kernel (all routes add into the channel's du)
+          route_grads[k] = {nullptr,          all.ddelta + row * L,    all.dB + (task * K + k) * NL,
                             all.dC + (task * K + k) * NL, all.dA + row * s.nstate, all.dD + row,
                             all.ddelta_bias + row};
         }
-        kernels.cross_backward(in, s, routes.data(), b, d, dy_ptr + bd * L, route_grads.data(), ws);
+        kernels.cross_backward(in, s, routes.data(), b, d, dy_ptr, all.du, route_grads.data(), ws);
       }
     });
   });

@@ -37,18 +37,32 @@ inline int64_t backward_chunks_per_unit(int64_t units, int64_t channels_per_unit
   return std::max<int64_t>(1, std::min(channels_per_unit, wanted));
 }
 
-inline void check_float_contiguous(const Tensor& t, const char* name) {
+// Whether a 4-D map is channels-last and not also contiguous (the layout the four-route kernel
+// reads through CrossShape::channels_last).
+inline bool is_channels_last_map(const Tensor& t) {
+  return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+// The memory format of a map in u's layout (y, dy, du of the four-route scan).
+inline at::MemoryFormat map_format(bool channels_last) {
+  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
+inline void check_float_contiguous(const Tensor& t, const char* name, bool channels_last_ok = false) {
   TORCH_CHECK(t.device().is_cpu(), "vmamba2d CPU scan: ", name, " must be a CPU tensor, got ", t.device());
-  TORCH_CHECK(t.is_contiguous(), "vmamba2d CPU scan: ", name, " must be contiguous");
+  TORCH_CHECK(t.is_contiguous() || (channels_last_ok && is_channels_last_map(t)), "vmamba2d CPU scan: ", name,
+              channels_last_ok ? " must be contiguous or channels-last" : " must be contiguous");
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble,
               "vmamba2d CPU scan: ", name, " must be float32 or float64, got ", t.scalar_type());
 }
 
-// u, delta, A, B, C: CPU, contiguous, fp32 / fp64; u, delta, B, C of one dtype.
+// u, delta, A, B, C: CPU, contiguous (u also channels-last when u_channels_last_ok), fp32 / fp64;
+// u, delta, B, C of one dtype.
 inline void check_scan_tensors(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B,
-                               const Tensor& C) {
-  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{u, "u"}, {delta, "delta"}, {A, "A"},
-                                {B, "B"}, {C, "C"}}) {
+                               const Tensor& C, bool u_channels_last_ok = false) {
+  check_float_contiguous(u, "u", u_channels_last_ok);
+  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{delta, "delta"}, {A, "A"}, {B, "B"},
+                                {C, "C"}}) {
     check_float_contiguous(t, name);
   }
   TORCH_CHECK(delta.scalar_type() == u.scalar_type() && B.scalar_type() == u.scalar_type() &&
@@ -173,7 +187,7 @@ struct BackwardParts {
 
   BackwardParts(const Tensor& u, const Tensor& delta, const std::vector<int64_t>& bc_parts_shape, int64_t chunk_axis,
                 int64_t rows, int64_t nstate)
-      : du(at::empty(u.sizes(), u.options())),
+      : du(at::empty(u.sizes(), u.options().memory_format(map_format(is_channels_last_map(u))))),
         ddelta(at::empty(delta.sizes(), u.options())),
         dB(at::zeros(bc_parts_shape, u.options())),
         dC(at::zeros(bc_parts_shape, u.options())),

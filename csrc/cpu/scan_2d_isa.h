@@ -33,7 +33,7 @@
                              int64_t b, int64_t d, T* y, Workspace<T>& ws);                        \
   template <typename T>                                                                            \
   void cross_backward_channel(const ScanInputs<T>& in, const CrossShape& s, const int64_t* routes, \
-                              int64_t b, int64_t d, const T* dy, const ChannelGrads<T>* route_grads, \
+                              int64_t b, int64_t d, const T* dy, T* du, ChannelGrads<T>* route_grads, \
                               Workspace<T>& ws);                                                   \
   }                                                                                                \
   }                                                                                                \
@@ -48,7 +48,7 @@
   template void cross_forward_channel<T>(const ScanInputs<T>&, const CrossShape&, const int64_t*,  \
                                          int64_t, int64_t, T*, Workspace<T>&);                     \
   template void cross_backward_channel<T>(const ScanInputs<T>&, const CrossShape&, const int64_t*, \
-                                          int64_t, int64_t, const T*, const ChannelGrads<T>*,      \
+                                          int64_t, int64_t, const T*, T*, ChannelGrads<T>*,        \
                                           Workspace<T>&);
 
 #define VMAMBA2D_INSTANTIATE_ISA_KERNELS(isa)                                                      \

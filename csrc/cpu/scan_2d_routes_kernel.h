@@ -3,7 +3,9 @@
 // Route k of channel d reads the shared map u[b, d] and its own delta[b, k, d], B[b, k], C[b, k],
 // A / D / delta_bias row k * dim + d, and scans in the direction its code says
 // (scan_2d_passes.h); y[b, d] is the sum of the routes' outputs, added in route order. Nothing is
-// copied per route: the routes only change the loops' directions.
+// copied per route: the routes only change the loops' directions. u and y (dy and du) may be
+// channels-last, as the models' maps are: a channel's plane is then gathered into the workspace
+// once and its result scattered back, so the map needs no layout copy outside the op.
 //
 // Like scan_2d_kernel.h, compiled once per instruction set inside namespace VMAMBA2D_ISA.
 #pragma once
@@ -20,13 +22,14 @@ namespace vmamba2d {
 namespace cpu {
 namespace VMAMBA2D_ISA {
 
+// Route k's inputs for channel d of sample b, with u the channel's plane (L contiguous values).
 template <typename T>
-ChannelInputs<T> route_channel_inputs(const ScanInputs<T>& in, const CrossShape& s, int64_t b, int64_t k,
-                                      int64_t d) {
+ChannelInputs<T> route_channel_inputs(const ScanInputs<T>& in, const CrossShape& s, const T* u, int64_t b,
+                                      int64_t k, int64_t d) {
   const int64_t L = s.length();
   const int64_t row = k * s.dim + d;  // of A, D, delta_bias
   const int64_t route_maps = (b * s.routes + k) * s.nstate * L;
-  return {in.u + (b * s.dim + d) * L,
+  return {u,
           in.delta + ((b * s.routes + k) * s.dim + d) * L,
           in.B + route_maps,
           in.C + route_maps,
@@ -45,37 +48,73 @@ T total_skip(const ScanInputs<T>& in, const CrossShape& s, int64_t d) {
   return total;
 }
 
-// y[b, d] (L,) = sum over routes k in order of route k's output; routes: the K route codes.
+// A channel's plane of a channels-last map (`stride` values between pixels) into contiguous `out`,
+// and back.
 template <typename T>
-void cross_forward_channel(const ScanInputs<T>& in, const CrossShape& s, const int64_t* routes, int64_t b,
-                           int64_t d, T* y, Workspace<T>& ws) {
-  const T skip = total_skip(in, s, d);
-  const T* u = in.u + (b * s.dim + d) * s.length();
-  for (int64_t p = 0; p < s.length(); ++p) y[p] = skip * u[p];
-  for (int64_t k = 0; k < s.routes; ++k) {
-    add_route_output(route_channel_inputs(in, s, b, k, d), route_passes(routes[k]), in.delta_softplus, s.map(),
-                     y, ws);
-  }
+void gather_plane(const T* plane, int64_t stride, int64_t length, T* __restrict out) {
+  for (int64_t p = 0; p < length; ++p) out[p] = plane[p * stride];
 }
 
-// Gradients of channel d of batch b for every route: route_grads[k] says where route k's go (all
-// with the same du, which collects the routes' terms).
+template <typename T>
+void scatter_plane(const T* __restrict values, int64_t length, int64_t stride, T* plane) {
+  for (int64_t p = 0; p < length; ++p) plane[p * stride] = values[p];
+}
+
+// Channel d of sample b of y (a map in u's layout) = the sum over routes k in order of route k's
+// output; routes: the K route codes. Channels-last planes are scanned in contiguous copies.
+template <typename T>
+void cross_forward_channel(const ScanInputs<T>& in, const CrossShape& s, const int64_t* routes, int64_t b,
+                           int64_t d, T* y_map, Workspace<T>& ws) {
+  const int64_t L = s.length();
+  const int64_t stride = s.pixel_stride();
+  const T* u = in.u + s.map_offset(b, d);
+  T* y = y_map + s.map_offset(b, d);
+  if (stride != 1) {
+    T* u_plane = ws.array(kForwardArrays);
+    gather_plane(u, stride, L, u_plane);
+    u = u_plane;
+    y = ws.array(kForwardArrays + 1);
+  }
+  const T skip = total_skip(in, s, d);
+  for (int64_t p = 0; p < L; ++p) y[p] = skip * u[p];
+  for (int64_t k = 0; k < s.routes; ++k) {
+    add_route_output(route_channel_inputs(in, s, u, b, k, d), route_passes(routes[k]), in.delta_softplus, s.map(),
+                     y, ws);
+  }
+  if (stride != 1) scatter_plane(y, L, stride, y_map + s.map_offset(b, d));
+}
+
+// Gradients of channel d of sample b for every route: du (a map in u's layout, like dy) collects
+// the routes' terms; route_grads[k] says where route k's other gradients go (its du is set here).
 template <typename T>
 void cross_backward_channel(const ScanInputs<T>& in, const CrossShape& s, const int64_t* routes, int64_t b,
-                            int64_t d, const T* dy, const ChannelGrads<T>* route_grads, Workspace<T>& ws) {
+                            int64_t d, const T* dy_map, T* du_map, ChannelGrads<T>* route_grads, Workspace<T>& ws) {
   const int64_t L = s.length();
+  const int64_t stride = s.pixel_stride();
+  const T* u = in.u + s.map_offset(b, d);
+  const T* dy = dy_map + s.map_offset(b, d);
+  T* du = du_map + s.map_offset(b, d);
+  if (stride != 1) {
+    T* u_plane = ws.array(kBackwardArrays);
+    T* dy_plane = ws.array(kBackwardArrays + 1);
+    gather_plane(u, stride, L, u_plane);
+    gather_plane(dy, stride, L, dy_plane);
+    u = u_plane;
+    dy = dy_plane;
+    du = ws.array(kBackwardArrays + 2);
+  }
   const T skip = total_skip(in, s, d);
-  const T* u = in.u + (b * s.dim + d) * L;
-  T* du = route_grads[0].du;
   for (int64_t p = 0; p < L; ++p) du[p] = skip * dy[p];
   if (in.D) {
     const T dskip = skip_grad(dy, u, L, ws.array(0));
     for (int64_t k = 0; k < s.routes; ++k) *route_grads[k].dD = dskip;
   }
   for (int64_t k = 0; k < s.routes; ++k) {
-    add_route_grads(route_channel_inputs(in, s, b, k, d), route_passes(routes[k]), in.delta_softplus, s.map(), dy,
+    route_grads[k].du = du;
+    add_route_grads(route_channel_inputs(in, s, u, b, k, d), route_passes(routes[k]), in.delta_softplus, s.map(), dy,
                     route_grads[k], ws);
   }
+  if (stride != 1) scatter_plane(du, L, stride, du_map + s.map_offset(b, d));
 }
 
 }  // namespace VMAMBA2D_ISA

@@ -31,7 +31,8 @@ struct ScanShape {
 };
 
 // The four-route scan: u (batch, dim, L); delta (batch, routes, dim, L); B, C (batch, routes, N, L);
-// A (routes * dim, N); D, delta_bias (routes * dim,).
+// A (routes * dim, N); D, delta_bias (routes * dim,). The maps u, y, dy and du are contiguous, or
+// all channels-last (batch, L, dim) when channels_last.
 struct CrossShape {
   int64_t batch;
   int64_t dim;
@@ -39,9 +40,15 @@ struct CrossShape {
   int64_t nstate;
   int64_t height;
   int64_t width;
+  bool channels_last;
 
   int64_t length() const { return height * width; }
   MapShape map() const { return {height, width, nstate}; }
+  // Where channel d of sample b starts in u / y / dy / du, and the step between its pixels.
+  int64_t map_offset(int64_t b, int64_t d) const {
+    return channels_last ? b * dim * length() + d : (b * dim + d) * length();
+  }
+  int64_t pixel_stride() const { return channels_last ? dim : 1; }
 };
 
 // Read-only inputs, all contiguous and of one scalar type T, shaped as ScanShape or CrossShape says
@@ -88,6 +95,11 @@ struct ChannelGrads {
 constexpr int64_t kForwardArrays = 6;  // dt, dt_u, decay, state, products, carries
 
 constexpr int64_t kBackwardArrays = 10;  // dt, dt_u, ddt, decay, hh, h, lambda, mu, products, carries
+
+// The four-route kernel's arrays: the above, then the channel's planes gathered from channels-last
+// maps (forward: u, y; backward: u, dy, du).
+constexpr int64_t kCrossForwardArrays = kForwardArrays + 2;
+constexpr int64_t kCrossBackwardArrays = kBackwardArrays + 3;
 
 }  // namespace cpu
 }  // namespace vmamba2d

@@ -15,7 +15,9 @@ run there too. Both ops have fake implementations, so
 formula calls the backward op, which recomputes from the inputs. The kernel computes in fp32
 (fp64 for fp64 inputs): other dtypes are cast outside the op, so autograd returns every gradient
 in its input's dtype. The backward returns empty tensors for ``dD`` / ``ddelta_bias`` when
-``D`` / ``delta_bias`` are None.
+``D`` / ``delta_bias`` are None. ``u`` may be contiguous or channels-last (the models' maps are):
+y, du and the dy the backward takes are in u's layout (:func:`map_format`), so no layout copy is
+made around the op.
 """
 from __future__ import annotations
 
@@ -30,6 +32,20 @@ Tensor = torch.Tensor
 
 CROSS_FWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_fwd"
 CROSS_BWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_bwd"
+
+
+def map_format(u: Tensor) -> torch.memory_format:
+    """The layout of the op's maps (y, du, dy) for u (batch, dim, H, W): contiguous when u is,
+    else channels-last."""
+    return torch.contiguous_format if u.is_contiguous() else torch.channels_last
+
+
+def _as_map(u: Tensor) -> Tensor:
+    """u (batch, dim, H, W) as the kernel takes it: as it is when contiguous or channels-last,
+    else a contiguous copy."""
+    if u.is_contiguous() or u.is_contiguous(memory_format=torch.channels_last):
+        return u
+    return u.contiguous()
 
 
 @torch.library.custom_op(CROSS_FWD_OP_NAME, mutates_args=())
@@ -47,8 +63,9 @@ def cross_selective_scan_2d_fwd(
 ) -> Tensor:
     """Kernel forward: y (batch, dim, H, W), fp32 if ``out_fp32`` else u's dtype.
 
-    Inputs contiguous, u / delta / B / C of the compute dtype: u (batch, dim, H, W), delta
-    (batch, K, dim, H, W), A (K * dim, N), B / C (batch, K, N, H, W), D / delta_bias (K * dim,).
+    Inputs contiguous (u also channels-last; y then too), u / delta / B / C of the compute dtype:
+    u (batch, dim, H, W), delta (batch, K, dim, H, W), A (K * dim, N), B / C (batch, K, N, H, W),
+    D / delta_bias (K * dim,).
     """
     module = _kernel_module(u.device)
     if not hasattr(module, "cross_forward"):
@@ -78,7 +95,7 @@ def cross_forward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_soft
     fp32. Shapes and result as :func:`cross_selective_scan_2d_fwd`."""
     batch, dim, height, width = u.shape
     acc_dtype = torch.promote_types(u.dtype, torch.float32)
-    y = u.new_zeros((batch, dim, height, width), dtype=acc_dtype)
+    y = torch.zeros_like(u, dtype=acc_dtype, memory_format=map_format(u))
     route_out_fp32 = acc_dtype != u.dtype  # half inputs: each route's y in fp32 for the sum
     for k, code in enumerate(routes):
         route = Route.from_code(code)
@@ -94,7 +111,7 @@ def cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_sof
     ``backward``, recomputing each route from its inputs): the route gradients mapped back to map
     order. Returns [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None] in the compute dtype."""
     batch, dim, height, width = u.shape
-    du = torch.zeros_like(u)
+    du = torch.zeros_like(u, memory_format=map_format(u))
     ddelta, dA, dB, dC = (torch.empty_like(t) for t in (delta, A, B, C))
     dD = None if D is None else torch.empty_like(D)
     dbias = None if delta_bias is None else torch.empty_like(delta_bias)
@@ -122,7 +139,8 @@ def cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_sof
 
 @cross_selective_scan_2d_fwd.register_fake
 def _cross_fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32):
-    return u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype)
+    return torch.empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device,
+                       memory_format=map_format(u))
 
 
 @torch.library.custom_op(CROSS_BWD_OP_NAME, mutates_args=())
@@ -139,7 +157,8 @@ def cross_selective_scan_2d_bwd(
     dy: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Kernel backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias), each shaped and typed like its
-    input; dy (batch, dim, H, W) contiguous. dD / ddelta_bias are empty when D / delta_bias is None."""
+    input (du in u's layout); dy (batch, dim, H, W) in u's layout. dD / ddelta_bias are empty when
+    D / delta_bias is None."""
     module = _kernel_module(u.device)
     if hasattr(module, "cross_backward"):
         grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
@@ -156,7 +175,8 @@ def cross_selective_scan_2d_bwd(
 @cross_selective_scan_2d_bwd.register_fake
 def _cross_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy):
     optional = tuple(torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias))
-    return tuple(torch.empty_like(t) for t in (u, delta, A, B, C)) + optional
+    du = torch.empty(u.shape, dtype=u.dtype, device=u.device, memory_format=map_format(u))
+    return (du,) + tuple(torch.empty_like(t) for t in (delta, A, B, C)) + optional
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -168,7 +188,7 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, dy: Tensor):
     u, delta, A, B, C, D, delta_bias = ctx.saved_tensors
     du, ddelta, dA, dB, dC, dD, dbias = cross_selective_scan_2d_bwd(
-        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous()
+        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous(memory_format=map_format(u))
     )
     return (
         du, ddelta, dA, dB, dC,
@@ -196,13 +216,14 @@ def cross_selective_scan_2d_fused(
     """Four-route scan on the compiled kernel (differentiable); shapes as
     :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`, ``routes`` as route codes.
 
-    Returns y (batch, dim, H, W) in ``out_dtype``. TorchScript compiles this function: scripted
-    models call it directly (CPU tensors) instead of the backend dispatch.
+    Returns y (batch, dim, H, W) in ``out_dtype``, channels-last when u is (:func:`map_format`).
+    TorchScript compiles this function: scripted models call it directly (CPU tensors) instead of
+    the backend dispatch.
     """
     scan_dtype, param_dtype = _kernel_dtypes(u, delta, B, C)
     out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
     y = torch.ops.vmamba2d.cross_selective_scan_2d_fwd(
-        u.to(scan_dtype).contiguous(), delta.to(scan_dtype).contiguous(), A.to(param_dtype).contiguous(),
+        _as_map(u.to(scan_dtype)), delta.to(scan_dtype).contiguous(), A.to(param_dtype).contiguous(),
         B.to(scan_dtype).contiguous(), C.to(scan_dtype).contiguous(), _contiguous_as(D, param_dtype),
         _contiguous_as(delta_bias, param_dtype), delta_softplus, routes, out_fp32,
     )
