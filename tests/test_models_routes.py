@@ -108,7 +108,7 @@ def test_stages_infer_in_batch_chunks_with_the_whole_batch_result():
     images = torch.randn(5, 3, 64, 48)
     batches = {"whole": [], "chunked": []}
     for key, model in (("whole", whole_model), ("chunked", chunked_model)):
-        model.stages[0].blocks.register_forward_hook(
+        model.stages[0].blocks[0].register_forward_hook(
             lambda module, args, out, key=key: batches[key].append(args[0].shape[0]))
     with torch.no_grad():
         whole, chunked = whole_model(images), chunked_model(images)
@@ -119,6 +119,21 @@ def test_stages_infer_in_batch_chunks_with_the_whole_batch_result():
     for bad in (-1, "on", True):
         with pytest.raises(ValueError, match="inference_chunk_mib"):
             timm.create_model("vmamba2d_tiny", dims=8, inference_chunk_mib=bad)
+
+
+def test_a_block_writes_its_result_into_out_in_inference_only():
+    """The chunked stages' last block writes into the stage's output (no concatenation)."""
+    torch.manual_seed(0)
+    block = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0).stages[1].blocks[0].eval()
+    x = torch.randn(3, 16, 6, 5)
+    expected = x + block.op(block.norm(x))
+    expected = expected + block.mlp(block.norm2(expected))
+    out = torch.full((3, 16, 6, 5), float("nan"))
+    with torch.no_grad():
+        assert block(x, out=out) is out
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="inference only"):
+        block(x, out=out)
 
 
 def test_the_default_chunks_cpu_inference_only():

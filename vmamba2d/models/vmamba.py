@@ -84,6 +84,19 @@ def _gelu_reusing_input(x: Tensor) -> Tensor:
 torch.fx.wrap("_gelu_reusing_input")  # FX records one call; the autograd check runs on real tensors
 
 
+def _add_residual(x: Tensor, branch: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """x + branch (same shape), written into ``out`` when given (without autograd only: the last
+    block of a batch chunk writes straight into the stage's output, :class:`VMambaStage`)."""
+    if out is None:
+        return x + branch
+    if torch.is_grad_enabled() and (x.requires_grad or branch.requires_grad):
+        raise RuntimeError("VSSBlock: out= is for inference only (autograd is recording)")
+    return torch.add(x, branch, out=out)
+
+
+torch.fx.wrap("_add_residual")  # FX records one call; the autograd check runs on real tensors
+
+
 class PointwiseMlp(nn.Module):
     """1x1 conv -> GELU -> dropout -> 1x1 conv -> dropout on (B, C, H, W) maps (timm's ``Mlp`` with
     ``use_conv=True``: same parameters, same state_dict keys ``fc1.*`` / ``fc2.*``), with GELU
@@ -166,9 +179,10 @@ class VSSBlock(nn.Module):
         self.mlp = PointwiseMlp(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        """(B, C, H, W) -> (B, C, H, W); ``out``: where to write the result (inference only)."""
         x = x + self.drop_path(self.op(self.norm(x)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return _add_residual(x, self.drop_path(self.mlp(self.norm2(x))), out)
 
 
 class VMambaStage(nn.Module):
@@ -242,7 +256,14 @@ class VMambaStage(nn.Module):
         chunk = self.inference_chunk_size(x)
         if chunk >= x.shape[0]:
             return self.blocks(x)
-        return torch.cat([self.blocks(part) for part in x.split(chunk)], dim=0)
+        # Each chunk's last block writes its residual sum straight into the output (no concatenation).
+        out = torch.empty_like(x)
+        *first_blocks, last_block = self.blocks
+        for part, out_part in zip(x.split(chunk), out.split(chunk)):
+            for block in first_blocks:
+                part = block(part)
+            last_block(part, out=out_part)
+        return out
 
 
 class VMamba(nn.Module):
