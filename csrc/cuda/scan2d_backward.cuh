@@ -11,9 +11,9 @@ namespace scan2d {
 // walked in reverse (bottom-right first), or, in the tile-parallel passes, only tile `tile_z` with
 // the gradient carries into it from grad_in_v / grad_in_h. Per tile and state round:
 //   A (block): the B and C quads of each of the round's states, loaded once for all channels; per
-//      channel (a rolled loop) dt, u, dy quads (first round; dt into its channel tile, u and dy
-//      too when there are more rounds), and per warp of the channel Abar = exp(dt * A[n]) -- the
-//      pass's only exp --, g = dy * C and x = dt * B * u;
+//      channel (a rolled loop) dt, u, dy quads (first round; dt into its channel tile at N > 1, u
+//      and dy too when there are more rounds), and per warp of the channel Abar = exp(dt * A[n])
+//      -- the pass's only exp --, g = dy * C and x = dt * B * u;
 //   (barrier) scans (warp w, shared memory only):
 //      1. row lanes recompute hh from the saved carry (in place over x; the row is also kept in
 //         registers for step 3);
@@ -22,13 +22,15 @@ namespace scan2d {
 //      3. row lanes: the reverse horizontal scan
 //             ghh[c] = gh[c] + Abar[c+1] * ghh[c+1]            (dL/dx, in place over g)
 //         and dL/dAbar * Abar = gh * h[r-1] * Abar + ghh * hh[c-1] * Abar, whose dL/ddt term
-//         (times A[n]) replaces Abar and whose dA term (times dt) the lanes sum;
+//         (times A[n]) replaces Abar and whose dA term (times dt) the lanes sum -- at N = 1, with
+//         no dt tile, dL/dAbar * Abar itself replaces Abar and phase B scales it;
 //   (barrier) B (block): per state, dB = sum over channels of ghh * dt * u and dC = sum of dy * h,
 //      in channel order (the channels one per trip of a rolled loop; u and dy from their tiles,
 //      or with one state round read again from global memory / L2, so that no u / dy tiles take
 //      shared memory), added once per cell into the slice's partials (one vector add per quad);
-//      per channel the sums over states of ghh * B and of dL/ddt; after the last round du = dt *
-//      sum(ghh * B) + D * dy and ddelta are stored and each thread adds its dD / ddelta_bias terms.
+//      per channel the sums over states of ghh * B and of dL/ddt (at N = 1 dt recomputed from delta
+//      read again, bitwise as in A); after the last round du = dt * sum(ghh * B) + D * dy and ddelta
+//      are stored and each thread adds its dD / ddelta_bias (at N = 1 also dA) terms.
 // Edge passes (kColumnEdges, kRowEdges; see backward_impl) stop after step 2's reverse scan
 // (zero carry from below: the carry passed up and the product of Abar down the column) or after
 // the reverse horizontal scan from the true carries (zero carry from the right).
@@ -40,18 +42,21 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const int channels = p.k.bwd_channels;
   const int wpc = kOne ? 1 : p.k.bwd_wpc;
   const int pass = kOne ? static_cast<int>(kSequential) : p.pass;
-  // The vertical scans of the full pass: unrolled completely where registers allow (the
-  // one-state variant), else by 8 (the general variant stays below 255 registers).
-  constexpr int kScanUnroll = kOne ? kTile : 8;
+  // The vertical scans of the full pass: unrolled by 16 in the one-state variant (completely, it
+  // no longer fits its 128 registers without spilling), else by 8 (the general variant stays below
+  // 255 registers).
+  constexpr int kScanUnroll = kOne ? 16 : 8;
   const int nwarps = channels * wpc;
   const int nthreads = ctx.nthreads();
   const int rounds = state_rounds(nstate, wpc);
   const BackwardLayout l = backward_layout(channels, wpc, nstate);
   const int channel_floats = channels * kTileFloats;
-  // u and dy stay on chip only when several state rounds use them (see backward_layout).
+  // u and dy stay on chip only when several state rounds use them, dt only at N > 1 (see
+  // backward_layout); else the last phase reads them again (and recomputes dt).
   const bool keep_inputs = rounds > 1;
+  const bool keep_dt = !kOne && backward_keeps_dt(nstate);
   const int carried_floats = keep_inputs ? channel_floats : 0;
-  auto dt_t = ctx.template shared<float>(smem, l.dt, channel_floats);
+  auto dt_t = ctx.template shared<float>(smem, l.dt, keep_dt ? channel_floats : 0);
   auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
   auto dy_t = ctx.template shared<float>(smem, l.dy, carried_floats);
   auto sumb_t = ctx.template shared<float>(smem, l.sum_b, carried_floats);
@@ -95,16 +100,23 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
   const int per_slice = g.dim / g.groups / slices;
-  // Per thread and channel: its share of dD (sum of dy * u) and of ddelta_bias (sum of ddelta).
-  float part[Ctx::kThreadSlots][2][kMaxWarps];
+  // Per thread and channel: its share of dD (sum of dy * u), of ddelta_bias (sum of ddelta) and,
+  // where dt is not kept (N = 1), of dA (sum of dL/dAbar * Abar * dt).
+  constexpr int kParts = 3;
+  float part[Ctx::kThreadSlots][kParts][kMaxWarps];
 
   for (int set = 0; set < per_slice; set += channels) {
     const int d0 = group * (g.dim / g.groups) + slice * per_slice + set;
     if (full) {
       ctx.each_thread([&](int t) {
-        for (int i = t; i < channels * nstate; i += nthreads) dA_s[i] = 0.f;
+        if (keep_dt) {
+          for (int i = t; i < channels * nstate; i += nthreads) dA_s[i] = 0.f;
+        }
 SS2D_UNROLL
-        for (int s = 0; s < kMaxWarps; ++s) part[ctx.thread_slot(t)][0][s] = part[ctx.thread_slot(t)][1][s] = 0.f;
+        for (int i = 0; i < kParts; ++i) {
+SS2D_UNROLL
+          for (int s = 0; s < kMaxWarps; ++s) part[ctx.thread_slot(t)][i][s] = 0.f;
+        }
       });
     }
     for (int tile = sequential ? tiles - 1 : tile_z; tile >= (sequential ? 0 : tile_z); --tile) {
@@ -148,7 +160,7 @@ SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
                 const int e = s * kTileFloats + tile_offset(r, c0 + k);
                 dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
-                dt_t[e] = dt[k];
+                if (keep_dt) dt_t[e] = dt[k];
                 if (keep_inputs) {
                   if (full) u_t[e] = uq[k];
                   dy_t[e] = dyq[k];
@@ -228,7 +240,7 @@ SS2D_UNROLL_BY(8)
             return;
           }
           const float a_n = p.A[map % g.dim * nstate + n];
-          auto dts = dt_t + s * kTileFloats;
+          auto dts = dt_t + (keep_dt ? s * kTileFloats : 0);
           auto top = top_s + w * kTile;
           auto lane_dA = lane_s + w * kTile;
           float hh_row[Ctx::kLaneSlots][kTile];
@@ -302,13 +314,18 @@ SS2D_UNROLL
               const float vertical = map_top ? 0.f : gh * static_cast<float>(above[c]) * a;
               const float dabar = vertical + ghh * hh_left * a;
               gv[e] = ghh;
-              abar[e] = dabar * a_n;
-              dA_lane += dabar * dts[e];
+              if (keep_dt) {
+                abar[e] = dabar * a_n;
+                dA_lane += dabar * dts[e];
+              } else {
+                abar[e] = dabar;
+              }
               gnext = a * ghh;
             }
             if (sequential) hcar[(s * nstate + n) * kTile + r] = gnext;
-            lane_dA[r] = dA_lane;
+            if (keep_dt) lane_dA[r] = dA_lane;
           });
+          if (!keep_dt) return;
           ctx.sync_warp();
           ctx.each_lane([&](int lane) {
             if (lane != 0) return;
@@ -356,7 +373,19 @@ SS2D_UNROLL
                 load_quad<T>(ctx, g, dyT, pl, at, dyq);
               }
             }
-            float sumb[kQuad], ddt[kQuad];
+            // dt: from its tile, or recomputed from delta exactly as the first phase did.
+            float dtq[kQuad];
+            if (keep_dt) {
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) dtq[k] = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
+            } else {
+              float dq[kQuad];
+              const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
+              const float bias = p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) dtq[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
+            }
+            float sumb[kQuad], ddt[kQuad], dA_terms = 0.f;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
               const int ce = s * kTileFloats + tile_offset(r, c0 + k);
@@ -365,19 +394,28 @@ SS2D_UNROLL
             }
 SS2D_UNROLL
             for (int j = 0; j < kMaxWarps; ++j) {
-              if (j >= wpc || round * wpc + j >= nstate) continue;
+              const int n = round * wpc + j;
+              if (j >= wpc || n >= nstate) continue;
               const int w = s * wpc + j;
+              // Without a dt tile the warps left dL/dAbar * Abar, scaled here (by A[n]: the dL/ddt
+              // term; by dt: the dA terms).
+              const float a_n = keep_dt ? 1.f : p.A[static_cast<int64_t>(d0 + s) * nstate + n];
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
                 const int e = tile_offset(r, c0 + k);
-                const int ce = s * kTileFloats + e;
                 const float ghh = warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e];
                 const float uv = uq[k];
                 const float bv = b_t[j * kTileFloats + e];
-                db[j][k] += ghh * dt_t[ce] * uv;
+                const float dabar = warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
+                db[j][k] += ghh * dtq[k] * uv;
                 dc[j][k] += dyq[k] * warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e];
                 sumb[k] += ghh * bv;
-                ddt[k] += warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] + ghh * bv * uv;
+                if (keep_dt) {
+                  ddt[k] += dabar + ghh * bv * uv;
+                } else {
+                  ddt[k] += dabar * a_n + ghh * bv * uv;
+                  dA_terms += dabar * dtq[k];
+                }
               }
             }
             if (!last) {
@@ -396,7 +434,7 @@ SS2D_UNROLL
             float dD_terms = 0.f, ddb_terms = 0.f;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
-              const float dt = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
+              const float dt = dtq[k];
               const float dyv = dyq[k];
               duq[k] = dt * sumb[k] + dskip * dyv;
               ddq[k] = p.softplus ? ddt[k] * softplus_grad_from_value(dt) : ddt[k];
@@ -409,6 +447,7 @@ SS2D_UNROLL
               if (i != s) continue;
               part[ctx.thread_slot(t)][0][i] += dD_terms;
               part[ctx.thread_slot(t)][1][i] += ddb_terms;
+              part[ctx.thread_slot(t)][2][i] += dA_terms;
             }
             store_quad<T>(ctx, g, du_g, pl, at, duq);
             store_quad<T>(ctx, g, ddelta_g, pl, at, ddq);
@@ -426,30 +465,39 @@ SS2D_UNROLL
       }
     }
     if (full) {
-      // dD / ddelta_bias: the threads' shares summed in thread order (the warp tiles are free now).
+      // dD / ddelta_bias (/ dA without a dt tile): the threads' shares summed in thread order (the
+      // warp tiles are free now).
       ctx.barrier();
-      auto red = ctx.template shared<float>(smem, l.warp, 2 * channels * nthreads);
+      const int nparts = keep_dt ? 2 : kParts;
+      auto red = ctx.template shared<float>(smem, l.warp, nparts * channels * nthreads);
       ctx.each_thread([&](int t) {
 SS2D_UNROLL
-        for (int s = 0; s < kMaxWarps; ++s) {
-          if (s >= channels) continue;
-          red[s * nthreads + t] = part[ctx.thread_slot(t)][0][s];
-          red[(channels + s) * nthreads + t] = part[ctx.thread_slot(t)][1][s];
+        for (int i = 0; i < kParts; ++i) {
+SS2D_UNROLL
+          for (int s = 0; s < kMaxWarps; ++s) {
+            if (i < nparts && s < channels) red[(i * channels + s) * nthreads + t] = part[ctx.thread_slot(t)][i][s];
+          }
         }
       });
       ctx.barrier();
       ctx.each_thread([&](int t) {
         if (t >= channels) return;
-        float dD = 0.f, ddb = 0.f;
+        float sums[kParts] = {0.f, 0.f, 0.f};
         for (int i = 0; i < nthreads; ++i) {
-          dD += red[t * nthreads + i];
-          ddb += red[(channels + t) * nthreads + i];
+SS2D_UNROLL
+          for (int j = 0; j < kParts; ++j) {
+            if (j < nparts) sums[j] += red[(j * channels + t) * nthreads + i];
+          }
         }
         const int64_t map = static_cast<int64_t>(bb) * g.dim + d0 + t;
         const int64_t row = (sequential ? 0 : tile_z) * maps(g) + map;
-        dD_part[row] = dD;
-        ddb_part[row] = ddb;
-        for (int n = 0; n < nstate; ++n) dA_part[row * nstate + n] = dA_s[t * nstate + n];
+        dD_part[row] = sums[0];
+        ddb_part[row] = sums[1];
+        if (keep_dt) {
+          for (int n = 0; n < nstate; ++n) dA_part[row * nstate + n] = dA_s[t * nstate + n];
+        } else {
+          dA_part[row] = sums[2];
+        }
       });
     }
     if (set + channels < per_slice) ctx.barrier();  // before the next channels reuse the tiles
