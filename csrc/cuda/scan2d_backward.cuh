@@ -385,6 +385,8 @@ SS2D_UNROLL
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) dtq[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
             }
+            // The sums over states so far: from the earlier rounds' tiles, else set by the round's
+            // first state (no adds to 0).
             float sumb[kQuad], ddt[kQuad], dA_terms = 0.f;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
@@ -409,13 +411,12 @@ SS2D_UNROLL
                 const float dabar = warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
                 db[j][k] += ghh * dtq[k] * uv;
                 dc[j][k] += dyq[k] * warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e];
-                sumb[k] += ghh * bv;
-                if (keep_dt) {
-                  ddt[k] += dabar + ghh * bv * uv;
-                } else {
-                  ddt[k] += dabar * a_n + ghh * bv * uv;
-                  dA_terms += dabar * dtq[k];
-                }
+                const float ghh_b = ghh * bv;
+                const float state_ddt = (keep_dt ? dabar : dabar * a_n) + ghh_b * uv;
+                const bool first = round == 0 && j == 0;
+                sumb[k] = first ? ghh_b : sumb[k] + ghh_b;
+                ddt[k] = first ? state_ddt : ddt[k] + state_ddt;
+                if (!keep_dt) dA_terms += dabar * dtq[k];
               }
             }
             if (!last) {
