@@ -46,6 +46,10 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   // no longer fits its 128 registers without spilling), else by 8 (the general variant stays below
   // 255 registers).
   constexpr int kScanUnroll = kOne ? 16 : 8;
+  // The block phases' channel loops: rolled in the general variant (one copy of the accesses), in
+  // the one-state variant unrolled over up to kMaxWarps channels (the model plan's 4), so that
+  // address arithmetic and per-channel selections fold at compile time.
+  constexpr int kChannelSlots = kOne ? kMaxWarps : 1;
   const int nwarps = channels * wpc;
   const int nthreads = ctx.nthreads();
   const int rounds = state_rounds(nstate, wpc);
@@ -140,9 +144,10 @@ SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
             }
           }
-          // One channel per trip (a rolled loop: one copy of the delta / u / dy accesses).
-SS2D_UNROLL_BY(1)
-          for (int s = 0; s < channels; ++s) {
+          // One channel per trip (kChannelSlots).
+SS2D_UNROLL_BY(kChannelSlots)
+          for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
+            if (s >= channels) continue;
             float dt[kQuad], uq[kQuad] = {0.f, 0.f, 0.f, 0.f}, dyq[kQuad];
             if (round == 0) {
               const int d = d0 + s;
@@ -352,8 +357,9 @@ SS2D_UNROLL
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) db[j][k] = dc[j][k] = 0.f;
           }
-SS2D_UNROLL_BY(1)
-          for (int s = 0; s < channels; ++s) {
+SS2D_UNROLL_BY(kChannelSlots)
+          for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
+            if (s >= channels) continue;
             const Plane pl{g.dim, d0 + s};
             // u and dy: kept on chip with several rounds, else read again (from L2: the block read
             // them in this tile's first phase), which leaves room for a third block per SM.
