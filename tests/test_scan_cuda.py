@@ -274,6 +274,20 @@ def test_kernel_softplus_gradient_is_within_its_error_bound():
 
 
 @needs_module
+def test_kernel_sigmoid_from_softplus_is_within_its_error_bound():
+    # The N = 1 backward's ddelta factor sigmoid(z) = exp(z - softplus(z)) (no dt tile: dt is
+    # recomputed from delta) against torch.sigmoid in float64: relative error <= 1e-5 wherever
+    # sigmoid is a normal float (z >= -87), dense around softplus's branch points.
+    z = torch.cat([torch.linspace(-87.0, 40.0, 200_001), torch.linspace(-3.6, -3.3, 20_001),
+                   torch.linspace(-1e-3, 1e-3, 2_001), torch.linspace(19.99, 20.01, 2_001),
+                   torch.tensor([-0.0, 0.0, 1e-30, -1e-30])])
+    got = CUDA_MODULE._sigmoid_from_softplus(z).double()
+    exact = torch.sigmoid(z.double())
+    relative = ((got - exact).abs() / exact).max().item()
+    assert relative <= 1e-5, relative
+
+
+@needs_module
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_emulated_kernel_softplus_passes_large_arguments_through(dtype):
     # torch's softplus returns z itself above its threshold 20: delta + bias on both sides of it.

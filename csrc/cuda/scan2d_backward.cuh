@@ -6,6 +6,14 @@
 namespace vmamba2d {
 namespace scan2d {
 
+// d softplus(z) / dz = sigmoid(z) from z and dt = softplus(z) (the kernels' softplus): sigmoid(z) =
+// exp(z - softplus(z)), one exp where the backward recomputes dt from delta anyway (N = 1; half the
+// instructions of softplus_grad_from_value). z - dt is exact to the rounding of dt (<= |z| 2^-24
+// absolute above z = -2^-5 / below it, the error of softplus's log1p near z = 0 is < 2e-7
+// absolute) and exp2f's argument rounds by <= |z| log2(e) 2^-24: relative error below 1e-5 for
+// z >= -87 (sigmoid a normal float); tests/test_scan_cuda.py checks it on the host build.
+SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2f((z - dt) * kLog2e); }
+
 // Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`,
 // `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
 // walked in reverse (bottom-right first), or, in the tile-parallel passes, only tile `tile_z` with
@@ -379,17 +387,27 @@ SS2D_UNROLL
                 load_quad<T>(ctx, g, dyT, pl, at, dyq);
               }
             }
-            // dt: from its tile, or recomputed from delta exactly as the first phase did.
-            float dtq[kQuad];
+            // dt and, with softplus, d dt / d(delta + bias) (0 on padding cells): from the dt tile,
+            // or recomputed from delta (dt exactly as the first phase did).
+            float dtq[kQuad], slope[kQuad];
             if (keep_dt) {
 SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) dtq[k] = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
+              for (int k = 0; k < kQuad; ++k) {
+                dtq[k] = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
+                slope[k] = p.softplus ? softplus_grad_from_value(dtq[k]) : 1.f;
+              }
             } else {
               float dq[kQuad];
               const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
               const float bias = p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
 SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) dtq[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
+              for (int k = 0; k < kQuad; ++k) {
+                const bool is_real = (real >> k) & 1u;
+                dtq[k] = dt_of(p, dq[k], bias, is_real);
+                // Evaluated on every cell and then selected: no branch around the exp.
+                const float sg = sigmoid_from_softplus(dq[k] + bias, dtq[k]);
+                slope[k] = is_real ? sg : 0.f;
+              }
             }
             // The sums over states so far: from the earlier rounds' tiles, else set by the round's
             // first state (no adds to 0).
@@ -444,7 +462,7 @@ SS2D_UNROLL
               const float dt = dtq[k];
               const float dyv = dyq[k];
               duq[k] = dt * sumb[k] + dskip * dyv;
-              ddq[k] = p.softplus ? ddt[k] * softplus_grad_from_value(dt) : ddt[k];
+              ddq[k] = p.softplus ? ddt[k] * slope[k] : ddt[k];
               dD_terms += dyv * uq[k];
               ddb_terms += ddq[k];
             }
