@@ -50,10 +50,11 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const int channels = p.k.bwd_channels;
   const int wpc = kOne ? 1 : p.k.bwd_wpc;
   const int pass = kOne ? static_cast<int>(kSequential) : p.pass;
-  // The vertical scans of the full pass: unrolled by 16 in the one-state variant (completely, it
-  // no longer fits its 128 registers without spilling), else by 8 (the general variant stays below
-  // 255 registers).
-  constexpr int kScanUnroll = kOne ? 16 : 8;
+  // The vertical scans of the full pass: in the one-state variant h's completely and dL/dh's by 16
+  // (both completely no longer fit its 128 registers without spilling), else by 8 (the general
+  // variant stays below 255 registers).
+  constexpr int kScanUnroll = kOne ? kTile : 8;
+  constexpr int kReverseScanUnroll = kOne ? kTile / 2 : 8;
   // The block phases' channel loops: rolled in the general variant (one copy of the accesses), in
   // the one-state variant unrolled over up to kMaxWarps channels (the model plan's 4), so that
   // address arithmetic and per-channel selections fold at compile time.
@@ -289,7 +290,7 @@ SS2D_UNROLL_BY(kScanUnroll)
               gnext = gcarry_v[gslot];
             }
             float gh = 0.f;
-SS2D_UNROLL_BY(kScanUnroll)
+SS2D_UNROLL_BY(kReverseScanUnroll)
             for (int r = kTile - 1; r >= 0; --r) {
               if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = 0.f;
               const int e = tile_offset(r, c);
