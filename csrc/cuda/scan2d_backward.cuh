@@ -19,7 +19,7 @@ SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2
 // walked in reverse (bottom-right first), or, in the tile-parallel passes, only tile `tile_z` with
 // the gradient carries into it from grad_in_v / grad_in_h. Per tile and state round:
 //   A (block): the B and C quads of each of the round's states, loaded once for all channels; per
-//      channel (a rolled loop) dt, u, dy quads (first round; dt into its channel tile at N > 1, u
+//      channel (kChannelSlots) dt, u, dy quads (first round; dt into its channel tile at N > 1, u
 //      and dy too when there are more rounds), and per warp of the channel Abar = exp(dt * A[n])
 //      -- the pass's only exp --, g = dy * C and x = dt * B * u;
 //   (barrier) scans (warp w, shared memory only):
@@ -33,12 +33,13 @@ SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2
 //         (times A[n]) replaces Abar and whose dA term (times dt) the lanes sum -- at N = 1, with
 //         no dt tile, dL/dAbar * Abar itself replaces Abar and phase B scales it;
 //   (barrier) B (block): per state, dB = sum over channels of ghh * dt * u and dC = sum of dy * h,
-//      in channel order (the channels one per trip of a rolled loop; u and dy from their tiles,
+//      in channel order (the channels one per trip, kChannelSlots; u and dy from their tiles,
 //      or with one state round read again from global memory / L2, so that no u / dy tiles take
 //      shared memory), added once per cell into the slice's partials (one vector add per quad);
 //      per channel the sums over states of ghh * B and of dL/ddt (at N = 1 dt recomputed from delta
-//      read again, bitwise as in A); after the last round du = dt * sum(ghh * B) + D * dy and ddelta
-//      are stored and each thread adds its dD / ddelta_bias (at N = 1 also dA) terms.
+//      read again, bitwise as in A, and ddelta's factor sigmoid = exp(z - dt)); after the last
+//      round du = dt * sum(ghh * B) + D * dy and ddelta are stored and each thread adds its dD /
+//      ddelta_bias (at N = 1 also dA) terms.
 // Edge passes (kColumnEdges, kRowEdges; see backward_impl) stop after step 2's reverse scan
 // (zero carry from below: the carry passed up and the product of Abar down the column) or after
 // the reverse horizontal scan from the true carries (zero carry from the right).
@@ -358,8 +359,7 @@ SS2D_UNROLL
         each_quad(ctx, [&](int t, int r, int c0) {
           const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
           // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
-          // local memory); the channels one per trip of a rolled loop (one copy of the du /
-          // ddelta accesses in the code).
+          // local memory); the channels one per trip (kChannelSlots).
           float db[kMaxWarps][kQuad], dc[kMaxWarps][kQuad];
 SS2D_UNROLL
           for (int j = 0; j < kMaxWarps; ++j) {
@@ -501,7 +501,8 @@ SS2D_UNROLL
         for (int i = 0; i < kParts; ++i) {
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
-            if (i < nparts && s < channels) red[(i * channels + s) * nthreads + t] = part[ctx.thread_slot(t)][i][s];
+            if (i >= nparts || s >= channels) continue;
+            red[(i * channels + s) * nthreads + t] = part[ctx.thread_slot(t)][i][s];
           }
         }
       });
