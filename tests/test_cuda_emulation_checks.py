@@ -121,13 +121,13 @@ DEVICES = {  # shared memory per SM / per block (opt-in) of real GPUs
 
 
 @needs_module
-@pytest.mark.parametrize("device, channels_per_block", [("T4", 2), ("A100", 4), ("H100", 4)])
+@pytest.mark.parametrize("device, channels_per_block", [("T4", 4), ("A100", 4), ("H100", 4)])
 def test_one_state_backward_blocks_hold_four_channels_where_they_fit(device, channels_per_block):
-    # N = 1 backward blocks take ~17 KB of shared memory per channel (the dt tile and 3 warp tiles;
-    # with one state round u and dy are read again in the last phase) + one B tile: 4 channels (128
-    # threads, 72 KB) fit three times on an H100 / H200 SM and twice on an A100 SM; on a T4 (64 KB)
-    # 1 or 2 channels keep 2 warps resident and the block takes 2. Seen in the barrier count of 2x2
-    # tiles: per set of channels 2 per tile + 2 around the reduction, + 1 between sets.
+    # N = 1 backward blocks take ~13 KB of shared memory per channel (3 warp tiles; with one state
+    # round dt is recomputed and u and dy are read again in the last phase) + one B tile: 4 channels
+    # (128 threads, 55 KB) fit four times on an H100 / H200 SM, twice on an A100 SM and once on a
+    # T4 (64 KB), where no smaller block keeps more than those 4 warps resident. Seen in the barrier
+    # count of 2x2 tiles: per set of channels 2 per tile + 2 around the reduction, + 1 between sets.
     inputs = make_inputs(2, 4, 1, 1, 40, 40, seed=9)  # 2 maps per channel: 1 slice per group
     args = [inputs[k] for k in ORDER]
     options = dict(sm_count=1, **DEVICES[device])

@@ -359,7 +359,7 @@ def _missing_piece() -> str:
 def test_kernels_meet_the_static_targets_they_have_reached(tmp_path, capsys):
     out = tmp_path / "static.md"
     status = sass_report.main(["--archs", "9.0", "--out", str(out), "--require", "zero spills", "lost slots",
-                               "forward resident warps", "ratchet"])
+                               "forward resident warps", "backward resident warps", "ratchet"])
     printed = capsys.readouterr().out
     assert status == 0, printed
     text = out.read_text()

@@ -274,6 +274,20 @@ def test_kernel_softplus_gradient_is_within_its_error_bound():
 
 
 @needs_module
+def test_kernel_sigmoid_from_softplus_is_within_its_error_bound():
+    # The N = 1 backward's ddelta factor sigmoid(z) = exp(z - softplus(z)) (no dt tile: dt is
+    # recomputed from delta) against torch.sigmoid in float64: relative error <= 1e-5 wherever
+    # sigmoid is a normal float (z >= -87), dense around softplus's branch points.
+    z = torch.cat([torch.linspace(-87.0, 40.0, 200_001), torch.linspace(-3.6, -3.3, 20_001),
+                   torch.linspace(-1e-3, 1e-3, 2_001), torch.linspace(19.99, 20.01, 2_001),
+                   torch.tensor([-0.0, 0.0, 1e-30, -1e-30])])
+    got = CUDA_MODULE._sigmoid_from_softplus(z).double()
+    exact = torch.sigmoid(z.double())
+    relative = ((got - exact).abs() / exact).max().item()
+    assert relative <= 1e-5, relative
+
+
+@needs_module
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_emulated_kernel_softplus_passes_large_arguments_through(dtype):
     # torch's softplus returns z itself above its threshold 20: delta + bias on both sides of it.
@@ -335,14 +349,14 @@ def test_emulated_aligned_tiles_move_every_quad_as_one_vector():
     # aligned, so every quad is one vector access, and B / C quads are loaded once per block, not
     # per channel. Forward: per channel delta, u loads, u again for y = D * u after the scans (one
     # state round keeps no y tile) + y stores; per block B, C loads. Backward:
-    # per channel delta, u, dy loads, u and dy again in the last phase (one state round keeps no
-    # u / dy tiles) + du, ddelta stores; per block B, C loads and one vector read-modify-write (2
-    # accesses) each of the dB and dC partials.
+    # per channel delta, u, dy loads, delta, u and dy again in the last phase (one state keeps no
+    # dt / u / dy tiles) + du, ddelta stores; per block B, C loads and one vector read-modify-write
+    # (2 accesses) each of the dB and dC partials.
     batch, dim = 1, 4
     inputs = make_inputs(batch, dim, 1, 1, 32, 32, seed=11)
     fwd, bwd = _emulated_vector_accesses(inputs, 32, 32, sm_count=1)
     assert fwd == batch * (dim * 4 + 2) * QUADS_PER_TILE
-    assert bwd == batch * (dim * 7 + 2 + 4) * QUADS_PER_TILE
+    assert bwd == batch * (dim * 8 + 2 + 4) * QUADS_PER_TILE
 
 
 @needs_module

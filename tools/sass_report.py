@@ -751,8 +751,8 @@ class Target:
 RATCHET = {
     ("forward", "fp32"): (99.5, 58),
     ("forward", "bf16"): (111.0, 61),
-    ("backward", "fp32"): (188.5, 168),
-    ("backward", "bf16"): (212.0, 168),
+    ("backward", "fp32"): (182.0, 128),
+    ("backward", "bf16"): (215.0, 128),
 }
 
 

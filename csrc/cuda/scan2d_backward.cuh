@@ -6,14 +6,22 @@
 namespace vmamba2d {
 namespace scan2d {
 
+// d softplus(z) / dz = sigmoid(z) from z and dt = softplus(z) (the kernels' softplus): sigmoid(z) =
+// exp(z - softplus(z)), one exp where the backward recomputes dt from delta anyway (N = 1; half the
+// instructions of softplus_grad_from_value). z - dt is exact to the rounding of dt (<= |z| 2^-24
+// absolute above z = -2^-5 / below it, the error of softplus's log1p near z = 0 is < 2e-7
+// absolute) and exp2f's argument rounds by <= |z| log2(e) 2^-24: relative error below 1e-5 for
+// z >= -87 (sigmoid a normal float); tests/test_scan_cuda.py checks it on the host build.
+SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2f((z - dt) * kLog2e); }
+
 // Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`,
 // `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
 // walked in reverse (bottom-right first), or, in the tile-parallel passes, only tile `tile_z` with
 // the gradient carries into it from grad_in_v / grad_in_h. Per tile and state round:
 //   A (block): the B and C quads of each of the round's states, loaded once for all channels; per
-//      channel (a rolled loop) dt, u, dy quads (first round; dt into its channel tile, u and dy
-//      too when there are more rounds), and per warp of the channel Abar = exp(dt * A[n]) -- the
-//      pass's only exp --, g = dy * C and x = dt * B * u;
+//      channel (kChannelSlots) dt, u, dy quads (first round; dt into its channel tile at N > 1, u
+//      and dy too when there are more rounds), and per warp of the channel Abar = exp(dt * A[n])
+//      -- the pass's only exp --, g = dy * C and x = dt * B * u;
 //   (barrier) scans (warp w, shared memory only):
 //      1. row lanes recompute hh from the saved carry (in place over x; the row is also kept in
 //         registers for step 3);
@@ -22,13 +30,16 @@ namespace scan2d {
 //      3. row lanes: the reverse horizontal scan
 //             ghh[c] = gh[c] + Abar[c+1] * ghh[c+1]            (dL/dx, in place over g)
 //         and dL/dAbar * Abar = gh * h[r-1] * Abar + ghh * hh[c-1] * Abar, whose dL/ddt term
-//         (times A[n]) replaces Abar and whose dA term (times dt) the lanes sum;
+//         (times A[n]) replaces Abar and whose dA term (times dt) the lanes sum -- at N = 1, with
+//         no dt tile, dL/dAbar * Abar itself replaces Abar and phase B scales it;
 //   (barrier) B (block): per state, dB = sum over channels of ghh * dt * u and dC = sum of dy * h,
-//      in channel order (the channels one per trip of a rolled loop; u and dy from their tiles,
+//      in channel order (the channels one per trip, kChannelSlots; u and dy from their tiles,
 //      or with one state round read again from global memory / L2, so that no u / dy tiles take
 //      shared memory), added once per cell into the slice's partials (one vector add per quad);
-//      per channel the sums over states of ghh * B and of dL/ddt; after the last round du = dt *
-//      sum(ghh * B) + D * dy and ddelta are stored and each thread adds its dD / ddelta_bias terms.
+//      per channel the sums over states of ghh * B and of dL/ddt (at N = 1 dt recomputed from delta
+//      read again, bitwise as in A, and ddelta's factor sigmoid = exp(z - dt)); after the last
+//      round du = dt * sum(ghh * B) + D * dy and ddelta are stored and each thread adds its dD /
+//      ddelta_bias (at N = 1 also dA) terms.
 // Edge passes (kColumnEdges, kRowEdges; see backward_impl) stop after step 2's reverse scan
 // (zero carry from below: the carry passed up and the product of Abar down the column) or after
 // the reverse horizontal scan from the true carries (zero carry from the right).
@@ -40,18 +51,26 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const int channels = p.k.bwd_channels;
   const int wpc = kOne ? 1 : p.k.bwd_wpc;
   const int pass = kOne ? static_cast<int>(kSequential) : p.pass;
-  // The vertical scans of the full pass: unrolled completely where registers allow (the
-  // one-state variant), else by 8 (the general variant stays below 255 registers).
+  // The vertical scans of the full pass: in the one-state variant h's completely and dL/dh's by 16
+  // (both completely no longer fit its 128 registers without spilling), else by 8 (the general
+  // variant stays below 255 registers).
   constexpr int kScanUnroll = kOne ? kTile : 8;
+  constexpr int kReverseScanUnroll = kOne ? kTile / 2 : 8;
+  // The block phases' channel loops: rolled in the general variant (one copy of the accesses), in
+  // the one-state variant unrolled over up to kMaxWarps channels (the model plan's 4), so that
+  // address arithmetic and per-channel selections fold at compile time.
+  constexpr int kChannelSlots = kOne ? kMaxWarps : 1;
   const int nwarps = channels * wpc;
   const int nthreads = ctx.nthreads();
   const int rounds = state_rounds(nstate, wpc);
   const BackwardLayout l = backward_layout(channels, wpc, nstate);
   const int channel_floats = channels * kTileFloats;
-  // u and dy stay on chip only when several state rounds use them (see backward_layout).
+  // u and dy stay on chip only when several state rounds use them, dt only at N > 1 (see
+  // backward_layout); else the last phase reads them again (and recomputes dt).
   const bool keep_inputs = rounds > 1;
+  const bool keep_dt = !kOne && backward_keeps_dt(nstate);
   const int carried_floats = keep_inputs ? channel_floats : 0;
-  auto dt_t = ctx.template shared<float>(smem, l.dt, channel_floats);
+  auto dt_t = ctx.template shared<float>(smem, l.dt, keep_dt ? channel_floats : 0);
   auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
   auto dy_t = ctx.template shared<float>(smem, l.dy, carried_floats);
   auto sumb_t = ctx.template shared<float>(smem, l.sum_b, carried_floats);
@@ -95,16 +114,23 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
   const int per_slice = g.dim / g.groups / slices;
-  // Per thread and channel: its share of dD (sum of dy * u) and of ddelta_bias (sum of ddelta).
-  float part[Ctx::kThreadSlots][2][kMaxWarps];
+  // Per thread and channel: its share of dD (sum of dy * u), of ddelta_bias (sum of ddelta) and,
+  // where dt is not kept (N = 1), of dA (sum of dL/dAbar * Abar * dt).
+  constexpr int kParts = 3;
+  float part[Ctx::kThreadSlots][kParts][kMaxWarps];
 
   for (int set = 0; set < per_slice; set += channels) {
     const int d0 = group * (g.dim / g.groups) + slice * per_slice + set;
     if (full) {
       ctx.each_thread([&](int t) {
-        for (int i = t; i < channels * nstate; i += nthreads) dA_s[i] = 0.f;
+        if (keep_dt) {
+          for (int i = t; i < channels * nstate; i += nthreads) dA_s[i] = 0.f;
+        }
 SS2D_UNROLL
-        for (int s = 0; s < kMaxWarps; ++s) part[ctx.thread_slot(t)][0][s] = part[ctx.thread_slot(t)][1][s] = 0.f;
+        for (int i = 0; i < kParts; ++i) {
+SS2D_UNROLL
+          for (int s = 0; s < kMaxWarps; ++s) part[ctx.thread_slot(t)][i][s] = 0.f;
+        }
       });
     }
     for (int tile = sequential ? tiles - 1 : tile_z; tile >= (sequential ? 0 : tile_z); --tile) {
@@ -128,9 +154,10 @@ SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
             }
           }
-          // One channel per trip (a rolled loop: one copy of the delta / u / dy accesses).
-SS2D_UNROLL_BY(1)
-          for (int s = 0; s < channels; ++s) {
+          // One channel per trip (kChannelSlots).
+SS2D_UNROLL_BY(kChannelSlots)
+          for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
+            if (s >= channels) continue;
             float dt[kQuad], uq[kQuad] = {0.f, 0.f, 0.f, 0.f}, dyq[kQuad];
             if (round == 0) {
               const int d = d0 + s;
@@ -148,7 +175,7 @@ SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
                 const int e = s * kTileFloats + tile_offset(r, c0 + k);
                 dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
-                dt_t[e] = dt[k];
+                if (keep_dt) dt_t[e] = dt[k];
                 if (keep_inputs) {
                   if (full) u_t[e] = uq[k];
                   dy_t[e] = dyq[k];
@@ -228,7 +255,7 @@ SS2D_UNROLL_BY(8)
             return;
           }
           const float a_n = p.A[map % g.dim * nstate + n];
-          auto dts = dt_t + s * kTileFloats;
+          auto dts = dt_t + (keep_dt ? s * kTileFloats : 0);
           auto top = top_s + w * kTile;
           auto lane_dA = lane_s + w * kTile;
           float hh_row[Ctx::kLaneSlots][kTile];
@@ -264,7 +291,7 @@ SS2D_UNROLL_BY(kScanUnroll)
               gnext = gcarry_v[gslot];
             }
             float gh = 0.f;
-SS2D_UNROLL_BY(kScanUnroll)
+SS2D_UNROLL_BY(kReverseScanUnroll)
             for (int r = kTile - 1; r >= 0; --r) {
               if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = 0.f;
               const int e = tile_offset(r, c);
@@ -302,13 +329,18 @@ SS2D_UNROLL
               const float vertical = map_top ? 0.f : gh * static_cast<float>(above[c]) * a;
               const float dabar = vertical + ghh * hh_left * a;
               gv[e] = ghh;
-              abar[e] = dabar * a_n;
-              dA_lane += dabar * dts[e];
+              if (keep_dt) {
+                abar[e] = dabar * a_n;
+                dA_lane += dabar * dts[e];
+              } else {
+                abar[e] = dabar;
+              }
               gnext = a * ghh;
             }
             if (sequential) hcar[(s * nstate + n) * kTile + r] = gnext;
-            lane_dA[r] = dA_lane;
+            if (keep_dt) lane_dA[r] = dA_lane;
           });
+          if (!keep_dt) return;
           ctx.sync_warp();
           ctx.each_lane([&](int lane) {
             if (lane != 0) return;
@@ -327,16 +359,16 @@ SS2D_UNROLL
         each_quad(ctx, [&](int t, int r, int c0) {
           const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
           // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
-          // local memory); the channels one per trip of a rolled loop (one copy of the du /
-          // ddelta accesses in the code).
+          // local memory); the channels one per trip (kChannelSlots).
           float db[kMaxWarps][kQuad], dc[kMaxWarps][kQuad];
 SS2D_UNROLL
           for (int j = 0; j < kMaxWarps; ++j) {
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) db[j][k] = dc[j][k] = 0.f;
           }
-SS2D_UNROLL_BY(1)
-          for (int s = 0; s < channels; ++s) {
+SS2D_UNROLL_BY(kChannelSlots)
+          for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
+            if (s >= channels) continue;
             const Plane pl{g.dim, d0 + s};
             // u and dy: kept on chip with several rounds, else read again (from L2: the block read
             // them in this tile's first phase), which leaves room for a third block per SM.
@@ -356,7 +388,31 @@ SS2D_UNROLL
                 load_quad<T>(ctx, g, dyT, pl, at, dyq);
               }
             }
-            float sumb[kQuad], ddt[kQuad];
+            // dt and, with softplus, d dt / d(delta + bias) (0 on padding cells): from the dt tile,
+            // or recomputed from delta (dt exactly as the first phase did).
+            float dtq[kQuad], slope[kQuad];
+            if (keep_dt) {
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                dtq[k] = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
+                slope[k] = p.softplus ? softplus_grad_from_value(dtq[k]) : 1.f;
+              }
+            } else {
+              float dq[kQuad];
+              const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
+              const float bias = p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
+SS2D_UNROLL
+              for (int k = 0; k < kQuad; ++k) {
+                const bool is_real = (real >> k) & 1u;
+                dtq[k] = dt_of(p, dq[k], bias, is_real);
+                // Evaluated on every cell and then selected: no branch around the exp.
+                const float sg = sigmoid_from_softplus(dq[k] + bias, dtq[k]);
+                slope[k] = is_real ? sg : 0.f;
+              }
+            }
+            // The sums over states so far: from the earlier rounds' tiles, else set by the round's
+            // first state (no adds to 0).
+            float sumb[kQuad], ddt[kQuad], dA_terms = 0.f;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
               const int ce = s * kTileFloats + tile_offset(r, c0 + k);
@@ -365,19 +421,27 @@ SS2D_UNROLL
             }
 SS2D_UNROLL
             for (int j = 0; j < kMaxWarps; ++j) {
-              if (j >= wpc || round * wpc + j >= nstate) continue;
+              const int n = round * wpc + j;
+              if (j >= wpc || n >= nstate) continue;
               const int w = s * wpc + j;
+              // Without a dt tile the warps left dL/dAbar * Abar, scaled here (by A[n]: the dL/ddt
+              // term; by dt: the dA terms).
+              const float a_n = keep_dt ? 1.f : p.A[static_cast<int64_t>(d0 + s) * nstate + n];
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
                 const int e = tile_offset(r, c0 + k);
-                const int ce = s * kTileFloats + e;
                 const float ghh = warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e];
                 const float uv = uq[k];
                 const float bv = b_t[j * kTileFloats + e];
-                db[j][k] += ghh * dt_t[ce] * uv;
+                const float dabar = warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
+                db[j][k] += ghh * dtq[k] * uv;
                 dc[j][k] += dyq[k] * warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e];
-                sumb[k] += ghh * bv;
-                ddt[k] += warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] + ghh * bv * uv;
+                const float ghh_b = ghh * bv;
+                const float state_ddt = (keep_dt ? dabar : dabar * a_n) + ghh_b * uv;
+                const bool first = round == 0 && j == 0;
+                sumb[k] = first ? ghh_b : sumb[k] + ghh_b;
+                ddt[k] = first ? state_ddt : ddt[k] + state_ddt;
+                if (!keep_dt) dA_terms += dabar * dtq[k];
               }
             }
             if (!last) {
@@ -396,10 +460,10 @@ SS2D_UNROLL
             float dD_terms = 0.f, ddb_terms = 0.f;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
-              const float dt = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
+              const float dt = dtq[k];
               const float dyv = dyq[k];
               duq[k] = dt * sumb[k] + dskip * dyv;
-              ddq[k] = p.softplus ? ddt[k] * softplus_grad_from_value(dt) : ddt[k];
+              ddq[k] = p.softplus ? ddt[k] * slope[k] : ddt[k];
               dD_terms += dyv * uq[k];
               ddb_terms += ddq[k];
             }
@@ -409,6 +473,7 @@ SS2D_UNROLL
               if (i != s) continue;
               part[ctx.thread_slot(t)][0][i] += dD_terms;
               part[ctx.thread_slot(t)][1][i] += ddb_terms;
+              part[ctx.thread_slot(t)][2][i] += dA_terms;
             }
             store_quad<T>(ctx, g, du_g, pl, at, duq);
             store_quad<T>(ctx, g, ddelta_g, pl, at, ddq);
@@ -426,30 +491,40 @@ SS2D_UNROLL
       }
     }
     if (full) {
-      // dD / ddelta_bias: the threads' shares summed in thread order (the warp tiles are free now).
+      // dD / ddelta_bias (/ dA without a dt tile): the threads' shares summed in thread order (the
+      // warp tiles are free now).
       ctx.barrier();
-      auto red = ctx.template shared<float>(smem, l.warp, 2 * channels * nthreads);
+      const int nparts = keep_dt ? 2 : kParts;
+      auto red = ctx.template shared<float>(smem, l.warp, nparts * channels * nthreads);
       ctx.each_thread([&](int t) {
 SS2D_UNROLL
-        for (int s = 0; s < kMaxWarps; ++s) {
-          if (s >= channels) continue;
-          red[s * nthreads + t] = part[ctx.thread_slot(t)][0][s];
-          red[(channels + s) * nthreads + t] = part[ctx.thread_slot(t)][1][s];
+        for (int i = 0; i < kParts; ++i) {
+SS2D_UNROLL
+          for (int s = 0; s < kMaxWarps; ++s) {
+            if (i >= nparts || s >= channels) continue;
+            red[(i * channels + s) * nthreads + t] = part[ctx.thread_slot(t)][i][s];
+          }
         }
       });
       ctx.barrier();
       ctx.each_thread([&](int t) {
         if (t >= channels) return;
-        float dD = 0.f, ddb = 0.f;
+        float sums[kParts] = {0.f, 0.f, 0.f};
         for (int i = 0; i < nthreads; ++i) {
-          dD += red[t * nthreads + i];
-          ddb += red[(channels + t) * nthreads + i];
+SS2D_UNROLL
+          for (int j = 0; j < kParts; ++j) {
+            if (j < nparts) sums[j] += red[(j * channels + t) * nthreads + i];
+          }
         }
         const int64_t map = static_cast<int64_t>(bb) * g.dim + d0 + t;
         const int64_t row = (sequential ? 0 : tile_z) * maps(g) + map;
-        dD_part[row] = dD;
-        ddb_part[row] = ddb;
-        for (int n = 0; n < nstate; ++n) dA_part[row * nstate + n] = dA_s[t * nstate + n];
+        dD_part[row] = sums[0];
+        ddb_part[row] = sums[1];
+        if (keep_dt) {
+          for (int n = 0; n < nstate; ++n) dA_part[row * nstate + n] = dA_s[t * nstate + n];
+        } else {
+          dA_part[row] = sums[2];
+        }
       });
     }
     if (set + channels < per_slice) ctx.barrier();  // before the next channels reuse the tiles

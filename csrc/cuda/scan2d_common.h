@@ -48,10 +48,10 @@ constexpr int kTileQuadShift = kTileCellShift - 2;
 // most 128 threads; the forward and the carry scan at most 65536 / (128 * kMinBlocksPerSm) = 85
 // (ptxas: 80) registers per thread, so that six 4-warp forward blocks (24 warps) fit on an SM; the
 // backward at most 255 (its general variant, whose shared memory allows at most 2 blocks per SM
-// anyway) or 170 (its one-state variant: three blocks per SM, backward_min_blocks_per_sm); no
+// anyway) or 128 (its one-state variant: four blocks per SM, backward_min_blocks_per_sm); no
 // spills. Dynamic shared memory: forward_layout / backward_layout below; e.g. at N = 1 with 4
-// channels per block the forward takes 33 KB (six blocks per H100 / H200 SM) and the backward 71 KB
-// (three).
+// channels per block the forward takes 33 KB (six blocks per H100 / H200 SM) and the backward 55 KB
+// (four).
 // plan_launch picks channels and warps per block from them.
 constexpr int kMinBlocksPerSm = 6;
 constexpr int kMinBackwardBlocksPerSm = 2;
@@ -179,10 +179,11 @@ SS2D_HD inline Variant kernel_variant(const Params& p, int wpc) {
 }
 
 // Blocks per SM each backward variant is compiled for (__launch_bounds__): the one-state variant
-// reads u and dy again in its last phase instead of keeping them on chip (one state round), which
-// with its 168 registers lets three 4-warp blocks share an SM (12 warps on an H100).
+// reads u, dy and delta (for dt) again in its last phase instead of keeping them on chip (one state
+// round, see backward_layout), which with 128 registers lets four 4-warp blocks share an SM (16
+// warps on an H100).
 constexpr int backward_min_blocks_per_sm(Variant v) {
-  return v == Variant::kOneStateSequential ? kMinBackwardBlocksPerSm + 1 : kMinBackwardBlocksPerSm;
+  return v == Variant::kOneStateSequential ? 2 * kMinBackwardBlocksPerSm : kMinBackwardBlocksPerSm;
 }
 
 // One carry propagation between tile-parallel passes (carry_scan_block).
@@ -229,7 +230,7 @@ struct ForwardLayout {
 };
 
 struct BackwardLayout {
-  size_t dt;     // tile per channel: dt
+  size_t dt;     // tile per channel (backward_keeps_dt): dt
   size_t u;      // tile per channel (several rounds): u
   size_t dy;     // tile per channel (several rounds): dy
   size_t sum_b;  // tile per channel (several rounds): sum over states of dL/dx * B
@@ -242,8 +243,9 @@ struct BackwardLayout {
   size_t top;    // float[nwarps][kTile]: h flowing into a tile's first row from the tile above
   size_t total;
 };
-// Per warp: Abar (then the state's dL/ddt term), h (hh, then h), g (dy * C, then dL/dh, then
-// dL/dx). The final dD / ddelta_bias reduction reuses this region.
+// Per warp: Abar (then the state's dL/ddt term, or dL/dAbar * Abar where dt is not kept), h (hh,
+// then h), g (dy * C, then dL/dh, then dL/dx). The final dD / ddelta_bias (/ dA) reduction reuses
+// this region.
 constexpr int kBackwardWarpTiles = 3;
 
 struct LayoutBuilder {
@@ -271,13 +273,19 @@ SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate) {
   return l;
 }
 
+// Whether the backward keeps dt on chip from its first phase to its last. At N = 1 (one warp per
+// channel, one state round) it recomputes dt in the last phase from delta instead (read again from
+// L2 like u and dy), and the warps keep dL/dAbar * Abar for that phase, which also sums dA: four
+// 4-warp blocks then fit into an H100 SM.
+SS2D_HD inline bool backward_keeps_dt(int nstate) { return nstate > 1; }
+
 SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate) {
   LayoutBuilder b;
   BackwardLayout l{};
   const size_t tile = sizeof(float) * kTileFloats;
   const int nwarps = channels * wpc;
   const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
-  l.dt = b.take(tile * channels);
+  l.dt = b.take(tile * (backward_keeps_dt(nstate) ? channels : 0));
   l.u = b.take(tile * carried);
   l.dy = b.take(tile * carried);
   l.sum_b = b.take(tile * carried);

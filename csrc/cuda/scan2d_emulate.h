@@ -64,6 +64,8 @@ int64_t emulation_vector_accesses();
 at::Tensor kernel_softplus(const at::Tensor& z);
 // Its derivative sigmoid(z), from dt = softplus(z) >= 0, as the host build computes it.
 at::Tensor kernel_softplus_grad_from_value(const at::Tensor& dt);
+// sigmoid(z) from z and the kernels' softplus(z) (the N = 1 backward's), as the host build does.
+at::Tensor kernel_sigmoid_from_softplus(const at::Tensor& z);
 
 }  // namespace scan2d
 }  // namespace vmamba2d

@@ -67,11 +67,11 @@ SS2D_HD SS2D_INLINE float log2_1_to_2(float x) {
 // 1e-5 wherever softplus(z) is a normal float (z >= -87); tests/test_scan_cuda.py checks the
 // bound on the host build (libm's log2f), the GPU tests the kernel's results.
 SS2D_HD SS2D_INLINE float softplus(float z) {
-  if (z > 20.f) return z;
   const float t = exp2f(-fabsf(z) * kLog2e);
   const float series = t * (1.f - t * (0.5f - t * (1.f / 3.f - t * 0.25f)));
   const float log1p_t = t < 0.03125f ? series : log2_1_to_2(1.f + t) * kLn2;
-  return fmaxf(z, 0.f) + log1p_t;
+  const float value = fmaxf(z, 0.f) + log1p_t;
+  return z > 20.f ? z : value;  // selected, not branched around: no divergent path per cell
 }
 
 // d softplus(z) / dz = sigmoid(z) = 1 - exp(-dt) with dt = softplus(z) >= 0, in a few instructions:
@@ -242,7 +242,9 @@ SS2D_HD SS2D_INLINE void each_quad(Ctx& ctx, F&& f) {
 
 SS2D_HD SS2D_INLINE float dt_of(const Params& p, float delta, float bias, bool real) {
   const float z = delta + bias;
-  return real ? (p.softplus ? softplus(z) : z) : 0.f;
+  const float sp = softplus(z);  // on every cell, then selected (no branch around the exps)
+  const float v = p.softplus ? sp : z;
+  return real ? v : 0.f;
 }
 
 // The B / C planes of a group, worked out once per block: state n is plane first + n.

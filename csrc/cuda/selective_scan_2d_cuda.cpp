@@ -253,6 +253,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_softplus_grad_from_value", &kernel_softplus_grad_from_value,
         "The kernels' sigmoid(z) from dt = softplus(z) on a float32 CPU tensor (host build; tests).",
         py::arg("dt"));
+  m.def("_sigmoid_from_softplus", &kernel_sigmoid_from_softplus,
+        "The N = 1 backward's sigmoid(z) = exp(z - softplus(z)) on a float32 CPU tensor (host build;\n"
+        "tests).",
+        py::arg("z"));
   m.def("_emulation_vector_accesses", &emulation_vector_accesses,
         "Vector (16-byte fp32 / 8-byte fp16, bf16) global loads and stores made by the last\n"
         "_emulate_forward / _emulate_backward call on this thread (tests of the vector path).");

@@ -603,5 +603,17 @@ at::Tensor kernel_softplus_grad_from_value(const at::Tensor& dt) {
   return out;
 }
 
+at::Tensor kernel_sigmoid_from_softplus(const at::Tensor& z) {
+  TORCH_CHECK_VALUE(z.is_cpu() && z.scalar_type() == at::kFloat,
+                    "_sigmoid_from_softplus: z must be a float32 CPU tensor, got ", z.scalar_type(), " on ",
+                    z.device());
+  const at::Tensor in = z.contiguous();
+  at::Tensor out = at::empty_like(in);
+  const float* src = in.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t i = 0; i < in.numel(); ++i) dst[i] = sigmoid_from_softplus(src[i], softplus(src[i]));
+  return out;
+}
+
 }  // namespace scan2d
 }  // namespace vmamba2d
