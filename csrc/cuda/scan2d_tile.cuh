@@ -58,6 +58,19 @@ SS2D_HD SS2D_INLINE float log2_1_to_2(float x) {
 #endif
 }
 
+// 2^x on the GPU in one special-function instruction (ex2.approx.ftz.f32: results below 2^-126,
+// x < -126, flush to 0 where exp2f adds a subnormal fix-up around the same instruction); libm's
+// exp2f on the host.
+SS2D_HD SS2D_INLINE float exp2_flush(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 // torch.nn.functional.softplus with its default threshold 20, in about half the instructions of
 // log1pf(expf(z)): softplus(z) = max(z, 0) + log1p(t) with t = exp(-|z|) in (0, 1]. log1p(t) is
 // log2(1 + t) * ln 2 where 1 + t keeps enough of t (t >= 2^-5: rounding 1 + t costs <= 2^-24 /
@@ -65,10 +78,10 @@ SS2D_HD SS2D_INLINE float log2_1_to_2(float x) {
 // - t^4/4 (truncation <= t^4 / 5 <= 2e-7 relative). The rounding of |z| * log2(e) before exp2f
 // adds <= |z| * 2^-24 relative in t, 5e-6 at z = -87 (series side). The relative error stays below
 // 1e-5 wherever softplus(z) is a normal float (z >= -87); tests/test_scan_cuda.py checks the
-// bound on the host build (libm's log2f), the GPU tests the kernel's results.
+// bound on the host build (libm's log2f), the GPU tests the kernel's results. Above the threshold
+// (z > 20) no test is needed: t < 2.1e-9 is below half an ulp of z, so z + log1p(t) rounds to z.
 SS2D_HD SS2D_INLINE float softplus(float z) {
-  if (z > 20.f) return z;
-  const float t = exp2f(-fabsf(z) * kLog2e);
+  const float t = exp2_flush(-fabsf(z) * kLog2e);
   const float series = t * (1.f - t * (0.5f - t * (1.f / 3.f - t * 0.25f)));
   const float log1p_t = t < 0.03125f ? series : log2_1_to_2(1.f + t) * kLn2;
   return fmaxf(z, 0.f) + log1p_t;
@@ -168,6 +181,26 @@ SS2D_HD SS2D_INLINE int64_t cell_offset(const Geometry& g, const Plane& pl, cons
   return first + k + packs * (pl.planes * g.length - g.seg_w);
 }
 
+// A quad cell by cell (one scalar access per real cell; 0 on padding cells): the path of quads
+// that are not one aligned map row.
+template <class T, class View>
+SS2D_HD SS2D_INLINE void load_cells(const Geometry& g, const View& src, const Plane& pl, const QuadPlace& at,
+                                    int64_t off, float (&out)[kQuad]) {
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    out[k] = ((at.real >> k) & 1u) ? Element<T>::load(src[cell_offset(g, pl, at, off, k)]) : 0.f;
+  }
+}
+
+template <class V, class View>
+SS2D_HD SS2D_INLINE void store_cells(const Geometry& g, const View& dst, const Plane& pl, const QuadPlace& at,
+                                     int64_t off, const float (&vals)[kQuad]) {
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] = Element<V>::store(vals[k]);
+  }
+}
+
 // Loads a quad as fp32 into out (0 on padding cells); returns the mask of real cells (bit k: cell
 // c0 + k). One vector access when the quad is in one map row and aligned; otherwise (map edges,
 // pack boundaries, misaligned rows) one scalar access per real cell.
@@ -181,10 +214,7 @@ SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) out[k] = Element<T>::load(v.v[k]);
     return at.real;
   }
-SS2D_UNROLL
-  for (int k = 0; k < kQuad; ++k) {
-    out[k] = ((at.real >> k) & 1u) ? Element<T>::load(src[cell_offset(g, pl, at, off, k)]) : 0.f;
-  }
+  load_cells<T>(g, src, pl, at, off, out);
   return at.real;
 }
 
@@ -200,10 +230,7 @@ SS2D_UNROLL
     ctx.store_vector(dst, off, v);
     return;
   }
-SS2D_UNROLL
-  for (int k = 0; k < kQuad; ++k) {
-    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] = Element<V>::store(vals[k]);
-  }
+  store_cells<V>(g, dst, pl, at, off, vals);
 }
 
 // Adds vals to the real cells of a quad of an fp32 buffer (the dB / dC partials): one vector
