@@ -66,7 +66,9 @@ SS2D_UNROLL
 //      global memory.
 // Both passes are templates over Variant (scan2d_common.h): the one-state variant folds N = 1,
 // one warp per channel and the sequential pass into constants, so its code keeps no state loops
-// and no tile-parallel branches.
+// and no tile-parallel branches. Its block phases (the `if constexpr (kOne)` arms) take a quad's
+// planes for all channels at once (load_quads: B, delta, u in A; C and u in B), addresses once per
+// quad, and A, delta_bias, D of the block's channels from registers loaded once per block.
 template <class T, Variant V, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
@@ -129,7 +131,7 @@ SS2D_UNROLL
           const bool quad_row = one_row(at) && at.pos % kQuad == 0;
           constexpr int kLoads = 1 + 2 * kMaxWarps;
           const decltype(&Bg) srcs[kLoads] = {&Bg, &delta, &u, &delta, &u, &delta, &u, &delta, &u};
-          const int64_t ud = quad_offset(g, Plane{g.dim, d0}, at);
+          int64_t ud = quad_offset(g, Plane{g.dim, d0}, at);
           Plane planes[kLoads];
           int64_t offs[kLoads];
           planes[0] = bc_planes(0);
@@ -137,17 +139,24 @@ SS2D_UNROLL
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             planes[1 + 2 * s] = planes[2 + 2 * s] = Plane{g.dim, d0 + s};
-            offs[1 + 2 * s] = offs[2 + 2 * s] = ud + (s < channels ? s : 0) * g.length;
+            offs[1 + 2 * s] = offs[2 + 2 * s] = ud;
+            if (s + 1 < channels) ud += g.length;  // channels past the block's: its last one again
           }
           float q[kLoads][kQuad];
           load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + 2 * channels, q);
+          // x = dt * u * B and Abar = exp(dt * A), with dt = 0 on padding cells by a factor (no
+          // per-cell branch around the softplus: z is finite there, as delta is 0).
+          float real[kQuad];
+SS2D_UNROLL
+          for (int k = 0; k < kQuad; ++k) real[k] = (at.real >> k) & 1u ? 1.f : 0.f;
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             if (s >= channels) continue;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
               const int e = s * kTileFloats + tile_offset(r, c0 + k);
-              const float dt = dt_of(p, q[1 + 2 * s][k], bias_c[s], (at.real >> k) & 1u);
+              const float z = q[1 + 2 * s][k] + bias_c[s];
+              const float dt = (p.softplus ? softplus(z) : z) * real[k];
               x_t[e] = dt * q[2 + 2 * s][k] * q[0][k];
               abar_t[e] = exp2_flush(dt * a2_c[s]);
             }
@@ -286,7 +295,7 @@ SS2D_UNROLL
           const bool quad_row = one_row(at) && at.pos % kQuad == 0;
           constexpr int kLoads = 1 + kMaxWarps;
           const decltype(&Cg) srcs[kLoads] = {&Cg, &u, &u, &u, &u};
-          const int64_t ud = quad_offset(g, Plane{g.dim, d0}, at);
+          int64_t ud = quad_offset(g, Plane{g.dim, d0}, at);
           Plane planes[kLoads];
           int64_t offs[kLoads];
           planes[0] = bc_planes(0);
@@ -294,7 +303,8 @@ SS2D_UNROLL
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             planes[1 + s] = Plane{g.dim, d0 + s};
-            offs[1 + s] = ud + (s < channels ? s : 0) * g.length;
+            offs[1 + s] = ud;
+            if (s + 1 < channels) ud += g.length;
           }
           float q[kLoads][kQuad];
           load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + (p.D ? channels : 0), q);
