@@ -7,32 +7,35 @@ namespace vmamba2d {
 namespace scan2d {
 
 // Loads the quads of planes 0 .. count - 1 of one quad place (plane i of view srcs[i], its quad at
-// offs[i]) as fp32 into out[i] (0 on padding cells; out[i] = 0 for i >= count). Per plane one
-// vector access when the quad is one map row starting at a multiple of kQuad (quad_row) and its
-// address is aligned, else one access per real cell; the conversions to fp32 come after every
-// plane's load, so on the vector path all loads are issued before the first use. Planes
-// i >= count are loaded too (the caller points them at a real plane: no predicated loads).
+// offs[i]) as fp32 into out[i] (0 on padding cells; out[i] = 0 for i >= count). When the quad is
+// one map row starting at a multiple of kQuad (quad_row) and aligned in every plane -- always on
+// maps whose H * W is a multiple of 4 and aligned tensors -- one vector access per plane, all
+// issued before the first conversion; else one access per real cell of every plane. Planes
+// i >= count are loaded too on the vector path (the caller points them at a real plane: no
+// predicated loads).
 template <class T, int kMax, class Ctx, class View>
 SS2D_HD SS2D_INLINE void load_quads(const Ctx& ctx, const Geometry& g, bool quad_row, const QuadPlace& at,
                                     View* const (&srcs)[kMax], const Plane (&planes)[kMax],
                                     const int64_t (&offs)[kMax], int count, float (&out)[kMax][kQuad]) {
-  Vec4<T> raw[kMax];
+  bool vector = quad_row;
 SS2D_UNROLL
-  for (int i = 0; i < kMax; ++i) {
-    if (quad_row && ctx.vector_aligned(*srcs[i], offs[i])) {
-      raw[i] = ctx.load_vector(*srcs[i], offs[i]);
-    } else {
+  for (int i = 0; i < kMax; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
+  if (vector) {
+    Vec4<T> raw[kMax];
 SS2D_UNROLL
-      for (int k = 0; k < kQuad; ++k) {
-        raw[i].v[k] = ((at.real >> k) & 1u) ? (*srcs[i])[cell_offset(g, planes[i], at, offs[i], k)]
-                                            : Element<T>::store(0.f);
-      }
+    for (int i = 0; i < kMax; ++i) raw[i] = ctx.load_vector(*srcs[i], offs[i]);
+SS2D_UNROLL
+    for (int i = 0; i < kMax; ++i) {
+SS2D_UNROLL
+      for (int k = 0; k < kQuad; ++k) out[i][k] = i < count ? Element<T>::load(raw[i].v[k]) : 0.f;
     }
+    return;
   }
 SS2D_UNROLL
   for (int i = 0; i < kMax; ++i) {
 SS2D_UNROLL
-    for (int k = 0; k < kQuad; ++k) out[i][k] = i < count ? Element<T>::load(raw[i].v[k]) : 0.f;
+    for (int k = 0; k < kQuad; ++k) out[i][k] = 0.f;
+    if (i < count) load_cells<T>(g, *srcs[i], planes[i], at, offs[i], out[i]);
   }
 }
 
@@ -307,14 +310,14 @@ SS2D_UNROLL
             if (s + 1 < channels) ud += g.length;
           }
           float q[kLoads][kQuad];
-          load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + (p.D ? channels : 0), q);
+          load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + channels, q);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             if (s >= channels) continue;
             float yq[kQuad];
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
-              yq[k] = dskip_c[s] * q[1 + s][k];
+              yq[k] = p.D ? dskip_c[s] * q[1 + s][k] : 0.f;
               yq[k] += q[0][k] * x_t[s * kTileFloats + tile_offset(r, c0 + k)];
             }
             const Plane pl{g.dim, d0 + s};
