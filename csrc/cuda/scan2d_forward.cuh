@@ -7,7 +7,8 @@ namespace vmamba2d {
 namespace scan2d {
 
 // Loads the quads of planes 0 .. count - 1 of one quad place (plane i of view srcs[i], its quad at
-// offs[i]) as fp32 into out[i] (0 on padding cells; out[i] = 0 for i >= count). When the quad is
+// offs[i]) as fp32 into out[i] (0 on padding cells; out[i] for i >= count is for the caller to
+// ignore: the repeated plane or 0). When the quad is
 // one map row starting at a multiple of kQuad (quad_row) and aligned in every plane -- always on
 // maps whose H * W is a multiple of 4 and aligned tensors -- one vector access per plane, all
 // issued before the first conversion; else one access per real cell of every plane. Planes
@@ -27,7 +28,7 @@ SS2D_UNROLL
 SS2D_UNROLL
     for (int i = 0; i < kMax; ++i) {
 SS2D_UNROLL
-      for (int k = 0; k < kQuad; ++k) out[i][k] = i < count ? Element<T>::load(raw[i].v[k]) : 0.f;
+      for (int k = 0; k < kQuad; ++k) out[i][k] = Element<T>::load(raw[i].v[k]);
     }
     return;
   }
