@@ -6,6 +6,55 @@
 namespace vmamba2d {
 namespace scan2d {
 
+// Loads the quads of planes 0 .. count - 1 of one quad place (plane i of view srcs[i], its quad at
+// offs[i]) as fp32 into out[i] (0 on padding cells; out[i] for i >= count is for the caller to
+// ignore: the repeated plane or 0). When the quad is
+// one map row starting at a multiple of kQuad (quad_row) and aligned in every plane -- always on
+// maps whose H * W is a multiple of 4 and aligned tensors -- one vector access per plane, all
+// issued before the first conversion; else one access per real cell of every plane. Planes
+// i >= count are loaded too on the vector path (the caller points them at a real plane: no
+// predicated loads).
+template <class T, int kMax, class Ctx, class View>
+SS2D_HD SS2D_INLINE void load_quads(const Ctx& ctx, const Geometry& g, bool quad_row, const QuadPlace& at,
+                                    View* const (&srcs)[kMax], const Plane (&planes)[kMax],
+                                    const int64_t (&offs)[kMax], int count, float (&out)[kMax][kQuad]) {
+  bool vector = quad_row;
+SS2D_UNROLL
+  for (int i = 0; i < kMax; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
+  if (vector) {
+    Vec4<T> raw[kMax];
+SS2D_UNROLL
+    for (int i = 0; i < kMax; ++i) raw[i] = ctx.load_vector(*srcs[i], offs[i]);
+SS2D_UNROLL
+    for (int i = 0; i < kMax; ++i) {
+SS2D_UNROLL
+      for (int k = 0; k < kQuad; ++k) out[i][k] = Element<T>::load(raw[i].v[k]);
+    }
+    return;
+  }
+SS2D_UNROLL
+  for (int i = 0; i < kMax; ++i) {
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) out[i][k] = 0.f;
+    if (i < count) load_cells<T>(g, *srcs[i], planes[i], at, offs[i], out[i]);
+  }
+}
+
+// Stores the real cells of a quad at off: one vector access when quad_row (see load_quads) and
+// the address is aligned, else one access per real cell (store_cells).
+template <class V, class Ctx, class View>
+SS2D_HD SS2D_INLINE void store_quad_at(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
+                                       const QuadPlace& at, bool quad_row, int64_t off, const float (&vals)[kQuad]) {
+  if (quad_row && ctx.vector_aligned(dst, off)) {
+    Vec4<V> v;
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) v.v[k] = Element<V>::store(vals[k]);
+    ctx.store_vector(dst, off, v);
+    return;
+  }
+  store_cells<V>(g, dst, pl, at, off, vals);
+}
+
 // Forward of one block: batch block bb, channels d0 .. d0 + channels - 1 of one group. Per tile and
 // state round:
 //   A (block): dt / u quads (first round; kept in tiles when there are more rounds) and the B quad
@@ -21,7 +70,9 @@ namespace scan2d {
 //      global memory.
 // Both passes are templates over Variant (scan2d_common.h): the one-state variant folds N = 1,
 // one warp per channel and the sequential pass into constants, so its code keeps no state loops
-// and no tile-parallel branches.
+// and no tile-parallel branches. Its block phases (the `if constexpr (kOne)` arms) take a quad's
+// planes for all channels at once (load_quads: B, delta, u in A; C and u in B), addresses once per
+// quad, and A, delta_bias, D of the block's channels from registers loaded once per block.
 template <class T, Variant V, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
@@ -59,6 +110,16 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const GroupPlanes bc_planes = group_planes(g, group_of(g, d0));
   const bool sequential = pass == kSequential;
   const bool edges_only = pass == kRowEdges || pass == kColumnEdges;
+  // One-state variant: the per-channel constants, once per block.
+  float bias_c[kMaxWarps], a2_c[kMaxWarps], dskip_c[kMaxWarps];
+SS2D_UNROLL
+  for (int s = 0; s < kMaxWarps; ++s) {
+    const bool has = kOne && s < channels;
+    bias_c[s] = has && p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
+    a2_c[s] = has ? p.A[d0 + s] * kLog2e : 0.f;
+    dskip_c[s] = has && p.D ? p.D[d0 + s] : 0.f;
+  }
+
 
   const int first_tile = sequential ? 0 : tile_z;
   for (int tile = first_tile; tile < (sequential ? tiles : tile_z + 1); ++tile) {
@@ -67,6 +128,45 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
     const int vslot_in = p.record ? tile : tj;
     const int vslot_out = p.record ? tile + g.tiles_w : tj;
     for (int round = 0; round < rounds; ++round) {
+      if constexpr (kOne) {
+        // B, then delta and u of each channel: every load of the quad before the first use.
+        each_quad(ctx, [&](int, int r, int c0) {
+          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+          const bool quad_row = one_row(at) && at.pos % kQuad == 0;
+          constexpr int kLoads = 1 + 2 * kMaxWarps;
+          const decltype(&Bg) srcs[kLoads] = {&Bg, &delta, &u, &delta, &u, &delta, &u, &delta, &u};
+          int64_t ud = quad_offset(g, Plane{g.dim, d0}, at);
+          Plane planes[kLoads];
+          int64_t offs[kLoads];
+          planes[0] = bc_planes(0);
+          offs[0] = quad_offset(g, planes[0], at);
+SS2D_UNROLL
+          for (int s = 0; s < kMaxWarps; ++s) {
+            planes[1 + 2 * s] = planes[2 + 2 * s] = Plane{g.dim, d0 + s};
+            offs[1 + 2 * s] = offs[2 + 2 * s] = ud;
+            if (s + 1 < channels) ud += g.length;  // channels past the block's: its last one again
+          }
+          float q[kLoads][kQuad];
+          load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + 2 * channels, q);
+          // x = dt * u * B and Abar = exp(dt * A), with dt = 0 on padding cells by a factor (no
+          // per-cell branch around the softplus: z is finite there, as delta is 0).
+          float real[kQuad];
+SS2D_UNROLL
+          for (int k = 0; k < kQuad; ++k) real[k] = (at.real >> k) & 1u ? 1.f : 0.f;
+SS2D_UNROLL
+          for (int s = 0; s < kMaxWarps; ++s) {
+            if (s >= channels) continue;
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              const int e = s * kTileFloats + tile_offset(r, c0 + k);
+              const float z = q[1 + 2 * s][k] + bias_c[s];
+              const float dt = (p.softplus ? softplus(z) : z) * real[k];
+              x_t[e] = dt * q[2 + 2 * s][k] * q[0][k];
+              abar_t[e] = exp2_flush(dt * a2_c[s]);
+            }
+          }
+        });
+      } else {
       each_quad(ctx, [&](int, int r, int c0) {
         const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
         float bq[kMaxWarps][kQuad];
@@ -117,6 +217,7 @@ SS2D_UNROLL
           }
         }
       });
+      }
       ctx.barrier();
       ctx.each_warp([&](int w) {
         const WarpTask task = warp_task(g, nstate, bb, d0, wpc, round, w);
@@ -191,6 +292,45 @@ SS2D_UNROLL
       }
       ctx.barrier();
       const bool last = round + 1 == rounds;
+      if constexpr (kOne) {
+        // C, then u of each channel (with D): y = D * u + C * h, stored.
+        each_quad(ctx, [&](int, int r, int c0) {
+          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+          const bool quad_row = one_row(at) && at.pos % kQuad == 0;
+          constexpr int kLoads = 1 + kMaxWarps;
+          const decltype(&Cg) srcs[kLoads] = {&Cg, &u, &u, &u, &u};
+          int64_t ud = quad_offset(g, Plane{g.dim, d0}, at);
+          Plane planes[kLoads];
+          int64_t offs[kLoads];
+          planes[0] = bc_planes(0);
+          offs[0] = quad_offset(g, planes[0], at);
+SS2D_UNROLL
+          for (int s = 0; s < kMaxWarps; ++s) {
+            planes[1 + s] = Plane{g.dim, d0 + s};
+            offs[1 + s] = ud;
+            if (s + 1 < channels) ud += g.length;
+          }
+          float q[kLoads][kQuad];
+          load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + channels, q);
+SS2D_UNROLL
+          for (int s = 0; s < kMaxWarps; ++s) {
+            if (s >= channels) continue;
+            float yq[kQuad];
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              yq[k] = p.D ? dskip_c[s] * q[1 + s][k] : 0.f;
+              yq[k] += q[0][k] * x_t[s * kTileFloats + tile_offset(r, c0 + k)];
+            }
+            const Plane pl{g.dim, d0 + s};
+            if (p.y_fp32) {
+              store_quad_at<float>(ctx, g, y32, pl, at, quad_row, offs[1 + s], yq);
+            } else {
+              store_quad_at<T>(ctx, g, yT, pl, at, quad_row, offs[1 + s], yq);
+            }
+          }
+        });
+        continue;
+      }
       each_quad(ctx, [&](int, int r, int c0) {
         const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
         // The C quads of the round's states, loaded once for all channels (registers indexed by

@@ -17,7 +17,9 @@
 // 16-byte (fp32) / 8-byte (fp16, bf16) vector access when the four cells are consecutive in memory
 // and aligned -- ctx.vector_aligned / load_vector / store_vector, whose host model checks alignment
 // and bounds --, else one scalar access per real cell: map edges, pack boundaries, rows of a width
-// that is not a multiple of 4, misaligned base pointers). A block owns several channels of one
+// that is not a multiple of 4, misaligned base pointers; load_cells / store_cells). The one-state
+// forward loads a quad's planes of all its channels together (load_quads in scan2d_forward.cuh:
+// every vector load of the quad before the first use). A block owns several channels of one
 // group, so each B / C quad is loaded once for all of them. The scans run in warp phases on shared
 // tiles only: a lane owns a tile row (horizontal) or a tile column (vertical). Only y, the
 // gradients and the per-state tile carries (kTile floats per tile edge) go to global memory.
@@ -58,6 +60,19 @@ SS2D_HD SS2D_INLINE float log2_1_to_2(float x) {
 #endif
 }
 
+// 2^x on the GPU in one special-function instruction (ex2.approx.ftz.f32: results below 2^-126,
+// x < -126, flush to 0 where exp2f adds a subnormal fix-up around the same instruction); libm's
+// exp2f on the host.
+SS2D_HD SS2D_INLINE float exp2_flush(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 // torch.nn.functional.softplus with its default threshold 20, in about half the instructions of
 // log1pf(expf(z)): softplus(z) = max(z, 0) + log1p(t) with t = exp(-|z|) in (0, 1]. log1p(t) is
 // log2(1 + t) * ln 2 where 1 + t keeps enough of t (t >= 2^-5: rounding 1 + t costs <= 2^-24 /
@@ -65,13 +80,15 @@ SS2D_HD SS2D_INLINE float log2_1_to_2(float x) {
 // - t^4/4 (truncation <= t^4 / 5 <= 2e-7 relative). The rounding of |z| * log2(e) before exp2f
 // adds <= |z| * 2^-24 relative in t, 5e-6 at z = -87 (series side). The relative error stays below
 // 1e-5 wherever softplus(z) is a normal float (z >= -87); tests/test_scan_cuda.py checks the
-// bound on the host build (libm's log2f), the GPU tests the kernel's results.
+// bound on the host build (libm's log2f), the GPU tests the kernel's results. Above the threshold
+// (z > 20) no test is needed: t < 2.1e-9 is below half an ulp of z, so z + log1p(t) rounds to z.
+// Both sides work in log2 units (the series' coefficients times log2(e)), so one fused
+// multiply-add turns the chosen one into nats and adds max(z, 0).
 SS2D_HD SS2D_INLINE float softplus(float z) {
-  const float t = exp2f(-fabsf(z) * kLog2e);
-  const float series = t * (1.f - t * (0.5f - t * (1.f / 3.f - t * 0.25f)));
-  const float log1p_t = t < 0.03125f ? series : log2_1_to_2(1.f + t) * kLn2;
-  const float value = fmaxf(z, 0.f) + log1p_t;
-  return z > 20.f ? z : value;  // selected, not branched around: no divergent path per cell
+  const float t = exp2_flush(-fabsf(z) * kLog2e);
+  const float series = t * (kLog2e - t * (kLog2e / 2 - t * (kLog2e / 3 - t * (kLog2e / 4))));
+  const float log2_1p_t = t < 0.03125f ? series : log2_1_to_2(1.f + t);
+  return fmaf(log2_1p_t, kLn2, fmaxf(z, 0.f));
 }
 
 // d softplus(z) / dz = sigmoid(z) = 1 - exp(-dt) with dt = softplus(z) >= 0, in a few instructions:
@@ -93,26 +110,6 @@ SS2D_HD SS2D_INLINE uint32_t segment_starts(int segment) {
 
 SS2D_HD SS2D_INLINE int small_div(int x, uint32_t magic) {
   return static_cast<int>((static_cast<uint32_t>(x) * magic) >> 16);
-}
-
-// Where cell (r, c) of tile (ti, tj) of batch block bb lives: batch entry and position in the map.
-struct TileCell {
-  bool valid;
-  int64_t batch;
-  int64_t pos;
-};
-
-SS2D_HD SS2D_INLINE TileCell tile_cell(const Geometry& g, int bb, int ti, int tj, int r, int c) {
-  const int pr = small_div(r, g.magic_h);
-  const int pc = small_div(c, g.magic_w);
-  const int row = ti * kTile + r - pr * g.seg_h;
-  const int col = tj * kTile + c - pc * g.seg_w;
-  TileCell cell;
-  cell.batch = static_cast<int64_t>(bb) * g.pack_rows * g.pack_cols + pr * g.pack_cols + pc;
-  cell.valid = pr < g.pack_rows && pc < g.pack_cols && cell.batch < g.batch && row < g.height &&
-               col < g.width;
-  cell.pos = static_cast<int64_t>(row) * g.width + col;
-  return cell;
 }
 
 SS2D_HD SS2D_INLINE int64_t carry_index(int64_t map, int slots, int slot, int nstate, int n, int k) {
@@ -144,13 +141,23 @@ struct QuadPlace {
 };
 
 SS2D_HD SS2D_INLINE QuadPlace quad_place(const Geometry& g, int bb, int ti, int tj, int r, int c0) {
-  const TileCell first = tile_cell(g, bb, ti, tj, r, c0);
+  // Tile row r lies in pack row pr, map row `row`; cell c0 + k in pack column pc_k, map column
+  // col_k; its batch entry is first + pc_k. The row part is shared by the four cells.
+  const int pr = small_div(r, g.magic_h);
+  const int row = ti * kTile + r - pr * g.seg_h;
+  const int64_t first = (static_cast<int64_t>(bb) * g.pack_rows + pr) * g.pack_cols;
+  const bool row_real = pr < g.pack_rows && row < g.height;
+  const int entries_left = static_cast<int>(g.batch - first < kTile ? g.batch - first : kTile);
   const int first_pack = small_div(c0, g.magic_w);
-  QuadPlace at{first.batch, first.pos, 0u, 0u};
+  const int first_col = tj * kTile + c0 - first_pack * g.seg_w;
+  QuadPlace at{first + first_pack, static_cast<int64_t>(row) * g.width + first_col, 0u, 0u};
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
-    at.real |= tile_cell(g, bb, ti, tj, r, c0 + k).valid ? 1u << k : 0u;
-    at.packs |= static_cast<uint32_t>(small_div(c0 + k, g.magic_w) - first_pack) << (2 * k);
+    const int pc = small_div(c0 + k, g.magic_w);
+    const int col = tj * kTile + c0 + k - pc * g.seg_w;
+    const bool real = row_real && pc < g.pack_cols && pc < entries_left && col < g.width;
+    at.real |= real ? 1u << k : 0u;
+    at.packs |= static_cast<uint32_t>(pc - first_pack) << (2 * k);
   }
   return at;
 }
@@ -168,6 +175,26 @@ SS2D_HD SS2D_INLINE int64_t cell_offset(const Geometry& g, const Plane& pl, cons
   return first + k + packs * (pl.planes * g.length - g.seg_w);
 }
 
+// A quad cell by cell (one scalar access per real cell; 0 on padding cells): the path of quads
+// that are not one aligned map row.
+template <class T, class View>
+SS2D_HD SS2D_INLINE void load_cells(const Geometry& g, const View& src, const Plane& pl, const QuadPlace& at,
+                                    int64_t off, float (&out)[kQuad]) {
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    out[k] = ((at.real >> k) & 1u) ? Element<T>::load(src[cell_offset(g, pl, at, off, k)]) : 0.f;
+  }
+}
+
+template <class V, class View>
+SS2D_HD SS2D_INLINE void store_cells(const Geometry& g, const View& dst, const Plane& pl, const QuadPlace& at,
+                                     int64_t off, const float (&vals)[kQuad]) {
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) {
+    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] = Element<V>::store(vals[k]);
+  }
+}
+
 // Loads a quad as fp32 into out (0 on padding cells); returns the mask of real cells (bit k: cell
 // c0 + k). One vector access when the quad is in one map row and aligned; otherwise (map edges,
 // pack boundaries, misaligned rows) one scalar access per real cell.
@@ -181,10 +208,7 @@ SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) out[k] = Element<T>::load(v.v[k]);
     return at.real;
   }
-SS2D_UNROLL
-  for (int k = 0; k < kQuad; ++k) {
-    out[k] = ((at.real >> k) & 1u) ? Element<T>::load(src[cell_offset(g, pl, at, off, k)]) : 0.f;
-  }
+  load_cells<T>(g, src, pl, at, off, out);
   return at.real;
 }
 
@@ -200,10 +224,7 @@ SS2D_UNROLL
     ctx.store_vector(dst, off, v);
     return;
   }
-SS2D_UNROLL
-  for (int k = 0; k < kQuad; ++k) {
-    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] = Element<V>::store(vals[k]);
-  }
+  store_cells<V>(g, dst, pl, at, off, vals);
 }
 
 // Adds vals to the real cells of a quad of an fp32 buffer (the dB / dC partials): one vector
