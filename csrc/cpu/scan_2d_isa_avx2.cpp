@@ -6,8 +6,11 @@
 // the other builds); only the kernel below is compiled for the wider instruction set.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #pragma GCC target("avx2,fma")
 #define VMAMBA2D_ISA avx2

@@ -6,11 +6,16 @@
 // the other builds); only the kernel below is compiled for the wider instruction set.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #pragma GCC target("avx512f,avx2,fma,prefer-vector-width=512")
 #define VMAMBA2D_ISA avx512
+// The row passes that record running products scan 16 floats per vector (scan_2d_passes.h).
+#define VMAMBA2D_ROW_SCAN_FLOATS 16
 #include "scan_2d_kernel.h"
 #include "scan_2d_routes_kernel.h"
 

@@ -21,7 +21,11 @@
 #error "define VMAMBA2D_ISA (the instruction-set namespace) before including scan_2d_passes.h"
 #endif
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
 
 namespace vmamba2d {
 namespace cpu {
@@ -96,9 +100,112 @@ inline void scan_row_block(const PassArrays<T>& a, int64_t first_row, int64_t wi
   }
 }
 
+#ifdef VMAMBA2D_ROW_SCAN_FLOATS
+// The forward pass along rows with running products, for float, a vector of kLanes cells at a
+// time: within a vector, the recurrence and the products are combined in log2(kLanes) shifted
+// steps (each cell composes with the cell `shift` before it), then the vector continues from the
+// carry and product of the previous vector's last cell. Only the vector stores of the values and
+// products remain, where the serial form stores two scalars per cell (its bottleneck). The sums
+// are reassociated, so results differ from the serial form by fp32 rounding.
+namespace row_simd {
+
+constexpr int kLanes = VMAMBA2D_ROW_SCAN_FLOATS;
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float)), aligned(sizeof(float)), may_alias));
+
+// The lanes moved kShift places along the scan (to higher lanes, or lower when kDown), the
+// vacated lanes taken from fill.
+template <int kShift, bool kDown, std::size_t... kLane>
+inline Vec shifted(Vec x, Vec fill, std::index_sequence<kLane...>) {
+  if constexpr (kDown) {
+    return __builtin_shufflevector(
+        x, fill, (static_cast<int>(kLane) + kShift < kLanes ? static_cast<int>(kLane) + kShift
+                                                            : kLanes + static_cast<int>(kLane))...);
+  } else {
+    return __builtin_shufflevector(
+        x, fill, (static_cast<int>(kLane) >= kShift ? static_cast<int>(kLane) - kShift
+                                                    : kLanes + static_cast<int>(kLane))...);
+  }
+}
+
+// In place: values -> their scan within the vector from a zero state, decays -> their running
+// products within the vector.
+template <bool kDown, int kShift = 1>
+inline void scan_within(Vec& values, Vec& decays) {
+  if constexpr (kShift < kLanes) {
+    const auto lanes = std::make_index_sequence<kLanes>{};
+    const Vec zero{};
+    const Vec one = zero + 1.0f;
+    values = decays * shifted<kShift, kDown>(values, zero, lanes) + values;
+    decays = decays * shifted<kShift, kDown>(decays, one, lanes);
+    scan_within<kDown, 2 * kShift>(values, decays);
+  }
+}
+
+inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof(Vec));
+  return v;
+}
+
+inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof(Vec)); }
+
+template <bool kReverse, int64_t kRows>
+void scan_row_block(const PassArrays<float>& a, int64_t first_row, int64_t width) {
+  float carry[kRows] = {};
+  float product[kRows];
+  for (int64_t r = 0; r < kRows; ++r) product[r] = 1.0f;
+  const int64_t vectors = width / kLanes;
+  constexpr int kLast = kReverse ? 0 : kLanes - 1;
+  for (int64_t v = 0; v < vectors; ++v) {
+    const int64_t j = kReverse ? width - (v + 1) * kLanes : v * kLanes;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const int64_t p = (first_row + r) * width + j;
+      Vec values = load(a.in + p);
+      Vec decays = load(a.decay + p);
+      scan_within<kReverse>(values, decays);
+      const Vec state = decays * carry[r] + values;
+      const Vec products = decays * product[r];
+      store(a.out + p, state);
+      store(a.products + p, products);
+      carry[r] = state[kLast];
+      product[r] = products[kLast];
+    }
+  }
+  for (int64_t step = vectors * kLanes; step < width; ++step) {
+    const int64_t j = kReverse ? width - 1 - step : step;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const int64_t p = (first_row + r) * width + j;
+      carry[r] = a.decay[p] * carry[r] + a.in[p];
+      a.out[p] = carry[r];
+      product[r] = a.decay[p] * product[r];
+      a.products[p] = product[r];
+    }
+  }
+}
+
+// Two rows at a time (enough to overlap one row's carry latency with the other's work).
+template <bool kReverse>
+void scan_rows(const PassArrays<float>& a, int64_t height, int64_t width) {
+  int64_t i = 0;
+  for (; i + 2 <= height; i += 2) scan_row_block<kReverse, 2>(a, i, width);
+  if (i < height) scan_row_block<kReverse, 1>(a, i, width);
+}
+
+}  // namespace row_simd
+#endif
+
 // The pass along every row, kRowInterleave rows at a time.
 template <typename T, bool kAdjoint, bool kScaled, bool kProducts>
 void scan_rows(const PassArrays<T>& a, int64_t height, int64_t width, bool reverse) {
+#ifdef VMAMBA2D_ROW_SCAN_FLOATS
+  if constexpr (std::is_same_v<T, float> && !kAdjoint && !kScaled && kProducts) {
+    if (width >= row_simd::kLanes) {
+      if (reverse) row_simd::scan_rows<true>(a, height, width);
+      else row_simd::scan_rows<false>(a, height, width);
+      return;
+    }
+  }
+#endif
   int64_t i = 0;
   for (; i + kRowInterleave <= height; i += kRowInterleave) {
     scan_row_block<T, kAdjoint, kScaled, kProducts, kRowInterleave>(a, i, width, reverse);
