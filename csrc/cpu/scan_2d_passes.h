@@ -101,7 +101,7 @@ inline void scan_row_block(const PassArrays<T>& a, int64_t first_row, int64_t wi
 }
 
 #ifdef VMAMBA2D_ROW_SCAN_FLOATS
-// The forward pass along rows with running products, for float, a vector of kLanes cells at a
+// The pass along rows with running products (forward or adjoint), for float, a vector of kLanes cells at a
 // time: within a vector, the recurrence and the products are combined in log2(kLanes) shifted
 // steps (each cell composes with the cell `shift` before it), then the vector continues from the
 // carry and product of the previous vector's last cell. Only the vector stores of the values and
@@ -149,11 +149,15 @@ inline Vec load(const float* p) {
 
 inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof(Vec)); }
 
-template <bool kReverse, int64_t kRows>
+// The adjoint form is the forward recurrence with each cell's decay taken from the previous cell
+// (the row's first cell gets 1), so it runs the same vector scan on the shifted decays.
+template <bool kAdjoint, bool kScaled, bool kReverse, int64_t kRows>
 void scan_row_block(const PassArrays<float>& a, int64_t first_row, int64_t width) {
-  float carry[kRows] = {};
-  float product[kRows];
-  for (int64_t r = 0; r < kRows; ++r) product[r] = 1.0f;
+  const auto lanes = std::make_index_sequence<kLanes>{};
+  float state[kRows] = {};     // the last cell's value
+  float product[kRows];        // the last cell's product
+  float last_decay[kRows];     // the last cell's decay (the adjoint's next shifted decay)
+  for (int64_t r = 0; r < kRows; ++r) product[r] = last_decay[r] = 1.0f;
   const int64_t vectors = width / kLanes;
   constexpr int kLast = kReverse ? 0 : kLanes - 1;
   for (int64_t v = 0; v < vectors; ++v) {
@@ -161,34 +165,56 @@ void scan_row_block(const PassArrays<float>& a, int64_t first_row, int64_t width
     for (int64_t r = 0; r < kRows; ++r) {
       const int64_t p = (first_row + r) * width + j;
       Vec values = load(a.in + p);
+      if constexpr (kScaled) values = values * load(a.scale + p);
       Vec decays = load(a.decay + p);
+      if constexpr (kAdjoint) {
+        const Vec raw = decays;
+        decays = shifted<1, kReverse>(raw, Vec{} + last_decay[r], lanes);
+        last_decay[r] = raw[kLast];
+      }
       scan_within<kReverse>(values, decays);
-      const Vec state = decays * carry[r] + values;
+      const Vec states = decays * state[r] + values;
       const Vec products = decays * product[r];
-      store(a.out + p, state);
+      store(a.out + p, states);
       store(a.products + p, products);
-      carry[r] = state[kLast];
+      state[r] = states[kLast];
       product[r] = products[kLast];
     }
+  }
+  // The serial form's carry: the state (adjoint: times the last decay) and the products so far.
+  float carry[kRows];
+  for (int64_t r = 0; r < kRows; ++r) {
+    carry[r] = kAdjoint ? last_decay[r] * state[r] : state[r];
+    if constexpr (kAdjoint) product[r] = last_decay[r] * product[r];
   }
   for (int64_t step = vectors * kLanes; step < width; ++step) {
     const int64_t j = kReverse ? width - 1 - step : step;
     for (int64_t r = 0; r < kRows; ++r) {
       const int64_t p = (first_row + r) * width + j;
-      carry[r] = a.decay[p] * carry[r] + a.in[p];
-      a.out[p] = carry[r];
-      product[r] = a.decay[p] * product[r];
-      a.products[p] = product[r];
+      float x = a.in[p];
+      if constexpr (kScaled) x = a.scale[p] * x;
+      if constexpr (kAdjoint) {
+        const float v = x + carry[r];
+        a.out[p] = v;
+        carry[r] = a.decay[p] * v;
+        a.products[p] = product[r];
+        product[r] = a.decay[p] * product[r];
+      } else {
+        carry[r] = a.decay[p] * carry[r] + x;
+        a.out[p] = carry[r];
+        product[r] = a.decay[p] * product[r];
+        a.products[p] = product[r];
+      }
     }
   }
 }
 
 // Two rows at a time (enough to overlap one row's carry latency with the other's work).
-template <bool kReverse>
+template <bool kAdjoint, bool kScaled, bool kReverse>
 void scan_rows(const PassArrays<float>& a, int64_t height, int64_t width) {
   int64_t i = 0;
-  for (; i + 2 <= height; i += 2) scan_row_block<kReverse, 2>(a, i, width);
-  if (i < height) scan_row_block<kReverse, 1>(a, i, width);
+  for (; i + 2 <= height; i += 2) scan_row_block<kAdjoint, kScaled, kReverse, 2>(a, i, width);
+  if (i < height) scan_row_block<kAdjoint, kScaled, kReverse, 1>(a, i, width);
 }
 
 }  // namespace row_simd
@@ -198,10 +224,10 @@ void scan_rows(const PassArrays<float>& a, int64_t height, int64_t width) {
 template <typename T, bool kAdjoint, bool kScaled, bool kProducts>
 void scan_rows(const PassArrays<T>& a, int64_t height, int64_t width, bool reverse) {
 #ifdef VMAMBA2D_ROW_SCAN_FLOATS
-  if constexpr (std::is_same_v<T, float> && !kAdjoint && !kScaled && kProducts) {
+  if constexpr (std::is_same_v<T, float> && kProducts) {
     if (width >= row_simd::kLanes) {
-      if (reverse) row_simd::scan_rows<true>(a, height, width);
-      else row_simd::scan_rows<false>(a, height, width);
+      if (reverse) row_simd::scan_rows<kAdjoint, kScaled, true>(a, height, width);
+      else row_simd::scan_rows<kAdjoint, kScaled, false>(a, height, width);
       return;
     }
   }
