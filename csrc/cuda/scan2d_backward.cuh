@@ -147,75 +147,83 @@ SS2D_UNROLL
       for (int round = 0; round < rounds; ++round) {
         each_quad(ctx, [&](int, int r, int c0) {
           const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const bool vec = vector_at(at);
           const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
-          // The C (and B) quads of the round's states, loaded once for all channels (registers
-          // indexed by unrolled loops: no local memory).
-          float bq[kMaxWarps][kQuad], cq[kMaxWarps][kQuad];
-SS2D_UNROLL
-          for (int j = 0; j < kMaxWarps; ++j) {
-            const int n = round * wpc + j;
-            if (j >= wpc || n >= nstate) continue;
-            const Plane bpl = bc_planes(n);
-            const int64_t bc_off = quad_offset(g, bpl, at);
-            load_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
-            if (full) {
-              load_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
-            }
-          }
-          // One channel per trip (kChannelSlots).
-SS2D_UNROLL_BY(kChannelSlots)
-          for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
-            if (s >= channels) continue;
-            float dt[kQuad], uq[kQuad] = {0.f, 0.f, 0.f, 0.f}, dyq[kQuad];
-            if (round == 0) {
-              const int d = d0 + s;
-              const Plane pl{g.dim, d};
-              const int64_t off = ud0 + s * g.length;
-              float dq[kQuad];
-              const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
-              if (full) load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
-              if (p.dy_fp32) {
-                load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
-              } else {
-                load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
-              }
-              const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) {
-                const int e = s * kTileFloats + tile_offset(r, c0 + k);
-                dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
-                if (keep_dt) dt_t[e] = dt[k];
-                if (keep_inputs) {
-                  if (full) u_t[e] = uq[k];
-                  dy_t[e] = dyq[k];
-                }
-              }
-            } else {
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) {
-                const int e = s * kTileFloats + tile_offset(r, c0 + k);
-                dt[k] = dt_t[e];
-                if (full) uq[k] = u_t[e];
-                dyq[k] = dy_t[e];
-              }
-            }
+          // As in phase B: vector and per-cell copies, one branch per quad.
+          const auto phase = [&](auto vector) {
+            constexpr bool vec = decltype(vector)::value;
+            // The C (and B) quads of the round's states, loaded once for all channels (registers
+            // indexed by unrolled loops: no local memory).
+            float bq[kMaxWarps][kQuad], cq[kMaxWarps][kQuad];
 SS2D_UNROLL
             for (int j = 0; j < kMaxWarps; ++j) {
               const int n = round * wpc + j;
               if (j >= wpc || n >= nstate) continue;
-              const int w = s * wpc + j;
-              const float a2 = p.A[static_cast<int64_t>(d0 + s) * nstate + n] * kLog2e;
+              const Plane bpl = bc_planes(n);
+              const int64_t bc_off = quad_offset(g, bpl, at);
+              load_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
+              if (full) {
+                load_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
 SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) {
-                const int e = tile_offset(r, c0 + k);
-                warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] = exp2f(dt[k] * a2);
-                warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e] = dyq[k] * cq[j][k];
-                if (full) warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e] = dt[k] * uq[k] * bq[j][k];
+                for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
               }
             }
+            // One channel per trip (kChannelSlots).
+SS2D_UNROLL_BY(kChannelSlots)
+            for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
+              if (s >= channels) continue;
+              float dt[kQuad], uq[kQuad] = {0.f, 0.f, 0.f, 0.f}, dyq[kQuad];
+              if (round == 0) {
+                const int d = d0 + s;
+                const Plane pl{g.dim, d};
+                const int64_t off = ud0 + s * g.length;
+                float dq[kQuad];
+                const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                if (full) load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                if (p.dy_fp32) {
+                  load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
+                } else {
+                  load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                }
+                const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const int e = s * kTileFloats + tile_offset(r, c0 + k);
+                  dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
+                  if (keep_dt) dt_t[e] = dt[k];
+                  if (keep_inputs) {
+                    if (full) u_t[e] = uq[k];
+                    dy_t[e] = dyq[k];
+                  }
+                }
+              } else {
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const int e = s * kTileFloats + tile_offset(r, c0 + k);
+                  dt[k] = dt_t[e];
+                  if (full) uq[k] = u_t[e];
+                  dyq[k] = dy_t[e];
+                }
+              }
+SS2D_UNROLL
+              for (int j = 0; j < kMaxWarps; ++j) {
+                const int n = round * wpc + j;
+                if (j >= wpc || n >= nstate) continue;
+                const int w = s * wpc + j;
+                const float a2 = p.A[static_cast<int64_t>(d0 + s) * nstate + n] * kLog2e;
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const int e = tile_offset(r, c0 + k);
+                  warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] = exp2f(dt[k] * a2);
+                  warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e] = dyq[k] * cq[j][k];
+                  if (full) warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e] = dt[k] * uq[k] * bq[j][k];
+                }
+              }
+            }
+          };
+          if (vector_at(at)) {
+            phase(std::true_type{});
+          } else {
+            phase(std::false_type{});
           }
         });
         ctx.barrier();
