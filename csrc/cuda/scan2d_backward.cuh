@@ -10,9 +10,10 @@ namespace scan2d {
 // exp(z - softplus(z)), one exp where the backward recomputes dt from delta anyway (N = 1; half the
 // instructions of softplus_grad_from_value). z - dt is exact to the rounding of dt (<= |z| 2^-24
 // absolute above z = -2^-5 / below it, the error of softplus's log1p near z = 0 is < 2e-7
-// absolute) and exp2f's argument rounds by <= |z| log2(e) 2^-24: relative error below 1e-5 for
-// z >= -87 (sigmoid a normal float); tests/test_scan_cuda.py checks it on the host build.
-SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2f((z - dt) * kLog2e); }
+// absolute) and the exp's argument rounds by <= |z| log2(e) 2^-24: relative error below 1e-5 for
+// z >= -87 (sigmoid a normal float; below, exp2_flush's results under 2^-126 flush to 0);
+// tests/test_scan_cuda.py checks it on the host build.
+SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2_flush((z - dt) * kLog2e); }
 
 // Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`,
 // `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
@@ -213,7 +214,7 @@ SS2D_UNROLL
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const int e = tile_offset(r, c0 + k);
-                  warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] = exp2f(dt[k] * a2);
+                  warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] = exp2_flush(dt[k] * a2);  // as the forward
                   warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e] = dyq[k] * cq[j][k];
                   if (full) warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e] = dt[k] * uq[k] * bq[j][k];
                 }
