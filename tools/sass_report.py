@@ -768,8 +768,8 @@ class Target:
 RATCHET = {
     ("forward", "fp32"): (73.5, 80),
     ("forward", "bf16"): (77.5, 80),
-    ("backward", "fp32"): (171.0, 128),
-    ("backward", "bf16"): (203.5, 128),
+    ("backward", "fp32"): (131.5, 128),
+    ("backward", "bf16"): (142.5, 128),
 }
 
 

@@ -10,9 +10,10 @@ namespace scan2d {
 // exp(z - softplus(z)), one exp where the backward recomputes dt from delta anyway (N = 1; half the
 // instructions of softplus_grad_from_value). z - dt is exact to the rounding of dt (<= |z| 2^-24
 // absolute above z = -2^-5 / below it, the error of softplus's log1p near z = 0 is < 2e-7
-// absolute) and exp2f's argument rounds by <= |z| log2(e) 2^-24: relative error below 1e-5 for
-// z >= -87 (sigmoid a normal float); tests/test_scan_cuda.py checks it on the host build.
-SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2f((z - dt) * kLog2e); }
+// absolute) and the exp's argument rounds by <= |z| log2(e) 2^-24: relative error below 1e-5 for
+// z >= -87 (sigmoid a normal float; below, exp2_flush's results under 2^-126 flush to 0);
+// tests/test_scan_cuda.py checks it on the host build.
+SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2_flush((z - dt) * kLog2e); }
 
 // Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`,
 // `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
@@ -114,6 +115,14 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
   const int per_slice = g.dim / g.groups / slices;
+  // One decision per quad for all the planes a block phase accesses there: vector accesses when
+  // every plane is aligned at its start and the quad is one aligned map row (tested per quad:
+  // a block-wide flag would take a register the one-state variant does not have).
+  const auto vector_at = [&](const QuadPlace& at) {
+    return vector_quad(at) && vector_planes(ctx, g, u, delta, Bg, Cg) &&
+           (p.dy_fp32 ? vector_planes(ctx, g, dy32) : vector_planes(ctx, g, dyT)) &&
+           (!full || vector_planes(ctx, g, du_g, ddelta_g, dB, dC));
+  };
   // Per thread and channel: its share of dD (sum of dy * u), of ddelta_bias (sum of ddelta) and,
   // where dt is not kept (N = 1), of dA (sum of dL/dAbar * Abar * dt).
   constexpr int kParts = 3;
@@ -139,71 +148,83 @@ SS2D_UNROLL
       for (int round = 0; round < rounds; ++round) {
         each_quad(ctx, [&](int, int r, int c0) {
           const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          // The C (and B) quads of the round's states, loaded once for all channels (registers
-          // indexed by unrolled loops: no local memory).
-          float bq[kMaxWarps][kQuad], cq[kMaxWarps][kQuad];
-SS2D_UNROLL
-          for (int j = 0; j < kMaxWarps; ++j) {
-            const int n = round * wpc + j;
-            if (j >= wpc || n >= nstate) continue;
-            const Plane bpl = bc_planes(n);
-            load_quad<T>(ctx, g, Cg, bpl, at, cq[j]);
-            if (full) {
-              load_quad<T>(ctx, g, Bg, bpl, at, bq[j]);
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
-            }
-          }
-          // One channel per trip (kChannelSlots).
-SS2D_UNROLL_BY(kChannelSlots)
-          for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
-            if (s >= channels) continue;
-            float dt[kQuad], uq[kQuad] = {0.f, 0.f, 0.f, 0.f}, dyq[kQuad];
-            if (round == 0) {
-              const int d = d0 + s;
-              const Plane pl{g.dim, d};
-              float dq[kQuad];
-              const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
-              if (full) load_quad<T>(ctx, g, u, pl, at, uq);
-              if (p.dy_fp32) {
-                load_quad<float>(ctx, g, dy32, pl, at, dyq);
-              } else {
-                load_quad<T>(ctx, g, dyT, pl, at, dyq);
-              }
-              const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) {
-                const int e = s * kTileFloats + tile_offset(r, c0 + k);
-                dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
-                if (keep_dt) dt_t[e] = dt[k];
-                if (keep_inputs) {
-                  if (full) u_t[e] = uq[k];
-                  dy_t[e] = dyq[k];
-                }
-              }
-            } else {
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) {
-                const int e = s * kTileFloats + tile_offset(r, c0 + k);
-                dt[k] = dt_t[e];
-                if (full) uq[k] = u_t[e];
-                dyq[k] = dy_t[e];
-              }
-            }
+          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
+          // As in phase B: vector and per-cell copies, one branch per quad.
+          const auto phase = [&](auto vector) {
+            constexpr bool vec = decltype(vector)::value;
+            // The C (and B) quads of the round's states, loaded once for all channels (registers
+            // indexed by unrolled loops: no local memory).
+            float bq[kMaxWarps][kQuad], cq[kMaxWarps][kQuad];
 SS2D_UNROLL
             for (int j = 0; j < kMaxWarps; ++j) {
               const int n = round * wpc + j;
               if (j >= wpc || n >= nstate) continue;
-              const int w = s * wpc + j;
-              const float a2 = p.A[static_cast<int64_t>(d0 + s) * nstate + n] * kLog2e;
+              const Plane bpl = bc_planes(n);
+              const int64_t bc_off = quad_offset(g, bpl, at);
+              load_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
+              if (full) {
+                load_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
 SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) {
-                const int e = tile_offset(r, c0 + k);
-                warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] = exp2f(dt[k] * a2);
-                warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e] = dyq[k] * cq[j][k];
-                if (full) warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e] = dt[k] * uq[k] * bq[j][k];
+                for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
               }
             }
+            // One channel per trip (kChannelSlots).
+SS2D_UNROLL_BY(kChannelSlots)
+            for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
+              if (s >= channels) continue;
+              float dt[kQuad], uq[kQuad] = {0.f, 0.f, 0.f, 0.f}, dyq[kQuad];
+              if (round == 0) {
+                const int d = d0 + s;
+                const Plane pl{g.dim, d};
+                const int64_t off = ud0 + s * g.length;
+                float dq[kQuad];
+                const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                if (full) load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                if (p.dy_fp32) {
+                  load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
+                } else {
+                  load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                }
+                const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const int e = s * kTileFloats + tile_offset(r, c0 + k);
+                  dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
+                  if (keep_dt) dt_t[e] = dt[k];
+                  if (keep_inputs) {
+                    if (full) u_t[e] = uq[k];
+                    dy_t[e] = dyq[k];
+                  }
+                }
+              } else {
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const int e = s * kTileFloats + tile_offset(r, c0 + k);
+                  dt[k] = dt_t[e];
+                  if (full) uq[k] = u_t[e];
+                  dyq[k] = dy_t[e];
+                }
+              }
+SS2D_UNROLL
+              for (int j = 0; j < kMaxWarps; ++j) {
+                const int n = round * wpc + j;
+                if (j >= wpc || n >= nstate) continue;
+                const int w = s * wpc + j;
+                const float a2 = p.A[static_cast<int64_t>(d0 + s) * nstate + n] * kLog2e;
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const int e = tile_offset(r, c0 + k);
+                  warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] = exp2_flush(dt[k] * a2);  // as the forward
+                  warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e] = dyq[k] * cq[j][k];
+                  if (full) warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e] = dt[k] * uq[k] * bq[j][k];
+                }
+              }
+            }
+          };
+          if (vector_at(at)) {
+            phase(std::true_type{});
+          } else {
+            phase(std::false_type{});
           }
         });
         ctx.barrier();
@@ -358,133 +379,146 @@ SS2D_UNROLL
         const bool last = round + 1 == rounds;
         each_quad(ctx, [&](int t, int r, int c0) {
           const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
-          // local memory); the channels one per trip (kChannelSlots).
-          float db[kMaxWarps][kQuad], dc[kMaxWarps][kQuad];
+          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
+          // The phase in two copies, vector and per-cell accesses for all of the quad's planes:
+          // one branch per quad.
+          const auto phase = [&](auto vector) {
+            constexpr bool vec = decltype(vector)::value;
+            // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
+            // local memory); the channels one per trip (kChannelSlots).
+            float db[kMaxWarps][kQuad], dc[kMaxWarps][kQuad];
 SS2D_UNROLL
-          for (int j = 0; j < kMaxWarps; ++j) {
+            for (int j = 0; j < kMaxWarps; ++j) {
 SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) db[j][k] = dc[j][k] = 0.f;
-          }
+              for (int k = 0; k < kQuad; ++k) db[j][k] = dc[j][k] = 0.f;
+            }
 SS2D_UNROLL_BY(kChannelSlots)
-          for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
-            if (s >= channels) continue;
-            const Plane pl{g.dim, d0 + s};
-            // u and dy: kept on chip with several rounds, else read again (from L2: the block read
-            // them in this tile's first phase), which leaves room for a third block per SM.
-            float uq[kQuad], dyq[kQuad];
-            if (keep_inputs) {
+            for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
+              if (s >= channels) continue;
+              const Plane pl{g.dim, d0 + s};
+              const int64_t off = ud0 + s * g.length;
+              // u and dy: kept on chip with several rounds, else read again (from L2: the block read
+              // them in this tile's first phase), which leaves room for a third block per SM.
+              float uq[kQuad], dyq[kQuad];
+              if (keep_inputs) {
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const int ce = s * kTileFloats + tile_offset(r, c0 + k);
+                  uq[k] = u_t[ce];
+                  dyq[k] = dy_t[ce];
+                }
+              } else {
+                load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                if (p.dy_fp32) {
+                  load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
+                } else {
+                  load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                }
+              }
+              // dt and, with softplus, d dt / d(delta + bias) (0 on padding cells): from the dt tile,
+              // or recomputed from delta (dt exactly as the first phase did).
+              float dtq[kQuad], slope[kQuad];
+              if (keep_dt) {
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  dtq[k] = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
+                  slope[k] = p.softplus ? softplus_grad_from_value(dtq[k]) : 1.f;
+                }
+              } else {
+                float dq[kQuad];
+                const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                const float bias = p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const bool is_real = (real >> k) & 1u;
+                  dtq[k] = dt_of(p, dq[k], bias, is_real);
+                  // Evaluated on every cell and then selected: no branch around the exp.
+                  const float sg = sigmoid_from_softplus(dq[k] + bias, dtq[k]);
+                  slope[k] = is_real ? sg : 0.f;
+                }
+              }
+              // The sums over states so far: from the earlier rounds' tiles, else set by the round's
+              // first state (no adds to 0).
+              float sumb[kQuad], ddt[kQuad], dA_terms = 0.f;
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
                 const int ce = s * kTileFloats + tile_offset(r, c0 + k);
-                uq[k] = u_t[ce];
-                dyq[k] = dy_t[ce];
+                sumb[k] = round > 0 ? static_cast<float>(sumb_t[ce]) : 0.f;
+                ddt[k] = round > 0 ? static_cast<float>(ddt_t[ce]) : 0.f;
               }
-            } else {
-              load_quad<T>(ctx, g, u, pl, at, uq);
-              if (p.dy_fp32) {
-                load_quad<float>(ctx, g, dy32, pl, at, dyq);
-              } else {
-                load_quad<T>(ctx, g, dyT, pl, at, dyq);
+SS2D_UNROLL
+              for (int j = 0; j < kMaxWarps; ++j) {
+                const int n = round * wpc + j;
+                if (j >= wpc || n >= nstate) continue;
+                const int w = s * wpc + j;
+                // Without a dt tile the warps left dL/dAbar * Abar, scaled here (by A[n]: the dL/ddt
+                // term; by dt: the dA terms).
+                const float a_n = keep_dt ? 1.f : p.A[static_cast<int64_t>(d0 + s) * nstate + n];
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const int e = tile_offset(r, c0 + k);
+                  const float ghh = warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e];
+                  const float uv = uq[k];
+                  const float bv = b_t[j * kTileFloats + e];
+                  const float dabar = warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
+                  db[j][k] += ghh * dtq[k] * uv;
+                  dc[j][k] += dyq[k] * warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e];
+                  const float ghh_b = ghh * bv;
+                  const float state_ddt = (keep_dt ? dabar : dabar * a_n) + ghh_b * uv;
+                  const bool first = round == 0 && j == 0;
+                  sumb[k] = first ? ghh_b : sumb[k] + ghh_b;
+                  ddt[k] = first ? state_ddt : ddt[k] + state_ddt;
+                  if (!keep_dt) dA_terms += dabar * dtq[k];
+                }
               }
-            }
-            // dt and, with softplus, d dt / d(delta + bias) (0 on padding cells): from the dt tile,
-            // or recomputed from delta (dt exactly as the first phase did).
-            float dtq[kQuad], slope[kQuad];
-            if (keep_dt) {
+              if (!last) {
+SS2D_UNROLL
+                for (int k = 0; k < kQuad; ++k) {
+                  const int ce = s * kTileFloats + tile_offset(r, c0 + k);
+                  sumb_t[ce] = sumb[k];
+                  ddt_t[ce] = ddt[k];
+                }
+                continue;
+              }
+              // Padding cells: dy = u = 0 and no gradient reaches them, so their terms are 0; their
+              // du / ddelta are not stored.
+              const float dskip = p.D ? p.D[d0 + s] : 0.f;
+              float duq[kQuad], ddq[kQuad];
+              float dD_terms = 0.f, ddb_terms = 0.f;
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
-                dtq[k] = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
-                slope[k] = p.softplus ? softplus_grad_from_value(dtq[k]) : 1.f;
+                const float dt = dtq[k];
+                const float dyv = dyq[k];
+                duq[k] = dt * sumb[k] + dskip * dyv;
+                ddq[k] = p.softplus ? ddt[k] * slope[k] : ddt[k];
+                dD_terms += dyv * uq[k];
+                ddb_terms += ddq[k];
               }
-            } else {
-              float dq[kQuad];
-              const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
-              const float bias = p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
+              // The thread's shares of channel s (selected, not indexed at run time: no local memory).
 SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) {
-                const bool is_real = (real >> k) & 1u;
-                dtq[k] = dt_of(p, dq[k], bias, is_real);
-                // Evaluated on every cell and then selected: no branch around the exp.
-                const float sg = sigmoid_from_softplus(dq[k] + bias, dtq[k]);
-                slope[k] = is_real ? sg : 0.f;
+              for (int i = 0; i < kMaxWarps; ++i) {
+                if (i != s) continue;
+                part[ctx.thread_slot(t)][0][i] += dD_terms;
+                part[ctx.thread_slot(t)][1][i] += ddb_terms;
+                part[ctx.thread_slot(t)][2][i] += dA_terms;
               }
-            }
-            // The sums over states so far: from the earlier rounds' tiles, else set by the round's
-            // first state (no adds to 0).
-            float sumb[kQuad], ddt[kQuad], dA_terms = 0.f;
-SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              const int ce = s * kTileFloats + tile_offset(r, c0 + k);
-              sumb[k] = round > 0 ? static_cast<float>(sumb_t[ce]) : 0.f;
-              ddt[k] = round > 0 ? static_cast<float>(ddt_t[ce]) : 0.f;
+              store_quad<T>(ctx, g, du_g, pl, at, vec, off, duq);
+              store_quad<T>(ctx, g, ddelta_g, pl, at, vec, off, ddq);
             }
 SS2D_UNROLL
             for (int j = 0; j < kMaxWarps; ++j) {
               const int n = round * wpc + j;
               if (j >= wpc || n >= nstate) continue;
-              const int w = s * wpc + j;
-              // Without a dt tile the warps left dL/dAbar * Abar, scaled here (by A[n]: the dL/ddt
-              // term; by dt: the dA terms).
-              const float a_n = keep_dt ? 1.f : p.A[static_cast<int64_t>(d0 + s) * nstate + n];
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) {
-                const int e = tile_offset(r, c0 + k);
-                const float ghh = warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e];
-                const float uv = uq[k];
-                const float bv = b_t[j * kTileFloats + e];
-                const float dabar = warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
-                db[j][k] += ghh * dtq[k] * uv;
-                dc[j][k] += dyq[k] * warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e];
-                const float ghh_b = ghh * bv;
-                const float state_ddt = (keep_dt ? dabar : dabar * a_n) + ghh_b * uv;
-                const bool first = round == 0 && j == 0;
-                sumb[k] = first ? ghh_b : sumb[k] + ghh_b;
-                ddt[k] = first ? state_ddt : ddt[k] + state_ddt;
-                if (!keep_dt) dA_terms += dabar * dtq[k];
-              }
+              const Plane bpl = bc_planes(n);
+              const int64_t bc_off = quad_offset(g, bpl, at);
+              add_quad(ctx, g, dB, bpl, at, vec, bc_off, db[j]);
+              add_quad(ctx, g, dC, bpl, at, vec, bc_off, dc[j]);
             }
-            if (!last) {
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) {
-                const int ce = s * kTileFloats + tile_offset(r, c0 + k);
-                sumb_t[ce] = sumb[k];
-                ddt_t[ce] = ddt[k];
-              }
-              continue;
-            }
-            // Padding cells: dy = u = 0 and no gradient reaches them, so their terms are 0; their
-            // du / ddelta are not stored.
-            const float dskip = p.D ? p.D[d0 + s] : 0.f;
-            float duq[kQuad], ddq[kQuad];
-            float dD_terms = 0.f, ddb_terms = 0.f;
-SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              const float dt = dtq[k];
-              const float dyv = dyq[k];
-              duq[k] = dt * sumb[k] + dskip * dyv;
-              ddq[k] = p.softplus ? ddt[k] * slope[k] : ddt[k];
-              dD_terms += dyv * uq[k];
-              ddb_terms += ddq[k];
-            }
-            // The thread's shares of channel s (selected, not indexed at run time: no local memory).
-SS2D_UNROLL
-            for (int i = 0; i < kMaxWarps; ++i) {
-              if (i != s) continue;
-              part[ctx.thread_slot(t)][0][i] += dD_terms;
-              part[ctx.thread_slot(t)][1][i] += ddb_terms;
-              part[ctx.thread_slot(t)][2][i] += dA_terms;
-            }
-            store_quad<T>(ctx, g, du_g, pl, at, duq);
-            store_quad<T>(ctx, g, ddelta_g, pl, at, ddq);
-          }
-SS2D_UNROLL
-          for (int j = 0; j < kMaxWarps; ++j) {
-            const int n = round * wpc + j;
-            if (j >= wpc || n >= nstate) continue;
-            const Plane bpl = bc_planes(n);
-            add_quad(ctx, g, dB, bpl, at, db[j]);
-            add_quad(ctx, g, dC, bpl, at, dc[j]);
+          };
+          if (vector_at(at)) {
+            phase(std::true_type{});
+          } else {
+            phase(std::false_type{});
           }
         });
         // No barrier: the next round's (or tile's) A rewrites only cells this thread itself read.

@@ -31,6 +31,8 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 #include "scan2d_common.h"
 
 namespace vmamba2d {
@@ -196,13 +198,13 @@ SS2D_UNROLL
 }
 
 // Loads a quad as fp32 into out (0 on padding cells); returns the mask of real cells (bit k: cell
-// c0 + k). One vector access when the quad is in one map row and aligned; otherwise (map edges,
-// pack boundaries, misaligned rows) one scalar access per real cell.
+// c0 + k). `vector`: the caller's decision that the quad at off is one map row and aligned (for
+// every plane it accesses there: see vector_planes): one vector access, else one scalar access
+// per real cell (map edges, pack boundaries, misaligned rows).
 template <class T, class Ctx, class View>
 SS2D_HD SS2D_INLINE uint32_t load_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
-                                       const QuadPlace& at, float (&out)[kQuad]) {
-  const int64_t off = quad_offset(g, pl, at);
-  if (one_row(at) && ctx.vector_aligned(src, off)) {
+                                       const QuadPlace& at, bool vector, int64_t off, float (&out)[kQuad]) {
+  if (vector) {
     const Vec4<T> v = ctx.load_vector(src, off);
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) out[k] = Element<T>::load(v.v[k]);
@@ -212,12 +214,20 @@ SS2D_UNROLL
   return at.real;
 }
 
-// Stores the real cells of a quad (element type V: T, or fp32 for an fp32 y).
+// The same, deciding for this plane alone.
+template <class T, class Ctx, class View>
+SS2D_HD SS2D_INLINE uint32_t load_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
+                                       const QuadPlace& at, float (&out)[kQuad]) {
+  const int64_t off = quad_offset(g, pl, at);
+  return load_quad<T>(ctx, g, src, pl, at, one_row(at) && ctx.vector_aligned(src, off), off, out);
+}
+
+// Stores the real cells of a quad (element type V: T, or fp32 for an fp32 y); `vector` as in
+// load_quad.
 template <class V, class Ctx, class View>
 SS2D_HD SS2D_INLINE void store_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
-                                    const QuadPlace& at, const float (&vals)[kQuad]) {
-  const int64_t off = quad_offset(g, pl, at);
-  if (one_row(at) && ctx.vector_aligned(dst, off)) {
+                                    const QuadPlace& at, bool vector, int64_t off, const float (&vals)[kQuad]) {
+  if (vector) {
     Vec4<V> v;
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) v.v[k] = Element<V>::store(vals[k]);
@@ -227,13 +237,19 @@ SS2D_UNROLL
   store_cells<V>(g, dst, pl, at, off, vals);
 }
 
+template <class V, class Ctx, class View>
+SS2D_HD SS2D_INLINE void store_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
+                                    const QuadPlace& at, const float (&vals)[kQuad]) {
+  const int64_t off = quad_offset(g, pl, at);
+  store_quad<V>(ctx, g, dst, pl, at, one_row(at) && ctx.vector_aligned(dst, off), off, vals);
+}
+
 // Adds vals to the real cells of a quad of an fp32 buffer (the dB / dC partials): one vector
-// read-modify-write where the quad is in one map row and aligned, else per real cell.
+// read-modify-write when `vector` (as in load_quad), else per real cell.
 template <class Ctx, class View>
 SS2D_HD SS2D_INLINE void add_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
-                                  const QuadPlace& at, const float (&vals)[kQuad]) {
-  const int64_t off = quad_offset(g, pl, at);
-  if (one_row(at) && ctx.vector_aligned(dst, off)) {
+                                  const QuadPlace& at, bool vector, int64_t off, const float (&vals)[kQuad]) {
+  if (vector) {
     Vec4<float> v = ctx.load_vector(dst, off);
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) v.v[k] += vals[k];
@@ -245,6 +261,23 @@ SS2D_UNROLL
     if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] += vals[k];
   }
 }
+
+template <class Ctx, class View>
+SS2D_HD SS2D_INLINE void add_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
+                                  const QuadPlace& at, const float (&vals)[kQuad]) {
+  const int64_t off = quad_offset(g, pl, at);
+  add_quad(ctx, g, dst, pl, at, one_row(at) && ctx.vector_aligned(dst, off), off, vals);
+}
+
+// Whether every plane of the views' tensors starts aligned to the vector width: their bases are
+// aligned and a plane's length is a multiple of kQuad. Then a quad in one map row that starts at a
+// multiple of kQuad (vector_quad) is aligned in all of them: one decision per quad for all planes.
+template <class Ctx, class... Views>
+SS2D_HD SS2D_INLINE bool vector_planes(const Ctx& ctx, const Geometry& g, const Views&... views) {
+  return g.length % kQuad == 0 && (ctx.vector_aligned(views, 0) && ...);
+}
+
+SS2D_HD SS2D_INLINE bool vector_quad(const QuadPlace& at) { return one_row(at) && at.pos % kQuad == 0; }
 
 // Block phases walk the quads of a tile: thread t takes quads t, t + nthreads, ... (quad q: row
 // q / kQuadsPerRow, first column quad_column(q)); a warp-wide access covers kQuadRowStep whole
