@@ -148,11 +148,9 @@ SS2D_UNROLL
           }
           float q[kLoads][kQuad];
           load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + 2 * channels, q);
-          // x = dt * u * B and Abar = exp(dt * A), with dt = 0 on padding cells by a factor (no
-          // per-cell branch around the softplus: z is finite there, as delta is 0).
-          float real[kQuad];
-SS2D_UNROLL
-          for (int k = 0; k < kQuad; ++k) real[k] = (at.real >> k) & 1u ? 1.f : 0.f;
+          // x = dt * u * B and Abar = exp(dt * A) on every cell: padding cells load u = B = 0, so
+          // their x is 0 and their h never reaches a real cell (they follow the real cells of
+          // their map in both scan directions, and a segment start resets h before the next map).
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             if (s >= channels) continue;
@@ -160,7 +158,7 @@ SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
               const int e = s * kTileFloats + tile_offset(r, c0 + k);
               const float z = q[1 + 2 * s][k] + bias_c[s];
-              const float dt = (p.softplus ? softplus(z) : z) * real[k];
+              const float dt = p.softplus ? softplus(z) : z;
               x_t[e] = dt * q[2 + 2 * s][k] * q[0][k];
               abar_t[e] = exp2_flush(dt * a2_c[s]);
             }
@@ -318,8 +316,9 @@ SS2D_UNROLL
             float yq[kQuad];
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
-              yq[k] = p.D ? dskip_c[s] * q[1 + s][k] : 0.f;
-              yq[k] += q[0][k] * x_t[s * kTileFloats + tile_offset(r, c0 + k)];
+              // dskip_c is 0 without D: 0 * u only differs from 0 where u is not finite, where h
+              // (x = dt * u * B) is not finite either.
+              yq[k] = fmaf(q[0][k], x_t[s * kTileFloats + tile_offset(r, c0 + k)], dskip_c[s] * q[1 + s][k]);
             }
             const Plane pl{g.dim, d0 + s};
             if (p.y_fp32) {
