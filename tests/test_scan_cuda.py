@@ -247,7 +247,7 @@ def test_emulated_kernel_state_rounds_in_every_dtype(shape, dtype):
 
 @needs_module
 def test_kernel_softplus_is_within_its_error_bound():
-    # The kernels' fast softplus (exp2 / log2 and a short series, scan2d_kernel.cuh) against
+    # The kernels' fast softplus (exp2 / log2 and a short series, scan2d_tile.cuh) against
     # log1p(exp(z)) in float64: relative error <= 1e-5 wherever the result is a normal float
     # (z >= -87), dense around its branch points (t = 2^-5 at z = -3.47, z = 0, the threshold 20).
     z = torch.cat([torch.linspace(-87.0, 30.0, 200_001), torch.linspace(-3.6, -3.3, 20_001),

@@ -9,8 +9,9 @@
 //     access is recorded by a race detector, so the very code the GPU runs is tested on the CPU.
 // Rules that keep the two equivalent: no barrier inside each_thread / each_warp; shared or global
 // memory is touched only inside each_thread / each_lane; state that lives across each_lane calls is
-// indexed by ctx.lane_slot(lane), across each_thread calls by ctx.thread_slot(t); threads of one phase exchange data only across a barrier (block)
-// or a sync_warp (warp) -- the emulation's race detector enforces the last rule.
+// indexed by ctx.lane_slot(lane), across each_thread calls by ctx.thread_slot(t); threads of one
+// phase exchange data only across a barrier (block) or a sync_warp (warp) -- the emulation's race
+// detector enforces the last rule.
 //
 // Structure: every global access of u, delta, B, C, dy, y, du, ddelta, dB, dC happens in a block
 // phase (each_quad: all threads, one quad of kQuad consecutive cells of a tile row per step, one
