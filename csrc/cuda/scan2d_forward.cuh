@@ -40,21 +40,6 @@ SS2D_UNROLL
   }
 }
 
-// Stores the real cells of a quad at off: one vector access when quad_row (see load_quads) and
-// the address is aligned, else one access per real cell (store_cells).
-template <class V, class Ctx, class View>
-SS2D_HD SS2D_INLINE void store_quad_at(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
-                                       const QuadPlace& at, bool quad_row, int64_t off, const float (&vals)[kQuad]) {
-  if (quad_row && ctx.vector_aligned(dst, off)) {
-    Vec4<V> v;
-SS2D_UNROLL
-    for (int k = 0; k < kQuad; ++k) v.v[k] = Element<V>::store(vals[k]);
-    ctx.store_vector(dst, off, v);
-    return;
-  }
-  store_cells<V>(g, dst, pl, at, off, vals);
-}
-
 // Forward of one block: batch block bb, channels d0 .. d0 + channels - 1 of one group. Per tile and
 // state round:
 //   A (block): dt / u quads (first round; kept in tiles when there are more rounds) and the B quad
@@ -321,10 +306,11 @@ SS2D_UNROLL
               yq[k] = fmaf(q[0][k], x_t[s * kTileFloats + tile_offset(r, c0 + k)], dskip_c[s] * q[1 + s][k]);
             }
             const Plane pl{g.dim, d0 + s};
+            const int64_t off = offs[1 + s];
             if (p.y_fp32) {
-              store_quad_at<float>(ctx, g, y32, pl, at, quad_row, offs[1 + s], yq);
+              store_quad<float>(ctx, g, y32, pl, at, quad_row && ctx.vector_aligned(y32, off), off, yq);
             } else {
-              store_quad_at<T>(ctx, g, yT, pl, at, quad_row, offs[1 + s], yq);
+              store_quad<T>(ctx, g, yT, pl, at, quad_row && ctx.vector_aligned(yT, off), off, yq);
             }
           }
         });
