@@ -250,3 +250,38 @@ def test_the_plan_matrix_runs_every_kernel_variant_of_every_pass(device):
                  for dtype in (torch.float32, torch.bfloat16, torch.float16)}
     general = {(p, v) for p, v, _ in reached if v == "kGeneral"}
     assert one_state <= reached and general == {("fwd", "kGeneral"), ("bwd", "kGeneral")}
+
+
+# The optional inputs of the op (D, delta_bias, the softplus on delta) switch code in both passes;
+# the model shapes always pass all three, so both kernel variants (the one-state one in the
+# sequential plan: the model plan; the general one in the tile-parallel plan) also run without
+# them here, in every dtype, under the race detector, on a map whose H * W is a multiple of 4
+# (vector quads), one whose H * W is not (per-cell quads), and packed small maps with two channels
+# per block (segment starts inside a tile; unused channel slots of the one-state blocks).
+OPTIONAL_INPUTS = [  # (use_d, use_bias, softplus)
+    (False, False, False),
+    (False, True, True),
+    (True, False, True),
+]
+
+
+@needs_module
+@pytest.mark.parametrize("dim, groups, height, width", [(8, 2, 36, 40), (8, 2, 37, 41), (8, 4, 20, 30)])
+@pytest.mark.parametrize("use_d, use_bias, softplus", OPTIONAL_INPUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("plan, variant", [("sequential", "kOneStateSequential"), ("tile-parallel", "kGeneral")])
+def test_kernel_variants_without_optional_inputs_match_reference(plan, variant, dtype, use_d, use_bias,
+                                                                 softplus, dim, groups, height, width):
+    batch, nstate = 2, 1
+    options = _options("sm90-H100", plan, order=7)
+    launch = CUDA_MODULE._launch_plan(batch, dim, groups, nstate, height, width, options["sm_count"],
+                                      options["smem_per_sm"], options["smem_per_block"])
+    single_tile = height <= 32 and width <= 32  # one tile: nothing to run in parallel
+    expected = "kOneStateSequential" if single_tile else variant
+    assert launch["fwd_variant"] == launch["bwd_variant"] == expected
+    inputs = make_inputs(batch, dim, groups, nstate, height, width, dtype=dtype, use_d=use_d,
+                         use_bias=use_bias, softplus=softplus, seed=3)
+    assert (inputs["D"] is None) != use_d and (inputs["delta_bias"] is None) != use_bias
+    half = dtype != torch.float32
+    check_all(emulated_fwd, emulated_bwd, inputs, height, width, rtol=3e-2 if half else 5e-5,
+              softplus=softplus, out_fp32=half, **options)
