@@ -143,7 +143,10 @@ def test_the_backward_launches_no_forward_sweep(monkeypatch):
 
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
-def test_half_inputs_accumulate_in_fp32(half):
+def test_half_inputs_accumulate_in_fp32(half, monkeypatch):
+    """Also: 2x4 tiles and programs of 2 channel blocks, where 2-byte C is read once per set."""
+    monkeypatch.setenv(scan_triton.TILE_ENV_VAR, "2x4")
+    monkeypatch.setattr(triton_cross, "MAX_SETS", 2)
     routes = route_set("cross")
     inputs = make_cross_inputs(1, 2, 2, 3, 5, 4, seed=11)
     for key in ("u", "delta", "B", "C"):

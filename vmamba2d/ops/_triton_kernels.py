@@ -313,6 +313,9 @@ def _route_forward(
     else:
         REV_H: tl.constexpr = (CODE & 1) != 0
         REV_V: tl.constexpr = (CODE & 2) != 0
+        # 2-byte inputs: C is read again for every channel set rather than held across them (the
+        # tile held in ACC spilled at the 128-register cap, bf16 on sm_90); the re-read hits cache.
+        C_PER_SET: tl.constexpr = C_ptr.dtype.element_ty.primitive_bitwidth < 32
         for rr in range(n_tile_rows):
             tr = n_tile_rows - 1 - rr if REV_V else rr
             read_slot = rr if SAVE_CARRIES else 0
@@ -322,7 +325,8 @@ def _route_forward(
                 pos, cell_ok = _tile_cells(tr, tc, height, width, TILE_H, TILE_W, WIDTH_ALIGN)
                 state_mask = state_ok3 & cell_ok[None]
                 Bt = tl.load(B_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
-                Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
+                if not C_PER_SET:
+                    Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
                 for s in range(sets):
                     block = first_block + s
                     d_index, chan_ok, chan3, chan_mask, carry_ok = _set_channels(group * sets + s, dim, length,
@@ -351,6 +355,8 @@ def _route_forward(
                     tl.store(state_slot, _last_along(hstate, 3, TILE_W, REV_H), mask=carry_ok)
                     tl.store(vbase + write_slot * vslot, _last_along(vstate, 2, TILE_H, REV_V),
                              mask=carry_ok & (rr + 1 < n_tile_rows))
+                    if C_PER_SET:
+                        Ct = tl.load(C_ptr + state3 + pos[None], mask=state_mask, other=0.0).to(ACC)
                     y = tl.sum(h * Ct[None], axis=1) + skip * u
                     _accumulate(y, yacc_ptr, y_ptr, chan3 + pos[None], chan_mask, k == 0, k == NUM_ROUTES - 1)
 
@@ -524,6 +530,9 @@ def _route_backward(
     else:
         REV_H: tl.constexpr = (CODE & 1) != 0
         REV_V: tl.constexpr = (CODE & 2) != 0
+        # 2-byte inputs: C is read again for every channel set rather than held across them (the
+        # tile held in ACC spilled at the 128-register cap, bf16 on sm_90); the re-read hits cache.
+        C_PER_SET: tl.constexpr = C_ptr.dtype.element_ty.primitive_bitwidth < 32
         for rr_back in range(n_tile_rows):
             rr = n_tile_rows - 1 - rr_back
             tr = n_tile_rows - 1 - rr if REV_V else rr
