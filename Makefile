@@ -8,7 +8,7 @@ STAMP := $(VENV)/.vmamba2d-installed
 PYTEST_ARGS ?=
 export MAX_JOBS ?= 2
 
-.PHONY: setup demo test bench ptxas-check sass-report gpu-check clean
+.PHONY: setup demo test bench ptxas-check sass-report gpu-check cuda-baseline gpu-compare clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,16 @@ sass-report: setup
 GPU_CHECK_ARGS ?=
 gpu-check:
 	$(PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The v3-vs-v2 timing: `make cuda-baseline` here (needs git; CUDA_BASELINE_COMMIT overrides the
+# kernel version, default in tools/cuda_baseline.py) exports the earlier kernel to build/cuda-baseline;
+# on the GPU machine (with that folder carried along) `make gpu-compare` builds both and times them.
+CUDA_BASELINE_COMMIT ?=
+cuda-baseline:
+	$(PYTHON) tools/cuda_baseline.py export $(if $(CUDA_BASELINE_COMMIT),--commit $(CUDA_BASELINE_COMMIT))
+
+gpu-compare:
+	$(PYTHON) tools/gpu_check.py --compare-baseline build/cuda-baseline $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build *.egg-info vmamba2d/*.so $(STAMP)

@@ -31,6 +31,13 @@ rewritten after every step, so a run that is cut off still leaves what it measur
     python3 tools/gpu_check.py                      # everything
     python3 tools/gpu_check.py --dry-run            # print the plan (steps, budgets, commands)
     python3 tools/gpu_check.py --copy-to DIR        # also copy the report into DIR
+
+A second, separate run (``make gpu-compare``, its own 10-minute call) times this checkout's CUDA
+kernel against an earlier version on the same tensors: ``--compare-baseline DIR`` builds the
+kernel that ``tools/cuda_baseline.py export`` wrote to DIR (by default kernel v2; export where git
+works, e.g. ``make cuda-baseline``, and carry ``build/cuda-baseline`` to the GPU machine) and runs
+``tools/bench_cuda_versions.py``; its report is ``benchmarks/gpu-compare-<date>-<gpu>-<commit>.md``
+with the speedup per model shape and dtype.
 """
 from __future__ import annotations
 
@@ -149,9 +156,9 @@ def gpu_slug(name: str) -> str:
     return words or "gpu"
 
 
-def report_path(out_dir: Path, env: Environment) -> Path:
+def report_path(out_dir: Path, env: Environment, kind: str = "gpu-check") -> Path:
     stamp = env.date.replace("-", "").replace(":", "").replace(" UTC", "").replace(" ", "-")
-    return out_dir / f"gpu-check-{stamp}-{gpu_slug(env.gpu)}-{re.sub(r'[^A-Za-z0-9-]', '', env.commit)}.md"
+    return out_dir / f"{kind}-{stamp}-{gpu_slug(env.gpu)}-{re.sub(r'[^A-Za-z0-9-]', '', env.commit)}.md"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,6 +177,8 @@ BUDGETS_S = {"build": 140, "tests": 80, "triton-reverse-scan": 30, "bench-scan":
              "bench-model-fp32": 60,
              "bench-model-bf16": 45, "sanitize-memcheck": 35, "sanitize-racecheck": 25,
              "sanitize-synccheck": 15, "sanitize-initcheck": 25}
+# The comparison run (--compare-baseline): this checkout's kernel against an earlier one.
+COMPARE_BUDGETS_S = {"build": 140, "build-baseline": 200, "bench-versions": 180}
 
 
 def plan(python: str, env: Environment, work: Path, jobs: int) -> list[Step]:
@@ -206,6 +215,24 @@ def plan(python: str, env: Environment, work: Path, jobs: int) -> list[Step]:
         steps.append(Step(name, ["bash", "tools/cuda_sanitize.sh"], budget_s=BUDGETS_S[name], min_s=10, env=tool_env,
                           meanings={2: "not run (no GPU backend or no compute-sanitizer)"}))
     return steps
+
+
+def compare_plan(python: str, env: Environment, work: Path, jobs: int, baseline: Path) -> list[Step]:
+    """The comparison run: build this checkout's kernel and the exported earlier one
+    (tools/cuda_baseline.py) for this GPU, then time both on the model shapes
+    (tools/bench_cuda_versions.py)."""
+    arch = {"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs)}
+    out = work / "bench_cuda_versions.md"
+    return [
+        Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=COMPARE_BUDGETS_S["build"], min_s=60,
+             env=arch),
+        Step("build-baseline", [python, "tools/cuda_baseline.py", "build", "--dir", str(baseline), "--jobs", str(jobs)],
+             budget_s=COMPARE_BUDGETS_S["build-baseline"], min_s=60, env=arch),
+        Step("bench-versions", [python, "tools/bench_cuda_versions.py", "--baseline", str(baseline),
+                                "--families", "model", "--dtypes", "fp32", "bf16", "--out", str(out)],
+             budget_s=COMPARE_BUDGETS_S["bench-versions"], min_s=30, table=out, time_option="--max-seconds",
+             meanings={2: "not run (no GPU, or a kernel without an image for it)"}),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -337,6 +364,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--commit", help="commit to name in the report when git is unavailable here")
     parser.add_argument("--skip", nargs="+", default=[], help="step names to leave out (e.g. bench-model-bf16)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="parallel compile jobs")
+    parser.add_argument("--compare-baseline", type=Path, metavar="DIR",
+                        help="instead of the check: time this checkout's CUDA kernel against the earlier one "
+                             "exported to DIR by `tools/cuda_baseline.py export` (make gpu-compare)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     return parser.parse_args(argv)
 
@@ -347,7 +377,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     python = sys.executable
     env = probe_environment(python, args.commit)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        planned = plan(python, env, Path(tmp), args.jobs)
+        if args.compare_baseline is not None:
+            if not (args.compare_baseline / "csrc").is_dir():
+                print(f"gpu_check: {args.compare_baseline} holds no exported kernel; run `make cuda-baseline` "
+                      "where git works and carry that folder here.")
+                return 2
+            planned = compare_plan(python, env, Path(tmp), args.jobs, args.compare_baseline.resolve())
+        else:
+            planned = plan(python, env, Path(tmp), args.jobs)
         unknown = set(args.skip) - {s.name for s in planned}
         if unknown:
             print(f"gpu_check: --skip names unknown steps {sorted(unknown)}; steps: {[s.name for s in planned]}")
@@ -362,7 +399,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if env.gpu == "unknown":
             print(f"gpu_check: no GPU visible to {python} (torch {env.torch}); nothing to check, no report written.")
             return 2
-        path = report_path(args.out_dir, env)
+        path = report_path(args.out_dir, env, "gpu-compare" if args.compare_baseline is not None else "gpu-check")
         command = "python3 tools/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
 
         def save(finished: bool = False) -> None:
