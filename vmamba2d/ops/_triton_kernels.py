@@ -11,7 +11,8 @@ channels); the program runs all K routes of its channels, route k = 0..K-1 in tu
 codes are compile-time constants: a run-time loop over the routes branches to each route's body,
 built with that route's directions (one body per route, none hoisted into another). Within a
 route the program walks the tiles in the route's order and, per tile, its channel blocks one
-after another: B and C tiles are loaded once for all of them. Data stay in map layout
+after another: B and C tiles are loaded once for all of them (the forward's 2D routes read a
+2-byte C once per channel block instead, see C_PER_SET). Data stay in map layout
 (map, ..., H, W); a route is index arithmetic:
 
 * 2D routes walk ``TILE_H x TILE_W`` tiles of the map in the route's order (tile rows from the
@@ -371,7 +372,8 @@ def scan2d_fwd_kernel(
     WIDTH_ALIGN: tl.constexpr, ACC: tl.constexpr,
 ):
     """Forward of every route of one program's ``sets`` channel blocks (block = map *
-    n_chan_blocks + group * sets + s); per tile, B and C are loaded once for all of them.
+    n_chan_blocks + group * sets + s); per tile, B (and C, but for 2-byte 2D routes) is loaded
+    once for all of them.
 
     Inputs: u (maps, dim, H, W), delta (maps, K, dim, H, W), B / C (maps, K, N, H, W), A
     (param_groups * K * dim, N), D / delta_bias (param_groups * K * dim,); map m takes the rows of
