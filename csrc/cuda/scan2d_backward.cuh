@@ -1,19 +1,97 @@
 // The backward block of the tiled 2D scan (contexts and rules: scan2d_tile.cuh).
 #pragma once
 
+#include <cstring>
+
 #include "scan2d_tile.cuh"
 
 namespace vmamba2d {
 namespace scan2d {
 
 // d softplus(z) / dz = sigmoid(z) from z and dt = softplus(z) (the kernels' softplus): sigmoid(z) =
-// exp(z - softplus(z)), one exp where the backward recomputes dt from delta anyway (N = 1; half the
-// instructions of softplus_grad_from_value). z - dt is exact to the rounding of dt (<= |z| 2^-24
+// exp(z - softplus(z)), one exp where the backward has dt and reads delta again anyway (N = 1; half
+// the instructions of softplus_grad_from_value). z - dt is exact to the rounding of dt (<= |z| 2^-24
 // absolute above z = -2^-5 / below it, the error of softplus's log1p near z = 0 is < 2e-7
 // absolute) and the exp's argument rounds by <= |z| log2(e) 2^-24: relative error below 1e-5 for
 // z >= -87 (sigmoid a normal float; below, exp2_flush's results under 2^-126 flush to 0);
 // tests/test_scan_cuda.py checks it on the host build.
 SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2_flush((z - dt) * kLog2e); }
+
+// Where dt is not kept on chip (N = 1, backward_keeps_dt), the first block phase parks each quad's
+// fp32 dt in the quad's own du / ddelta cells and the last phase reads it back just before it
+// stores du / ddelta there (one global round trip, from L2, instead of softplus again). Every block
+// phase maps threads to cells alike and a block owns its channels' cells, so only the parking
+// thread touches them in between; the vector decision is the same quad's in both phases. fp32: dt
+// in the ddelta cells. 2-byte types: dt's 32 bits over the du and ddelta cells -- on the vector
+// path cells 0, 1 in du's quad and cells 2, 3 in ddelta's, else per real cell the high half in du,
+// the low half in ddelta.
+template <class T>
+SS2D_HD SS2D_INLINE T bits_as(uint16_t bits) {
+  T v;
+  memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+template <class T>
+SS2D_HD SS2D_INLINE uint16_t bits_of(T v) {
+  uint16_t bits;
+  memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
+template <class T, class Ctx, class View>
+SS2D_HD SS2D_INLINE void park_dt(const Ctx& ctx, const Geometry& g, const View& du, const View& ddelta,
+                                 const Plane& pl, const QuadPlace& at, bool vector, int64_t off,
+                                 const float (&dt)[kQuad]) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    store_quad<T>(ctx, g, ddelta, pl, at, vector, off, dt);
+  } else {
+    static_assert(2 * sizeof(T) == sizeof(float), "two 2-byte cells hold one fp32 dt");
+    if (vector) {
+      Vec4<T> first, second;
+      memcpy(&first, &dt[0], sizeof(first));
+      memcpy(&second, &dt[kQuad / 2], sizeof(second));
+      ctx.store_vector(du, off, first);
+      ctx.store_vector(ddelta, off, second);
+      return;
+    }
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) {
+      if (!((at.real >> k) & 1u)) continue;
+      uint32_t bits;
+      memcpy(&bits, &dt[k], sizeof(bits));
+      const int64_t cell = cell_offset(g, pl, at, off, k);
+      du[cell] = bits_as<T>(static_cast<uint16_t>(bits >> 16));
+      ddelta[cell] = bits_as<T>(static_cast<uint16_t>(bits & 0xffffu));
+    }
+  }
+}
+
+// The dt park_dt left at the quad (0 on padding cells, which it did not touch).
+template <class T, class Ctx, class View>
+SS2D_HD SS2D_INLINE void unpark_dt(const Ctx& ctx, const Geometry& g, const View& du, const View& ddelta,
+                                   const Plane& pl, const QuadPlace& at, bool vector, int64_t off,
+                                   float (&dt)[kQuad]) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    load_quad<T>(ctx, g, ddelta, pl, at, vector, off, dt);
+  } else {
+    if (vector) {
+      const Vec4<T> first = ctx.load_vector(du, off);
+      const Vec4<T> second = ctx.load_vector(ddelta, off);
+      memcpy(&dt[0], &first, sizeof(first));
+      memcpy(&dt[kQuad / 2], &second, sizeof(second));
+      return;
+    }
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) {
+      dt[k] = 0.f;
+      if (!((at.real >> k) & 1u)) continue;
+      const int64_t cell = cell_offset(g, pl, at, off, k);
+      const uint32_t bits = static_cast<uint32_t>(bits_of<T>(du[cell])) << 16 | bits_of<T>(ddelta[cell]);
+      memcpy(&dt[k], &bits, sizeof(bits));
+    }
+  }
+}
 
 // Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`,
 // `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
@@ -37,8 +115,9 @@ SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2
 //      in channel order (the channels one per trip, kChannelSlots; u and dy from their tiles,
 //      or with one state round read again from global memory / L2, so that no u / dy tiles take
 //      shared memory), added once per cell into the slice's partials (one vector add per quad);
-//      per channel the sums over states of ghh * B and of dL/ddt (at N = 1 dt recomputed from delta
-//      read again, bitwise as in A, and ddelta's factor sigmoid = exp(z - dt)); after the last
+//      per channel the sums over states of ghh * B and of dL/ddt (at N = 1 dt parked by A in the
+//      quad's du / ddelta cells, see park_dt, and ddelta's factor sigmoid = exp(z - dt) with
+//      delta read again); after the last
 //      round du = dt * sum(ghh * B) + D * dy and ddelta are stored and each thread adds its dD /
 //      ddelta_bias (at N = 1 also dA) terms.
 // Edge passes (kColumnEdges, kRowEdges; see backward_impl) stop after step 2's reverse scan
@@ -67,7 +146,7 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const BackwardLayout l = backward_layout(channels, wpc, nstate);
   const int channel_floats = channels * kTileFloats;
   // u and dy stay on chip only when several state rounds use them, dt only at N > 1 (see
-  // backward_layout); else the last phase reads them again (and recomputes dt).
+  // backward_layout); else the last phase reads them again (and dt from where the first parked it).
   const bool keep_inputs = rounds > 1;
   const bool keep_dt = !kOne && backward_keeps_dt(nstate);
   const int carried_floats = keep_inputs ? channel_floats : 0;
@@ -196,6 +275,7 @@ SS2D_UNROLL
                     dy_t[e] = dyq[k];
                   }
                 }
+                if (full && !keep_dt) park_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dt);
               } else {
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
@@ -416,7 +496,7 @@ SS2D_UNROLL
                 }
               }
               // dt and, with softplus, d dt / d(delta + bias) (0 on padding cells): from the dt tile,
-              // or recomputed from delta (dt exactly as the first phase did).
+              // or parked by the first phase (sigmoid from it and delta read again).
               float dtq[kQuad], slope[kQuad];
               if (keep_dt) {
 SS2D_UNROLL
@@ -427,11 +507,11 @@ SS2D_UNROLL
               } else {
                 float dq[kQuad];
                 const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                unpark_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dtq);
                 const float bias = p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const bool is_real = (real >> k) & 1u;
-                  dtq[k] = dt_of(p, dq[k], bias, is_real);
                   // Evaluated on every cell and then selected: no branch around the exp.
                   const float sg = sigmoid_from_softplus(dq[k] + bias, dtq[k]);
                   slope[k] = is_real ? sg : 0.f;
