@@ -39,6 +39,34 @@ SS2D_HD SS2D_INLINE uint16_t bits_of(T v) {
   return bits;
 }
 
+// Per quad of the tile, what the first phase worked out for the last at N = 1: the offset of the
+// block's first channel in u / delta / dy / du / ddelta (-1: not a vector quad, the last phase
+// places it again) and of the round's first state in B / C / dB / dC.
+struct QuadRecord {
+  int64_t ud0;
+  int64_t bc0;
+};
+constexpr int kQuadRecordWords = 4;
+static_assert(kQuadRecordWords * kTileQuads <= kTileFloats, "the records fit into the B tile");
+
+SS2D_HD SS2D_INLINE int quad_index(int r, int c0) { return r * kQuadsPerRow + c0 / kQuad; }
+
+template <class View>
+SS2D_HD SS2D_INLINE void write_record(const View& records, int quad, const QuadRecord& rec) {
+  const int at = quad * kQuadRecordWords;
+  records[at + 0] = static_cast<uint32_t>(static_cast<uint64_t>(rec.ud0));
+  records[at + 1] = static_cast<uint32_t>(static_cast<uint64_t>(rec.ud0) >> 32);
+  records[at + 2] = static_cast<uint32_t>(static_cast<uint64_t>(rec.bc0));
+  records[at + 3] = static_cast<uint32_t>(static_cast<uint64_t>(rec.bc0) >> 32);
+}
+
+template <class View>
+SS2D_HD SS2D_INLINE QuadRecord read_record(const View& records, int quad) {
+  const int at = quad * kQuadRecordWords;
+  const auto word = [&](int i) { return static_cast<uint64_t>(static_cast<uint32_t>(records[at + i])); };
+  return QuadRecord{static_cast<int64_t>(word(0) | word(1) << 32), static_cast<int64_t>(word(2) | word(3) << 32)};
+}
+
 template <class T, class Ctx, class View>
 SS2D_HD SS2D_INLINE void park_dt(const Ctx& ctx, const Geometry& g, const View& du, const View& ddelta,
                                  const Plane& pl, const QuadPlace& at, bool vector, int64_t off,
@@ -97,10 +125,12 @@ SS2D_UNROLL
 // `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
 // walked in reverse (bottom-right first), or, in the tile-parallel passes, only tile `tile_z` with
 // the gradient carries into it from grad_in_v / grad_in_h. Per tile and state round:
-//   A (block): the B and C quads of each of the round's states, loaded once for all channels; per
-//      channel (kChannelSlots) dt, u, dy quads (first round; dt into its channel tile at N > 1, u
-//      and dy too when there are more rounds), and per warp of the channel Abar = exp(dt * A[n])
-//      -- the pass's only exp --, g = dy * C and x = dt * B * u;
+//   A (block): the B and C quads of each of the round's states, loaded once for all channels (B
+//      into the B tile at N > 1; at N = 1 the tile holds each quad's offsets instead, QuadRecord,
+//      and phase B loads B again); per channel (kChannelSlots) dt, u, dy quads (first round; dt into its channel
+//      tile at N > 1, else parked in global memory, park_dt; u and dy too when there are more
+//      rounds), and per warp of the channel Abar = exp(dt * A[n]) -- the pass's only exp --,
+//      g = dy * C and x = dt * B * u;
 //   (barrier) scans (warp w, shared memory only):
 //      1. row lanes recompute hh from the saved carry (in place over x; the row is also kept in
 //         registers for step 3);
@@ -111,7 +141,8 @@ SS2D_UNROLL
 //         and dL/dAbar * Abar = gh * h[r-1] * Abar + ghh * hh[c-1] * Abar, whose dL/ddt term
 //         (times A[n]) replaces Abar and whose dA term (times dt) the lanes sum -- at N = 1, with
 //         no dt tile, dL/dAbar * Abar itself replaces Abar and phase B scales it;
-//   (barrier) B (block): per state, dB = sum over channels of ghh * dt * u and dC = sum of dy * h,
+//   (barrier) B (block; at N = 1 its vector quads placed by A's records, B loaded again):
+//      per state, dB = sum over channels of ghh * dt * u and dC = sum of dy * h,
 //      in channel order (the channels one per trip, kChannelSlots; u and dy from their tiles,
 //      or with one state round read again from global memory / L2, so that no u / dy tiles take
 //      shared memory), added once per cell into the slice's partials (one vector add per quad);
@@ -155,7 +186,12 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   auto dy_t = ctx.template shared<float>(smem, l.dy, carried_floats);
   auto sumb_t = ctx.template shared<float>(smem, l.sum_b, carried_floats);
   auto ddt_t = ctx.template shared<float>(smem, l.ddt, carried_floats);
-  auto b_t = ctx.template shared<float>(smem, l.b, wpc * kTileFloats);
+  // At N = 1 (no dt tile) the last phase loads B again (once per quad for all channels, from L2)
+  // and the B tile holds instead, per quad, the offsets the first phase worked out there
+  // (QuadRecord): the last phase does not place its quads again.
+  const bool records = !keep_dt;
+  auto b_t = ctx.template shared<float>(smem, l.b, records ? 0 : wpc * kTileFloats);
+  auto record_t = ctx.template shared<uint32_t>(smem, l.b, records ? kQuadRecordWords * kTileQuads : 0);
   auto warp_t = ctx.template shared<float>(smem, l.warp, kBackwardWarpTiles * nwarps * kTileFloats);
   auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
   auto dA_s = ctx.template shared<float>(smem, l.dA, channels * nstate);
@@ -228,6 +264,10 @@ SS2D_UNROLL
         each_quad(ctx, [&](int, int r, int c0) {
           const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
           const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
+          // B / C offset of the round's first state (the others follow plane by plane).
+          const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
+          const bool vector = vector_at(at);
+          if (full && records) write_record(record_t, quad_index(r, c0), QuadRecord{vector ? ud0 : -1, bc0});
           // As in phase B: vector and per-cell copies, one branch per quad.
           const auto phase = [&](auto vector) {
             constexpr bool vec = decltype(vector)::value;
@@ -239,12 +279,14 @@ SS2D_UNROLL
               const int n = round * wpc + j;
               if (j >= wpc || n >= nstate) continue;
               const Plane bpl = bc_planes(n);
-              const int64_t bc_off = quad_offset(g, bpl, at);
+              const int64_t bc_off = bc0 + j * g.length;
               load_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
               if (full) {
                 load_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
+                if (!records) {
 SS2D_UNROLL
-                for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
+                  for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
+                }
               }
             }
             // One channel per trip (kChannelSlots).
@@ -301,7 +343,7 @@ SS2D_UNROLL
               }
             }
           };
-          if (vector_at(at)) {
+          if (vector) {
             phase(std::true_type{});
           } else {
             phase(std::false_type{});
@@ -458,12 +500,20 @@ SS2D_UNROLL
         ctx.barrier();
         const bool last = round + 1 == rounds;
         each_quad(ctx, [&](int t, int r, int c0) {
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
           // The phase in two copies, vector and per-cell accesses for all of the quad's planes:
-          // one branch per quad.
-          const auto phase = [&](auto vector) {
+          // one branch per quad (at: unused on the vector path).
+          const auto phase = [&](auto vector, const QuadPlace& at, int64_t ud0, int64_t bc0) {
             constexpr bool vec = decltype(vector)::value;
+            // B of the round's states: from the B tile, or at N = 1 loaded again.
+            float bq[kMaxWarps][kQuad];
+            if (records) {
+SS2D_UNROLL
+              for (int j = 0; j < kMaxWarps; ++j) {
+                const int n = round * wpc + j;
+                if (j >= wpc || n >= nstate) continue;
+                load_quad<T>(ctx, g, Bg, bc_planes(n), at, vec, bc0 + j * g.length, bq[j]);
+              }
+            }
             // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
             // local memory); the channels one per trip (kChannelSlots).
             float db[kMaxWarps][kQuad], dc[kMaxWarps][kQuad];
@@ -539,7 +589,7 @@ SS2D_UNROLL
                   const int e = tile_offset(r, c0 + k);
                   const float ghh = warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e];
                   const float uv = uq[k];
-                  const float bv = b_t[j * kTileFloats + e];
+                  const float bv = records ? bq[j][k] : static_cast<float>(b_t[j * kTileFloats + e]);
                   const float dabar = warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
                   db[j][k] += ghh * dtq[k] * uv;
                   dc[j][k] += dyq[k] * warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e];
@@ -590,15 +640,25 @@ SS2D_UNROLL
               const int n = round * wpc + j;
               if (j >= wpc || n >= nstate) continue;
               const Plane bpl = bc_planes(n);
-              const int64_t bc_off = quad_offset(g, bpl, at);
+              const int64_t bc_off = bc0 + j * g.length;
               add_quad(ctx, g, dB, bpl, at, vec, bc_off, db[j]);
               add_quad(ctx, g, dC, bpl, at, vec, bc_off, dc[j]);
             }
           };
-          if (vector_at(at)) {
-            phase(std::true_type{});
+          if (records) {
+            const QuadRecord rec = read_record(record_t, quad_index(r, c0));
+            if (rec.ud0 >= 0) {
+              phase(std::true_type{}, QuadPlace{}, rec.ud0, rec.bc0);
+              return;
+            }
+          }
+          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
+          const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
+          if (!records && vector_at(at)) {
+            phase(std::true_type{}, at, ud0, bc0);
           } else {
-            phase(std::false_type{});
+            phase(std::false_type{}, at, ud0, bc0);
           }
         });
         // No barrier: the next round's (or tile's) A rewrites only cells this thread itself read.
