@@ -167,6 +167,7 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   // variant stays below 255 registers).
   constexpr int kScanUnroll = kOne ? kTile : 8;
   constexpr int kReverseScanUnroll = kOne ? kTile / 2 : 8;
+  static_assert(kTile % kReverseScanUnroll == 0 && kReverseScanUnroll < 32, "whole blocks, 32-bit shifts");
   // The block phases' channel loops: rolled in the general variant (one copy of the accesses), in
   // the one-state variant unrolled over up to kMaxWarps channels (the model plan's 4), so that
   // address arithmetic and per-channel selections fold at compile time.
@@ -401,9 +402,13 @@ SS2D_UNROLL_BY(8)
           auto dts = dt_t + (keep_dt ? s * kTileFloats : 0);
           auto top = top_s + w * kTile;
           auto lane_dA = lane_s + w * kTile;
+          // The tile's carries in (lane k: row / column k), recorded by the forward.
+          const int64_t carry0 = carry_index(map, tiles, tile, nstate, n, 0);
           float hh_row[Ctx::kLaneSlots][kTile];
+          float h_in_row[Ctx::kLaneSlots];
           ctx.each_lane([&](int r) {
-            float h = tiles > 1 ? static_cast<float>(carry_h[carry_index(map, tiles, tile, nstate, n, r)]) : 0.f;
+            float h = tiles > 1 ? static_cast<float>(carry_h[carry0 + r]) : 0.f;
+            h_in_row[ctx.lane_slot(r)] = h;
             float* hrow = hh_row[ctx.lane_slot(r)];
 SS2D_UNROLL
             for (int c = 0; c < kTile; ++c) {
@@ -416,8 +421,7 @@ SS2D_UNROLL
           });
           ctx.sync_warp();
           ctx.each_lane([&](int c) {
-            const float v_in =
-                tiles > 1 ? static_cast<float>(carry_v[carry_index(map, tiles, tile, nstate, n, c)]) : 0.f;
+            const float v_in = tiles > 1 ? static_cast<float>(carry_v[carry0 + c]) : 0.f;
             float v = v_in;
 SS2D_UNROLL_BY(kScanUnroll)
             for (int r = 0; r < kTile; ++r) {
@@ -429,34 +433,40 @@ SS2D_UNROLL_BY(kScanUnroll)
             const int64_t gslot = carry_index(map, g.tiles_w, tj, nstate, n, c);
             float gnext = 0.f;
             if (!sequential) {
-              gnext = gin_v[carry_index(map, tiles, tile, nstate, n, c)];
+              gnext = gin_v[carry0 + c];
             } else if (ti + 1 < g.tiles_h) {
               gnext = gcarry_v[gslot];
             }
             float gh = 0.f;
-SS2D_UNROLL_BY(kReverseScanUnroll)
-            for (int r = kTile - 1; r >= 0; --r) {
-              if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = 0.f;
-              const int e = tile_offset(r, c);
-              gh = gv[e] + gnext;
-              gv[e] = gh;
-              gnext = abar[e] * gh;
+            // In blocks of rows, the last first, each testing constant bits of its own shifted copy
+            // of the segment starts (bit i + 1: row r0 + i + 1 starts a map; zero past the tile).
+SS2D_UNROLL_BY(1)
+            for (int r0 = kTile - kReverseScanUnroll; r0 >= 0; r0 -= kReverseScanUnroll) {
+              const uint32_t starts = starts_h >> r0;
+SS2D_UNROLL
+              for (int i = kReverseScanUnroll - 1; i >= 0; --i) {
+                if ((starts >> (i + 1)) & 1u) gnext = 0.f;
+                const int e = tile_offset(r0 + i, c);
+                gh = gv[e] + gnext;
+                gv[e] = gh;
+                gnext = abar[e] * gh;
+              }
             }
             top[c] = v_in;
             if (sequential && ti > 0) gcarry_v[gslot] = gnext;
           });
           ctx.sync_warp();
           ctx.each_lane([&](int r) {
-            const float h_in =
-                tiles > 1 ? static_cast<float>(carry_h[carry_index(map, tiles, tile, nstate, n, r)]) : 0.f;
+            const float h_in = h_in_row[ctx.lane_slot(r)];
             float gnext = 0.f;
             if (!sequential) {
-              gnext = gin_h[carry_index(map, tiles, tile, nstate, n, r)];
+              gnext = gin_h[carry0 + r];
             } else if (tj + 1 < g.tiles_w) {
               gnext = hcar[(s * nstate + n) * kTile + r];
             }
-            // The vertical dL/dAbar term gh * h_above * Abar: h_above from the row above, in the
-            // tile's first row from the tile above (top), none in the first row of a packed map.
+            // dL/dAbar * Abar = (gh * h_above + ghh * hh_left) * Abar: h_above from the row above, in
+            // the tile's first row from the tile above (top), none in the first row of a packed map;
+            // hh_left none in a packed map's first column.
             const bool map_top = r > 0 && ((starts_h >> r) & 1u);
             const auto above = r == 0 ? top : hv + (r - 1) * kStride;
             const float* hrow = hh_row[ctx.lane_slot(r)];
@@ -469,8 +479,8 @@ SS2D_UNROLL
               const float gh = gv[e];
               const float ghh = gh + gnext;
               const float hh_left = c == 0 ? h_in : (((starts_w >> c) & 1u) ? 0.f : hrow[c - 1]);
-              const float vertical = map_top ? 0.f : gh * static_cast<float>(above[c]) * a;
-              const float dabar = vertical + ghh * hh_left * a;
+              const float h_above = map_top ? 0.f : static_cast<float>(above[c]);
+              const float dabar = fmaf(gh, h_above, ghh * hh_left) * a;
               gv[e] = ghh;
               if (keep_dt) {
                 abar[e] = dabar * a_n;
