@@ -203,8 +203,10 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
   auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
   auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
-  auto dy32 = ctx.global(static_cast<const float*>(p.dy_fp32 ? p.dy : nullptr), n_ud);
-  auto dyT = ctx.global(static_cast<const T*>(p.dy_fp32 ? nullptr : p.dy), n_ud);
+  // An fp32 dy (with fp32 inputs always) through the fp32 view: one copy of its accesses.
+  const bool dy_fp32 = std::is_same_v<T, float> || p.dy_fp32;
+  auto dy32 = ctx.global(static_cast<const float*>(dy_fp32 ? p.dy : nullptr), n_ud);
+  auto dyT = ctx.global(static_cast<const T*>(dy_fp32 ? nullptr : p.dy), n_ud);
   auto du_g = ctx.global(static_cast<T*>(p.du), n_ud);
   auto ddelta_g = ctx.global(static_cast<T*>(p.ddelta), n_ud);
   const int slices = p.k.slices;
@@ -236,7 +238,7 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   // a block-wide flag would take a register the one-state variant does not have).
   const auto vector_at = [&](const QuadPlace& at) {
     return vector_quad(at) && vector_planes(ctx, g, u, delta, Bg, Cg) &&
-           (p.dy_fp32 ? vector_planes(ctx, g, dy32) : vector_planes(ctx, g, dyT)) &&
+           (dy_fp32 ? vector_planes(ctx, g, dy32) : vector_planes(ctx, g, dyT)) &&
            (!full || vector_planes(ctx, g, du_g, ddelta_g, dB, dC));
   };
   // Per thread and channel: its share of dD (sum of dy * u), of ddelta_bias (sum of ddelta) and,
@@ -302,7 +304,7 @@ SS2D_UNROLL_BY(kChannelSlots)
                 float dq[kQuad];
                 const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
                 if (full) load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
-                if (p.dy_fp32) {
+                if (dy_fp32) {
                   load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
                   load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
@@ -549,7 +551,7 @@ SS2D_UNROLL
                 }
               } else {
                 load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
-                if (p.dy_fp32) {
+                if (dy_fp32) {
                   load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
                   load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
