@@ -768,8 +768,8 @@ class Target:
 RATCHET = {
     ("forward", "fp32"): (69.0, 80),
     ("forward", "bf16"): (73.0, 80),
-    ("backward", "fp32"): (129.5, 128),
-    ("backward", "bf16"): (140.5, 128),
+    ("backward", "fp32"): (102.0, 128),
+    ("backward", "bf16"): (117.0, 128),
 }
 
 
