@@ -136,17 +136,25 @@ SS2D_UNROLL
           // x = dt * u * B and Abar = exp(dt * A) on every cell: padding cells load u = B = 0, so
           // their x is 0 and their h never reaches a real cell (they follow the real cells of
           // their map in both scan directions, and a segment start resets h before the next map).
+          // The softplus test is taken once per quad, not per cell (two copies of the cell loop).
+          const auto cells = [&](auto with_softplus) {
 SS2D_UNROLL
-          for (int s = 0; s < kMaxWarps; ++s) {
-            if (s >= channels) continue;
+            for (int s = 0; s < kMaxWarps; ++s) {
+              if (s >= channels) continue;
 SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              const int e = s * kTileFloats + tile_offset(r, c0 + k);
-              const float z = q[1 + 2 * s][k] + bias_c[s];
-              const float dt = p.softplus ? softplus(z) : z;
-              x_t[e] = dt * q[2 + 2 * s][k] * q[0][k];
-              abar_t[e] = exp2_flush(dt * a2_c[s]);
+              for (int k = 0; k < kQuad; ++k) {
+                const int e = s * kTileFloats + tile_offset(r, c0 + k);
+                const float z = q[1 + 2 * s][k] + bias_c[s];
+                const float dt = decltype(with_softplus)::value ? softplus(z) : z;
+                x_t[e] = dt * q[2 + 2 * s][k] * q[0][k];
+                abar_t[e] = exp2_flush(dt * a2_c[s]);
+              }
             }
+          };
+          if (p.softplus) {
+            cells(std::true_type{});
+          } else {
+            cells(std::false_type{});
           }
         });
       } else {
