@@ -6,18 +6,86 @@
 namespace vmamba2d {
 namespace scan2d {
 
-// Loads the quads of planes 0 .. count - 1 of one quad place (plane i of view srcs[i], its quad at
+// Where a quad starts -- the batch entry and map position of its first cell, as quad_place has
+// them -- and whether it is one whole map row: all four cells real, no pack boundary inside
+// (quad_place's one_row). That is the test of the vector path, in a few integer operations with no
+// per-cell work; which cells are real and where pack boundaries lie only matters off that path,
+// where quad_place works it out.
+struct QuadAnchor {
+  int64_t batch;
+  int64_t pos;
+  bool whole;
+};
+
+SS2D_HD SS2D_INLINE QuadAnchor quad_anchor(const Geometry& g, int bb, int ti, int tj, int r, int c0) {
+  const int pr = small_div(r, g.magic_h);
+  const int row = ti * kTile + r - pr * g.seg_h;
+  const int first_pack = small_div(c0, g.magic_w);
+  const int first_col = tj * kTile + c0 - first_pack * g.seg_w;
+  const int64_t batch = (static_cast<int64_t>(bb) * g.pack_rows + pr) * g.pack_cols + first_pack;
+  const int64_t pos = static_cast<int64_t>(row) * g.width + first_col;
+  const bool whole = pr < g.pack_rows && row < g.height && first_pack < g.pack_cols && batch < g.batch &&
+                     first_col + kQuad <= g.width && small_div(c0 + kQuad - 1, g.magic_w) == first_pack;
+  return QuadAnchor{batch, pos, whole};
+}
+
+SS2D_HD SS2D_INLINE int64_t quad_offset(const Geometry& g, const Plane& pl, const QuadAnchor& an) {
+  return (an.batch * pl.planes + pl.plane) * g.length + an.pos;
+}
+
+// quad_place's result on a whole anchor: every cell real, in one map row.
+SS2D_HD SS2D_INLINE QuadPlace whole_quad(const QuadAnchor& an) {
+  return QuadPlace{an.batch, an.pos, (1u << kQuad) - 1, 0u};
+}
+
+// Loads the quads of planes 0 .. count - 1 of quad (r, c0) (plane i of view srcs[i], its quad at
 // offs[i]) as fp32 into out[i] (0 on padding cells; out[i] for i >= count is for the caller to
-// ignore: the repeated plane or 0). When the quad is
-// one map row starting at a multiple of kQuad (quad_row) and aligned in every plane -- always on
-// maps whose H * W is a multiple of 4 and aligned tensors -- one vector access per plane, all
-// issued before the first conversion; else one access per real cell of every plane. Planes
-// i >= count are loaded too on the vector path (the caller points them at a real plane: no
-// predicated loads).
+// ignore: the repeated plane or 0) and returns the quad's QuadPlace. On a whole anchor whose quad
+// is aligned in every plane -- always on maps whose H * W is a multiple of 4 and aligned tensors --
+// one vector access per plane, all issued before the first conversion (planes i >= count are
+// loaded too: the caller points them at a real plane, no predicated loads). Else quad_place and
+// one predicated scalar access per real cell of every plane, without branches, the offsets worked
+// out again from the QuadPlace (keeping offs live into this path spills registers).
 template <class T, int kMax, class Ctx, class View>
-SS2D_HD SS2D_INLINE void load_quads(const Ctx& ctx, const Geometry& g, bool quad_row, const QuadPlace& at,
-                                    View* const (&srcs)[kMax], const Plane (&planes)[kMax],
-                                    const int64_t (&offs)[kMax], int count, float (&out)[kMax][kQuad]) {
+SS2D_HD SS2D_INLINE QuadPlace load_quads(const Ctx& ctx, const Geometry& g, const QuadAnchor& an, int bb, int ti,
+                                         int tj, int r, int c0, View* const (&srcs)[kMax],
+                                         const Plane (&planes)[kMax], const int64_t (&offs)[kMax], int count,
+                                         float (&out)[kMax][kQuad]) {
+  bool vector = an.whole;
+SS2D_UNROLL
+  for (int i = 0; i < kMax; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
+  if (vector) {
+    Vec4<T> raw[kMax];
+SS2D_UNROLL
+    for (int i = 0; i < kMax; ++i) raw[i] = ctx.load_vector(*srcs[i], offs[i]);
+SS2D_UNROLL
+    for (int i = 0; i < kMax; ++i) {
+SS2D_UNROLL
+      for (int k = 0; k < kQuad; ++k) out[i][k] = Element<T>::load(raw[i].v[k]);
+    }
+    return whole_quad(an);
+  }
+  const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+SS2D_UNROLL
+  for (int i = 0; i < kMax; ++i) {
+    const uint32_t real = i < count ? at.real : 0u;
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) {
+      out[i][k] = ((real >> k) & 1u)
+                      ? Element<T>::load((*srcs[i])[cell_offset(g, planes[i], at, quad_offset(g, planes[i], at), k)])
+                      : 0.f;
+    }
+  }
+  return at;
+}
+
+// The same for a quad whose QuadPlace the caller has worked out (the store phase, which needs it
+// for the y stores anyway): vector when the quad is one map row starting at a multiple of kQuad
+// (quad_row) aligned in every plane, else one access per real cell of every plane.
+template <class T, int kMax, class Ctx, class View>
+SS2D_HD SS2D_INLINE void load_quads_at(const Ctx& ctx, const Geometry& g, bool quad_row, const QuadPlace& at,
+                                       View* const (&srcs)[kMax], const Plane (&planes)[kMax],
+                                       const int64_t (&offs)[kMax], int count, float (&out)[kMax][kQuad]) {
   bool vector = quad_row;
 SS2D_UNROLL
   for (int i = 0; i < kMax; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
@@ -56,8 +124,9 @@ SS2D_UNROLL
 // Both passes are templates over Variant (scan2d_common.h): the one-state variant folds N = 1,
 // one warp per channel and the sequential pass into constants, so its code keeps no state loops
 // and no tile-parallel branches. Its block phases (the `if constexpr (kOne)` arms) take a quad's
-// planes for all channels at once (load_quads: B, delta, u in A; C and u in B), addresses once per
-// quad, and A, delta_bias, D of the block's channels from registers loaded once per block.
+// planes for all channels at once (load_quads in A: B, delta, u, placed by quad_anchor with
+// quad_place only off the vector path; load_quads_at in B: C and u), addresses once per quad, and
+// A, delta_bias, D of the block's channels from registers loaded once per block.
 template <class T, Variant V, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
@@ -116,15 +185,14 @@ SS2D_UNROLL
       if constexpr (kOne) {
         // B, then delta and u of each channel: every load of the quad before the first use.
         each_quad(ctx, [&](int, int r, int c0) {
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const bool quad_row = one_row(at) && at.pos % kQuad == 0;
+          const QuadAnchor an = quad_anchor(g, bb, ti, tj, r, c0);
           constexpr int kLoads = 1 + 2 * kMaxWarps;
           const decltype(&Bg) srcs[kLoads] = {&Bg, &delta, &u, &delta, &u, &delta, &u, &delta, &u};
-          int64_t ud = quad_offset(g, Plane{g.dim, d0}, at);
+          int64_t ud = quad_offset(g, Plane{g.dim, d0}, an);
           Plane planes[kLoads];
           int64_t offs[kLoads];
           planes[0] = bc_planes(0);
-          offs[0] = quad_offset(g, planes[0], at);
+          offs[0] = quad_offset(g, planes[0], an);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             planes[1 + 2 * s] = planes[2 + 2 * s] = Plane{g.dim, d0 + s};
@@ -132,7 +200,7 @@ SS2D_UNROLL
             if (s + 1 < channels) ud += g.length;  // channels past the block's: its last one again
           }
           float q[kLoads][kQuad];
-          load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + 2 * channels, q);
+          load_quads<T>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + 2 * channels, q);
           // x = dt * u * B and Abar = exp(dt * A) on every cell: padding cells load u = B = 0, so
           // their x is 0 and their h never reaches a real cell (they follow the real cells of
           // their map in both scan directions, and a segment start resets h before the next map).
@@ -302,7 +370,7 @@ SS2D_UNROLL
             if (s + 1 < channels) ud += g.length;
           }
           float q[kLoads][kQuad];
-          load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + channels, q);
+          load_quads_at<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + channels, q);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             if (s >= channels) continue;
