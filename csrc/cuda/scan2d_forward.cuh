@@ -1,10 +1,49 @@
 // The forward block of the tiled 2D scan (contexts and rules: scan2d_tile.cuh).
 #pragma once
 
+#include <stdexcept>
+
 #include "scan2d_tile.cuh"
 
 namespace vmamba2d {
 namespace scan2d {
+
+// A cell's float in a forward tile: row r holds its kQuadsPerRow quads in the order quad ^ (r mod 8)
+// (an XOR swizzle). A quad stays 4 consecutive floats, 16-byte aligned; the 8 lanes of a 16-byte
+// access phase touch 8 different quad slots whether they take the 8 quads of one row (block phases)
+// or quad q of 8 consecutive rows (a lane per row), and a warp taking cell c of one row reads each
+// bank once (lane per column): no bank conflicts without padding.
+SS2D_HD SS2D_INLINE int fwd_swizzle(int r) { return (r & (kQuadsPerRow - 1)) * kQuad; }
+SS2D_HD SS2D_INLINE int fwd_offset(int r, int c) { return r * kTile + (c ^ fwd_swizzle(r)); }
+
+// The quad of floats at off .. off + kQuad - 1 of a forward shared tile (off a multiple of kQuad:
+// 16-byte aligned, the tiles start 16-byte aligned): one 16-byte access on the GPU, one per float
+// on the host, where the race detector sees each.
+template <class View>
+SS2D_HD SS2D_INLINE void load_shared4(const View& tile, int off, float (&out)[kQuad]) {
+#ifdef __CUDA_ARCH__
+  const float4 w = *reinterpret_cast<const float4*>(tile + off);
+  out[0] = w.x;
+  out[1] = w.y;
+  out[2] = w.z;
+  out[3] = w.w;
+#else
+  if (off % kQuad != 0) throw std::logic_error("misaligned 16-byte shared access");
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) out[k] = tile[off + k];
+#endif
+}
+
+template <class View>
+SS2D_HD SS2D_INLINE void store_shared4(const View& tile, int off, const float (&in)[kQuad]) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<float4*>(tile + off) = make_float4(in[0], in[1], in[2], in[3]);
+#else
+  if (off % kQuad != 0) throw std::logic_error("misaligned 16-byte shared access");
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) tile[off + k] = in[k];
+#endif
+}
 
 // Where a quad starts -- the batch entry and map position of its first cell, as quad_place has
 // them -- and whether it is one whole map row: all four cells real, no pack boundary inside
@@ -138,12 +177,14 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const int nwarps = channels * wpc;
   const int rounds = state_rounds(nstate, wpc);
   const ForwardLayout l = forward_layout(channels, wpc, nstate);
-  const int carried_floats = rounds > 1 ? channels * kTileFloats : 0;
+  const int carried_floats = rounds > 1 ? channels * kFwdTileFloats : 0;
   auto dt_t = ctx.template shared<float>(smem, l.dt, carried_floats);
   auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
   auto y_t = ctx.template shared<float>(smem, l.y, carried_floats);
-  auto x_t = ctx.template shared<float>(smem, l.x, nwarps * kTileFloats);
-  auto abar_t = ctx.template shared<float>(smem, l.abar, nwarps * kTileFloats);
+  // Warp w's x tile at x_t + w * kWarpTiles, its Abar tile right after it (forward_layout).
+  constexpr int kWarpTiles = 2 * kFwdTileFloats;
+  auto x_t = ctx.template shared<float>(smem, l.x, nwarps * kWarpTiles);
+  auto abar_t = x_t + kFwdTileFloats;
   auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
@@ -209,14 +250,17 @@ SS2D_UNROLL
 SS2D_UNROLL
             for (int s = 0; s < kMaxWarps; ++s) {
               if (s >= channels) continue;
+              float xq[kQuad], aq[kQuad];
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
-                const int e = s * kTileFloats + tile_offset(r, c0 + k);
                 const float z = q[1 + 2 * s][k] + bias_c[s];
                 const float dt = decltype(with_softplus)::value ? softplus(z) : z;
-                x_t[e] = dt * q[2 + 2 * s][k] * q[0][k];
-                abar_t[e] = exp2_flush(dt * a2_c[s]);
+                xq[k] = dt * q[2 + 2 * s][k] * q[0][k];
+                aq[k] = exp2_flush(dt * a2_c[s]);
               }
+              const int e = s * kWarpTiles + fwd_offset(r, c0);
+              store_shared4(x_t, e, xq);
+              store_shared4(abar_t, e, aq);
             }
           };
           if (p.softplus) {
@@ -245,21 +289,14 @@ SS2D_UNROLL
             load_quad<T>(ctx, g, u, pl, at, uq);
             const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
 SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              const int e = s * kTileFloats + tile_offset(r, c0 + k);
-              dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
-              if (rounds > 1) {
-                dt_t[e] = dt[k];
-                u_t[e] = uq[k];
-              }
+            for (int k = 0; k < kQuad; ++k) dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
+            if (rounds > 1) {
+              store_shared4(dt_t, s * kFwdTileFloats + fwd_offset(r, c0), dt);
+              store_shared4(u_t, s * kFwdTileFloats + fwd_offset(r, c0), uq);
             }
           } else {
-SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              const int e = s * kTileFloats + tile_offset(r, c0 + k);
-              dt[k] = dt_t[e];
-              uq[k] = u_t[e];
-            }
+            load_shared4(dt_t, s * kFwdTileFloats + fwd_offset(r, c0), dt);
+            load_shared4(u_t, s * kFwdTileFloats + fwd_offset(r, c0), uq);
           }
 SS2D_UNROLL
           for (int j = 0; j < kMaxWarps; ++j) {
@@ -267,12 +304,14 @@ SS2D_UNROLL
             if (j >= wpc || n >= nstate) continue;
             const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
             const int w = s * wpc + j;
+            float xq[kQuad], aq[kQuad];
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
-              const int e = w * kTileFloats + tile_offset(r, c0 + k);
-              x_t[e] = dt[k] * uq[k] * bq[j][k];
-              abar_t[e] = exp2f(dt[k] * a2);
+              xq[k] = dt[k] * uq[k] * bq[j][k];
+              aq[k] = exp2f(dt[k] * a2);
             }
+            store_shared4(x_t, w * kWarpTiles + fwd_offset(r, c0), xq);
+            store_shared4(abar_t, w * kWarpTiles + fwd_offset(r, c0), aq);
           }
         }
       });
@@ -283,8 +322,8 @@ SS2D_UNROLL
         if (!task.active) return;
         const int s = task.channel, n = task.state;
         const int64_t map = task.map;
-        auto x = x_t + w * kTileFloats;
-        auto abar = abar_t + w * kTileFloats;
+        auto x = x_t + w * kWarpTiles;
+        auto abar = abar_t + w * kWarpTiles;
         // Horizontal: hh = Abar * hh_left + x, in place over x.
         ctx.each_lane([&](int r) {
           const int64_t at = carry_index(map, tiles, tile, nstate, n, r);
@@ -296,14 +335,22 @@ SS2D_UNROLL
             h = carry_h[at];
           }
           float decay = 1.f;
+          const auto x_row = x + r * kTile;  // quad c0 of the row at c0 ^ swizzle (fwd_offset)
+          const auto abar_row = abar + r * kTile;
+          const int swizzle = fwd_swizzle(r);
 SS2D_UNROLL
-          for (int c = 0; c < kTile; ++c) {
-            if ((starts_w >> c) & 1u) h = decay = 0.f;
-            const int e = tile_offset(r, c);
-            const float a = abar[e];
-            h = a * h + x[e];
-            decay *= a;
-            x[e] = h;
+          for (int c0 = 0; c0 < kTile; c0 += kQuad) {  // a quad of the row per 16-byte access
+            float a[kQuad], hq[kQuad];
+            load_shared4(abar_row, c0 ^ swizzle, a);
+            load_shared4(x_row, c0 ^ swizzle, hq);
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              if ((starts_w >> (c0 + k)) & 1u) h = decay = 0.f;
+              h = a[k] * h + hq[k];
+              decay *= a[k];
+              hq[k] = h;
+            }
+            store_shared4(x_row, c0 ^ swizzle, hq);
           }
           if (sequential) hcar[(s * nstate + n) * kTile + r] = h;
           if (pass == kRowEdges) {
@@ -329,7 +376,7 @@ SS2D_UNROLL
 SS2D_UNROLL
           for (int r = 0; r < kTile; ++r) {
             if ((starts_h >> r) & 1u) v = decay = 0.f;
-            const int e = tile_offset(r, c);
+            const int e = fwd_offset(r, c);
             const float a = abar[e];
             v = a * v + x[e];
             decay *= a;
@@ -375,11 +422,12 @@ SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             if (s >= channels) continue;
             float yq[kQuad];
+            load_shared4(x_t, s * kWarpTiles + fwd_offset(r, c0), yq);  // h
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
               // dskip_c is 0 without D: 0 * u only differs from 0 where u is not finite, where h
               // (x = dt * u * B) is not finite either.
-              yq[k] = fmaf(q[0][k], x_t[s * kTileFloats + tile_offset(r, c0 + k)], dskip_c[s] * q[1 + s][k]);
+              yq[k] = fmaf(q[0][k], yq[k], dskip_c[s] * q[1 + s][k]);
             }
             const Plane pl{g.dim, d0 + s};
             const int64_t off = offs[1 + s];
@@ -407,16 +455,14 @@ SS2D_UNROLL_BY(1)
         for (int s = 0; s < channels; ++s) {
           float yq[kQuad];
           if (round > 0) {
-SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) yq[k] = y_t[s * kTileFloats + tile_offset(r, c0 + k)];
+            load_shared4(y_t, s * kFwdTileFloats + fwd_offset(r, c0), yq);
           } else {
             // y starts at D * u. With one state round u is not kept on chip: its quad is read
             // again (from L2, the block read it in this tile's first phase).
             const float dskip = p.D ? p.D[d0 + s] : 0.f;
             float uq[kQuad] = {0.f, 0.f, 0.f, 0.f};
             if (rounds > 1) {
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) uq[k] = u_t[s * kTileFloats + tile_offset(r, c0 + k)];
+              load_shared4(u_t, s * kFwdTileFloats + fwd_offset(r, c0), uq);
             } else if (p.D) {
               load_quad<T>(ctx, g, u, Plane{g.dim, d0 + s}, at, uq);
             }
@@ -426,14 +472,13 @@ SS2D_UNROLL
 SS2D_UNROLL
           for (int j = 0; j < kMaxWarps; ++j) {
             if (j >= wpc || round * wpc + j >= nstate) continue;
+            float hq[kQuad];
+            load_shared4(x_t, (s * wpc + j) * kWarpTiles + fwd_offset(r, c0), hq);
 SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              yq[k] += cq[j][k] * x_t[(s * wpc + j) * kTileFloats + tile_offset(r, c0 + k)];
-            }
+            for (int k = 0; k < kQuad; ++k) yq[k] += cq[j][k] * hq[k];
           }
           if (!last) {
-SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) y_t[s * kTileFloats + tile_offset(r, c0 + k)] = yq[k];
+            store_shared4(y_t, s * kFwdTileFloats + fwd_offset(r, c0), yq);
             continue;
           }
           const Plane pl{g.dim, d0 + s};
