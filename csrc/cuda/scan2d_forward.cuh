@@ -217,9 +217,10 @@ SS2D_UNROLL
 
 
   const int first_tile = sequential ? 0 : tile_z;
-  for (int tile = first_tile; tile < (sequential ? tiles : tile_z + 1); ++tile) {
-    const int ti = tile / g.tiles_w;
-    const int tj = tile - ti * g.tiles_w;
+  int ti = first_tile / g.tiles_w;  // tile (ti, tj), stepped in row-major order without a division
+  int tj = first_tile - ti * g.tiles_w;
+  for (int tile = first_tile; tile < (sequential ? tiles : tile_z + 1);
+       ++tile, tj = tj + 1 == g.tiles_w ? 0 : tj + 1, ti += tj == 0 ? 1 : 0) {
     const int vslot_in = p.record ? tile : tj;
     const int vslot_out = p.record ? tile + g.tiles_w : tj;
     for (int round = 0; round < rounds; ++round) {
@@ -364,10 +365,11 @@ SS2D_UNROLL
         ctx.each_lane([&](int c) {
           float v = 0.f;
           if (sequential) {
+            const int64_t in = carry_index(map, vslots, vslot_in, nstate, n, c);
             if (ti > 0) {
-              v = carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)];
+              v = carry_v[in];
             } else if (p.record) {  // forward_impl allocates carry_v whenever it records
-              carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)] = 0.f;
+              carry_v[in] = 0.f;
             }
           } else if (pass == kFinal) {
             v = carry_v[carry_index(map, tiles, tile, nstate, n, c)];
