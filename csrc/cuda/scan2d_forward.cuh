@@ -45,6 +45,19 @@ SS2D_UNROLL
 #endif
 }
 
+// Bit i of mask, worked out where it is used: on the GPU a volatile bit-field extract, which ptxas
+// may not hoist out of the tile loop (hoisted, the lane's 1 << i stays live through the loop's
+// load phase and spills there).
+SS2D_HD SS2D_INLINE bool mask_bit(uint32_t mask, int i) {
+#ifdef __CUDA_ARCH__
+  uint32_t bit;
+  asm volatile("bfe.u32 %0, %1, %2, 1;" : "=r"(bit) : "r"(mask), "r"(i));
+  return bit != 0;
+#else
+  return (mask >> i) & 1u;
+#endif
+}
+
 // Where a quad starts -- the batch entry and map position of its first cell, as quad_place has
 // them -- and whether it is one whole map row: all four cells real, no pack boundary inside
 // (quad_place's one_row). That is the test of the vector path, in a few integer operations with no
@@ -339,11 +352,17 @@ SS2D_UNROLL
           const auto x_row = x + r * kTile;  // quad c0 of the row at c0 ^ swizzle (fwd_offset)
           const auto abar_row = abar + r * kTile;
           const int swizzle = fwd_swizzle(r);
+          // A row that starts a map (packed small maps) cuts the vertical scan: its Abar, read
+          // here first, becomes 0 for the vertical pass (h = 0 * h_above + hh), which so keeps no
+          // per-cell restart test.
+          const bool cut_row = mask_bit(starts_h, r);
+          const float cut[kQuad] = {0.f, 0.f, 0.f, 0.f};
 SS2D_UNROLL
           for (int c0 = 0; c0 < kTile; c0 += kQuad) {  // a quad of the row per 16-byte access
             float a[kQuad], hq[kQuad];
             load_shared4(abar_row, c0 ^ swizzle, a);
             load_shared4(x_row, c0 ^ swizzle, hq);
+            if (cut_row) store_shared4(abar_row, c0 ^ swizzle, cut);
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
               if ((starts_w >> (c0 + k)) & 1u) h = decay = 0.f;
@@ -376,8 +395,7 @@ SS2D_UNROLL
           }
           float decay = 1.f;
 SS2D_UNROLL
-          for (int r = 0; r < kTile; ++r) {
-            if ((starts_h >> r) & 1u) v = decay = 0.f;
+          for (int r = 0; r < kTile; ++r) {  // restarts at map rows: Abar 0 there (row pass)
             const int e = fwd_offset(r, c);
             const float a = abar[e];
             v = a * v + x[e];
