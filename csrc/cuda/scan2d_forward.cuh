@@ -45,16 +45,30 @@ SS2D_UNROLL
 #endif
 }
 
-// Bit i of mask, worked out where it is used: on the GPU a volatile bit-field extract, which ptxas
-// may not hoist out of the tile loop (hoisted, the lane's 1 << i stays live through the loop's
-// load phase and spills there).
-SS2D_HD SS2D_INLINE bool mask_bit(uint32_t mask, int i) {
+// Whether tile row r starts a map other than the tile's first (packed maps: r a nonzero multiple
+// of seg_h), worked out where it is used: on the GPU a volatile asm, which ptxas may not hoist out
+// of the tile loop (hoisted, the lane's flag stays live through the loop's load phase and spills
+// there). Two forms: bit r of the mask of such rows (starts, kept in a register), or the test on r
+// itself from seg_h / magic_h (kernel parameters: no register kept). Which of them leaves every
+// instantiation without spills on sm_75 is ptxas's register allocation: fp32 the mask, the
+// 2-byte types the test.
+template <class T>
+SS2D_HD SS2D_INLINE bool starts_map_row(const Geometry& g, uint32_t starts, int r) {
 #ifdef __CUDA_ARCH__
-  uint32_t bit;
-  asm volatile("bfe.u32 %0, %1, %2, 1;" : "=r"(bit) : "r"(mask), "r"(i));
-  return bit != 0;
+  uint32_t cut;
+  if constexpr (std::is_same_v<T, float>) {
+    asm volatile("bfe.u32 %0, %1, %2, 1;" : "=r"(cut) : "r"(starts), "r"(r));
+  } else {
+    asm volatile(
+        "{\n\t.reg .u32 t;\n\t.reg .pred p, q;\n\t"
+        "mul.lo.u32 t, %1, %2;\n\tshr.u32 t, t, 16;\n\tmul.lo.u32 t, t, %3;\n\t"
+        "setp.eq.u32 p, t, %1;\n\tsetp.ne.and.u32 q, %1, 0, p;\n\tselp.u32 %0, 1, 0, q;\n\t}"
+        : "=r"(cut)
+        : "r"(r), "r"(g.magic_h), "r"(g.seg_h));
+  }
+  return cut != 0;
 #else
-  return (mask >> i) & 1u;
+  return (starts >> r) & 1u;
 #endif
 }
 
@@ -92,17 +106,19 @@ SS2D_HD SS2D_INLINE QuadPlace whole_quad(const QuadAnchor& an) {
 
 // Loads the quads of planes 0 .. count - 1 of quad (r, c0) (plane i of view srcs[i], its quad at
 // offs[i]) as fp32 into out[i] (0 on padding cells; out[i] for i >= count is for the caller to
-// ignore: the repeated plane or 0) and returns the quad's QuadPlace. On a whole anchor whose quad
-// is aligned in every plane -- always on maps whose H * W is a multiple of 4 and aligned tensors --
+// ignore: the repeated plane or 0), then calls then(at, vector) with the quad's QuadPlace and
+// whether the vector path ran (std::true_type / std::false_type). On a whole anchor whose quad is
+// aligned in every plane -- always on maps whose H * W is a multiple of 4 and aligned tensors --
 // one vector access per plane, all issued before the first conversion (planes i >= count are
-// loaded too: the caller points them at a real plane, no predicated loads). Else quad_place and
-// one predicated scalar access per real cell of every plane, without branches, the offsets worked
-// out again from the QuadPlace (keeping offs live into this path spills registers).
-template <class T, int kMax, class Ctx, class View>
-SS2D_HD SS2D_INLINE QuadPlace load_quads(const Ctx& ctx, const Geometry& g, const QuadAnchor& an, int bb, int ti,
-                                         int tj, int r, int c0, View* const (&srcs)[kMax],
-                                         const Plane (&planes)[kMax], const int64_t (&offs)[kMax], int count,
-                                         float (&out)[kMax][kQuad]) {
+// loaded too: the caller points them at a real plane, no predicated loads), and then sees the
+// compile-time QuadPlace of a whole quad (its per-cell tests fold away). Else quad_place and one
+// predicated scalar access per real cell of every plane, without branches, the offsets worked out
+// again from the QuadPlace (keeping offs live into this path spills registers).
+template <class T, int kMax, class Ctx, class View, class Then>
+SS2D_HD SS2D_INLINE void load_quads(const Ctx& ctx, const Geometry& g, const QuadAnchor& an, int bb, int ti,
+                                    int tj, int r, int c0, View* const (&srcs)[kMax], const Plane (&planes)[kMax],
+                                    const int64_t (&offs)[kMax], int count, float (&out)[kMax][kQuad],
+                                    Then&& then) {
   bool vector = an.whole;
 SS2D_UNROLL
   for (int i = 0; i < kMax; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
@@ -115,7 +131,8 @@ SS2D_UNROLL
 SS2D_UNROLL
       for (int k = 0; k < kQuad; ++k) out[i][k] = Element<T>::load(raw[i].v[k]);
     }
-    return whole_quad(an);
+    then(whole_quad(an), std::true_type{});
+    return;
   }
   const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
 SS2D_UNROLL
@@ -128,36 +145,7 @@ SS2D_UNROLL
                       : 0.f;
     }
   }
-  return at;
-}
-
-// The same for a quad whose QuadPlace the caller has worked out (the store phase, which needs it
-// for the y stores anyway): vector when the quad is one map row starting at a multiple of kQuad
-// (quad_row) aligned in every plane, else one access per real cell of every plane.
-template <class T, int kMax, class Ctx, class View>
-SS2D_HD SS2D_INLINE void load_quads_at(const Ctx& ctx, const Geometry& g, bool quad_row, const QuadPlace& at,
-                                       View* const (&srcs)[kMax], const Plane (&planes)[kMax],
-                                       const int64_t (&offs)[kMax], int count, float (&out)[kMax][kQuad]) {
-  bool vector = quad_row;
-SS2D_UNROLL
-  for (int i = 0; i < kMax; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
-  if (vector) {
-    Vec4<T> raw[kMax];
-SS2D_UNROLL
-    for (int i = 0; i < kMax; ++i) raw[i] = ctx.load_vector(*srcs[i], offs[i]);
-SS2D_UNROLL
-    for (int i = 0; i < kMax; ++i) {
-SS2D_UNROLL
-      for (int k = 0; k < kQuad; ++k) out[i][k] = Element<T>::load(raw[i].v[k]);
-    }
-    return;
-  }
-SS2D_UNROLL
-  for (int i = 0; i < kMax; ++i) {
-SS2D_UNROLL
-    for (int k = 0; k < kQuad; ++k) out[i][k] = 0.f;
-    if (i < count) load_cells<T>(g, *srcs[i], planes[i], at, offs[i], out[i]);
-  }
+  then(at, std::false_type{});
 }
 
 // Forward of one block: batch block bb, channels d0 .. d0 + channels - 1 of one group. Per tile and
@@ -176,9 +164,10 @@ SS2D_UNROLL
 // Both passes are templates over Variant (scan2d_common.h): the one-state variant folds N = 1,
 // one warp per channel and the sequential pass into constants, so its code keeps no state loops
 // and no tile-parallel branches. Its block phases (the `if constexpr (kOne)` arms) take a quad's
-// planes for all channels at once (load_quads in A: B, delta, u, placed by quad_anchor with
-// quad_place only off the vector path; load_quads_at in B: C and u), addresses once per quad, and
-// A, delta_bias, D of the block's channels from registers loaded once per block.
+// planes for all channels at once (load_quads, placed by quad_anchor with quad_place only off the
+// vector path: in A B, delta, u; in B C and u, with y's stores on the same vector path),
+// addresses once per quad, and A, delta_bias, D of the block's channels from registers loaded
+// once per block.
 template <class T, Variant V, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
@@ -204,8 +193,11 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
   auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
   auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
-  auto y32 = ctx.global(static_cast<float*>(p.y_fp32 ? p.y : nullptr), n_ud);
-  auto yT = ctx.global(static_cast<T*>(p.y_fp32 ? nullptr : p.y), n_ud);
+  // y of fp32 inputs is fp32 whatever p.y_fp32 says: one store path.
+  const bool y_fp32 = std::is_same_v<T, float> || p.y_fp32;
+  auto y32 = ctx.global(static_cast<float*>(y_fp32 ? p.y : nullptr), n_ud);
+  auto yT = ctx.global(static_cast<T*>(y_fp32 ? nullptr : p.y), n_ud);
+  const bool y_planes = y_fp32 ? vector_planes(ctx, g, y32) : vector_planes(ctx, g, yT);
   const int tiles = g.tiles_h * g.tiles_w;
   const int vslots = p.record ? tiles : g.tiles_w;
   auto carry_v = ctx.global(p.carry_v, p.carry_v ? carry_numel(g, p.record) : 0);
@@ -255,7 +247,7 @@ SS2D_UNROLL
             if (s + 1 < channels) ud += g.length;  // channels past the block's: its last one again
           }
           float q[kLoads][kQuad];
-          load_quads<T>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + 2 * channels, q);
+          load_quads<T>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + 2 * channels, q, [](const QuadPlace&, auto) {});
           // x = dt * u * B and Abar = exp(dt * A) on every cell: padding cells load u = B = 0, so
           // their x is 0 and their h never reaches a real cell (they follow the real cells of
           // their map in both scan directions, and a segment start resets h before the next map).
@@ -355,7 +347,7 @@ SS2D_UNROLL
           // A row that starts a map (packed small maps) cuts the vertical scan: its Abar, read
           // here first, becomes 0 for the vertical pass (h = 0 * h_above + hh), which so keeps no
           // per-cell restart test.
-          const bool cut_row = mask_bit(starts_h, r);
+          const bool cut_row = starts_map_row<T>(g, starts_h, r);
           const float cut[kQuad] = {0.f, 0.f, 0.f, 0.f};
 SS2D_UNROLL
           for (int c0 = 0; c0 < kTile; c0 += kQuad) {  // a quad of the row per 16-byte access
@@ -419,44 +411,54 @@ SS2D_UNROLL
       ctx.barrier();
       const bool last = round + 1 == rounds;
       if constexpr (kOne) {
-        // C, then u of each channel (with D): y = D * u + C * h, stored.
+        // C, then u of each channel (with D): y = D * u + C * h, stored. Placed like phase A
+        // (quad_anchor; quad_place only off the vector path): a whole anchor whose C, u and y
+        // quads are all aligned moves all of them as vectors; off that path each channel's y quad
+        // still takes a vector store where it is one aligned map row (y is allocated aligned,
+        // the inputs may not be).
         each_quad(ctx, [&](int, int r, int c0) {
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const bool quad_row = one_row(at) && at.pos % kQuad == 0;
+          QuadAnchor an = quad_anchor(g, bb, ti, tj, r, c0);
           constexpr int kLoads = 1 + kMaxWarps;
           const decltype(&Cg) srcs[kLoads] = {&Cg, &u, &u, &u, &u};
-          int64_t ud = quad_offset(g, Plane{g.dim, d0}, at);
+          int64_t ud = quad_offset(g, Plane{g.dim, d0}, an);
           Plane planes[kLoads];
           int64_t offs[kLoads];
           planes[0] = bc_planes(0);
-          offs[0] = quad_offset(g, planes[0], at);
+          offs[0] = quad_offset(g, planes[0], an);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             planes[1 + s] = Plane{g.dim, d0 + s};
             offs[1 + s] = ud;
             if (s + 1 < channels) ud += g.length;
           }
+          // y's planes start aligned (y_planes): its quads are aligned where their offset is.
+          const bool whole = an.whole;
+          an.whole = whole && y_planes && offs[1] % kQuad == 0;
           float q[kLoads][kQuad];
-          load_quads_at<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + channels, q);
+          load_quads<T>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + channels, q,
+                        [&](const QuadPlace& at, auto vector) {
 SS2D_UNROLL
-          for (int s = 0; s < kMaxWarps; ++s) {
-            if (s >= channels) continue;
-            float yq[kQuad];
-            load_shared4(x_t, s * kWarpTiles + fwd_offset(r, c0), yq);  // h
+            for (int s = 0; s < kMaxWarps; ++s) {
+              if (s >= channels) continue;
+              float yq[kQuad];
+              load_shared4(x_t, s * kWarpTiles + fwd_offset(r, c0), yq);  // h
 SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              // dskip_c is 0 without D: 0 * u only differs from 0 where u is not finite, where h
-              // (x = dt * u * B) is not finite either.
-              yq[k] = fmaf(q[0][k], yq[k], dskip_c[s] * q[1 + s][k]);
+              for (int k = 0; k < kQuad; ++k) {
+                // dskip_c is 0 without D: 0 * u only differs from 0 where u is not finite, where h
+                // (x = dt * u * B) is not finite either.
+                yq[k] = fmaf(q[0][k], yq[k], dskip_c[s] * q[1 + s][k]);
+              }
+              // y's quad is where u's is (offs[1 + s]), worked out again from channel 0's so the
+              // loads' other offsets need not stay live.
+              const Plane pl{g.dim, d0 + s};
+              const int64_t off = offs[1] + static_cast<int64_t>(s) * g.length;
+              if (y_fp32) {
+                store_quad<float>(ctx, g, y32, pl, at, vector || (whole && ctx.vector_aligned(y32, off)), off, yq);
+              } else {
+                store_quad<T>(ctx, g, yT, pl, at, vector || (whole && ctx.vector_aligned(yT, off)), off, yq);
+              }
             }
-            const Plane pl{g.dim, d0 + s};
-            const int64_t off = offs[1 + s];
-            if (p.y_fp32) {
-              store_quad<float>(ctx, g, y32, pl, at, quad_row && ctx.vector_aligned(y32, off), off, yq);
-            } else {
-              store_quad<T>(ctx, g, yT, pl, at, quad_row && ctx.vector_aligned(yT, off), off, yq);
-            }
-          }
+          });
         });
         continue;
       }
@@ -502,7 +504,7 @@ SS2D_UNROLL
             continue;
           }
           const Plane pl{g.dim, d0 + s};
-          if (p.y_fp32) {
+          if (y_fp32) {
             store_quad<float>(ctx, g, y32, pl, at, yq);
           } else {
             store_quad<T>(ctx, g, yT, pl, at, yq);
