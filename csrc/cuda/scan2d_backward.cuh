@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "scan2d_forward.cuh"  // quad_anchor, whole_quad
 #include "scan2d_tile.cuh"
 
 namespace vmamba2d {
@@ -236,8 +237,8 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   // One decision per quad for all the planes a block phase accesses there: vector accesses when
   // every plane is aligned at its start and the quad is one aligned map row (tested per quad:
   // a block-wide flag would take a register the one-state variant does not have).
-  const auto vector_at = [&](const QuadPlace& at) {
-    return vector_quad(at) && vector_planes(ctx, g, u, delta, Bg, Cg) &&
+  const auto vector_at = [&](bool one_map_row, int64_t pos) {
+    return one_map_row && pos % kQuad == 0 && vector_planes(ctx, g, u, delta, Bg, Cg) &&
            (dy_fp32 ? vector_planes(ctx, g, dy32) : vector_planes(ctx, g, dyT)) &&
            (!full || vector_planes(ctx, g, du_g, ddelta_g, dB, dC));
   };
@@ -265,14 +266,16 @@ SS2D_UNROLL
       const int tj = tile - ti * g.tiles_w;
       for (int round = 0; round < rounds; ++round) {
         each_quad(ctx, [&](int, int r, int c0) {
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
+          // Placed by its anchor (quad_anchor: the first cell and a whole-row test, no per-cell
+          // work); quad_place only off the vector path.
+          const QuadAnchor an = quad_anchor(g, bb, ti, tj, r, c0);
+          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, an);
           // B / C offset of the round's first state (the others follow plane by plane).
-          const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
-          const bool vector = vector_at(at);
+          const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), an);
+          const bool vector = vector_at(an.whole, an.pos);
           if (full && records) write_record(record_t, quad_index(r, c0), QuadRecord{vector ? ud0 : -1, bc0});
           // As in phase B: vector and per-cell copies, one branch per quad.
-          const auto phase = [&](auto vector) {
+          const auto phase = [&](auto vector, const QuadPlace& at) {
             constexpr bool vec = decltype(vector)::value;
             // The C (and B) quads of the round's states, loaded once for all channels (registers
             // indexed by unrolled loops: no local memory).
@@ -347,9 +350,9 @@ SS2D_UNROLL
             }
           };
           if (vector) {
-            phase(std::true_type{});
+            phase(std::true_type{}, whole_quad(an));
           } else {
-            phase(std::false_type{});
+            phase(std::false_type{}, quad_place(g, bb, ti, tj, r, c0));
           }
         });
         ctx.barrier();
@@ -667,7 +670,7 @@ SS2D_UNROLL
           const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
           const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
           const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
-          if (!records && vector_at(at)) {
+          if (!records && vector_at(one_row(at), at.pos)) {
             phase(std::true_type{}, at, ud0, bc0);
           } else {
             phase(std::false_type{}, at, ud0, bc0);
