@@ -199,6 +199,14 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   auto dA_s = ctx.template shared<float>(smem, l.dA, channels * nstate);
   auto lane_s = ctx.template shared<float>(smem, l.lane, nwarps * kTile);
   auto top_s = ctx.template shared<float>(smem, l.top, nwarps * kTile);
+  // The channel set's delta_bias, D and A, written once per set: the block phases read them from
+  // shared memory instead of global memory per quad and channel (with a null test for the optional
+  // ones).
+  constexpr int kConsts = kBackwardChannelConsts;
+  auto consts = ctx.template shared<float>(smem, l.consts, channels * (kConsts + nstate));
+  const auto bias_of = [&](int s) { return static_cast<float>(consts[s * (kConsts + nstate)]); };
+  const auto dskip_of = [&](int s) { return static_cast<float>(consts[s * (kConsts + nstate) + 1]); };
+  const auto a_of = [&](int s, int n) { return static_cast<float>(consts[s * (kConsts + nstate) + kConsts + n]); };
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
   auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
@@ -208,6 +216,15 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const bool dy_fp32 = std::is_same_v<T, float> || p.dy_fp32;
   auto dy32 = ctx.global(static_cast<const float*>(dy_fp32 ? p.dy : nullptr), n_ud);
   auto dyT = ctx.global(static_cast<const T*>(dy_fp32 ? nullptr : p.dy), n_ud);
+  // dy's type as a compile-time choice made once per quad (std::true_type: fp32), so that each copy
+  // of a block phase carries the accesses of one dy view instead of both, predicated.
+  const auto with_dy_type = [&](auto&& f) {
+    if (dy_fp32) {
+      f(std::true_type{});
+    } else if constexpr (!std::is_same_v<T, float>) {
+      f(std::false_type{});
+    }
+  };
   auto du_g = ctx.global(static_cast<T*>(p.du), n_ud);
   auto ddelta_g = ctx.global(static_cast<T*>(p.ddelta), n_ud);
   const int slices = p.k.slices;
@@ -249,6 +266,15 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
 
   for (int set = 0; set < per_slice; set += channels) {
     const int d0 = group * (g.dim / g.groups) + slice * per_slice + set;
+    ctx.each_thread([&](int t) {
+      if (t >= channels) return;  // thread s: channel s
+      const int at = t * (kConsts + nstate);
+      const int d = d0 + t;
+      consts[at] = p.delta_bias ? p.delta_bias[d] : 0.f;
+      consts[at + 1] = p.D ? p.D[d] : 0.f;
+      for (int n = 0; n < nstate; ++n) consts[at + kConsts + n] = p.A[static_cast<int64_t>(d) * nstate + n];
+    });
+    ctx.barrier();  // also orders the previous set's last use of the tiles before this set's first
     if (full) {
       ctx.each_thread([&](int t) {
         if (keep_dt) {
@@ -275,7 +301,7 @@ SS2D_UNROLL
           const bool vector = vector_at(an.whole, an.pos);
           if (full && records) write_record(record_t, quad_index(r, c0), QuadRecord{vector ? ud0 : -1, bc0});
           // As in phase B: vector and per-cell copies, one branch per quad.
-          const auto phase = [&](auto vector, const QuadPlace& at) {
+          const auto phase = [&](auto vector, const QuadPlace& at, auto dy_is_fp32) {
             constexpr bool vec = decltype(vector)::value;
             // The C (and B) quads of the round's states, loaded once for all channels (registers
             // indexed by unrolled loops: no local memory).
@@ -307,12 +333,12 @@ SS2D_UNROLL_BY(kChannelSlots)
                 float dq[kQuad];
                 const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
                 if (full) load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
-                if (dy_fp32) {
+                if constexpr (decltype(dy_is_fp32)::value) {
                   load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
                   load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
-                const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+                const float bias = bias_of(s);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const int e = s * kTileFloats + tile_offset(r, c0 + k);
@@ -338,7 +364,7 @@ SS2D_UNROLL
                 const int n = round * wpc + j;
                 if (j >= wpc || n >= nstate) continue;
                 const int w = s * wpc + j;
-                const float a2 = p.A[static_cast<int64_t>(d0 + s) * nstate + n] * kLog2e;
+                const float a2 = a_of(s, n) * kLog2e;
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const int e = tile_offset(r, c0 + k);
@@ -349,11 +375,13 @@ SS2D_UNROLL
               }
             }
           };
-          if (vector) {
-            phase(std::true_type{}, whole_quad(an));
-          } else {
-            phase(std::false_type{}, quad_place(g, bb, ti, tj, r, c0));
-          }
+          with_dy_type([&](auto dy_is_fp32) {
+            if (vector) {
+              phase(std::true_type{}, whole_quad(an), dy_is_fp32);
+            } else {
+              phase(std::false_type{}, quad_place(g, bb, ti, tj, r, c0), dy_is_fp32);
+            }
+          });
         });
         ctx.barrier();
         ctx.each_warp([&](int w) {
@@ -403,7 +431,6 @@ SS2D_UNROLL_BY(8)
             });
             return;
           }
-          const float a_n = p.A[map % g.dim * nstate + n];
           auto dts = dt_t + (keep_dt ? s * kTileFloats : 0);
           auto top = top_s + w * kTile;
           auto lane_dA = lane_s + w * kTile;
@@ -462,6 +489,7 @@ SS2D_UNROLL
           });
           ctx.sync_warp();
           ctx.each_lane([&](int r) {
+            const float a_n = keep_dt ? a_of(s, n) : 0.f;
             const float h_in = h_in_row[ctx.lane_slot(r)];
             float gnext = 0.f;
             if (!sequential) {
@@ -517,7 +545,7 @@ SS2D_UNROLL
         each_quad(ctx, [&](int t, int r, int c0) {
           // The phase in two copies, vector and per-cell accesses for all of the quad's planes:
           // one branch per quad (at: unused on the vector path).
-          const auto phase = [&](auto vector, const QuadPlace& at, int64_t ud0, int64_t bc0) {
+          const auto phase = [&](auto vector, const QuadPlace& at, int64_t ud0, int64_t bc0, auto dy_is_fp32) {
             constexpr bool vec = decltype(vector)::value;
             // B of the round's states: from the B tile, or at N = 1 loaded again.
             float bq[kMaxWarps][kQuad];
@@ -554,7 +582,7 @@ SS2D_UNROLL
                 }
               } else {
                 load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
-                if (dy_fp32) {
+                if constexpr (decltype(dy_is_fp32)::value) {
                   load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
                   load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
@@ -573,7 +601,7 @@ SS2D_UNROLL
                 float dq[kQuad];
                 const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
                 unpark_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dtq);
-                const float bias = p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
+                const float bias = bias_of(s);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const bool is_real = (real >> k) & 1u;
@@ -598,7 +626,7 @@ SS2D_UNROLL
                 const int w = s * wpc + j;
                 // Without a dt tile the warps left dL/dAbar * Abar, scaled here (by A[n]: the dL/ddt
                 // term; by dt: the dA terms).
-                const float a_n = keep_dt ? 1.f : p.A[static_cast<int64_t>(d0 + s) * nstate + n];
+                const float a_n = keep_dt ? 1.f : a_of(s, n);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const int e = tile_offset(r, c0 + k);
@@ -627,7 +655,7 @@ SS2D_UNROLL
               }
               // Padding cells: dy = u = 0 and no gradient reaches them, so their terms are 0; their
               // du / ddelta are not stored.
-              const float dskip = p.D ? p.D[d0 + s] : 0.f;
+              const float dskip = dskip_of(s);
               float duq[kQuad], ddq[kQuad];
               float dD_terms = 0.f, ddb_terms = 0.f;
 SS2D_UNROLL
@@ -660,21 +688,23 @@ SS2D_UNROLL
               add_quad(ctx, g, dC, bpl, at, vec, bc_off, dc[j]);
             }
           };
-          if (records) {
-            const QuadRecord rec = read_record(record_t, quad_index(r, c0));
-            if (rec.ud0 >= 0) {
-              phase(std::true_type{}, QuadPlace{}, rec.ud0, rec.bc0);
-              return;
+          with_dy_type([&](auto dy_is_fp32) {
+            if (records) {
+              const QuadRecord rec = read_record(record_t, quad_index(r, c0));
+              if (rec.ud0 >= 0) {
+                phase(std::true_type{}, QuadPlace{}, rec.ud0, rec.bc0, dy_is_fp32);
+                return;
+              }
             }
-          }
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
-          const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
-          if (!records && vector_at(one_row(at), at.pos)) {
-            phase(std::true_type{}, at, ud0, bc0);
-          } else {
-            phase(std::false_type{}, at, ud0, bc0);
-          }
+            const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+            const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
+            const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
+            if (!records && vector_at(one_row(at), at.pos)) {
+              phase(std::true_type{}, at, ud0, bc0, dy_is_fp32);
+            } else {
+              phase(std::false_type{}, at, ud0, bc0, dy_is_fp32);
+            }
+          });
         });
         // No barrier: the next round's (or tile's) A rewrites only cells this thread itself read.
       }
@@ -716,7 +746,6 @@ SS2D_UNROLL
         }
       });
     }
-    if (set + channels < per_slice) ctx.barrier();  // before the next channels reuse the tiles
   }
 }
 
