@@ -40,6 +40,36 @@ SS2D_HD SS2D_INLINE uint16_t bits_of(T v) {
   return bits;
 }
 
+// bf16 -> fp32 only places the 16 bits at the top of the float (exact). On the GPU a bf16 vector
+// quad widens from its two 32-bit words by one integer operation per value (w << 16, w & 0xffff0000)
+// where __bfloat162float takes two for each odd value; elsewhere (the host, other types) load_quad.
+template <class T>
+struct WidenedByBits : std::false_type {};
+#ifdef __CUDACC__
+template <>
+struct WidenedByBits<__nv_bfloat16> : std::true_type {};
+#endif
+
+template <class T, class Ctx, class View>
+SS2D_HD SS2D_INLINE uint32_t load_input_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
+                                             const QuadPlace& at, bool vector, int64_t off, float (&out)[kQuad]) {
+  if constexpr (WidenedByBits<T>::value) {
+    if (vector) {
+      const Vec4<T> v = ctx.load_vector(src, off);
+      uint32_t words[kQuad / 2];
+      memcpy(words, &v, sizeof(words));
+SS2D_UNROLL
+      for (int i = 0; i < kQuad / 2; ++i) {
+        const uint32_t low = words[i] << 16, high = words[i] & 0xffff0000u;
+        memcpy(&out[2 * i], &low, sizeof(low));
+        memcpy(&out[2 * i + 1], &high, sizeof(high));
+      }
+      return (1u << kQuad) - 1;
+    }
+  }
+  return load_quad<T>(ctx, g, src, pl, at, vector, off, out);
+}
+
 // Per quad of the tile, what the first phase worked out for the last at N = 1: the offset of the
 // block's first channel in u / delta / dy / du / ddelta (-1: not a vector quad, the last phase
 // places it again) and of the round's first state in B / C / dB / dC.
@@ -312,9 +342,9 @@ SS2D_UNROLL
               if (j >= wpc || n >= nstate) continue;
               const Plane bpl = bc_planes(n);
               const int64_t bc_off = bc0 + j * g.length;
-              load_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
+              load_input_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
               if (full) {
-                load_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
+                load_input_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
                 if (!records) {
 SS2D_UNROLL
                   for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
@@ -331,12 +361,12 @@ SS2D_UNROLL_BY(kChannelSlots)
                 const Plane pl{g.dim, d};
                 const int64_t off = ud0 + s * g.length;
                 float dq[kQuad];
-                const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
-                if (full) load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                const uint32_t real = load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                if (full) load_input_quad<T>(ctx, g, u, pl, at, vec, off, uq);
                 if constexpr (decltype(dy_is_fp32)::value) {
                   load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
-                  load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                  load_input_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
                 const float bias = bias_of(s);
 SS2D_UNROLL
@@ -554,7 +584,7 @@ SS2D_UNROLL
               for (int j = 0; j < kMaxWarps; ++j) {
                 const int n = round * wpc + j;
                 if (j >= wpc || n >= nstate) continue;
-                load_quad<T>(ctx, g, Bg, bc_planes(n), at, vec, bc0 + j * g.length, bq[j]);
+                load_input_quad<T>(ctx, g, Bg, bc_planes(n), at, vec, bc0 + j * g.length, bq[j]);
               }
             }
             // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
@@ -581,11 +611,11 @@ SS2D_UNROLL
                   dyq[k] = dy_t[ce];
                 }
               } else {
-                load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                load_input_quad<T>(ctx, g, u, pl, at, vec, off, uq);
                 if constexpr (decltype(dy_is_fp32)::value) {
                   load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
-                  load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                  load_input_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
               }
               // dt and, with softplus, d dt / d(delta + bias) (0 on padding cells): from the dt tile,
@@ -599,7 +629,7 @@ SS2D_UNROLL
                 }
               } else {
                 float dq[kQuad];
-                const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                const uint32_t real = load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
                 unpark_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dtq);
                 const float bias = bias_of(s);
 SS2D_UNROLL
