@@ -769,7 +769,7 @@ RATCHET = {
     ("forward", "fp32"): (56.0, 80),
     ("forward", "bf16"): (61.0, 80),
     ("backward", "fp32"): (99.5, 128),
-    ("backward", "bf16"): (109.0, 128),
+    ("backward", "bf16"): (109.5, 128),
 }
 
 

@@ -294,8 +294,9 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   constexpr int kParts = 3;
   float part[Ctx::kThreadSlots][kParts][kMaxWarps];
 
-  for (int set = 0; set < per_slice; set += channels) {
-    const int d0 = group * (g.dim / g.groups) + slice * per_slice + set;
+  // The slice's channel sets: channels d0 .. d0 + channels - 1 each.
+  const int first_channel = group * (g.dim / g.groups) + slice * per_slice;
+  for (int d0 = first_channel; d0 < first_channel + per_slice; d0 += channels) {
     ctx.each_thread([&](int t) {
       if (t >= channels) return;  // thread s: channel s
       const int at = t * (kConsts + nstate);
