@@ -768,8 +768,8 @@ class Target:
 RATCHET = {
     ("forward", "fp32"): (51.5, 80),
     ("forward", "bf16"): (56.5, 80),
-    ("backward", "fp32"): (102.0, 128),
-    ("backward", "bf16"): (117.0, 128),
+    ("backward", "fp32"): (99.5, 128),
+    ("backward", "bf16"): (109.5, 128),
 }
 
 

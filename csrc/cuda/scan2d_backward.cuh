@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "scan2d_forward.cuh"  // quad_anchor, whole_quad
 #include "scan2d_tile.cuh"
 
 namespace vmamba2d {
@@ -37,6 +38,37 @@ SS2D_HD SS2D_INLINE uint16_t bits_of(T v) {
   uint16_t bits;
   memcpy(&bits, &v, sizeof(bits));
   return bits;
+}
+
+// bf16 -> fp32 only places the 16 bits at the top of the float (exact). On the GPU a bf16 vector
+// quad widens from its two 32-bit words by one integer operation per value (w << 16, w & 0xffff0000)
+// where __bfloat162float takes two for each odd value; the host emulation's bf16 takes the same path
+// (selective_scan_2d_emulate.cpp specialises WidenedByBits for it); other types: load_quad.
+template <class T>
+struct WidenedByBits : std::false_type {};
+#ifdef __CUDACC__
+template <>
+struct WidenedByBits<__nv_bfloat16> : std::true_type {};
+#endif
+
+template <class T, class Ctx, class View>
+SS2D_HD SS2D_INLINE uint32_t load_input_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
+                                             const QuadPlace& at, bool vector, int64_t off, float (&out)[kQuad]) {
+  if constexpr (WidenedByBits<T>::value) {
+    if (vector) {
+      const Vec4<T> v = ctx.load_vector(src, off);
+      uint32_t words[kQuad / 2];
+      memcpy(words, &v, sizeof(words));
+SS2D_UNROLL
+      for (int i = 0; i < kQuad / 2; ++i) {
+        const uint32_t low = words[i] << 16, high = words[i] & 0xffff0000u;
+        memcpy(&out[2 * i], &low, sizeof(low));
+        memcpy(&out[2 * i + 1], &high, sizeof(high));
+      }
+      return (1u << kQuad) - 1;
+    }
+  }
+  return load_quad<T>(ctx, g, src, pl, at, vector, off, out);
 }
 
 // Per quad of the tile, what the first phase worked out for the last at N = 1: the offset of the
@@ -198,6 +230,14 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   auto dA_s = ctx.template shared<float>(smem, l.dA, channels * nstate);
   auto lane_s = ctx.template shared<float>(smem, l.lane, nwarps * kTile);
   auto top_s = ctx.template shared<float>(smem, l.top, nwarps * kTile);
+  // The channel set's delta_bias, D and A, written once per set: the block phases read them from
+  // shared memory instead of global memory per quad and channel (with a null test for the optional
+  // ones).
+  constexpr int kConsts = kBackwardChannelConsts;
+  auto consts = ctx.template shared<float>(smem, l.consts, channels * (kConsts + nstate));
+  const auto bias_of = [&](int s) { return static_cast<float>(consts[s * (kConsts + nstate)]); };
+  const auto dskip_of = [&](int s) { return static_cast<float>(consts[s * (kConsts + nstate) + 1]); };
+  const auto a_of = [&](int s, int n) { return static_cast<float>(consts[s * (kConsts + nstate) + kConsts + n]); };
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
   auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
@@ -207,6 +247,15 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const bool dy_fp32 = std::is_same_v<T, float> || p.dy_fp32;
   auto dy32 = ctx.global(static_cast<const float*>(dy_fp32 ? p.dy : nullptr), n_ud);
   auto dyT = ctx.global(static_cast<const T*>(dy_fp32 ? nullptr : p.dy), n_ud);
+  // dy's type as a compile-time choice made once per quad (std::true_type: fp32), so that each copy
+  // of a block phase carries the accesses of one dy view instead of both, predicated.
+  const auto with_dy_type = [&](auto&& f) {
+    if (dy_fp32) {
+      f(std::true_type{});
+    } else if constexpr (!std::is_same_v<T, float>) {
+      f(std::false_type{});
+    }
+  };
   auto du_g = ctx.global(static_cast<T*>(p.du), n_ud);
   auto ddelta_g = ctx.global(static_cast<T*>(p.ddelta), n_ud);
   const int slices = p.k.slices;
@@ -236,8 +285,8 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   // One decision per quad for all the planes a block phase accesses there: vector accesses when
   // every plane is aligned at its start and the quad is one aligned map row (tested per quad:
   // a block-wide flag would take a register the one-state variant does not have).
-  const auto vector_at = [&](const QuadPlace& at) {
-    return vector_quad(at) && vector_planes(ctx, g, u, delta, Bg, Cg) &&
+  const auto vector_at = [&](bool one_map_row, int64_t pos) {
+    return one_map_row && pos % kQuad == 0 && vector_planes(ctx, g, u, delta, Bg, Cg) &&
            (dy_fp32 ? vector_planes(ctx, g, dy32) : vector_planes(ctx, g, dyT)) &&
            (!full || vector_planes(ctx, g, du_g, ddelta_g, dB, dC));
   };
@@ -246,8 +295,18 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   constexpr int kParts = 3;
   float part[Ctx::kThreadSlots][kParts][kMaxWarps];
 
-  for (int set = 0; set < per_slice; set += channels) {
-    const int d0 = group * (g.dim / g.groups) + slice * per_slice + set;
+  // The slice's channel sets: channels d0 .. d0 + channels - 1 each.
+  const int first_channel = group * (g.dim / g.groups) + slice * per_slice;
+  for (int d0 = first_channel; d0 < first_channel + per_slice; d0 += channels) {
+    ctx.each_thread([&](int t) {
+      if (t >= channels) return;  // thread s: channel s
+      const int at = t * (kConsts + nstate);
+      const int d = d0 + t;
+      consts[at] = p.delta_bias ? p.delta_bias[d] : 0.f;
+      consts[at + 1] = p.D ? p.D[d] : 0.f;
+      for (int n = 0; n < nstate; ++n) consts[at + kConsts + n] = p.A[static_cast<int64_t>(d) * nstate + n];
+    });
+    ctx.barrier();  // also orders the previous set's last use of the tiles before this set's first
     if (full) {
       ctx.each_thread([&](int t) {
         if (keep_dt) {
@@ -265,14 +324,16 @@ SS2D_UNROLL
       const int tj = tile - ti * g.tiles_w;
       for (int round = 0; round < rounds; ++round) {
         each_quad(ctx, [&](int, int r, int c0) {
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
+          // Placed by its anchor (quad_anchor: the first cell and a whole-row test, no per-cell
+          // work); quad_place only off the vector path.
+          const QuadAnchor an = quad_anchor(g, bb, ti, tj, r, c0);
+          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, an);
           // B / C offset of the round's first state (the others follow plane by plane).
-          const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
-          const bool vector = vector_at(at);
+          const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), an);
+          const bool vector = vector_at(an.whole, an.pos);
           if (full && records) write_record(record_t, quad_index(r, c0), QuadRecord{vector ? ud0 : -1, bc0});
           // As in phase B: vector and per-cell copies, one branch per quad.
-          const auto phase = [&](auto vector) {
+          const auto phase = [&](auto vector, const QuadPlace& at, auto dy_is_fp32) {
             constexpr bool vec = decltype(vector)::value;
             // The C (and B) quads of the round's states, loaded once for all channels (registers
             // indexed by unrolled loops: no local memory).
@@ -283,9 +344,9 @@ SS2D_UNROLL
               if (j >= wpc || n >= nstate) continue;
               const Plane bpl = bc_planes(n);
               const int64_t bc_off = bc0 + j * g.length;
-              load_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
+              load_input_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
               if (full) {
-                load_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
+                load_input_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
                 if (!records) {
 SS2D_UNROLL
                   for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
@@ -302,14 +363,14 @@ SS2D_UNROLL_BY(kChannelSlots)
                 const Plane pl{g.dim, d};
                 const int64_t off = ud0 + s * g.length;
                 float dq[kQuad];
-                const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
-                if (full) load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
-                if (dy_fp32) {
+                const uint32_t real = load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                if (full) load_input_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                if constexpr (decltype(dy_is_fp32)::value) {
                   load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
-                  load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                  load_input_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
-                const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+                const float bias = bias_of(s);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const int e = s * kTileFloats + tile_offset(r, c0 + k);
@@ -335,7 +396,7 @@ SS2D_UNROLL
                 const int n = round * wpc + j;
                 if (j >= wpc || n >= nstate) continue;
                 const int w = s * wpc + j;
-                const float a2 = p.A[static_cast<int64_t>(d0 + s) * nstate + n] * kLog2e;
+                const float a2 = a_of(s, n) * kLog2e;
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const int e = tile_offset(r, c0 + k);
@@ -346,11 +407,13 @@ SS2D_UNROLL
               }
             }
           };
-          if (vector) {
-            phase(std::true_type{});
-          } else {
-            phase(std::false_type{});
-          }
+          with_dy_type([&](auto dy_is_fp32) {
+            if (vector) {
+              phase(std::true_type{}, whole_quad(an), dy_is_fp32);
+            } else {
+              phase(std::false_type{}, quad_place(g, bb, ti, tj, r, c0), dy_is_fp32);
+            }
+          });
         });
         ctx.barrier();
         ctx.each_warp([&](int w) {
@@ -400,7 +463,6 @@ SS2D_UNROLL_BY(8)
             });
             return;
           }
-          const float a_n = p.A[map % g.dim * nstate + n];
           auto dts = dt_t + (keep_dt ? s * kTileFloats : 0);
           auto top = top_s + w * kTile;
           auto lane_dA = lane_s + w * kTile;
@@ -459,6 +521,7 @@ SS2D_UNROLL
           });
           ctx.sync_warp();
           ctx.each_lane([&](int r) {
+            const float a_n = keep_dt ? a_of(s, n) : 0.f;
             const float h_in = h_in_row[ctx.lane_slot(r)];
             float gnext = 0.f;
             if (!sequential) {
@@ -514,7 +577,7 @@ SS2D_UNROLL
         each_quad(ctx, [&](int t, int r, int c0) {
           // The phase in two copies, vector and per-cell accesses for all of the quad's planes:
           // one branch per quad (at: unused on the vector path).
-          const auto phase = [&](auto vector, const QuadPlace& at, int64_t ud0, int64_t bc0) {
+          const auto phase = [&](auto vector, const QuadPlace& at, int64_t ud0, int64_t bc0, auto dy_is_fp32) {
             constexpr bool vec = decltype(vector)::value;
             // B of the round's states: from the B tile, or at N = 1 loaded again.
             float bq[kMaxWarps][kQuad];
@@ -523,7 +586,7 @@ SS2D_UNROLL
               for (int j = 0; j < kMaxWarps; ++j) {
                 const int n = round * wpc + j;
                 if (j >= wpc || n >= nstate) continue;
-                load_quad<T>(ctx, g, Bg, bc_planes(n), at, vec, bc0 + j * g.length, bq[j]);
+                load_input_quad<T>(ctx, g, Bg, bc_planes(n), at, vec, bc0 + j * g.length, bq[j]);
               }
             }
             // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
@@ -550,11 +613,11 @@ SS2D_UNROLL
                   dyq[k] = dy_t[ce];
                 }
               } else {
-                load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
-                if (dy_fp32) {
+                load_input_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                if constexpr (decltype(dy_is_fp32)::value) {
                   load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
-                  load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                  load_input_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
               }
               // dt and, with softplus, d dt / d(delta + bias) (0 on padding cells): from the dt tile,
@@ -568,9 +631,9 @@ SS2D_UNROLL
                 }
               } else {
                 float dq[kQuad];
-                const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                const uint32_t real = load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
                 unpark_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dtq);
-                const float bias = p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
+                const float bias = bias_of(s);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const bool is_real = (real >> k) & 1u;
@@ -595,7 +658,7 @@ SS2D_UNROLL
                 const int w = s * wpc + j;
                 // Without a dt tile the warps left dL/dAbar * Abar, scaled here (by A[n]: the dL/ddt
                 // term; by dt: the dA terms).
-                const float a_n = keep_dt ? 1.f : p.A[static_cast<int64_t>(d0 + s) * nstate + n];
+                const float a_n = keep_dt ? 1.f : a_of(s, n);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const int e = tile_offset(r, c0 + k);
@@ -624,7 +687,7 @@ SS2D_UNROLL
               }
               // Padding cells: dy = u = 0 and no gradient reaches them, so their terms are 0; their
               // du / ddelta are not stored.
-              const float dskip = p.D ? p.D[d0 + s] : 0.f;
+              const float dskip = dskip_of(s);
               float duq[kQuad], ddq[kQuad];
               float dD_terms = 0.f, ddb_terms = 0.f;
 SS2D_UNROLL
@@ -657,21 +720,23 @@ SS2D_UNROLL
               add_quad(ctx, g, dC, bpl, at, vec, bc_off, dc[j]);
             }
           };
-          if (records) {
-            const QuadRecord rec = read_record(record_t, quad_index(r, c0));
-            if (rec.ud0 >= 0) {
-              phase(std::true_type{}, QuadPlace{}, rec.ud0, rec.bc0);
-              return;
+          with_dy_type([&](auto dy_is_fp32) {
+            if (records) {
+              const QuadRecord rec = read_record(record_t, quad_index(r, c0));
+              if (rec.ud0 >= 0) {
+                phase(std::true_type{}, QuadPlace{}, rec.ud0, rec.bc0, dy_is_fp32);
+                return;
+              }
             }
-          }
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
-          const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
-          if (!records && vector_at(at)) {
-            phase(std::true_type{}, at, ud0, bc0);
-          } else {
-            phase(std::false_type{}, at, ud0, bc0);
-          }
+            const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+            const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
+            const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
+            if (!records && vector_at(one_row(at), at.pos)) {
+              phase(std::true_type{}, at, ud0, bc0, dy_is_fp32);
+            } else {
+              phase(std::false_type{}, at, ud0, bc0, dy_is_fp32);
+            }
+          });
         });
         // No barrier: the next round's (or tile's) A rewrites only cells this thread itself read.
       }
@@ -713,7 +778,6 @@ SS2D_UNROLL
         }
       });
     }
-    if (set + channels < per_slice) ctx.barrier();  // before the next channels reuse the tiles
   }
 }
 

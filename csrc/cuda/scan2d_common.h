@@ -247,8 +247,11 @@ struct BackwardLayout {
   size_t dA;     // float[channels][N]
   size_t lane;   // float[nwarps][kTile]: per-lane dA partials
   size_t top;    // float[nwarps][kTile]: h flowing into a tile's first row from the tile above
+  size_t consts; // float[channels][kBackwardChannelConsts + N]: delta_bias, D, then A of each state
   size_t total;
 };
+// Per channel of a channel set, before its A of each state: delta_bias and D (0 where absent).
+constexpr int kBackwardChannelConsts = 2;
 // Per warp: Abar (then the state's dL/ddt term, or dL/dAbar * Abar where dt is not kept), h (hh,
 // then h), g (dy * C, then dL/dh, then dL/dx). The final dD / ddelta_bias (/ dA) reduction reuses
 // this region.
@@ -291,6 +294,8 @@ SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate)
   const size_t tile = sizeof(float) * kTileFloats;
   const int nwarps = channels * wpc;
   const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
+  // First: at a fixed place, so the block phases address the constants without a register.
+  l.consts = b.take(sizeof(float) * channels * (kBackwardChannelConsts + nstate));
   l.dt = b.take(tile * (backward_keeps_dt(nstate) ? channels : 0));
   l.u = b.take(tile * carried);
   l.dy = b.take(tile * carried);
