@@ -114,14 +114,18 @@ SS2D_HD SS2D_INLINE QuadPlace whole_quad(const QuadAnchor& an) {
 // compile-time QuadPlace of a whole quad (its per-cell tests fold away). Else quad_place and one
 // predicated scalar access per real cell of every plane, without branches, the offsets worked out
 // again from the QuadPlace (keeping offs live into this path spills registers).
-template <class T, int kMax, class Ctx, class View, class Then>
+// Only planes i < kTested take the address test: each later plane lies a whole number of channel
+// strides (g.length) past a tested plane of its buffer, so it is aligned when that plane is and
+// g.length is a multiple of kQuad (the host model still checks every vector access).
+template <class T, int kTested, int kMax, class Ctx, class View, class Then>
 SS2D_HD SS2D_INLINE void load_quads(const Ctx& ctx, const Geometry& g, const QuadAnchor& an, int bb, int ti,
                                     int tj, int r, int c0, View* const (&srcs)[kMax], const Plane (&planes)[kMax],
                                     const int64_t (&offs)[kMax], int count, float (&out)[kMax][kQuad],
                                     Then&& then) {
-  bool vector = an.whole;
+  static_assert(kTested <= kMax, "tested planes are a prefix of the planes");
+  bool vector = an.whole && (kTested == kMax || g.length % kQuad == 0);
 SS2D_UNROLL
-  for (int i = 0; i < kMax; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
+  for (int i = 0; i < kTested; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
   if (vector) {
     Vec4<T> raw[kMax];
 SS2D_UNROLL
@@ -247,7 +251,7 @@ SS2D_UNROLL
             if (s + 1 < channels) ud += g.length;  // channels past the block's: its last one again
           }
           float q[kLoads][kQuad];
-          load_quads<T>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + 2 * channels, q, [](const QuadPlace&, auto) {});
+          load_quads<T, 3>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + 2 * channels, q, [](const QuadPlace&, auto) {});
           // x = dt * u * B and Abar = exp(dt * A) on every cell: padding cells load u = B = 0, so
           // their x is 0 and their h never reaches a real cell (they follow the real cells of
           // their map in both scan directions, and a segment start resets h before the next map).
@@ -435,7 +439,7 @@ SS2D_UNROLL
           const bool whole = an.whole;
           an.whole = whole && y_planes && offs[1] % kQuad == 0;
           float q[kLoads][kQuad];
-          load_quads<T>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + channels, q,
+          load_quads<T, 2>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + channels, q,
                         [&](const QuadPlace& at, auto vector) {
 SS2D_UNROLL
             for (int s = 0; s < kMaxWarps; ++s) {
