@@ -68,7 +68,12 @@ SS2D_HD SS2D_INLINE bool starts_map_row(const Geometry& g, uint32_t starts, int 
   }
   return cut != 0;
 #else
-  return (starts >> r) & 1u;
+  // The host computes what each GPU form computes, so the emulation tests the form of every type.
+  if constexpr (std::is_same_v<T, float>) {
+    return (starts >> r) & 1u;
+  } else {
+    return r != 0 && small_div(r, g.magic_h) * g.seg_h == r;
+  }
 #endif
 }
 
