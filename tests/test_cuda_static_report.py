@@ -118,7 +118,8 @@ def test_loads_issued_before_any_use_form_one_batch():
 
 # A tile loop (.L_x_1, with the barrier) holding a quad loop (.L_x_2) holding a channel loop
 # (.L_x_3). The channel loop's body: a vector / scalar branch (0x50: one 128-bit load, 0x80: four
-# 32-bit loads), a block with a hot 32-bit load every path runs (0xc0), an optional block (0xf0).
+# 32-bit loads from tile.cuh line 12, the marked scalar fallback line), a block with a hot 32-bit
+# load every path runs (0xc0, from pass.cuh), an optional block (0xf0).
 # Per iteration, by hand: channel 1 (0x50) + 2 (vector) + 3 (0xc0..0xe0) + 2 (optional) + 2
 # (0x110..0x120) = 10 on the interior path, 12 through the scalar side; quad 2 (0x30, 0x40) +
 # channels x channel + 1 (0x130); tile 2 (0x10, 0x20) + quads x quad + 1 (0x140).
@@ -136,11 +137,13 @@ NESTED = """\
         /*0060*/                   LDG.E.128 R4, desc[UR4][R8.64] ;
         /*0070*/                   BRA `(.L_x_5) ;
 .L_x_4:
+	//## File "/x/tile.cuh", line 12
         /*0080*/                   LDG.E R4, desc[UR4][R8.64] ;
         /*0090*/                   LDG.E R5, desc[UR4][R8.64+0x4] ;
         /*00a0*/                   LDG.E R6, desc[UR4][R8.64+0x8] ;
         /*00b0*/                   LDG.E R7, desc[UR4][R8.64+0xc] ;
 .L_x_5:
+	//## File "/x/pass.cuh", line 40
         /*00c0*/                   LDG.E R11, desc[UR4][R12.64] ;
         /*00d0*/                   FADD R10, R4, R11 ;
         /*00e0*/               @P2 BRA `(.L_x_6) ;
@@ -155,6 +158,9 @@ NESTED = """\
 """
 
 
+MARKED = {("tile.cuh", 12)}
+
+
 def _nested():
     instructions, labels = sass_report.parse_sass(NESTED)["k"]
     blocks = sass_report.basic_blocks(instructions, labels)
@@ -162,21 +168,63 @@ def _nested():
     return instructions, labels, blocks, loops
 
 
+def _chains(listing: str = NESTED) -> dict:
+    return sass_report.inline_chains(listing)["k"]
+
+
 def _block_at(instructions, blocks, address: int) -> int:
     return next(n for n, b in enumerate(blocks) if instructions[b.start].address == address)
 
 
-def test_scalar_fallback_is_the_side_opposite_a_vector_access():
-    instructions, _, blocks, loops = _nested()
-    # Not the 32-bit load at 0xc0: every path runs it.
-    assert sass_report.scalar_fallbacks(instructions, blocks, loops) == {_block_at(instructions, blocks, 0x80)}
+def test_scalar_fallbacks_are_the_blocks_of_marked_accesses():
+    instructions, _, blocks, _ = _nested()
+    # Not the 32-bit load at 0xc0: its line is not marked (every path runs it).
+    assert sass_report.scalar_fallbacks(instructions, blocks, _chains(), MARKED) == {_block_at(instructions, blocks, 0x80)}
+    assert sass_report.scalar_fallbacks(instructions, blocks, _chains(), set()) == set()
+
+
+def test_a_fallback_merged_with_another_access_gives_no_estimate():
+    # The compiler put the hot load of pass.cuh into the fallback's block: leaving that block out
+    # would drop the hot load, so there is no estimate, and the report says why.
+    merged = NESTED.replace("        /*00b0*/                   LDG.E R7, desc[UR4][R8.64+0xc] ;\n",
+                            "        /*00b0*/                   LDG.E R7, desc[UR4][R8.64+0xc] ;\n"
+                            '\t//## File "/x/pass.cuh", line 41\n'
+                            "        /*00b8*/                   LDG.E R13, desc[UR4][R12.64] ;\n")
+    assert merged != NESTED
+    instructions, labels = sass_report.parse_sass(merged)["k"]
+    with pytest.raises(sass_report.FallbackMismatch, match="0xb8"):
+        sass_report.scalar_fallbacks(instructions, sass_report.basic_blocks(instructions, labels), _chains(merged),
+                                     MARKED)
+    estimate = sass_report.executed_estimate(instructions, labels, 128, 4, _chains(merged), MARKED)
+    assert estimate.per_cell_channel is None and "merged" in estimate.note
+
+
+def test_inline_chains_list_frames_innermost_first():
+    listing = (".text.k:\n"
+               '\t//## File "/x/h.cuh", line 20 inlined at "/x/a.cu", line 7\n'
+               '\t//## File "/x/a.cu", line 7\n'
+               "        /*0000*/                   LDG.E R4, desc[UR4][R2.64] ;\n"
+               "        /*0010*/                   FADD R8, R5, R6 ;\n"
+               '\t//## File "/x/a.cu", line 8\n'
+               "        /*0020*/                   EXIT ;\n")
+    assert sass_report.inline_chains(listing) == {"k": {0x00: (("h.cuh", 20), ("a.cu", 7)),
+                                                        0x10: (("h.cuh", 20), ("a.cu", 7)),
+                                                        0x20: (("a.cu", 8),)}}
+
+
+def test_fallback_lines_are_the_marked_source_lines(tmp_path):
+    (tmp_path / "k.cuh").write_text("int a;\nx = p[i];  // scalar fallback\n// scalar fallback, said here\n")
+    (tmp_path / "notes.txt").write_text("y = q[i];  // scalar fallback\n")
+    assert sass_report.fallback_lines(tmp_path) == {("k.cuh", 2)}
+    # The kernels mark their per-cell accesses: load_cells / store_cells at least.
+    assert {name for name, _ in sass_report.fallback_lines()} >= {"scan2d_tile.cuh"}
 
 
 @pytest.mark.parametrize("quads, channels", [(1, 1), (2, 4), (3, 2), (0, 5)])
 def test_loop_iterations_weight_inner_loops_by_their_trips(quads, channels):
     instructions, _, blocks, (channel, quad, tile) = _nested()
     inner = [(channel, channels), (quad, quads)]
-    fallbacks = sass_report.scalar_fallbacks(instructions, blocks, [channel, quad, tile])
+    fallbacks = sass_report.scalar_fallbacks(instructions, blocks, _chains(), MARKED)
     interior = sass_report.iteration_instructions(instructions, blocks, tile, inner, fallbacks)
     assert interior == 2 + quads * (2 + channels * 10 + 1) + 1
     # Without the interior-quad assumption the longest path takes the scalar side.
@@ -187,7 +235,7 @@ def test_loop_iterations_weight_inner_loops_by_their_trips(quads, channels):
 @pytest.mark.parametrize("threads, channels", [(128, 4), (96, 3), (64, 1)])
 def test_executed_estimate_follows_the_launch_plan(threads, channels):
     instructions, labels, _, _ = _nested()
-    estimate = sass_report.executed_estimate(instructions, labels, threads, channels)
+    estimate = sass_report.executed_estimate(instructions, labels, threads, channels, _chains(), MARKED)
     # Warp w runs ceil((256 - 32 w) / threads) quad trips: 2 each at 128 threads; 3, 3, 2 at 96.
     quad_trips = [-(-(256 - 32 * w) // threads) for w in range(threads // 32)]
     per_warp = [3 + q * (3 + channels * 10) for q in quad_trips]

@@ -48,18 +48,19 @@ LISTING = """\
 
 
 def test_inline_chains_give_the_innermost_or_the_chosen_frame():
-    lines = sass_lines.source_lines(LISTING)["k"]
+    chains = sass_lines.sass_report.inline_chains(LISTING)["k"]
+    lines = {address: sass_lines.place(chain) for address, chain in chains.items()}
     assert lines == {0x00: "a.cu:5", 0x10: "h.cuh:20", 0x20: "h.cuh:20", 0x30: "a.cu:8", 0x40: "a.cu:8",
                      0x50: "a.cu:8", 0x60: "a.cu:9", 0x70: "a.cu:9", 0x80: "a.cu:9", 0x90: "a.cu:9"}
-    outer = sass_lines.source_lines(LISTING, frame="a.cu")["k"]
+    outer = {address: sass_lines.place(chain, frame="a.cu") for address, chain in chains.items()}
     assert outer[0x10] == outer[0x20] == "a.cu:7" and outer[0x30] == "a.cu:8"
 
 
 @pytest.mark.parametrize("threads, channels", [(128, 1), (128, 4), (96, 2)])
 def test_line_costs_split_the_estimate_by_trips(threads, channels):
     instructions, labels = sass_lines.sass_report.parse_sass(LISTING)["k"]
-    rows, estimate = sass_lines.attribute(instructions, labels, sass_lines.source_lines(LISTING)["k"], threads,
-                                          channels)
+    rows, estimate = sass_lines.attribute(instructions, labels, sass_lines.sass_report.inline_chains(LISTING)["k"],
+                                          threads, channels)
     # Warp w runs the quad loop ceil((256 - 32 w) / threads) times; every other loop block once.
     warps = threads // 32
     quad_trips = sum(-(-(256 - 32 * w) // threads) for w in range(warps))

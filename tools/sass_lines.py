@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import re
 import shutil
 import subprocess
 import sys
@@ -43,39 +42,14 @@ def _load_tool(name: str, path: Path):
 
 sass_report = _load_tool("vmamba2d_sass_report", REPO / "tools" / "sass_report.py")
 
-_FUNCTION = re.compile(r"^\.text\.(\S+):$")
-_FILE_LINE = re.compile(r'"([^"]*)", line (\d+)')
-_ADDRESS = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+[@A-Z]")
 PHASES = ("load", "scan", "store")
 
 
-def source_lines(text: str, frame: str = "") -> dict[str, dict[int, str]]:
-    """Per function of an ``nvdisasm -c -gi`` listing: instruction address -> "file:line" (file by
-    its base name). Before an instruction whose place changes, nvdisasm writes the inline chain as
-    consecutive ``//## File "A", line a [inlined at ...]`` comments, innermost first: the first
-    frame, or the first whose file ends with ``frame``, is the instruction's line (a plain -g
-    listing has one-frame chains)."""
-    out: dict[str, dict[int, str]] = {}
-    current: Optional[dict[int, str]] = None
-    where, chain, in_chain = "?", [], False
-    for line in text.splitlines():
-        stripped = line.strip()
-        if match := _FUNCTION.match(stripped):
-            current = out.setdefault(match.group(1), {})
-            where, chain, in_chain = "?", [], False
-        elif stripped.startswith("//## File"):
-            if not in_chain:
-                chain, in_chain = [], True
-            found = _FILE_LINE.search(stripped)
-            if found:
-                chain.append((Path(found.group(1)).name, int(found.group(2))))
-        elif current is not None and (match := _ADDRESS.match(line)):
-            if in_chain:
-                chosen = next((f for f in chain if frame and f[0].endswith(frame)), chain[0] if chain else None)
-                where = f"{chosen[0]}:{chosen[1]}" if chosen else "?"
-                in_chain = False
-            current[int(match.group(1), 16)] = where
-    return out
+def place(chain: tuple, frame: str = "") -> str:
+    """"file:line" of an inline chain (sass_report.inline_chains): its innermost frame, or the first
+    whose file ends with ``frame``; "?" for no chain."""
+    chosen = next((f for f in chain if frame and f[0].endswith(frame)), chain[0] if chain else None)
+    return f"{chosen[0]}:{chosen[1]}" if chosen else "?"
 
 
 @dataclass
@@ -86,12 +60,15 @@ class LineCost:
     static: int  # distinct instructions of the line on the path
 
 
-def attribute(instructions: list, labels: dict[str, int], lines: dict[int, str], threads: int,
-              channels: int) -> tuple[list[LineCost], "sass_report.ExecutedEstimate"]:
+def attribute(instructions: list, labels: dict[str, int], chains: dict[int, tuple], threads: int,
+              channels: int, frame: str = "", marked: frozenset = frozenset()
+              ) -> tuple[list[LineCost], "sass_report.ExecutedEstimate"]:
     """The estimate of sass_report.executed_estimate for a block of ``threads`` threads owning
-    ``channels`` channels, split by (source line, phase), costliest first; and the estimate."""
+    ``channels`` channels (``chains``: the function's inline chains, ``marked``: the scalar
+    fallback lines), split by (place(chain, frame), phase), costliest first; and the estimate."""
     weights: dict[int, float] = {}
-    estimate = sass_report.executed_estimate(instructions, labels, threads, channels, weights)
+    estimate = sass_report.executed_estimate(instructions, labels, threads, channels, chains, marked, weights)
+    lines = {address: place(chain, frame) for address, chain in chains.items()}
     blocks = sass_report.basic_blocks(instructions, labels)
     barriers = sorted(ins.address for n in weights for ins in instructions[blocks[n].start:blocks[n].end]
                       if ins.base == "BAR")
@@ -175,8 +152,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     kernel = chosen[0]
     instructions, labels = sass_report.parse_sass(text)[kernel.mangled]
-    rows, estimate = attribute(instructions, labels, source_lines(text, args.frame)[kernel.mangled], threads,
-                               channels)
+    rows, estimate = attribute(instructions, labels, sass_report.inline_chains(text)[kernel.mangled], threads,
+                               channels, args.frame, sass_report.fallback_lines())
     print(f"{kernel.name} sm_{args.arch.replace('.', '')}: {kernel.registers} registers, "
           f"{threads} threads, {channels} channels; estimate {estimate.per_cell_channel} ({estimate.note})\n")
     print(format_table(rows, args.top))

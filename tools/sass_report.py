@@ -53,9 +53,11 @@ H100 sm_90):
        the rolled channel loops, run channels-per-block times (deeper nesting gives no estimate); a
        predicated CALL.REL.NOINC to a label from which no RET follows (sm_80's loop exits) is the
        jump it is; any other CALL to a label of the function gives no estimate. Assumptions, printed with the figures: interior quads -- the
-       per-cell scalar fallbacks (a block with <= 32-bit global accesses that no path joins with a
-       block holding a 64 / 128-bit access of the same kind: the other side of load_quad's /
-       store_quad's vector test) do not run; every optional block on the path runs (softplus,
+       per-cell scalar fallbacks do not run: the blocks holding a global access whose inline chain
+       (``nvdisasm -gi``; the kernels compile with -lineinfo) passes a source line marked
+       ``// scalar fallback`` (the per-cell accesses of load_cells / store_cells and the passes'
+       own per-cell paths); a block where the compiler merged such an access with another global
+       access gives no estimate (leaving it out would drop work that runs); every optional block on the path runs (softplus,
        carries, D: a bound on that work); calls to the compiler's runtime subroutines (64-bit
        remainder, sm_75's warpsync; at most once per tile) count as the CALL only; code outside the
        tile loop is not counted. The figure is
@@ -208,6 +210,54 @@ def parse_sass(text: str) -> dict[str, tuple[list[Instruction], dict[str, int]]]
                                             match.group(3), match.group(4).strip(),
                                             target.group(1) if target else None))
     return functions
+
+
+_FILE_LINE = re.compile(r'"([^"]*)", line (\d+)')
+_ADDRESS = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+[@A-Z]")
+Frame = tuple[str, int]  # (file base name, line)
+
+
+def inline_chains(text: str) -> dict[str, dict[int, tuple[Frame, ...]]]:
+    """Per function of an ``nvdisasm -c -gi`` listing (kernels compiled with -lineinfo): instruction
+    address -> its source place as an inline chain, innermost frame first. Before an instruction
+    whose place changes, nvdisasm writes the chain as consecutive ``//## File "A", line a [inlined
+    at ...]`` comments; the instructions after it keep that chain (a plain -g listing gives one-frame
+    chains, a listing without line information none)."""
+    out: dict[str, dict[int, tuple[Frame, ...]]] = {}
+    current: Optional[dict[int, tuple[Frame, ...]]] = None
+    chain: tuple[Frame, ...] = ()
+    pending: list[Frame] = []
+    in_chain = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if match := _FUNCTION.match(stripped):
+            current = out.setdefault(match.group(1), {})
+            chain, pending, in_chain = (), [], False
+        elif stripped.startswith("//## File"):
+            if not in_chain:
+                pending, in_chain = [], True
+            if found := _FILE_LINE.search(stripped):
+                pending.append((Path(found.group(1)).name, int(found.group(2))))
+        elif current is not None and (match := _ADDRESS.match(line)):
+            if in_chain:
+                chain, in_chain = tuple(pending), False
+            current[int(match.group(1), 16)] = chain
+    return out
+
+
+FALLBACK_MARK = "// scalar fallback"
+
+
+def fallback_lines(directory: Path = CUDA_SOURCES) -> set[Frame]:
+    """The source lines of the kernels' per-cell scalar fallback accesses: the lines of the CUDA
+    sources under ``directory`` that end in the comment ``// scalar fallback``."""
+    marked = set()
+    for path in sorted(directory.iterdir()):
+        if path.suffix in (".h", ".cuh", ".cu", ".cpp"):
+            for number, text in enumerate(path.read_text().splitlines(), start=1):
+                if text.rstrip().endswith(FALLBACK_MARK):
+                    marked.add((path.name, number))
+    return marked
 
 
 @dataclass
@@ -392,59 +442,32 @@ TILE_CELLS = 32 * 32  # kTileCells
 TILE_QUADS = TILE_CELLS // 4  # kTileQuads: a block phase's quads per tile
 
 
-def back_edges(blocks: list[Block], loops: list[set[int]]) -> set[tuple[int, int]]:
-    """Edges n -> h from a loop's block to that loop's head (the head is its lowest block)."""
-    return {(n, min(body)) for body in loops for n in body if min(body) in blocks[n].successors}
+def _is_global_access(ins: Instruction) -> bool:
+    return ins.base in ("LDG", "STG", "RED", "ATOMG")
 
 
-def _forward_reach(blocks: list[Block], skip: set[tuple[int, int]]) -> list[set[int]]:
-    """Per block, the blocks reachable from it along the edges that are not in ``skip``."""
-    reach: list[Optional[set[int]]] = [None] * len(blocks)
-    order: list[int] = []
-    seen: set[int] = set()
-    for root in range(len(blocks)):  # post-order of the acyclic graph
-        if root in seen:
-            continue
-        stack = [(root, iter(blocks[root].successors))]
-        seen.add(root)
-        while stack:
-            n, successors = stack[-1]
-            m = next(successors, None)
-            if m is None:
-                order.append(n)
-                stack.pop()
-            elif (n, m) not in skip and m not in seen:
-                seen.add(m)
-                stack.append((m, iter(blocks[m].successors)))
-    for n in order:
-        reach[n] = {n}.union(*(reach[m] for m in blocks[n].successors if (n, m) not in skip and reach[m] is not None))
-    return reach
+class FallbackMismatch(ValueError):
+    """A block holds both a marked scalar fallback access and another global access: the compiler
+    merged the fallback with other code, so leaving the block out would drop work that runs."""
 
 
-def _global_accesses(instructions: list[Instruction], block: Block) -> tuple[set[str], set[str]]:
-    """(kinds of wide, kinds of narrow) global accesses of a block: kinds "LDG" / "STG"; wide = 64 or
-    128 bits (the quad vector accesses)."""
-    wide, narrow = set(), set()
-    for ins in instructions[block.start:block.end]:
-        if ins.base in ("LDG", "STG"):
-            (wide if ".64" in ins.opcode or ".128" in ins.opcode else narrow).add(ins.base)
-    return wide, narrow
-
-
-def scalar_fallbacks(instructions: list[Instruction], blocks: list[Block], loops: list[set[int]]) -> set[int]:
-    """Blocks of per-cell scalar fallback paths: a block with narrow (<= 32-bit) global loads or stores
-    that no path joins with a block holding a vector (64 / 128-bit) access of the same kind -- the
-    other side of the kernels' "one vector access if the quad is one aligned map row, else one access
-    per real cell" branches (load_quad / store_quad / add_quad in csrc/cuda/scan2d_kernel.cuh)."""
-    reach = _forward_reach(blocks, back_edges(blocks, loops))
-    kinds = [_global_accesses(instructions, b) for b in blocks]
-    wide = [n for n, (w, _) in enumerate(kinds) if w]
+def scalar_fallbacks(instructions: list[Instruction], blocks: list[Block],
+                     chains: dict[int, tuple[Frame, ...]], marked: set[Frame]) -> set[int]:
+    """Blocks of the per-cell scalar fallback paths (map edges, pack boundaries, misaligned rows):
+    those holding a global access whose inline chain (``chains``, inline_chains) passes a marked
+    source line (``marked``, fallback_lines). Raises FallbackMismatch where such a block also holds
+    a global access from an unmarked line."""
     out = set()
-    for n, (_, narrow) in enumerate(kinds):
-        for v in wide:
-            if narrow & kinds[v][0] and v not in reach[n] and n not in reach[v]:
-                out.add(n)
-                break
+    for n, block in enumerate(blocks):
+        accesses = [ins for ins in instructions[block.start:block.end] if _is_global_access(ins)]
+        fallback = [any(frame in marked for frame in chains.get(ins.address, ())) for ins in accesses]
+        if any(fallback):
+            if not all(fallback):
+                other = next(ins for ins, f in zip(accesses, fallback) if not f)
+                raise FallbackMismatch(
+                    f"block at {instructions[block.start].address:#x} holds a marked scalar fallback access "
+                    f"and {other.opcode} at {other.address:#x} from {chains.get(other.address, ('?',))[0]}")
+            out.add(n)
     return out
 
 
@@ -516,14 +539,19 @@ class ExecutedEstimate:
 
 
 def executed_estimate(instructions: list[Instruction], labels: dict[str, int], threads: int,
-                      channels: int, weights: Optional[dict[int, float]] = None) -> ExecutedEstimate:
+                      channels: int, chains: Optional[dict[int, tuple[Frame, ...]]] = None,
+                      marked: Optional[set[Frame]] = None,
+                      weights: Optional[dict[int, float]] = None) -> ExecutedEstimate:
     """Instructions a lane issues per tile cell x channel in one trip of the tile loop of a block of
     ``threads`` threads owning ``channels`` channels: per warp w, the longest path of a trip
     (iteration_instructions) avoiding the scalar fallback paths (interior quads), with the loops
     directly inside the tile loop run ceil((kTileQuads - 32 w) / threads) times (the block phases'
     quad loops: the warp issues while its first lane has quads) and the loops inside those
     ``channels`` times (the rolled channel loops); the warps' sum x 32 lanes / (kTileCells x
-    channels). With ``weights``, adds to ``weights[block]`` (basic_blocks' numbering) how many
+    channels). The scalar fallback paths are the blocks whose global accesses come from a marked
+    source line (scalar_fallbacks: ``chains`` from inline_chains, ``marked`` from fallback_lines;
+    without them nothing is left out); no estimate where such a block also holds other global
+    accesses. With ``weights``, adds to ``weights[block]`` (basic_blocks' numbering) how many
     times the warps of a block run that block per trip, on those paths."""
     if threads <= 0 or threads % 32 or channels <= 0:
         raise ValueError(f"threads must be a positive multiple of 32 and channels positive, got {threads}, {channels}")
@@ -545,7 +573,10 @@ def executed_estimate(instructions: list[Instruction], labels: dict[str, int], t
     depth = {min(b): 1 + sum(b < o for o in inner) for b in inner}
     if any(d > 2 for d in depth.values()):
         return ExecutedEstimate(None, "loops nested deeper than quad / channel loops: trip counts not derived")
-    excluded = scalar_fallbacks(instructions, blocks, loops)
+    try:
+        excluded = scalar_fallbacks(instructions, blocks, chains or {}, marked or set())
+    except FallbackMismatch as error:
+        return ExecutedEstimate(None, f"scalar fallback merged with other accesses: {error}")
     total = 0.0
     for warp in range(threads // 32):
         quad_trips = max(0, math.ceil((TILE_QUADS - 32 * warp) / threads))
@@ -687,6 +718,7 @@ def analyse(nvcc: str, disassembler: str, archs: list[str], module, jobs: int) -
     import concurrent.futures
 
     extra = ptxas_report._torch_compile_flags()
+    marked = fallback_lines()
     rows: list[KernelRow] = []
     with tempfile.TemporaryDirectory(prefix="sass-report-") as tmp:
         jobs_list = [(CUDA_SOURCES / source, arch) for arch in archs for source in KERNEL_SOURCES]
@@ -698,8 +730,9 @@ def analyse(nvcc: str, disassembler: str, archs: list[str], module, jobs: int) -
             if not result.ok:
                 raise RuntimeError(f"nvcc failed on {source.name} for sm_{arch}:\n{result.log[-3000:]}")
             cubin = Path(tmp) / f"{source.stem}.{cuda_archs.sm_name(arch)}.cubin"
-            sass = subprocess.run([disassembler, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-            functions = parse_sass(sass)
+            sass = subprocess.run([disassembler, "-c", "-gi", str(cubin)], capture_output=True, text=True,
+                                  check=True).stdout
+            functions, chains = parse_sass(sass), inline_chains(sass)
             profile = ARCH_PROFILES[arch]
             plan = plan_for(module, PLAN_SHAPE, profile) if module is not None else None
             for kernel in result.kernels:
@@ -717,7 +750,8 @@ def analyse(nvcc: str, disassembler: str, archs: list[str], module, jobs: int) -
                     row.loop = tile_loop(*functions[kernel.mangled])
                     if row.loop is not None and plan is not None and pass_ is not None:
                         row.executed = executed_estimate(*functions[kernel.mangled], row.threads,
-                                                         plan[f"{pass_}_channels"])
+                                                         plan[f"{pass_}_channels"], chains[kernel.mangled],
+                                                         marked)
                 rows.append(row)
     return rows
 
@@ -927,7 +961,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             "~118 fp32 / ~59 bf16 per cell·channel at 3 TB/s), from the SASS control-flow graph: loops directly "
             "in the tile loop (quad loops) run ceil((256 - 32 w) / threads) times in warp w, loops inside those "
             "(rolled channel loops) the plan's channels per block; assumptions: interior quads (the per-cell "
-            "scalar fallbacks at map edges, pack boundaries and misaligned rows do not run), every optional "
+            "scalar fallbacks at map edges, pack boundaries and misaligned rows do not run: the blocks whose "
+            "global accesses come from source lines marked `// scalar fallback`, found through the line "
+            "information; a block that mixes such an access with another gives no estimate), every optional "
             "block on the longest path runs (softplus, carries, D), runtime subroutine calls (64-bit remainder, "
             "sm_75 warpsync; once per tile at most) count as the CALL only, work outside the tile loop (per-block "
             "setup; the backward's per-channel-set reductions) not counted; kGeneral rows: the same plan (one state "

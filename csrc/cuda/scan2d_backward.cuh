@@ -121,8 +121,8 @@ SS2D_UNROLL
       uint32_t bits;
       memcpy(&bits, &dt[k], sizeof(bits));
       const int64_t cell = cell_offset(g, pl, at, off, k);
-      du[cell] = bits_as<T>(static_cast<uint16_t>(bits >> 16));
-      ddelta[cell] = bits_as<T>(static_cast<uint16_t>(bits & 0xffffu));
+      du[cell] = bits_as<T>(static_cast<uint16_t>(bits >> 16));  // scalar fallback
+      ddelta[cell] = bits_as<T>(static_cast<uint16_t>(bits & 0xffffu));  // scalar fallback
     }
   }
 }
@@ -147,7 +147,8 @@ SS2D_UNROLL
       dt[k] = 0.f;
       if (!((at.real >> k) & 1u)) continue;
       const int64_t cell = cell_offset(g, pl, at, off, k);
-      const uint32_t bits = static_cast<uint32_t>(bits_of<T>(du[cell])) << 16 | bits_of<T>(ddelta[cell]);
+      const uint32_t high = bits_of<T>(du[cell]);  // scalar fallback
+      const uint32_t bits = high << 16 | bits_of<T>(ddelta[cell]);  // scalar fallback
       memcpy(&dt[k], &bits, sizeof(bits));
     }
   }

@@ -149,9 +149,9 @@ SS2D_UNROLL
     const uint32_t real = i < count ? at.real : 0u;
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) {
-      out[i][k] = ((real >> k) & 1u)
-                      ? Element<T>::load((*srcs[i])[cell_offset(g, planes[i], at, quad_offset(g, planes[i], at), k)])
-                      : 0.f;
+      out[i][k] = ((real >> k) & 1u) ? Element<T>::load(
+                      (*srcs[i])[cell_offset(g, planes[i], at, quad_offset(g, planes[i], at), k)])  // scalar fallback
+                                     : 0.f;
     }
   }
   then(at, std::false_type{});

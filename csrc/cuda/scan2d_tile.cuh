@@ -187,7 +187,7 @@ SS2D_HD SS2D_INLINE void load_cells(const Geometry& g, const View& src, const Pl
                                     int64_t off, float (&out)[kQuad]) {
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
-    out[k] = ((at.real >> k) & 1u) ? Element<T>::load(src[cell_offset(g, pl, at, off, k)]) : 0.f;
+    out[k] = ((at.real >> k) & 1u) ? Element<T>::load(src[cell_offset(g, pl, at, off, k)]) : 0.f;  // scalar fallback
   }
 }
 
@@ -196,7 +196,7 @@ SS2D_HD SS2D_INLINE void store_cells(const Geometry& g, const View& dst, const P
                                      int64_t off, const float (&vals)[kQuad]) {
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
-    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] = Element<V>::store(vals[k]);
+    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] = Element<V>::store(vals[k]);  // scalar fallback
   }
 }
 
@@ -261,7 +261,7 @@ SS2D_UNROLL
   }
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
-    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] += vals[k];
+    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] += vals[k];  // scalar fallback
   }
 }
 
