@@ -5,7 +5,9 @@
 // (scan_2d_passes.h); y[b, d] is the sum of the routes' outputs, added in route order. Nothing is
 // copied per route: the routes only change the loops' directions. u and y (dy and du) may be
 // channels-last, as the models' maps are: a channel's plane is then gathered into the workspace
-// once and its result scattered back, so the map needs no layout copy outside the op.
+// once and its result scattered back, so the map needs no layout copy outside the op. With a
+// step-size projection (CrossShape::rank > 0) delta is low-rank and each route's delta plane is
+// projected into the workspace where it is read (the full-rank delta is never stored).
 //
 // Like scan_2d_kernel.h, compiled once per instruction set inside namespace VMAMBA2D_ISA.
 #pragma once
@@ -22,15 +24,39 @@ namespace vmamba2d {
 namespace cpu {
 namespace VMAMBA2D_ISA {
 
-// Route k's inputs for channel d of sample b, with u the channel's plane (L contiguous values).
+// plane[p] = sum over r in order of weights[r] * low[r * L + p]: one route's projected step sizes.
+template <typename T>
+void project_delta(const T* __restrict weights, const T* __restrict low, int64_t rank, int64_t length,
+                   T* __restrict plane) {
+  for (int64_t p = 0; p < length; ++p) plane[p] = weights[0] * low[p];
+  for (int64_t r = 1; r < rank; ++r) {
+    const T w = weights[r];
+    const T* row = low + r * length;
+    for (int64_t p = 0; p < length; ++p) plane[p] += w * row[p];
+  }
+}
+
+// Route k's step sizes (before bias / softplus) for channel d of sample b: its plane of delta, or,
+// with a step-size projection, the plane projected into `scratch` (L values).
+template <typename T>
+const T* route_delta(const ScanInputs<T>& in, const CrossShape& s, int64_t b, int64_t k, int64_t d, T* scratch) {
+  const int64_t L = s.length();
+  if (!in.delta_proj) return in.delta + ((b * s.routes + k) * s.dim + d) * L;
+  project_delta(in.delta_proj + (k * s.dim + d) * s.rank, in.delta + (b * s.routes + k) * s.rank * L, s.rank, L,
+                scratch);
+  return scratch;
+}
+
+// Route k's inputs for channel d of sample b, with u the channel's plane (L contiguous values);
+// `scratch` (L values) holds the projected step sizes when there is a projection.
 template <typename T>
 ChannelInputs<T> route_channel_inputs(const ScanInputs<T>& in, const CrossShape& s, const T* u, int64_t b,
-                                      int64_t k, int64_t d) {
+                                      int64_t k, int64_t d, T* scratch) {
   const int64_t L = s.length();
   const int64_t row = k * s.dim + d;  // of A, D, delta_bias
   const int64_t route_maps = (b * s.routes + k) * s.nstate * L;
   return {u,
-          in.delta + ((b * s.routes + k) * s.dim + d) * L,
+          route_delta(in, s, b, k, d, scratch),
           in.B + route_maps,
           in.C + route_maps,
           in.A + row * s.nstate,
@@ -78,8 +104,8 @@ void cross_forward_channel(const ScanInputs<T>& in, const CrossShape& s, const i
   const T skip = total_skip(in, s, d);
   for (int64_t p = 0; p < L; ++p) y[p] = skip * u[p];
   for (int64_t k = 0; k < s.routes; ++k) {
-    add_route_output(route_channel_inputs(in, s, u, b, k, d), route_passes(routes[k]), in.delta_softplus, s.map(),
-                     y, ws);
+    add_route_output(route_channel_inputs(in, s, u, b, k, d, ws.array(kForwardArrays + 2)), route_passes(routes[k]),
+                     in.delta_softplus, s.map(), y, ws);
   }
   if (stride != 1) scatter_plane(y, L, stride, y_map + s.map_offset(b, d));
 }
@@ -111,8 +137,8 @@ void cross_backward_channel(const ScanInputs<T>& in, const CrossShape& s, const 
   }
   for (int64_t k = 0; k < s.routes; ++k) {
     route_grads[k].du = du;
-    add_route_grads(route_channel_inputs(in, s, u, b, k, d), route_passes(routes[k]), in.delta_softplus, s.map(), dy,
-                    route_grads[k], ws);
+    add_route_grads(route_channel_inputs(in, s, u, b, k, d, ws.array(kBackwardArrays + 3)), route_passes(routes[k]),
+                    in.delta_softplus, s.map(), dy, route_grads[k], ws);
   }
   if (stride != 1) scatter_plane(du, L, stride, du_map + s.map_offset(b, d));
 }
