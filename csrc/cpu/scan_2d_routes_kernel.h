@@ -25,14 +25,27 @@ namespace cpu {
 namespace VMAMBA2D_ISA {
 
 // plane[p] = sum over r in order of weights[r] * low[r * L + p]: one route's projected step sizes.
+// Blocks of kProjectBlock cells accumulate in registers over r and are stored once.
+constexpr int64_t kProjectBlock = 64;
+
 template <typename T>
 void project_delta(const T* __restrict weights, const T* __restrict low, int64_t rank, int64_t length,
                    T* __restrict plane) {
-  for (int64_t p = 0; p < length; ++p) plane[p] = weights[0] * low[p];
-  for (int64_t r = 1; r < rank; ++r) {
-    const T w = weights[r];
-    const T* row = low + r * length;
-    for (int64_t p = 0; p < length; ++p) plane[p] += w * row[p];
+  int64_t start = 0;
+  for (; start + kProjectBlock <= length; start += kProjectBlock) {
+    T acc[kProjectBlock];
+    for (int64_t j = 0; j < kProjectBlock; ++j) acc[j] = weights[0] * low[start + j];
+    for (int64_t r = 1; r < rank; ++r) {
+      const T w = weights[r];
+      const T* row = low + r * length + start;
+      for (int64_t j = 0; j < kProjectBlock; ++j) acc[j] += w * row[j];
+    }
+    for (int64_t j = 0; j < kProjectBlock; ++j) plane[start + j] = acc[j];
+  }
+  for (int64_t p = start; p < length; ++p) {
+    T acc = weights[0] * low[p];
+    for (int64_t r = 1; r < rank; ++r) acc += weights[r] * low[r * length + p];
+    plane[p] = acc;
   }
 }
 
