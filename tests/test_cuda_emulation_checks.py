@@ -65,12 +65,12 @@ def _run(height=40, width=40, *, batch=2, dim=2, groups=1, nstate=2, seed=3, **o
 
 # 40x40 maps = 2x2 tiles, N = 2, 2 channels. Forward (both channels in one block, one state
 # round): 2 barriers per tile (after block phase A, after the warps' scans). Backward on a 64 KiB
-# device (BACKWARD_DEVICE: one channel per block, 2 sets, so the barrier between the sets runs;
-# with one state round u and dy stay off chip, so on larger devices both channels share a block):
-# per set 2 per tile + 2 around the dD / ddelta_bias reduction, + 1 between the sets:
-# 2 * (4 * 2 + 2) + 1.
+# device (BACKWARD_DEVICE: one channel per block, 2 sets, so the second set's first barrier orders
+# it after the first; with one state round u and dy stay off chip, so on larger devices both
+# channels share a block): per set 1 after writing its channels' constants, 2 per tile, 2 around
+# the dD / ddelta_bias reduction: 2 * (1 + 4 * 2 + 2).
 FORWARD_BARRIERS = range(8)
-BACKWARD_BARRIERS = range(21)
+BACKWARD_BARRIERS = range(22)
 BACKWARD_DEVICE = dict(sm_count=1, smem_per_sm=64 * 1024, smem_per_block=64 * 1024)
 
 
@@ -94,7 +94,8 @@ def test_every_barrier_is_necessary():
 @needs_module
 def test_every_barrier_is_necessary_at_one_state():
     # N = 1, the group's 4 channels in one block (one warp each) in both passes. 2x2 tiles:
-    # forward 2 barriers per tile; backward 2 per tile + 2 around the reduction: 10.
+    # forward 2 barriers per tile; backward 1 after the channel constants, 2 per tile, 2 around
+    # the reduction: 11.
     inputs = make_inputs(2, 4, 1, 1, 40, 40, seed=4)
     args = [inputs[k] for k in ORDER]
     y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True,
@@ -104,9 +105,9 @@ def test_every_barrier_is_necessary_at_one_state():
             CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, drop_barrier=index,
                                          sm_count=1)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5))
-    CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v, drop_barrier=10,
+    CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v, drop_barrier=11,
                                   sm_count=1)
-    for index in range(10):
+    for index in range(11):
         with pytest.raises(RuntimeError, match="race"):
             CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
                                           drop_barrier=index, sm_count=1)
@@ -127,14 +128,15 @@ def test_one_state_backward_blocks_hold_four_channels_where_they_fit(device, cha
     # round dt is recomputed and u and dy are read again in the last phase) + one B tile: 4 channels
     # (128 threads, 55 KB) fit four times on an H100 / H200 SM, twice on an A100 SM and once on a
     # T4 (64 KB), where no smaller block keeps more than those 4 warps resident. Seen in the barrier
-    # count of 2x2 tiles: per set of channels 2 per tile + 2 around the reduction, + 1 between sets.
+    # count of 2x2 tiles: per set of channels 1 after its constants, 2 per tile, 2 around the
+    # reduction.
     inputs = make_inputs(2, 4, 1, 1, 40, 40, seed=9)  # 2 maps per channel: 1 slice per group
     args = [inputs[k] for k in ORDER]
     options = dict(sm_count=1, **DEVICES[device])
     y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, **options)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(10))
     sets = 4 // channels_per_block
-    barriers = sets * 10 + sets - 1
+    barriers = sets * 11
     CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
                                   drop_barrier=barriers, **options)
     with pytest.raises(RuntimeError, match="race"):
@@ -178,7 +180,8 @@ def test_tile_parallel_barriers_are_necessary():
     # channel per block, on 4 warps, one state round). Forward: the edge passes have 1 barrier
     # per block, the final pass 2 (sm_count 1000: 5 sequential blocks would not fill it).
     # Backward (sm_count 1000): the planner slices the 5 channels into 5 blocks per tile, so a
-    # block handles one channel: edge passes 1 barrier, the final pass 2 + 2 around its reduction.
+    # block handles one channel: 1 after the channel's constants, then edge passes 1 barrier, the
+    # final pass 2 + 2 around its reduction.
     # (Several channel sets walked by one block -- the barrier between them -- run in the
     # sequential backward: test_every_barrier_is_necessary.)
     inputs = make_inputs(1, 5, 1, 4, 70, 70, seed=6)
@@ -192,11 +195,11 @@ def test_tile_parallel_barriers_are_necessary():
     y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 70, 70, False, True,
                                                        drop_barrier=2, sm_count=1000)
     dy = torch.randn_like(y)
-    for index in range(4):
+    for index in range(5):
         with pytest.raises(RuntimeError, match="race"):
             CUDA_MODULE._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v,
                                           drop_barrier=index, sm_count=1000)
-    CUDA_MODULE._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v, drop_barrier=4,
+    CUDA_MODULE._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v, drop_barrier=5,
                                   sm_count=1000)
 
 

@@ -349,14 +349,15 @@ def test_emulated_aligned_tiles_move_every_quad_as_one_vector():
     # aligned, so every quad is one vector access, and B / C quads are loaded once per block, not
     # per channel. Forward: per channel delta, u loads, u again for y = D * u after the scans (one
     # state round keeps no y tile) + y stores; per block B, C loads. Backward:
-    # per channel delta, u, dy loads, delta, u and dy again in the last phase (one state keeps no
-    # dt / u / dy tiles) + du, ddelta stores; per block B, C loads and one vector read-modify-write
-    # (2 accesses) each of the dB and dC partials.
+    # per channel delta, u, dy loads and dt parked in the ddelta quad, delta, u, dy and the parked
+    # dt read again in the last phase (one state keeps no dt / u / dy tiles) + du, ddelta stores;
+    # per block B, C loads, B again in the last phase (no B tile at N = 1) and one vector
+    # read-modify-write (2 accesses) each of the dB and dC partials.
     batch, dim = 1, 4
     inputs = make_inputs(batch, dim, 1, 1, 32, 32, seed=11)
     fwd, bwd = _emulated_vector_accesses(inputs, 32, 32, sm_count=1)
     assert fwd == batch * (dim * 4 + 2) * QUADS_PER_TILE
-    assert bwd == batch * (dim * 8 + 2 + 4) * QUADS_PER_TILE
+    assert bwd == batch * (dim * 10 + 3 + 4) * QUADS_PER_TILE
 
 
 @needs_module

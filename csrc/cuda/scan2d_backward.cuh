@@ -1,28 +1,168 @@
 // The backward block of the tiled 2D scan (contexts and rules: scan2d_tile.cuh).
 #pragma once
 
+#include <cstring>
+
+#include "scan2d_forward.cuh"  // quad_anchor, whole_quad
 #include "scan2d_tile.cuh"
 
 namespace vmamba2d {
 namespace scan2d {
 
 // d softplus(z) / dz = sigmoid(z) from z and dt = softplus(z) (the kernels' softplus): sigmoid(z) =
-// exp(z - softplus(z)), one exp where the backward recomputes dt from delta anyway (N = 1; half the
-// instructions of softplus_grad_from_value). z - dt is exact to the rounding of dt (<= |z| 2^-24
+// exp(z - softplus(z)), one exp where the backward has dt and reads delta again anyway (N = 1; half
+// the instructions of softplus_grad_from_value). z - dt is exact to the rounding of dt (<= |z| 2^-24
 // absolute above z = -2^-5 / below it, the error of softplus's log1p near z = 0 is < 2e-7
 // absolute) and the exp's argument rounds by <= |z| log2(e) 2^-24: relative error below 1e-5 for
 // z >= -87 (sigmoid a normal float; below, exp2_flush's results under 2^-126 flush to 0);
 // tests/test_scan_cuda.py checks it on the host build.
 SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2_flush((z - dt) * kLog2e); }
 
+// Where dt is not kept on chip (N = 1, backward_keeps_dt), the first block phase parks each quad's
+// fp32 dt in the quad's own du / ddelta cells and the last phase reads it back just before it
+// stores du / ddelta there (one global round trip, from L2, instead of softplus again). Every block
+// phase maps threads to cells alike and a block owns its channels' cells, so only the parking
+// thread touches them in between; the vector decision is the same quad's in both phases. fp32: dt
+// in the ddelta cells. 2-byte types: dt's 32 bits over the du and ddelta cells -- on the vector
+// path cells 0, 1 in du's quad and cells 2, 3 in ddelta's, else per real cell the high half in du,
+// the low half in ddelta.
+template <class T>
+SS2D_HD SS2D_INLINE T bits_as(uint16_t bits) {
+  T v;
+  memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+template <class T>
+SS2D_HD SS2D_INLINE uint16_t bits_of(T v) {
+  uint16_t bits;
+  memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
+// bf16 -> fp32 only places the 16 bits at the top of the float (exact). On the GPU a bf16 vector
+// quad widens from its two 32-bit words by one integer operation per value (w << 16, w & 0xffff0000)
+// where __bfloat162float takes two for each odd value; the host emulation's bf16 takes the same path
+// (selective_scan_2d_emulate.cpp specialises WidenedByBits for it); other types: load_quad.
+template <class T>
+struct WidenedByBits : std::false_type {};
+#ifdef __CUDACC__
+template <>
+struct WidenedByBits<__nv_bfloat16> : std::true_type {};
+#endif
+
+template <class T, class Ctx, class View>
+SS2D_HD SS2D_INLINE uint32_t load_input_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
+                                             const QuadPlace& at, bool vector, int64_t off, float (&out)[kQuad]) {
+  if constexpr (WidenedByBits<T>::value) {
+    if (vector) {
+      const Vec4<T> v = ctx.load_vector(src, off);
+      uint32_t words[kQuad / 2];
+      memcpy(words, &v, sizeof(words));
+SS2D_UNROLL
+      for (int i = 0; i < kQuad / 2; ++i) {
+        const uint32_t low = words[i] << 16, high = words[i] & 0xffff0000u;
+        memcpy(&out[2 * i], &low, sizeof(low));
+        memcpy(&out[2 * i + 1], &high, sizeof(high));
+      }
+      return (1u << kQuad) - 1;
+    }
+  }
+  return load_quad<T>(ctx, g, src, pl, at, vector, off, out);
+}
+
+// Per quad of the tile, what the first phase worked out for the last at N = 1: the offset of the
+// block's first channel in u / delta / dy / du / ddelta (-1: not a vector quad, the last phase
+// places it again) and of the round's first state in B / C / dB / dC.
+struct QuadRecord {
+  int64_t ud0;
+  int64_t bc0;
+};
+constexpr int kQuadRecordWords = 4;
+static_assert(kQuadRecordWords * kTileQuads <= kTileFloats, "the records fit into the B tile");
+
+SS2D_HD SS2D_INLINE int quad_index(int r, int c0) { return r * kQuadsPerRow + c0 / kQuad; }
+
+template <class View>
+SS2D_HD SS2D_INLINE void write_record(const View& records, int quad, const QuadRecord& rec) {
+  const int at = quad * kQuadRecordWords;
+  records[at + 0] = static_cast<uint32_t>(static_cast<uint64_t>(rec.ud0));
+  records[at + 1] = static_cast<uint32_t>(static_cast<uint64_t>(rec.ud0) >> 32);
+  records[at + 2] = static_cast<uint32_t>(static_cast<uint64_t>(rec.bc0));
+  records[at + 3] = static_cast<uint32_t>(static_cast<uint64_t>(rec.bc0) >> 32);
+}
+
+template <class View>
+SS2D_HD SS2D_INLINE QuadRecord read_record(const View& records, int quad) {
+  const int at = quad * kQuadRecordWords;
+  const auto word = [&](int i) { return static_cast<uint64_t>(static_cast<uint32_t>(records[at + i])); };
+  return QuadRecord{static_cast<int64_t>(word(0) | word(1) << 32), static_cast<int64_t>(word(2) | word(3) << 32)};
+}
+
+template <class T, class Ctx, class View>
+SS2D_HD SS2D_INLINE void park_dt(const Ctx& ctx, const Geometry& g, const View& du, const View& ddelta,
+                                 const Plane& pl, const QuadPlace& at, bool vector, int64_t off,
+                                 const float (&dt)[kQuad]) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    store_quad<T>(ctx, g, ddelta, pl, at, vector, off, dt);
+  } else {
+    static_assert(2 * sizeof(T) == sizeof(float), "two 2-byte cells hold one fp32 dt");
+    if (vector) {
+      Vec4<T> first, second;
+      memcpy(&first, &dt[0], sizeof(first));
+      memcpy(&second, &dt[kQuad / 2], sizeof(second));
+      ctx.store_vector(du, off, first);
+      ctx.store_vector(ddelta, off, second);
+      return;
+    }
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) {
+      if (!((at.real >> k) & 1u)) continue;
+      uint32_t bits;
+      memcpy(&bits, &dt[k], sizeof(bits));
+      const int64_t cell = cell_offset(g, pl, at, off, k);
+      du[cell] = bits_as<T>(static_cast<uint16_t>(bits >> 16));
+      ddelta[cell] = bits_as<T>(static_cast<uint16_t>(bits & 0xffffu));
+    }
+  }
+}
+
+// The dt park_dt left at the quad (0 on padding cells, which it did not touch).
+template <class T, class Ctx, class View>
+SS2D_HD SS2D_INLINE void unpark_dt(const Ctx& ctx, const Geometry& g, const View& du, const View& ddelta,
+                                   const Plane& pl, const QuadPlace& at, bool vector, int64_t off,
+                                   float (&dt)[kQuad]) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    load_quad<T>(ctx, g, ddelta, pl, at, vector, off, dt);
+  } else {
+    if (vector) {
+      const Vec4<T> first = ctx.load_vector(du, off);
+      const Vec4<T> second = ctx.load_vector(ddelta, off);
+      memcpy(&dt[0], &first, sizeof(first));
+      memcpy(&dt[kQuad / 2], &second, sizeof(second));
+      return;
+    }
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) {
+      dt[k] = 0.f;
+      if (!((at.real >> k) & 1u)) continue;
+      const int64_t cell = cell_offset(g, pl, at, off, k);
+      const uint32_t bits = static_cast<uint32_t>(bits_of<T>(du[cell])) << 16 | bits_of<T>(ddelta[cell]);
+      memcpy(&dt[k], &bits, sizeof(bits));
+    }
+  }
+}
+
 // Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`,
 // `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
 // walked in reverse (bottom-right first), or, in the tile-parallel passes, only tile `tile_z` with
 // the gradient carries into it from grad_in_v / grad_in_h. Per tile and state round:
-//   A (block): the B and C quads of each of the round's states, loaded once for all channels; per
-//      channel (kChannelSlots) dt, u, dy quads (first round; dt into its channel tile at N > 1, u
-//      and dy too when there are more rounds), and per warp of the channel Abar = exp(dt * A[n])
-//      -- the pass's only exp --, g = dy * C and x = dt * B * u;
+//   A (block): the B and C quads of each of the round's states, loaded once for all channels (B
+//      into the B tile at N > 1; at N = 1 the tile holds each quad's offsets instead, QuadRecord,
+//      and phase B loads B again); per channel (kChannelSlots) dt, u, dy quads (first round; dt into its channel
+//      tile at N > 1, else parked in global memory, park_dt; u and dy too when there are more
+//      rounds), and per warp of the channel Abar = exp(dt * A[n]) -- the pass's only exp --,
+//      g = dy * C and x = dt * B * u;
 //   (barrier) scans (warp w, shared memory only):
 //      1. row lanes recompute hh from the saved carry (in place over x; the row is also kept in
 //         registers for step 3);
@@ -33,12 +173,14 @@ SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2
 //         and dL/dAbar * Abar = gh * h[r-1] * Abar + ghh * hh[c-1] * Abar, whose dL/ddt term
 //         (times A[n]) replaces Abar and whose dA term (times dt) the lanes sum -- at N = 1, with
 //         no dt tile, dL/dAbar * Abar itself replaces Abar and phase B scales it;
-//   (barrier) B (block): per state, dB = sum over channels of ghh * dt * u and dC = sum of dy * h,
+//   (barrier) B (block; at N = 1 its vector quads placed by A's records, B loaded again):
+//      per state, dB = sum over channels of ghh * dt * u and dC = sum of dy * h,
 //      in channel order (the channels one per trip, kChannelSlots; u and dy from their tiles,
 //      or with one state round read again from global memory / L2, so that no u / dy tiles take
 //      shared memory), added once per cell into the slice's partials (one vector add per quad);
-//      per channel the sums over states of ghh * B and of dL/ddt (at N = 1 dt recomputed from delta
-//      read again, bitwise as in A, and ddelta's factor sigmoid = exp(z - dt)); after the last
+//      per channel the sums over states of ghh * B and of dL/ddt (at N = 1 dt parked by A in the
+//      quad's du / ddelta cells, see park_dt, and ddelta's factor sigmoid = exp(z - dt) with
+//      delta read again); after the last
 //      round du = dt * sum(ghh * B) + D * dy and ddelta are stored and each thread adds its dD /
 //      ddelta_bias (at N = 1 also dA) terms.
 // Edge passes (kColumnEdges, kRowEdges; see backward_impl) stop after step 2's reverse scan
@@ -57,6 +199,7 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   // variant stays below 255 registers).
   constexpr int kScanUnroll = kOne ? kTile : 8;
   constexpr int kReverseScanUnroll = kOne ? kTile / 2 : 8;
+  static_assert(kTile % kReverseScanUnroll == 0 && kReverseScanUnroll < 32, "whole blocks, 32-bit shifts");
   // The block phases' channel loops: rolled in the general variant (one copy of the accesses), in
   // the one-state variant unrolled over up to kMaxWarps channels (the model plan's 4), so that
   // address arithmetic and per-channel selections fold at compile time.
@@ -67,7 +210,7 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const BackwardLayout l = backward_layout(channels, wpc, nstate);
   const int channel_floats = channels * kTileFloats;
   // u and dy stay on chip only when several state rounds use them, dt only at N > 1 (see
-  // backward_layout); else the last phase reads them again (and recomputes dt).
+  // backward_layout); else the last phase reads them again (and dt from where the first parked it).
   const bool keep_inputs = rounds > 1;
   const bool keep_dt = !kOne && backward_keeps_dt(nstate);
   const int carried_floats = keep_inputs ? channel_floats : 0;
@@ -76,19 +219,43 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   auto dy_t = ctx.template shared<float>(smem, l.dy, carried_floats);
   auto sumb_t = ctx.template shared<float>(smem, l.sum_b, carried_floats);
   auto ddt_t = ctx.template shared<float>(smem, l.ddt, carried_floats);
-  auto b_t = ctx.template shared<float>(smem, l.b, wpc * kTileFloats);
+  // At N = 1 (no dt tile) the last phase loads B again (once per quad for all channels, from L2)
+  // and the B tile holds instead, per quad, the offsets the first phase worked out there
+  // (QuadRecord): the last phase does not place its quads again.
+  const bool records = !keep_dt;
+  auto b_t = ctx.template shared<float>(smem, l.b, records ? 0 : wpc * kTileFloats);
+  auto record_t = ctx.template shared<uint32_t>(smem, l.b, records ? kQuadRecordWords * kTileQuads : 0);
   auto warp_t = ctx.template shared<float>(smem, l.warp, kBackwardWarpTiles * nwarps * kTileFloats);
   auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
   auto dA_s = ctx.template shared<float>(smem, l.dA, channels * nstate);
   auto lane_s = ctx.template shared<float>(smem, l.lane, nwarps * kTile);
   auto top_s = ctx.template shared<float>(smem, l.top, nwarps * kTile);
+  // The channel set's delta_bias, D and A, written once per set: the block phases read them from
+  // shared memory instead of global memory per quad and channel (with a null test for the optional
+  // ones).
+  constexpr int kConsts = kBackwardChannelConsts;
+  auto consts = ctx.template shared<float>(smem, l.consts, channels * (kConsts + nstate));
+  const auto bias_of = [&](int s) { return static_cast<float>(consts[s * (kConsts + nstate)]); };
+  const auto dskip_of = [&](int s) { return static_cast<float>(consts[s * (kConsts + nstate) + 1]); };
+  const auto a_of = [&](int s, int n) { return static_cast<float>(consts[s * (kConsts + nstate) + kConsts + n]); };
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
   auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
   auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
   auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
-  auto dy32 = ctx.global(static_cast<const float*>(p.dy_fp32 ? p.dy : nullptr), n_ud);
-  auto dyT = ctx.global(static_cast<const T*>(p.dy_fp32 ? nullptr : p.dy), n_ud);
+  // An fp32 dy (with fp32 inputs always) through the fp32 view: one copy of its accesses.
+  const bool dy_fp32 = std::is_same_v<T, float> || p.dy_fp32;
+  auto dy32 = ctx.global(static_cast<const float*>(dy_fp32 ? p.dy : nullptr), n_ud);
+  auto dyT = ctx.global(static_cast<const T*>(dy_fp32 ? nullptr : p.dy), n_ud);
+  // dy's type as a compile-time choice made once per quad (std::true_type: fp32), so that each copy
+  // of a block phase carries the accesses of one dy view instead of both, predicated.
+  const auto with_dy_type = [&](auto&& f) {
+    if (dy_fp32) {
+      f(std::true_type{});
+    } else if constexpr (!std::is_same_v<T, float>) {
+      f(std::false_type{});
+    }
+  };
   auto du_g = ctx.global(static_cast<T*>(p.du), n_ud);
   auto ddelta_g = ctx.global(static_cast<T*>(p.ddelta), n_ud);
   const int slices = p.k.slices;
@@ -118,9 +285,9 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   // One decision per quad for all the planes a block phase accesses there: vector accesses when
   // every plane is aligned at its start and the quad is one aligned map row (tested per quad:
   // a block-wide flag would take a register the one-state variant does not have).
-  const auto vector_at = [&](const QuadPlace& at) {
-    return vector_quad(at) && vector_planes(ctx, g, u, delta, Bg, Cg) &&
-           (p.dy_fp32 ? vector_planes(ctx, g, dy32) : vector_planes(ctx, g, dyT)) &&
+  const auto vector_at = [&](bool one_map_row, int64_t pos) {
+    return one_map_row && pos % kQuad == 0 && vector_planes(ctx, g, u, delta, Bg, Cg) &&
+           (dy_fp32 ? vector_planes(ctx, g, dy32) : vector_planes(ctx, g, dyT)) &&
            (!full || vector_planes(ctx, g, du_g, ddelta_g, dB, dC));
   };
   // Per thread and channel: its share of dD (sum of dy * u), of ddelta_bias (sum of ddelta) and,
@@ -128,8 +295,18 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   constexpr int kParts = 3;
   float part[Ctx::kThreadSlots][kParts][kMaxWarps];
 
-  for (int set = 0; set < per_slice; set += channels) {
-    const int d0 = group * (g.dim / g.groups) + slice * per_slice + set;
+  // The slice's channel sets: channels d0 .. d0 + channels - 1 each.
+  const int first_channel = group * (g.dim / g.groups) + slice * per_slice;
+  for (int d0 = first_channel; d0 < first_channel + per_slice; d0 += channels) {
+    ctx.each_thread([&](int t) {
+      if (t >= channels) return;  // thread s: channel s
+      const int at = t * (kConsts + nstate);
+      const int d = d0 + t;
+      consts[at] = p.delta_bias ? p.delta_bias[d] : 0.f;
+      consts[at + 1] = p.D ? p.D[d] : 0.f;
+      for (int n = 0; n < nstate; ++n) consts[at + kConsts + n] = p.A[static_cast<int64_t>(d) * nstate + n];
+    });
+    ctx.barrier();  // also orders the previous set's last use of the tiles before this set's first
     if (full) {
       ctx.each_thread([&](int t) {
         if (keep_dt) {
@@ -147,10 +324,16 @@ SS2D_UNROLL
       const int tj = tile - ti * g.tiles_w;
       for (int round = 0; round < rounds; ++round) {
         each_quad(ctx, [&](int, int r, int c0) {
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
+          // Placed by its anchor (quad_anchor: the first cell and a whole-row test, no per-cell
+          // work); quad_place only off the vector path.
+          const QuadAnchor an = quad_anchor(g, bb, ti, tj, r, c0);
+          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, an);
+          // B / C offset of the round's first state (the others follow plane by plane).
+          const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), an);
+          const bool vector = vector_at(an.whole, an.pos);
+          if (full && records) write_record(record_t, quad_index(r, c0), QuadRecord{vector ? ud0 : -1, bc0});
           // As in phase B: vector and per-cell copies, one branch per quad.
-          const auto phase = [&](auto vector) {
+          const auto phase = [&](auto vector, const QuadPlace& at, auto dy_is_fp32) {
             constexpr bool vec = decltype(vector)::value;
             // The C (and B) quads of the round's states, loaded once for all channels (registers
             // indexed by unrolled loops: no local memory).
@@ -160,12 +343,14 @@ SS2D_UNROLL
               const int n = round * wpc + j;
               if (j >= wpc || n >= nstate) continue;
               const Plane bpl = bc_planes(n);
-              const int64_t bc_off = quad_offset(g, bpl, at);
-              load_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
+              const int64_t bc_off = bc0 + j * g.length;
+              load_input_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
               if (full) {
-                load_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
+                load_input_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
+                if (!records) {
 SS2D_UNROLL
-                for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
+                  for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
+                }
               }
             }
             // One channel per trip (kChannelSlots).
@@ -178,14 +363,14 @@ SS2D_UNROLL_BY(kChannelSlots)
                 const Plane pl{g.dim, d};
                 const int64_t off = ud0 + s * g.length;
                 float dq[kQuad];
-                const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
-                if (full) load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
-                if (p.dy_fp32) {
+                const uint32_t real = load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                if (full) load_input_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                if constexpr (decltype(dy_is_fp32)::value) {
                   load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
-                  load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                  load_input_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
-                const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+                const float bias = bias_of(s);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const int e = s * kTileFloats + tile_offset(r, c0 + k);
@@ -196,6 +381,7 @@ SS2D_UNROLL
                     dy_t[e] = dyq[k];
                   }
                 }
+                if (full && !keep_dt) park_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dt);
               } else {
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
@@ -210,7 +396,7 @@ SS2D_UNROLL
                 const int n = round * wpc + j;
                 if (j >= wpc || n >= nstate) continue;
                 const int w = s * wpc + j;
-                const float a2 = p.A[static_cast<int64_t>(d0 + s) * nstate + n] * kLog2e;
+                const float a2 = a_of(s, n) * kLog2e;
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const int e = tile_offset(r, c0 + k);
@@ -221,11 +407,13 @@ SS2D_UNROLL
               }
             }
           };
-          if (vector_at(at)) {
-            phase(std::true_type{});
-          } else {
-            phase(std::false_type{});
-          }
+          with_dy_type([&](auto dy_is_fp32) {
+            if (vector) {
+              phase(std::true_type{}, whole_quad(an), dy_is_fp32);
+            } else {
+              phase(std::false_type{}, quad_place(g, bb, ti, tj, r, c0), dy_is_fp32);
+            }
+          });
         });
         ctx.barrier();
         ctx.each_warp([&](int w) {
@@ -275,13 +463,16 @@ SS2D_UNROLL_BY(8)
             });
             return;
           }
-          const float a_n = p.A[map % g.dim * nstate + n];
           auto dts = dt_t + (keep_dt ? s * kTileFloats : 0);
           auto top = top_s + w * kTile;
           auto lane_dA = lane_s + w * kTile;
+          // The tile's carries in (lane k: row / column k), recorded by the forward.
+          const int64_t carry0 = carry_index(map, tiles, tile, nstate, n, 0);
           float hh_row[Ctx::kLaneSlots][kTile];
+          float h_in_row[Ctx::kLaneSlots];
           ctx.each_lane([&](int r) {
-            float h = tiles > 1 ? static_cast<float>(carry_h[carry_index(map, tiles, tile, nstate, n, r)]) : 0.f;
+            float h = tiles > 1 ? static_cast<float>(carry_h[carry0 + r]) : 0.f;
+            h_in_row[ctx.lane_slot(r)] = h;
             float* hrow = hh_row[ctx.lane_slot(r)];
 SS2D_UNROLL
             for (int c = 0; c < kTile; ++c) {
@@ -294,8 +485,7 @@ SS2D_UNROLL
           });
           ctx.sync_warp();
           ctx.each_lane([&](int c) {
-            const float v_in =
-                tiles > 1 ? static_cast<float>(carry_v[carry_index(map, tiles, tile, nstate, n, c)]) : 0.f;
+            const float v_in = tiles > 1 ? static_cast<float>(carry_v[carry0 + c]) : 0.f;
             float v = v_in;
 SS2D_UNROLL_BY(kScanUnroll)
             for (int r = 0; r < kTile; ++r) {
@@ -307,34 +497,41 @@ SS2D_UNROLL_BY(kScanUnroll)
             const int64_t gslot = carry_index(map, g.tiles_w, tj, nstate, n, c);
             float gnext = 0.f;
             if (!sequential) {
-              gnext = gin_v[carry_index(map, tiles, tile, nstate, n, c)];
+              gnext = gin_v[carry0 + c];
             } else if (ti + 1 < g.tiles_h) {
               gnext = gcarry_v[gslot];
             }
             float gh = 0.f;
-SS2D_UNROLL_BY(kReverseScanUnroll)
-            for (int r = kTile - 1; r >= 0; --r) {
-              if (r + 1 < kTile && ((starts_h >> (r + 1)) & 1u)) gnext = 0.f;
-              const int e = tile_offset(r, c);
-              gh = gv[e] + gnext;
-              gv[e] = gh;
-              gnext = abar[e] * gh;
+            // In blocks of rows, the last first, each testing constant bits of its own shifted copy
+            // of the segment starts (bit i + 1: row r0 + i + 1 starts a map; zero past the tile).
+SS2D_UNROLL_BY(1)
+            for (int r0 = kTile - kReverseScanUnroll; r0 >= 0; r0 -= kReverseScanUnroll) {
+              const uint32_t starts = starts_h >> r0;
+SS2D_UNROLL
+              for (int i = kReverseScanUnroll - 1; i >= 0; --i) {
+                if ((starts >> (i + 1)) & 1u) gnext = 0.f;
+                const int e = tile_offset(r0 + i, c);
+                gh = gv[e] + gnext;
+                gv[e] = gh;
+                gnext = abar[e] * gh;
+              }
             }
             top[c] = v_in;
             if (sequential && ti > 0) gcarry_v[gslot] = gnext;
           });
           ctx.sync_warp();
           ctx.each_lane([&](int r) {
-            const float h_in =
-                tiles > 1 ? static_cast<float>(carry_h[carry_index(map, tiles, tile, nstate, n, r)]) : 0.f;
+            const float a_n = keep_dt ? a_of(s, n) : 0.f;
+            const float h_in = h_in_row[ctx.lane_slot(r)];
             float gnext = 0.f;
             if (!sequential) {
-              gnext = gin_h[carry_index(map, tiles, tile, nstate, n, r)];
+              gnext = gin_h[carry0 + r];
             } else if (tj + 1 < g.tiles_w) {
               gnext = hcar[(s * nstate + n) * kTile + r];
             }
-            // The vertical dL/dAbar term gh * h_above * Abar: h_above from the row above, in the
-            // tile's first row from the tile above (top), none in the first row of a packed map.
+            // dL/dAbar * Abar = (gh * h_above + ghh * hh_left) * Abar: h_above from the row above, in
+            // the tile's first row from the tile above (top), none in the first row of a packed map;
+            // hh_left none in a packed map's first column.
             const bool map_top = r > 0 && ((starts_h >> r) & 1u);
             const auto above = r == 0 ? top : hv + (r - 1) * kStride;
             const float* hrow = hh_row[ctx.lane_slot(r)];
@@ -347,8 +544,8 @@ SS2D_UNROLL
               const float gh = gv[e];
               const float ghh = gh + gnext;
               const float hh_left = c == 0 ? h_in : (((starts_w >> c) & 1u) ? 0.f : hrow[c - 1]);
-              const float vertical = map_top ? 0.f : gh * static_cast<float>(above[c]) * a;
-              const float dabar = vertical + ghh * hh_left * a;
+              const float h_above = map_top ? 0.f : static_cast<float>(above[c]);
+              const float dabar = fmaf(gh, h_above, ghh * hh_left) * a;
               gv[e] = ghh;
               if (keep_dt) {
                 abar[e] = dabar * a_n;
@@ -378,12 +575,20 @@ SS2D_UNROLL
         ctx.barrier();
         const bool last = round + 1 == rounds;
         each_quad(ctx, [&](int t, int r, int c0) {
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
           // The phase in two copies, vector and per-cell accesses for all of the quad's planes:
-          // one branch per quad.
-          const auto phase = [&](auto vector) {
+          // one branch per quad (at: unused on the vector path).
+          const auto phase = [&](auto vector, const QuadPlace& at, int64_t ud0, int64_t bc0, auto dy_is_fp32) {
             constexpr bool vec = decltype(vector)::value;
+            // B of the round's states: from the B tile, or at N = 1 loaded again.
+            float bq[kMaxWarps][kQuad];
+            if (records) {
+SS2D_UNROLL
+              for (int j = 0; j < kMaxWarps; ++j) {
+                const int n = round * wpc + j;
+                if (j >= wpc || n >= nstate) continue;
+                load_input_quad<T>(ctx, g, Bg, bc_planes(n), at, vec, bc0 + j * g.length, bq[j]);
+              }
+            }
             // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
             // local memory); the channels one per trip (kChannelSlots).
             float db[kMaxWarps][kQuad], dc[kMaxWarps][kQuad];
@@ -408,15 +613,15 @@ SS2D_UNROLL
                   dyq[k] = dy_t[ce];
                 }
               } else {
-                load_quad<T>(ctx, g, u, pl, at, vec, off, uq);
-                if (p.dy_fp32) {
+                load_input_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                if constexpr (decltype(dy_is_fp32)::value) {
                   load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
-                  load_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                  load_input_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
               }
               // dt and, with softplus, d dt / d(delta + bias) (0 on padding cells): from the dt tile,
-              // or recomputed from delta (dt exactly as the first phase did).
+              // or parked by the first phase (sigmoid from it and delta read again).
               float dtq[kQuad], slope[kQuad];
               if (keep_dt) {
 SS2D_UNROLL
@@ -426,12 +631,12 @@ SS2D_UNROLL
                 }
               } else {
                 float dq[kQuad];
-                const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
-                const float bias = p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
+                const uint32_t real = load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                unpark_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dtq);
+                const float bias = bias_of(s);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const bool is_real = (real >> k) & 1u;
-                  dtq[k] = dt_of(p, dq[k], bias, is_real);
                   // Evaluated on every cell and then selected: no branch around the exp.
                   const float sg = sigmoid_from_softplus(dq[k] + bias, dtq[k]);
                   slope[k] = is_real ? sg : 0.f;
@@ -453,13 +658,13 @@ SS2D_UNROLL
                 const int w = s * wpc + j;
                 // Without a dt tile the warps left dL/dAbar * Abar, scaled here (by A[n]: the dL/ddt
                 // term; by dt: the dA terms).
-                const float a_n = keep_dt ? 1.f : p.A[static_cast<int64_t>(d0 + s) * nstate + n];
+                const float a_n = keep_dt ? 1.f : a_of(s, n);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
                   const int e = tile_offset(r, c0 + k);
                   const float ghh = warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e];
                   const float uv = uq[k];
-                  const float bv = b_t[j * kTileFloats + e];
+                  const float bv = records ? bq[j][k] : static_cast<float>(b_t[j * kTileFloats + e]);
                   const float dabar = warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e];
                   db[j][k] += ghh * dtq[k] * uv;
                   dc[j][k] += dyq[k] * warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e];
@@ -482,7 +687,7 @@ SS2D_UNROLL
               }
               // Padding cells: dy = u = 0 and no gradient reaches them, so their terms are 0; their
               // du / ddelta are not stored.
-              const float dskip = p.D ? p.D[d0 + s] : 0.f;
+              const float dskip = dskip_of(s);
               float duq[kQuad], ddq[kQuad];
               float dD_terms = 0.f, ddb_terms = 0.f;
 SS2D_UNROLL
@@ -510,16 +715,28 @@ SS2D_UNROLL
               const int n = round * wpc + j;
               if (j >= wpc || n >= nstate) continue;
               const Plane bpl = bc_planes(n);
-              const int64_t bc_off = quad_offset(g, bpl, at);
+              const int64_t bc_off = bc0 + j * g.length;
               add_quad(ctx, g, dB, bpl, at, vec, bc_off, db[j]);
               add_quad(ctx, g, dC, bpl, at, vec, bc_off, dc[j]);
             }
           };
-          if (vector_at(at)) {
-            phase(std::true_type{});
-          } else {
-            phase(std::false_type{});
-          }
+          with_dy_type([&](auto dy_is_fp32) {
+            if (records) {
+              const QuadRecord rec = read_record(record_t, quad_index(r, c0));
+              if (rec.ud0 >= 0) {
+                phase(std::true_type{}, QuadPlace{}, rec.ud0, rec.bc0, dy_is_fp32);
+                return;
+              }
+            }
+            const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+            const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
+            const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
+            if (!records && vector_at(one_row(at), at.pos)) {
+              phase(std::true_type{}, at, ud0, bc0, dy_is_fp32);
+            } else {
+              phase(std::false_type{}, at, ud0, bc0, dy_is_fp32);
+            }
+          });
         });
         // No barrier: the next round's (or tile's) A rewrites only cells this thread itself read.
       }
@@ -561,7 +778,6 @@ SS2D_UNROLL
         }
       });
     }
-    if (set + channels < per_slice) ctx.barrier();  // before the next channels reuse the tiles
   }
 }
 

@@ -31,6 +31,11 @@ constexpr int kStride = kTile + 1;
 constexpr int kTileCells = kTile * kTile;
 constexpr int kTileCellShift = 2 * kTileShift;
 constexpr int kTileFloats = kTile * kStride;
+// The forward's shared tiles (forward_layout) have no padding: kTile floats a row, the quads of a
+// row permuted by an XOR with the row (fwd_offset in scan2d_forward.cuh), so a quad of a tile row is
+// one aligned 16-byte shared access and both the row walks and the column walks stay free of bank
+// conflicts.
+constexpr int kFwdTileFloats = kTileCells;
 constexpr int kMaxState = 64;  // largest N
 constexpr int kMaxWarps = 4;   // warps per block
 constexpr int kBlockThreads = kMaxWarps * kTile;
@@ -217,14 +222,15 @@ SS2D_HD inline int64_t grad_carry_numel(const Geometry& g) {
   return maps(g) * g.tiles_w * g.nstate * kTile;
 }
 
-// Byte offsets into a block's dynamic shared memory. Every tile is kTileFloats floats. Per-channel
+// Byte offsets into a block's dynamic shared memory. Every tile is kTileFloats floats (the
+// forward's: kFwdTileFloats). Per-channel
 // tiles that only carry values from one state round to the next exist only with several rounds.
 struct ForwardLayout {
   size_t dt;    // tile per channel (several rounds): dt (0 on padding, so Abar = 1)
   size_t u;     // tile per channel (several rounds): u (0 on padding, so x = 0)
   size_t y;     // tile per channel (several rounds): D * u + C * h of the rounds so far
-  size_t x;     // tile per warp: x = dt * B * u, then hh, then h
-  size_t abar;  // tile per warp: exp(dt * A[n])
+  size_t x;     // tile per warp (every other tile from here): x = dt * B * u, then hh, then h
+  size_t abar;  // tile per warp right after its x tile: exp(dt * A[n]) (one base serves both)
   size_t hcar;  // float[channels][N][kTile]: horizontal carry to the next tile
   size_t total;
 };
@@ -241,8 +247,11 @@ struct BackwardLayout {
   size_t dA;     // float[channels][N]
   size_t lane;   // float[nwarps][kTile]: per-lane dA partials
   size_t top;    // float[nwarps][kTile]: h flowing into a tile's first row from the tile above
+  size_t consts; // float[channels][kBackwardChannelConsts + N]: delta_bias, D, then A of each state
   size_t total;
 };
+// Per channel of a channel set, before its A of each state: delta_bias and D (0 where absent).
+constexpr int kBackwardChannelConsts = 2;
 // Per warp: Abar (then the state's dL/ddt term, or dL/dAbar * Abar where dt is not kept), h (hh,
 // then h), g (dy * C, then dL/dh, then dL/dx). The final dD / ddelta_bias (/ dA) reduction reuses
 // this region.
@@ -260,14 +269,14 @@ struct LayoutBuilder {
 SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate) {
   LayoutBuilder b;
   ForwardLayout l{};
-  const size_t tile = sizeof(float) * kTileFloats;
+  const size_t tile = sizeof(float) * kFwdTileFloats;
   const int nwarps = channels * wpc;
   const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
   l.dt = b.take(tile * carried);
   l.u = b.take(tile * carried);
   l.y = b.take(tile * carried);
-  l.x = b.take(tile * nwarps);
-  l.abar = b.take(tile * nwarps);
+  l.x = b.take(2 * tile * nwarps);
+  l.abar = l.x + tile;
   l.hcar = b.take(sizeof(float) * channels * nstate * kTile);
   l.total = b.off;
   return l;
@@ -285,6 +294,8 @@ SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate)
   const size_t tile = sizeof(float) * kTileFloats;
   const int nwarps = channels * wpc;
   const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
+  // First: at a fixed place, so the block phases address the constants without a register.
+  l.consts = b.take(sizeof(float) * channels * (kBackwardChannelConsts + nstate));
   l.dt = b.take(tile * (backward_keeps_dt(nstate) ? channels : 0));
   l.u = b.take(tile * carried);
   l.dy = b.take(tile * carried);

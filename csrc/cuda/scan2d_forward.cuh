@@ -1,26 +1,136 @@
 // The forward block of the tiled 2D scan (contexts and rules: scan2d_tile.cuh).
 #pragma once
 
+#include <stdexcept>
+
 #include "scan2d_tile.cuh"
 
 namespace vmamba2d {
 namespace scan2d {
 
-// Loads the quads of planes 0 .. count - 1 of one quad place (plane i of view srcs[i], its quad at
-// offs[i]) as fp32 into out[i] (0 on padding cells; out[i] for i >= count is for the caller to
-// ignore: the repeated plane or 0). When the quad is
-// one map row starting at a multiple of kQuad (quad_row) and aligned in every plane -- always on
-// maps whose H * W is a multiple of 4 and aligned tensors -- one vector access per plane, all
-// issued before the first conversion; else one access per real cell of every plane. Planes
-// i >= count are loaded too on the vector path (the caller points them at a real plane: no
-// predicated loads).
-template <class T, int kMax, class Ctx, class View>
-SS2D_HD SS2D_INLINE void load_quads(const Ctx& ctx, const Geometry& g, bool quad_row, const QuadPlace& at,
-                                    View* const (&srcs)[kMax], const Plane (&planes)[kMax],
-                                    const int64_t (&offs)[kMax], int count, float (&out)[kMax][kQuad]) {
-  bool vector = quad_row;
+// A cell's float in a forward tile: row r holds its kQuadsPerRow quads in the order quad ^ (r mod 8)
+// (an XOR swizzle). A quad stays 4 consecutive floats, 16-byte aligned; the 8 lanes of a 16-byte
+// access phase touch 8 different quad slots whether they take the 8 quads of one row (block phases)
+// or quad q of 8 consecutive rows (a lane per row), and a warp taking cell c of one row reads each
+// bank once (lane per column): no bank conflicts without padding.
+SS2D_HD SS2D_INLINE int fwd_swizzle(int r) { return (r & (kQuadsPerRow - 1)) * kQuad; }
+SS2D_HD SS2D_INLINE int fwd_offset(int r, int c) { return r * kTile + (c ^ fwd_swizzle(r)); }
+
+// The quad of floats at off .. off + kQuad - 1 of a forward shared tile (off a multiple of kQuad:
+// 16-byte aligned, the tiles start 16-byte aligned): one 16-byte access on the GPU, one per float
+// on the host, where the race detector sees each.
+template <class View>
+SS2D_HD SS2D_INLINE void load_shared4(const View& tile, int off, float (&out)[kQuad]) {
+#ifdef __CUDA_ARCH__
+  const float4 w = *reinterpret_cast<const float4*>(tile + off);
+  out[0] = w.x;
+  out[1] = w.y;
+  out[2] = w.z;
+  out[3] = w.w;
+#else
+  if (off % kQuad != 0) throw std::logic_error("misaligned 16-byte shared access");
 SS2D_UNROLL
-  for (int i = 0; i < kMax; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
+  for (int k = 0; k < kQuad; ++k) out[k] = tile[off + k];
+#endif
+}
+
+template <class View>
+SS2D_HD SS2D_INLINE void store_shared4(const View& tile, int off, const float (&in)[kQuad]) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<float4*>(tile + off) = make_float4(in[0], in[1], in[2], in[3]);
+#else
+  if (off % kQuad != 0) throw std::logic_error("misaligned 16-byte shared access");
+SS2D_UNROLL
+  for (int k = 0; k < kQuad; ++k) tile[off + k] = in[k];
+#endif
+}
+
+// Whether tile row r starts a map other than the tile's first (packed maps: r a nonzero multiple
+// of seg_h), worked out where it is used: on the GPU a volatile asm, which ptxas may not hoist out
+// of the tile loop (hoisted, the lane's flag stays live through the loop's load phase and spills
+// there). Two forms: bit r of the mask of such rows (starts, kept in a register), or the test on r
+// itself from seg_h / magic_h (kernel parameters: no register kept). Which of them leaves every
+// instantiation without spills on sm_75 is ptxas's register allocation: fp32 the mask, the
+// 2-byte types the test.
+template <class T>
+SS2D_HD SS2D_INLINE bool starts_map_row(const Geometry& g, uint32_t starts, int r) {
+#ifdef __CUDA_ARCH__
+  uint32_t cut;
+  if constexpr (std::is_same_v<T, float>) {
+    asm volatile("bfe.u32 %0, %1, %2, 1;" : "=r"(cut) : "r"(starts), "r"(r));
+  } else {
+    asm volatile(
+        "{\n\t.reg .u32 t;\n\t.reg .pred p, q;\n\t"
+        "mul.lo.u32 t, %1, %2;\n\tshr.u32 t, t, 16;\n\tmul.lo.u32 t, t, %3;\n\t"
+        "setp.eq.u32 p, t, %1;\n\tsetp.ne.and.u32 q, %1, 0, p;\n\tselp.u32 %0, 1, 0, q;\n\t}"
+        : "=r"(cut)
+        : "r"(r), "r"(g.magic_h), "r"(g.seg_h));
+  }
+  return cut != 0;
+#else
+  // The host computes what each GPU form computes, so the emulation tests the form of every type.
+  if constexpr (std::is_same_v<T, float>) {
+    return (starts >> r) & 1u;
+  } else {
+    return r != 0 && small_div(r, g.magic_h) * g.seg_h == r;
+  }
+#endif
+}
+
+// Where a quad starts -- the batch entry and map position of its first cell, as quad_place has
+// them -- and whether it is one whole map row: all four cells real, no pack boundary inside
+// (quad_place's one_row). That is the test of the vector path, in a few integer operations with no
+// per-cell work; which cells are real and where pack boundaries lie only matters off that path,
+// where quad_place works it out.
+struct QuadAnchor {
+  int64_t batch;
+  int64_t pos;
+  bool whole;
+};
+
+SS2D_HD SS2D_INLINE QuadAnchor quad_anchor(const Geometry& g, int bb, int ti, int tj, int r, int c0) {
+  const int pr = small_div(r, g.magic_h);
+  const int row = ti * kTile + r - pr * g.seg_h;
+  const int first_pack = small_div(c0, g.magic_w);
+  const int first_col = tj * kTile + c0 - first_pack * g.seg_w;
+  const int64_t batch = (static_cast<int64_t>(bb) * g.pack_rows + pr) * g.pack_cols + first_pack;
+  const int64_t pos = static_cast<int64_t>(row) * g.width + first_col;
+  const bool whole = pr < g.pack_rows && row < g.height && first_pack < g.pack_cols && batch < g.batch &&
+                     first_col + kQuad <= g.width && small_div(c0 + kQuad - 1, g.magic_w) == first_pack;
+  return QuadAnchor{batch, pos, whole};
+}
+
+SS2D_HD SS2D_INLINE int64_t quad_offset(const Geometry& g, const Plane& pl, const QuadAnchor& an) {
+  return (an.batch * pl.planes + pl.plane) * g.length + an.pos;
+}
+
+// quad_place's result on a whole anchor: every cell real, in one map row.
+SS2D_HD SS2D_INLINE QuadPlace whole_quad(const QuadAnchor& an) {
+  return QuadPlace{an.batch, an.pos, (1u << kQuad) - 1, 0u};
+}
+
+// Loads the quads of planes 0 .. count - 1 of quad (r, c0) (plane i of view srcs[i], its quad at
+// offs[i]) as fp32 into out[i] (0 on padding cells; out[i] for i >= count is for the caller to
+// ignore: the repeated plane or 0), then calls then(at, vector) with the quad's QuadPlace and
+// whether the vector path ran (std::true_type / std::false_type). On a whole anchor whose quad is
+// aligned in every plane -- always on maps whose H * W is a multiple of 4 and aligned tensors --
+// one vector access per plane, all issued before the first conversion (planes i >= count are
+// loaded too: the caller points them at a real plane, no predicated loads), and then sees the
+// compile-time QuadPlace of a whole quad (its per-cell tests fold away). Else quad_place and one
+// predicated scalar access per real cell of every plane, without branches, the offsets worked out
+// again from the QuadPlace (keeping offs live into this path spills registers).
+// Only planes i < kTested take the address test: each later plane lies a whole number of channel
+// strides (g.length) past a tested plane of its buffer, so it is aligned when that plane is and
+// g.length is a multiple of kQuad (the host model still checks every vector access).
+template <class T, int kTested, int kMax, class Ctx, class View, class Then>
+SS2D_HD SS2D_INLINE void load_quads(const Ctx& ctx, const Geometry& g, const QuadAnchor& an, int bb, int ti,
+                                    int tj, int r, int c0, View* const (&srcs)[kMax], const Plane (&planes)[kMax],
+                                    const int64_t (&offs)[kMax], int count, float (&out)[kMax][kQuad],
+                                    Then&& then) {
+  static_assert(kTested <= kMax, "tested planes are a prefix of the planes");
+  bool vector = an.whole && (kTested == kMax || g.length % kQuad == 0);
+SS2D_UNROLL
+  for (int i = 0; i < kTested; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
   if (vector) {
     Vec4<T> raw[kMax];
 SS2D_UNROLL
@@ -30,14 +140,21 @@ SS2D_UNROLL
 SS2D_UNROLL
       for (int k = 0; k < kQuad; ++k) out[i][k] = Element<T>::load(raw[i].v[k]);
     }
+    then(whole_quad(an), std::true_type{});
     return;
   }
+  const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
 SS2D_UNROLL
   for (int i = 0; i < kMax; ++i) {
+    const uint32_t real = i < count ? at.real : 0u;
 SS2D_UNROLL
-    for (int k = 0; k < kQuad; ++k) out[i][k] = 0.f;
-    if (i < count) load_cells<T>(g, *srcs[i], planes[i], at, offs[i], out[i]);
+    for (int k = 0; k < kQuad; ++k) {
+      out[i][k] = ((real >> k) & 1u)
+                      ? Element<T>::load((*srcs[i])[cell_offset(g, planes[i], at, quad_offset(g, planes[i], at), k)])
+                      : 0.f;
+    }
   }
+  then(at, std::false_type{});
 }
 
 // Forward of one block: batch block bb, channels d0 .. d0 + channels - 1 of one group. Per tile and
@@ -56,8 +173,10 @@ SS2D_UNROLL
 // Both passes are templates over Variant (scan2d_common.h): the one-state variant folds N = 1,
 // one warp per channel and the sequential pass into constants, so its code keeps no state loops
 // and no tile-parallel branches. Its block phases (the `if constexpr (kOne)` arms) take a quad's
-// planes for all channels at once (load_quads: B, delta, u in A; C and u in B), addresses once per
-// quad, and A, delta_bias, D of the block's channels from registers loaded once per block.
+// planes for all channels at once (load_quads, placed by quad_anchor with quad_place only off the
+// vector path: in A B, delta, u; in B C and u, with y's stores on the same vector path),
+// addresses once per quad, and A, delta_bias, D of the block's channels from registers loaded
+// once per block.
 template <class T, Variant V, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
@@ -69,20 +188,25 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const int nwarps = channels * wpc;
   const int rounds = state_rounds(nstate, wpc);
   const ForwardLayout l = forward_layout(channels, wpc, nstate);
-  const int carried_floats = rounds > 1 ? channels * kTileFloats : 0;
+  const int carried_floats = rounds > 1 ? channels * kFwdTileFloats : 0;
   auto dt_t = ctx.template shared<float>(smem, l.dt, carried_floats);
   auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
   auto y_t = ctx.template shared<float>(smem, l.y, carried_floats);
-  auto x_t = ctx.template shared<float>(smem, l.x, nwarps * kTileFloats);
-  auto abar_t = ctx.template shared<float>(smem, l.abar, nwarps * kTileFloats);
+  // Warp w's x tile at x_t + w * kWarpTiles, its Abar tile right after it (forward_layout).
+  constexpr int kWarpTiles = 2 * kFwdTileFloats;
+  auto x_t = ctx.template shared<float>(smem, l.x, nwarps * kWarpTiles);
+  auto abar_t = x_t + kFwdTileFloats;
   auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
   auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
   auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
   auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
-  auto y32 = ctx.global(static_cast<float*>(p.y_fp32 ? p.y : nullptr), n_ud);
-  auto yT = ctx.global(static_cast<T*>(p.y_fp32 ? nullptr : p.y), n_ud);
+  // y of fp32 inputs is fp32 whatever p.y_fp32 says: one store path.
+  const bool y_fp32 = std::is_same_v<T, float> || p.y_fp32;
+  auto y32 = ctx.global(static_cast<float*>(y_fp32 ? p.y : nullptr), n_ud);
+  auto yT = ctx.global(static_cast<T*>(y_fp32 ? nullptr : p.y), n_ud);
+  const bool y_planes = y_fp32 ? vector_planes(ctx, g, y32) : vector_planes(ctx, g, yT);
   const int tiles = g.tiles_h * g.tiles_w;
   const int vslots = p.record ? tiles : g.tiles_w;
   auto carry_v = ctx.global(p.carry_v, p.carry_v ? carry_numel(g, p.record) : 0);
@@ -107,24 +231,24 @@ SS2D_UNROLL
 
 
   const int first_tile = sequential ? 0 : tile_z;
-  for (int tile = first_tile; tile < (sequential ? tiles : tile_z + 1); ++tile) {
-    const int ti = tile / g.tiles_w;
-    const int tj = tile - ti * g.tiles_w;
+  int ti = first_tile / g.tiles_w;  // tile (ti, tj), stepped in row-major order without a division
+  int tj = first_tile - ti * g.tiles_w;
+  for (int tile = first_tile; tile < (sequential ? tiles : tile_z + 1);
+       ++tile, tj = tj + 1 == g.tiles_w ? 0 : tj + 1, ti += tj == 0 ? 1 : 0) {
     const int vslot_in = p.record ? tile : tj;
     const int vslot_out = p.record ? tile + g.tiles_w : tj;
     for (int round = 0; round < rounds; ++round) {
       if constexpr (kOne) {
         // B, then delta and u of each channel: every load of the quad before the first use.
         each_quad(ctx, [&](int, int r, int c0) {
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const bool quad_row = one_row(at) && at.pos % kQuad == 0;
+          const QuadAnchor an = quad_anchor(g, bb, ti, tj, r, c0);
           constexpr int kLoads = 1 + 2 * kMaxWarps;
           const decltype(&Bg) srcs[kLoads] = {&Bg, &delta, &u, &delta, &u, &delta, &u, &delta, &u};
-          int64_t ud = quad_offset(g, Plane{g.dim, d0}, at);
+          int64_t ud = quad_offset(g, Plane{g.dim, d0}, an);
           Plane planes[kLoads];
           int64_t offs[kLoads];
           planes[0] = bc_planes(0);
-          offs[0] = quad_offset(g, planes[0], at);
+          offs[0] = quad_offset(g, planes[0], an);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             planes[1 + 2 * s] = planes[2 + 2 * s] = Plane{g.dim, d0 + s};
@@ -132,21 +256,32 @@ SS2D_UNROLL
             if (s + 1 < channels) ud += g.length;  // channels past the block's: its last one again
           }
           float q[kLoads][kQuad];
-          load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + 2 * channels, q);
+          load_quads<T, 3>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + 2 * channels, q, [](const QuadPlace&, auto) {});
           // x = dt * u * B and Abar = exp(dt * A) on every cell: padding cells load u = B = 0, so
           // their x is 0 and their h never reaches a real cell (they follow the real cells of
           // their map in both scan directions, and a segment start resets h before the next map).
+          // The softplus test is taken once per quad, not per cell (two copies of the cell loop).
+          const auto cells = [&](auto with_softplus) {
 SS2D_UNROLL
-          for (int s = 0; s < kMaxWarps; ++s) {
-            if (s >= channels) continue;
+            for (int s = 0; s < kMaxWarps; ++s) {
+              if (s >= channels) continue;
+              float xq[kQuad], aq[kQuad];
 SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              const int e = s * kTileFloats + tile_offset(r, c0 + k);
-              const float z = q[1 + 2 * s][k] + bias_c[s];
-              const float dt = p.softplus ? softplus(z) : z;
-              x_t[e] = dt * q[2 + 2 * s][k] * q[0][k];
-              abar_t[e] = exp2_flush(dt * a2_c[s]);
+              for (int k = 0; k < kQuad; ++k) {
+                const float z = q[1 + 2 * s][k] + bias_c[s];
+                const float dt = decltype(with_softplus)::value ? softplus(z) : z;
+                xq[k] = dt * q[2 + 2 * s][k] * q[0][k];
+                aq[k] = exp2_flush(dt * a2_c[s]);
+              }
+              const int e = s * kWarpTiles + fwd_offset(r, c0);
+              store_shared4(x_t, e, xq);
+              store_shared4(abar_t, e, aq);
             }
+          };
+          if (p.softplus) {
+            cells(std::true_type{});
+          } else {
+            cells(std::false_type{});
           }
         });
       } else {
@@ -169,21 +304,14 @@ SS2D_UNROLL
             load_quad<T>(ctx, g, u, pl, at, uq);
             const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
 SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              const int e = s * kTileFloats + tile_offset(r, c0 + k);
-              dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
-              if (rounds > 1) {
-                dt_t[e] = dt[k];
-                u_t[e] = uq[k];
-              }
+            for (int k = 0; k < kQuad; ++k) dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
+            if (rounds > 1) {
+              store_shared4(dt_t, s * kFwdTileFloats + fwd_offset(r, c0), dt);
+              store_shared4(u_t, s * kFwdTileFloats + fwd_offset(r, c0), uq);
             }
           } else {
-SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              const int e = s * kTileFloats + tile_offset(r, c0 + k);
-              dt[k] = dt_t[e];
-              uq[k] = u_t[e];
-            }
+            load_shared4(dt_t, s * kFwdTileFloats + fwd_offset(r, c0), dt);
+            load_shared4(u_t, s * kFwdTileFloats + fwd_offset(r, c0), uq);
           }
 SS2D_UNROLL
           for (int j = 0; j < kMaxWarps; ++j) {
@@ -191,12 +319,14 @@ SS2D_UNROLL
             if (j >= wpc || n >= nstate) continue;
             const float a2 = p.A[static_cast<int64_t>(d) * nstate + n] * kLog2e;
             const int w = s * wpc + j;
+            float xq[kQuad], aq[kQuad];
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
-              const int e = w * kTileFloats + tile_offset(r, c0 + k);
-              x_t[e] = dt[k] * uq[k] * bq[j][k];
-              abar_t[e] = exp2f(dt[k] * a2);
+              xq[k] = dt[k] * uq[k] * bq[j][k];
+              aq[k] = exp2f(dt[k] * a2);
             }
+            store_shared4(x_t, w * kWarpTiles + fwd_offset(r, c0), xq);
+            store_shared4(abar_t, w * kWarpTiles + fwd_offset(r, c0), aq);
           }
         }
       });
@@ -207,8 +337,8 @@ SS2D_UNROLL
         if (!task.active) return;
         const int s = task.channel, n = task.state;
         const int64_t map = task.map;
-        auto x = x_t + w * kTileFloats;
-        auto abar = abar_t + w * kTileFloats;
+        auto x = x_t + w * kWarpTiles;
+        auto abar = abar_t + w * kWarpTiles;
         // Horizontal: hh = Abar * hh_left + x, in place over x.
         ctx.each_lane([&](int r) {
           const int64_t at = carry_index(map, tiles, tile, nstate, n, r);
@@ -220,14 +350,28 @@ SS2D_UNROLL
             h = carry_h[at];
           }
           float decay = 1.f;
+          const auto x_row = x + r * kTile;  // quad c0 of the row at c0 ^ swizzle (fwd_offset)
+          const auto abar_row = abar + r * kTile;
+          const int swizzle = fwd_swizzle(r);
+          // A row that starts a map (packed small maps) cuts the vertical scan: its Abar, read
+          // here first, becomes 0 for the vertical pass (h = 0 * h_above + hh), which so keeps no
+          // per-cell restart test.
+          const bool cut_row = starts_map_row<T>(g, starts_h, r);
+          const float cut[kQuad] = {0.f, 0.f, 0.f, 0.f};
 SS2D_UNROLL
-          for (int c = 0; c < kTile; ++c) {
-            if ((starts_w >> c) & 1u) h = decay = 0.f;
-            const int e = tile_offset(r, c);
-            const float a = abar[e];
-            h = a * h + x[e];
-            decay *= a;
-            x[e] = h;
+          for (int c0 = 0; c0 < kTile; c0 += kQuad) {  // a quad of the row per 16-byte access
+            float a[kQuad], hq[kQuad];
+            load_shared4(abar_row, c0 ^ swizzle, a);
+            load_shared4(x_row, c0 ^ swizzle, hq);
+            if (cut_row) store_shared4(abar_row, c0 ^ swizzle, cut);
+SS2D_UNROLL
+            for (int k = 0; k < kQuad; ++k) {
+              if ((starts_w >> (c0 + k)) & 1u) h = decay = 0.f;
+              h = a[k] * h + hq[k];
+              decay *= a[k];
+              hq[k] = h;
+            }
+            store_shared4(x_row, c0 ^ swizzle, hq);
           }
           if (sequential) hcar[(s * nstate + n) * kTile + r] = h;
           if (pass == kRowEdges) {
@@ -241,19 +385,19 @@ SS2D_UNROLL
         ctx.each_lane([&](int c) {
           float v = 0.f;
           if (sequential) {
+            const int64_t in = carry_index(map, vslots, vslot_in, nstate, n, c);
             if (ti > 0) {
-              v = carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)];
+              v = carry_v[in];
             } else if (p.record) {  // forward_impl allocates carry_v whenever it records
-              carry_v[carry_index(map, vslots, vslot_in, nstate, n, c)] = 0.f;
+              carry_v[in] = 0.f;
             }
           } else if (pass == kFinal) {
             v = carry_v[carry_index(map, tiles, tile, nstate, n, c)];
           }
           float decay = 1.f;
 SS2D_UNROLL
-          for (int r = 0; r < kTile; ++r) {
-            if ((starts_h >> r) & 1u) v = decay = 0.f;
-            const int e = tile_offset(r, c);
+          for (int r = 0; r < kTile; ++r) {  // restarts at map rows: Abar 0 there (row pass)
+            const int e = fwd_offset(r, c);
             const float a = abar[e];
             v = a * v + x[e];
             decay *= a;
@@ -276,43 +420,54 @@ SS2D_UNROLL
       ctx.barrier();
       const bool last = round + 1 == rounds;
       if constexpr (kOne) {
-        // C, then u of each channel (with D): y = D * u + C * h, stored.
+        // C, then u of each channel (with D): y = D * u + C * h, stored. Placed like phase A
+        // (quad_anchor; quad_place only off the vector path): a whole anchor whose C, u and y
+        // quads are all aligned moves all of them as vectors; off that path each channel's y quad
+        // still takes a vector store where it is one aligned map row (y is allocated aligned,
+        // the inputs may not be).
         each_quad(ctx, [&](int, int r, int c0) {
-          const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
-          const bool quad_row = one_row(at) && at.pos % kQuad == 0;
+          QuadAnchor an = quad_anchor(g, bb, ti, tj, r, c0);
           constexpr int kLoads = 1 + kMaxWarps;
           const decltype(&Cg) srcs[kLoads] = {&Cg, &u, &u, &u, &u};
-          int64_t ud = quad_offset(g, Plane{g.dim, d0}, at);
+          int64_t ud = quad_offset(g, Plane{g.dim, d0}, an);
           Plane planes[kLoads];
           int64_t offs[kLoads];
           planes[0] = bc_planes(0);
-          offs[0] = quad_offset(g, planes[0], at);
+          offs[0] = quad_offset(g, planes[0], an);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
             planes[1 + s] = Plane{g.dim, d0 + s};
             offs[1 + s] = ud;
             if (s + 1 < channels) ud += g.length;
           }
+          // y's planes start aligned (y_planes): its quads are aligned where their offset is.
+          const bool whole = an.whole;
+          an.whole = whole && y_planes && offs[1] % kQuad == 0;
           float q[kLoads][kQuad];
-          load_quads<T>(ctx, g, quad_row, at, srcs, planes, offs, 1 + channels, q);
+          load_quads<T, 2>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + channels, q,
+                        [&](const QuadPlace& at, auto vector) {
 SS2D_UNROLL
-          for (int s = 0; s < kMaxWarps; ++s) {
-            if (s >= channels) continue;
-            float yq[kQuad];
+            for (int s = 0; s < kMaxWarps; ++s) {
+              if (s >= channels) continue;
+              float yq[kQuad];
+              load_shared4(x_t, s * kWarpTiles + fwd_offset(r, c0), yq);  // h
 SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              // dskip_c is 0 without D: 0 * u only differs from 0 where u is not finite, where h
-              // (x = dt * u * B) is not finite either.
-              yq[k] = fmaf(q[0][k], x_t[s * kTileFloats + tile_offset(r, c0 + k)], dskip_c[s] * q[1 + s][k]);
+              for (int k = 0; k < kQuad; ++k) {
+                // dskip_c is 0 without D: 0 * u only differs from 0 where u is not finite, where h
+                // (x = dt * u * B) is not finite either.
+                yq[k] = fmaf(q[0][k], yq[k], dskip_c[s] * q[1 + s][k]);
+              }
+              // y's quad is where u's is (offs[1 + s]), worked out again from channel 0's so the
+              // loads' other offsets need not stay live.
+              const Plane pl{g.dim, d0 + s};
+              const int64_t off = offs[1] + static_cast<int64_t>(s) * g.length;
+              if (y_fp32) {
+                store_quad<float>(ctx, g, y32, pl, at, vector || (whole && ctx.vector_aligned(y32, off)), off, yq);
+              } else {
+                store_quad<T>(ctx, g, yT, pl, at, vector || (whole && ctx.vector_aligned(yT, off)), off, yq);
+              }
             }
-            const Plane pl{g.dim, d0 + s};
-            const int64_t off = offs[1 + s];
-            if (p.y_fp32) {
-              store_quad<float>(ctx, g, y32, pl, at, quad_row && ctx.vector_aligned(y32, off), off, yq);
-            } else {
-              store_quad<T>(ctx, g, yT, pl, at, quad_row && ctx.vector_aligned(yT, off), off, yq);
-            }
-          }
+          });
         });
         continue;
       }
@@ -331,16 +486,14 @@ SS2D_UNROLL_BY(1)
         for (int s = 0; s < channels; ++s) {
           float yq[kQuad];
           if (round > 0) {
-SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) yq[k] = y_t[s * kTileFloats + tile_offset(r, c0 + k)];
+            load_shared4(y_t, s * kFwdTileFloats + fwd_offset(r, c0), yq);
           } else {
             // y starts at D * u. With one state round u is not kept on chip: its quad is read
             // again (from L2, the block read it in this tile's first phase).
             const float dskip = p.D ? p.D[d0 + s] : 0.f;
             float uq[kQuad] = {0.f, 0.f, 0.f, 0.f};
             if (rounds > 1) {
-SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) uq[k] = u_t[s * kTileFloats + tile_offset(r, c0 + k)];
+              load_shared4(u_t, s * kFwdTileFloats + fwd_offset(r, c0), uq);
             } else if (p.D) {
               load_quad<T>(ctx, g, u, Plane{g.dim, d0 + s}, at, uq);
             }
@@ -350,18 +503,17 @@ SS2D_UNROLL
 SS2D_UNROLL
           for (int j = 0; j < kMaxWarps; ++j) {
             if (j >= wpc || round * wpc + j >= nstate) continue;
+            float hq[kQuad];
+            load_shared4(x_t, (s * wpc + j) * kWarpTiles + fwd_offset(r, c0), hq);
 SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) {
-              yq[k] += cq[j][k] * x_t[(s * wpc + j) * kTileFloats + tile_offset(r, c0 + k)];
-            }
+            for (int k = 0; k < kQuad; ++k) yq[k] += cq[j][k] * hq[k];
           }
           if (!last) {
-SS2D_UNROLL
-            for (int k = 0; k < kQuad; ++k) y_t[s * kTileFloats + tile_offset(r, c0 + k)] = yq[k];
+            store_shared4(y_t, s * kFwdTileFloats + fwd_offset(r, c0), yq);
             continue;
           }
           const Plane pl{g.dim, d0 + s};
-          if (p.y_fp32) {
+          if (y_fp32) {
             store_quad<float>(ctx, g, y32, pl, at, yq);
           } else {
             store_quad<T>(ctx, g, yT, pl, at, yq);

@@ -211,7 +211,7 @@ SS2D_HD SS2D_INLINE uint32_t load_quad(const Ctx& ctx, const Geometry& g, const 
     const Vec4<T> v = ctx.load_vector(src, off);
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) out[k] = Element<T>::load(v.v[k]);
-    return at.real;
+    return (1u << kQuad) - 1;  // a vector quad is one map row: all real, known at compile time
   }
   load_cells<T>(g, src, pl, at, off, out);
   return at.real;

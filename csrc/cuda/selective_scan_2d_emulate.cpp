@@ -30,6 +30,12 @@
 
 namespace vmamba2d {
 namespace scan2d {
+
+// The host's bf16 widens a backward vector quad from its 32-bit words like the GPU's bf16 does
+// (scan2d_backward.cuh), so the emulation runs that path too.
+template <>
+struct WidenedByBits<c10::BFloat16> : std::true_type {};
+
 namespace {
 
 [[noreturn]] void fail(const std::string& what) {

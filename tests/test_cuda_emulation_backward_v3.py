@@ -1,0 +1,42 @@
+"""The CUDA backward's per-quad vector decision, emulated on the CPU (no GPU needed).
+
+A backward block phase moves all the planes of a quad together: one vector access each when every
+plane it touches there is aligned (scan2d_backward.cuh, vector_at), else one scalar access per
+cell. tests/test_scan_cuda.py misaligns u / delta / B / C together, so the first plane tested
+decides; here only dy -- a later plane of the decision -- is off alignment. The emulation fails on
+any misaligned vector access, its race detector is on, and the gradients are compared with the
+independent fp64 reference of tests/test_scan_cuda.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_scan_cuda import (CUDA_MODULE, ORDER, _offset_by_one, assert_close, emulated_bwd, emulated_fwd,
+                            make_inputs, needs_module, reference)
+
+SIDE = 32  # one tile per map: with aligned planes every quad would be one vector access
+
+
+@needs_module
+@pytest.mark.parametrize("dtype, dy_dtype", [
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.float32),  # fp32 dy with 2-byte inputs: the decision's other dy view
+], ids=str)
+def test_backward_takes_the_per_cell_path_when_only_dy_is_misaligned(dtype, dy_dtype):
+    batch, dim = 1, 4  # N = 1, the group's 4 channels in one block: the one-state variant
+    inputs = make_inputs(batch, dim, 1, 1, SIDE, SIDE, dtype=dtype, seed=41)
+    args = [inputs[k] for k in ORDER]
+    options = dict(order=2, race_check=True, sm_count=1)
+    y, carry_h, carry_v = emulated_fwd(*args, True, SIDE, SIDE, False, True, **options)
+    assert CUDA_MODULE._emulation_vector_accesses() > 0  # aligned inputs: the forward's quads are vectors
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(42)).to(dy_dtype)
+    dy_off = _offset_by_one(dy)
+    assert dy_off.is_contiguous() and dy_off.storage_offset() == 1 and torch.equal(dy_off, dy)
+    grads = emulated_bwd(*args, True, SIDE, SIDE, dy_off, carry_h, carry_v, **options)
+    assert CUDA_MODULE._emulation_vector_accesses() == 0
+    _, grads_ref = reference(inputs, dy, SIDE, SIDE)
+    rtol = 5e-5 if dtype == torch.float32 else 6e-2
+    for name, got, ref in zip(ORDER, grads, grads_ref):
+        assert_close("d" + name, got, ref, rtol)
