@@ -82,6 +82,31 @@ def test_channels_last_map_with_folded_projection_on_cpu():
     assert y.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # 2 whole groups of 8 + one overlapping the one before; channels-last u
+        dict(batch=3, dim=19, height=5, width=7, channels_last=True),
+        dict(batch=2, dim=11, height=3, width=3, channels_last=False),  # maps smaller than one vector
+        dict(batch=1, dim=8, height=6, width=8, channels_last=False),  # one group, whole vectors
+    ],
+    ids=["groups-and-overlap", "tiny-map", "one-group"],
+)
+def test_channel_groups_of_the_cpu_projection(isa, dtype, shape, monkeypatch):
+    """The CPU kernel projects 8 channels at a time in blocks of one vector of cells (the last group
+    and block overlapping the ones before); the backward's channel chunks cut the groups (batch 3:
+    6 chunks of 3-4 channels). Every instruction-set build the CPU has."""
+    monkeypatch.setenv("VMAMBA2D_CPU_ISA", isa)
+    shape = dict(shape)
+    channels_last = shape.pop("channels_last")
+    inputs = _inputs(rank=5, dtype=dtype, seed=6, **shape)
+    if channels_last:
+        inputs["u"] = inputs["u"].contiguous(memory_format=torch.channels_last)
+    _check_folded("cpu", inputs, "cross", tol=1e-10 if dtype == torch.float64 else 2e-4)
+
+
 def test_per_route_fallback_of_the_custom_op_projects_first(monkeypatch):
     """On a device whose kernel has no route kernel (CUDA today) the custom op scans route by
     route on route-order copies: emulated here with the CPU extension's single-route kernel."""

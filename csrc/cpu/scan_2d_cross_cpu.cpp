@@ -9,13 +9,15 @@
 // map order; y (batch, dim, H, W) is the routes' outputs summed in route order. u may be contiguous
 // or channels-last; y, du (and the dy the backward reads) are in u's layout. Dtypes as the
 // single-route op (scan_2d_cpu.cpp). With delta_proj_weight (K, dim, R) delta is the low-rank
-// (batch, K, R, H, W) and each route's step sizes are projected inside the kernel, channel by
-// channel; the backward recomputes them the same way and returns the full-rank ddelta
-// (batch, K, dim, H, W) (the projection's own gradients are matmuls, left to the caller). The forward runs tasks over (batch, channel); the backward
-// over (batch, channel chunk), each task writing the dB / dC of every route into its own partial
-// buffer, summed over the chunks in a fixed order afterwards (deterministic results).
+// (batch, K, R, H, W) and each route's step sizes are projected inside the kernel, for a group of
+// kProjectChannels channels at a time; the backward recomputes them the same way and returns the
+// full-rank ddelta (batch, K, dim, H, W) (the projection's own gradients are matmuls, left to the
+// caller). The forward runs tasks over (batch, channel group: one channel without a projection);
+// the backward over (batch, channel chunk), each task writing the dB / dC of every route into its
+// own partial buffer, summed over the chunks in a fixed order afterwards (deterministic results).
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "scan_2d_glue.h"
@@ -82,16 +84,19 @@ Tensor cross_forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, c
   const ComputeInputs inputs(u, delta, A_in, B, C, D_in, bias_in, delta_softplus);
   const OptTensor proj = as_compute(proj_in, u.scalar_type());
   Tensor y = at::empty(u.sizes(), u.options().memory_format(map_format(s.channels_last)));
-  const Tensor workspaces = thread_workspaces(s.length(), kCrossForwardArrays, u);
+  const int64_t group = s.channel_group();
+  const int64_t groups = (s.dim + group - 1) / group;  // per sample
+  const int64_t arrays = cross_forward_arrays(group);
+  const Tensor workspaces = thread_workspaces(s.length(), arrays, u);
 
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "vmamba2d_cross_scan_2d_cpu_forward", [&] {
     const ScanInputs<scalar_t> in = cross_pointers<scalar_t>(inputs, proj);
     const ChannelKernels<scalar_t> kernels = best_channel_kernels<scalar_t>();
     scalar_t* y_ptr = y.data_ptr<scalar_t>();
-    parallel_tasks<scalar_t>(s.batch * s.dim, workspaces, kCrossForwardArrays, s.length(),
-                             [&](int64_t task, Workspace<scalar_t>& ws) {
-                               kernels.cross_forward(in, s, routes.data(), task / s.dim, task % s.dim, y_ptr, ws);
-                             });
+    parallel_tasks<scalar_t>(s.batch * groups, workspaces, arrays, s.length(), [&](int64_t task, Workspace<scalar_t>& ws) {
+      const int64_t first = (task % groups) * group;
+      kernels.cross_forward(in, s, routes.data(), task / groups, first, std::min(first + group, s.dim), y_ptr, ws);
+    });
   });
   return out_fp32 ? y.to(at::kFloat) : y;
 }
@@ -112,7 +117,9 @@ std::vector<OptTensor> cross_backward(const Tensor& u, const Tensor& delta, cons
   // dB / dC partial sums: (batch, chunks, routes, N, L); chunk c holds channels [c*dim/chunks, ...).
   const std::vector<int64_t> ddelta_sizes{s.batch, K, s.dim, s.height, s.width};
   const BackwardParts parts(u, ddelta_sizes, {s.batch, chunks, K, s.nstate, s.length()}, 1, K * s.dim, s.nstate);
-  const Tensor workspaces = thread_workspaces(s.length(), kCrossBackwardArrays, u);
+  const int64_t group = s.channel_group();
+  const int64_t arrays = cross_backward_arrays(group);
+  const Tensor workspaces = thread_workspaces(s.length(), arrays, u);
 
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "vmamba2d_cross_scan_2d_cpu_backward", [&] {
     using T = scalar_t;
@@ -122,19 +129,23 @@ std::vector<OptTensor> cross_backward(const Tensor& u, const Tensor& delta, cons
     const T* dy_ptr = dy.data_ptr<T>();
     const int64_t L = s.length();
     const int64_t NL = s.nstate * L;
-    parallel_tasks<T>(s.batch * chunks, workspaces, kCrossBackwardArrays, L, [&](int64_t task, Workspace<T>& ws) {
+    parallel_tasks<T>(s.batch * chunks, workspaces, arrays, L, [&](int64_t task, Workspace<T>& ws) {
       const int64_t b = task / chunks;
       const int64_t chunk = task % chunks;
-      std::vector<ChannelGrads<T>> route_grads(K);
-      for (int64_t d = chunk * s.dim / chunks; d < (chunk + 1) * s.dim / chunks; ++d) {
-        for (int64_t k = 0; k < K; ++k) {
-          const int64_t row = b * K * s.dim + k * s.dim + d;  // of the per-(batch, route, channel) grads
-          // du: set by the kernel (all routes add into the channel's du)
-          route_grads[k] = {nullptr,          all.ddelta + row * L,    all.dB + (task * K + k) * NL,
-                            all.dC + (task * K + k) * NL, all.dA + row * s.nstate, all.dD + row,
-                            all.ddelta_bias + row};
+      const int64_t chunk_end = (chunk + 1) * s.dim / chunks;
+      std::vector<ChannelGrads<T>> route_grads(group * K);  // [g * K + k]: channel first + g, route k
+      for (int64_t first = chunk * s.dim / chunks; first < chunk_end; first += group) {
+        const int64_t last = std::min(first + group, chunk_end);
+        for (int64_t d = first; d < last; ++d) {
+          for (int64_t k = 0; k < K; ++k) {
+            const int64_t row = b * K * s.dim + k * s.dim + d;  // of the per-(batch, route, channel) grads
+            // du: set by the kernel (all routes add into the channel's du)
+            route_grads[(d - first) * K + k] = {nullptr,          all.ddelta + row * L,    all.dB + (task * K + k) * NL,
+                                                all.dC + (task * K + k) * NL, all.dA + row * s.nstate, all.dD + row,
+                                                all.ddelta_bias + row};
+          }
         }
-        kernels.cross_backward(in, s, routes.data(), b, d, dy_ptr, all.du, route_grads.data(), ws);
+        kernels.cross_backward(in, s, routes.data(), b, first, last, dy_ptr, all.du, route_grads.data(), ws);
       }
     });
   });

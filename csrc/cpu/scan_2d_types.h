@@ -46,6 +46,9 @@ struct CrossShape {
 
   int64_t length() const { return height * width; }
   MapShape map() const { return {height, width, nstate}; }
+  // Channels per kernel call: a group shares each load of the low-rank step sizes (see
+  // cross_channel_group); one channel without a projection.
+  int64_t channel_group() const;
   // Where channel d of sample b starts in u / y / dy / du, and the step between its pixels.
   int64_t map_offset(int64_t b, int64_t d) const {
     return channels_last ? b * dim * length() + d : (b * dim + d) * length();
@@ -99,10 +102,18 @@ constexpr int64_t kForwardArrays = 6;  // dt, dt_u, decay, state, products, carr
 
 constexpr int64_t kBackwardArrays = 10;  // dt, dt_u, ddt, decay, hh, h, lambda, mu, products, carries
 
-// The four-route kernel's arrays: the above, then the channel's planes gathered from channels-last
-// maps (forward: u, y; backward: u, dy, du), then the route's projected step sizes (delta plane).
-constexpr int64_t kCrossForwardArrays = kForwardArrays + 3;
-constexpr int64_t kCrossBackwardArrays = kBackwardArrays + 4;
+// Channels of one four-route kernel call when it projects the step sizes: the projection loads
+// each vector of a route's low-rank step sizes once for all of them (kProjectChannels independent
+// accumulator chains; one channel alone waits on the FMA latency on small maps).
+constexpr int64_t kProjectChannels = 8;
+
+inline int64_t CrossShape::channel_group() const { return rank > 0 ? kProjectChannels : 1; }
+
+// The four-route kernel's arrays for a call on `group` channels: the above, then per channel its
+// route's step sizes (delta plane, projected), then its planes gathered from channels-last maps
+// (forward: u, y; backward: u, dy, du).
+constexpr int64_t cross_forward_arrays(int64_t group) { return kForwardArrays + 3 * group; }
+constexpr int64_t cross_backward_arrays(int64_t group) { return kBackwardArrays + 4 * group; }
 
 }  // namespace cpu
 }  // namespace vmamba2d
