@@ -16,8 +16,8 @@ each corner of the map instead (not in the paper), so one mixer sees all four qu
 (they are position-wise, so they commute with the route permutations) and scans all routes with
 one :func:`vmamba2d.ops.cross_selective_scan_2d` call, which backends with a native kernel run
 in place; the op also applies the step-size projection ``dt_projs_weight`` to the low-rank step
-sizes (``delta_proj_weight``), so the full-rank step sizes are never stored on CPU. ``cross_scan="per_route"`` builds the four route-order copies of the map and scans each
-with :func:`vmamba2d.ops.selective_scan_2d` (VMamba's formulation; kept for comparison).
+sizes (``delta_proj_weight``), so the full-rank step sizes are never stored on CPU.
+``cross_scan="per_route"`` builds the four route-order copies of the map and scans each with :func:`vmamba2d.ops.selective_scan_2d` (VMamba's formulation; kept for comparison).
 Parameter names and shapes follow the public VMamba v2 code so its checkpoints load unchanged.
 """
 from __future__ import annotations
