@@ -122,6 +122,25 @@ def test_the_public_op_runs_the_native_kernel(monkeypatch):
     torch.testing.assert_close(y, reference(route_set("cross"), **inputs), rtol=1e-10, atol=1e-10)
 
 
+def test_folded_step_size_projection_matches_the_explicit_projection():
+    """delta_proj_weight: the low-rank delta projected by the op equals the explicit einsum fed
+    to the per-route reference, forward and every gradient (the weight's and the low-rank delta's)."""
+    inputs = make_cross_inputs(1, 3, 2, 3, 5, 4, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    low = torch.randn(1, 4, 2, 3, 5, generator=gen, dtype=torch.float64).requires_grad_()
+    weight = (0.5 * torch.randn(4, 3, 2, generator=gen, dtype=torch.float64)).requires_grad_()
+    leaves = {k: inputs[k].clone().requires_grad_() for k in TENSORS if k != "delta"}
+    dy = torch.randn(1, 3, 3, 5, generator=gen, dtype=torch.float64)
+    wrt = list(leaves.values()) + [low, weight]
+    full = torch.einsum("kdr,bkrhw->bkdhw", weight, low)
+    expected = reference(route_set("cross"), **dict(inputs, **leaves, delta=full))
+    y = triton_op("cross", **dict(inputs, **leaves, delta=low, delta_proj_weight=weight))
+    torch.testing.assert_close(y, expected, rtol=1e-10, atol=1e-10)
+    for name, g, e in zip([*leaves, "delta", "delta_proj_weight"], torch.autograd.grad(y, wrt, dy),
+                          torch.autograd.grad(expected, wrt, dy)):
+        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9, msg=name)
+
+
 def test_the_backward_launches_no_forward_sweep(monkeypatch):
     """The forward saves the tile carries; the backward op launches only the backward kernel."""
     inputs = make_cross_inputs(1, 2, 1, 3, 4, 4, seed=2)

@@ -31,13 +31,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("delta_softplus"), pybind11::arg("height"),
         pybind11::arg("width"), pybind11::arg("dy"));
   m.def("cross_forward", &vmamba2d::cpu::cross_forward,
-        "Four-route 2D selective scan forward -> y (batch, dim, H, W), the routes' outputs summed in order",
+        "Four-route 2D selective scan forward -> y (batch, dim, H, W), the routes' outputs summed in order "
+        "(with delta_proj_weight (K, dim, R): delta is low-rank (batch, K, R, H, W), projected in the kernel)",
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("delta_softplus"), pybind11::arg("routes"),
-        pybind11::arg("out_fp32"));
+        pybind11::arg("out_fp32"), pybind11::arg("delta_proj_weight") = pybind11::none());
   m.def("cross_backward", &vmamba2d::cpu::cross_backward,
-        "Four-route 2D selective scan backward -> [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None]",
+        "Four-route 2D selective scan backward -> [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None] "
+        "(ddelta full-rank (batch, K, dim, H, W) also with delta_proj_weight)",
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("delta_softplus"), pybind11::arg("routes"),
-        pybind11::arg("dy"));
+        pybind11::arg("dy"), pybind11::arg("delta_proj_weight") = pybind11::none());
 }

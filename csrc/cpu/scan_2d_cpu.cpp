@@ -73,7 +73,7 @@ std::vector<OptTensor> backward(const Tensor& u, const Tensor& delta, const Tens
   const int64_t cpg = s.channels_per_group();
   const int64_t chunks = backward_chunks_per_unit(s.batch * s.groups, cpg);
   // dB / dC partial sums: (batch, groups, chunks, N, L); chunk c holds channels [c*cpg/chunks, ...).
-  const BackwardParts parts(u, delta, {s.batch, s.groups, chunks, s.nstate, s.length()}, 2, s.dim, s.nstate);
+  const BackwardParts parts(u, delta.sizes(), {s.batch, s.groups, chunks, s.nstate, s.length()}, 2, s.dim, s.nstate);
   const Tensor workspaces = thread_workspaces(s.length(), kBackwardArrays, u);
 
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "vmamba2d_scan_2d_cpu_backward", [&] {

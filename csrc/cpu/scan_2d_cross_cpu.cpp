@@ -1,18 +1,23 @@
 // Tensor-level entry points of the four-route CPU scan (one op for all routes of a mixer).
 //
-//   cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32) -> y
-//   cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
+//   cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, delta_proj_weight) -> y
+//   cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy, delta_proj_weight)
 //       -> [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None]
 //
 // u (batch, dim, H, W) is read once for all K = len(routes) routes; delta (batch, K, dim, H, W),
 // B / C (batch, K, N, H, W), A (K * dim, N), D / delta_bias (K * dim,) hold each route's inputs in
 // map order; y (batch, dim, H, W) is the routes' outputs summed in route order. u may be contiguous
 // or channels-last; y, du (and the dy the backward reads) are in u's layout. Dtypes as the
-// single-route op (scan_2d_cpu.cpp). The forward runs tasks over (batch, channel); the backward
-// over (batch, channel chunk), each task writing the dB / dC of every route into its own partial
-// buffer, summed over the chunks in a fixed order afterwards (deterministic results).
+// single-route op (scan_2d_cpu.cpp). With delta_proj_weight (K, dim, R) delta is the low-rank
+// (batch, K, R, H, W) and each route's step sizes are projected inside the kernel, for a group of
+// kProjectChannels channels at a time; the backward recomputes them the same way and returns the
+// full-rank ddelta (batch, K, dim, H, W) (the projection's own gradients are matmuls, left to the
+// caller). The forward runs tasks over (batch, channel group: one channel without a projection);
+// the backward over (batch, channel chunk), each task writing the dB / dC of every route into its
+// own partial buffer, summed over the chunks in a fixed order afterwards (deterministic results).
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "scan_2d_glue.h"
@@ -25,7 +30,7 @@ namespace {
 
 CrossShape check_cross_inputs(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B,
                               const Tensor& C, const OptTensor& D, const OptTensor& delta_bias,
-                              const std::vector<int64_t>& routes) {
+                              const std::vector<int64_t>& routes, const OptTensor& delta_proj_weight) {
   check_scan_tensors(u, delta, A, B, C, /*u_channels_last_ok=*/true);
   TORCH_CHECK(!routes.empty(), "vmamba2d CPU scan: routes must name at least one route");
   for (const int64_t code : routes) {
@@ -34,11 +39,23 @@ CrossShape check_cross_inputs(const Tensor& u, const Tensor& delta, const Tensor
   TORCH_CHECK(u.dim() == 4, "vmamba2d CPU scan: u must be (batch, dim, H, W), got ", u.sizes());
   TORCH_CHECK(A.dim() == 2, "vmamba2d CPU scan: A must be (routes * dim, N), got ", A.sizes());
   const int64_t K = static_cast<int64_t>(routes.size());
-  const CrossShape s{u.size(0), u.size(1), K, A.size(1), u.size(2), u.size(3), is_channels_last_map(u)};
+  CrossShape s{u.size(0), u.size(1), K, A.size(1), u.size(2), u.size(3), is_channels_last_map(u)};
   TORCH_CHECK(s.height > 0 && s.width > 0, "vmamba2d CPU scan: u's map must not be empty, got ", u.sizes());
-  TORCH_CHECK(delta.sizes() == at::IntArrayRef({s.batch, K, s.dim, s.height, s.width}),
-              "vmamba2d CPU scan: delta must be (batch, routes, dim, H, W) = ",
-              at::IntArrayRef({s.batch, K, s.dim, s.height, s.width}), ", got ", delta.sizes());
+  if (delta_proj_weight.has_value()) {
+    check_float_contiguous(*delta_proj_weight, "delta_proj_weight");
+    TORCH_CHECK(delta_proj_weight->dim() == 3 && delta_proj_weight->size(0) == K &&
+                    delta_proj_weight->size(1) == s.dim && delta_proj_weight->size(2) > 0,
+                "vmamba2d CPU scan: delta_proj_weight must be (routes, dim, R) with routes = ", K, ", dim = ", s.dim,
+                " and R >= 1, got ", delta_proj_weight->sizes());
+    s.rank = delta_proj_weight->size(2);
+    TORCH_CHECK(delta.sizes() == at::IntArrayRef({s.batch, K, s.rank, s.height, s.width}),
+                "vmamba2d CPU scan: with delta_proj_weight, delta must be (batch, routes, R, H, W) = ",
+                at::IntArrayRef({s.batch, K, s.rank, s.height, s.width}), ", got ", delta.sizes());
+  } else {
+    TORCH_CHECK(delta.sizes() == at::IntArrayRef({s.batch, K, s.dim, s.height, s.width}),
+                "vmamba2d CPU scan: delta must be (batch, routes, dim, H, W) = ",
+                at::IntArrayRef({s.batch, K, s.dim, s.height, s.width}), ", got ", delta.sizes());
+  }
   TORCH_CHECK(A.size(0) == K * s.dim, "vmamba2d CPU scan: A must be (routes * dim, N) with routes * dim = ", K * s.dim,
               ", got ", A.sizes());
   const std::vector<int64_t> bc_shape{s.batch, K, s.nstate, s.height, s.width};
@@ -50,64 +67,85 @@ CrossShape check_cross_inputs(const Tensor& u, const Tensor& delta, const Tensor
   return s;
 }
 
+// The scan's pointers, with the step-size projection (converted to the compute dtype in `weight`).
+template <typename T>
+ScanInputs<T> cross_pointers(const ComputeInputs& inputs, const OptTensor& weight) {
+  ScanInputs<T> in = inputs.pointers<T>();
+  if (weight.has_value()) in.delta_proj = weight->data_ptr<T>();
+  return in;
+}
+
 }  // namespace
 
 Tensor cross_forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, const Tensor& B, const Tensor& C,
                      const OptTensor& D_in, const OptTensor& bias_in, bool delta_softplus,
-                     const std::vector<int64_t>& routes, bool out_fp32) {
-  const CrossShape s = check_cross_inputs(u, delta, A_in, B, C, D_in, bias_in, routes);
+                     const std::vector<int64_t>& routes, bool out_fp32, const OptTensor& proj_in) {
+  const CrossShape s = check_cross_inputs(u, delta, A_in, B, C, D_in, bias_in, routes, proj_in);
   const ComputeInputs inputs(u, delta, A_in, B, C, D_in, bias_in, delta_softplus);
+  const OptTensor proj = as_compute(proj_in, u.scalar_type());
   Tensor y = at::empty(u.sizes(), u.options().memory_format(map_format(s.channels_last)));
-  const Tensor workspaces = thread_workspaces(s.length(), kCrossForwardArrays, u);
+  const int64_t group = s.channel_group();
+  const int64_t groups = (s.dim + group - 1) / group;  // per sample
+  const int64_t arrays = cross_forward_arrays(group);
+  const Tensor workspaces = thread_workspaces(s.length(), arrays, u);
 
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "vmamba2d_cross_scan_2d_cpu_forward", [&] {
-    const ScanInputs<scalar_t> in = inputs.pointers<scalar_t>();
+    const ScanInputs<scalar_t> in = cross_pointers<scalar_t>(inputs, proj);
     const ChannelKernels<scalar_t> kernels = best_channel_kernels<scalar_t>();
     scalar_t* y_ptr = y.data_ptr<scalar_t>();
-    parallel_tasks<scalar_t>(s.batch * s.dim, workspaces, kCrossForwardArrays, s.length(),
-                             [&](int64_t task, Workspace<scalar_t>& ws) {
-                               kernels.cross_forward(in, s, routes.data(), task / s.dim, task % s.dim, y_ptr, ws);
-                             });
+    parallel_tasks<scalar_t>(s.batch * groups, workspaces, arrays, s.length(), [&](int64_t task, Workspace<scalar_t>& ws) {
+      const int64_t first = (task % groups) * group;
+      kernels.cross_forward(in, s, routes.data(), task / groups, first, std::min(first + group, s.dim), y_ptr, ws);
+    });
   });
   return out_fp32 ? y.to(at::kFloat) : y;
 }
 
 std::vector<OptTensor> cross_backward(const Tensor& u, const Tensor& delta, const Tensor& A_in, const Tensor& B,
                                       const Tensor& C, const OptTensor& D_in, const OptTensor& bias_in,
-                                      bool delta_softplus, const std::vector<int64_t>& routes, const Tensor& dy_in) {
-  const CrossShape s = check_cross_inputs(u, delta, A_in, B, C, D_in, bias_in, routes);
+                                      bool delta_softplus, const std::vector<int64_t>& routes, const Tensor& dy_in,
+                                      const OptTensor& proj_in) {
+  const CrossShape s = check_cross_inputs(u, delta, A_in, B, C, D_in, bias_in, routes, proj_in);
   TORCH_CHECK(dy_in.sizes() == u.sizes(), "vmamba2d CPU scan: dy must match u's shape ", u.sizes(), ", got ",
               dy_in.sizes());
   const ComputeInputs inputs(u, delta, A_in, B, C, D_in, bias_in, delta_softplus);
+  const OptTensor proj = as_compute(proj_in, u.scalar_type());
   const Tensor dy = dy_in.to(u.scalar_type()).contiguous(map_format(s.channels_last));
 
   const int64_t K = s.routes;
   const int64_t chunks = backward_chunks_per_unit(s.batch, s.dim);
   // dB / dC partial sums: (batch, chunks, routes, N, L); chunk c holds channels [c*dim/chunks, ...).
-  const BackwardParts parts(u, delta, {s.batch, chunks, K, s.nstate, s.length()}, 1, K * s.dim, s.nstate);
-  const Tensor workspaces = thread_workspaces(s.length(), kCrossBackwardArrays, u);
+  const std::vector<int64_t> ddelta_sizes{s.batch, K, s.dim, s.height, s.width};
+  const BackwardParts parts(u, ddelta_sizes, {s.batch, chunks, K, s.nstate, s.length()}, 1, K * s.dim, s.nstate);
+  const int64_t group = s.channel_group();
+  const int64_t arrays = cross_backward_arrays(group);
+  const Tensor workspaces = thread_workspaces(s.length(), arrays, u);
 
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "vmamba2d_cross_scan_2d_cpu_backward", [&] {
     using T = scalar_t;
-    const ScanInputs<T> in = inputs.pointers<T>();
+    const ScanInputs<T> in = cross_pointers<T>(inputs, proj);
     const ChannelKernels<T> kernels = best_channel_kernels<T>();
     const ChannelGrads<T> all = parts.buffers<T>();
     const T* dy_ptr = dy.data_ptr<T>();
     const int64_t L = s.length();
     const int64_t NL = s.nstate * L;
-    parallel_tasks<T>(s.batch * chunks, workspaces, kCrossBackwardArrays, L, [&](int64_t task, Workspace<T>& ws) {
+    parallel_tasks<T>(s.batch * chunks, workspaces, arrays, L, [&](int64_t task, Workspace<T>& ws) {
       const int64_t b = task / chunks;
       const int64_t chunk = task % chunks;
-      std::vector<ChannelGrads<T>> route_grads(K);
-      for (int64_t d = chunk * s.dim / chunks; d < (chunk + 1) * s.dim / chunks; ++d) {
-        for (int64_t k = 0; k < K; ++k) {
-          const int64_t row = b * K * s.dim + k * s.dim + d;  // of the per-(batch, route, channel) grads
-          // du: set by the kernel (all routes add into the channel's du)
-          route_grads[k] = {nullptr,          all.ddelta + row * L,    all.dB + (task * K + k) * NL,
-                            all.dC + (task * K + k) * NL, all.dA + row * s.nstate, all.dD + row,
-                            all.ddelta_bias + row};
+      const int64_t chunk_end = (chunk + 1) * s.dim / chunks;
+      std::vector<ChannelGrads<T>> route_grads(group * K);  // [g * K + k]: channel first + g, route k
+      for (int64_t first = chunk * s.dim / chunks; first < chunk_end; first += group) {
+        const int64_t last = std::min(first + group, chunk_end);
+        for (int64_t d = first; d < last; ++d) {
+          for (int64_t k = 0; k < K; ++k) {
+            const int64_t row = b * K * s.dim + k * s.dim + d;  // of the per-(batch, route, channel) grads
+            // du: set by the kernel (all routes add into the channel's du)
+            route_grads[(d - first) * K + k] = {nullptr,          all.ddelta + row * L,    all.dB + (task * K + k) * NL,
+                                                all.dC + (task * K + k) * NL, all.dA + row * s.nstate, all.dD + row,
+                                                all.ddelta_bias + row};
+          }
         }
-        kernels.cross_backward(in, s, routes.data(), b, d, dy_ptr, all.du, route_grads.data(), ws);
+        kernels.cross_backward(in, s, routes.data(), b, first, last, dy_ptr, all.du, route_grads.data(), ws);
       }
     });
   });

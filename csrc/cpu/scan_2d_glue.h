@@ -185,10 +185,10 @@ struct BackwardParts {
   Tensor ddelta_bias;
   int64_t chunk_axis;
 
-  BackwardParts(const Tensor& u, const Tensor& delta, const std::vector<int64_t>& bc_parts_shape, int64_t chunk_axis,
-                int64_t rows, int64_t nstate)
+  BackwardParts(const Tensor& u, at::IntArrayRef ddelta_sizes, const std::vector<int64_t>& bc_parts_shape,
+                int64_t chunk_axis, int64_t rows, int64_t nstate)
       : du(at::empty(u.sizes(), u.options().memory_format(map_format(is_channels_last_map(u))))),
-        ddelta(at::empty(delta.sizes(), u.options())),
+        ddelta(at::empty(ddelta_sizes, u.options())),
         dB(at::zeros(bc_parts_shape, u.options())),
         dC(at::zeros(bc_parts_shape, u.options())),
         dA(at::empty({u.size(0), rows, nstate}, u.options())),

@@ -29,12 +29,12 @@
   void backward_channel(const ScanInputs<T>& in, const ScanShape& s, int64_t b, int64_t d,         \
                         const T* dy, const ChannelGrads<T>& out, Workspace<T>& ws);                \
   template <typename T>                                                                            \
-  void cross_forward_channel(const ScanInputs<T>& in, const CrossShape& s, const int64_t* routes,  \
-                             int64_t b, int64_t d, T* y, Workspace<T>& ws);                        \
+  void cross_forward_channels(const ScanInputs<T>& in, const CrossShape& s, const int64_t* routes, \
+                              int64_t b, int64_t d_begin, int64_t d_end, T* y, Workspace<T>& ws);  \
   template <typename T>                                                                            \
-  void cross_backward_channel(const ScanInputs<T>& in, const CrossShape& s, const int64_t* routes, \
-                              int64_t b, int64_t d, const T* dy, T* du, ChannelGrads<T>* route_grads, \
-                              Workspace<T>& ws);                                                   \
+  void cross_backward_channels(const ScanInputs<T>& in, const CrossShape& s, const int64_t* routes, \
+                               int64_t b, int64_t d_begin, int64_t d_end, const T* dy, T* du,      \
+                               ChannelGrads<T>* route_grads, Workspace<T>& ws);                    \
   }                                                                                                \
   }                                                                                                \
   }
@@ -45,11 +45,11 @@
                                    Workspace<T>&);                                                 \
   template void backward_channel<T>(const ScanInputs<T>&, const ScanShape&, int64_t, int64_t,      \
                                     const T*, const ChannelGrads<T>&, Workspace<T>&);              \
-  template void cross_forward_channel<T>(const ScanInputs<T>&, const CrossShape&, const int64_t*,  \
-                                         int64_t, int64_t, T*, Workspace<T>&);                     \
-  template void cross_backward_channel<T>(const ScanInputs<T>&, const CrossShape&, const int64_t*, \
-                                          int64_t, int64_t, const T*, T*, ChannelGrads<T>*,        \
-                                          Workspace<T>&);
+  template void cross_forward_channels<T>(const ScanInputs<T>&, const CrossShape&, const int64_t*, \
+                                          int64_t, int64_t, int64_t, T*, Workspace<T>&);           \
+  template void cross_backward_channels<T>(const ScanInputs<T>&, const CrossShape&, const int64_t*, \
+                                           int64_t, int64_t, int64_t, const T*, T*, ChannelGrads<T>*, \
+                                           Workspace<T>&);
 
 #define VMAMBA2D_INSTANTIATE_ISA_KERNELS(isa)                                                      \
   namespace vmamba2d {                                                                             \
@@ -75,8 +75,8 @@ template <typename T>
 struct ChannelKernels {
   decltype(&baseline::forward_channel<T>) forward;
   decltype(&baseline::backward_channel<T>) backward;
-  decltype(&baseline::cross_forward_channel<T>) cross_forward;
-  decltype(&baseline::cross_backward_channel<T>) cross_backward;
+  decltype(&baseline::cross_forward_channels<T>) cross_forward;
+  decltype(&baseline::cross_backward_channels<T>) cross_backward;
   const char* isa;
 };
 
@@ -100,17 +100,17 @@ ChannelKernels<T> best_channel_kernels() {
 #if VMAMBA2D_X86_ISA_BUILDS
   const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (cap >= IsaLevel::kAvx512 && has_avx2 && __builtin_cpu_supports("avx512f")) {
-    return {&avx512::forward_channel<T>, &avx512::backward_channel<T>, &avx512::cross_forward_channel<T>,
-            &avx512::cross_backward_channel<T>, "avx512"};
+    return {&avx512::forward_channel<T>, &avx512::backward_channel<T>, &avx512::cross_forward_channels<T>,
+            &avx512::cross_backward_channels<T>, "avx512"};
   }
   if (cap >= IsaLevel::kAvx2 && has_avx2) {
-    return {&avx2::forward_channel<T>, &avx2::backward_channel<T>, &avx2::cross_forward_channel<T>,
-            &avx2::cross_backward_channel<T>, "avx2"};
+    return {&avx2::forward_channel<T>, &avx2::backward_channel<T>, &avx2::cross_forward_channels<T>,
+            &avx2::cross_backward_channels<T>, "avx2"};
   }
 #endif
   (void)cap;
-  return {&baseline::forward_channel<T>, &baseline::backward_channel<T>, &baseline::cross_forward_channel<T>,
-          &baseline::cross_backward_channel<T>, "baseline"};
+  return {&baseline::forward_channel<T>, &baseline::backward_channel<T>, &baseline::cross_forward_channels<T>,
+          &baseline::cross_backward_channels<T>, "baseline"};
 }
 
 }  // namespace cpu

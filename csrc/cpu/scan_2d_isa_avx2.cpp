@@ -14,6 +14,8 @@
 
 #pragma GCC target("avx2,fma")
 #define VMAMBA2D_ISA avx2
+// The step-size projection's register blocks are one vector wide (scan_2d_routes_kernel.h).
+#define VMAMBA2D_VECTOR_BYTES 32
 #include "scan_2d_kernel.h"
 #include "scan_2d_routes_kernel.h"
 

@@ -16,6 +16,8 @@
 #define VMAMBA2D_ISA avx512
 // The row passes that record running products scan 16 floats per vector (scan_2d_passes.h).
 #define VMAMBA2D_ROW_SCAN_FLOATS 16
+// The step-size projection's register blocks are one vector wide (scan_2d_routes_kernel.h).
+#define VMAMBA2D_VECTOR_BYTES 64
 #include "scan_2d_kernel.h"
 #include "scan_2d_routes_kernel.h"
 

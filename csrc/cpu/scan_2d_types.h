@@ -32,7 +32,8 @@ struct ScanShape {
 
 // The four-route scan: u (batch, dim, L); delta (batch, routes, dim, L); B, C (batch, routes, N, L);
 // A (routes * dim, N); D, delta_bias (routes * dim,). The maps u, y, dy and du are contiguous, or
-// all channels-last (batch, L, dim) when channels_last.
+// all channels-last (batch, L, dim) when channels_last. With a step-size projection (rank > 0),
+// delta is low-rank (batch, routes, rank, L) and ScanInputs::delta_proj (routes * dim, rank).
 struct CrossShape {
   int64_t batch;
   int64_t dim;
@@ -41,9 +42,13 @@ struct CrossShape {
   int64_t height;
   int64_t width;
   bool channels_last;
+  int64_t rank = 0;  // of the step-size projection; 0 without one
 
   int64_t length() const { return height * width; }
   MapShape map() const { return {height, width, nstate}; }
+  // Channels per kernel call: a group shares each load of the low-rank step sizes (see
+  // cross_channel_group); one channel without a projection.
+  int64_t channel_group() const;
   // Where channel d of sample b starts in u / y / dy / du, and the step between its pixels.
   int64_t map_offset(int64_t b, int64_t d) const {
     return channels_last ? b * dim * length() + d : (b * dim + d) * length();
@@ -52,7 +57,7 @@ struct CrossShape {
 };
 
 // Read-only inputs, all contiguous and of one scalar type T, shaped as ScanShape or CrossShape says
-// (D, delta_bias may be null).
+// (D, delta_bias, delta_proj may be null; delta_proj is the four-route scan's only).
 template <typename T>
 struct ScanInputs {
   const T* u;
@@ -63,6 +68,7 @@ struct ScanInputs {
   const T* D;
   const T* delta_bias;
   bool delta_softplus;
+  const T* delta_proj = nullptr;
 };
 
 // Scratch memory of one thread: arrays of L values each, carved from caller-owned storage.
@@ -96,10 +102,18 @@ constexpr int64_t kForwardArrays = 6;  // dt, dt_u, decay, state, products, carr
 
 constexpr int64_t kBackwardArrays = 10;  // dt, dt_u, ddt, decay, hh, h, lambda, mu, products, carries
 
-// The four-route kernel's arrays: the above, then the channel's planes gathered from channels-last
-// maps (forward: u, y; backward: u, dy, du).
-constexpr int64_t kCrossForwardArrays = kForwardArrays + 2;
-constexpr int64_t kCrossBackwardArrays = kBackwardArrays + 3;
+// Channels of one four-route kernel call when it projects the step sizes: the projection loads
+// each vector of a route's low-rank step sizes once for all of them (kProjectChannels independent
+// accumulator chains; one channel alone waits on the FMA latency on small maps).
+constexpr int64_t kProjectChannels = 8;
+
+inline int64_t CrossShape::channel_group() const { return rank > 0 ? kProjectChannels : 1; }
+
+// The four-route kernel's arrays for a call on `group` channels: the above, then per channel its
+// route's step sizes (delta plane, projected), then its planes gathered from channels-last maps
+// (forward: u, y; backward: u, dy, du).
+constexpr int64_t cross_forward_arrays(int64_t group) { return kForwardArrays + 3 * group; }
+constexpr int64_t cross_backward_arrays(int64_t group) { return kBackwardArrays + 4 * group; }
 
 }  // namespace cpu
 }  // namespace vmamba2d

@@ -231,15 +231,19 @@ def _static_dim(value, axis: int, what: str) -> int:
 
 
 def cross_selective_scan_2d_onnx(
-    u, delta, A, B, C, D, delta_bias, delta_softplus: bool, routes: Sequence[int], out_fp32: bool
+    u, delta, A, B, C, D, delta_bias, delta_softplus: bool, routes: Sequence[int], out_fp32: bool,
+    delta_proj_weight=None,
 ):
     """ONNX translation of ``vmamba2d::cross_selective_scan_2d_fwd``.
 
-    u (batch, Di, H, W); delta (batch, K, Di, H, W); A (K * Di, N); B, C (batch, K, N, H, W);
-    D, delta_bias (K * Di,) or None. Returns y (batch, Di, H, W): the route outputs summed in
-    route order, plus ``D * u`` summed over the routes' D.
+    u (batch, Di, H, W); delta (batch, K, Di, H, W), or the low-rank (batch, K, R, H, W) with
+    delta_proj_weight (K, Di, R) (projected by an Einsum first); A (K * Di, N); B, C
+    (batch, K, N, H, W); D, delta_bias (K * Di,) or None. Returns y (batch, Di, H, W): the route
+    outputs summed in route order, plus ``D * u`` summed over the routes' D.
     """
     dtype = _onnx_dtype(u)
+    if delta_proj_weight is not None:
+        delta = op.Einsum(op.CastLike(delta_proj_weight, delta), delta, equation="kdr,bkrhw->bkdhw")
     num_routes = len(routes)
     dim = _static_dim(u, 1, "channel count")
     nstate = _static_dim(A, 1, "state count")

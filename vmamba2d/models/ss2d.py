@@ -15,8 +15,9 @@ each corner of the map instead (not in the paper), so one mixer sees all four qu
 ``cross_scan="fused"`` (default) computes the per-route projections on the map in its own order
 (they are position-wise, so they commute with the route permutations) and scans all routes with
 one :func:`vmamba2d.ops.cross_selective_scan_2d` call, which backends with a native kernel run
-in place. ``cross_scan="per_route"`` builds the four route-order copies of the map and scans each
-with :func:`vmamba2d.ops.selective_scan_2d` (VMamba's formulation; kept for comparison).
+in place; the op also applies the step-size projection ``dt_projs_weight`` to the low-rank step
+sizes (``delta_proj_weight``), so the full-rank step sizes are never stored on CPU.
+``cross_scan="per_route"`` builds the four route-order copies of the map and scans each with :func:`vmamba2d.ops.selective_scan_2d` (VMamba's formulation; kept for comparison).
 Parameter names and shapes follow the public VMamba v2 code so its checkpoints load unchanged.
 """
 from __future__ import annotations
@@ -103,14 +104,17 @@ def cross_scan_fused(
     x_dbl = torch.bmm(_batched(x_proj_weight.reshape(k * proj_rows, d_inner), batch), x.reshape(batch, d_inner, length))
     x_dbl = x_dbl.view(batch, k, proj_rows, length)
     dts, Bs, Cs = torch.split(x_dbl, [r, n, n], dim=2)
-    dts = torch.bmm(_per_route(dt_projs_weight, batch), dts.reshape(batch * k, r, length))
     A, D, delta_bias = _scan_parameters(A_logs, Ds, dt_projs_bias)
     grid = (height, width)
-    dts = dts.view(batch, k, d_inner, height, width)
-    Bs, Cs = Bs.unflatten(-1, grid), Cs.unflatten(-1, grid)
+    # the low-rank step sizes: the op applies dt_projs_weight itself (the CPU kernel where it reads them)
+    dts, Bs, Cs = dts.unflatten(-1, grid), Bs.unflatten(-1, grid), Cs.unflatten(-1, grid)
     if torch.jit.is_scripting():  # no backend dispatch in TorchScript: the compiled CPU kernel
-        return cross_selective_scan_2d_fused(x, dts, A, Bs, Cs, D, delta_bias, True, route_codes, x.dtype)
-    return cross_selective_scan_2d(x, dts, A, Bs, Cs, D, delta_bias, True, routes=route_codes, backend=backend)
+        return cross_selective_scan_2d_fused(
+            x, dts, A, Bs, Cs, D, delta_bias, True, route_codes, x.dtype, dt_projs_weight
+        )
+    return cross_selective_scan_2d(
+        x, dts, A, Bs, Cs, D, delta_bias, True, routes=route_codes, backend=backend, delta_proj_weight=dt_projs_weight
+    )
 
 
 def cross_scan_merge(

@@ -1,16 +1,21 @@
 """The compiled four-route scan kernel as ``torch.library`` custom ops.
 
     vmamba2d::cross_selective_scan_2d_fwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
-                                          routes, out_fp32) -> y
+                                          routes, out_fp32, delta_proj_weight?) -> y
     vmamba2d::cross_selective_scan_2d_bwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
-                                          routes, dy) -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
+                                          routes, dy, delta_proj_weight?)
+        -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
 
 Implemented by the CPU extension (``cross_forward`` / ``cross_backward``), which scans every
 route in place on the map (shapes in :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`;
-``routes`` are :attr:`Route.code` values). On a device whose extension has no route kernel (CUDA
+``routes`` are :attr:`Route.code` values). With ``delta_proj_weight`` (K, dim, R), delta is
+the low-rank (batch, K, R, H, W) and the kernel projects each channel's step sizes where it reads
+them (no full-rank delta is stored); the backward op then returns the full-rank ddelta
+(batch, K, dim, H, W), and the autograd formula turns it into the gradients of the low-rank delta
+and of the weight (:func:`~vmamba2d.ops.delta_proj.project_delta_grads`). On a device whose extension has no route kernel (CUDA
 today) the ops run the device's single-route kernel once per route on route-order copies
 (``cross_forward_per_route`` / ``cross_backward_per_route``), so scripted and exported models
-run there too. Both ops have fake implementations, so
+run there too (projecting delta first when given the weight). Both ops have fake implementations, so
 ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through them; the forward's autograd
 formula calls the backward op, which recomputes from the inputs. The kernel computes in fp32
 (fp64 for fp64 inputs): other dtypes are cast outside the op, so autograd returns every gradient
@@ -25,6 +30,7 @@ from typing import List, Optional
 
 import torch
 
+from .delta_proj import project_delta, project_delta_grads
 from .fused import _contiguous_as, _kernel_dtypes, _kernel_module
 from .routes import Route, from_route_order, to_route_order
 
@@ -60,17 +66,20 @@ def cross_selective_scan_2d_fwd(
     delta_softplus: bool,
     routes: List[int],
     out_fp32: bool,
+    delta_proj_weight: Optional[Tensor] = None,
 ) -> Tensor:
     """Kernel forward: y (batch, dim, H, W), fp32 if ``out_fp32`` else u's dtype.
 
     Inputs contiguous (u also channels-last; y then too), u / delta / B / C of the compute dtype:
     u (batch, dim, H, W), delta (batch, K, dim, H, W), A (K * dim, N), B / C (batch, K, N, H, W),
-    D / delta_bias (K * dim,).
+    D / delta_bias (K * dim,); with delta_proj_weight (K, dim, R), delta is (batch, K, R, H, W).
     """
     module = _kernel_module(u.device)
     if not hasattr(module, "cross_forward"):
+        if delta_proj_weight is not None:
+            delta = project_delta(delta, delta_proj_weight)
         return cross_forward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
-    return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
+    return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, delta_proj_weight)
 
 
 def _route_inputs(u, delta, A, B, C, D, delta_bias, k: int, route: Route):
@@ -138,7 +147,7 @@ def cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_sof
 
 
 @cross_selective_scan_2d_fwd.register_fake
-def _cross_fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32):
+def _cross_fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, delta_proj_weight=None):
     return torch.empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device,
                        memory_format=map_format(u))
 
@@ -155,14 +164,18 @@ def cross_selective_scan_2d_bwd(
     delta_softplus: bool,
     routes: List[int],
     dy: Tensor,
+    delta_proj_weight: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Kernel backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias), each shaped and typed like its
     input (du in u's layout); dy (batch, dim, H, W) in u's layout. dD / ddelta_bias are empty when
-    D / delta_bias is None."""
+    D / delta_bias is None. With delta_proj_weight (K, dim, R) (delta then (batch, K, R, H, W)),
+    ddelta is the gradient of the projected, full-rank delta (batch, K, dim, H, W)."""
     module = _kernel_module(u.device)
     if hasattr(module, "cross_backward"):
-        grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
+        grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy, delta_proj_weight)
     else:
+        if delta_proj_weight is not None:
+            delta = project_delta(delta, delta_proj_weight)
         grads = cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
     du, ddelta, dA, dB, dC, dD, dbias = grads
     like = (u, delta, A, B, C)
@@ -173,28 +186,34 @@ def cross_selective_scan_2d_bwd(
 
 
 @cross_selective_scan_2d_bwd.register_fake
-def _cross_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy):
+def _cross_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy, delta_proj_weight=None):
     optional = tuple(torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias))
     du = torch.empty(u.shape, dtype=u.dtype, device=u.device, memory_format=map_format(u))
-    return (du,) + tuple(torch.empty_like(t) for t in (delta, A, B, C)) + optional
+    batch, dim, height, width = u.shape
+    ddelta = delta.new_empty((batch, delta.shape[1], dim, height, width))
+    return (du, ddelta) + tuple(torch.empty_like(t) for t in (A, B, C)) + optional
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    u, delta, A, B, C, D, delta_bias, delta_softplus, routes, _ = inputs
-    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias)
+    u, delta, A, B, C, D, delta_bias, delta_softplus, routes, _, delta_proj_weight = inputs
+    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias, delta_proj_weight)
     ctx.scan_args = (delta_softplus, routes)
 
 
 def _backward(ctx, dy: Tensor):
-    u, delta, A, B, C, D, delta_bias = ctx.saved_tensors
+    u, delta, A, B, C, D, delta_bias, delta_proj_weight = ctx.saved_tensors
     du, ddelta, dA, dB, dC, dD, dbias = cross_selective_scan_2d_bwd(
-        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous(memory_format=map_format(u))
+        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous(memory_format=map_format(u)),
+        delta_proj_weight,
     )
+    dweight = None
+    if delta_proj_weight is not None:
+        ddelta, dweight = project_delta_grads(ddelta, delta, delta_proj_weight)
     return (
         du, ddelta, dA, dB, dC,
         dD if D is not None else None,
         dbias if delta_bias is not None else None,
-        None, None, None,
+        None, None, None, dweight,
     )
 
 
@@ -212,9 +231,11 @@ def cross_selective_scan_2d_fused(
     delta_softplus: bool,
     routes: List[int],
     out_dtype: torch.dtype,
+    delta_proj_weight: Optional[Tensor] = None,
 ) -> Tensor:
     """Four-route scan on the compiled kernel (differentiable); shapes as
-    :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`, ``routes`` as route codes.
+    :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`, ``routes`` as route codes (with
+    ``delta_proj_weight`` (K, dim, R), delta is the low-rank (batch, K, R, H, W)).
 
     Returns y (batch, dim, H, W) in ``out_dtype``, channels-last when u is (:func:`map_format`).
     TorchScript compiles this function: scripted models call it directly (CPU tensors) instead of
@@ -226,5 +247,6 @@ def cross_selective_scan_2d_fused(
         _as_map(u.to(scan_dtype)), delta.to(scan_dtype).contiguous(), A.to(param_dtype).contiguous(),
         B.to(scan_dtype).contiguous(), C.to(scan_dtype).contiguous(), _contiguous_as(D, param_dtype),
         _contiguous_as(delta_bias, param_dtype), delta_softplus, routes, out_fp32,
+        _contiguous_as(delta_proj_weight, scan_dtype),
     )
     return y.to(out_dtype)

@@ -15,6 +15,10 @@ Backends (same names and ``auto`` rule as :func:`vmamba2d.ops.selective_scan_2d`
                    ``backend_info()["cross_scan"]`` says so).
     ``torch``, ``reference``   per route, on the backend of that name (readable; for tests).
 
+With ``delta_proj_weight``, delta is low-rank and the op projects it (VMamba's per-route
+``dt_proj``): the ``cpu`` kernel projects each channel's step sizes where it reads them; the other
+backends project the whole delta with one batched matmul first (:mod:`vmamba2d.ops.delta_proj`).
+
 ``cross_scan_per_route`` is the per-route formulation every native backend is tested against.
 """
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _extensions
+from .delta_proj import project_delta
 from .routes import Route, RoutesArg, from_route_order, resolve_routes, to_route_order
 from .selective_scan_2d import MAX_NSTATE, resolve_backend, selective_scan_2d
 from .validation import check_cross_scan_inputs
@@ -132,6 +137,7 @@ def cross_selective_scan_2d(
     routes: RoutesArg = "cross",
     backend: str = "auto",
     out_dtype: Optional[torch.dtype] = None,
+    delta_proj_weight: Optional[Tensor] = None,
 ) -> Tensor:
     """Selective scans of one map along K routes, summed back onto the map.
 
@@ -148,12 +154,17 @@ def cross_selective_scan_2d(
             (flat routes for 1D scans, e.g. ``route_set("cross", scan="1d")`` for VMamba).
         backend: one of ``vmamba2d.ops.BACKENDS``.
         out_dtype: dtype of y; defaults to u's. Accumulation is in fp32 (fp64 for fp64 inputs).
+        delta_proj_weight: optional (K, dim, R) per-route step-size projection. When given, delta
+            is the low-rank (batch, K, R, H, W) and route k's step sizes are
+            ``sum_r delta_proj_weight[k, d, r] * delta[b, k, r]`` (then bias and softplus as
+            above); the ``cpu`` kernel computes them where it reads them (the full-rank delta is
+            never stored). Differentiable in both.
     Returns:
         y: (batch, dim, H, W), the sum over routes k = 0..K-1 (in that order) of route k's scan
         output mapped back to map order.
     """
     route_tuple = resolve_routes(routes)
-    check_cross_scan_inputs(u, delta, A, B, C, D, delta_bias, len(route_tuple))
+    check_cross_scan_inputs(u, delta, A, B, C, D, delta_bias, len(route_tuple), delta_proj_weight)
     name = resolve_backend(backend, u.device, u.dtype)
     nstate = A.shape[1]
     if name in MAX_NSTATE and nstate > MAX_NSTATE[name]:
@@ -161,7 +172,11 @@ def cross_selective_scan_2d(
     out_dtype = u.dtype if out_dtype is None else out_dtype
     cross_scan_mode(name)  # warns once if the CPU build predates the route kernel
     impl = _op_impl(name)
+    codes = [r.code for r in route_tuple]
+    if impl is not None and name in ("cpu", "cuda"):  # the compiled op projects delta itself
+        return impl(u, delta, A, B, C, D, delta_bias, delta_softplus, codes, out_dtype, delta_proj_weight)
+    if delta_proj_weight is not None:
+        delta = project_delta(delta, delta_proj_weight)
     if impl is not None:
-        codes = [r.code for r in route_tuple]
         return impl(u, delta, A, B, C, D, delta_bias, delta_softplus, codes, out_dtype)
     return cross_scan_per_route(u, delta, A, B, C, D, delta_bias, delta_softplus, route_tuple, name, out_dtype)

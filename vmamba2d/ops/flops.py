@@ -64,8 +64,8 @@ def selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
 
 
 # Argument positions in the four-route op's schema (u, delta, A, B, C, D, delta_bias,
-# delta_softplus, routes, out_fp32).
-_CROSS_U, _CROSS_A, _CROSS_D, _CROSS_ROUTES = 0, 2, 5, 8
+# delta_softplus, routes, out_fp32, delta_proj_weight; the Triton op has no delta_proj_weight).
+_CROSS_U, _CROSS_A, _CROSS_D, _CROSS_ROUTES, _CROSS_PROJ = 0, 2, 5, 8, 10
 
 
 def _constant_int_list(value: Any) -> Optional[list]:
@@ -84,8 +84,11 @@ def cross_selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
     """fvcore op handle for ``vmamba2d::cross_selective_scan_2d_fwd``: the flops of one node.
 
     The sum over its routes of what the single-route op counts for the same route: a 2D scan
-    per 2D route, a 1D scan per flat route, each with its own ``D * u`` term when D is given.
-    ``inputs``: u (batch, dim, H, W), A (K * dim, N), D or None, the constant route codes.
+    per 2D route, a 1D scan per flat route, each with its own ``D * u`` term when D is given;
+    plus, with a step-size projection (K, dim, R), its batch * K * dim * R * H * W multiply-adds
+    (what the batched matmul it replaces counts).
+    ``inputs``: u (batch, dim, H, W), A (K * dim, N), D or None, the constant route codes,
+    delta_proj_weight or None.
     """
     u_sizes = _tensor_sizes(inputs[_CROSS_U])
     a_sizes = _tensor_sizes(inputs[_CROSS_A])
@@ -94,12 +97,25 @@ def cross_selective_scan_2d_flop_jit(inputs: list, outputs: list) -> int:
         raise ValueError(f"{CROSS_FWD_OP_NAME}: the traced graph has no static shapes for u / A or no constant routes")
     batch, dim, height, width = u_sizes
     with_d = inputs[_CROSS_D].type().kind() != "NoneType"
-    return sum(
+    scans = sum(
         (scan_1d_flops if Route.from_code(code).flat or min(height, width) == 1 else scan_2d_flops)(
             batch, dim, height * width, a_sizes[1], with_d
         )
         for code in codes
     )
+    return scans + _projection_flops(inputs, batch, height * width)
+
+
+def _projection_flops(inputs: list, batch: int, length: int) -> int:
+    """Multiply-adds of the four-route op's step-size projection: batch * K * dim * R * L, or 0
+    without one."""
+    if len(inputs) <= _CROSS_PROJ or inputs[_CROSS_PROJ].type().kind() == "NoneType":
+        return 0
+    sizes = _tensor_sizes(inputs[_CROSS_PROJ])
+    if sizes is None:
+        raise ValueError(f"{CROSS_FWD_OP_NAME}: the traced graph has no static shape for delta_proj_weight")
+    routes, dim, rank = sizes
+    return batch * routes * dim * rank * length
 
 
 FVCORE_OP_HANDLES: dict[str, Callable[[list, list], int]] = {

@@ -101,19 +101,32 @@ def check_cross_scan_inputs(
     D: Optional[Tensor],
     delta_bias: Optional[Tensor],
     num_routes: int,
+    delta_proj_weight: Optional[Tensor] = None,
 ) -> tuple[int, int, int, int, int]:
     """Validate the four-route op's arguments; return ``(batch, dim, height, width, nstate)``.
 
-    Expected: u (batch, dim, H, W); delta (batch, K, dim, H, W); A (K * dim, N); B, C
-    (batch, K, N, H, W); D, delta_bias (K * dim,) or None; u, delta, B, C of one floating dtype;
-    all on u's device. K is ``num_routes``.
+    Expected: u (batch, dim, H, W); delta (batch, K, dim, H, W), or (batch, K, R, H, W) with
+    delta_proj_weight (K, dim, R); A (K * dim, N); B, C (batch, K, N, H, W); D, delta_bias
+    (K * dim,) or None; u, delta, B, C of one floating dtype (A, D, delta_bias, delta_proj_weight
+    floating, any); all on u's device. K is ``num_routes``.
     """
     u = _require_tensor("u", u)
     if u.dim() != 4:
         raise ValueError(f"u must be 4-D (batch, dim, H, W), got shape {tuple(u.shape)}")
     batch, dim, height, width = u.shape
     k = num_routes
-    _require_shape("delta", _require_tensor("delta", delta), (batch, k, dim, height, width), "(batch, K, dim, H, W)")
+    delta = _require_tensor("delta", delta)
+    if delta_proj_weight is None:
+        _require_shape("delta", delta, (batch, k, dim, height, width), "(batch, K, dim, H, W)")
+    else:
+        weight = _require_tensor("delta_proj_weight", delta_proj_weight)
+        if weight.dim() != 3 or weight.shape[0] != k or weight.shape[1] != dim or weight.shape[2] < 1:
+            raise ValueError(
+                f"delta_proj_weight must have shape (K, dim, R) with K={k}, dim={dim} and R >= 1, "
+                f"got {tuple(weight.shape)}"
+            )
+        rank = weight.shape[2]
+        _require_shape("delta", delta, (batch, k, rank, height, width), "(batch, K, R, H, W) with delta_proj_weight")
     A = _require_tensor("A", A)
     if A.dim() != 2 or A.shape[0] != k * dim or A.shape[1] < 1:
         raise ValueError(f"A must have shape (K * dim, N) with K * dim = {k * dim} and N >= 1, got {tuple(A.shape)}")
@@ -124,7 +137,9 @@ def check_cross_scan_inputs(
         if vec is not None:
             _require_shape(name, _require_tensor(name, vec), (k * dim,), "(K * dim,)")
     check_same_dtype([("u", u), ("delta", delta), ("B", B), ("C", C)])
-    for name, tensor in (("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("delta_bias", delta_bias)):
+    named = (("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("delta_bias", delta_bias),
+             ("delta_proj_weight", delta_proj_weight))
+    for name, tensor in named:
         if tensor is not None and tensor.device != u.device:
             raise ValueError(f"{name} is on {tensor.device} but u is on {u.device}; all inputs must share a device")
     return batch, dim, height, width, nstate
