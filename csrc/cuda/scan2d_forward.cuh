@@ -181,6 +181,7 @@ template <class T, Variant V, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
   constexpr bool kOne = V == Variant::kOneStateSequential;
+  constexpr bool kRouted = V == Variant::kRoute;
   const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.fwd_channels;
   const int wpc = kOne ? 1 : p.k.fwd_wpc;
@@ -199,11 +200,12 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
-  auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
-  auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
-  auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
-  // y of fp32 inputs is fp32 whatever p.y_fp32 says: one store path.
-  const bool y_fp32 = std::is_same_v<T, float> || p.y_fp32;
+  auto delta = ctx.global(static_cast<const T*>(p.delta), kRouted ? route_delta_numel(g) : n_ud);
+  auto Bg = ctx.global(static_cast<const T*>(p.B), kRouted ? route_bc_numel(g) : n_bc);
+  auto Cg = ctx.global(static_cast<const T*>(p.C), kRouted ? route_bc_numel(g) : n_bc);
+  // y of fp32 inputs is fp32 whatever p.y_fp32 says: one store path. A route kernel's y is the
+  // fp32 sum over routes.
+  const bool y_fp32 = std::is_same_v<T, float> || kRouted || p.y_fp32;
   auto y32 = ctx.global(static_cast<float*>(y_fp32 ? p.y : nullptr), n_ud);
   auto yT = ctx.global(static_cast<T*>(y_fp32 ? nullptr : p.y), n_ud);
   const bool y_planes = y_fp32 ? vector_planes(ctx, g, y32) : vector_planes(ctx, g, yT);
@@ -216,7 +218,7 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
   const int d0 = cblock * channels;
-  const GroupPlanes bc_planes = group_planes(g, group_of(g, d0));
+  const GroupPlanes bc_planes = kRouted ? GroupPlanes{g.route.bc_planes, 0} : group_planes(g, group_of(g, d0));
   const bool sequential = pass == kSequential;
   const bool edges_only = pass == kRowEdges || pass == kColumnEdges;
   // One-state variant: the per-channel constants, once per block.
@@ -286,12 +288,12 @@ SS2D_UNROLL
         });
       } else {
       each_quad(ctx, [&](int, int r, int c0) {
-        const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+        const QuadPlace at = place<kRouted>(g, bb, ti, tj, r, c0);
         float bq[kMaxWarps][kQuad];
 SS2D_UNROLL
         for (int j = 0; j < kMaxWarps; ++j) {
           if (j < wpc && round * wpc + j < nstate) {
-            load_quad<T>(ctx, g, Bg, bc_planes(round * wpc + j), at, bq[j]);
+            load_quad<T, kRouted>(ctx, g, Bg, bc_planes(round * wpc + j), at, bq[j]);
           }
         }
         for (int s = 0; s < channels; ++s) {
@@ -300,8 +302,8 @@ SS2D_UNROLL
           if (round == 0) {
             const Plane pl{g.dim, d};
             float dq[kQuad];
-            const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
-            load_quad<T>(ctx, g, u, pl, at, uq);
+            const uint32_t real = load_quad<T, kRouted>(ctx, g, delta, delta_plane<kRouted>(g, d), at, dq);
+            load_quad<T, kRouted>(ctx, g, u, pl, at, uq);
             const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
@@ -472,14 +474,14 @@ SS2D_UNROLL
         continue;
       }
       each_quad(ctx, [&](int, int r, int c0) {
-        const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+        const QuadPlace at = place<kRouted>(g, bb, ti, tj, r, c0);
         // The C quads of the round's states, loaded once for all channels (registers indexed by
         // unrolled loops: no local memory).
         float cq[kMaxWarps][kQuad];
 SS2D_UNROLL
         for (int j = 0; j < kMaxWarps; ++j) {
           const int n = round * wpc + j;
-          if (j < wpc && n < nstate) load_quad<T>(ctx, g, Cg, bc_planes(n), at, cq[j]);
+          if (j < wpc && n < nstate) load_quad<T, kRouted>(ctx, g, Cg, bc_planes(n), at, cq[j]);
         }
         // One channel per trip (a rolled loop: one copy of the u / y accesses in the code).
 SS2D_UNROLL_BY(1)
@@ -495,7 +497,7 @@ SS2D_UNROLL_BY(1)
             if (rounds > 1) {
               load_shared4(u_t, s * kFwdTileFloats + fwd_offset(r, c0), uq);
             } else if (p.D) {
-              load_quad<T>(ctx, g, u, Plane{g.dim, d0 + s}, at, uq);
+              load_quad<T, kRouted>(ctx, g, u, Plane{g.dim, d0 + s}, at, uq);
             }
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) yq[k] = dskip * uq[k];
@@ -513,10 +515,12 @@ SS2D_UNROLL
             continue;
           }
           const Plane pl{g.dim, d0 + s};
-          if (y_fp32) {
-            store_quad<float>(ctx, g, y32, pl, at, yq);
+          if (kRouted && g.route.accumulate) {
+            add_quad<kRouted>(ctx, g, y32, pl, at, yq);  // the cell's sum of the earlier routes
+          } else if (y_fp32) {
+            store_quad<float, kRouted>(ctx, g, y32, pl, at, yq);
           } else {
-            store_quad<T>(ctx, g, yT, pl, at, yq);
+            store_quad<T, kRouted>(ctx, g, yT, pl, at, yq);
           }
         }
       });

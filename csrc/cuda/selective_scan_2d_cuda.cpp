@@ -14,6 +14,7 @@
 #include "scan2d_driver.h"
 #include "scan2d_emulate.h"
 #include "scan2d_launch.h"
+#include "scan2d_routes.h"
 
 namespace vmamba2d {
 namespace scan2d {
@@ -83,6 +84,25 @@ std::vector<at::Tensor> backward(const at::Tensor& u, const at::Tensor& delta,
                                     width, dy, carry_h, carry_v);
 }
 
+at::Tensor cross_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                         const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
+                         const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                         const std::vector<int64_t>& routes, bool out_fp32) {
+  require_cuda(u);
+  const c10::cuda::CUDAGuard guard(u.device());
+  return cross_forward_impl<CudaBackend>(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32);
+}
+
+std::vector<at::Tensor> cross_backward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                                       const at::Tensor& B, const at::Tensor& C,
+                                       const std::optional<at::Tensor>& D,
+                                       const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                                       const std::vector<int64_t>& routes, const at::Tensor& dy) {
+  require_cuda(u);
+  const c10::cuda::CUDAGuard guard(u.device());
+  return cross_backward_impl<CudaBackend>(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy);
+}
+
 EmulationOptions emulation_options(int64_t order, bool race_check, int64_t drop_barrier,
                                    int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block) {
   EmulationOptions o;
@@ -118,6 +138,28 @@ std::vector<at::Tensor> emulate_backward_entry(
                           carry_h, carry_v,
                           emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
                                            smem_per_block));
+}
+
+at::Tensor emulate_cross_forward_entry(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                                       const at::Tensor& B, const at::Tensor& C,
+                                       const std::optional<at::Tensor>& D,
+                                       const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                                       const std::vector<int64_t>& routes, bool out_fp32, int64_t order,
+                                       bool race_check, int64_t drop_barrier, int64_t sm_count,
+                                       int64_t smem_per_sm, int64_t smem_per_block) {
+  return emulate_cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32,
+                               emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
+                                                 smem_per_block));
+}
+
+std::vector<at::Tensor> emulate_cross_backward_entry(
+    const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
+    const std::optional<at::Tensor>& D, const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+    const std::vector<int64_t>& routes, const at::Tensor& dy, int64_t order, bool race_check, int64_t drop_barrier,
+    int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block) {
+  return emulate_cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy,
+                                emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
+                                                  smem_per_block));
 }
 
 // The work split plan_launch makes for these shapes on a device with these limits.
@@ -210,6 +252,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("height"), py::arg("width"),
         py::arg("dy"), py::arg("carry_h"), py::arg("carry_v"));
+  m.def("cross_forward", &cross_forward,
+        "cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32) -> y\n"
+        "The four-route op (vmamba2d/ops/cross_fused.py), every route scanned in place: u (batch, dim,\n"
+        "H, W) contiguous or channels-last; delta (batch, K, dim, H, W), B / C (batch, K, N, H, W) in\n"
+        "u's dtype (fp32 / fp16 / bf16), contiguous; A (K * dim, N), D / delta_bias (K * dim,) fp32;\n"
+        "routes: K route codes. y (batch, dim, H, W) in u's layout, the routes' outputs summed in route\n"
+        "order in fp32; fp32 if out_fp32 else u's dtype.",
+        py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
+        py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("routes"), py::arg("out_fp32"));
+  m.def("cross_backward", &cross_backward,
+        "cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)\n"
+        "    -> [du, ddelta, dA, dB, dC, dD, ddelta_bias]\n"
+        "dy (batch, dim, H, W) in u's dtype or fp32. Each gradient in its input's shape and dtype (du in\n"
+        "u's layout); dA, dD, ddelta_bias fp32, dD / ddelta_bias None when D / delta_bias is None.\n"
+        "Deterministic: no atomics, fixed-order sums.",
+        py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
+        py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("routes"), py::arg("dy"));
   m.def("kernel_image_available", &kernel_image_available,
         "kernel_image_available(device_index) -> bool: whether this build holds a kernel image "
         "GPU device_index can run (False: rebuild with its arch in TORCH_CUDA_ARCH_LIST).",
@@ -233,6 +292,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("height"), py::arg("width"),
         py::arg("dy"), py::arg("carry_h"), py::arg("carry_v"), py::arg("order") = 0,
         py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
+        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
+  m.def("_emulate_cross_forward", &emulate_cross_forward_entry,
+        "cross_forward's kernels run on the CPU (CPU tensors; for tests). Same arguments as\n"
+        "cross_forward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block\n"
+        "(see _emulate_forward).",
+        py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
+        py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("routes"), py::arg("out_fp32"),
+        py::arg("order") = 0, py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
+        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
+  m.def("_emulate_cross_backward", &emulate_cross_backward_entry,
+        "cross_backward's kernels run on the CPU (CPU tensors; for tests). Same arguments as\n"
+        "cross_backward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block\n"
+        "(see _emulate_forward).",
+        py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
+        py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("routes"), py::arg("dy"),
+        py::arg("order") = 0, py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
         py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
   m.def("_emulation_self_check", &emulation_self_check,
         "Runs a synthetic block through the emulation's checker (tests of the race detector);\n"
