@@ -14,8 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_scan_cuda import CUDA_MODULE, assert_close, needs_module
-from vmamba2d.ops.cross_scan import cross_scan_per_route
+from test_scan_cuda import CUDA_MODULE, assert_close, needs_gpu, needs_module
+from vmamba2d.ops import backend_info
+from vmamba2d.ops.cross_scan import cross_scan_mode, cross_scan_per_route, cross_selective_scan_2d
 from vmamba2d.ops.routes import Route
 
 pytestmark = needs_module
@@ -163,3 +164,24 @@ def test_bad_routes_are_rejected():
         CUDA_MODULE._emulate_cross_forward(*args, True, [0, 16], False)
     with pytest.raises(ValueError, match="delta"):
         CUDA_MODULE._emulate_cross_forward(*args, True, [0, 4, 3], False)
+
+
+@needs_gpu
+@pytest.mark.cuda
+def test_public_op_runs_the_native_cuda_route_kernel():
+    """On a GPU: cross_selective_scan_2d(backend="cuda") takes the route kernel (backend_info says
+    so) and matches the per-route reference, gradients included."""
+    assert cross_scan_mode("cuda") == "native"
+    if backend_info()["auto_cuda"] == "cuda":
+        assert backend_info()["cross_scan"]["cuda"] == "native"
+    routes = CORNERS_2D + CROSS_1D
+    inputs = make_inputs(2, 3, routes, 2, 19, 23, seed=10)
+    leaves = {n: t.cuda().requires_grad_() for n, t in inputs.items()}
+    y = cross_selective_scan_2d(*(leaves[n] for n in NAMES), routes=[Route.from_code(c) for c in routes],
+                                backend="cuda")
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3))
+    y.backward(dy.cuda())
+    y_ref, grads_ref = reference(inputs, routes, dy)
+    assert_close("y", y, y_ref, 5e-5)
+    for name, ref in zip(NAMES, grads_ref):
+        assert_close("d" + name, leaves[name].grad, ref, 5e-5)

@@ -5,10 +5,12 @@
     vmamba2d::cross_selective_scan_2d_bwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
                                           routes, dy) -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
 
-Implemented by the CPU extension (``cross_forward`` / ``cross_backward``), which scans every
-route in place on the map (shapes in :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`;
-``routes`` are :attr:`Route.code` values). On a device whose extension has no route kernel (CUDA
-today) the ops run the device's single-route kernel once per route on route-order copies
+Implemented by the CPU and CUDA extensions (``cross_forward`` / ``cross_backward``), which scan
+every route in place on the map (shapes in :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`;
+``routes`` are :attr:`Route.code` values; the CUDA kernel runs one launch per route and reads a
+channels-last ``u`` through one contiguous copy, writing y / du back channels-last). On a device
+whose extension has no route kernel (a CUDA extension built from sources older than its route
+kernel) the ops run the device's single-route kernel once per route on route-order copies
 (``cross_forward_per_route`` / ``cross_backward_per_route``), so scripted and exported models
 run there too. Both ops have fake implementations, so
 ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through them; the forward's autograd
