@@ -59,15 +59,18 @@ SS2D_HD SS2D_INLINE uint32_t load_input_quad(const Ctx& ctx, const Geometry& g, 
       const Vec4<T> v = ctx.load_vector(src, kRouted ? off + vector_shift(g, at) : off);
       uint32_t words[kQuad / 2];
       memcpy(words, &v, sizeof(words));
-      float wide[kQuad];
+      float wide[kQuad];  // the vector's values in its element order
+      float (&dst)[kQuad] = kRouted ? wide : out;
 SS2D_UNROLL
       for (int i = 0; i < kQuad / 2; ++i) {
         const uint32_t low = words[i] << 16, high = words[i] & 0xffff0000u;
-        memcpy(&wide[2 * i], &low, sizeof(low));
-        memcpy(&wide[2 * i + 1], &high, sizeof(high));
+        memcpy(&dst[2 * i], &low, sizeof(low));
+        memcpy(&dst[2 * i + 1], &high, sizeof(high));
       }
+      if constexpr (kRouted) {
 SS2D_UNROLL
-      for (int k = 0; k < kQuad; ++k) out[k] = route_element<kRouted>(g, wide, k);
+        for (int k = 0; k < kQuad; ++k) out[k] = route_element<kRouted>(g, wide, k);
+      }
       return (1u << kQuad) - 1;
     }
   }
