@@ -260,8 +260,9 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   auto delta = ctx.global(static_cast<const T*>(p.delta), n_delta);
   auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc_at);
   auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc_at);
-  // An fp32 dy (with fp32 inputs always) through the fp32 view: one copy of its accesses.
-  const bool dy_fp32 = std::is_same_v<T, float> || p.dy_fp32;
+  // An fp32 dy (with fp32 inputs and in route kernels always) through the fp32 view: one copy of
+  // its accesses.
+  const bool dy_fp32 = std::is_same_v<T, float> || kRouted || p.dy_fp32;
   auto dy32 = ctx.global(static_cast<const float*>(dy_fp32 ? p.dy : nullptr), n_ud);
   auto dyT = ctx.global(static_cast<const T*>(dy_fp32 ? nullptr : p.dy), n_ud);
   // dy's type as a compile-time choice made once per quad (std::true_type: fp32), so that each copy
@@ -269,7 +270,7 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const auto with_dy_type = [&](auto&& f) {
     if (dy_fp32) {
       f(std::true_type{});
-    } else if constexpr (!std::is_same_v<T, float>) {
+    } else if constexpr (!std::is_same_v<T, float> && !kRouted) {
       f(std::false_type{});
     }
   };

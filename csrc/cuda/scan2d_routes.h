@@ -151,6 +151,8 @@ at::Tensor cross_forward_impl(const at::Tensor& u_in, const at::Tensor& delta, c
 
 // [du, ddelta, dA, dB, dC, dD (undefined without D), ddelta_bias (undefined without it)], each in
 // its input's dtype and shape (du in u's layout); dy (batch, dim, H, W) in u's dtype or fp32.
+// Device buffers beyond the outputs: an fp32 du, fp32 dB / dC partials and an fp32 copy of a
+// 2-byte dy.
 template <class Backend>
 std::vector<at::Tensor> cross_backward_impl(const at::Tensor& u_in, const at::Tensor& delta, const at::Tensor& A,
                                             const at::Tensor& B, const at::Tensor& C, const OptTensor& D,
@@ -158,12 +160,14 @@ std::vector<at::Tensor> cross_backward_impl(const at::Tensor& u_in, const at::Te
                                             const std::vector<int64_t>& routes, const at::Tensor& dy_in) {
   const at::Tensor u = u_in.contiguous();
   const CrossShape s = check_cross_inputs<Backend>(u, delta, A, B, C, D, delta_bias, routes);
-  const at::Tensor dy = dy_in.contiguous();
+  TORCH_CHECK_TYPE(dy_in.scalar_type() == u.scalar_type() || dy_in.scalar_type() == at::kFloat,
+                   "cross_selective_scan_2d (cuda kernel): dy must be ", u.scalar_type(), " or float32, got ",
+                   dy_in.scalar_type());
+  // The route backward reads dy as fp32 (one copy of its block phases instead of one per dy type:
+  // a third of its compile time): a 2-byte dy is widened once here.
+  const at::Tensor dy = dy_in.to(at::kFloat).contiguous();
   check_tensor<Backend>(dy, "dy", u);
   check_shape(dy, "dy", u.sizes());
-  TORCH_CHECK_TYPE(dy.scalar_type() == u.scalar_type() || dy.scalar_type() == at::kFloat,
-                   "cross_selective_scan_2d (cuda kernel): dy must be ", u.scalar_type(), " or float32, got ",
-                   dy.scalar_type());
   const at::TensorOptions f32 = u.options().dtype(at::kFloat);
   at::Tensor du = at::empty(u.sizes(), f32);
   at::Tensor ddelta = at::empty_like(delta);
