@@ -99,6 +99,13 @@ def test_map_of_several_tiles(plan):
           out_fp32=True, **device)
 
 
+def test_several_state_rounds_on_a_small_device():
+    # N = 16 on a T4-sized device: two warps per channel, eight state rounds (dt / u / y tiles kept
+    # between rounds); rows of 13 (no vector path).
+    t4 = dict(sm_count=40, smem_per_block=64 * 1024, smem_per_sm=64 * 1024)
+    check(make_inputs(1, 2, CORNERS_2D, 16, 9, 13, seed=11), CORNERS_2D, rtol=5e-5, **t4)
+
+
 def test_half_types_flat_routes():
     check(make_inputs(2, 2, CORNERS_1D, 3, 9, 13, dtype=torch.float16, seed=4), CORNERS_1D, rtol=3e-2,
           dy_fp32=True, **H100)
