@@ -92,11 +92,16 @@ def test_every_route_on_packed_odd_maps(routes):
 def test_map_of_several_tiles(plan):
     # 37 x 41: 2 x 2 tiles (3 x 2 on the columns-first routes), partial edges; N = 1 with two channels.
     device = SEQUENTIAL if plan == "sequential" else H100
-    for rows, cols in ((37, 41), (41, 37)):
-        launch = CUDA_MODULE._launch_plan(1, 2, 1, 1, rows, cols, **device)
+    for code in CROSS_2D:
+        launch = CUDA_MODULE._launch_plan(1, 2, 1, 1, 37, 41, **device, route=code)
         assert launch["fwd_tile_parallel"] == (plan == "tile-parallel")
+        # N = 1, sequential: the one-state route forward; tile-parallel: the route variant.
+        assert launch["fwd_variant"] == ("kOneStateRoute" if plan == "sequential" else "kRoute")
+        assert launch["bwd_variant"] == "kRoute"
     check(make_inputs(1, 2, CROSS_2D, 1, 37, 41, dtype=torch.bfloat16, seed=3), CROSS_2D, rtol=3e-2,
           out_fp32=True, **device)
+    # fp32 at N = 1 (its sequential forward runs kRoute: forward_variant_for).
+    check(make_inputs(1, 2, CROSS_1D, 1, 37, 41, seed=12), CROSS_1D, rtol=5e-5, **device)
 
 
 def test_several_state_rounds_on_a_small_device():
@@ -114,12 +119,15 @@ def test_half_types_flat_routes():
 def test_vector_path_on_aligned_maps_incl_reversed_routes():
     # 8 x 12 (rows of whole quads): the identity and the reversed routes take vector accesses,
     # the columns-first ones the per-cell path.
-    inputs = make_inputs(2, 4, CROSS_2D, 1, 8, 12, seed=5)
-    check(inputs, CROSS_2D, rtol=5e-5, **H100)
+    # bf16, N = 1, one tile: the one-state route forward (fp32 runs kRoute for that plan).
+    inputs = make_inputs(2, 4, CROSS_2D, 1, 8, 12, dtype=torch.bfloat16, seed=5)
+    for code in CROSS_2D:
+        assert CUDA_MODULE._launch_plan(2, 4, 1, 1, 8, 12, **H100, route=code)["fwd_variant"] == "kOneStateRoute"
+    check(inputs, CROSS_2D, rtol=3e-2, **H100)
     one = {n: (t[:, 2:3] if n in ("delta", "B", "C") else t) for n, t in inputs.items()}
     one = {n: t.contiguous() for n, t in one.items()}
     one["A"], one["D"], one["delta_bias"] = (inputs[n][8:12].contiguous() for n in ("A", "D", "delta_bias"))
-    dy = torch.randn(one["u"].shape, generator=torch.Generator().manual_seed(9))
+    dy = torch.randn(one["u"].shape, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
     args = [one[n] for n in NAMES]
     for code, vector in ((3, True), (11, True), (4, False)):
         CUDA_MODULE._emulate_cross_forward(*args, True, [code], False, **H100)
@@ -129,9 +137,9 @@ def test_vector_path_on_aligned_maps_incl_reversed_routes():
         assert (forward > 0 and backward > 0) == vector, (code, forward, backward)
     y, grads = run(one, [3], dy, **H100)
     y_ref, grads_ref = reference(one, [3], dy)
-    assert_close("y (reversed route alone)", y, y_ref, 5e-5)
+    assert_close("y (reversed route alone)", y, y_ref, 3e-2)
     for name, got, ref in zip(NAMES, grads, grads_ref):
-        assert_close("d" + name, got, ref, 5e-5)
+        assert_close("d" + name, got, ref, 3e-2)
 
 
 def test_misaligned_inputs_take_the_scalar_path():

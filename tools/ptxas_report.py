@@ -13,7 +13,7 @@ Budgets (a kernel's role is read off its demangled name: "forward"/"fwd", "backw
     forward        <= 80      <= 32 KiB    0 bytes      0 bytes
     backward       <= 255     <= 32 KiB    0 bytes      0 bytes
     other          <= 64      <= 32 KiB    0 bytes      0 bytes
-    route forward  <= 102     <= 32 KiB    0 bytes      0 bytes   (the four-route op's kRoute variant)
+    route forward  <= 102     <= 32 KiB    0 bytes      0 bytes   (the four-route op's route variants)
 
 Why: the scan is memory-bound, so occupancy (registers per thread) matters for the forward (80
 registers let six 128-thread blocks, 24 warps, share an SM: __launch_bounds__(128, 6)); the
@@ -101,7 +101,8 @@ class KernelResources:
     @property
     def budget_role(self) -> str:
         """The BUDGETS row of the kernel: its role, or "route forward" for the route variant's forward."""
-        route = "kRoute" in self.name or "VariantE2E" in self.name or "VariantE2E" in self.mangled
+        route = any(tag in self.name or tag in self.mangled
+                    for tag in ("kRoute", "kOneStateRoute", "VariantE2E", "VariantE3E"))
         return "route forward" if route and self.role == "forward" else self.role
 
 
@@ -141,7 +142,7 @@ def parse_ptxas(text: str, source: str, arch: str) -> list[KernelResources]:
 
 
 # Names of csrc/cuda's `enum class Variant` values, in their order (demangled as "(Variant)<n>").
-KERNEL_VARIANTS = ("kGeneral", "kOneStateSequential", "kRoute")
+KERNEL_VARIANTS = ("kGeneral", "kOneStateSequential", "kRoute", "kOneStateRoute")
 
 
 def readable_names(mangled: list[str]) -> dict[str, str]:

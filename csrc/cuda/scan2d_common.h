@@ -202,23 +202,35 @@ struct Params {
 // serves N = 1 in the sequential pass -- the plan of the model shapes: one warp per channel, one
 // state round --, with the state count, the warps per channel and the pass folded at compile time,
 // so its code has no loops over a round's states and no tile-parallel branches.
-// kRoute is kGeneral on one route of the four-route op (RouteAddressing): the same code with the
-// route's addressing compiled in (so the single-route variants keep none of it).
-enum class Variant : int { kGeneral = 0, kOneStateSequential = 1, kRoute = 2 };
+// kRoute / kOneStateRoute are kGeneral / kOneStateSequential on one route of the four-route op
+// (RouteAddressing): the same code with the route's addressing compiled in (so the single-route
+// variants keep none of it). The backward has no one-state route variant (kRoute serves it).
+enum class Variant : int { kGeneral = 0, kOneStateSequential = 1, kRoute = 2, kOneStateRoute = 3 };
+
+constexpr bool is_one_state(Variant v) { return v == Variant::kOneStateSequential || v == Variant::kOneStateRoute; }
+constexpr bool is_route(Variant v) { return v == Variant::kRoute || v == Variant::kOneStateRoute; }
 
 // The variant that runs a pass of plan p with wpc warps per channel (the launchers and the host
 // emulation both ask this function).
-SS2D_HD inline Variant kernel_variant(const Params& p, int wpc) {
-  if (p.g.route.active) return Variant::kRoute;
-  return p.g.nstate == 1 && wpc == 1 && p.pass == kSequential ? Variant::kOneStateSequential
-                                                              : Variant::kGeneral;
+SS2D_HD inline Variant kernel_variant(const Params& p, int wpc, bool forward = true) {
+  const bool one_state = p.g.nstate == 1 && wpc == 1 && p.pass == kSequential;
+  if (p.g.route.active) return one_state && forward ? Variant::kOneStateRoute : Variant::kRoute;
+  return one_state ? Variant::kOneStateSequential : Variant::kGeneral;
+}
+
+// The forward variant an element type of `bytes` bytes runs for kernel_variant's choice v: fp32
+// runs kRoute where kOneStateRoute is chosen -- its nine 16-byte loads per quad, all in flight
+// before the first use, with delta's own addresses, do not fit into the route forward's registers
+// on sm_75 / sm_80 without spilling (the 2-byte types' 8-byte loads do) -- so it is not compiled.
+constexpr Variant forward_variant_for(Variant v, int bytes) {
+  return bytes == 4 && v == Variant::kOneStateRoute ? Variant::kRoute : v;
 }
 
 // Blocks per SM each forward variant is compiled for (__launch_bounds__): six 4-warp blocks (24
 // warps) at <= 80 registers; the route variant, whose per-cell route addressing needs a few more
 // registers on its per-cell path, five (20 warps, <= 102 registers).
 constexpr int forward_min_blocks_per_sm(Variant v) {
-  return v == Variant::kRoute ? kMinBlocksPerSm - 1 : kMinBlocksPerSm;
+  return is_route(v) ? kMinBlocksPerSm - 1 : kMinBlocksPerSm;
 }
 
 // Blocks per SM each backward variant is compiled for (__launch_bounds__): the one-state variant

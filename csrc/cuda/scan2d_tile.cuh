@@ -235,7 +235,12 @@ SS2D_HD SS2D_INLINE int64_t cell_offset(const Geometry& g, const Plane& pl, cons
 // after unrolling (a run-time index would put the array into local memory).
 template <bool kRouted, class E>
 SS2D_HD SS2D_INLINE E route_element(const Geometry& g, const E (&e)[kQuad], int k) {
-  if constexpr (kRouted) return g.route.reversed ? e[kQuad - 1 - k] : e[k];
+  if constexpr (kRouted) {
+    // Both values first: a conditional of the two elements themselves selects an address into the
+    // array, which puts it into local memory.
+    const E forward = e[k], reversed = e[kQuad - 1 - k];
+    return g.route.reversed ? reversed : forward;
+  }
   return e[k];
 }
 

@@ -22,7 +22,7 @@ static cudaError_t launch_backward_typed(const Params& p, cudaStream_t stream) {
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.groups * p.k.slices), static_cast<unsigned>(tiles));
-  const Variant v = kernel_variant(p, p.k.bwd_wpc);
+  const Variant v = kernel_variant(p, p.k.bwd_wpc, /*forward=*/false);
   const auto kernel = v == Variant::kOneStateSequential ? scan2d_backward_kernel<T, Variant::kOneStateSequential>
                       : v == Variant::kRoute           ? scan2d_backward_kernel<T, Variant::kRoute>
                                                        : scan2d_backward_kernel<T, Variant::kGeneral>;

@@ -165,7 +165,7 @@ std::vector<at::Tensor> emulate_cross_backward_entry(
 // The work split plan_launch makes for these shapes on a device with these limits.
 pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t nstate,
                            int64_t height, int64_t width, int64_t sm_count, int64_t smem_per_sm,
-                           int64_t smem_per_block) {
+                           int64_t smem_per_block, int64_t route) {
   TORCH_CHECK_VALUE(batch >= 1 && dim >= 1 && groups >= 1 && dim % groups == 0,
                     "launch_plan: need batch, dim >= 1 and groups dividing dim, got batch=", batch,
                     " dim=", dim, " groups=", groups);
@@ -175,7 +175,16 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
                     height, " x ", width);
   TORCH_CHECK_VALUE(sm_count >= 1 && smem_per_block >= 1 && smem_per_sm >= smem_per_block,
                     "launch_plan: need sm_count >= 1 and smem_per_sm >= smem_per_block >= 1");
-  const Geometry g = plan_geometry(batch, dim, groups, nstate, height, width);
+  TORCH_CHECK_VALUE(route >= -1 && route < 16 && (route < 0 || groups == 1),
+                    "launch_plan: route must be -1 (the single-route op) or a route code in [0, 16) with groups = 1, "
+                    "got route=", route, " groups=", groups);
+  Geometry g = plan_geometry(batch, dim, groups, nstate, height, width);
+  if (route >= 0) {  // the four-route op's launch of that route on an H x W map
+    const CrossShape s{batch, dim, 1, nstate, height, width};
+    const auto [rows, cols] = route_grid(s, route);
+    g = plan_geometry(batch, dim, 1, nstate, rows, cols);
+    g.route = route_addressing(s, route, false);
+  }
   const DeviceLimits dev{static_cast<int>(sm_count), static_cast<size_t>(smem_per_block),
                          static_cast<size_t>(smem_per_sm)};
   const Launch k = plan_launch(g, dev);
@@ -198,22 +207,26 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
     d[(pass + "_lost_slots").c_str()] = fit.lost;
   };
   // The kernel variant that runs each pass's main grid.
-  auto variant_of = [&](bool tile_parallel, int wpc) {
+  auto variant_of = [&](bool tile_parallel, int wpc, bool forward) {
     Params p{};
     p.g = g;
     p.pass = tile_parallel ? kFinal : kSequential;
-    return kernel_variant(p, wpc);
+    return kernel_variant(p, wpc, forward);
   };
-  const Variant fwd_variant = variant_of(k.tile_parallel, k.fwd_wpc);
-  const Variant bwd_variant = variant_of(k.bwd_tile_parallel, k.bwd_wpc);
+  const Variant fwd_variant = variant_of(k.tile_parallel, k.fwd_wpc, true);
+  const Variant bwd_variant = variant_of(k.bwd_tile_parallel, k.bwd_wpc, false);
   add_pass("fwd", k.fwd_channels, k.fwd_wpc, forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate).total,
-           kForwardRegisters, forward_blocks(g, k));
-  add_pass("bwd", k.bwd_channels, k.bwd_wpc, backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate).total,
+           kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(fwd_variant)), forward_blocks(g, k));
+  add_pass("bwd", k.bwd_channels, k.bwd_wpc,
+           backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate, g.route.active).total,
            backward_registers(bwd_variant), backward_blocks(g, k));
   d["fwd_tile_parallel"] = k.tile_parallel;
   d["bwd_slices"] = k.slices;
   d["bwd_tile_parallel"] = k.bwd_tile_parallel;
-  const auto name = [](Variant v) { return v == Variant::kOneStateSequential ? "kOneStateSequential" : "kGeneral"; };
+  const auto name = [](Variant v) {
+    constexpr const char* kNames[] = {"kGeneral", "kOneStateSequential", "kRoute", "kOneStateRoute"};
+    return kNames[static_cast<int>(v)];
+  };
   d["fwd_variant"] = name(fwd_variant);
   d["bwd_variant"] = name(bwd_variant);
   return d;
@@ -319,9 +332,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "block, threads, dynamic shared memory, the registers per thread it is compiled for, the\n"
         "modelled resident blocks / warps per SM, the main grid's blocks, its waves over the device's\n"
         "resident block slots and the share of slots they leave empty, slices, tiling, and the\n"
-        "kernel variant (fwd_variant / bwd_variant) that runs each pass.",
+        "kernel variant (fwd_variant / bwd_variant) that runs each pass. route >= 0: the four-route\n"
+        "op's launch of that route code on an H x W map (groups = 1).",
         py::arg("batch"), py::arg("dim"), py::arg("groups"), py::arg("nstate"), py::arg("height"),
-        py::arg("width"), py::arg("sm_count"), py::arg("smem_per_sm"), py::arg("smem_per_block"));
+        py::arg("width"), py::arg("sm_count"), py::arg("smem_per_sm"), py::arg("smem_per_block"),
+        py::arg("route") = -1);
   m.def("_softplus", &kernel_softplus,
         "The kernels' fast softplus on a float32 CPU tensor, as the host build computes it (tests).",
         py::arg("z"));

@@ -398,9 +398,11 @@ void dispatch(ElementType type, Ctx& ctx, const Params& p, int bx, int by, int b
 template <class T>
 struct ForwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
-    const Variant v = kernel_variant(p, p.k.fwd_wpc);
+    const Variant v = forward_variant_for(kernel_variant(p, p.k.fwd_wpc), sizeof(T));
     if (v == Variant::kOneStateSequential) {
       forward_block<T, Variant::kOneStateSequential>(ctx, p, bx, by, bz, smem);
+    } else if (v == Variant::kOneStateRoute) {
+      if constexpr (sizeof(T) != 4) forward_block<T, Variant::kOneStateRoute>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kRoute) {
       forward_block<T, Variant::kRoute>(ctx, p, bx, by, bz, smem);
     } else {
@@ -412,7 +414,7 @@ struct ForwardKernel {
 template <class T>
 struct BackwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
-    const Variant v = kernel_variant(p, p.k.bwd_wpc);
+    const Variant v = kernel_variant(p, p.k.bwd_wpc, /*forward=*/false);
     if (v == Variant::kOneStateSequential) {
       backward_block<T, Variant::kOneStateSequential>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kRoute) {
