@@ -93,12 +93,12 @@ def test_map_of_several_tiles(plan):
     # 37 x 41: 2 x 2 tiles (3 x 2 on the columns-first routes), partial edges; N = 1 with two channels.
     device = SEQUENTIAL if plan == "sequential" else H100
     for code in CROSS_2D:
-        launch = CUDA_MODULE._launch_plan(1, 2, 1, 1, 37, 41, **device, route=code)
+        launch = CUDA_MODULE._launch_plan(2, 2, 1, 1, 37, 41, **device, route=code)
         assert launch["fwd_tile_parallel"] == (plan == "tile-parallel")
         # N = 1, sequential: the one-state route forward; tile-parallel: the route variant.
         assert launch["fwd_variant"] == ("kOneStateRoute" if plan == "sequential" else "kRoute")
         assert launch["bwd_variant"] == "kRoute"
-    check(make_inputs(1, 2, CROSS_2D, 1, 37, 41, dtype=torch.bfloat16, seed=3), CROSS_2D, rtol=3e-2,
+    check(make_inputs(2, 2, CROSS_2D, 1, 37, 41, dtype=torch.bfloat16, seed=3), CROSS_2D, rtol=3e-2,
           out_fp32=True, **device)
     # fp32 at N = 1 (its sequential forward runs kRoute: forward_variant_for).
     check(make_inputs(1, 2, CROSS_1D, 1, 37, 41, seed=12), CROSS_1D, rtol=5e-5, **device)
