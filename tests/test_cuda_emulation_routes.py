@@ -104,6 +104,17 @@ def test_map_of_several_tiles(plan):
     check(make_inputs(1, 2, CROSS_1D, 1, 37, 41, seed=12), CROSS_1D, rtol=5e-5, **device)
 
 
+def test_channel_slices_and_mixed_plans():
+    # dim 8 in blocks of 4 channels: two backward slices (dB / dC partials summed in slice order);
+    # a 6 x 40 map: the 2D routes walk their two tiles in order (one-state route forward), the flat
+    # ones (1 x 240) run tile-parallel.
+    routes = [0, 4, 8, 12]
+    for code, tile_parallel in zip(routes, (False, False, True, True)):
+        launch = CUDA_MODULE._launch_plan(2, 8, 1, 1, 6, 40, **H100, route=code)
+        assert launch["bwd_slices"] == 2 and launch["fwd_tile_parallel"] == tile_parallel
+    check(make_inputs(2, 8, routes, 1, 6, 40, dtype=torch.bfloat16, seed=13), routes, rtol=3e-2, **H100)
+
+
 def test_several_state_rounds_on_a_small_device():
     # N = 16 on a T4-sized device: two warps per channel, eight state rounds (dt / u / y tiles kept
     # between rounds); rows of 13 (no vector path).
