@@ -183,6 +183,26 @@ def test_gradients_bitwise_equal_across_thread_orders():
         assert torch.equal(a, b)
 
 
+def test_without_skip_and_bias_and_softplus():
+    # D and delta_bias None (no dD / ddelta_bias), delta used as the step size directly.
+    routes = CORNERS_2D
+    inputs = make_inputs(2, 2, routes, 2, 7, 6, seed=14)
+    inputs["delta"] = inputs["delta"].abs() * 0.2 + 0.02
+    args = [None if n in ("D", "delta_bias") else inputs[n] for n in NAMES]
+    dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(5))
+    y = CUDA_MODULE._emulate_cross_forward(*args, False, routes, False, order=3, **H100)
+    grads = CUDA_MODULE._emulate_cross_backward(*args, False, routes, dy, order=4, **H100)
+    leaves = [None if t is None else t.double().requires_grad_() for t in args]
+    y_ref = cross_scan_per_route(*leaves, False, tuple(Route.from_code(c) for c in routes), "torch", torch.float64)
+    y_ref.backward(dy.double())
+    assert_close("y", y, y_ref.detach(), 5e-5)
+    for name, got, leaf in zip(NAMES, grads, leaves):
+        if leaf is None:
+            assert got is None, name
+        else:
+            assert_close("d" + name, got, leaf.grad, 5e-5)
+
+
 def test_bad_routes_are_rejected():
     inputs = make_inputs(1, 1, [0, 4], 1, 4, 4)
     args = [inputs[n] for n in NAMES]
