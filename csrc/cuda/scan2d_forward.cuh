@@ -106,7 +106,7 @@ SS2D_HD SS2D_INLINE int64_t quad_offset(const Geometry& g, const Plane& pl, cons
 
 // quad_place's result on a whole anchor: every cell real, in one map row.
 SS2D_HD SS2D_INLINE QuadPlace whole_quad(const QuadAnchor& an) {
-  return QuadPlace{an.batch, an.pos, (1u << kQuad) - 1, 0u};
+  return QuadPlace{an.batch, an.pos, (1u << kQuad) - 1, 0u, {}};
 }
 
 // Loads the quads of planes 0 .. count - 1 of quad (r, c0) (plane i of view srcs[i], its quad at

@@ -164,7 +164,7 @@ SS2D_HD SS2D_INLINE QuadPlace quad_place(const Geometry& g, int bb, int ti, int 
   const int entries_left = static_cast<int>(g.batch - first < kTile ? g.batch - first : kTile);
   const int first_pack = small_div(c0, g.magic_w);
   const int first_col = tj * kTile + c0 - first_pack * g.seg_w;
-  QuadPlace at{first + first_pack, static_cast<int64_t>(row) * g.width + first_col, 0u, 0u};
+  QuadPlace at{first + first_pack, static_cast<int64_t>(row) * g.width + first_col, 0u, 0u, {}};
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
     const int pc = small_div(c0 + k, g.magic_w);
