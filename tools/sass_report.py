@@ -66,6 +66,9 @@ H100 sm_90):
 * the kernels' compile-time variants (``Variant`` in csrc/cuda/scan2d_common.h): kGeneral serves
   every plan and pass, kOneStateSequential the sequential pass at N = 1 -- the model shapes' plan,
   so the targets below are read off that variant (``plan_variant`` mirrors the kernels' choice);
+  kRoute / kOneStateRoute (the four-route op's launches: kGeneral / kOneStateSequential with the
+  route's addressing) get rows with the same columns (their executed estimate assumes the model
+  plan's block and a linear route's vector path), no target and no ratchet;
 * from the launch planner, per model / Table-3 shape, GPU and pass: grid blocks, resident blocks /
   SM (from the same occupancy model), waves = ceil(blocks / (SMs x resident blocks)) and the
   share of lost slots = 1 - blocks / (waves x slots) in the last wave.

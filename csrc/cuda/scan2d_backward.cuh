@@ -51,24 +51,38 @@ template <>
 struct WidenedByBits<__nv_bfloat16> : std::true_type {};
 #endif
 
-template <class T, class Ctx, class View>
+template <class T, bool kRouted = false, class Ctx, class View>
 SS2D_HD SS2D_INLINE uint32_t load_input_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
                                              const QuadPlace& at, bool vector, int64_t off, float (&out)[kQuad]) {
   if constexpr (WidenedByBits<T>::value) {
     if (vector) {
-      const Vec4<T> v = ctx.load_vector(src, off);
+      const Vec4<T> v = ctx.load_vector(src, kRouted ? off + vector_shift(g, at) : off);
       uint32_t words[kQuad / 2];
       memcpy(words, &v, sizeof(words));
+      float wide[kQuad];  // the vector's values in its element order
+      float (&dst)[kQuad] = kRouted ? wide : out;
 SS2D_UNROLL
       for (int i = 0; i < kQuad / 2; ++i) {
         const uint32_t low = words[i] << 16, high = words[i] & 0xffff0000u;
-        memcpy(&out[2 * i], &low, sizeof(low));
-        memcpy(&out[2 * i + 1], &high, sizeof(high));
+        memcpy(&dst[2 * i], &low, sizeof(low));
+        memcpy(&dst[2 * i + 1], &high, sizeof(high));
+      }
+      if constexpr (kRouted) {
+SS2D_UNROLL
+        for (int k = 0; k < kQuad; ++k) out[k] = route_element<kRouted>(g, wide, k);
       }
       return (1u << kQuad) - 1;
     }
   }
-  return load_quad<T>(ctx, g, src, pl, at, vector, off, out);
+  return load_quad<T, kRouted>(ctx, g, src, pl, at, vector, off, out);
+}
+
+// A route kernel's offset of channel d0's delta / ddelta quad (delta_plane) at the quad `at`, whose
+// u offset is ud0 (the single-route kernels: ud0 itself).
+template <bool kRouted>
+SS2D_HD SS2D_INLINE int64_t delta_offset(const Geometry& g, const QuadPlace& at, int d0, int64_t ud0) {
+  if constexpr (kRouted) return quad_offset(g, delta_plane<kRouted>(g, d0), at);
+  return ud0;
 }
 
 // Per quad of the tile, what the first phase worked out for the last at N = 1: the offset of the
@@ -191,6 +205,7 @@ template <class T, Variant V, class Ctx>
 SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
   constexpr bool kOne = V == Variant::kOneStateSequential;
+  constexpr bool kRouted = V == Variant::kRoute;
   const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.bwd_channels;
   const int wpc = kOne ? 1 : p.k.bwd_wpc;
@@ -208,12 +223,12 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const int nwarps = channels * wpc;
   const int nthreads = ctx.nthreads();
   const int rounds = state_rounds(nstate, wpc);
-  const BackwardLayout l = backward_layout(channels, wpc, nstate);
+  const BackwardLayout l = backward_layout(channels, wpc, nstate, kRouted);
   const int channel_floats = channels * kTileFloats;
   // u and dy stay on chip only when several state rounds use them, dt only at N > 1 (see
   // backward_layout); else the last phase reads them again (and dt from where the first parked it).
   const bool keep_inputs = rounds > 1;
-  const bool keep_dt = !kOne && backward_keeps_dt(nstate);
+  const bool keep_dt = kRouted || (!kOne && backward_keeps_dt(nstate));
   const int carried_floats = keep_inputs ? channel_floats : 0;
   auto dt_t = ctx.template shared<float>(smem, l.dt, keep_dt ? channel_floats : 0);
   auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
@@ -241,11 +256,14 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const auto a_of = [&](int s, int n) { return static_cast<float>(consts[s * (kConsts + nstate) + kConsts + n]); };
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
-  auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
-  auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
-  auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
-  // An fp32 dy (with fp32 inputs always) through the fp32 view: one copy of its accesses.
-  const bool dy_fp32 = std::is_same_v<T, float> || p.dy_fp32;
+  const int64_t n_delta = kRouted ? route_delta_numel(g) : n_ud;
+  const int64_t n_bc_at = kRouted ? route_bc_numel(g) : n_bc;  // from the launch's B / C pointers
+  auto delta = ctx.global(static_cast<const T*>(p.delta), n_delta);
+  auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc_at);
+  auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc_at);
+  // An fp32 dy (with fp32 inputs and in route kernels always) through the fp32 view: one copy of
+  // its accesses.
+  const bool dy_fp32 = std::is_same_v<T, float> || kRouted || p.dy_fp32;
   auto dy32 = ctx.global(static_cast<const float*>(dy_fp32 ? p.dy : nullptr), n_ud);
   auto dyT = ctx.global(static_cast<const T*>(dy_fp32 ? nullptr : p.dy), n_ud);
   // dy's type as a compile-time choice made once per quad (std::true_type: fp32), so that each copy
@@ -253,20 +271,25 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const auto with_dy_type = [&](auto&& f) {
     if (dy_fp32) {
       f(std::true_type{});
-    } else if constexpr (!std::is_same_v<T, float>) {
+    } else if constexpr (!std::is_same_v<T, float> && !kRouted) {
       f(std::false_type{});
     }
   };
-  auto du_g = ctx.global(static_cast<T*>(p.du), n_ud);
-  auto ddelta_g = ctx.global(static_cast<T*>(p.ddelta), n_ud);
+  // A route kernel's du is the fp32 sum over routes (du32); the single-route kernels' du_g.
+  auto du_g = ctx.global(static_cast<T*>(kRouted ? nullptr : p.du), kRouted ? 0 : n_ud);
+  auto du32 = ctx.global(static_cast<float*>(kRouted ? p.du : nullptr), kRouted ? n_ud : 0);
+  auto ddelta_g = ctx.global(static_cast<T*>(p.ddelta), n_delta);
   const int slices = p.k.slices;
   const int slice = cblock % slices;
   const int group = cblock / slices;
-  const GroupPlanes bc_planes = group_planes(g, group);
+  const GroupPlanes bc_planes = kRouted ? GroupPlanes{g.route.bc_planes, 0} : group_planes(g, group);
   const bool sequential = pass == kSequential;
   const bool full = sequential || pass == kFinal;
-  auto dB = ctx.global(full ? p.dB_part + slice * n_bc : nullptr, full ? n_bc : 0);
-  auto dC = ctx.global(full ? p.dC_part + slice * n_bc : nullptr, full ? n_bc : 0);
+  // The slice's partials ([slices][batch][groups][N][L]; on a route kernel [slices][batch][routes]
+  // [N][L] from the route's first plane on).
+  const int64_t slice_floats = kRouted ? static_cast<int64_t>(g.batch) * g.route.bc_planes * g.length : n_bc;
+  auto dB = ctx.global(full ? p.dB_part + slice * slice_floats : nullptr, full ? n_bc_at : 0);
+  auto dC = ctx.global(full ? p.dC_part + slice * slice_floats : nullptr, full ? n_bc_at : 0);
   const int64_t part_rows = full ? maps(g) * (sequential ? 1 : g.tiles_h * g.tiles_w) : 0;
   auto dA_part = ctx.global(p.dA_part, part_rows * nstate);
   auto dD_part = ctx.global(p.dD_part, part_rows);
@@ -287,9 +310,11 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   // every plane is aligned at its start and the quad is one aligned map row (tested per quad:
   // a block-wide flag would take a register the one-state variant does not have).
   const auto vector_at = [&](bool one_map_row, int64_t pos) {
-    return one_map_row && pos % kQuad == 0 && vector_planes(ctx, g, u, delta, Bg, Cg) &&
+    return one_map_row && pos % kQuad == 0 && (!kRouted || g.route.linear) &&
+           vector_planes(ctx, g, u, delta, Bg, Cg) &&
            (dy_fp32 ? vector_planes(ctx, g, dy32) : vector_planes(ctx, g, dyT)) &&
-           (!full || vector_planes(ctx, g, du_g, ddelta_g, dB, dC));
+           (!full || (kRouted ? vector_planes(ctx, g, du32, ddelta_g, dB, dC)
+                              : vector_planes(ctx, g, du_g, ddelta_g, dB, dC)));
   };
   // Per thread and channel: its share of dD (sum of dy * u), of ddelta_bias (sum of ddelta) and,
   // where dt is not kept (N = 1), of dA (sum of dL/dAbar * Abar * dt).
@@ -345,9 +370,9 @@ SS2D_UNROLL
               if (j >= wpc || n >= nstate) continue;
               const Plane bpl = bc_planes(n);
               const int64_t bc_off = bc0 + j * g.length;
-              load_input_quad<T>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
+              load_input_quad<T, kRouted>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
               if (full) {
-                load_input_quad<T>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
+                load_input_quad<T, kRouted>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
                 if (!records) {
 SS2D_UNROLL
                   for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
@@ -364,12 +389,15 @@ SS2D_UNROLL_BY(kChannelSlots)
                 const Plane pl{g.dim, d};
                 const int64_t off = ud0 + s * g.length;
                 float dq[kQuad];
-                const uint32_t real = load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
-                if (full) load_input_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                const uint32_t real =
+                    kRouted ? load_input_quad<T, kRouted>(ctx, g, delta, delta_plane<kRouted>(g, d), at, vec,
+                                                          delta_offset<kRouted>(g, at, d0, ud0) + s * g.length, dq)
+                            : load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                if (full) load_input_quad<T, kRouted>(ctx, g, u, pl, at, vec, off, uq);
                 if constexpr (decltype(dy_is_fp32)::value) {
-                  load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
+                  load_quad<float, kRouted>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
-                  load_input_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                  load_input_quad<T, kRouted>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
                 const float bias = bias_of(s);
 SS2D_UNROLL
@@ -412,7 +440,7 @@ SS2D_UNROLL
             if (vector) {
               phase(std::true_type{}, whole_quad(an), dy_is_fp32);
             } else {
-              phase(std::false_type{}, quad_place(g, bb, ti, tj, r, c0), dy_is_fp32);
+              phase(std::false_type{}, place<kRouted>(g, bb, ti, tj, r, c0), dy_is_fp32);
             }
           });
         });
@@ -587,7 +615,7 @@ SS2D_UNROLL
               for (int j = 0; j < kMaxWarps; ++j) {
                 const int n = round * wpc + j;
                 if (j >= wpc || n >= nstate) continue;
-                load_input_quad<T>(ctx, g, Bg, bc_planes(n), at, vec, bc0 + j * g.length, bq[j]);
+                load_input_quad<T, kRouted>(ctx, g, Bg, bc_planes(n), at, vec, bc0 + j * g.length, bq[j]);
               }
             }
             // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
@@ -614,11 +642,11 @@ SS2D_UNROLL
                   dyq[k] = dy_t[ce];
                 }
               } else {
-                load_input_quad<T>(ctx, g, u, pl, at, vec, off, uq);
+                load_input_quad<T, kRouted>(ctx, g, u, pl, at, vec, off, uq);
                 if constexpr (decltype(dy_is_fp32)::value) {
-                  load_quad<float>(ctx, g, dy32, pl, at, vec, off, dyq);
+                  load_quad<float, kRouted>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
-                  load_input_quad<T>(ctx, g, dyT, pl, at, vec, off, dyq);
+                  load_input_quad<T, kRouted>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
               }
               // dt and, with softplus, d dt / d(delta + bias) (0 on padding cells): from the dt tile,
@@ -708,8 +736,18 @@ SS2D_UNROLL
                 part[ctx.thread_slot(t)][1][i] += ddb_terms;
                 part[ctx.thread_slot(t)][2][i] += dA_terms;
               }
-              store_quad<T>(ctx, g, du_g, pl, at, vec, off, duq);
-              store_quad<T>(ctx, g, ddelta_g, pl, at, vec, off, ddq);
+              if constexpr (kRouted) {
+                if (g.route.accumulate) {
+                  add_quad<kRouted>(ctx, g, du32, pl, at, vec, off, duq);  // the earlier routes' sum
+                } else {
+                  store_quad<float, kRouted>(ctx, g, du32, pl, at, vec, off, duq);
+                }
+                store_quad<T, kRouted>(ctx, g, ddelta_g, delta_plane<kRouted>(g, d0 + s), at, vec,
+                                       delta_offset<kRouted>(g, at, d0, ud0) + s * g.length, ddq);
+              } else {
+                store_quad<T>(ctx, g, du_g, pl, at, vec, off, duq);
+                store_quad<T>(ctx, g, ddelta_g, pl, at, vec, off, ddq);
+              }
             }
 SS2D_UNROLL
             for (int j = 0; j < kMaxWarps; ++j) {
@@ -717,8 +755,8 @@ SS2D_UNROLL
               if (j >= wpc || n >= nstate) continue;
               const Plane bpl = bc_planes(n);
               const int64_t bc_off = bc0 + j * g.length;
-              add_quad(ctx, g, dB, bpl, at, vec, bc_off, db[j]);
-              add_quad(ctx, g, dC, bpl, at, vec, bc_off, dc[j]);
+              add_quad<kRouted>(ctx, g, dB, bpl, at, vec, bc_off, db[j]);
+              add_quad<kRouted>(ctx, g, dC, bpl, at, vec, bc_off, dc[j]);
             }
           };
           with_dy_type([&](auto dy_is_fp32) {
@@ -729,7 +767,7 @@ SS2D_UNROLL
                 return;
               }
             }
-            const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+            const QuadPlace at = place<kRouted>(g, bb, ti, tj, r, c0);
             const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
             const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
             if (!records && vector_at(one_row(at), at.pos)) {

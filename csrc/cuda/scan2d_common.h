@@ -70,6 +70,33 @@ constexpr int kRegistersPerSm = 65536;
 //    (seg_w = width), at whose start the scans restart.
 // Cell (r, c) of a tile belongs to pack row r / seg_h, computed as (r * magic_h) >> 16 with
 // magic_h = 65536 / seg_h + 1 (exact for r, seg_h <= 32): no integer division, no index table.
+// One route of the four-route op (route kernels, Variant::kRoute; inactive for the single-route
+// op). The kernel works in ROUTE coordinates exactly as the single-route kernel: its grid is the
+// route's grid (height x width above: (H, W), (W, H) for columns-first routes, (1, H * W) for
+// flat ones) and route position p = row * width + col. Only the global addressing maps p to the
+// map position of the cell (vmamba2d/ops/routes.py's to_route_order): with the route's row a and
+// column b of p in its (rows, inner) grid, inner = H (columns first) or W, the map cell is
+// (b, a) for columns-first routes, else (a, b), then flipped along from_bottom / from_right.
+// u / dy / y / du keep the single-route planes (dim per batch entry); delta / ddelta have
+// delta_planes (routes * dim) and B / C / dB / dC bc_planes (routes * N) planes per batch entry,
+// the launch's pointers already at the route's first plane.
+struct RouteAddressing {
+  bool active;
+  bool columns_first;
+  bool from_bottom;
+  bool from_right;
+  bool reversed;     // from_bottom and from_right, not columns first: map position L - 1 - p
+  bool linear;       // identity or reversed: a quad of one route row is 4 adjacent map cells
+  bool accumulate;   // add into the fp32 y / du (routes after the first) instead of storing
+  int map_h;
+  int map_w;
+  uint32_t inner;    // the route grid's row length in map cells: H (columns first) or W
+  uint64_t magic;    // p / inner = (p * magic) >> shift for 0 <= p < 2^31
+  int shift;
+  int64_t delta_planes;
+  int64_t bc_planes;
+};
+
 struct Geometry {
   int batch;
   int dim;
@@ -87,6 +114,7 @@ struct Geometry {
   int tiles_h;
   int tiles_w;
   int batch_blocks;  // ceil(batch / (pack_rows * pack_cols))
+  RouteAddressing route;
 };
 
 // Work split of one launch. A block owns `channels` channels of one group, each on
@@ -174,13 +202,35 @@ struct Params {
 // serves N = 1 in the sequential pass -- the plan of the model shapes: one warp per channel, one
 // state round --, with the state count, the warps per channel and the pass folded at compile time,
 // so its code has no loops over a round's states and no tile-parallel branches.
-enum class Variant : int { kGeneral = 0, kOneStateSequential = 1 };
+// kRoute / kOneStateRoute are kGeneral / kOneStateSequential on one route of the four-route op
+// (RouteAddressing): the same code with the route's addressing compiled in (so the single-route
+// variants keep none of it). The backward has no one-state route variant (kRoute serves it).
+enum class Variant : int { kGeneral = 0, kOneStateSequential = 1, kRoute = 2, kOneStateRoute = 3 };
+
+constexpr bool is_one_state(Variant v) { return v == Variant::kOneStateSequential || v == Variant::kOneStateRoute; }
+constexpr bool is_route(Variant v) { return v == Variant::kRoute || v == Variant::kOneStateRoute; }
 
 // The variant that runs a pass of plan p with wpc warps per channel (the launchers and the host
 // emulation both ask this function).
-SS2D_HD inline Variant kernel_variant(const Params& p, int wpc) {
-  return p.g.nstate == 1 && wpc == 1 && p.pass == kSequential ? Variant::kOneStateSequential
-                                                              : Variant::kGeneral;
+SS2D_HD inline Variant kernel_variant(const Params& p, int wpc, bool forward = true) {
+  const bool one_state = p.g.nstate == 1 && wpc == 1 && p.pass == kSequential;
+  if (p.g.route.active) return one_state && forward ? Variant::kOneStateRoute : Variant::kRoute;
+  return one_state ? Variant::kOneStateSequential : Variant::kGeneral;
+}
+
+// The forward variant an element type of `bytes` bytes runs for kernel_variant's choice v: fp32
+// runs kRoute where kOneStateRoute is chosen -- its nine 16-byte loads per quad, all in flight
+// before the first use, with delta's own addresses, do not fit into the route forward's registers
+// on sm_75 / sm_80 without spilling (the 2-byte types' 8-byte loads do) -- so it is not compiled.
+constexpr Variant forward_variant_for(Variant v, int bytes) {
+  return bytes == 4 && v == Variant::kOneStateRoute ? Variant::kRoute : v;
+}
+
+// Blocks per SM each forward variant is compiled for (__launch_bounds__): six 4-warp blocks (24
+// warps) at <= 80 registers; the route variant, whose per-cell route addressing needs a few more
+// registers on its per-cell path, five (20 warps, <= 102 registers).
+constexpr int forward_min_blocks_per_sm(Variant v) {
+  return is_route(v) ? kMinBlocksPerSm - 1 : kMinBlocksPerSm;
 }
 
 // Blocks per SM each backward variant is compiled for (__launch_bounds__): the one-state variant
@@ -286,9 +336,11 @@ SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate) {
 // channel, one state round) it recomputes dt in the last phase from delta instead (read again from
 // L2 like u and dy), and the warps keep dL/dAbar * Abar for that phase, which also sums dA: four
 // 4-warp blocks then fit into an H100 SM.
-SS2D_HD inline bool backward_keeps_dt(int nstate) { return nstate > 1; }
+// A route kernel keeps dt at N = 1 too: its du is the fp32 sum over routes, so there are no du /
+// ddelta cells of the route to park dt in.
+SS2D_HD inline bool backward_keeps_dt(int nstate, bool routed = false) { return routed || nstate > 1; }
 
-SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate) {
+SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate, bool routed = false) {
   LayoutBuilder b;
   BackwardLayout l{};
   const size_t tile = sizeof(float) * kTileFloats;
@@ -296,7 +348,7 @@ SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate)
   const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
   // First: at a fixed place, so the block phases address the constants without a register.
   l.consts = b.take(sizeof(float) * channels * (kBackwardChannelConsts + nstate));
-  l.dt = b.take(tile * (backward_keeps_dt(nstate) ? channels : 0));
+  l.dt = b.take(tile * (backward_keeps_dt(nstate, routed) ? channels : 0));
   l.u = b.take(tile * carried);
   l.dy = b.take(tile * carried);
   l.sum_b = b.take(tile * carried);

@@ -195,23 +195,27 @@ inline int pick_slices(int64_t base_blocks, int sets, int64_t slots) {
 }
 
 // The work split for a geometry on a device (see Launch in scan2d_common.h). Grids are measured
-// in resident block slots (SMs x blocks of that shape resident per SM), not in SMs.
+// in resident block slots (SMs x blocks of that shape resident per SM), not in SMs. A route
+// launch (g.route.active) runs the route variant, whose budgets are the general variant's.
 inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   Launch k{};
+  const bool routed = g.route.active;
   const auto fwd_smem = [&](int c, int wpc) { return forward_layout(c, wpc, g.nstate).total; };
-  const auto bwd_smem = [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate).total; };
-  const BlockShape fwd = pick_block_shape(g, dev, kForwardRegisters, fwd_smem, "forward");
+  const auto bwd_smem = [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate, routed).total; };
+  const int fwd_registers =
+      routed ? kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(Variant::kRoute)) : kForwardRegisters;
+  const BlockShape fwd = pick_block_shape(g, dev, fwd_registers, fwd_smem, "forward");
   // The backward's sequential pass runs the one-state variant at N = 1 (one warp per channel
   // there), with its own register budget; the tile-parallel passes run the general variant.
-  const int bwd_registers =
-      backward_registers(g.nstate == 1 ? Variant::kOneStateSequential : Variant::kGeneral);
+  const int bwd_registers = backward_registers(
+      g.nstate == 1 && !routed ? Variant::kOneStateSequential : Variant::kGeneral);
   const BlockShape bwd = pick_block_shape(g, dev, bwd_registers, bwd_smem, "backward");
   k.fwd_channels = fwd.channels;
   k.fwd_wpc = fwd.wpc;
   k.bwd_channels = bwd.channels;
   k.bwd_wpc = bwd.wpc;
   const int64_t fwd_slots = block_slots(dev, fwd_smem(fwd.channels, fwd.wpc), fwd.channels * fwd.wpc,
-                                        kForwardRegisters);
+                                        fwd_registers);
   const int64_t bwd_slots = block_slots(dev, bwd_smem(bwd.channels, bwd.wpc), bwd.channels * bwd.wpc,
                                         bwd_registers);
   const int64_t bwd_parallel_slots = block_slots(dev, bwd_smem(bwd.channels, bwd.wpc),
@@ -337,30 +341,18 @@ inline at::Tensor fp32_scratch(int64_t numel, const at::Tensor& like) {
   return at::empty({numel}, like.options().dtype(at::kFloat));
 }
 
-// Runs the forward; with `save_carries` (and more than one tile per map) it records the carries
-// into every tile for the backward. Returns [y, carry_h, carry_v]: y (batch, dim, L) in fp32 when
-// out_fp32 else u's dtype; the carries flat fp32, empty when not saved.
+// The forward passes of a prepared launch (p.y / p.y_fp32 set): the tile-parallel passes or the
+// sequential one. With `save_carries` (and more than one tile per map) the carries into every tile
+// are recorded for the backward: returns [carry_h, carry_v], empty when not recorded.
 template <class Backend>
-std::vector<at::Tensor> forward_impl(const at::Tensor& u, const at::Tensor& delta,
-                                     const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
-                                     const OptTensor& D, const OptTensor& delta_bias, bool softplus,
-                                     int64_t height, int64_t width, bool out_fp32,
-                                     bool save_carries) {
-  const Geometry g = check_inputs<Backend>(u, delta, A, B, C, D, delta_bias, height, width);
-  at::Tensor y = at::empty(u.sizes(), u.options().dtype(out_fp32 ? at::kFloat : u.scalar_type()));
-  at::Tensor carry_h = fp32_scratch(0, u), carry_v = fp32_scratch(0, u);
-  if (u.numel() == 0) return {y, carry_h, carry_v};
-  Backend::poison(y);
-  Params p = base_params(g, plan_launch(g, Backend::limits(u)), u, delta, A, B, C, D, delta_bias,
-                         softplus);
-  p.y = y.data_ptr();
-  p.y_fp32 = y.scalar_type() == at::kFloat;
-  const ElementType type = element_type(u.scalar_type());
+std::vector<at::Tensor> run_forward(Params& p, ElementType type, const at::Tensor& like, bool save_carries) {
+  const Geometry& g = p.g;
+  at::Tensor carry_h = fp32_scratch(0, like), carry_v = fp32_scratch(0, like);
   if (p.k.tile_parallel) {
     // Few maps: the tiles of a map run in parallel; the passes leave the carries into every tile.
     const int64_t numel = carry_numel(g, true);
-    at::Tensor ch = fp32_scratch(numel, u), cv = fp32_scratch(numel, u);
-    at::Tensor edge = fp32_scratch(numel, u), prod = fp32_scratch(numel, u);
+    at::Tensor ch = fp32_scratch(numel, like), cv = fp32_scratch(numel, like);
+    at::Tensor edge = fp32_scratch(numel, like), prod = fp32_scratch(numel, like);
     for (at::Tensor* t : {&ch, &cv, &edge, &prod}) Backend::poison(*t);
     p.record = true;
     p.carry_h = ch.data_ptr<float>();
@@ -379,26 +371,80 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& u, const at::Tensor& delt
     Backend::carry_scan(p, CarryScan{false, false, p.edge, p.prod, p.carry_v});
     p.pass = kFinal;
     Backend::forward(p, type);
-    if (save_carries) return {y, ch, cv};
-    return {y, carry_h, carry_v};
+    if (save_carries) return {ch, cv};
+    return {carry_h, carry_v};
   }
   const bool record = save_carries && g.tiles_h * g.tiles_w > 1;
   p.record = record;
   if (record) {
-    carry_h = fp32_scratch(carry_numel(g, true), u);
+    carry_h = fp32_scratch(carry_numel(g, true), like);
     Backend::poison(carry_h);
     p.carry_h = carry_h.data_ptr<float>();
   }
   at::Tensor vbuf;
   if (g.tiles_h > 1 || record) {
-    vbuf = fp32_scratch(carry_numel(g, record), u);
+    vbuf = fp32_scratch(carry_numel(g, record), like);
     Backend::poison(vbuf);
     p.carry_v = vbuf.data_ptr<float>();
     if (record) carry_v = vbuf;
   }
   p.pass = kSequential;
   Backend::forward(p, type);
-  return {y, carry_h, carry_v};
+  return {carry_h, carry_v};
+}
+
+// Runs the forward; with `save_carries` (and more than one tile per map) it records the carries
+// into every tile for the backward. Returns [y, carry_h, carry_v]: y (batch, dim, L) in fp32 when
+// out_fp32 else u's dtype; the carries flat fp32, empty when not saved.
+template <class Backend>
+std::vector<at::Tensor> forward_impl(const at::Tensor& u, const at::Tensor& delta,
+                                     const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
+                                     const OptTensor& D, const OptTensor& delta_bias, bool softplus,
+                                     int64_t height, int64_t width, bool out_fp32,
+                                     bool save_carries) {
+  const Geometry g = check_inputs<Backend>(u, delta, A, B, C, D, delta_bias, height, width);
+  at::Tensor y = at::empty(u.sizes(), u.options().dtype(out_fp32 ? at::kFloat : u.scalar_type()));
+  if (u.numel() == 0) return {y, fp32_scratch(0, u), fp32_scratch(0, u)};
+  Backend::poison(y);
+  Params p = base_params(g, plan_launch(g, Backend::limits(u)), u, delta, A, B, C, D, delta_bias,
+                         softplus);
+  p.y = y.data_ptr();
+  p.y_fp32 = y.scalar_type() == at::kFloat;
+  std::vector<at::Tensor> carries = run_forward<Backend>(p, element_type(u.scalar_type()), u, save_carries);
+  return {y, carries[0], carries[1]};
+}
+
+// The backward passes of a prepared launch (inputs, carries, dy and the gradient buffers set):
+// the tile-parallel passes or the sequential one.
+template <class Backend>
+void run_backward(Params& p, ElementType type, const at::Tensor& like) {
+  const Geometry& g = p.g;
+  if (!p.k.bwd_tile_parallel) {
+    p.pass = kSequential;
+    Backend::backward(p, type);
+    return;
+  }
+  // Few maps: gradient carries by the edge passes + reverse carry scans, then every tile at once.
+  const int64_t numel = carry_numel(g, true);
+  at::Tensor gin_v = fp32_scratch(numel, like), gin_h = fp32_scratch(numel, like);
+  at::Tensor edge = fp32_scratch(numel, like), prod = fp32_scratch(numel, like);
+  for (at::Tensor* t : {&gin_v, &gin_h, &edge, &prod}) Backend::poison(*t);
+  p.grad_in_v = gin_v.data_ptr<float>();
+  p.grad_in_h = gin_h.data_ptr<float>();
+  p.edge = edge.data_ptr<float>();
+  p.prod = prod.data_ptr<float>();
+  if (g.tiles_h > 1) {
+    p.pass = kColumnEdges;
+    Backend::backward(p, type);
+  }
+  Backend::carry_scan(p, CarryScan{false, true, p.edge, p.prod, p.grad_in_v});
+  if (g.tiles_w > 1) {
+    p.pass = kRowEdges;
+    Backend::backward(p, type);
+  }
+  Backend::carry_scan(p, CarryScan{true, true, p.edge, p.prod, p.grad_in_h});
+  p.pass = kFinal;
+  Backend::backward(p, type);
 }
 
 // [du, ddelta, dA, dB, dC, dD (undefined without D), ddelta_bias (undefined without it)].
@@ -479,32 +525,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& u, const at::Tensor& del
   p.dA_part = dA_part.data_ptr<float>();
   p.dD_part = dD_part.data_ptr<float>();
   p.ddb_part = ddb_part.data_ptr<float>();
-  if (tile_parallel) {
-    // Few maps: gradient carries by the edge passes + reverse carry scans, then every tile at once.
-    const int64_t numel = carry_numel(g, true);
-    at::Tensor gin_v = fp32_scratch(numel, u), gin_h = fp32_scratch(numel, u);
-    at::Tensor edge = fp32_scratch(numel, u), prod = fp32_scratch(numel, u);
-    for (at::Tensor* t : {&gin_v, &gin_h, &edge, &prod}) Backend::poison(*t);
-    p.grad_in_v = gin_v.data_ptr<float>();
-    p.grad_in_h = gin_h.data_ptr<float>();
-    p.edge = edge.data_ptr<float>();
-    p.prod = prod.data_ptr<float>();
-    if (g.tiles_h > 1) {
-      p.pass = kColumnEdges;
-      Backend::backward(p, type);
-    }
-    Backend::carry_scan(p, CarryScan{false, true, p.edge, p.prod, p.grad_in_v});
-    if (g.tiles_w > 1) {
-      p.pass = kRowEdges;
-      Backend::backward(p, type);
-    }
-    Backend::carry_scan(p, CarryScan{true, true, p.edge, p.prod, p.grad_in_h});
-    p.pass = kFinal;
-    Backend::backward(p, type);
-  } else {
-    p.pass = kSequential;
-    Backend::backward(p, type);
-  }
+  run_backward<Backend>(p, type, u);
 
   // Fixed-order reductions over slices / batch blocks: bitwise reproducible.
   at::Tensor dB = launch.slices == 1 ? dB_part[0] : dB_part.sum(0);

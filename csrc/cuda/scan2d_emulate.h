@@ -47,6 +47,19 @@ std::vector<at::Tensor> emulate_backward(const at::Tensor& u, const at::Tensor& 
                                          const at::Tensor& dy, const at::Tensor& carry_h,
                                          const at::Tensor& carry_v, const EmulationOptions& options);
 
+// The four-route op (scan2d_routes.h) on the emulated kernel: cross_forward / cross_backward.
+at::Tensor emulate_cross_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                                 const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
+                                 const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                                 const std::vector<int64_t>& routes, bool out_fp32, const EmulationOptions& options);
+
+std::vector<at::Tensor> emulate_cross_backward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                                               const at::Tensor& B, const at::Tensor& C,
+                                               const std::optional<at::Tensor>& D,
+                                               const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                                               const std::vector<int64_t>& routes, const at::Tensor& dy,
+                                               const EmulationOptions& options);
+
 // Runs one synthetic block that breaks (or keeps) one of the checker's rules; throws when the
 // checker objects. Scenarios: ordered_by_barrier, ordered_by_syncwarp (pass) and
 // read_after_write_across_warps, read_after_write_in_warp, write_after_read, write_after_write,
@@ -55,8 +68,8 @@ std::vector<at::Tensor> emulate_backward(const at::Tensor& u, const at::Tensor& 
 // out_of_bounds_vector_load, misaligned_vector_store (throw); aligned_vector_access (passes).
 void emulation_self_check(const std::string& scenario);
 
-// Vector (Vec4) global loads and stores made by the last emulate_forward / emulate_backward call
-// on this thread.
+// Vector (Vec4) global loads and stores made by the last emulation call (emulate_forward,
+// emulate_backward, emulate_cross_forward, emulate_cross_backward) on this thread.
 int64_t emulation_vector_accesses();
 
 // The kernels' softplus (scan2d_kernel.cuh) applied to every element of a float32 CPU tensor, as

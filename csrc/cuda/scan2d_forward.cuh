@@ -106,7 +106,7 @@ SS2D_HD SS2D_INLINE int64_t quad_offset(const Geometry& g, const Plane& pl, cons
 
 // quad_place's result on a whole anchor: every cell real, in one map row.
 SS2D_HD SS2D_INLINE QuadPlace whole_quad(const QuadAnchor& an) {
-  return QuadPlace{an.batch, an.pos, (1u << kQuad) - 1, 0u};
+  return QuadPlace{an.batch, an.pos, (1u << kQuad) - 1, 0u, {}};
 }
 
 // Loads the quads of planes 0 .. count - 1 of quad (r, c0) (plane i of view srcs[i], its quad at
@@ -122,39 +122,52 @@ SS2D_HD SS2D_INLINE QuadPlace whole_quad(const QuadAnchor& an) {
 // Only planes i < kTested take the address test: each later plane lies a whole number of channel
 // strides (g.length) past a tested plane of its buffer, so it is aligned when that plane is and
 // g.length is a multiple of kQuad (the host model still checks every vector access).
-template <class T, int kTested, int kMax, class Ctx, class View, class Then>
+// kRouted (the one-state route variant): offs are route coordinates; an.whole must include
+// g.route.linear (the caller's anchor_of); the vector accesses go to the quad's map cells
+// (vector_shift, elements in route order by route_element), the per-cell path through place<true>.
+template <class T, int kTested, int kMax, bool kRouted = false, class Ctx, class View, class Then>
 SS2D_HD SS2D_INLINE void load_quads(const Ctx& ctx, const Geometry& g, const QuadAnchor& an, int bb, int ti,
                                     int tj, int r, int c0, View* const (&srcs)[kMax], const Plane (&planes)[kMax],
                                     const int64_t (&offs)[kMax], int count, float (&out)[kMax][kQuad],
                                     Then&& then) {
   static_assert(kTested <= kMax, "tested planes are a prefix of the planes");
   bool vector = an.whole && (kTested == kMax || g.length % kQuad == 0);
+  const int64_t vshift = kRouted ? vector_shift(g, whole_quad(an)) : 0;
 SS2D_UNROLL
-  for (int i = 0; i < kTested; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i]);
+  for (int i = 0; i < kTested; ++i) vector &= ctx.vector_aligned(*srcs[i], offs[i] + vshift);
   if (vector) {
     Vec4<T> raw[kMax];
 SS2D_UNROLL
-    for (int i = 0; i < kMax; ++i) raw[i] = ctx.load_vector(*srcs[i], offs[i]);
+    for (int i = 0; i < kMax; ++i) raw[i] = ctx.load_vector(*srcs[i], offs[i] + vshift);
 SS2D_UNROLL
     for (int i = 0; i < kMax; ++i) {
 SS2D_UNROLL
-      for (int k = 0; k < kQuad; ++k) out[i][k] = Element<T>::load(raw[i].v[k]);
+      for (int k = 0; k < kQuad; ++k) out[i][k] = Element<T>::load(route_element<kRouted>(g, raw[i].v, k));
     }
     then(whole_quad(an), std::true_type{});
     return;
   }
-  const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+  const QuadPlace at = place<kRouted>(g, bb, ti, tj, r, c0);
 SS2D_UNROLL
   for (int i = 0; i < kMax; ++i) {
     const uint32_t real = i < count ? at.real : 0u;
 SS2D_UNROLL
     for (int k = 0; k < kQuad; ++k) {
-      out[i][k] = ((real >> k) & 1u) ? Element<T>::load(
-                      (*srcs[i])[cell_offset(g, planes[i], at, quad_offset(g, planes[i], at), k)])  // scalar fallback
+      out[i][k] = ((real >> k) & 1u) ? Element<T>::load((*srcs[i])[cell_offset<kRouted>(  // scalar fallback
+                                           g, planes[i], at, quad_offset(g, planes[i], at), k)])  // scalar fallback
                                      : 0.f;
     }
   }
   then(at, std::false_type{});
+}
+
+// The quad's anchor; on a route kernel whole only on a linear route (the others take the per-cell
+// path).
+template <bool kRouted>
+SS2D_HD SS2D_INLINE QuadAnchor anchor_of(const Geometry& g, int bb, int ti, int tj, int r, int c0) {
+  QuadAnchor an = quad_anchor(g, bb, ti, tj, r, c0);
+  if constexpr (kRouted) an.whole = an.whole && g.route.linear;
+  return an;
 }
 
 // Forward of one block: batch block bb, channels d0 .. d0 + channels - 1 of one group. Per tile and
@@ -180,7 +193,8 @@ SS2D_UNROLL
 template <class T, Variant V, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
-  constexpr bool kOne = V == Variant::kOneStateSequential;
+  constexpr bool kOne = is_one_state(V);
+  constexpr bool kRouted = is_route(V);
   const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.fwd_channels;
   const int wpc = kOne ? 1 : p.k.fwd_wpc;
@@ -199,11 +213,12 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
-  auto delta = ctx.global(static_cast<const T*>(p.delta), n_ud);
-  auto Bg = ctx.global(static_cast<const T*>(p.B), n_bc);
-  auto Cg = ctx.global(static_cast<const T*>(p.C), n_bc);
-  // y of fp32 inputs is fp32 whatever p.y_fp32 says: one store path.
-  const bool y_fp32 = std::is_same_v<T, float> || p.y_fp32;
+  auto delta = ctx.global(static_cast<const T*>(p.delta), kRouted ? route_delta_numel(g) : n_ud);
+  auto Bg = ctx.global(static_cast<const T*>(p.B), kRouted ? route_bc_numel(g) : n_bc);
+  auto Cg = ctx.global(static_cast<const T*>(p.C), kRouted ? route_bc_numel(g) : n_bc);
+  // y of fp32 inputs is fp32 whatever p.y_fp32 says: one store path. A route kernel's y is the
+  // fp32 sum over routes.
+  const bool y_fp32 = std::is_same_v<T, float> || kRouted || p.y_fp32;
   auto y32 = ctx.global(static_cast<float*>(y_fp32 ? p.y : nullptr), n_ud);
   auto yT = ctx.global(static_cast<T*>(y_fp32 ? nullptr : p.y), n_ud);
   const bool y_planes = y_fp32 ? vector_planes(ctx, g, y32) : vector_planes(ctx, g, yT);
@@ -216,7 +231,7 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const uint32_t starts_h = segment_starts(g.seg_h);
   const uint32_t starts_w = segment_starts(g.seg_w);
   const int d0 = cblock * channels;
-  const GroupPlanes bc_planes = group_planes(g, group_of(g, d0));
+  const GroupPlanes bc_planes = kRouted ? GroupPlanes{g.route.bc_planes, 0} : group_planes(g, group_of(g, d0));
   const bool sequential = pass == kSequential;
   const bool edges_only = pass == kRowEdges || pass == kColumnEdges;
   // One-state variant: the per-channel constants, once per block.
@@ -241,22 +256,28 @@ SS2D_UNROLL
       if constexpr (kOne) {
         // B, then delta and u of each channel: every load of the quad before the first use.
         each_quad(ctx, [&](int, int r, int c0) {
-          const QuadAnchor an = quad_anchor(g, bb, ti, tj, r, c0);
+          const QuadAnchor an = anchor_of<kRouted>(g, bb, ti, tj, r, c0);
           constexpr int kLoads = 1 + 2 * kMaxWarps;
           const decltype(&Bg) srcs[kLoads] = {&Bg, &delta, &u, &delta, &u, &delta, &u, &delta, &u};
           int64_t ud = quad_offset(g, Plane{g.dim, d0}, an);
+          // A route's delta has its own planes (delta_plane), a fixed distance from u's quads;
+          // else delta's quads are u's.
+          const int64_t to_delta = kRouted ? quad_offset(g, delta_plane<kRouted>(g, d0), an) - ud : 0;
           Plane planes[kLoads];
           int64_t offs[kLoads];
           planes[0] = bc_planes(0);
           offs[0] = quad_offset(g, planes[0], an);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
-            planes[1 + 2 * s] = planes[2 + 2 * s] = Plane{g.dim, d0 + s};
-            offs[1 + 2 * s] = offs[2 + 2 * s] = ud;
+            planes[1 + 2 * s] = delta_plane<kRouted>(g, d0 + s);
+            planes[2 + 2 * s] = Plane{g.dim, d0 + s};
+            offs[1 + 2 * s] = ud + to_delta;
+            offs[2 + 2 * s] = ud;
             if (s + 1 < channels) ud += g.length;  // channels past the block's: its last one again
           }
           float q[kLoads][kQuad];
-          load_quads<T, 3>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + 2 * channels, q, [](const QuadPlace&, auto) {});
+          load_quads<T, 3, kLoads, kRouted>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + 2 * channels, q,
+                                            [](const QuadPlace&, auto) {});
           // x = dt * u * B and Abar = exp(dt * A) on every cell: padding cells load u = B = 0, so
           // their x is 0 and their h never reaches a real cell (they follow the real cells of
           // their map in both scan directions, and a segment start resets h before the next map).
@@ -286,12 +307,12 @@ SS2D_UNROLL
         });
       } else {
       each_quad(ctx, [&](int, int r, int c0) {
-        const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+        const QuadPlace at = place<kRouted>(g, bb, ti, tj, r, c0);
         float bq[kMaxWarps][kQuad];
 SS2D_UNROLL
         for (int j = 0; j < kMaxWarps; ++j) {
           if (j < wpc && round * wpc + j < nstate) {
-            load_quad<T>(ctx, g, Bg, bc_planes(round * wpc + j), at, bq[j]);
+            load_quad<T, kRouted>(ctx, g, Bg, bc_planes(round * wpc + j), at, bq[j]);
           }
         }
         for (int s = 0; s < channels; ++s) {
@@ -300,8 +321,8 @@ SS2D_UNROLL
           if (round == 0) {
             const Plane pl{g.dim, d};
             float dq[kQuad];
-            const uint32_t real = load_quad<T>(ctx, g, delta, pl, at, dq);
-            load_quad<T>(ctx, g, u, pl, at, uq);
+            const uint32_t real = load_quad<T, kRouted>(ctx, g, delta, delta_plane<kRouted>(g, d), at, dq);
+            load_quad<T, kRouted>(ctx, g, u, pl, at, uq);
             const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
@@ -426,7 +447,7 @@ SS2D_UNROLL
         // still takes a vector store where it is one aligned map row (y is allocated aligned,
         // the inputs may not be).
         each_quad(ctx, [&](int, int r, int c0) {
-          QuadAnchor an = quad_anchor(g, bb, ti, tj, r, c0);
+          QuadAnchor an = anchor_of<kRouted>(g, bb, ti, tj, r, c0);
           constexpr int kLoads = 1 + kMaxWarps;
           const decltype(&Cg) srcs[kLoads] = {&Cg, &u, &u, &u, &u};
           int64_t ud = quad_offset(g, Plane{g.dim, d0}, an);
@@ -442,9 +463,10 @@ SS2D_UNROLL
           }
           // y's planes start aligned (y_planes): its quads are aligned where their offset is.
           const bool whole = an.whole;
-          an.whole = whole && y_planes && offs[1] % kQuad == 0;
+          const int64_t vshift = kRouted ? vector_shift(g, whole_quad(an)) : 0;
+          an.whole = whole && y_planes && (offs[1] + vshift) % kQuad == 0;
           float q[kLoads][kQuad];
-          load_quads<T, 2>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + channels, q,
+          load_quads<T, 2, kLoads, kRouted>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + channels, q,
                         [&](const QuadPlace& at, auto vector) {
 SS2D_UNROLL
             for (int s = 0; s < kMaxWarps; ++s) {
@@ -461,8 +483,12 @@ SS2D_UNROLL
               // loads' other offsets need not stay live.
               const Plane pl{g.dim, d0 + s};
               const int64_t off = offs[1] + static_cast<int64_t>(s) * g.length;
-              if (y_fp32) {
-                store_quad<float>(ctx, g, y32, pl, at, vector || (whole && ctx.vector_aligned(y32, off)), off, yq);
+              if (kRouted && g.route.accumulate) {  // the earlier routes' sum
+                add_quad<kRouted>(ctx, g, y32, pl, at, vector || (whole && ctx.vector_aligned(y32, off + vshift)), off,
+                                  yq);
+              } else if (y_fp32) {
+                store_quad<float, kRouted>(ctx, g, y32, pl, at,
+                                           vector || (whole && ctx.vector_aligned(y32, off + vshift)), off, yq);
               } else {
                 store_quad<T>(ctx, g, yT, pl, at, vector || (whole && ctx.vector_aligned(yT, off)), off, yq);
               }
@@ -472,14 +498,14 @@ SS2D_UNROLL
         continue;
       }
       each_quad(ctx, [&](int, int r, int c0) {
-        const QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+        const QuadPlace at = place<kRouted>(g, bb, ti, tj, r, c0);
         // The C quads of the round's states, loaded once for all channels (registers indexed by
         // unrolled loops: no local memory).
         float cq[kMaxWarps][kQuad];
 SS2D_UNROLL
         for (int j = 0; j < kMaxWarps; ++j) {
           const int n = round * wpc + j;
-          if (j < wpc && n < nstate) load_quad<T>(ctx, g, Cg, bc_planes(n), at, cq[j]);
+          if (j < wpc && n < nstate) load_quad<T, kRouted>(ctx, g, Cg, bc_planes(n), at, cq[j]);
         }
         // One channel per trip (a rolled loop: one copy of the u / y accesses in the code).
 SS2D_UNROLL_BY(1)
@@ -495,7 +521,7 @@ SS2D_UNROLL_BY(1)
             if (rounds > 1) {
               load_shared4(u_t, s * kFwdTileFloats + fwd_offset(r, c0), uq);
             } else if (p.D) {
-              load_quad<T>(ctx, g, u, Plane{g.dim, d0 + s}, at, uq);
+              load_quad<T, kRouted>(ctx, g, u, Plane{g.dim, d0 + s}, at, uq);
             }
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) yq[k] = dskip * uq[k];
@@ -513,10 +539,12 @@ SS2D_UNROLL
             continue;
           }
           const Plane pl{g.dim, d0 + s};
-          if (y_fp32) {
-            store_quad<float>(ctx, g, y32, pl, at, yq);
+          if (kRouted && g.route.accumulate) {
+            add_quad<kRouted>(ctx, g, y32, pl, at, yq);  // the cell's sum of the earlier routes
+          } else if (y_fp32) {
+            store_quad<float, kRouted>(ctx, g, y32, pl, at, yq);
           } else {
-            store_quad<T>(ctx, g, yT, pl, at, yq);
+            store_quad<T, kRouted>(ctx, g, yT, pl, at, yq);
           }
         }
       });

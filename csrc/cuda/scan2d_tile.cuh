@@ -125,6 +125,14 @@ SS2D_HD SS2D_INLINE int group_of(const Geometry& g, int d) { return d / (g.dim /
 
 SS2D_HD SS2D_INLINE int tile_offset(int r, int c) { return r * kStride + c; }
 
+// Route kernels: extents of delta and of B / C from the route's first plane on (RouteAddressing).
+SS2D_HD inline int64_t route_delta_numel(const Geometry& g) {
+  return ((g.batch - 1) * g.route.delta_planes + g.dim) * g.length;
+}
+SS2D_HD inline int64_t route_bc_numel(const Geometry& g) {
+  return ((g.batch - 1) * g.route.bc_planes + g.nstate) * g.length;
+}
+
 // A plane of a [batch][planes][length] tensor: channel d of u / delta / y / du / ddelta
 // (planes = dim) or state n of group grp in B / C (planes = groups * N, plane = grp * N + n).
 struct Plane {
@@ -143,6 +151,7 @@ struct QuadPlace {
   int64_t pos;
   uint32_t real;   // bit k: cell c0 + k is a real cell
   uint32_t packs;  // 2 bits per cell k (bits 2k, 2k + 1): pack boundaries between cell 0 and k
+  int shift[kQuad];  // route kernels' scalar path: route_shift of each cell (place<true>)
 };
 
 SS2D_HD SS2D_INLINE QuadPlace quad_place(const Geometry& g, int bb, int ti, int tj, int r, int c0) {
@@ -155,7 +164,7 @@ SS2D_HD SS2D_INLINE QuadPlace quad_place(const Geometry& g, int bb, int ti, int 
   const int entries_left = static_cast<int>(g.batch - first < kTile ? g.batch - first : kTile);
   const int first_pack = small_div(c0, g.magic_w);
   const int first_col = tj * kTile + c0 - first_pack * g.seg_w;
-  QuadPlace at{first + first_pack, static_cast<int64_t>(row) * g.width + first_col, 0u, 0u};
+  QuadPlace at{first + first_pack, static_cast<int64_t>(row) * g.width + first_col, 0u, 0u, {}};
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
     const int pc = small_div(c0 + k, g.magic_w);
@@ -174,29 +183,97 @@ SS2D_HD SS2D_INLINE int64_t quad_offset(const Geometry& g, const Plane& pl, cons
   return (at.batch * pl.planes + pl.plane) * g.length + at.pos;
 }
 
+// Route kernels (Variant::kRoute, the template flag kRouted of the access helpers below): the
+// map position of route position p (0 <= p < L) minus p. Added to a cell's offset in route
+// coordinates it gives the cell's offset in the map: every plane starts at a multiple of L, so
+// one shift serves all the planes of a cell.
+SS2D_HD SS2D_INLINE int64_t route_shift(const Geometry& g, int64_t p) {
+  const RouteAddressing& r = g.route;
+  const int64_t a = static_cast<int64_t>((static_cast<uint64_t>(p) * r.magic) >> r.shift);  // p / inner
+  const int64_t b = p - a * r.inner;
+  int64_t row = r.columns_first ? b : a;
+  int64_t col = r.columns_first ? a : b;
+  if (r.from_bottom) row = r.map_h - 1 - row;
+  if (r.from_right) col = r.map_w - 1 - col;
+  return row * r.map_w + col - p;
+}
+
+// A vector quad of a linear route (g.route.linear, vector path only: one route row, so at.pos ..
+// at.pos + kQuad - 1 in one route row): the shift of its vector access, whose elements are the
+// quad's cells in map order -- the same order on the identity route, reversed on the reversed
+// route, whose access starts at the map position L - kQuad - at.pos of the quad's last cell.
+SS2D_HD SS2D_INLINE int64_t vector_shift(const Geometry& g, const QuadPlace& at) {
+  return g.route.reversed ? g.length - kQuad - 2 * at.pos : 0;
+}
+
+// quad_place, on a route kernel with each cell's route_shift worked out once for all the planes
+// the quad's accesses touch.
+template <bool kRouted>
+SS2D_HD SS2D_INLINE QuadPlace place(const Geometry& g, int bb, int ti, int tj, int r, int c0) {
+  QuadPlace at = quad_place(g, bb, ti, tj, r, c0);
+  if constexpr (kRouted) {
+SS2D_UNROLL
+    for (int k = 0; k < kQuad; ++k) {
+      const int packs = static_cast<int>((at.packs >> (2 * k)) & 3u);
+      at.shift[k] = static_cast<int>(route_shift(g, at.pos + k - packs * g.seg_w));
+    }
+  }
+  return at;
+}
+
+template <bool kRouted = false>
 SS2D_HD SS2D_INLINE int64_t cell_offset(const Geometry& g, const Plane& pl, const QuadPlace& at, int64_t first,
                                         int k) {
   const int64_t packs = (at.packs >> (2 * k)) & 3u;
-  return first + k + packs * (pl.planes * g.length - g.seg_w);
+  const int64_t off = first + k + packs * (pl.planes * g.length - g.seg_w);
+  if constexpr (kRouted) return off + at.shift[k];
+  return off;
+}
+
+// Element k of a vector quad's kQuad values in route order: e[k], or on a reversed route (whose
+// vector holds the cells in map order) e[kQuad - 1 - k]. Both indices are compile-time constants
+// after unrolling (a run-time index would put the array into local memory).
+template <bool kRouted, class E>
+SS2D_HD SS2D_INLINE E route_element(const Geometry& g, const E (&e)[kQuad], int k) {
+  if constexpr (kRouted) {
+    // Both values first: a conditional of the two elements themselves selects an address into the
+    // array, which puts it into local memory.
+    const E forward = e[k], reversed = e[kQuad - 1 - k];
+    return g.route.reversed ? reversed : forward;
+  }
+  return e[k];
+}
+
+// Whether the quad at off (route coordinates) takes one vector access in this plane: all four
+// cells real and in one map row (route row), on a route kernel also a linear route, and the
+// access's address aligned.
+template <bool kRouted, class Ctx, class View>
+SS2D_HD SS2D_INLINE bool vector_at_offset(const Ctx& ctx, const Geometry& g, const View& view, const QuadPlace& at,
+                                          int64_t off) {
+  if constexpr (kRouted) return one_row(at) && g.route.linear && ctx.vector_aligned(view, off + vector_shift(g, at));
+  return one_row(at) && ctx.vector_aligned(view, off);
 }
 
 // A quad cell by cell (one scalar access per real cell; 0 on padding cells): the path of quads
 // that are not one aligned map row.
-template <class T, class View>
+template <class T, bool kRouted = false, class View>
 SS2D_HD SS2D_INLINE void load_cells(const Geometry& g, const View& src, const Plane& pl, const QuadPlace& at,
                                     int64_t off, float (&out)[kQuad]) {
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
-    out[k] = ((at.real >> k) & 1u) ? Element<T>::load(src[cell_offset(g, pl, at, off, k)]) : 0.f;  // scalar fallback
+    out[k] = ((at.real >> k) & 1u) ? Element<T>::load(src[cell_offset<kRouted>(g, pl, at, off, k)])  // scalar fallback
+                                   : 0.f;
   }
 }
 
-template <class V, class View>
+template <class V, bool kRouted = false, class View>
 SS2D_HD SS2D_INLINE void store_cells(const Geometry& g, const View& dst, const Plane& pl, const QuadPlace& at,
                                      int64_t off, const float (&vals)[kQuad]) {
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
-    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] = Element<V>::store(vals[k]);  // scalar fallback
+    if ((at.real >> k) & 1u) {
+      dst[cell_offset<kRouted>(g, pl, at, off, k)] = Element<V>::store(vals[k]);  // scalar fallback
+    }
   }
 }
 
@@ -204,72 +281,75 @@ SS2D_UNROLL
 // c0 + k). `vector`: the caller's decision that the quad at off is one map row and aligned (for
 // every plane it accesses there: see vector_planes): one vector access, else one scalar access
 // per real cell (map edges, pack boundaries, misaligned rows).
-template <class T, class Ctx, class View>
+// kRouted (route kernels): off is the quad's offset in route coordinates; the accesses go to the
+// cells' map positions (route_shift, vector_shift).
+template <class T, bool kRouted = false, class Ctx, class View>
 SS2D_HD SS2D_INLINE uint32_t load_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
                                        const QuadPlace& at, bool vector, int64_t off, float (&out)[kQuad]) {
   if (vector) {
-    const Vec4<T> v = ctx.load_vector(src, off);
+    const Vec4<T> v = ctx.load_vector(src, kRouted ? off + vector_shift(g, at) : off);
 SS2D_UNROLL
-    for (int k = 0; k < kQuad; ++k) out[k] = Element<T>::load(v.v[k]);
+    for (int k = 0; k < kQuad; ++k) out[k] = Element<T>::load(route_element<kRouted>(g, v.v, k));
     return (1u << kQuad) - 1;  // a vector quad is one map row: all real, known at compile time
   }
-  load_cells<T>(g, src, pl, at, off, out);
+  load_cells<T, kRouted>(g, src, pl, at, off, out);
   return at.real;
 }
 
 // The same, deciding for this plane alone.
-template <class T, class Ctx, class View>
+template <class T, bool kRouted = false, class Ctx, class View>
 SS2D_HD SS2D_INLINE uint32_t load_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
                                        const QuadPlace& at, float (&out)[kQuad]) {
   const int64_t off = quad_offset(g, pl, at);
-  return load_quad<T>(ctx, g, src, pl, at, one_row(at) && ctx.vector_aligned(src, off), off, out);
+  return load_quad<T, kRouted>(ctx, g, src, pl, at, vector_at_offset<kRouted>(ctx, g, src, at, off), off, out);
 }
 
 // Stores the real cells of a quad (element type V: T, or fp32 for an fp32 y); `vector` as in
 // load_quad.
-template <class V, class Ctx, class View>
+template <class V, bool kRouted = false, class Ctx, class View>
 SS2D_HD SS2D_INLINE void store_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
                                     const QuadPlace& at, bool vector, int64_t off, const float (&vals)[kQuad]) {
   if (vector) {
     Vec4<V> v;
 SS2D_UNROLL
-    for (int k = 0; k < kQuad; ++k) v.v[k] = Element<V>::store(vals[k]);
-    ctx.store_vector(dst, off, v);
+    for (int k = 0; k < kQuad; ++k) v.v[k] = Element<V>::store(route_element<kRouted>(g, vals, k));
+    ctx.store_vector(dst, kRouted ? off + vector_shift(g, at) : off, v);
     return;
   }
-  store_cells<V>(g, dst, pl, at, off, vals);
+  store_cells<V, kRouted>(g, dst, pl, at, off, vals);
 }
 
-template <class V, class Ctx, class View>
+template <class V, bool kRouted = false, class Ctx, class View>
 SS2D_HD SS2D_INLINE void store_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
                                     const QuadPlace& at, const float (&vals)[kQuad]) {
   const int64_t off = quad_offset(g, pl, at);
-  store_quad<V>(ctx, g, dst, pl, at, one_row(at) && ctx.vector_aligned(dst, off), off, vals);
+  store_quad<V, kRouted>(ctx, g, dst, pl, at, vector_at_offset<kRouted>(ctx, g, dst, at, off), off, vals);
 }
 
 // Adds vals to the real cells of a quad of an fp32 buffer (the dB / dC partials): one vector
 // read-modify-write when `vector` (as in load_quad), else per real cell.
-template <class Ctx, class View>
+template <bool kRouted = false, class Ctx, class View>
 SS2D_HD SS2D_INLINE void add_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
                                   const QuadPlace& at, bool vector, int64_t off, const float (&vals)[kQuad]) {
   if (vector) {
-    Vec4<float> v = ctx.load_vector(dst, off);
+    const int64_t at_off = kRouted ? off + vector_shift(g, at) : off;
+    Vec4<float> v = ctx.load_vector(dst, at_off);
 SS2D_UNROLL
-    for (int k = 0; k < kQuad; ++k) v.v[k] += vals[k];
-    ctx.store_vector(dst, off, v);
+    for (int k = 0; k < kQuad; ++k) v.v[k] += route_element<kRouted>(g, vals, k);
+    ctx.store_vector(dst, at_off, v);
     return;
   }
 SS2D_UNROLL
   for (int k = 0; k < kQuad; ++k) {
-    if ((at.real >> k) & 1u) dst[cell_offset(g, pl, at, off, k)] += vals[k];  // scalar fallback
+    if ((at.real >> k) & 1u) dst[cell_offset<kRouted>(g, pl, at, off, k)] += vals[k];  // scalar fallback
   }
 }
 
-template <class Ctx, class View>
+template <bool kRouted = false, class Ctx, class View>
 SS2D_HD SS2D_INLINE void add_quad(const Ctx& ctx, const Geometry& g, const View& dst, const Plane& pl,
                                   const QuadPlace& at, const float (&vals)[kQuad]) {
   const int64_t off = quad_offset(g, pl, at);
-  add_quad(ctx, g, dst, pl, at, one_row(at) && ctx.vector_aligned(dst, off), off, vals);
+  add_quad<kRouted>(ctx, g, dst, pl, at, vector_at_offset<kRouted>(ctx, g, dst, at, off), off, vals);
 }
 
 // Whether every plane of the views' tensors starts aligned to the vector width: their bases are
@@ -302,6 +382,13 @@ SS2D_HD SS2D_INLINE float dt_of(const Params& p, float delta, float bias, bool r
   const float sp = softplus(z);  // on every cell, then selected (no branch around the exps)
   const float v = p.softplus ? sp : z;
   return real ? v : 0.f;
+}
+
+// Channel d's plane of delta / ddelta: u's (dim planes per batch entry), or on a route kernel one
+// of delta_planes.
+template <bool kRouted>
+SS2D_HD SS2D_INLINE Plane delta_plane(const Geometry& g, int d) {
+  return Plane{kRouted ? g.route.delta_planes : g.dim, d};
 }
 
 // The B / C planes of a group, worked out once per block: state n is plane first + n.

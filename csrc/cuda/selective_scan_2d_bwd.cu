@@ -18,13 +18,14 @@ __global__ void __launch_bounds__(kBlockThreads, backward_min_blocks_per_sm(V)) 
 
 template <class T>
 static cudaError_t launch_backward_typed(const Params& p, cudaStream_t stream) {
-  const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate).total;
+  const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate, p.g.route.active).total;
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.groups * p.k.slices), static_cast<unsigned>(tiles));
-  const auto kernel = kernel_variant(p, p.k.bwd_wpc) == Variant::kOneStateSequential
-                          ? scan2d_backward_kernel<T, Variant::kOneStateSequential>
-                          : scan2d_backward_kernel<T, Variant::kGeneral>;
+  const Variant v = kernel_variant(p, p.k.bwd_wpc, /*forward=*/false);
+  const auto kernel = v == Variant::kOneStateSequential ? scan2d_backward_kernel<T, Variant::kOneStateSequential>
+                      : v == Variant::kRoute           ? scan2d_backward_kernel<T, Variant::kRoute>
+                                                       : scan2d_backward_kernel<T, Variant::kGeneral>;
   kernel<<<grid, p.k.bwd_channels * p.k.bwd_wpc * kTile, smem, stream>>>(p);
   return cudaGetLastError();
 }
@@ -49,6 +50,7 @@ static cudaError_t allow_backward_shared_memory(size_t smem_bytes) {
   if (err == cudaSuccess) {
     err = cudaFuncSetAttribute(scan2d_backward_kernel<T, Variant::kOneStateSequential>, attr, bytes);
   }
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_backward_kernel<T, Variant::kRoute>, attr, bytes);
   return err;
 }
 

@@ -14,6 +14,7 @@
 #include "scan2d_driver.h"
 #include "scan2d_emulate.h"
 #include "scan2d_launch.h"
+#include "scan2d_routes.h"
 
 namespace vmamba2d {
 namespace scan2d {
@@ -83,6 +84,25 @@ std::vector<at::Tensor> backward(const at::Tensor& u, const at::Tensor& delta,
                                     width, dy, carry_h, carry_v);
 }
 
+at::Tensor cross_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                         const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
+                         const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                         const std::vector<int64_t>& routes, bool out_fp32) {
+  require_cuda(u);
+  const c10::cuda::CUDAGuard guard(u.device());
+  return cross_forward_impl<CudaBackend>(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32);
+}
+
+std::vector<at::Tensor> cross_backward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                                       const at::Tensor& B, const at::Tensor& C,
+                                       const std::optional<at::Tensor>& D,
+                                       const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                                       const std::vector<int64_t>& routes, const at::Tensor& dy) {
+  require_cuda(u);
+  const c10::cuda::CUDAGuard guard(u.device());
+  return cross_backward_impl<CudaBackend>(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy);
+}
+
 EmulationOptions emulation_options(int64_t order, bool race_check, int64_t drop_barrier,
                                    int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block) {
   EmulationOptions o;
@@ -120,10 +140,32 @@ std::vector<at::Tensor> emulate_backward_entry(
                                            smem_per_block));
 }
 
+at::Tensor emulate_cross_forward_entry(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                                       const at::Tensor& B, const at::Tensor& C,
+                                       const std::optional<at::Tensor>& D,
+                                       const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                                       const std::vector<int64_t>& routes, bool out_fp32, int64_t order,
+                                       bool race_check, int64_t drop_barrier, int64_t sm_count,
+                                       int64_t smem_per_sm, int64_t smem_per_block) {
+  return emulate_cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32,
+                               emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
+                                                 smem_per_block));
+}
+
+std::vector<at::Tensor> emulate_cross_backward_entry(
+    const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
+    const std::optional<at::Tensor>& D, const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+    const std::vector<int64_t>& routes, const at::Tensor& dy, int64_t order, bool race_check, int64_t drop_barrier,
+    int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block) {
+  return emulate_cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy,
+                                emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
+                                                  smem_per_block));
+}
+
 // The work split plan_launch makes for these shapes on a device with these limits.
 pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t nstate,
                            int64_t height, int64_t width, int64_t sm_count, int64_t smem_per_sm,
-                           int64_t smem_per_block) {
+                           int64_t smem_per_block, int64_t route) {
   TORCH_CHECK_VALUE(batch >= 1 && dim >= 1 && groups >= 1 && dim % groups == 0,
                     "launch_plan: need batch, dim >= 1 and groups dividing dim, got batch=", batch,
                     " dim=", dim, " groups=", groups);
@@ -133,7 +175,16 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
                     height, " x ", width);
   TORCH_CHECK_VALUE(sm_count >= 1 && smem_per_block >= 1 && smem_per_sm >= smem_per_block,
                     "launch_plan: need sm_count >= 1 and smem_per_sm >= smem_per_block >= 1");
-  const Geometry g = plan_geometry(batch, dim, groups, nstate, height, width);
+  TORCH_CHECK_VALUE(route >= -1 && route < 16 && (route < 0 || groups == 1),
+                    "launch_plan: route must be -1 (the single-route op) or a route code in [0, 16) with groups = 1, "
+                    "got route=", route, " groups=", groups);
+  Geometry g = plan_geometry(batch, dim, groups, nstate, height, width);
+  if (route >= 0) {  // the four-route op's launch of that route on an H x W map
+    const CrossShape s{batch, dim, 1, nstate, height, width};
+    const auto [rows, cols] = route_grid(s, route);
+    g = plan_geometry(batch, dim, 1, nstate, rows, cols);
+    g.route = route_addressing(s, route, false);
+  }
   const DeviceLimits dev{static_cast<int>(sm_count), static_cast<size_t>(smem_per_block),
                          static_cast<size_t>(smem_per_sm)};
   const Launch k = plan_launch(g, dev);
@@ -156,22 +207,26 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
     d[(pass + "_lost_slots").c_str()] = fit.lost;
   };
   // The kernel variant that runs each pass's main grid.
-  auto variant_of = [&](bool tile_parallel, int wpc) {
+  auto variant_of = [&](bool tile_parallel, int wpc, bool forward) {
     Params p{};
     p.g = g;
     p.pass = tile_parallel ? kFinal : kSequential;
-    return kernel_variant(p, wpc);
+    return kernel_variant(p, wpc, forward);
   };
-  const Variant fwd_variant = variant_of(k.tile_parallel, k.fwd_wpc);
-  const Variant bwd_variant = variant_of(k.bwd_tile_parallel, k.bwd_wpc);
+  const Variant fwd_variant = variant_of(k.tile_parallel, k.fwd_wpc, true);
+  const Variant bwd_variant = variant_of(k.bwd_tile_parallel, k.bwd_wpc, false);
   add_pass("fwd", k.fwd_channels, k.fwd_wpc, forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate).total,
-           kForwardRegisters, forward_blocks(g, k));
-  add_pass("bwd", k.bwd_channels, k.bwd_wpc, backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate).total,
+           kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(fwd_variant)), forward_blocks(g, k));
+  add_pass("bwd", k.bwd_channels, k.bwd_wpc,
+           backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate, g.route.active).total,
            backward_registers(bwd_variant), backward_blocks(g, k));
   d["fwd_tile_parallel"] = k.tile_parallel;
   d["bwd_slices"] = k.slices;
   d["bwd_tile_parallel"] = k.bwd_tile_parallel;
-  const auto name = [](Variant v) { return v == Variant::kOneStateSequential ? "kOneStateSequential" : "kGeneral"; };
+  const auto name = [](Variant v) {
+    constexpr const char* kNames[] = {"kGeneral", "kOneStateSequential", "kRoute", "kOneStateRoute"};
+    return kNames[static_cast<int>(v)];
+  };
   d["fwd_variant"] = name(fwd_variant);
   d["bwd_variant"] = name(bwd_variant);
   return d;
@@ -210,6 +265,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("height"), py::arg("width"),
         py::arg("dy"), py::arg("carry_h"), py::arg("carry_v"));
+  m.def("cross_forward", &cross_forward,
+        "cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32) -> y\n"
+        "The four-route op (vmamba2d/ops/cross_fused.py), every route scanned in place: u (batch, dim,\n"
+        "H, W) contiguous or channels-last; delta (batch, K, dim, H, W), B / C (batch, K, N, H, W) in\n"
+        "u's dtype (fp32 / fp16 / bf16), contiguous; A (K * dim, N), D / delta_bias (K * dim,) fp32;\n"
+        "routes: K route codes. y (batch, dim, H, W) in u's layout, the routes' outputs summed in route\n"
+        "order in fp32; fp32 if out_fp32 else u's dtype.",
+        py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
+        py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("routes"), py::arg("out_fp32"));
+  m.def("cross_backward", &cross_backward,
+        "cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)\n"
+        "    -> [du, ddelta, dA, dB, dC, dD, ddelta_bias]\n"
+        "dy (batch, dim, H, W) in u's dtype or fp32. Each gradient in its input's shape and dtype (du in\n"
+        "u's layout); dA, dD, ddelta_bias fp32, dD / ddelta_bias None when D / delta_bias is None.\n"
+        "Deterministic: no atomics, fixed-order sums.",
+        py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
+        py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("routes"), py::arg("dy"));
   m.def("kernel_image_available", &kernel_image_available,
         "kernel_image_available(device_index) -> bool: whether this build holds a kernel image "
         "GPU device_index can run (False: rebuild with its arch in TORCH_CUDA_ARCH_LIST).",
@@ -234,6 +306,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("dy"), py::arg("carry_h"), py::arg("carry_v"), py::arg("order") = 0,
         py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
         py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
+  m.def("_emulate_cross_forward", &emulate_cross_forward_entry,
+        "cross_forward's kernels run on the CPU (CPU tensors; for tests). Same arguments as\n"
+        "cross_forward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block\n"
+        "(see _emulate_forward).",
+        py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
+        py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("routes"), py::arg("out_fp32"),
+        py::arg("order") = 0, py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
+        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
+  m.def("_emulate_cross_backward", &emulate_cross_backward_entry,
+        "cross_backward's kernels run on the CPU (CPU tensors; for tests). Same arguments as\n"
+        "cross_backward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block\n"
+        "(see _emulate_forward).",
+        py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
+        py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("routes"), py::arg("dy"),
+        py::arg("order") = 0, py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
+        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
   m.def("_emulation_self_check", &emulation_self_check,
         "Runs a synthetic block through the emulation's checker (tests of the race detector);\n"
         "raises RuntimeError when the checker objects. See scan2d_emulate.h for the scenarios.",
@@ -244,9 +332,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "block, threads, dynamic shared memory, the registers per thread it is compiled for, the\n"
         "modelled resident blocks / warps per SM, the main grid's blocks, its waves over the device's\n"
         "resident block slots and the share of slots they leave empty, slices, tiling, and the\n"
-        "kernel variant (fwd_variant / bwd_variant) that runs each pass.",
+        "kernel variant (fwd_variant / bwd_variant) that runs each pass. route >= 0: the four-route\n"
+        "op's launch of that route code on an H x W map (groups = 1).",
         py::arg("batch"), py::arg("dim"), py::arg("groups"), py::arg("nstate"), py::arg("height"),
-        py::arg("width"), py::arg("sm_count"), py::arg("smem_per_sm"), py::arg("smem_per_block"));
+        py::arg("width"), py::arg("sm_count"), py::arg("smem_per_sm"), py::arg("smem_per_block"),
+        py::arg("route") = -1);
   m.def("_softplus", &kernel_softplus,
         "The kernels' fast softplus on a float32 CPU tensor, as the host build computes it (tests).",
         py::arg("z"));

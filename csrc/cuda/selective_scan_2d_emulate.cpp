@@ -27,6 +27,7 @@
 
 #include "scan2d_driver.h"
 #include "scan2d_kernel.cuh"
+#include "scan2d_routes.h"
 
 namespace vmamba2d {
 namespace scan2d {
@@ -397,8 +398,13 @@ void dispatch(ElementType type, Ctx& ctx, const Params& p, int bx, int by, int b
 template <class T>
 struct ForwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
-    if (kernel_variant(p, p.k.fwd_wpc) == Variant::kOneStateSequential) {
+    const Variant v = forward_variant_for(kernel_variant(p, p.k.fwd_wpc), sizeof(T));
+    if (v == Variant::kOneStateSequential) {
       forward_block<T, Variant::kOneStateSequential>(ctx, p, bx, by, bz, smem);
+    } else if (v == Variant::kOneStateRoute) {
+      if constexpr (sizeof(T) != 4) forward_block<T, Variant::kOneStateRoute>(ctx, p, bx, by, bz, smem);
+    } else if (v == Variant::kRoute) {
+      forward_block<T, Variant::kRoute>(ctx, p, bx, by, bz, smem);
     } else {
       forward_block<T, Variant::kGeneral>(ctx, p, bx, by, bz, smem);
     }
@@ -408,8 +414,11 @@ struct ForwardKernel {
 template <class T>
 struct BackwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
-    if (kernel_variant(p, p.k.bwd_wpc) == Variant::kOneStateSequential) {
+    const Variant v = kernel_variant(p, p.k.bwd_wpc, /*forward=*/false);
+    if (v == Variant::kOneStateSequential) {
       backward_block<T, Variant::kOneStateSequential>(ctx, p, bx, by, bz, smem);
+    } else if (v == Variant::kRoute) {
+      backward_block<T, Variant::kRoute>(ctx, p, bx, by, bz, smem);
     } else {
       backward_block<T, Variant::kGeneral>(ctx, p, bx, by, bz, smem);
     }
@@ -446,7 +455,7 @@ struct HostBackend {
   }
 
   static void backward(const Params& p, ElementType type) {
-    const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate).total;
+    const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate, p.g.route.active).total;
     const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
     run_grid(p.g.batch_blocks, p.g.groups * p.k.slices, tiles, p.k.bwd_channels * p.k.bwd_wpc, smem, g_options,
              [&](HostCtx& ctx, int bx, int by, int bz, char* s) {
@@ -580,6 +589,24 @@ std::vector<at::Tensor> emulate_backward(const at::Tensor& u, const at::Tensor& 
   const OptionsScope scope(options);
   return backward_impl<HostBackend>(u, delta, A, B, C, D, delta_bias, delta_softplus, height,
                                     width, dy, carry_h, carry_v);
+}
+
+at::Tensor emulate_cross_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                                 const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
+                                 const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                                 const std::vector<int64_t>& routes, bool out_fp32, const EmulationOptions& options) {
+  const OptionsScope scope(options);
+  return cross_forward_impl<HostBackend>(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32);
+}
+
+std::vector<at::Tensor> emulate_cross_backward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                                               const at::Tensor& B, const at::Tensor& C,
+                                               const std::optional<at::Tensor>& D,
+                                               const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                                               const std::vector<int64_t>& routes, const at::Tensor& dy,
+                                               const EmulationOptions& options) {
+  const OptionsScope scope(options);
+  return cross_backward_impl<HostBackend>(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy);
 }
 
 void emulation_self_check(const std::string& scenario) { run_scenario(scenario); }

@@ -7,7 +7,7 @@ namespace vmamba2d {
 namespace scan2d {
 
 template <class T, Variant V>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_forward_kernel(Params p) {
+__global__ void __launch_bounds__(kBlockThreads, forward_min_blocks_per_sm(V)) scan2d_forward_kernel(Params p) {
   extern __shared__ __align__(16) char smem[];
   DeviceCtx ctx;
   forward_block<T, V>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
@@ -26,9 +26,13 @@ static cudaError_t launch_forward_typed(const Params& p, cudaStream_t stream) {
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.dim / p.k.fwd_channels), static_cast<unsigned>(tiles));
-  const auto kernel = kernel_variant(p, p.k.fwd_wpc) == Variant::kOneStateSequential
-                          ? scan2d_forward_kernel<T, Variant::kOneStateSequential>
-                          : scan2d_forward_kernel<T, Variant::kGeneral>;
+  const Variant v = forward_variant_for(kernel_variant(p, p.k.fwd_wpc), sizeof(T));
+  auto kernel = scan2d_forward_kernel<T, Variant::kGeneral>;
+  if (v == Variant::kOneStateSequential) kernel = scan2d_forward_kernel<T, Variant::kOneStateSequential>;
+  if (v == Variant::kRoute) kernel = scan2d_forward_kernel<T, Variant::kRoute>;
+  if constexpr (sizeof(T) != 4) {
+    if (v == Variant::kOneStateRoute) kernel = scan2d_forward_kernel<T, Variant::kOneStateRoute>;
+  }
   kernel<<<grid, nwarps * kTile, smem, stream>>>(p);
   return cudaGetLastError();
 }
@@ -58,6 +62,10 @@ static cudaError_t allow_forward_shared_memory_typed(size_t smem_bytes) {
   cudaError_t err = cudaFuncSetAttribute(scan2d_forward_kernel<T, Variant::kGeneral>, attr, bytes);
   if (err == cudaSuccess) {
     err = cudaFuncSetAttribute(scan2d_forward_kernel<T, Variant::kOneStateSequential>, attr, bytes);
+  }
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_forward_kernel<T, Variant::kRoute>, attr, bytes);
+  if constexpr (sizeof(T) != 4) {
+    if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_forward_kernel<T, Variant::kOneStateRoute>, attr, bytes);
   }
   return err;
 }

@@ -6,14 +6,18 @@
                                           routes, dy, delta_proj_weight?)
         -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
 
-Implemented by the CPU extension (``cross_forward`` / ``cross_backward``), which scans every
-route in place on the map (shapes in :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`;
-``routes`` are :attr:`Route.code` values). With ``delta_proj_weight`` (K, dim, R), delta is
-the low-rank (batch, K, R, H, W) and the kernel projects each channel's step sizes where it reads
-them (no full-rank delta is stored); the backward op then returns the full-rank ddelta
-(batch, K, dim, H, W), and the autograd formula turns it into the gradients of the low-rank delta
-and of the weight (:func:`~vmamba2d.ops.delta_proj.project_delta_grads`). On a device whose extension has no route kernel (CUDA
-today) the ops run the device's single-route kernel once per route on route-order copies
+Implemented by the CPU and CUDA extensions (``cross_forward`` / ``cross_backward``), which scan
+every route in place on the map (shapes in :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`;
+``routes`` are :attr:`Route.code` values; the CUDA kernel runs one launch per route and reads a
+channels-last ``u`` through one contiguous copy, writing y / du back channels-last). With
+``delta_proj_weight`` (K, dim, R), delta is the low-rank (batch, K, R, H, W): the CPU kernel
+projects each channel's step sizes where it reads them (no full-rank delta is stored), other
+devices' kernels get delta projected first (:func:`~vmamba2d.ops.delta_proj.project_delta`); the
+backward op then returns the full-rank ddelta (batch, K, dim, H, W), and the autograd formula turns
+it into the gradients of the low-rank delta and of the weight
+(:func:`~vmamba2d.ops.delta_proj.project_delta_grads`). On a device whose extension has no route
+kernel (a CUDA extension built from sources older than its route kernel) the ops run the device's
+single-route kernel once per route on route-order copies
 (``cross_forward_per_route`` / ``cross_backward_per_route``), so scripted and exported models
 run there too (projecting delta first when given the weight). Both ops have fake implementations, so
 ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through them; the forward's autograd
@@ -75,11 +79,19 @@ def cross_selective_scan_2d_fwd(
     D / delta_bias (K * dim,); with delta_proj_weight (K, dim, R), delta is (batch, K, R, H, W).
     """
     module = _kernel_module(u.device)
+    if delta_proj_weight is not None and not _kernel_projects(u):
+        delta, delta_proj_weight = project_delta(delta, delta_proj_weight), None
     if not hasattr(module, "cross_forward"):
-        if delta_proj_weight is not None:
-            delta = project_delta(delta, delta_proj_weight)
         return cross_forward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
+    if delta_proj_weight is None:
+        return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
     return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, delta_proj_weight)
+
+
+def _kernel_projects(u: Tensor) -> bool:
+    """Whether the route kernel of u's device takes ``delta_proj_weight`` (the CPU kernel); other
+    devices' kernels get the projected, full-rank delta."""
+    return u.device.type == "cpu"
 
 
 def _route_inputs(u, delta, A, B, C, D, delta_bias, k: int, route: Route):
@@ -171,12 +183,14 @@ def cross_selective_scan_2d_bwd(
     D / delta_bias is None. With delta_proj_weight (K, dim, R) (delta then (batch, K, R, H, W)),
     ddelta is the gradient of the projected, full-rank delta (batch, K, dim, H, W)."""
     module = _kernel_module(u.device)
-    if hasattr(module, "cross_backward"):
-        grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy, delta_proj_weight)
-    else:
-        if delta_proj_weight is not None:
-            delta = project_delta(delta, delta_proj_weight)
+    if delta_proj_weight is not None and not _kernel_projects(u):
+        delta, delta_proj_weight = project_delta(delta, delta_proj_weight), None
+    if not hasattr(module, "cross_backward"):
         grads = cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
+    elif delta_proj_weight is None:
+        grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
+    else:
+        grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy, delta_proj_weight)
     du, ddelta, dA, dB, dC, dD, dbias = grads
     like = (u, delta, A, B, C)
     du, ddelta, dA, dB, dC = (g.to(t.dtype) for g, t in zip((du, ddelta, dA, dB, dC), like))

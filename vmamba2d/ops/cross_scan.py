@@ -10,9 +10,10 @@ Backends (same names and ``auto`` rule as :func:`vmamba2d.ops.selective_scan_2d`
 
     ``cpu``        native: the compiled CPU kernel scans every route in place.
     ``triton``     native: the Triton route kernels scan every route in place.
-    ``cuda``       the same custom op, run per route inside it: the single-route CUDA kernel on
-                   route-order copies (no native CUDA route kernel yet;
-                   ``backend_info()["cross_scan"]`` says so).
+    ``cuda``       native: the compiled CUDA kernel scans every route in place (one launch per
+                   route); a CUDA extension built before its route kernel runs the single-route
+                   kernel per route on route-order copies (``backend_info()["cross_scan"]`` says
+                   which).
     ``torch``, ``reference``   per route, on the backend of that name (readable; for tests).
 
 With ``delta_proj_weight``, delta is low-rank and the op projects it (VMamba's per-route
