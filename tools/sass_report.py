@@ -949,7 +949,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             "# Static report of the CUDA scan kernels (tools/sass_report.py)", "",
             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {_git_commit()}",
             f"- nvcc {cuda_archs.nvcc_release(args.nvcc)}, flags `{' '.join(cuda_archs.NVCC_FLAGS)}` + torch's "
-            f"defines, `-cubin -arch=sm_XX`; SASS by `{Path(disassembler).name} -c` "
+            f"defines, `-cubin -arch=sm_XX`; SASS by `{Path(disassembler).name} -c -gi` "
             f"({subprocess.run([disassembler, '--version'], capture_output=True, text=True).stdout.strip().splitlines()[-1]})",
             f"- block sizes and shared memory: the launch planner's choice for {PLAN_SHAPE.label} on each GPU; "
             "resident warps from ptxas's registers and the arch limits in ARCH_PROFILES; planner: "
