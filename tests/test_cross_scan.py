@@ -227,8 +227,9 @@ def test_fvcore_counts_the_four_route_op_like_its_routes():
 
 @pytest.mark.parametrize("with_optional", [True, False])
 def test_custom_op_per_route_composition_matches_the_route_kernel(with_optional):
-    """The op's per-route fallback (used on devices whose extension has no route kernel, e.g.
-    CUDA) run on the CPU extension's single-route kernel equals its native route kernel."""
+    """The op's per-route fallback (used on devices whose extension has no route kernel, e.g. a
+    CUDA extension built from older sources) run on the CPU extension's single-route kernel
+    equals its native route kernel."""
     from vmamba2d.ops import _extensions
     from vmamba2d.ops.cross_fused import cross_backward_per_route, cross_forward_per_route
 
