@@ -121,6 +121,39 @@ def test_stages_infer_in_batch_chunks_with_the_whole_batch_result():
             timm.create_model("vmamba2d_tiny", dims=8, inference_chunk_mib=bad)
 
 
+def test_hooks_on_a_stages_blocks_fire_in_chunked_inference():
+    """Hooks registered on ``stage.blocks`` (or global module hooks) see the whole batch once per
+    call, as without chunks: such a stage runs unchunked."""
+    two_samples_mib = 2 * 32 * 16 * 12 * 4 / 2**20
+    torch.manual_seed(0)
+    model = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0, inference_chunk_mib=two_samples_mib).eval()
+    images = torch.randn(5, 3, 64, 48)
+    with torch.no_grad():
+        expected = model(images)
+    blocks = model.stages[0].blocks
+    seen = []
+    handles = [
+        blocks.register_forward_pre_hook(lambda module, args: seen.append(("pre", args[0].shape[0]))),
+        blocks.register_forward_hook(lambda module, args, out: seen.append(("post", out.shape[0]))),
+    ]
+    with torch.no_grad():
+        got = model(images)
+    for handle in handles:
+        handle.remove()
+    assert seen == [("pre", 5), ("post", 5)]
+    assert _relative_error(got, expected) <= 1e-6
+
+    calls = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: calls.append(out.shape[0]) if module is blocks else None)
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        handle.remove()
+    assert calls == [5]
+
+
 def test_a_block_writes_its_result_into_out_in_inference_only():
     """The chunked stages' last block writes into the stage's output (no concatenation)."""
     torch.manual_seed(0)

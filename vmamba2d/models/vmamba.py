@@ -185,6 +185,16 @@ class VSSBlock(nn.Module):
         return _add_residual(x, self.drop_path(self.mlp(self.norm2(x))), out)
 
 
+def _has_forward_hooks(module: nn.Module) -> bool:
+    """Whether calling ``module`` runs forward hooks or pre-hooks: its own or global module hooks
+    (``torch.nn.modules.module.register_module_forward_hook`` and its pre-hook twin)."""
+    hook_dicts = (
+        module._forward_hooks, module._forward_pre_hooks,
+        nn.modules.module._global_forward_hooks, nn.modules.module._global_forward_pre_hooks,
+    )
+    return any(len(hooks) > 0 for hooks in hook_dicts)
+
+
 class VMambaStage(nn.Module):
     """Optional downsample followed by ``depth`` VSS blocks; gradient checkpointing per block.
 
@@ -193,7 +203,10 @@ class VMambaStage(nn.Module):
     small enough that a block's widest buffer (the MLP's hidden map or SS2D's per-route step sizes)
     stays within that many bytes; every block works per sample, so the result is the same. glibc's
     malloc hands requests above its mmap threshold (at most 32 MiB) to a fresh mmap every time, so
-    such buffers are page-faulted anew on every call (benchmarks/model_cpu_routes.md).
+    such buffers are page-faulted anew on every call (benchmarks/model_cpu_routes.md). A stage
+    whose ``blocks`` carry forward hooks or pre-hooks (or while global module forward hooks are
+    registered) runs the whole batch through ``blocks`` at once, so those hooks fire as without
+    chunking; hooks on the blocks themselves fire once per chunk.
     """
 
     def __init__(
@@ -230,7 +243,10 @@ class VMambaStage(nn.Module):
         # Traced and compiled graphs keep one call on the whole batch (no shape-dependent loop).
         if torch.is_grad_enabled() or torch.jit.is_tracing() or isinstance(x, torch.fx.Proxy):
             return False
-        return not torch.compiler.is_compiling() and self.inference_chunk_limit(x) > 0
+        if torch.compiler.is_compiling() or self.inference_chunk_limit(x) <= 0:
+            return False
+        # Chunks call the blocks one by one, never self.blocks itself, so its hooks would not fire.
+        return not _has_forward_hooks(self.blocks)
 
     @torch.jit.unused
     def inference_chunk_limit(self, x: Tensor) -> int:
@@ -293,7 +309,8 @@ class VMamba(nn.Module):
         inference_chunk_mib: without autograd, run each stage on batch chunks whose widest buffer
             stays within this many MiB (0: the whole batch at once; same results either way).
             "auto": ``CPU_INFERENCE_CHUNK_MIB`` (24, below glibc's mmap threshold) for inputs on
-            the CPU, the whole batch on other devices (:class:`VMambaStage`).
+            the CPU, the whole batch on other devices. Stages with forward hooks on their
+            ``blocks`` run the whole batch, so those hooks fire (:class:`VMambaStage`).
         device, dtype: where and in which dtype to create the parameters (e.g. ``device="meta"``,
             then ``to_empty(device=...)`` and :meth:`init_weights` or a state dict).
 
