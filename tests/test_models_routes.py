@@ -14,7 +14,7 @@ from timm.layers import Mlp
 
 import vmamba2d  # noqa: F401  (registers the models)
 from vmamba2d.models import SS2D
-from vmamba2d.models.vmamba import PointwiseMlp
+from vmamba2d.models.vmamba import PointwiseMlp, StridedConv3x3
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["vmamba2d_tiny", "vmamba2d_small", "vmamba2d_base", "vmamba_tiny", "vmamba_small", "vmamba_base"]
@@ -152,6 +152,36 @@ def test_hooks_on_a_stages_blocks_fire_in_chunked_inference():
     finally:
         handle.remove()
     assert calls == [5]
+
+
+def test_strided_conv_keeps_a_fresh_channels_last_weight_copy_in_inference():
+    """Stem / downsample convs: nn.Conv2d's result in every mode; without autograd on channels-last
+    maps they reuse one channels-last weight copy, remade whenever the weight changes; the
+    parameter itself stays contiguous (safetensors saves only contiguous tensors)."""
+    torch.manual_seed(0)
+    conv = StridedConv3x3(6, 10)
+    reference = torch.nn.Conv2d(6, 10, kernel_size=3, stride=2, padding=1)
+    reference.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 6, 9, 8).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        torch.testing.assert_close(conv(x), reference(x), rtol=0, atol=0)
+        first_copy = conv._weight_copy[1]
+        conv(x)
+        assert conv._weight_copy[1] is first_copy
+    with torch.no_grad():
+        conv.weight.mul_(-2.0)
+        reference.weight.mul_(-2.0)
+        torch.testing.assert_close(conv(x), reference(x), rtol=0, atol=0)
+    conv.load_state_dict({"weight": torch.randn(10, 6, 3, 3), "bias": torch.randn(10)})
+    reference.load_state_dict(conv.state_dict())
+    conv.weight.data = conv.weight.data.double().float()  # a new tensor, same values
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x), reference(x), rtol=0, atol=0)
+        torch.testing.assert_close(conv(x.contiguous()), reference(x.contiguous()), rtol=0, atol=0)
+    conv(x).square().sum().backward()  # with autograd: the parameter itself
+    reference(x).square().sum().backward()
+    torch.testing.assert_close(conv.weight.grad, reference.weight.grad, rtol=0, atol=0)
+    assert all(value.is_contiguous() for value in conv.state_dict().values())
 
 
 def test_a_block_writes_its_result_into_out_in_inference_only():
