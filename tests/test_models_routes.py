@@ -3,6 +3,7 @@ inference buffers (the MLP reusing its hidden map, stages in batch chunks), the 
 and the ERF tool drawing it."""
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
@@ -168,6 +169,7 @@ def test_strided_conv_keeps_a_fresh_channels_last_weight_copy_in_inference():
         first_copy = conv._weight_copy[1]
         conv(x)
         assert conv._weight_copy[1] is first_copy
+    assert copy.deepcopy(conv)._weight_copy is None  # a cache, not state
     with torch.no_grad():
         conv.weight.mul_(-2.0)
         reference.weight.mul_(-2.0)

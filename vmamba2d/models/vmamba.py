@@ -67,6 +67,9 @@ class StridedConv3x3(nn.Conv2d):
             return self._conv_forward(x, self.weight, self.bias)
         return self._conv_forward(x, self._channels_last_weight(), self.bias)
 
+    def __getstate__(self) -> Dict[str, Any]:
+        return {**super().__getstate__(), "_weight_copy": None}  # a cache: not pickled or deep-copied
+
     @torch.jit.unused
     def _uses_weight_copy(self, x: Tensor) -> bool:
         # Traced, exported and compiled graphs convolve with the parameter itself.
