@@ -23,14 +23,14 @@ from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_c
 from timm.models._builder import resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
 
+from .packed_conv import PackedWeightConv2d
 from .ss2d import LAYER_NORM_EPS, SS2D
 from .weights import checkpoint_filter_fn, official_checkpoint_loading
 
 Tensor = torch.Tensor
 
 __all__ = [
-    "VMamba", "VSSBlock", "PointwiseMlp", "VMambaStage", "Stem", "Downsample", "StridedConv3x3", "check_image_input",
-    "checkpoint_filter_fn",
+    "VMamba", "VSSBlock", "PointwiseMlp", "VMambaStage", "Stem", "Downsample", "check_image_input", "checkpoint_filter_fn",
 ]
 
 
@@ -44,48 +44,8 @@ def _norm(channels: int, **dd: Any) -> nn.Module:
     return LayerNorm2d(channels, eps=LAYER_NORM_EPS, **dd)
 
 
-class StridedConv3x3(nn.Conv2d):
-    """3x3 stride-2 conv (padding 1), (B, C_in, H, W) -> (B, C_out, ceil(H/2), ceil(W/2)): an
-    ``nn.Conv2d`` (same parameters, state_dict keys and result) that, without autograd on the CPU,
-    convolves channels-last maps with a channels-last copy of its weight kept from call to call.
-
-    Without it oneDNN copies the contiguous weight to the maps' layout on every call (10.6 MiB for
-    the tiny model's last downsample): 1.05-1.07x CPU inference at batch 1
-    (benchmarks/model_cpu_routes.md). The copy is remade when the weight changes (its storage,
-    dtype, device or version counter); storing the parameter itself channels-last would make its
-    state_dict entry non-contiguous, which safetensors refuses to save.
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, device: Optional[torch.device] = None,
-                 dtype: Optional[torch.dtype] = None) -> None:
-        super().__init__(in_channels, out_channels, kernel_size=3, stride=2, padding=1, device=device, dtype=dtype)
-        self._weight_copy: Optional[Tuple[tuple, Tensor]] = None  # (the weight's key, its channels-last copy)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, C_in, H, W) -> (B, C_out, ceil(H/2), ceil(W/2))."""
-        if torch.jit.is_scripting() or not self._uses_weight_copy(x):
-            return self._conv_forward(x, self.weight, self.bias)
-        return self._conv_forward(x, self._channels_last_weight(), self.bias)
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {**super().__getstate__(), "_weight_copy": None}  # a cache: not pickled or deep-copied
-
-    @torch.jit.unused
-    def _uses_weight_copy(self, x: Tensor) -> bool:
-        # Traced, exported and compiled graphs convolve with the parameter itself.
-        if isinstance(x, torch.fx.Proxy) or torch.jit.is_tracing() or torch.compiler.is_compiling():
-            return False
-        if torch.is_grad_enabled() or x.device.type != "cpu":
-            return False
-        return x.is_contiguous(memory_format=torch.channels_last)
-
-    @torch.jit.unused
-    def _channels_last_weight(self) -> Tensor:
-        weight = self.weight
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
-        if self._weight_copy is None or self._weight_copy[0] != key:
-            self._weight_copy = (key, weight.detach().contiguous(memory_format=torch.channels_last))
-        return self._weight_copy[1]
+def _strided_conv3x3(in_channels: int, out_channels: int, **dd: Any) -> nn.Conv2d:
+    return PackedWeightConv2d(in_channels, out_channels, kernel_size=3, stride=2, padding=1, **dd)
 
 
 def check_image_input(x: Tensor, in_chans: int) -> Tensor:
@@ -151,9 +111,9 @@ class PointwiseMlp(nn.Module):
     def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, device: Optional[torch.device] = None,
                  dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
-        self.fc1 = nn.Conv2d(dim, hidden_dim, kernel_size=1, device=device, dtype=dtype)
+        self.fc1 = PackedWeightConv2d(dim, hidden_dim, kernel_size=1, device=device, dtype=dtype)
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Conv2d(hidden_dim, dim, kernel_size=1, device=device, dtype=dtype)
+        self.fc2 = PackedWeightConv2d(hidden_dim, dim, kernel_size=1, device=device, dtype=dtype)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -175,9 +135,9 @@ class Stem(nn.Module):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
         self.in_chans = in_chans
-        self.conv1 = StridedConv3x3(in_chans, dim // 2, **dd)
+        self.conv1 = _strided_conv3x3(in_chans, dim // 2, **dd)
         self.norm1 = _norm(dim // 2, **dd)
-        self.conv2 = StridedConv3x3(dim // 2, dim, **dd)
+        self.conv2 = _strided_conv3x3(dim // 2, dim, **dd)
         self.norm2 = _norm(dim, **dd)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -196,7 +156,7 @@ class Downsample(nn.Module):
     def __init__(self, dim: int, out_dim: int, device: Optional[torch.device] = None,
                  dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
-        self.conv = StridedConv3x3(dim, out_dim, device=device, dtype=dtype)
+        self.conv = _strided_conv3x3(dim, out_dim, device=device, dtype=dtype)
         self.norm = _norm(out_dim, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -487,6 +447,15 @@ class VMamba(nn.Module):
         self.grad_checkpointing = enable
         for stage in self.stages:
             stage.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def set_weight_packing(self, enable: bool = True) -> None:
+        """CPU inference convolves with weight copies packed once in oneDNN's layout (default on:
+        1.2x at batch 1 for the tiny models, same outputs; costs the weights' size in memory).
+        ``False`` convolves with the parameters as stored and frees the copies."""
+        for module in self.modules():
+            if isinstance(module, PackedWeightConv2d):
+                module.set_weight_packing(enable)
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
