@@ -184,6 +184,7 @@ def test_packed_weight_conv_equals_conv2d_and_repacks_when_the_weight_changes(ch
             conv.weight.mul_(-2.0)
             reference.weight.mul_(-2.0)
             torch.testing.assert_close(conv(x), reference(x), rtol=0, atol=0)
+            torch.testing.assert_close(conv(x[:1]), reference(x[:1]), rtol=0, atol=0)
         conv.load_state_dict({"weight": torch.randn(10, channels, kernel, kernel), "bias": torch.randn(10)})
         reference.load_state_dict(conv.state_dict())
         conv.weight.data = conv.weight.data.double().float()  # a new tensor, same values
@@ -197,6 +198,11 @@ def test_packed_weight_conv_equals_conv2d_and_repacks_when_the_weight_changes(ch
     torch.testing.assert_close(conv.weight.grad, reference.weight.grad, rtol=0, atol=0)
     assert copy.deepcopy(conv)._packed_weight is None
     assert all(value.is_contiguous() for value in conv.state_dict().values())
+    conv.weight = torch.nn.Parameter(torch.randn(10, channels + 1, kernel, kernel))  # another shape
+    reference.weight = torch.nn.Parameter(conv.weight.detach().clone())
+    wider = torch.randn(batch, channels + 1, *size).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(wider), reference(wider), rtol=0, atol=0)
 
 
 def test_a_model_can_stop_packing_its_conv_weights():

@@ -22,14 +22,15 @@ MAX_CHECKED_SHAPES = 16  # input shapes whose check result a conv keeps (then st
 class PackedWeightConv2d(nn.Conv2d):
     """``nn.Conv2d`` (same parameters, state_dict keys and results) that, without autograd on
     channels-last fp32 CPU maps, convolves with a copy of its weight reordered once into oneDNN's
-    blocked layout, remade when the weight changes (its storage, dtype, device or version counter).
+    blocked layout, remade when the weight changes (its storage, dtype, device, shape or version counter).
     The copy costs the weight's size in memory; ``pack_weight = False`` (or
     :meth:`set_weight_packing`) turns it off and frees it.
 
     For a pre-packed weight oneDNN may pick another kernel than for the plain one (seen at batch 1
     on maps of a few pixels: 3e-7 relative differences), so the copy serves an input shape (and
-    thread count) only once it has reproduced ``F.conv2d`` bitwise on a random input of that shape;
-    shapes where it did not run ``F.conv2d``. Elsewhere (autograd, other devices or dtypes, NCHW
+    thread count) only once it has reproduced ``F.conv2d`` bitwise on a random input of that shape
+    (checked once per shape, as the kernel choice does not depend on the weight's values); shapes
+    where it did not run ``F.conv2d``. Elsewhere (autograd, other devices or dtypes, NCHW
     maps, autocast, tracing, scripting, compiling, oneDNN off, grouped or non-zero-padded convs)
     it is ``nn.Conv2d``. So is a 1x1 stride-1 conv on one thread below batch 16, where PyTorch
     itself does not use oneDNN.
@@ -38,8 +39,9 @@ class PackedWeightConv2d(nn.Conv2d):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pack_weight = True
-        # (weight key, weight in oneDNN layout, {(input shape, threads): reproduces F.conv2d})
-        self._packed_weight: Optional[Tuple[tuple, Tensor, Dict[tuple, bool]]] = None
+        # (weight key, weight in oneDNN layout, input shape it was packed for,
+        #  {(input shape, threads): the packed weight reproduces F.conv2d})
+        self._packed_weight: Optional[Tuple[tuple, Tensor, tuple, Dict[tuple, bool]]] = None
 
     @torch.jit.ignore
     def set_weight_packing(self, enable: bool = True) -> None:
@@ -78,13 +80,17 @@ class PackedWeightConv2d(nn.Conv2d):
     @torch.jit.unused
     def _packed_forward(self, x: Tensor) -> Tensor:
         weight = self.weight
-        weight_key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        weight_key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, weight.shape)
         if self._packed_weight is None or self._packed_weight[0] != weight_key:
+            # New values of a weight of the same dtype, device and shape are packed for the same input
+            # shape as before: the same layout and kernels, so the shape checks below still hold.
+            same_kind = self._packed_weight is not None and self._packed_weight[0][2:] == weight_key[2:]
+            packing_shape, verdicts = self._packed_weight[2:] if same_kind else (tuple(x.shape), {})
             packed = torch.ops.mkldnn._reorder_convolution_weight(
                 weight.detach(), list(self.padding), list(self.stride), list(self.dilation), self.groups,
-                list(x.shape))
-            self._packed_weight = (weight_key, packed, {})
-        _, packed, verdicts = self._packed_weight
+                list(packing_shape))
+            self._packed_weight = (weight_key, packed, packing_shape, verdicts)
+        _, packed, _, verdicts = self._packed_weight
         shape_key = (tuple(x.shape), torch.get_num_threads())
         if shape_key not in verdicts:
             if len(verdicts) >= MAX_CHECKED_SHAPES:
