@@ -7,6 +7,8 @@ layout on every call: at batch 1 that reorder is a large part of a 1x1 convoluti
 and reuses the result where it gives ``F.conv2d``'s output bitwise.
 """
 
+import functools
+import warnings
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -14,9 +16,23 @@ import torch.nn as nn
 
 Tensor = torch.Tensor
 
-__all__ = ["PackedWeightConv2d"]
+__all__ = ["PackedWeightConv2d", "packed_convolution_available"]
 
 MAX_CHECKED_SHAPES = 16  # input shapes whose check result a conv keeps (then starts afresh)
+
+
+@functools.lru_cache(maxsize=None)
+def packed_convolution_available() -> bool:
+    """Whether this PyTorch has the oneDNN ops the packed path uses (``torch.ops.mkldnn.
+    _reorder_convolution_weight`` / ``_convolution_pointwise``, Inductor's own) and oneDNN. Without
+    them :class:`PackedWeightConv2d` is ``nn.Conv2d`` and says so once (a warning)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    found = all(hasattr(torch.ops.mkldnn, op) for op in ("_reorder_convolution_weight", "_convolution_pointwise"))
+    if not found:
+        warnings.warn("vmamba2d: this PyTorch lacks torch.ops.mkldnn._reorder_convolution_weight / "
+                      "_convolution_pointwise; CPU inference convolves with unpacked weights", stacklevel=2)
+    return found
 
 
 class PackedWeightConv2d(nn.Conv2d):
@@ -64,7 +80,7 @@ class PackedWeightConv2d(nn.Conv2d):
             return False
         if not self.pack_weight or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
             return False
-        if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        if not (torch.backends.mkldnn.enabled and packed_convolution_available()):
             return False
         if self.groups != 1 or self.padding_mode != "zeros" or isinstance(self.padding, str):
             return False
