@@ -3,6 +3,7 @@ inference buffers (the MLP reusing its hidden map, stages in batch chunks), the 
 and the ERF tool drawing it."""
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from timm.layers import Mlp
 
 import vmamba2d  # noqa: F401  (registers the models)
 from vmamba2d.models import SS2D
+from vmamba2d.models import packed_conv
+from vmamba2d.models.packed_conv import PackedWeightConv2d
 from vmamba2d.models.vmamba import PointwiseMlp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,6 +122,114 @@ def test_stages_infer_in_batch_chunks_with_the_whole_batch_result():
     for bad in (-1, "on", True):
         with pytest.raises(ValueError, match="inference_chunk_mib"):
             timm.create_model("vmamba2d_tiny", dims=8, inference_chunk_mib=bad)
+
+
+def test_hooks_on_a_stages_blocks_fire_in_chunked_inference():
+    """Hooks registered on ``stage.blocks`` (or global module hooks) see the whole batch once per
+    call, as without chunks: such a stage runs unchunked."""
+    two_samples_mib = 2 * 32 * 16 * 12 * 4 / 2**20
+    torch.manual_seed(0)
+    model = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0, inference_chunk_mib=two_samples_mib).eval()
+    images = torch.randn(5, 3, 64, 48)
+    with torch.no_grad():
+        expected = model(images)
+    blocks = model.stages[0].blocks
+    seen = []
+    handles = [
+        blocks.register_forward_pre_hook(lambda module, args: seen.append(("pre", args[0].shape[0]))),
+        blocks.register_forward_hook(lambda module, args, out: seen.append(("post", out.shape[0]))),
+    ]
+    with torch.no_grad():
+        got = model(images)
+    for handle in handles:
+        handle.remove()
+    assert seen == [("pre", 5), ("post", 5)]
+    assert _relative_error(got, expected) <= 1e-6
+
+    calls = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: calls.append(out.shape[0]) if module is blocks else None)
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        handle.remove()
+    assert calls == [5]
+
+
+@pytest.mark.parametrize("channels, kernel, stride, batch, size, threads", [
+    (6, 3, 2, 2, (9, 8), 2), (6, 1, 1, 2, (9, 8), 2), (6, 1, 1, 2, (9, 8), 1),
+    (384, 1, 1, 1, (4, 5), 2),  # a stage-3 projection at batch 1 on a 64 x 80 image
+])
+def test_packed_weight_conv_equals_conv2d_and_repacks_when_the_weight_changes(channels, kernel, stride, batch, size,
+                                                                             threads):
+    """The models' convs (PackedWeightConv2d): nn.Conv2d's result bitwise in every mode; without
+    autograd on channels-last fp32 CPU maps one packed weight serves repeated calls and is remade
+    whenever the weight changes; a cache, not state."""
+    torch.manual_seed(0)
+    conv = PackedWeightConv2d(channels, 10, kernel_size=kernel, stride=stride, padding=kernel // 2)
+    reference = torch.nn.Conv2d(channels, 10, kernel_size=kernel, stride=stride, padding=kernel // 2)
+    reference.load_state_dict(conv.state_dict())
+    x = torch.randn(batch, channels, *size).contiguous(memory_format=torch.channels_last)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            torch.testing.assert_close(conv(x), reference(x), rtol=0, atol=0)
+            packed = conv._packed_weight
+            assert (packed is None) == (threads == 1 and kernel == 1)  # PyTorch's own oneDNN choice
+            conv(x)
+            assert conv._packed_weight is packed
+            torch.testing.assert_close(conv(x[:1]), reference(x[:1]), rtol=0, atol=0)
+        with torch.no_grad():
+            conv.weight.mul_(-2.0)
+            reference.weight.mul_(-2.0)
+            torch.testing.assert_close(conv(x), reference(x), rtol=0, atol=0)
+            torch.testing.assert_close(conv(x[:1]), reference(x[:1]), rtol=0, atol=0)
+        conv.load_state_dict({"weight": torch.randn(10, channels, kernel, kernel), "bias": torch.randn(10)})
+        reference.load_state_dict(conv.state_dict())
+        conv.weight.data = conv.weight.data.double().float()  # a new tensor, same values
+        with torch.no_grad():
+            torch.testing.assert_close(conv(x), reference(x), rtol=0, atol=0)
+            torch.testing.assert_close(conv(x.contiguous()), reference(x.contiguous()), rtol=0, atol=0)
+    finally:
+        torch.set_num_threads(previous_threads)
+    conv(x).square().sum().backward()  # with autograd: the parameter itself
+    reference(x).square().sum().backward()
+    torch.testing.assert_close(conv.weight.grad, reference.weight.grad, rtol=0, atol=0)
+    assert copy.deepcopy(conv)._packed_weight is None
+    assert all(value.is_contiguous() for value in conv.state_dict().values())
+    conv.weight = torch.nn.Parameter(torch.randn(10, channels + 1, kernel, kernel))  # another shape
+    reference.weight = torch.nn.Parameter(conv.weight.detach().clone())
+    wider = torch.randn(batch, channels + 1, *size).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(wider), reference(wider), rtol=0, atol=0)
+
+
+def test_packed_weight_conv_is_conv2d_without_onednn(monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setattr(packed_conv, "packed_convolution_available",
+                        packed_conv.packed_convolution_available.__wrapped__)  # uncached
+    conv = PackedWeightConv2d(6, 10, kernel_size=1).eval()
+    x = torch.randn(2, 6, 5, 4).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        conv(x)
+    assert not packed_conv.packed_convolution_available() and conv._packed_weight is None
+
+
+def test_a_model_can_stop_packing_its_conv_weights():
+    torch.manual_seed(0)
+    model = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0).eval()
+    convs = [m for m in model.modules() if isinstance(m, PackedWeightConv2d)]
+    assert len(convs) == 2 + 3 + 4 * sum(len(stage.blocks) for stage in model.stages)  # stem, downsamples, 4 per block
+    images = torch.randn(2, 3, 40, 36)
+    with torch.inference_mode():
+        packed = model(images)
+        assert all(conv._packed_weight is not None for conv in convs)
+        model.set_weight_packing(False)
+        assert all(conv._packed_weight is None for conv in convs)
+        torch.testing.assert_close(model(images), packed, rtol=0, atol=0)
+        assert all(conv._packed_weight is None for conv in convs)
 
 
 def test_a_block_writes_its_result_into_out_in_inference_only():

@@ -32,6 +32,7 @@ from timm.layers import LayerNorm2d
 from ..ops import BACKENDS, ROUTE_SETS, cross_selective_scan_2d, route_set, selective_scan_2d
 from ..ops.cross_fused import cross_selective_scan_2d_fused
 from ..ops.routes import Route, from_route_order, to_route_order
+from .packed_conv import PackedWeightConv2d
 
 Tensor = torch.Tensor
 
@@ -238,7 +239,7 @@ class SS2D(nn.Module):
         self.dt_rank = resolve_dt_rank(dim, dt_rank)
         self.dt_init_range = (dt_min, dt_max, dt_init_floor)
 
-        self.in_proj = nn.Conv2d(dim, d_inner, kernel_size=1, bias=False, **dd)
+        self.in_proj = PackedWeightConv2d(dim, d_inner, kernel_size=1, bias=False, **dd)
         self.conv2d = nn.Conv2d(
             d_inner, d_inner, kernel_size=d_conv, padding=(d_conv - 1) // 2, groups=d_inner, bias=conv_bias, **dd
         )
@@ -250,7 +251,7 @@ class SS2D(nn.Module):
         self.A_logs = nn.Parameter(torch.empty(k * d_inner, n, **dd))
         self.Ds = nn.Parameter(torch.empty(k * d_inner, **dd))
         self.out_norm = LayerNorm2d(d_inner, eps=LAYER_NORM_EPS, **dd)
-        self.out_proj = nn.Conv2d(d_inner, dim, kernel_size=1, bias=False, **dd)
+        self.out_proj = PackedWeightConv2d(d_inner, dim, kernel_size=1, bias=False, **dd)
         self.dropout = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
         self.reset_parameters()
 

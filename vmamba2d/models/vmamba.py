@@ -23,6 +23,7 @@ from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_c
 from timm.models._builder import resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
 
+from .packed_conv import PackedWeightConv2d
 from .ss2d import LAYER_NORM_EPS, SS2D
 from .weights import checkpoint_filter_fn, official_checkpoint_loading
 
@@ -41,6 +42,10 @@ CPU_INFERENCE_CHUNK_MIB = 24
 
 def _norm(channels: int, **dd: Any) -> nn.Module:
     return LayerNorm2d(channels, eps=LAYER_NORM_EPS, **dd)
+
+
+def _strided_conv3x3(in_channels: int, out_channels: int, **dd: Any) -> nn.Conv2d:
+    return PackedWeightConv2d(in_channels, out_channels, kernel_size=3, stride=2, padding=1, **dd)
 
 
 def check_image_input(x: Tensor, in_chans: int) -> Tensor:
@@ -106,9 +111,9 @@ class PointwiseMlp(nn.Module):
     def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, device: Optional[torch.device] = None,
                  dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
-        self.fc1 = nn.Conv2d(dim, hidden_dim, kernel_size=1, device=device, dtype=dtype)
+        self.fc1 = PackedWeightConv2d(dim, hidden_dim, kernel_size=1, device=device, dtype=dtype)
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Conv2d(hidden_dim, dim, kernel_size=1, device=device, dtype=dtype)
+        self.fc2 = PackedWeightConv2d(hidden_dim, dim, kernel_size=1, device=device, dtype=dtype)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -130,9 +135,9 @@ class Stem(nn.Module):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
         self.in_chans = in_chans
-        self.conv1 = nn.Conv2d(in_chans, dim // 2, kernel_size=3, stride=2, padding=1, **dd)
+        self.conv1 = _strided_conv3x3(in_chans, dim // 2, **dd)
         self.norm1 = _norm(dim // 2, **dd)
-        self.conv2 = nn.Conv2d(dim // 2, dim, kernel_size=3, stride=2, padding=1, **dd)
+        self.conv2 = _strided_conv3x3(dim // 2, dim, **dd)
         self.norm2 = _norm(dim, **dd)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -151,7 +156,7 @@ class Downsample(nn.Module):
     def __init__(self, dim: int, out_dim: int, device: Optional[torch.device] = None,
                  dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(dim, out_dim, kernel_size=3, stride=2, padding=1, device=device, dtype=dtype)
+        self.conv = _strided_conv3x3(dim, out_dim, device=device, dtype=dtype)
         self.norm = _norm(out_dim, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -185,6 +190,16 @@ class VSSBlock(nn.Module):
         return _add_residual(x, self.drop_path(self.mlp(self.norm2(x))), out)
 
 
+def _has_forward_hooks(module: nn.Module) -> bool:
+    """Whether calling ``module`` runs forward hooks or pre-hooks: its own or global module hooks
+    (``torch.nn.modules.module.register_module_forward_hook`` and its pre-hook twin)."""
+    hook_dicts = (
+        module._forward_hooks, module._forward_pre_hooks,
+        nn.modules.module._global_forward_hooks, nn.modules.module._global_forward_pre_hooks,
+    )
+    return any(len(hooks) > 0 for hooks in hook_dicts)
+
+
 class VMambaStage(nn.Module):
     """Optional downsample followed by ``depth`` VSS blocks; gradient checkpointing per block.
 
@@ -193,7 +208,10 @@ class VMambaStage(nn.Module):
     small enough that a block's widest buffer (the MLP's hidden map or SS2D's per-route step sizes)
     stays within that many bytes; every block works per sample, so the result is the same. glibc's
     malloc hands requests above its mmap threshold (at most 32 MiB) to a fresh mmap every time, so
-    such buffers are page-faulted anew on every call (benchmarks/model_cpu_routes.md).
+    such buffers are page-faulted anew on every call (benchmarks/model_cpu_routes.md). A stage
+    whose ``blocks`` carry forward hooks or pre-hooks (or while global module forward hooks are
+    registered) runs the whole batch through ``blocks`` at once, so those hooks fire as without
+    chunking; hooks on the blocks themselves fire once per chunk.
     """
 
     def __init__(
@@ -230,7 +248,10 @@ class VMambaStage(nn.Module):
         # Traced and compiled graphs keep one call on the whole batch (no shape-dependent loop).
         if torch.is_grad_enabled() or torch.jit.is_tracing() or isinstance(x, torch.fx.Proxy):
             return False
-        return not torch.compiler.is_compiling() and self.inference_chunk_limit(x) > 0
+        if torch.compiler.is_compiling() or self.inference_chunk_limit(x) <= 0:
+            return False
+        # Chunks call the blocks one by one, never self.blocks itself, so its hooks would not fire.
+        return not _has_forward_hooks(self.blocks)
 
     @torch.jit.unused
     def inference_chunk_limit(self, x: Tensor) -> int:
@@ -293,7 +314,8 @@ class VMamba(nn.Module):
         inference_chunk_mib: without autograd, run each stage on batch chunks whose widest buffer
             stays within this many MiB (0: the whole batch at once; same results either way).
             "auto": ``CPU_INFERENCE_CHUNK_MIB`` (24, below glibc's mmap threshold) for inputs on
-            the CPU, the whole batch on other devices (:class:`VMambaStage`).
+            the CPU, the whole batch on other devices. Stages with forward hooks on their
+            ``blocks`` run the whole batch, so those hooks fire (:class:`VMambaStage`).
         device, dtype: where and in which dtype to create the parameters (e.g. ``device="meta"``,
             then ``to_empty(device=...)`` and :meth:`init_weights` or a state dict).
 
@@ -425,6 +447,15 @@ class VMamba(nn.Module):
         self.grad_checkpointing = enable
         for stage in self.stages:
             stage.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def set_weight_packing(self, enable: bool = True) -> None:
+        """CPU inference convolves with weight copies packed once in oneDNN's layout (default on:
+        1.2x at batch 1 for the tiny models, same outputs; costs the weights' size in memory).
+        ``False`` convolves with the parameters as stored and frees the copies."""
+        for module in self.modules():
+            if isinstance(module, PackedWeightConv2d):
+                module.set_weight_packing(enable)
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
