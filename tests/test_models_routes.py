@@ -261,6 +261,24 @@ def test_the_default_chunks_cpu_inference_only():
     assert fixed.inference_chunk_limit(cpu_map) == 0
 
 
+@pytest.mark.parametrize("cross_scan, backend, widest", [
+    ("fused", "cpu", 4 * 8),  # the CPU kernel projects the step sizes: the MLP's 4 x 8 hidden channels
+    ("fused", "torch", 4 * 16),  # K * Di full-rank step sizes
+    ("per_route", "cpu", 4 * 16),  # K * Di route copies
+])
+def test_chunks_are_sized_by_the_widest_map_a_block_stores(cross_scan, backend, widest):
+    """ssm_ratio 2 (Di = 16 on 8 channels): the SS2D buffers are the widest unless the CPU kernel
+    folds the step-size projection, which leaves no K * Di map."""
+    model = timm.create_model("vmamba2d_tiny", dims=8, num_classes=0, ssm_ratio=2.0, cross_scan=cross_scan,
+                              scan_backend=backend)
+    stage = model.stages[0]
+    x = torch.empty(200, 8, 56, 56)
+    assert max(stage.blocks[0].mlp.fc1.out_channels, stage.blocks[0].op.widest_map_channels(x)) == widest
+    most = 24 * 2**20 // (widest * 56 * 56 * 4)  # samples whose widest map fits the 24 MiB default
+    chunks = -(-200 // most)
+    assert stage.inference_chunk_size(x) == -(-200 // chunks)
+
+
 def _mixer_influence(op: SS2D, size: int = 9) -> torch.Tensor:
     """|d y[centre] / d x| summed over channels for one mixer's scan (size x size)."""
     x = torch.randn(1, op.d_inner, size, size, dtype=torch.float64, requires_grad=True)

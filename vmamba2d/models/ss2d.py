@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 from timm.layers import LayerNorm2d
 
-from ..ops import BACKENDS, ROUTE_SETS, cross_selective_scan_2d, route_set, selective_scan_2d
+from ..ops import BACKENDS, ROUTE_SETS, cross_selective_scan_2d, resolve_backend, route_set, selective_scan_2d
 from ..ops.cross_fused import cross_selective_scan_2d_fused
 from ..ops.routes import Route, from_route_order, to_route_order
 from .packed_conv import PackedWeightConv2d
@@ -285,6 +285,17 @@ class SS2D(nn.Module):
         if self.cross_scan == "per_route":
             return cross_scan_merge(*args)
         return cross_scan_fused(*args)
+
+    @torch.jit.unused
+    def widest_map_channels(self, x: Tensor) -> int:
+        """Channels of the widest map SS2D stores per sample for an input x (B, C, H, W) without
+        autograd: the K * Di full-rank step sizes (and the per-route path's route copies), or, where
+        the CPU kernel projects the step sizes itself (the fused op on the ``cpu`` backend), the
+        larger of Di and the K * (R + 2N) low-rank step sizes, B and C."""
+        folds = self.cross_scan == "fused" and resolve_backend(self.scan_backend, x.device, x.dtype) == "cpu"
+        if folds:
+            return max(self.d_inner, len(self.route_codes) * (self.dt_rank + 2 * self.d_state))
+        return len(self.route_codes) * self.d_inner
 
     def extra_repr(self) -> str:
         return (

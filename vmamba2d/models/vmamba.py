@@ -266,7 +266,7 @@ class VMambaStage(nn.Module):
         that keep the widest buffer of a block within the chunk limit (at least one sample per
         chunk)."""
         block = self.blocks[0]
-        widest_channels = max(block.mlp.fc1.out_channels, len(block.op.route_codes) * block.op.d_inner)
+        widest_channels = max(block.mlp.fc1.out_channels, block.op.widest_map_channels(x))
         per_sample = widest_channels * x.shape[2] * x.shape[3] * x.element_size()
         most = max(1, self.inference_chunk_limit(x) // per_sample)
         chunks = -(-x.shape[0] // most)
