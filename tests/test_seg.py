@@ -346,8 +346,9 @@ def test_upernet_2dvmamba_tiny_flops_at_512x2048_match_the_paper():
     assert result["params"] == pytest.approx(62e6, abs=1.5e6)
     assert result["flops"] == pytest.approx(950e9, rel=0.03), result["flops"]
     # scans, by the FLOPs convention of docs/scan.md: 4 routes x (15 L Di N + L Di) per block,
-    # Di = dim (ssm_ratio 1), N = 1, L = (512 / stride) x (2048 / stride), dims 96..768, depths 2, 2, 8, 2
-    expected_scan = sum(depth * 4 * 16 * (512 // stride) * (2048 // stride) * dim
+    # Di = dim (ssm_ratio 1), N = 1, L = (512 / stride) x (2048 / stride), dims 96..768, depths 2, 2, 8, 2;
+    # plus the step-size projection the op folds in, 4 routes x Di x R x L with R = Di / 16
+    expected_scan = sum(depth * 4 * (16 + dim // 16) * (512 // stride) * (2048 // stride) * dim
                         for depth, stride, dim in zip((2, 2, 8, 2), (4, 8, 16, 32), (96, 192, 384, 768)))
     assert result["flops_by_operator"]["cross_selective_scan_2d_fwd"] == expected_scan  # one four-route op per block
 

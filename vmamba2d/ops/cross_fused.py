@@ -79,7 +79,7 @@ def cross_selective_scan_2d_fwd(
     D / delta_bias (K * dim,); with delta_proj_weight (K, dim, R), delta is (batch, K, R, H, W).
     """
     module = _kernel_module(u.device)
-    if delta_proj_weight is not None and not _kernel_projects(u):
+    if delta_proj_weight is not None and not _kernel_projects(module, u):
         delta, delta_proj_weight = project_delta(delta, delta_proj_weight), None
     if not hasattr(module, "cross_forward"):
         return cross_forward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
@@ -88,10 +88,10 @@ def cross_selective_scan_2d_fwd(
     return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, delta_proj_weight)
 
 
-def _kernel_projects(u: Tensor) -> bool:
-    """Whether the route kernel of u's device takes ``delta_proj_weight`` (the CPU kernel); other
-    devices' kernels get the projected, full-rank delta."""
-    return u.device.type == "cpu"
+def _kernel_projects(module, u: Tensor) -> bool:
+    """Whether the extension ``module`` of u's device has a route kernel that takes
+    ``delta_proj_weight`` (the CPU one); other kernels get the projected, full-rank delta."""
+    return u.device.type == "cpu" and hasattr(module, "cross_forward")
 
 
 def _route_inputs(u, delta, A, B, C, D, delta_bias, k: int, route: Route):
@@ -183,7 +183,7 @@ def cross_selective_scan_2d_bwd(
     D / delta_bias is None. With delta_proj_weight (K, dim, R) (delta then (batch, K, R, H, W)),
     ddelta is the gradient of the projected, full-rank delta (batch, K, dim, H, W)."""
     module = _kernel_module(u.device)
-    if delta_proj_weight is not None and not _kernel_projects(u):
+    if delta_proj_weight is not None and not _kernel_projects(module, u):
         delta, delta_proj_weight = project_delta(delta, delta_proj_weight), None
     if not hasattr(module, "cross_backward"):
         grads = cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
