@@ -127,18 +127,19 @@ def test_half_types_flat_routes():
           dy_fp32=True, **H100)
 
 
-def test_vector_path_on_aligned_maps_incl_reversed_routes():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype):
     # 8 x 12 (rows of whole quads): the identity and the reversed routes take vector accesses,
     # the columns-first ones the per-cell path.
-    # bf16, N = 1, one tile: the one-state route forward (fp32 runs kRoute for that plan).
-    inputs = make_inputs(2, 4, CROSS_2D, 1, 8, 12, dtype=torch.bfloat16, seed=5)
+    # 2-byte types, N = 1, one tile: the one-state route forward (fp32 runs kRoute for that plan).
+    inputs = make_inputs(2, 4, CROSS_2D, 1, 8, 12, dtype=dtype, seed=5)
     for code in CROSS_2D:
         assert CUDA_MODULE._launch_plan(2, 4, 1, 1, 8, 12, **H100, route=code)["fwd_variant"] == "kOneStateRoute"
     check(inputs, CROSS_2D, rtol=3e-2, **H100)
     one = {n: (t[:, 2:3] if n in ("delta", "B", "C") else t) for n, t in inputs.items()}
     one = {n: t.contiguous() for n, t in one.items()}
     one["A"], one["D"], one["delta_bias"] = (inputs[n][8:12].contiguous() for n in ("A", "D", "delta_bias"))
-    dy = torch.randn(one["u"].shape, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    dy = torch.randn(one["u"].shape, generator=torch.Generator().manual_seed(9)).to(dtype)
     args = [one[n] for n in NAMES]
     for code, vector in ((3, True), (11, True), (4, False)):
         CUDA_MODULE._emulate_cross_forward(*args, True, [code], False, **H100)
@@ -151,6 +152,15 @@ def test_vector_path_on_aligned_maps_incl_reversed_routes():
     assert_close("y (reversed route alone)", y, y_ref, 3e-2)
     for name, got, ref in zip(NAMES, grads, grads_ref):
         assert_close("d" + name, got, ref, 3e-2)
+
+
+def test_empty_batch_gives_empty_outputs_and_zero_parameter_gradients():
+    inputs = make_inputs(0, 3, CROSS_2D, 2, 5, 7)
+    y, grads = run(inputs, CROSS_2D, torch.zeros(0, 3, 5, 7), **H100)
+    assert y.shape == (0, 3, 5, 7)
+    for name, got in zip(NAMES, grads):
+        assert got.shape == inputs[name].shape, name
+        assert not got.any(), name
 
 
 def test_misaligned_inputs_take_the_scalar_path():
