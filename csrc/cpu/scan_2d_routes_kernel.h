@@ -158,13 +158,16 @@ T total_skip(const ScanInputs<T>& in, const CrossShape& s, int64_t d) {
   return total;
 }
 
-// A channel's plane of a channels-last map (`stride` values between pixels) into contiguous `out`,
-// and back.
+// A channel's plane of a map (`stride` values between pixels) as `length` contiguous values: the
+// plane itself when it is contiguous, else its copy gathered into `scratch`.
 template <typename T>
-void gather_plane(const T* plane, int64_t stride, int64_t length, T* __restrict out) {
-  for (int64_t p = 0; p < length; ++p) out[p] = plane[p * stride];
+const T* contiguous_plane(const T* plane, int64_t stride, int64_t length, T* __restrict scratch) {
+  if (stride == 1) return plane;
+  for (int64_t p = 0; p < length; ++p) scratch[p] = plane[p * stride];
+  return scratch;
 }
 
+// Contiguous `values` back into a channel's plane of a channels-last map.
 template <typename T>
 void scatter_plane(const T* __restrict values, int64_t length, int64_t stride, T* plane) {
   for (int64_t p = 0; p < length; ++p) plane[p * stride] = values[p];
@@ -187,14 +190,8 @@ void cross_forward_channels(const ScanInputs<T>& in, const CrossShape& s, const 
   T* y[kProjectChannels];
   for (int64_t g = 0; g < count; ++g) {
     const int64_t d = d_begin + g;
-    u[g] = in.u + s.map_offset(b, d);
-    y[g] = y_map + s.map_offset(b, d);
-    if (stride != 1) {
-      T* u_plane = ws.array(kForwardArrays + group + g);
-      gather_plane(u[g], stride, L, u_plane);
-      u[g] = u_plane;
-      y[g] = ws.array(kForwardArrays + 2 * group + g);
-    }
+    u[g] = contiguous_plane(in.u + s.map_offset(b, d), stride, L, ws.array(kForwardArrays + group + g));
+    y[g] = stride == 1 ? y_map + s.map_offset(b, d) : ws.array(kForwardArrays + 2 * group + g);
     const T skip = total_skip(in, s, d);
     for (int64_t p = 0; p < L; ++p) y[g][p] = skip * u[g][p];
   }
@@ -229,18 +226,9 @@ void cross_backward_channels(const ScanInputs<T>& in, const CrossShape& s, const
   T* du[kProjectChannels];
   for (int64_t g = 0; g < count; ++g) {
     const int64_t d = d_begin + g;
-    u[g] = in.u + s.map_offset(b, d);
-    dy[g] = dy_map + s.map_offset(b, d);
-    du[g] = du_map + s.map_offset(b, d);
-    if (stride != 1) {
-      T* u_plane = ws.array(kBackwardArrays + group + g);
-      T* dy_plane = ws.array(kBackwardArrays + 2 * group + g);
-      gather_plane(u[g], stride, L, u_plane);
-      gather_plane(dy[g], stride, L, dy_plane);
-      u[g] = u_plane;
-      dy[g] = dy_plane;
-      du[g] = ws.array(kBackwardArrays + 3 * group + g);
-    }
+    u[g] = contiguous_plane(in.u + s.map_offset(b, d), stride, L, ws.array(kBackwardArrays + group + g));
+    dy[g] = contiguous_plane(dy_map + s.map_offset(b, d), stride, L, ws.array(kBackwardArrays + 2 * group + g));
+    du[g] = stride == 1 ? du_map + s.map_offset(b, d) : ws.array(kBackwardArrays + 3 * group + g);
     const T skip = total_skip(in, s, d);
     for (int64_t p = 0; p < L; ++p) du[g][p] = skip * dy[g][p];
     if (in.D) {
