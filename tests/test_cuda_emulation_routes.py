@@ -222,6 +222,87 @@ def test_bad_routes_are_rejected():
         CUDA_MODULE._emulate_cross_forward(*args, True, [0, 4, 3], False)
 
 
+def _empty_inputs(batch, dim, routes, nstate, height, width):
+    """Inputs of the right shapes holding no map cells (batch 0 or an empty map): no memory."""
+    k = len(routes)
+    return {"u": torch.zeros(batch, dim, height, width), "delta": torch.zeros(batch, k, dim, height, width),
+            "A": -torch.ones(k * dim, nstate), "B": torch.zeros(batch, k, nstate, height, width),
+            "C": torch.zeros(batch, k, nstate, height, width), "D": torch.zeros(k * dim),
+            "delta_bias": torch.zeros(k * dim)}
+
+
+def _with(**changes):
+    """A bad-input case: the valid 2-route inputs (batch 1, dim 2, N 2, 4 x 5) with these entries
+    replaced (a callable gets the valid inputs)."""
+    def build():
+        inputs = dict(make_inputs(1, 2, [0, 4], 2, 4, 5), routes=[0, 4])
+        inputs["dy"] = torch.zeros(1, 2, 4, 5)
+        for name, value in changes.items():
+            inputs[name] = value(inputs) if callable(value) else value
+        return inputs
+    return build
+
+
+def _bf16_with_dy(dy):
+    inputs = _with(dy=dy)()
+    return {n: t.bfloat16() if n in ("u", "delta", "B", "C") else t for n, t in inputs.items()}
+
+
+# name: (inputs, exception, message): each check of check_cross_inputs (scan2d_routes.h) and of the
+# bindings names the argument and what it expected.
+BAD_INPUTS = {
+    "no-routes": (_with(routes=[]), ValueError, "routes must name at least one route"),
+    "route-code": (_with(routes=[0, -1]), ValueError, r"routes must be route codes in \[0, 16\), got -1"),
+    "u-rank": (_with(u=lambda i: i["u"].flatten(2)), ValueError,
+               r"u must be \(batch, dim, H, W\), got \[1, 2, 20\]"),
+    "A-rank": (_with(A=lambda i: i["A"].flatten()), ValueError, r"A must be \(routes \* dim, N\), got \[8\]"),
+    "empty-map": (lambda: dict(_empty_inputs(1, 2, [0, 4], 2, 0, 5), routes=[0, 4], dy=torch.zeros(1, 2, 0, 5)),
+                  ValueError, r"u's map must not be empty, got \[1, 2, 0, 5\]"),
+    "map-size": (lambda: dict(_empty_inputs(0, 1, [0, 4], 1, 50000, 50000), routes=[0, 4],
+                              dy=torch.zeros(0, 1, 50000, 50000)),
+                 ValueError, r"u's map must have H \* W < 2\^31 - 1 cells, got H \* W = 2500000000"),
+    "u-dtype": (_with(u=lambda i: i["u"].double()), TypeError, "u must be float32, float16 or bfloat16, got Double"),
+    "delta-dtype": (_with(delta=lambda i: i["delta"].half()), TypeError, "delta must be Float, got Half"),
+    "delta-layout": (_with(delta=lambda i: i["delta"].transpose(-1, -2).contiguous().transpose(-1, -2)),
+                     RuntimeError, "delta must be contiguous"),
+    "A-rows": (_with(A=lambda i: i["A"][:-1]), ValueError, r"A must have shape \[4, 2\], got \[3, 2\]"),
+    "A-dtype": (_with(A=lambda i: i["A"].double()), TypeError, "A must be Float, got Double"),
+    "N-0": (_with(A=torch.ones(4, 0), B=torch.zeros(1, 2, 0, 4, 5), C=torch.zeros(1, 2, 0, 4, 5)), ValueError,
+            r"N = 0 states, supported 1..64"),
+    "N-65": (_with(A=-torch.ones(4, 65), B=torch.zeros(1, 2, 65, 4, 5), C=torch.zeros(1, 2, 65, 4, 5)),
+             ValueError, r"N = 65 states, supported 1..64"),
+    "B-shape": (_with(B=lambda i: i["B"][:, :, :1].contiguous()), ValueError,
+                r"B must have shape \[1, 2, 2, 4, 5\], got \[1, 2, 1, 4, 5\]"),
+    "C-dtype": (_with(C=lambda i: i["C"].half()), TypeError, "C must be Float, got Half"),
+    "D-shape": (_with(D=lambda i: i["D"][:3]), ValueError, r"D must have shape \[4\], got \[3\]"),
+    "delta_bias-dtype": (_with(delta_bias=lambda i: i["delta_bias"].half()), TypeError,
+                         "delta_bias must be Float, got Half"),
+    "dim-limit": (lambda: dict(_empty_inputs(0, 65536, [0, 4], 1, 1, 1), routes=[0, 4],
+                               dy=torch.zeros(0, 65536, 1, 1)),
+                  ValueError, r"dim <= 65535 \(the launch grid's limits\), got batch = 0, dim = 65536"),
+}
+BAD_DY = {  # the backward's own checks
+    "dy-dtype": (lambda: _bf16_with_dy(torch.zeros(1, 2, 4, 5, dtype=torch.half)), TypeError,
+                 "dy must be BFloat16 or float32, got Half"),
+    "dy-shape": (_with(dy=torch.zeros(1, 2, 5, 4)), ValueError,
+                 r"dy must have shape \[1, 2, 4, 5\], got \[1, 2, 5, 4\]"),
+}
+
+
+@pytest.mark.parametrize("entry, case, error, message", [
+    pytest.param(entry, *bad, id=f"{entry}-{name}")
+    for cases, entries in ((BAD_INPUTS, ("forward", "backward")), (BAD_DY, ("backward",)))
+    for name, bad in cases.items() for entry in entries])
+def test_bad_inputs_are_rejected_by_name(entry, case, error, message):
+    inputs = case()
+    args = [inputs[n] for n in NAMES]
+    with pytest.raises(error, match=message):
+        if entry == "forward":
+            CUDA_MODULE._emulate_cross_forward(*args, True, inputs["routes"], False, **H100)
+        else:
+            CUDA_MODULE._emulate_cross_backward(*args, True, inputs["routes"], inputs["dy"], **H100)
+
+
 @needs_gpu
 @pytest.mark.cuda
 def test_public_op_runs_the_native_cuda_route_kernel():
