@@ -154,6 +154,32 @@ def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype):
         assert_close("d" + name, got, ref, 3e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("height, width", [(9, 13), (8, 14)])
+def test_one_state_route_forward_on_whole_quads_off_the_vector_path(dtype, height, width):
+    # One tile, N = 1: the one-state route forward (2-byte types). 9 x 13: H * W is not a multiple
+    # of 4, so y's planes are not aligned and no quad is a vector one; 8 x 14: the whole quads of odd
+    # rows start 2 cells past an aligned position. Either way the quads off the vector path that are
+    # whole map rows still test y's own alignment for their store / add (the first route stores,
+    # the later ones add; y is fp32), and the backward sees quads that are not whole rows.
+    for code in CROSS_2D:
+        launch = CUDA_MODULE._launch_plan(2, 4, 1, 1, height, width, **H100, route=code)
+        assert launch["fwd_variant"] == "kOneStateRoute"
+    check(make_inputs(2, 4, CROSS_2D, 1, height, width, dtype=dtype, seed=15), CROSS_2D, rtol=3e-2, **H100)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_last_state_round_with_fewer_states_than_warps(dtype):
+    # N = 5 on one channel: in both passes a number of warps per channel that does not divide 5 (four
+    # on an H100), so the last state round has fewer states than warps.
+    for code in CORNERS_2D:
+        launch = CUDA_MODULE._launch_plan(1, 1, 1, 5, 9, 13, **H100, route=code)
+        assert 5 % launch["fwd_warps_per_channel"] != 0 and 5 % launch["bwd_warps_per_channel"] != 0, launch
+    half = dtype != torch.float32
+    check(make_inputs(1, 1, CORNERS_2D, 5, 9, 13, dtype=dtype, seed=16), CORNERS_2D, rtol=3e-2 if half else 5e-5,
+          **H100)
+
+
 def test_empty_batch_gives_empty_outputs_and_zero_parameter_gradients():
     inputs = make_inputs(0, 3, CROSS_2D, 2, 5, 7)
     y, grads = run(inputs, CROSS_2D, torch.zeros(0, 3, 5, 7), **H100)
