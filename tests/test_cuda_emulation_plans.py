@@ -5,7 +5,9 @@ tiles) and shared memory per block / per SM (channels and warps per block in the
 backward). Each plan runs different kernel code paths, so every (device, plan) pair runs the
 emulated kernel with the race detector on and a shuffled execution order, for the inference
 forward (no saved carries), the training forward (saved carries) and the backward, against the
-independent fp64 reference of tests/test_scan_cuda.py.
+independent fp64 reference of tests/test_scan_cuda.py; and so do the four-route op's route kernels
+(one launch per route, each planned for its route's grid), against the fp64 per-route reference of
+tests/test_cuda_emulation_routes.py.
 """
 from __future__ import annotations
 

@@ -5,9 +5,12 @@ warp / lane / block orders (``_emulate_cross_forward`` / ``_emulate_cross_backwa
 the per-route formulation of :func:`vmamba2d.ops.cross_scan.cross_scan_per_route` on the
 ``torch`` backend in fp64 with autograd (route-order copies: independent of the kernels' in-place
 addressing): every route code (the "cross" and "corners" sets, 2D and flat, and the codes with a
-single flip), packed small maps, maps of several tiles in the sequential and the tile-parallel
-plan, N = 1 and N > 1, fp32 / bf16 / fp16, the vector path (incl. the reversed route's) and the
-scalar path (misaligned base pointers, widths that are not a multiple of 4).
+single flip), packed small maps, one-row / one-column / single-cell maps, maps of several tiles in
+the sequential and the tile-parallel plan, N = 1 and N > 1 (incl. a last state round with fewer
+states than warps), fp32 / bf16 / fp16, the vector path (incl. the reversed route's) and the
+scalar path (misaligned base pointers, widths that are not a multiple of 4); and every input check
+by the argument it names. tests/test_cuda_emulation_plans.py runs the route kernels on every
+device profile's plans.
 """
 from __future__ import annotations
 
@@ -178,6 +181,23 @@ def test_last_state_round_with_fewer_states_than_warps(dtype):
     half = dtype != torch.float32
     check(make_inputs(1, 1, CORNERS_2D, 5, 9, 13, dtype=dtype, seed=16), CORNERS_2D, rtol=3e-2 if half else 5e-5,
           **H100)
+
+
+@pytest.mark.parametrize("height, width", [(1, 1), (1, 100), (100, 1)])
+@pytest.mark.parametrize("plan", ["sequential", "tile-parallel"])
+def test_line_and_single_cell_maps(height, width, plan):
+    # A row map is a column map on the columns-first routes (and the other way round): packed maps
+    # of one row / column, 100 cells long (four tiles: walked in order or run in parallel), a single
+    # cell; 2D and flat routes, N = 1 (bf16: the one-state route forward in the sequential plan) and 3.
+    routes = [0, 4, 3, 7, 8, 13]
+    device = SEQUENTIAL if plan == "sequential" else H100
+    for nstate, dtype, rtol in ((1, torch.bfloat16, 3e-2), (3, torch.float32, 5e-5)):
+        for code in routes:
+            launch = CUDA_MODULE._launch_plan(3, 2, 1, nstate, height, width, **device, route=code)
+            parallel = height * width > 1 and plan == "tile-parallel"
+            assert launch["fwd_tile_parallel"] == launch["bwd_tile_parallel"] == parallel, (code, launch)
+        check(make_inputs(3, 2, routes, nstate, height, width, dtype=dtype, seed=17 + nstate), routes, rtol=rtol,
+              **device)
 
 
 def test_empty_batch_gives_empty_outputs_and_zero_parameter_gradients():
