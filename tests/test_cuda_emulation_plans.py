@@ -295,8 +295,8 @@ def test_kernel_variants_without_optional_inputs_match_reference(plan, variant, 
 # 36 x 33 the columns-first ones), shapes for which the one-SM "sequential" device walks the tiles
 # in order and the full device runs them in parallel, in both passes and on every device. Rows-first
 # and columns-first routes from each corner (the identity and the reversed route take the vector
-# path on rows of whole quads); N = 1 and N = 3 (two warps per channel on some devices: a last state
-# round with one state), fp32 and both 2-byte types.
+# path on rows of whole quads); N = 1 and N = 3 (on some devices the backward's two warps per channel:
+# a last state round with one state), fp32 and both 2-byte types.
 ROUTE_SHAPES = [
     (3, 2, 1, 33, 36, torch.float32, [0, 4, 3, 7]),
     (3, 2, 1, 36, 33, torch.bfloat16, [0, 5, 3, 6]),
@@ -315,7 +315,8 @@ def _route_launches(device: str, plan: str, shape) -> list:
 
 
 def _route_shape_id(shape) -> str:
-    return _shape_id(shape[:5] + (1, shape[5])).replace("x1-", "-", 1) + "-r" + "".join(map(str, shape[6]))
+    *sizes, dtype, routes = shape
+    return "x".join(map(str, sizes)) + "-" + str(dtype).replace("torch.", "") + "-r" + "".join(map(str, routes))
 
 
 @needs_module
