@@ -40,3 +40,30 @@ def test_backward_takes_the_per_cell_path_when_only_dy_is_misaligned(dtype, dy_d
     rtol = 5e-5 if dtype == torch.float32 else 6e-2
     for name, got, ref in zip(ORDER, grads, grads_ref):
         assert_close("d" + name, got, ref, rtol)
+
+
+@needs_module
+@pytest.mark.parametrize("dtype, dy_dtype", [
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.float32),
+], ids=str)
+def test_tile_parallel_backward_passes_take_vector_quads(dtype, dy_dtype):
+    # 40 x 64 (2 x 2 tiles, rows of whole quads; the bottom tiles' padding rows are not), N = 2 on
+    # one channel, on an H100: the backward runs its tiles in parallel, so its passes before the
+    # final one (which make no gradients, only carries) take the vector decision too.
+    height, width = 40, 64
+    h100 = dict(sm_count=132, smem_per_sm=228 * 1024, smem_per_block=227 * 1024)
+    plan = CUDA_MODULE._launch_plan(1, 1, 1, 2, height, width, **h100)
+    assert plan["bwd_tile_parallel"] and plan["bwd_variant"] == "kGeneral"
+    inputs = make_inputs(1, 1, 1, 2, height, width, dtype=dtype, seed=43)
+    args = [inputs[k] for k in ORDER]
+    options = dict(order=3, race_check=True, **h100)
+    y, carry_h, carry_v = emulated_fwd(*args, True, height, width, False, True, **options)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(44)).to(dy_dtype)
+    grads = emulated_bwd(*args, True, height, width, dy, carry_h, carry_v, **options)
+    assert CUDA_MODULE._emulation_vector_accesses() > 0
+    _, grads_ref = reference(inputs, dy, height, width)
+    rtol = 5e-5 if dtype == torch.float32 else 6e-2
+    for name, got, ref in zip(ORDER, grads, grads_ref):
+        assert_close("d" + name, got, ref, rtol)

@@ -5,7 +5,9 @@ tiles) and shared memory per block / per SM (channels and warps per block in the
 backward). Each plan runs different kernel code paths, so every (device, plan) pair runs the
 emulated kernel with the race detector on and a shuffled execution order, for the inference
 forward (no saved carries), the training forward (saved carries) and the backward, against the
-independent fp64 reference of tests/test_scan_cuda.py.
+independent fp64 reference of tests/test_scan_cuda.py; and so do the four-route op's route kernels
+(one launch per route, each planned for its route's grid), against the fp64 per-route reference of
+tests/test_cuda_emulation_routes.py.
 """
 from __future__ import annotations
 
@@ -285,3 +287,87 @@ def test_kernel_variants_without_optional_inputs_match_reference(plan, variant, 
     half = dtype != torch.float32
     check_all(emulated_fwd, emulated_bwd, inputs, height, width, rtol=3e-2 if half else 5e-5,
               softplus=softplus, out_fp32=half, **options)
+
+
+# The four-route op's kernels (cross_forward / cross_backward: one launch per route, each planned
+# for its route's grid, Variant::kRoute / kOneStateRoute) through the same devices and plans.
+# (batch, dim, N, height, width, dtype, routes): 2 x 2 tiles on every route's grid (33 x 36 and
+# 36 x 33 the columns-first ones), shapes for which the one-SM "sequential" device walks the tiles
+# in order and the full device runs them in parallel, in both passes and on every device. Rows-first
+# and columns-first routes from each corner (the identity and the reversed route take the vector
+# path on rows of whole quads); N = 1 and N = 3 (on some devices the backward's two warps per channel:
+# a last state round with one state), fp32 and both 2-byte types.
+ROUTE_SHAPES = [
+    (3, 2, 1, 33, 36, torch.float32, [0, 4, 3, 7]),
+    (3, 2, 1, 36, 33, torch.bfloat16, [0, 5, 3, 6]),
+    (1, 2, 3, 36, 40, torch.float16, [3, 7, 1, 4]),
+    (2, 1, 3, 33, 36, torch.float32, [6, 2, 5, 0]),
+]
+
+
+def _route_launches(device: str, plan: str, shape) -> list:
+    """_launch_plan of each route launch of a ROUTE_SHAPES entry under _options(device, plan)."""
+    batch, dim, nstate, height, width, _, routes = shape
+    limits = _options(device, plan, order=0)
+    return [CUDA_MODULE._launch_plan(batch, dim, 1, nstate, height, width, limits["sm_count"],
+                                     limits["smem_per_sm"], limits["smem_per_block"], route=code)
+            for code in routes]
+
+
+def _route_shape_id(shape) -> str:
+    *sizes, dtype, routes = shape
+    return "x".join(map(str, sizes)) + "-" + str(dtype).replace("torch.", "") + "-r" + "".join(map(str, routes))
+
+
+@needs_module
+@pytest.mark.parametrize("shape", ROUTE_SHAPES, ids=_route_shape_id)
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("device", list(DEVICES))
+def test_route_kernels_on_every_device_plan_match_reference(device, plan, shape):
+    from test_cuda_emulation_routes import check as check_routes, make_inputs as route_inputs
+
+    batch, dim, nstate, height, width, dtype, routes = shape
+    seed = list(DEVICES).index(device) * 10 + ROUTE_SHAPES.index(shape)
+    half = dtype != torch.float32
+    # Half types: fp32 and input-dtype y / dy alternate over the devices, as above.
+    fp32_out = half and list(DEVICES).index(device) % 2 == 0
+    limits = _options(device, plan, order=0)
+    del limits["order"]  # check() runs both passes in shuffled orders of its seed
+    check_routes(route_inputs(batch, dim, routes, nstate, height, width, dtype=dtype, seed=seed), routes,
+                 rtol=3e-2 if half else 5e-5, seed=seed, out_fp32=fp32_out, dy_fp32=half and not fp32_out, **limits)
+
+
+def _planned_route_kinds(device: str) -> set:
+    """Every (pass, tile-parallel, variant) the planner chooses for a route launch on this device
+    (its SM count or one SM) over a spread of shapes: the plans a route kernel can run."""
+    kinds = set()
+    for sm_count in (1, DEVICES[device]["sm_count"]):
+        for batch, dim, height, width in ((1, 1, 8, 8), (2, 4, 40, 40), (64, 96, 56, 56), (1, 8, 200, 7)):
+            for nstate in (1, 2, 3, 16, 64):
+                for code in (0, 4, 3, 8):
+                    launch = CUDA_MODULE._launch_plan(batch, dim, 1, nstate, height, width, sm_count,
+                                                      DEVICES[device]["smem_per_sm"],
+                                                      DEVICES[device]["smem_per_block"], route=code)
+                    kinds |= {(p, launch[f"{p}_tile_parallel"], launch[f"{p}_variant"]) for p in ("fwd", "bwd")}
+    return kinds
+
+
+@needs_module
+@pytest.mark.parametrize("device", list(DEVICES))
+def test_the_route_matrix_runs_every_planned_route_kernel(device):
+    """Every (pass, sequential / tile-parallel, kernel variant) the planner can choose for a route
+    launch on the device -- the route tile-parallel backward included, and any route variant added
+    later once the planner chooses it -- runs in test_route_kernels_on_every_device_plan_match_reference
+    (so under the race detector), in fp32 and in a 2-byte type; and each of its labels holds for
+    every route launch (a planner change that moves a shape off its plan fails here)."""
+    planned = _planned_route_kinds(device)
+    assert {(p, tp) for p, tp, _ in planned} == {("fwd", False), ("fwd", True), ("bwd", False), ("bwd", True)}
+    reached = set()
+    for shape in ROUTE_SHAPES:
+        for plan in PLANS:
+            for launch in _route_launches(device, plan, shape):
+                for p in ("fwd", "bwd"):
+                    assert launch[f"{p}_tile_parallel"] == (plan == "tile-parallel"), (device, plan, shape, p)
+                    reached.add((p, launch[f"{p}_tile_parallel"], launch[f"{p}_variant"], shape[5].itemsize))
+    for size in (4, 2):
+        assert planned <= {(p, tp, v) for p, tp, v, s in reached if s == size}, (size, planned, reached)

@@ -5,9 +5,12 @@ warp / lane / block orders (``_emulate_cross_forward`` / ``_emulate_cross_backwa
 the per-route formulation of :func:`vmamba2d.ops.cross_scan.cross_scan_per_route` on the
 ``torch`` backend in fp64 with autograd (route-order copies: independent of the kernels' in-place
 addressing): every route code (the "cross" and "corners" sets, 2D and flat, and the codes with a
-single flip), packed small maps, maps of several tiles in the sequential and the tile-parallel
-plan, N = 1 and N > 1, fp32 / bf16 / fp16, the vector path (incl. the reversed route's) and the
-scalar path (misaligned base pointers, widths that are not a multiple of 4).
+single flip), packed small maps, one-row / one-column / single-cell maps, maps of several tiles in
+the sequential and the tile-parallel plan, N = 1 and N > 1 (incl. a last state round with fewer
+states than warps), fp32 / bf16 / fp16, the vector path (incl. the reversed route's) and the
+scalar path (misaligned base pointers, widths that are not a multiple of 4); and every input check
+by the argument it names. tests/test_cuda_emulation_plans.py runs the route kernels on every
+device profile's plans.
 """
 from __future__ import annotations
 
@@ -154,6 +157,49 @@ def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype):
         assert_close("d" + name, got, ref, 3e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("height, width", [(9, 13), (8, 14)])
+def test_one_state_route_forward_on_whole_quads_off_the_vector_path(dtype, height, width):
+    # One tile, N = 1: the one-state route forward (2-byte types). 9 x 13: H * W is not a multiple
+    # of 4, so y's planes are not aligned and no quad is a vector one; 8 x 14: the whole quads of odd
+    # rows start 2 cells past an aligned position. Either way the quads off the vector path that are
+    # whole map rows still test y's own alignment for their store / add (the first route stores,
+    # the later ones add; y is fp32), and the backward sees quads that are not whole rows.
+    for code in CROSS_2D:
+        launch = CUDA_MODULE._launch_plan(2, 4, 1, 1, height, width, **H100, route=code)
+        assert launch["fwd_variant"] == "kOneStateRoute"
+    check(make_inputs(2, 4, CROSS_2D, 1, height, width, dtype=dtype, seed=15), CROSS_2D, rtol=3e-2, **H100)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_last_state_round_with_fewer_states_than_warps(dtype):
+    # N = 5 on one channel: in both passes a number of warps per channel that does not divide 5 (four
+    # on an H100), so the last state round has fewer states than warps.
+    for code in CORNERS_2D:
+        launch = CUDA_MODULE._launch_plan(1, 1, 1, 5, 9, 13, **H100, route=code)
+        assert 5 % launch["fwd_warps_per_channel"] != 0 and 5 % launch["bwd_warps_per_channel"] != 0, launch
+    half = dtype != torch.float32
+    check(make_inputs(1, 1, CORNERS_2D, 5, 9, 13, dtype=dtype, seed=16), CORNERS_2D, rtol=3e-2 if half else 5e-5,
+          **H100)
+
+
+@pytest.mark.parametrize("height, width", [(1, 1), (1, 100), (100, 1)])
+@pytest.mark.parametrize("plan", ["sequential", "tile-parallel"])
+def test_line_and_single_cell_maps(height, width, plan):
+    # A row map is a column map on the columns-first routes (and the other way round): packed maps
+    # of one row / column, 100 cells long (four tiles: walked in order or run in parallel), a single
+    # cell; 2D and flat routes, N = 1 (bf16: the one-state route forward in the sequential plan) and 3.
+    routes = [0, 4, 3, 7, 8, 13]
+    device = SEQUENTIAL if plan == "sequential" else H100
+    for nstate, dtype, rtol in ((1, torch.bfloat16, 3e-2), (3, torch.float32, 5e-5)):
+        for code in routes:
+            launch = CUDA_MODULE._launch_plan(3, 2, 1, nstate, height, width, **device, route=code)
+            parallel = height * width > 1 and plan == "tile-parallel"
+            assert launch["fwd_tile_parallel"] == launch["bwd_tile_parallel"] == parallel, (code, launch)
+        check(make_inputs(3, 2, routes, nstate, height, width, dtype=dtype, seed=17 + nstate), routes, rtol=rtol,
+              **device)
+
+
 def test_empty_batch_gives_empty_outputs_and_zero_parameter_gradients():
     inputs = make_inputs(0, 3, CROSS_2D, 2, 5, 7)
     y, grads = run(inputs, CROSS_2D, torch.zeros(0, 3, 5, 7), **H100)
@@ -220,6 +266,87 @@ def test_bad_routes_are_rejected():
         CUDA_MODULE._emulate_cross_forward(*args, True, [0, 16], False)
     with pytest.raises(ValueError, match="delta"):
         CUDA_MODULE._emulate_cross_forward(*args, True, [0, 4, 3], False)
+
+
+def _empty_inputs(batch, dim, routes, nstate, height, width):
+    """Inputs of the right shapes holding no map cells (batch 0 or an empty map): no memory."""
+    k = len(routes)
+    return {"u": torch.zeros(batch, dim, height, width), "delta": torch.zeros(batch, k, dim, height, width),
+            "A": -torch.ones(k * dim, nstate), "B": torch.zeros(batch, k, nstate, height, width),
+            "C": torch.zeros(batch, k, nstate, height, width), "D": torch.zeros(k * dim),
+            "delta_bias": torch.zeros(k * dim)}
+
+
+def _with(**changes):
+    """A bad-input case: the valid 2-route inputs (batch 1, dim 2, N 2, 4 x 5) with these entries
+    replaced (a callable gets the valid inputs)."""
+    def build():
+        inputs = dict(make_inputs(1, 2, [0, 4], 2, 4, 5), routes=[0, 4])
+        inputs["dy"] = torch.zeros(1, 2, 4, 5)
+        for name, value in changes.items():
+            inputs[name] = value(inputs) if callable(value) else value
+        return inputs
+    return build
+
+
+def _bf16_with_dy(dy):
+    inputs = _with(dy=dy)()
+    return {n: t.bfloat16() if n in ("u", "delta", "B", "C") else t for n, t in inputs.items()}
+
+
+# name: (inputs, exception, message): each check of check_cross_inputs (scan2d_routes.h) and of the
+# bindings names the argument and what it expected.
+BAD_INPUTS = {
+    "no-routes": (_with(routes=[]), ValueError, "routes must name at least one route"),
+    "route-code": (_with(routes=[0, -1]), ValueError, r"routes must be route codes in \[0, 16\), got -1"),
+    "u-rank": (_with(u=lambda i: i["u"].flatten(2)), ValueError,
+               r"u must be \(batch, dim, H, W\), got \[1, 2, 20\]"),
+    "A-rank": (_with(A=lambda i: i["A"].flatten()), ValueError, r"A must be \(routes \* dim, N\), got \[8\]"),
+    "empty-map": (lambda: dict(_empty_inputs(1, 2, [0, 4], 2, 0, 5), routes=[0, 4], dy=torch.zeros(1, 2, 0, 5)),
+                  ValueError, r"u's map must not be empty, got \[1, 2, 0, 5\]"),
+    "map-size": (lambda: dict(_empty_inputs(0, 1, [0, 4], 1, 50000, 50000), routes=[0, 4],
+                              dy=torch.zeros(0, 1, 50000, 50000)),
+                 ValueError, r"u's map must have H \* W < 2\^31 - 1 cells, got H \* W = 2500000000"),
+    "u-dtype": (_with(u=lambda i: i["u"].double()), TypeError, "u must be float32, float16 or bfloat16, got Double"),
+    "delta-dtype": (_with(delta=lambda i: i["delta"].half()), TypeError, "delta must be Float, got Half"),
+    "delta-layout": (_with(delta=lambda i: i["delta"].transpose(-1, -2).contiguous().transpose(-1, -2)),
+                     RuntimeError, "delta must be contiguous"),
+    "A-rows": (_with(A=lambda i: i["A"][:-1]), ValueError, r"A must have shape \[4, 2\], got \[3, 2\]"),
+    "A-dtype": (_with(A=lambda i: i["A"].double()), TypeError, "A must be Float, got Double"),
+    "N-0": (_with(A=torch.ones(4, 0), B=torch.zeros(1, 2, 0, 4, 5), C=torch.zeros(1, 2, 0, 4, 5)), ValueError,
+            r"N = 0 states, supported 1..64"),
+    "N-65": (_with(A=-torch.ones(4, 65), B=torch.zeros(1, 2, 65, 4, 5), C=torch.zeros(1, 2, 65, 4, 5)),
+             ValueError, r"N = 65 states, supported 1..64"),
+    "B-shape": (_with(B=lambda i: i["B"][:, :, :1].contiguous()), ValueError,
+                r"B must have shape \[1, 2, 2, 4, 5\], got \[1, 2, 1, 4, 5\]"),
+    "C-dtype": (_with(C=lambda i: i["C"].half()), TypeError, "C must be Float, got Half"),
+    "D-shape": (_with(D=lambda i: i["D"][:3]), ValueError, r"D must have shape \[4\], got \[3\]"),
+    "delta_bias-dtype": (_with(delta_bias=lambda i: i["delta_bias"].half()), TypeError,
+                         "delta_bias must be Float, got Half"),
+    "dim-limit": (lambda: dict(_empty_inputs(0, 65536, [0, 4], 1, 1, 1), routes=[0, 4],
+                               dy=torch.zeros(0, 65536, 1, 1)),
+                  ValueError, r"dim <= 65535 \(the launch grid's limits\), got batch = 0, dim = 65536"),
+}
+BAD_DY = {  # the backward's own checks
+    "dy-dtype": (lambda: _bf16_with_dy(torch.zeros(1, 2, 4, 5, dtype=torch.half)), TypeError,
+                 "dy must be BFloat16 or float32, got Half"),
+    "dy-shape": (_with(dy=torch.zeros(1, 2, 5, 4)), ValueError,
+                 r"dy must have shape \[1, 2, 4, 5\], got \[1, 2, 5, 4\]"),
+}
+
+
+@pytest.mark.parametrize("entry, case, error, message", [
+    pytest.param(entry, *bad, id=f"{entry}-{name}")
+    for cases, entries in ((BAD_INPUTS, ("forward", "backward")), (BAD_DY, ("backward",)))
+    for name, bad in cases.items() for entry in entries])
+def test_bad_inputs_are_rejected_by_name(entry, case, error, message):
+    inputs = case()
+    args = [inputs[n] for n in NAMES]
+    with pytest.raises(error, match=message):
+        if entry == "forward":
+            CUDA_MODULE._emulate_cross_forward(*args, True, inputs["routes"], False, **H100)
+        else:
+            CUDA_MODULE._emulate_cross_backward(*args, True, inputs["routes"], inputs["dy"], **H100)
 
 
 @needs_gpu

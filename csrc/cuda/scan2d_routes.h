@@ -49,8 +49,8 @@ CrossShape check_cross_inputs(const at::Tensor& u, const at::Tensor& delta, cons
                     A.defined() ? A.sizes() : at::IntArrayRef{});
   const CrossShape s{u.size(0), u.size(1), K, A.size(1), u.size(2), u.size(3)};
   TORCH_CHECK_VALUE(s.height >= 1 && s.width >= 1, op, "u's map must not be empty, got ", u.sizes());
-  TORCH_CHECK_VALUE(s.length() < std::numeric_limits<int32_t>::max(), op, "H * W = ", s.length(),
-                    " is too large");
+  TORCH_CHECK_VALUE(s.length() < std::numeric_limits<int32_t>::max(), op, "u's map must have H * W < 2^31 - 1 "
+                    "cells, got H * W = ", s.length());
   // u: contiguous here (the entry points make a channels-last u contiguous).
   check_tensor<Backend>(u, "u", u);
   element_type(u.scalar_type());
@@ -73,8 +73,9 @@ CrossShape check_cross_inputs(const at::Tensor& u, const at::Tensor& delta, cons
     check_shape(*t, name, {K * s.dim});
     check_dtype(*t, name, at::kFloat);
   }
-  TORCH_CHECK_VALUE(s.batch <= std::numeric_limits<int32_t>::max() && s.dim <= 65535, op, "batch = ", s.batch,
-                    ", dim = ", s.dim, " exceed the grid limits");
+  TORCH_CHECK_VALUE(s.batch <= std::numeric_limits<int32_t>::max() && s.dim <= 65535, op,
+                    "u's batch must be < 2^31 and its dim <= 65535 (the launch grid's limits), got batch = ", s.batch,
+                    ", dim = ", s.dim);
   return s;
 }
 
