@@ -199,8 +199,12 @@ def test_channels_last_map():
     assert grads[0].is_contiguous(memory_format=torch.channels_last)
 
 
-def test_gradients_bitwise_equal_across_thread_orders():
-    inputs = make_inputs(2, 4, CORNERS_2D, 2, 11, 9, seed=8)
+@pytest.mark.parametrize("nstate", [1, 2])
+def test_gradients_bitwise_equal_across_thread_orders(nstate):
+    # N = 1: the one-state route forward (fp32); N = 2: the route variant.
+    inputs = make_inputs(2, 4, CORNERS_2D, nstate, 11, 9, seed=8)
+    expected = "kOneStateRoute" if nstate == 1 else "kRoute"
+    assert forward_variants(inputs, CORNERS_2D, **H100) == [expected]
     dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(2))
     first = run(inputs, CORNERS_2D, dy, order=1, **H100)
     second = run(inputs, CORNERS_2D, dy, order=17, **H100)
