@@ -9,8 +9,10 @@ single flip), packed small maps, one-row / one-column / single-cell maps, maps o
 the sequential and the tile-parallel plan, N = 1 and N > 1 (incl. a last state round with fewer
 states than warps), fp32 / bf16 / fp16, the vector path (incl. the reversed route's) and the
 scalar path (misaligned base pointers, widths that are not a multiple of 4); and every input check
-by the argument it names. tests/test_cuda_emulation_plans.py runs the route kernels on every
-device profile's plans.
+by the argument it names. The one-state route forward (Variant::kOneStateRoute: N = 1, sequential
+plan) runs for every dtype; the tests check that the emulation ran the variant ``_launch_plan``
+reports (``_emulation_forward_variants``). tests/test_cuda_emulation_plans.py runs the route
+kernels on every device profile's plans.
 """
 from __future__ import annotations
 
@@ -66,6 +68,12 @@ def run(inputs, routes, dy, *, order=2, out_fp32=False, **device):
     return y, grads
 
 
+def forward_variants(inputs, routes, **device):
+    """The kernel variants the forward blocks of cross_forward ran (enum order)."""
+    CUDA_MODULE._emulate_cross_forward(*(inputs[n] for n in NAMES), True, routes, False, **device)
+    return CUDA_MODULE._emulation_forward_variants()
+
+
 def check(inputs, routes, *, rtol, seed=1, dy_fp32=False, out_fp32=False, **device):
     """The op's y and every gradient against the fp64 per-route reference; returns them."""
     u = inputs["u"]
@@ -103,11 +111,15 @@ def test_map_of_several_tiles(plan):
         assert launch["bwd_variant"] == "kRoute"
     check(make_inputs(2, 2, CROSS_2D, 1, 37, 41, dtype=torch.bfloat16, seed=3), CROSS_2D, rtol=3e-2,
           out_fp32=True, **device)
-    # fp32 at N = 1 (its sequential forward runs kRoute: forward_variant_for).
-    check(make_inputs(1, 2, CROSS_1D, 1, 37, 41, seed=12), CROSS_1D, rtol=5e-5, **device)
+    # fp32 at N = 1 runs the one-state route forward too (its 16-byte loads in two batches in the
+    # second block phase).
+    inputs = make_inputs(1, 2, CROSS_2D, 1, 37, 41, seed=12)
+    assert forward_variants(inputs, CROSS_2D, **device) == [launch["fwd_variant"]]
+    check(inputs, CROSS_2D, rtol=5e-5, **device)
 
 
-def test_channel_slices_and_mixed_plans():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_channel_slices_and_mixed_plans(dtype):
     # dim 8 in blocks of 4 channels: two backward slices (dB / dC partials summed in slice order);
     # a 6 x 40 map: the 2D routes walk their two tiles in order (one-state route forward), the flat
     # ones (1 x 240) run tile-parallel.
@@ -115,7 +127,10 @@ def test_channel_slices_and_mixed_plans():
     for code, tile_parallel in zip(routes, (False, False, True, True)):
         launch = CUDA_MODULE._launch_plan(2, 8, 1, 1, 6, 40, **H100, route=code)
         assert launch["bwd_slices"] == 2 and launch["fwd_tile_parallel"] == tile_parallel
-    check(make_inputs(2, 8, routes, 1, 6, 40, dtype=torch.bfloat16, seed=13), routes, rtol=3e-2, **H100)
+        assert launch["fwd_variant"] == ("kRoute" if tile_parallel else "kOneStateRoute")
+    inputs = make_inputs(2, 8, routes, 1, 6, 40, dtype=dtype, seed=13)
+    assert forward_variants(inputs, routes, **H100) == ["kRoute", "kOneStateRoute"]
+    check(inputs, routes, rtol=5e-5 if dtype == torch.float32 else 3e-2, **H100)
 
 
 def test_several_state_rounds_on_a_small_device():
@@ -130,15 +145,16 @@ def test_half_types_flat_routes():
           dy_fp32=True, **H100)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype):
     # 8 x 12 (rows of whole quads): the identity and the reversed routes take vector accesses,
-    # the columns-first ones the per-cell path.
-    # 2-byte types, N = 1, one tile: the one-state route forward (fp32 runs kRoute for that plan).
+    # the columns-first ones the per-cell path. N = 1, one tile: the one-state route forward.
+    rtol = 5e-5 if dtype == torch.float32 else 3e-2
     inputs = make_inputs(2, 4, CROSS_2D, 1, 8, 12, dtype=dtype, seed=5)
     for code in CROSS_2D:
         assert CUDA_MODULE._launch_plan(2, 4, 1, 1, 8, 12, **H100, route=code)["fwd_variant"] == "kOneStateRoute"
-    check(inputs, CROSS_2D, rtol=3e-2, **H100)
+    assert forward_variants(inputs, CROSS_2D, **H100) == ["kOneStateRoute"]
+    check(inputs, CROSS_2D, rtol=rtol, **H100)
     one = {n: (t[:, 2:3] if n in ("delta", "B", "C") else t) for n, t in inputs.items()}
     one = {n: t.contiguous() for n, t in one.items()}
     one["A"], one["D"], one["delta_bias"] = (inputs[n][8:12].contiguous() for n in ("A", "D", "delta_bias"))
@@ -152,9 +168,9 @@ def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype):
         assert (forward > 0 and backward > 0) == vector, (code, forward, backward)
     y, grads = run(one, [3], dy, **H100)
     y_ref, grads_ref = reference(one, [3], dy)
-    assert_close("y (reversed route alone)", y, y_ref, 3e-2)
+    assert_close("y (reversed route alone)", y, y_ref, rtol)
     for name, got, ref in zip(NAMES, grads, grads_ref):
-        assert_close("d" + name, got, ref, 3e-2)
+        assert_close("d" + name, got, ref, rtol)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -229,8 +245,12 @@ def test_channels_last_map():
     assert grads[0].is_contiguous(memory_format=torch.channels_last)
 
 
-def test_gradients_bitwise_equal_across_thread_orders():
-    inputs = make_inputs(2, 4, CORNERS_2D, 2, 11, 9, seed=8)
+@pytest.mark.parametrize("nstate", [1, 2])
+def test_gradients_bitwise_equal_across_thread_orders(nstate):
+    # N = 1: the one-state route forward (fp32); N = 2: the route variant.
+    inputs = make_inputs(2, 4, CORNERS_2D, nstate, 11, 9, seed=8)
+    expected = "kOneStateRoute" if nstate == 1 else "kRoute"
+    assert forward_variants(inputs, CORNERS_2D, **H100) == [expected]
     dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(2))
     first = run(inputs, CORNERS_2D, dy, order=1, **H100)
     second = run(inputs, CORNERS_2D, dy, order=17, **H100)

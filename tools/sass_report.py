@@ -68,7 +68,8 @@ H100 sm_90):
   so the targets below are read off that variant (``plan_variant`` mirrors the kernels' choice);
   kRoute / kOneStateRoute (the four-route op's launches: kGeneral / kOneStateSequential with the
   route's addressing) get rows with the same columns (their executed estimate assumes the model
-  plan's block and a linear route's vector path), no target and no ratchet;
+  plan's block and a linear route's vector path) and no target; ROUTE_RATCHET holds the one-state
+  route forward's figures on sm_90 like RATCHET;
 * from the launch planner, per model / Table-3 shape, GPU and pass: grid blocks, resident blocks /
   SM (from the same occupancy model), waves = ceil(blocks / (SMs x resident blocks)) and the
   share of lost slots = 1 - blocks / (waves x slots) in the last wave.
@@ -808,16 +809,23 @@ RATCHET = {
     ("backward", "fp32"): (99.5, 128),
     ("backward", "bf16"): (109.5, 128),
 }
+# The same for the four-route op's one-state route forward (kOneStateRoute, every dtype; its
+# estimate on the model plan's block, registers at most the route forward's budget).
+ROUTE_RATCHET = {
+    ("forward", "fp32"): (65.5, 96),
+    ("forward", "bf16"): (69.5, 96),
+}
 
 
 def targets(rows: list[KernelRow], wave_rows: list[WaveRow]) -> list[Target]:
     """Issue 19's static targets on H100 (sm_90) at N = 1, and the ratchet, for the kernel variant
-    that runs the model plan."""
+    that runs the model plan; the route ratchet for the one-state route forward."""
     out = []
     h100 = [r for r in rows if r.arch == "9.0" and r.runs_plan]
+    route_h100 = [r for r in rows if r.arch == "9.0" and r.variant == "kOneStateRoute"]
 
-    def executed_of(role: str, dtype: str) -> tuple[Optional[float], str]:
-        found = [r for r in h100 if r.role == role and r.dtype == dtype and r.executed]
+    def executed_of(role: str, dtype: str, among: list[KernelRow] = h100) -> tuple[Optional[float], str]:
+        found = [r for r in among if r.role == role and r.dtype == dtype and r.executed]
         if not found or found[0].executed.per_cell_channel is None:
             return None, found[0].executed.note if found else "no estimate"
         static = f" (static {found[0].loop.per_cell_channel_state:.1f})" if found[0].loop else ""
@@ -828,14 +836,15 @@ def targets(rows: list[KernelRow], wave_rows: list[WaveRow]) -> list[Target]:
         value, extra = executed_of(role, dtype)
         name = f"{role} {dtype} executed instructions / cell·channel (estimate) <= {limit}"
         out.append(Target(name, extra if value is None else f"{value:.1f}{extra}", value is not None and value <= limit))
-    for (role, dtype), (limit, registers) in RATCHET.items():
-        value, extra = executed_of(role, dtype)
-        found = [r.registers for r in h100 if r.role == role and r.dtype == dtype]
-        if found:
-            shown = extra if value is None else f"{value:.1f}"
-            out.append(Target(f"ratchet: {role} {dtype} executed instructions / cell·channel (estimate) <= {limit}, "
-                              f"registers <= {registers}", f"{shown}, {found[0]}",
-                              value is not None and value <= limit and found[0] <= registers))
+    for ratchet, among, what in ((RATCHET, h100, ""), (ROUTE_RATCHET, route_h100, "one-state route ")):
+        for (role, dtype), (limit, registers) in ratchet.items():
+            value, extra = executed_of(role, dtype, among)
+            found = [r.registers for r in among if r.role == role and r.dtype == dtype]
+            if found:
+                shown = extra if value is None else f"{value:.1f}"
+                out.append(Target(f"ratchet: {what}{role} {dtype} executed instructions / cell·channel (estimate) "
+                                  f"<= {limit}, registers <= {registers}", f"{shown}, {found[0]}",
+                                  value is not None and value <= limit and found[0] <= registers))
     for role, limit in (("forward", 24), ("backward", 16)):
         warps = [r.resident_warps for r in h100 if r.role == role and r.resident_warps is not None]
         if warps:

@@ -207,6 +207,11 @@ struct Params {
 // variants keep none of it). The backward has no one-state route variant (kRoute serves it).
 enum class Variant : int { kGeneral = 0, kOneStateSequential = 1, kRoute = 2, kOneStateRoute = 3 };
 
+constexpr const char* variant_name(Variant v) {
+  constexpr const char* kNames[] = {"kGeneral", "kOneStateSequential", "kRoute", "kOneStateRoute"};
+  return kNames[static_cast<int>(v)];
+}
+
 constexpr bool is_one_state(Variant v) { return v == Variant::kOneStateSequential || v == Variant::kOneStateRoute; }
 constexpr bool is_route(Variant v) { return v == Variant::kRoute || v == Variant::kOneStateRoute; }
 
@@ -216,14 +221,6 @@ SS2D_HD inline Variant kernel_variant(const Params& p, int wpc, bool forward = t
   const bool one_state = p.g.nstate == 1 && wpc == 1 && p.pass == kSequential;
   if (p.g.route.active) return one_state && forward ? Variant::kOneStateRoute : Variant::kRoute;
   return one_state ? Variant::kOneStateSequential : Variant::kGeneral;
-}
-
-// The forward variant an element type of `bytes` bytes runs for kernel_variant's choice v: fp32
-// runs kRoute where kOneStateRoute is chosen -- its nine 16-byte loads per quad, all in flight
-// before the first use, with delta's own addresses, do not fit into the route forward's registers
-// on sm_75 / sm_80 without spilling (the 2-byte types' 8-byte loads do) -- so it is not compiled.
-constexpr Variant forward_variant_for(Variant v, int bytes) {
-  return bytes == 4 && v == Variant::kOneStateRoute ? Variant::kRoute : v;
 }
 
 // Blocks per SM each forward variant is compiled for (__launch_bounds__): six 4-warp blocks (24
@@ -276,6 +273,7 @@ SS2D_HD inline int64_t grad_carry_numel(const Geometry& g) {
 // forward's: kFwdTileFloats). Per-channel
 // tiles that only carry values from one state round to the next exist only with several rounds.
 struct ForwardLayout {
+  size_t consts;  // route kernels: float[kForwardConstRows][kMaxWarps], then the column starts (below)
   size_t dt;    // tile per channel (several rounds): dt (0 on padding, so Abar = 1)
   size_t u;     // tile per channel (several rounds): u (0 on padding, so x = 0)
   size_t y;     // tile per channel (several rounds): D * u + C * h of the rounds so far
@@ -284,6 +282,14 @@ struct ForwardLayout {
   size_t hcar;  // float[channels][N][kTile]: horizontal carry to the next tile
   size_t total;
 };
+// The one-state route forward's per-block constants (ForwardLayout::consts, at offset 0: addressed
+// without a register): row kBiasRow delta_bias, kA2Row A * log2(e), kSkipRow D of each of the
+// block's channels (0 past them or where absent), then one uint32: segment_starts(seg_w).
+constexpr int kBiasRow = 0;
+constexpr int kA2Row = 1;
+constexpr int kSkipRow = 2;
+constexpr int kForwardConstRows = 3;
+constexpr int kForwardColumnStarts = kForwardConstRows * kMaxWarps;  // its index in floats
 
 struct BackwardLayout {
   size_t dt;     // tile per channel (backward_keeps_dt): dt
@@ -316,12 +322,15 @@ struct LayoutBuilder {
   }
 };
 
-SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate) {
+// routed: a route kernel's layout (the consts region; empty for the single-route kernels, whose
+// other offsets it leaves unchanged).
+SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate, bool routed = false) {
   LayoutBuilder b;
   ForwardLayout l{};
   const size_t tile = sizeof(float) * kFwdTileFloats;
   const int nwarps = channels * wpc;
   const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
+  l.consts = b.take(routed ? sizeof(float) * (kForwardColumnStarts + 1) : 0);
   l.dt = b.take(tile * carried);
   l.u = b.take(tile * carried);
   l.y = b.take(tile * carried);

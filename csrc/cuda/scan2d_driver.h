@@ -200,7 +200,7 @@ inline int pick_slices(int64_t base_blocks, int sets, int64_t slots) {
 inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   Launch k{};
   const bool routed = g.route.active;
-  const auto fwd_smem = [&](int c, int wpc) { return forward_layout(c, wpc, g.nstate).total; };
+  const auto fwd_smem = [&](int c, int wpc) { return forward_layout(c, wpc, g.nstate, routed).total; };
   const auto bwd_smem = [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate, routed).total; };
   const int fwd_registers =
       routed ? kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(Variant::kRoute)) : kForwardRegisters;

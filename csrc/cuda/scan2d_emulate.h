@@ -72,6 +72,10 @@ void emulation_self_check(const std::string& scenario);
 // emulate_backward, emulate_cross_forward, emulate_cross_backward) on this thread.
 int64_t emulation_vector_accesses();
 
+// The variants (variant_name, in enum order) the forward blocks of the last emulation call ran on
+// this thread.
+std::vector<std::string> emulation_forward_variants();
+
 // The kernels' softplus (scan2d_kernel.cuh) applied to every element of a float32 CPU tensor, as
 // the host build computes it (tests of its error bound).
 at::Tensor kernel_softplus(const at::Tensor& z);

@@ -50,13 +50,13 @@ SS2D_UNROLL
 // of the tile loop (hoisted, the lane's flag stays live through the loop's load phase and spills
 // there). Two forms: bit r of the mask of such rows (starts, kept in a register), or the test on r
 // itself from seg_h / magic_h (kernel parameters: no register kept). Which of them leaves every
-// instantiation without spills on sm_75 is ptxas's register allocation: fp32 the mask, the
-// 2-byte types the test.
-template <class T>
+// instantiation without spills on sm_75 is ptxas's register allocation: kMask (the single-route
+// and kRoute fp32 kernels) the mask, the others the test.
+template <bool kMask>
 SS2D_HD SS2D_INLINE bool starts_map_row(const Geometry& g, uint32_t starts, int r) {
 #ifdef __CUDA_ARCH__
   uint32_t cut;
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (kMask) {
     asm volatile("bfe.u32 %0, %1, %2, 1;" : "=r"(cut) : "r"(starts), "r"(r));
   } else {
     asm volatile(
@@ -68,8 +68,8 @@ SS2D_HD SS2D_INLINE bool starts_map_row(const Geometry& g, uint32_t starts, int 
   }
   return cut != 0;
 #else
-  // The host computes what each GPU form computes, so the emulation tests the form of every type.
-  if constexpr (std::is_same_v<T, float>) {
+  // The host computes what each GPU form computes, so the emulation tests the form of every kernel.
+  if constexpr (kMask) {
     return (starts >> r) & 1u;
   } else {
     return r != 0 && small_div(r, g.magic_h) * g.seg_h == r;
@@ -107,6 +107,13 @@ SS2D_HD SS2D_INLINE int64_t quad_offset(const Geometry& g, const Plane& pl, cons
 // quad_place's result on a whole anchor: every cell real, in one map row.
 SS2D_HD SS2D_INLINE QuadPlace whole_quad(const QuadAnchor& an) {
   return QuadPlace{an.batch, an.pos, (1u << kQuad) - 1, 0u, {}};
+}
+
+// Entries kBegin .. kBegin + kCount - 1 of an array, as an array (a batch of load_quads' planes).
+template <int kBegin, int kCount, class E, int kN>
+SS2D_HD SS2D_INLINE E (&slice_of(E (&a)[kN]))[kCount] {
+  static_assert(kBegin >= 0 && kCount > 0 && kBegin + kCount <= kN, "a batch lies inside its array");
+  return *reinterpret_cast<E(*)[kCount]>(a + kBegin);
 }
 
 // Loads the quads of planes 0 .. count - 1 of quad (r, c0) (plane i of view srcs[i], its quad at
@@ -189,19 +196,24 @@ SS2D_HD SS2D_INLINE QuadAnchor anchor_of(const Geometry& g, int bb, int ti, int 
 // planes for all channels at once (load_quads, placed by quad_anchor with quad_place only off the
 // vector path: in A B, delta, u; in B C and u, with y's stores on the same vector path),
 // addresses once per quad, and A, delta_bias, D of the block's channels from registers loaded
-// once per block.
+// once per block (the one-state route variant: from shared memory, see kSharedConsts).
 template <class T, Variant V, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
   constexpr bool kOne = is_one_state(V);
   constexpr bool kRouted = is_route(V);
+  // The one-state route variant reads its per-block constants -- delta_bias, A * log2(e), D of
+  // its channels and the column segment starts -- from shared memory (ForwardLayout::consts) where
+  // it uses them, and tests row starts on r itself: held in registers through the tile loop, next
+  // to its route addressing and fp32's 16-byte loads, they spill on sm_75 / sm_80.
+  constexpr bool kSharedConsts = kOne && kRouted;
   const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.fwd_channels;
   const int wpc = kOne ? 1 : p.k.fwd_wpc;
   const int pass = kOne ? static_cast<int>(kSequential) : p.pass;
   const int nwarps = channels * wpc;
   const int rounds = state_rounds(nstate, wpc);
-  const ForwardLayout l = forward_layout(channels, wpc, nstate);
+  const ForwardLayout l = forward_layout(channels, wpc, nstate, kRouted);
   const int carried_floats = rounds > 1 ? channels * kFwdTileFloats : 0;
   auto dt_t = ctx.template shared<float>(smem, l.dt, carried_floats);
   auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
@@ -234,16 +246,39 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   const GroupPlanes bc_planes = kRouted ? GroupPlanes{g.route.bc_planes, 0} : group_planes(g, group_of(g, d0));
   const bool sequential = pass == kSequential;
   const bool edges_only = pass == kRowEdges || pass == kColumnEdges;
-  // One-state variant: the per-channel constants, once per block.
+  // One-state variant: the per-channel constants, once per block (kSharedConsts: in shared memory).
   float bias_c[kMaxWarps], a2_c[kMaxWarps], dskip_c[kMaxWarps];
 SS2D_UNROLL
   for (int s = 0; s < kMaxWarps; ++s) {
-    const bool has = kOne && s < channels;
+    const bool has = kOne && !kSharedConsts && s < channels;
     bias_c[s] = has && p.delta_bias ? p.delta_bias[d0 + s] : 0.f;
     a2_c[s] = has ? p.A[d0 + s] * kLog2e : 0.f;
     dskip_c[s] = has && p.D ? p.D[d0 + s] : 0.f;
   }
-
+  auto consts = ctx.template shared<float>(smem, l.consts, kSharedConsts ? kForwardColumnStarts : 0);
+  auto column_starts = ctx.template shared<uint32_t>(smem, l.consts + sizeof(float) * kForwardColumnStarts,
+                                                     kSharedConsts ? 1 : 0);
+  if constexpr (kSharedConsts) {
+    ctx.each_thread([&](int t) {
+      if (t == 0) column_starts[0] = starts_w;
+      if (t >= kMaxWarps) return;
+      const bool has = t < channels;
+      consts[kBiasRow * kMaxWarps + t] = has && p.delta_bias ? p.delta_bias[d0 + t] : 0.f;
+      consts[kA2Row * kMaxWarps + t] = has ? p.A[d0 + t] * kLog2e : 0.f;
+      consts[kSkipRow * kMaxWarps + t] = has && p.D ? p.D[d0 + t] : 0.f;
+    });
+    ctx.barrier();
+  }
+  // Row `row` of the constants for a quad's cells: from shared memory, or `held`.
+  const auto consts_of = [&](int row, const float (&held)[kMaxWarps], float (&out)[kMaxWarps]) {
+    static_assert(kMaxWarps == kQuad, "a row of constants is one 16-byte shared access");
+    if constexpr (kSharedConsts) {
+      load_shared4(consts, row * kMaxWarps, out);
+    } else {
+SS2D_UNROLL
+      for (int s = 0; s < kMaxWarps; ++s) out[s] = held[s];
+    }
+  };
 
   const int first_tile = sequential ? 0 : tile_z;
   int ti = first_tile / g.tiles_w;  // tile (ti, tj), stepped in row-major order without a division
@@ -275,6 +310,9 @@ SS2D_UNROLL
             offs[2 + 2 * s] = ud;
             if (s + 1 < channels) ud += g.length;  // channels past the block's: its last one again
           }
+          float bias[kMaxWarps], a2[kMaxWarps];
+          consts_of(kBiasRow, bias_c, bias);
+          consts_of(kA2Row, a2_c, a2);
           float q[kLoads][kQuad];
           load_quads<T, 3, kLoads, kRouted>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + 2 * channels, q,
                                             [](const QuadPlace&, auto) {});
@@ -289,10 +327,10 @@ SS2D_UNROLL
               float xq[kQuad], aq[kQuad];
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
-                const float z = q[1 + 2 * s][k] + bias_c[s];
+                const float z = q[1 + 2 * s][k] + bias[s];
                 const float dt = decltype(with_softplus)::value ? softplus(z) : z;
                 xq[k] = dt * q[2 + 2 * s][k] * q[0][k];
-                aq[k] = exp2_flush(dt * a2_c[s]);
+                aq[k] = exp2_flush(dt * a2[s]);
               }
               const int e = s * kWarpTiles + fwd_offset(r, c0);
               store_shared4(x_t, e, xq);
@@ -377,7 +415,8 @@ SS2D_UNROLL
           // A row that starts a map (packed small maps) cuts the vertical scan: its Abar, read
           // here first, becomes 0 for the vertical pass (h = 0 * h_above + hh), which so keeps no
           // per-cell restart test.
-          const bool cut_row = starts_map_row<T>(g, starts_h, r);
+          const bool cut_row = starts_map_row<std::is_same_v<T, float> && !kSharedConsts>(g, starts_h, r);
+          const uint32_t row_starts_w = kSharedConsts ? column_starts[0] : starts_w;
           const float cut[kQuad] = {0.f, 0.f, 0.f, 0.f};
 SS2D_UNROLL
           for (int c0 = 0; c0 < kTile; c0 += kQuad) {  // a quad of the row per 16-byte access
@@ -387,7 +426,7 @@ SS2D_UNROLL
             if (cut_row) store_shared4(abar_row, c0 ^ swizzle, cut);
 SS2D_UNROLL
             for (int k = 0; k < kQuad; ++k) {
-              if ((starts_w >> (c0 + k)) & 1u) h = decay = 0.f;
+              if ((row_starts_w >> (c0 + k)) & 1u) h = decay = 0.f;
               h = a[k] * h + hq[k];
               decay *= a[k];
               hq[k] = h;
@@ -465,35 +504,60 @@ SS2D_UNROLL
           const bool whole = an.whole;
           const int64_t vshift = kRouted ? vector_shift(g, whole_quad(an)) : 0;
           an.whole = whole && y_planes && (offs[1] + vshift) % kQuad == 0;
+          float dskip[kMaxWarps];
+          consts_of(kSkipRow, dskip_c, dskip);
           float q[kLoads][kQuad];
-          load_quads<T, 2, kLoads, kRouted>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + channels, q,
-                        [&](const QuadPlace& at, auto vector) {
+          // y of channels lo .. hi - 1 from C (q[0]), their u and h, stored.
+          const auto ys = [&](auto lo, auto hi) {
+            return [&](const QuadPlace& at, auto vector) {
 SS2D_UNROLL
-            for (int s = 0; s < kMaxWarps; ++s) {
-              if (s >= channels) continue;
-              float yq[kQuad];
-              load_shared4(x_t, s * kWarpTiles + fwd_offset(r, c0), yq);  // h
+              for (int s = decltype(lo)::value; s < decltype(hi)::value; ++s) {
+                if (s >= channels) continue;
+                float yq[kQuad];
+                load_shared4(x_t, s * kWarpTiles + fwd_offset(r, c0), yq);  // h
 SS2D_UNROLL
-              for (int k = 0; k < kQuad; ++k) {
-                // dskip_c is 0 without D: 0 * u only differs from 0 where u is not finite, where h
-                // (x = dt * u * B) is not finite either.
-                yq[k] = fmaf(q[0][k], yq[k], dskip_c[s] * q[1 + s][k]);
+                for (int k = 0; k < kQuad; ++k) {
+                  // dskip is 0 without D: 0 * u only differs from 0 where u is not finite, where h
+                  // (x = dt * u * B) is not finite either.
+                  yq[k] = fmaf(q[0][k], yq[k], dskip[s] * q[1 + s][k]);
+                }
+                // y's quad is where u's is (offs[1 + s]), worked out again from channel 0's so the
+                // loads' other offsets need not stay live.
+                const Plane pl{g.dim, d0 + s};
+                const int64_t off = offs[1] + static_cast<int64_t>(s) * g.length;
+                if (kRouted && g.route.accumulate) {  // the earlier routes' sum
+                  add_quad<kRouted>(ctx, g, y32, pl, at, vector || (whole && ctx.vector_aligned(y32, off + vshift)),
+                                    off, yq);
+                } else if (y_fp32) {
+                  store_quad<float, kRouted>(ctx, g, y32, pl, at,
+                                             vector || (whole && ctx.vector_aligned(y32, off + vshift)), off, yq);
+                } else {
+                  store_quad<T>(ctx, g, yT, pl, at, vector || (whole && ctx.vector_aligned(yT, off)), off, yq);
+                }
               }
-              // y's quad is where u's is (offs[1 + s]), worked out again from channel 0's so the
-              // loads' other offsets need not stay live.
-              const Plane pl{g.dim, d0 + s};
-              const int64_t off = offs[1] + static_cast<int64_t>(s) * g.length;
-              if (kRouted && g.route.accumulate) {  // the earlier routes' sum
-                add_quad<kRouted>(ctx, g, y32, pl, at, vector || (whole && ctx.vector_aligned(y32, off + vshift)), off,
-                                  yq);
-              } else if (y_fp32) {
-                store_quad<float, kRouted>(ctx, g, y32, pl, at,
-                                           vector || (whole && ctx.vector_aligned(y32, off + vshift)), off, yq);
-              } else {
-                store_quad<T>(ctx, g, yT, pl, at, vector || (whole && ctx.vector_aligned(yT, off)), off, yq);
-              }
+            };
+          };
+          using First = std::integral_constant<int, 0>;
+          using All = std::integral_constant<int, kMaxWarps>;
+          if constexpr (kRouted && sizeof(T) == 4) {
+            // fp32 on a route: C and the first half of the channels' u, their y, then the rest's
+            // (all five 16-byte loads at once spill on sm_75 / sm_80 under the route forward's
+            // registers; the 2-byte types' 8-byte loads fit).
+            using Half = std::integral_constant<int, kMaxWarps / 2>;
+            constexpr int kFirst = 1 + Half::value;
+            load_quads<T, 2, kFirst, kRouted>(ctx, g, an, bb, ti, tj, r, c0, slice_of<0, kFirst>(srcs),
+                                              slice_of<0, kFirst>(planes), slice_of<0, kFirst>(offs), 1 + channels,
+                                              slice_of<0, kFirst>(q), ys(First{}, Half{}));
+            if (channels > Half::value) {
+              load_quads<T, 1, kLoads - kFirst, kRouted>(
+                  ctx, g, an, bb, ti, tj, r, c0, slice_of<kFirst, kLoads - kFirst>(srcs),
+                  slice_of<kFirst, kLoads - kFirst>(planes), slice_of<kFirst, kLoads - kFirst>(offs),
+                  1 + channels - kFirst, slice_of<kFirst, kLoads - kFirst>(q), ys(Half{}, All{}));
             }
-          });
+          } else {
+            load_quads<T, 2, kLoads, kRouted>(ctx, g, an, bb, ti, tj, r, c0, srcs, planes, offs, 1 + channels, q,
+                                              ys(First{}, All{}));
+          }
         });
         continue;
       }

@@ -215,7 +215,8 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
   };
   const Variant fwd_variant = variant_of(k.tile_parallel, k.fwd_wpc, true);
   const Variant bwd_variant = variant_of(k.bwd_tile_parallel, k.bwd_wpc, false);
-  add_pass("fwd", k.fwd_channels, k.fwd_wpc, forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate).total,
+  add_pass("fwd", k.fwd_channels, k.fwd_wpc,
+           forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate, g.route.active).total,
            kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(fwd_variant)), forward_blocks(g, k));
   add_pass("bwd", k.bwd_channels, k.bwd_wpc,
            backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate, g.route.active).total,
@@ -223,12 +224,8 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
   d["fwd_tile_parallel"] = k.tile_parallel;
   d["bwd_slices"] = k.slices;
   d["bwd_tile_parallel"] = k.bwd_tile_parallel;
-  const auto name = [](Variant v) {
-    constexpr const char* kNames[] = {"kGeneral", "kOneStateSequential", "kRoute", "kOneStateRoute"};
-    return kNames[static_cast<int>(v)];
-  };
-  d["fwd_variant"] = name(fwd_variant);
-  d["bwd_variant"] = name(bwd_variant);
+  d["fwd_variant"] = variant_name(fwd_variant);
+  d["bwd_variant"] = variant_name(bwd_variant);
   return d;
 }
 
@@ -350,4 +347,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_emulation_vector_accesses", &emulation_vector_accesses,
         "Vector (16-byte fp32 / 8-byte fp16, bf16) global loads and stores made by the last\n"
         "_emulate_forward / _emulate_backward call on this thread (tests of the vector path).");
+  m.def("_emulation_forward_variants", &emulation_forward_variants,
+        "The kernel variants (Variant names, in enum order) the forward blocks of the last emulation\n"
+        "call on this thread ran (tests that a plan runs the variant _launch_plan reports).");
 }

@@ -46,6 +46,8 @@ namespace {
 // Vector global accesses (loads and stores) of the running emulation call, for the tests that
 // prove the vector path is taken (emulation_vector_accesses).
 thread_local int64_t g_vector_accesses = 0;
+// Bit v: a forward block of the running emulation call ran Variant v (emulation_forward_variants).
+thread_local uint32_t g_forward_variants = 0;
 
 // Who is running: a thread (with its barrier interval and its warp's __syncwarp interval), or
 // the block / a warp as a whole.
@@ -398,11 +400,12 @@ void dispatch(ElementType type, Ctx& ctx, const Params& p, int bx, int by, int b
 template <class T>
 struct ForwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
-    const Variant v = forward_variant_for(kernel_variant(p, p.k.fwd_wpc), sizeof(T));
+    const Variant v = kernel_variant(p, p.k.fwd_wpc);
+    g_forward_variants |= 1u << static_cast<int>(v);
     if (v == Variant::kOneStateSequential) {
       forward_block<T, Variant::kOneStateSequential>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kOneStateRoute) {
-      if constexpr (sizeof(T) != 4) forward_block<T, Variant::kOneStateRoute>(ctx, p, bx, by, bz, smem);
+      forward_block<T, Variant::kOneStateRoute>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kRoute) {
       forward_block<T, Variant::kRoute>(ctx, p, bx, by, bz, smem);
     } else {
@@ -440,7 +443,7 @@ struct HostBackend {
 
   static void forward(const Params& p, ElementType type) {
     const int nwarps = p.k.fwd_channels * p.k.fwd_wpc;
-    const size_t smem = forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate).total;
+    const size_t smem = forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate, p.g.route.active).total;
     const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
     run_grid(p.g.batch_blocks, p.g.dim / p.k.fwd_channels, tiles, nwarps, smem, g_options,
              [&](HostCtx& ctx, int bx, int by, int bz, char* s) {
@@ -475,6 +478,7 @@ struct OptionsScope {
                       ") must be >= smem_per_block (", o.smem_per_block, ")");
     g_options = o;
     g_vector_accesses = 0;
+    g_forward_variants = 0;
   }
   ~OptionsScope() { g_options = EmulationOptions{}; }
 };
@@ -612,6 +616,14 @@ std::vector<at::Tensor> emulate_cross_backward(const at::Tensor& u, const at::Te
 void emulation_self_check(const std::string& scenario) { run_scenario(scenario); }
 
 int64_t emulation_vector_accesses() { return g_vector_accesses; }
+
+std::vector<std::string> emulation_forward_variants() {
+  std::vector<std::string> names;
+  for (const Variant v : {Variant::kGeneral, Variant::kOneStateSequential, Variant::kRoute, Variant::kOneStateRoute}) {
+    if (g_forward_variants & (1u << static_cast<int>(v))) names.emplace_back(variant_name(v));
+  }
+  return names;
+}
 
 at::Tensor kernel_softplus(const at::Tensor& z) {
   TORCH_CHECK_VALUE(z.is_cpu() && z.scalar_type() == at::kFloat,

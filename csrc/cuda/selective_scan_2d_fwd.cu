@@ -22,17 +22,15 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_carry_s
 template <class T>
 static cudaError_t launch_forward_typed(const Params& p, cudaStream_t stream) {
   const int nwarps = p.k.fwd_channels * p.k.fwd_wpc;
-  const size_t smem = forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate).total;
+  const size_t smem = forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate, p.g.route.active).total;
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.dim / p.k.fwd_channels), static_cast<unsigned>(tiles));
-  const Variant v = forward_variant_for(kernel_variant(p, p.k.fwd_wpc), sizeof(T));
+  const Variant v = kernel_variant(p, p.k.fwd_wpc);
   auto kernel = scan2d_forward_kernel<T, Variant::kGeneral>;
   if (v == Variant::kOneStateSequential) kernel = scan2d_forward_kernel<T, Variant::kOneStateSequential>;
   if (v == Variant::kRoute) kernel = scan2d_forward_kernel<T, Variant::kRoute>;
-  if constexpr (sizeof(T) != 4) {
-    if (v == Variant::kOneStateRoute) kernel = scan2d_forward_kernel<T, Variant::kOneStateRoute>;
-  }
+  if (v == Variant::kOneStateRoute) kernel = scan2d_forward_kernel<T, Variant::kOneStateRoute>;
   kernel<<<grid, nwarps * kTile, smem, stream>>>(p);
   return cudaGetLastError();
 }
@@ -64,9 +62,7 @@ static cudaError_t allow_forward_shared_memory_typed(size_t smem_bytes) {
     err = cudaFuncSetAttribute(scan2d_forward_kernel<T, Variant::kOneStateSequential>, attr, bytes);
   }
   if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_forward_kernel<T, Variant::kRoute>, attr, bytes);
-  if constexpr (sizeof(T) != 4) {
-    if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_forward_kernel<T, Variant::kOneStateRoute>, attr, bytes);
-  }
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_forward_kernel<T, Variant::kOneStateRoute>, attr, bytes);
   return err;
 }
 
