@@ -87,7 +87,10 @@ SS2D_HD SS2D_INLINE int64_t delta_offset(const Geometry& g, const QuadPlace& at,
 
 // Per quad of the tile, what the first phase worked out for the last at N = 1: the offset of the
 // block's first channel in u / delta / dy / du / ddelta (-1: not a vector quad, the last phase
-// places it again) and of the round's first state in B / C / dB / dC.
+// places it again) and of the round's first state in B / C / dB / dC. A route kernel records the
+// quad's anchor instead (ud0: its batch entry, or -1; bc0: its route position), from which the
+// last phase works out these offsets and delta's, which lie in other planes than u's, and a
+// reversed route's vector shift.
 struct QuadRecord {
   int64_t ud0;
   int64_t bc0;
@@ -168,6 +171,55 @@ SS2D_UNROLL
   }
 }
 
+// A route kernel's park (N = 1): its du is the fp32 sum over the routes (no cells of the route's
+// own), so fp32 dt goes into the route's ddelta cells (its own plane, stored last) and a 2-byte
+// type's fp32 dt into the same cells of Params::dt_park (u's layout), a buffer of the launch alone.
+// Only the parking thread reads it back, so the vector path moves the quad's raw values (no
+// reversal on a reversed route; the address is the vector access's, off + vector_shift).
+template <class T, class Ctx, class TView, class FView>
+SS2D_HD SS2D_INLINE void park_route_dt(const Ctx& ctx, const Geometry& g, const TView& ddelta, const FView& park,
+                                       const Plane& upl, int64_t uoff, const Plane& dpl, int64_t doff,
+                                       const QuadPlace& at, bool vector, const float (&dt)[kQuad]) {
+  const Plane& pl = sizeof(T) == sizeof(float) ? dpl : upl;
+  const int64_t off = sizeof(T) == sizeof(float) ? doff : uoff;
+  const auto park_in = [&](const auto& view) {
+    if (vector) {
+      Vec4<float> v;
+      memcpy(&v, dt, sizeof(v));
+      ctx.store_vector(view, off + vector_shift(g, at), v);
+      return;
+    }
+    store_cells<float, true>(g, view, pl, at, off, dt);
+  };
+  if constexpr (sizeof(T) == sizeof(float)) {
+    park_in(ddelta);
+  } else {
+    park_in(park);
+  }
+}
+
+// The dt park_route_dt left at the quad (0 on padding cells).
+template <class T, class Ctx, class TView, class FView>
+SS2D_HD SS2D_INLINE void unpark_route_dt(const Ctx& ctx, const Geometry& g, const TView& ddelta, const FView& park,
+                                         const Plane& upl, int64_t uoff, const Plane& dpl, int64_t doff,
+                                         const QuadPlace& at, bool vector, float (&dt)[kQuad]) {
+  const Plane& pl = sizeof(T) == sizeof(float) ? dpl : upl;
+  const int64_t off = sizeof(T) == sizeof(float) ? doff : uoff;
+  const auto unpark_from = [&](const auto& view) {
+    if (vector) {
+      const Vec4<float> v = ctx.load_vector(view, off + vector_shift(g, at));
+      memcpy(dt, &v, sizeof(v));
+      return;
+    }
+    load_cells<float, true>(g, view, pl, at, off, dt);
+  };
+  if constexpr (sizeof(T) == sizeof(float)) {
+    unpark_from(ddelta);
+  } else {
+    unpark_from(park);
+  }
+}
+
 // Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`,
 // `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
 // walked in reverse (bottom-right first), or, in the tile-parallel passes, only tile `tile_z` with
@@ -204,8 +256,8 @@ SS2D_UNROLL
 template <class T, Variant V, class Ctx>
 SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
-  constexpr bool kOne = V == Variant::kOneStateSequential;
-  constexpr bool kRouted = V == Variant::kRoute;
+  constexpr bool kOne = is_one_state(V);
+  constexpr bool kRouted = is_route(V);
   const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.bwd_channels;
   const int wpc = kOne ? 1 : p.k.bwd_wpc;
@@ -223,12 +275,12 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const int nwarps = channels * wpc;
   const int nthreads = ctx.nthreads();
   const int rounds = state_rounds(nstate, wpc);
-  const BackwardLayout l = backward_layout(channels, wpc, nstate, kRouted);
+  const BackwardLayout l = backward_layout(channels, wpc, nstate);
   const int channel_floats = channels * kTileFloats;
   // u and dy stay on chip only when several state rounds use them, dt only at N > 1 (see
   // backward_layout); else the last phase reads them again (and dt from where the first parked it).
   const bool keep_inputs = rounds > 1;
-  const bool keep_dt = kRouted || (!kOne && backward_keeps_dt(nstate));
+  const bool keep_dt = !kOne && backward_keeps_dt(nstate);
   const int carried_floats = keep_inputs ? channel_floats : 0;
   auto dt_t = ctx.template shared<float>(smem, l.dt, keep_dt ? channel_floats : 0);
   auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
@@ -285,6 +337,9 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const GroupPlanes bc_planes = kRouted ? GroupPlanes{g.route.bc_planes, 0} : group_planes(g, group);
   const bool sequential = pass == kSequential;
   const bool full = sequential || pass == kFinal;
+  // Where a route kernel with 2-byte inputs parks dt at N = 1 (park_route_dt).
+  constexpr bool kParkBuffer = kRouted && sizeof(T) != sizeof(float);
+  auto dt_park = ctx.global(kParkBuffer ? p.dt_park : nullptr, kParkBuffer && full && !keep_dt ? n_ud : 0);
   // The slice's partials ([slices][batch][groups][N][L]; on a route kernel [slices][batch][routes]
   // [N][L] from the route's first plane on).
   const int64_t slice_floats = kRouted ? static_cast<int64_t>(g.batch) * g.route.bc_planes * g.length : n_bc;
@@ -313,7 +368,8 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
     return one_map_row && pos % kQuad == 0 && (!kRouted || g.route.linear) &&
            vector_planes(ctx, g, u, delta, Bg, Cg) &&
            (dy_fp32 ? vector_planes(ctx, g, dy32) : vector_planes(ctx, g, dyT)) &&
-           (!full || (kRouted ? vector_planes(ctx, g, du32, ddelta_g, dB, dC)
+           (!full || (kRouted ? vector_planes(ctx, g, du32, ddelta_g, dB, dC) &&
+                                    (!kParkBuffer || keep_dt || vector_planes(ctx, g, dt_park))
                               : vector_planes(ctx, g, du_g, ddelta_g, dB, dC)));
   };
   // Per thread and channel: its share of dD (sum of dy * u), of ddelta_bias (sum of ddelta) and,
@@ -357,7 +413,10 @@ SS2D_UNROLL
           // B / C offset of the round's first state (the others follow plane by plane).
           const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), an);
           const bool vector = vector_at(an.whole, an.pos);
-          if (full && records) write_record(record_t, quad_index(r, c0), QuadRecord{vector ? ud0 : -1, bc0});
+          if (full && records) {
+            const QuadRecord rec = kRouted ? QuadRecord{vector ? an.batch : -1, an.pos} : QuadRecord{vector ? ud0 : -1, bc0};
+            write_record(record_t, quad_index(r, c0), rec);
+          }
           // As in phase B: vector and per-cell copies, one branch per quad.
           const auto phase = [&](auto vector, const QuadPlace& at, auto dy_is_fp32) {
             constexpr bool vec = decltype(vector)::value;
@@ -388,11 +447,10 @@ SS2D_UNROLL_BY(kChannelSlots)
                 const int d = d0 + s;
                 const Plane pl{g.dim, d};
                 const int64_t off = ud0 + s * g.length;
+                const Plane dpl = delta_plane<kRouted>(g, d);
+                const int64_t doff = delta_offset<kRouted>(g, at, d0, ud0) + s * g.length;
                 float dq[kQuad];
-                const uint32_t real =
-                    kRouted ? load_input_quad<T, kRouted>(ctx, g, delta, delta_plane<kRouted>(g, d), at, vec,
-                                                          delta_offset<kRouted>(g, at, d0, ud0) + s * g.length, dq)
-                            : load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
+                const uint32_t real = load_input_quad<T, kRouted>(ctx, g, delta, dpl, at, vec, doff, dq);
                 if (full) load_input_quad<T, kRouted>(ctx, g, u, pl, at, vec, off, uq);
                 if constexpr (decltype(dy_is_fp32)::value) {
                   load_quad<float, kRouted>(ctx, g, dy32, pl, at, vec, off, dyq);
@@ -410,7 +468,13 @@ SS2D_UNROLL
                     dy_t[e] = dyq[k];
                   }
                 }
-                if (full && !keep_dt) park_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dt);
+                if (full && !keep_dt) {
+                  if constexpr (kRouted) {
+                    park_route_dt<T>(ctx, g, ddelta_g, dt_park, pl, off, dpl, doff, at, vec, dt);
+                  } else {
+                    park_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dt);
+                  }
+                }
               } else {
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
@@ -605,7 +669,7 @@ SS2D_UNROLL
         const bool last = round + 1 == rounds;
         each_quad(ctx, [&](int t, int r, int c0) {
           // The phase in two copies, vector and per-cell accesses for all of the quad's planes:
-          // one branch per quad (at: unused on the vector path).
+          // one branch per quad (at: unused on the single-route kernels' vector path).
           const auto phase = [&](auto vector, const QuadPlace& at, int64_t ud0, int64_t bc0, auto dy_is_fp32) {
             constexpr bool vec = decltype(vector)::value;
             // B of the round's states: from the B tile, or at N = 1 loaded again.
@@ -626,11 +690,13 @@ SS2D_UNROLL
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) db[j][k] = dc[j][k] = 0.f;
             }
-SS2D_UNROLL_BY(kChannelSlots)
+SS2D_UNROLL_BY(kRouted && !vec ? 1 : kChannelSlots)
             for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
               if (s >= channels) continue;
               const Plane pl{g.dim, d0 + s};
               const int64_t off = ud0 + s * g.length;
+              const Plane dpl = delta_plane<kRouted>(g, d0 + s);
+              const int64_t doff = delta_offset<kRouted>(g, at, d0, ud0) + s * g.length;
               // u and dy: kept on chip with several rounds, else read again (from L2: the block read
               // them in this tile's first phase), which leaves room for a third block per SM.
               float uq[kQuad], dyq[kQuad];
@@ -660,8 +726,12 @@ SS2D_UNROLL
                 }
               } else {
                 float dq[kQuad];
-                const uint32_t real = load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
-                unpark_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dtq);
+                const uint32_t real = load_input_quad<T, kRouted>(ctx, g, delta, dpl, at, vec, doff, dq);
+                if constexpr (kRouted) {
+                  unpark_route_dt<T>(ctx, g, ddelta_g, dt_park, pl, off, dpl, doff, at, vec, dtq);
+                } else {
+                  unpark_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dtq);
+                }
                 const float bias = bias_of(s);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
@@ -742,8 +812,7 @@ SS2D_UNROLL
                 } else {
                   store_quad<float, kRouted>(ctx, g, du32, pl, at, vec, off, duq);
                 }
-                store_quad<T, kRouted>(ctx, g, ddelta_g, delta_plane<kRouted>(g, d0 + s), at, vec,
-                                       delta_offset<kRouted>(g, at, d0, ud0) + s * g.length, ddq);
+                store_quad<T, kRouted>(ctx, g, ddelta_g, dpl, at, vec, doff, ddq);
               } else {
                 store_quad<T>(ctx, g, du_g, pl, at, vec, off, duq);
                 store_quad<T>(ctx, g, ddelta_g, pl, at, vec, off, ddq);
@@ -762,7 +831,14 @@ SS2D_UNROLL
           with_dy_type([&](auto dy_is_fp32) {
             if (records) {
               const QuadRecord rec = read_record(record_t, quad_index(r, c0));
-              if (rec.ud0 >= 0) {
+              if constexpr (kRouted) {
+                if (rec.ud0 >= 0) {  // the anchor of a vector quad
+                  const QuadAnchor an{rec.ud0, rec.bc0, true};
+                  phase(std::true_type{}, whole_quad(an), quad_offset(g, Plane{g.dim, d0}, an),
+                        quad_offset(g, bc_planes(round * wpc), an), dy_is_fp32);
+                  return;
+                }
+              } else if (rec.ud0 >= 0) {
                 phase(std::true_type{}, QuadPlace{}, rec.ud0, rec.bc0, dy_is_fp32);
                 return;
               }
