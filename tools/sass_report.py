@@ -67,8 +67,9 @@ H100 sm_90):
   every plan and pass, kOneStateSequential the sequential pass at N = 1 -- the model shapes' plan,
   so the targets below are read off that variant (``plan_variant`` mirrors the kernels' choice);
   kRoute / kOneStateRoute (the four-route op's launches: kGeneral / kOneStateSequential with the
-  route's addressing) get rows with the same columns (their executed estimate assumes the model
-  plan's block and a linear route's vector path), no target and no ratchet;
+  route's addressing, kOneStateRoute in the forward and the backward) get rows with the same
+  columns (their executed estimate assumes the model plan's block and a linear route's vector
+  path), no target; the one-state route backward has a ratchet of its own (ROUTE_RATCHET);
 * from the launch planner, per model / Table-3 shape, GPU and pass: grid blocks, resident blocks /
   SM (from the same occupancy model), waves = ceil(blocks / (SMs x resident blocks)) and the
   share of lost slots = 1 - blocks / (waves x slots) in the last wave.
@@ -808,6 +809,12 @@ RATCHET = {
     ("backward", "fp32"): (99.5, 128),
     ("backward", "bf16"): (109.5, 128),
 }
+# The same for the four-route op's one-state variant (kOneStateRoute, the route launches of the model
+# plan; no target).
+ROUTE_RATCHET = {
+    ("backward", "fp32"): (113.0, 128),
+    ("backward", "bf16"): (118.5, 128),
+}
 
 
 def targets(rows: list[KernelRow], wave_rows: list[WaveRow]) -> list[Target]:
@@ -836,6 +843,14 @@ def targets(rows: list[KernelRow], wave_rows: list[WaveRow]) -> list[Target]:
             out.append(Target(f"ratchet: {role} {dtype} executed instructions / cell·channel (estimate) <= {limit}, "
                               f"registers <= {registers}", f"{shown}, {found[0]}",
                               value is not None and value <= limit and found[0] <= registers))
+    for (role, dtype), (limit, registers) in ROUTE_RATCHET.items():
+        found = [r for r in rows if r.arch == "9.0" and r.variant == "kOneStateRoute" and r.role == role
+                 and r.dtype == dtype and r.executed is not None]
+        value = found[0].executed.per_cell_channel if found else None
+        shown = "no estimate" if value is None else f"{value:.1f}, {found[0].registers}"
+        out.append(Target(f"ratchet: route {role} {dtype} (kOneStateRoute) executed instructions / cell·channel "
+                          f"(estimate) <= {limit}, registers <= {registers}", shown,
+                          value is not None and value <= limit and found[0].registers <= registers))
     for role, limit in (("forward", 24), ("backward", 16)):
         warps = [r.resident_warps for r in h100 if r.role == role and r.resident_warps is not None]
         if warps:
