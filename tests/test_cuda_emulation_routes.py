@@ -102,6 +102,9 @@ def test_map_of_several_tiles(plan):
           out_fp32=True, **device)
     # fp32 at N = 1 (its sequential forward runs kRoute: forward_variant_for).
     check(make_inputs(1, 2, CROSS_1D, 1, 37, 41, seed=12), CROSS_1D, rtol=5e-5, **device)
+    # fp16: its backward parks dt in the scratch map the recording forwards write their y into.
+    check(make_inputs(1, 2, CORNERS_2D, 1, 37, 41, dtype=torch.float16, seed=15), CORNERS_2D, rtol=3e-2,
+          **device)
 
 
 def test_channel_slices_and_mixed_plans():
