@@ -812,8 +812,8 @@ RATCHET = {
 # The same for the four-route op's one-state variant (kOneStateRoute, the route launches of the model
 # plan; no target).
 ROUTE_RATCHET = {
-    ("backward", "fp32"): (113.0, 128),
-    ("backward", "bf16"): (118.5, 128),
+    ("backward", "fp32"): (109.5, 128),
+    ("backward", "bf16"): (115.0, 128),
 }
 
 

@@ -434,6 +434,8 @@ SS2D_UNROLL
             // Element k's tile column, and the vector accesses' shift (with_mirror).
             const auto col = [&](int k) { return decltype(mirrored)::value ? c0 + kQuad - 1 - k : c0 + k; };
             const int64_t vs = decltype(mirrored)::value ? vector_shift(g, at) : 0;
+            // From a channel's u offset to its delta / ddelta offset (route kernels; 0 otherwise).
+            const int64_t to_delta = delta_offset<kRouted>(g, at, d0, ud0) - ud0;
             // The C (and B) quads of the round's states, loaded once for all channels (registers
             // indexed by unrolled loops: no local memory).
             float bq[kMaxWarps][kQuad], cq[kMaxWarps][kQuad];
@@ -462,7 +464,7 @@ SS2D_UNROLL_BY(kChannelSlots)
                 const Plane pl{g.dim, d};
                 const int64_t off = ud0 + s * g.length + vs;
                 const Plane dpl = delta_plane<kRouted>(g, d);
-                const int64_t doff = delta_offset<kRouted>(g, at, d0, ud0) + s * g.length + vs;
+                const int64_t doff = off + to_delta;
                 float dq[kQuad];
                 const uint32_t real = load_input_quad<T, kCells>(ctx, g, delta, dpl, at, vec, doff, dq);
                 if (full) load_input_quad<T, kCells>(ctx, g, u, pl, at, vec, off, uq);
@@ -690,6 +692,8 @@ SS2D_UNROLL
             constexpr bool kCells = kRouted && !vec;  // as in the first phase
             const auto col = [&](int k) { return decltype(mirrored)::value ? c0 + kQuad - 1 - k : c0 + k; };
             const int64_t vs = decltype(mirrored)::value ? vector_shift(g, at) : 0;
+            // From a channel's u offset to its delta / ddelta offset (route kernels; 0 otherwise).
+            const int64_t to_delta = delta_offset<kRouted>(g, at, d0, ud0) - ud0;
             // B of the round's states: from the B tile, or at N = 1 loaded again.
             float bq[kMaxWarps][kQuad];
             if (records) {
@@ -714,7 +718,7 @@ SS2D_UNROLL_BY(kRouted && !vec ? 1 : kChannelSlots)
               const Plane pl{g.dim, d0 + s};
               const int64_t off = ud0 + s * g.length + vs;
               const Plane dpl = delta_plane<kRouted>(g, d0 + s);
-              const int64_t doff = delta_offset<kRouted>(g, at, d0, ud0) + s * g.length + vs;
+              const int64_t doff = off + to_delta;
               // u and dy: kept on chip with several rounds, else read again (from L2: the block read
               // them in this tile's first phase), which leaves room for a third block per SM.
               float uq[kQuad], dyq[kQuad];
