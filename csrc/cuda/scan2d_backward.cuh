@@ -224,7 +224,7 @@ SS2D_HD SS2D_INLINE void unpark_route_dt(const Ctx& ctx, const Geometry& g, cons
 //   A (block): the B and C quads of each of the round's states, loaded once for all channels (B
 //      into the B tile at N > 1; at N = 1 the tile holds each quad's offsets instead, QuadRecord,
 //      and phase B loads B again); per channel (kChannelSlots) dt, u, dy quads (first round; dt into its channel
-//      tile at N > 1, else parked in global memory, park_dt; u and dy too when there are more
+//      tile at N > 1, else parked in global memory, park_dt / park_route_dt; u and dy too when there are more
 //      rounds), and per warp of the channel Abar = exp(dt * A[n]) -- the pass's only exp --,
 //      g = dy * C and x = dt * B * u;
 //   (barrier) scans (warp w, shared memory only):
@@ -424,7 +424,8 @@ SS2D_UNROLL
           const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), an);
           const bool vector = vector_at(an.whole, an.pos);
           if (full && records) {
-            const QuadRecord rec = kRouted ? QuadRecord{vector ? an.batch : -1, an.pos} : QuadRecord{vector ? ud0 : -1, bc0};
+            const QuadRecord rec =
+                kRouted ? QuadRecord{vector ? an.batch : -1, an.pos} : QuadRecord{vector ? ud0 : -1, bc0};
             write_record(record_t, quad_index(r, c0), rec);
           }
           // As in phase B: vector and per-cell copies, one branch per quad.

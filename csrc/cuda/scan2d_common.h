@@ -237,9 +237,9 @@ constexpr int forward_min_blocks_per_sm(Variant v) {
 }
 
 // Blocks per SM each backward variant is compiled for (__launch_bounds__): the one-state variants
-// (single-route and route) read u, dy and delta (for dt) again in its last phase instead of keeping them on chip (one state
-// round, see backward_layout), which with 128 registers lets four 4-warp blocks share an SM (16
-// warps on an H100).
+// (single-route and route) read u, dy and delta (for dt) again in their last phase instead of
+// keeping them on chip (one state round, see backward_layout), which with 128 registers lets four
+// 4-warp blocks share an SM (16 warps on an H100).
 constexpr int backward_min_blocks_per_sm(Variant v) {
   return is_one_state(v) ? 2 * kMinBackwardBlocksPerSm : kMinBackwardBlocksPerSm;
 }
