@@ -106,9 +106,9 @@ def test_map_of_several_tiles(plan):
     for code in CROSS_2D:
         launch = CUDA_MODULE._launch_plan(2, 2, 1, 1, 37, 41, **device, route=code)
         assert launch["fwd_tile_parallel"] == (plan == "tile-parallel")
-        # N = 1, sequential: the one-state route forward; tile-parallel: the route variant.
+        # N = 1, sequential: the one-state route forward and backward; tile-parallel: the route variant.
         assert launch["fwd_variant"] == ("kOneStateRoute" if plan == "sequential" else "kRoute")
-        assert launch["bwd_variant"] == "kRoute"
+        assert launch["bwd_variant"] == ("kOneStateRoute" if plan == "sequential" else "kRoute")
     check(make_inputs(2, 2, CROSS_2D, 1, 37, 41, dtype=torch.bfloat16, seed=3), CROSS_2D, rtol=3e-2,
           out_fp32=True, **device)
     # fp32 at N = 1 runs the one-state route forward too (its 16-byte loads in two batches in the
@@ -116,6 +116,9 @@ def test_map_of_several_tiles(plan):
     inputs = make_inputs(1, 2, CROSS_2D, 1, 37, 41, seed=12)
     assert forward_variants(inputs, CROSS_2D, **device) == [launch["fwd_variant"]]
     check(inputs, CROSS_2D, rtol=5e-5, **device)
+    # fp16: its backward parks dt in the scratch map the recording forwards write their y into.
+    check(make_inputs(1, 2, CORNERS_2D, 1, 37, 41, dtype=torch.float16, seed=15), CORNERS_2D, rtol=3e-2,
+          **device)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -214,6 +217,47 @@ def test_line_and_single_cell_maps(height, width, plan):
             assert launch["fwd_tile_parallel"] == launch["bwd_tile_parallel"] == parallel, (code, launch)
         check(make_inputs(3, 2, routes, nstate, height, width, dtype=dtype, seed=17 + nstate), routes, rtol=rtol,
               **device)
+
+
+ALL_CODES = list(range(16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_one_state_route_backward_every_route_code(dtype):
+    # N = 1 on 4 channels (one block of four one-warp channels): the backward runs the one-state
+    # route variant, which parks dt in the route's ddelta cells (fp32) or in the scratch map (2-byte
+    # types). All 16 route codes as one op on packed odd 5 x 7 maps (per-cell path; the flat routes'
+    # 1 x 35 maps take two tiles each).
+    for code in ALL_CODES:
+        launch = CUDA_MODULE._launch_plan(3, 4, 1, 1, 5, 7, **H100, route=code)
+        assert (launch["bwd_variant"], launch["bwd_channels"], launch["bwd_tile_parallel"]) == (
+            "kOneStateRoute", 4, False), code
+    rtol = 5e-5 if dtype == torch.float32 else 3e-2
+    check(make_inputs(3, 4, ALL_CODES, 1, 5, 7, dtype=dtype, seed=21), ALL_CODES, rtol=rtol, **H100)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_one_state_route_backward_vector_path_and_thread_orders(dtype):
+    # 8 x 12 maps: the identity and reversed routes park and read back dt with vector accesses (a
+    # reversed route's at the mirrored address); gradients bitwise equal over thread orders.
+    routes = CROSS_2D + CROSS_1D
+    inputs = make_inputs(2, 4, routes, 1, 8, 12, dtype=dtype, seed=22)
+    for code in routes:
+        assert CUDA_MODULE._launch_plan(2, 4, 1, 1, 8, 12, **H100, route=code)["bwd_variant"] == "kOneStateRoute"
+    rtol = 5e-5 if dtype == torch.float32 else 3e-2
+    check(inputs, routes, rtol=rtol, **H100)
+    # The reversed route (code 3, route 2 of the op) alone: its backward takes the vector path.
+    reversed_only = {n: t[:, 2:3].contiguous() if n in ("delta", "B", "C") else t for n, t in inputs.items()}
+    for n in ("A", "D", "delta_bias"):
+        reversed_only[n] = inputs[n][8:12].contiguous()
+    check(reversed_only, [3], rtol=rtol, **H100)
+    assert CUDA_MODULE._emulation_vector_accesses() > 0
+    args = [inputs[n] for n in NAMES]
+    dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    first = CUDA_MODULE._emulate_cross_backward(*args, True, routes, dy, order=1, **H100)
+    second = CUDA_MODULE._emulate_cross_backward(*args, True, routes, dy, order=23, **H100)
+    for name, a, b in zip(NAMES, first, second):
+        assert torch.equal(a, b), name
 
 
 def test_empty_batch_gives_empty_outputs_and_zero_parameter_gradients():

@@ -416,17 +416,19 @@ def test_kernels_meet_the_static_targets_they_have_reached(tmp_path, capsys):
             assert f"scan2d_{role}_kernel<{dtype}, kGeneral>` | no | sm_90 (H100)" in text, (role, dtype)
             assert f"scan2d_{role}_kernel<{dtype}, kOneStateSequential>` | yes | sm_90 (H100)" in text, (role, dtype)
             assert f"scan2d_{role}_kernel<{dtype}, kRoute>` | no | sm_90 (H100)" in text, (role, dtype)
-            assert f"scan2d_forward_kernel<{dtype}, kOneStateRoute>` | no | sm_90 (H100)" in text, dtype
+            assert f"scan2d_{role}_kernel<{dtype}, kOneStateRoute>` | no | sm_90 (H100)" in text, (role, dtype)
     targets = [line for line in text.splitlines() if line.startswith("| ") and line.rstrip().endswith(("| yes |", "| NO |"))]
     names = " ".join(targets)
     for target in ("forward fp32 executed instructions", "forward bf16 executed instructions",
                    "backward fp32 executed instructions", "forward resident warps", "backward resident warps",
+                   *(f"ratchet: one-state route {role} {dtype}" for role in ("forward", "backward")
+                     for dtype in ("fp32", "bf16")),
                    "lost slots", "zero spills"):
         assert target in names, target
     # Both instruction columns, and an executed estimate for every kernel variant on sm_90.
     assert "static instr / cell·ch·state | executed instr / cell·ch (estimate)" in text
     kernel_rows = [line for line in text.splitlines() if line.startswith("| `void scan2d_")]
-    assert len(kernel_rows) == 21 and not any("| - (" in line for line in kernel_rows)
+    assert len(kernel_rows) == 24 and not any("| - (" in line for line in kernel_rows)
     # Every model and Table-3 shape has a waves row per pass.
     waves = [line for line in text.splitlines() if line.startswith("| model ") or line.startswith("| table3 ")]
     assert len(waves) == 2 * (len(sass_report.MODEL_SHAPES) + len(sass_report.TABLE3_SHAPES))

@@ -67,9 +67,10 @@ H100 sm_90):
   every plan and pass, kOneStateSequential the sequential pass at N = 1 -- the model shapes' plan,
   so the targets below are read off that variant (``plan_variant`` mirrors the kernels' choice);
   kRoute / kOneStateRoute (the four-route op's launches: kGeneral / kOneStateSequential with the
-  route's addressing) get rows with the same columns (their executed estimate assumes the model
-  plan's block and a linear route's vector path) and no target; ROUTE_RATCHET holds the one-state
-  route forward's figures on sm_90 like RATCHET;
+  route's addressing, kOneStateRoute in the forward and the backward) get rows with the same
+  columns (their executed estimate assumes the model plan's block and a linear route's vector
+  path) and no target; ROUTE_RATCHET holds the one-state route kernels' figures on sm_90 like
+  RATCHET;
 * from the launch planner, per model / Table-3 shape, GPU and pass: grid blocks, resident blocks /
   SM (from the same occupancy model), waves = ceil(blocks / (SMs x resident blocks)) and the
   share of lost slots = 1 - blocks / (waves x slots) in the last wave.
@@ -809,17 +810,19 @@ RATCHET = {
     ("backward", "fp32"): (99.5, 128),
     ("backward", "bf16"): (109.5, 128),
 }
-# The same for the four-route op's one-state route forward (kOneStateRoute, every dtype; its
-# estimate on the model plan's block, registers at most the route forward's budget).
+# The same for the four-route op's one-state route kernels (kOneStateRoute, every dtype; their
+# estimate on the model plan's block, registers at most the route kernels' budgets).
 ROUTE_RATCHET = {
     ("forward", "fp32"): (65.5, 96),
     ("forward", "bf16"): (69.5, 96),
+    ("backward", "fp32"): (109.5, 128),
+    ("backward", "bf16"): (115.0, 128),
 }
 
 
 def targets(rows: list[KernelRow], wave_rows: list[WaveRow]) -> list[Target]:
     """Issue 19's static targets on H100 (sm_90) at N = 1, and the ratchet, for the kernel variant
-    that runs the model plan; the route ratchet for the one-state route forward."""
+    that runs the model plan; the route ratchet for the one-state route kernels."""
     out = []
     h100 = [r for r in rows if r.arch == "9.0" and r.runs_plan]
     route_h100 = [r for r in rows if r.arch == "9.0" and r.variant == "kOneStateRoute"]

@@ -51,30 +51,27 @@ template <>
 struct WidenedByBits<__nv_bfloat16> : std::true_type {};
 #endif
 
+// kRouted: the per-cell path's route addressing (place<true>); a vector quad is always read in
+// memory order at off (the backward's vector copies of a reversed route take it so: with_mirror).
 template <class T, bool kRouted = false, class Ctx, class View>
 SS2D_HD SS2D_INLINE uint32_t load_input_quad(const Ctx& ctx, const Geometry& g, const View& src, const Plane& pl,
                                              const QuadPlace& at, bool vector, int64_t off, float (&out)[kQuad]) {
   if constexpr (WidenedByBits<T>::value) {
     if (vector) {
-      const Vec4<T> v = ctx.load_vector(src, kRouted ? off + vector_shift(g, at) : off);
+      const Vec4<T> v = ctx.load_vector(src, off);
       uint32_t words[kQuad / 2];
       memcpy(words, &v, sizeof(words));
-      float wide[kQuad];  // the vector's values in its element order
-      float (&dst)[kQuad] = kRouted ? wide : out;
 SS2D_UNROLL
       for (int i = 0; i < kQuad / 2; ++i) {
         const uint32_t low = words[i] << 16, high = words[i] & 0xffff0000u;
-        memcpy(&dst[2 * i], &low, sizeof(low));
-        memcpy(&dst[2 * i + 1], &high, sizeof(high));
-      }
-      if constexpr (kRouted) {
-SS2D_UNROLL
-        for (int k = 0; k < kQuad; ++k) out[k] = route_element<kRouted>(g, wide, k);
+        memcpy(&out[2 * i], &low, sizeof(low));
+        memcpy(&out[2 * i + 1], &high, sizeof(high));
       }
       return (1u << kQuad) - 1;
     }
   }
-  return load_quad<T, kRouted>(ctx, g, src, pl, at, vector, off, out);
+  if (vector) return load_quad<T>(ctx, g, src, pl, at, true, off, out);
+  return load_quad<T, kRouted>(ctx, g, src, pl, at, false, off, out);
 }
 
 // A route kernel's offset of channel d0's delta / ddelta quad (delta_plane) at the quad `at`, whose
@@ -87,7 +84,10 @@ SS2D_HD SS2D_INLINE int64_t delta_offset(const Geometry& g, const QuadPlace& at,
 
 // Per quad of the tile, what the first phase worked out for the last at N = 1: the offset of the
 // block's first channel in u / delta / dy / du / ddelta (-1: not a vector quad, the last phase
-// places it again) and of the round's first state in B / C / dB / dC.
+// places it again) and of the round's first state in B / C / dB / dC. A route kernel records the
+// quad's anchor instead (ud0: its batch entry, or -1; bc0: its route position), from which the
+// last phase works out these offsets and delta's, which lie in other planes than u's, and a
+// reversed route's vector shift.
 struct QuadRecord {
   int64_t ud0;
   int64_t bc0;
@@ -168,6 +168,55 @@ SS2D_UNROLL
   }
 }
 
+// A route kernel's park (N = 1): its du is the fp32 sum over the routes (no cells of the route's
+// own), so fp32 dt goes into the route's ddelta cells (its own plane, stored last) and a 2-byte
+// type's fp32 dt into the same cells of Params::dt_park (u's layout), a buffer of the launch alone.
+// Only the parking thread reads it back; on the vector path off / doff are the vector accesses'
+// (with vector_shift), the values in the order the phase holds them.
+template <class T, class Ctx, class TView, class FView>
+SS2D_HD SS2D_INLINE void park_route_dt(const Ctx& ctx, const Geometry& g, const TView& ddelta, const FView& park,
+                                       const Plane& upl, int64_t uoff, const Plane& dpl, int64_t doff,
+                                       const QuadPlace& at, bool vector, const float (&dt)[kQuad]) {
+  const Plane& pl = sizeof(T) == sizeof(float) ? dpl : upl;
+  const int64_t off = sizeof(T) == sizeof(float) ? doff : uoff;
+  const auto park_in = [&](const auto& view) {
+    if (vector) {
+      Vec4<float> v;
+      memcpy(&v, dt, sizeof(v));
+      ctx.store_vector(view, off, v);
+      return;
+    }
+    store_cells<float, true>(g, view, pl, at, off, dt);
+  };
+  if constexpr (sizeof(T) == sizeof(float)) {
+    park_in(ddelta);
+  } else {
+    park_in(park);
+  }
+}
+
+// The dt park_route_dt left at the quad (0 on padding cells).
+template <class T, class Ctx, class TView, class FView>
+SS2D_HD SS2D_INLINE void unpark_route_dt(const Ctx& ctx, const Geometry& g, const TView& ddelta, const FView& park,
+                                         const Plane& upl, int64_t uoff, const Plane& dpl, int64_t doff,
+                                         const QuadPlace& at, bool vector, float (&dt)[kQuad]) {
+  const Plane& pl = sizeof(T) == sizeof(float) ? dpl : upl;
+  const int64_t off = sizeof(T) == sizeof(float) ? doff : uoff;
+  const auto unpark_from = [&](const auto& view) {
+    if (vector) {
+      const Vec4<float> v = ctx.load_vector(view, off);
+      memcpy(dt, &v, sizeof(v));
+      return;
+    }
+    load_cells<float, true>(g, view, pl, at, off, dt);
+  };
+  if constexpr (sizeof(T) == sizeof(float)) {
+    unpark_from(ddelta);
+  } else {
+    unpark_from(park);
+  }
+}
+
 // Backward of one block: the channels of slice `cblock % slices` of group `cblock / slices`,
 // `channels` at a time (warp w: channel w / wpc, in round i state i * wpc + w % wpc). Tiles are
 // walked in reverse (bottom-right first), or, in the tile-parallel passes, only tile `tile_z` with
@@ -175,7 +224,7 @@ SS2D_UNROLL
 //   A (block): the B and C quads of each of the round's states, loaded once for all channels (B
 //      into the B tile at N > 1; at N = 1 the tile holds each quad's offsets instead, QuadRecord,
 //      and phase B loads B again); per channel (kChannelSlots) dt, u, dy quads (first round; dt into its channel
-//      tile at N > 1, else parked in global memory, park_dt; u and dy too when there are more
+//      tile at N > 1, else parked in global memory, park_dt / park_route_dt; u and dy too when there are more
 //      rounds), and per warp of the channel Abar = exp(dt * A[n]) -- the pass's only exp --,
 //      g = dy * C and x = dt * B * u;
 //   (barrier) scans (warp w, shared memory only):
@@ -204,8 +253,8 @@ SS2D_UNROLL
 template <class T, Variant V, class Ctx>
 SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
-  constexpr bool kOne = V == Variant::kOneStateSequential;
-  constexpr bool kRouted = V == Variant::kRoute;
+  constexpr bool kOne = is_one_state(V);
+  constexpr bool kRouted = is_route(V);
   const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.bwd_channels;
   const int wpc = kOne ? 1 : p.k.bwd_wpc;
@@ -223,12 +272,12 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const int nwarps = channels * wpc;
   const int nthreads = ctx.nthreads();
   const int rounds = state_rounds(nstate, wpc);
-  const BackwardLayout l = backward_layout(channels, wpc, nstate, kRouted);
+  const BackwardLayout l = backward_layout(channels, wpc, nstate);
   const int channel_floats = channels * kTileFloats;
   // u and dy stay on chip only when several state rounds use them, dt only at N > 1 (see
   // backward_layout); else the last phase reads them again (and dt from where the first parked it).
   const bool keep_inputs = rounds > 1;
-  const bool keep_dt = kRouted || (!kOne && backward_keeps_dt(nstate));
+  const bool keep_dt = !kOne && backward_keeps_dt(nstate);
   const int carried_floats = keep_inputs ? channel_floats : 0;
   auto dt_t = ctx.template shared<float>(smem, l.dt, keep_dt ? channel_floats : 0);
   auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
@@ -275,6 +324,19 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
       f(std::false_type{});
     }
   };
+  // A reversed route's vector quad holds the quad's cells in map order, the mirror of their route
+  // order: its block phases take the values so (no element swaps, the accesses at vector_shift) and
+  // mirror the quad's tile columns instead (std::true_type: mirrored, known at compile time, so the
+  // vector copy of a phase is compiled once per order).
+  const auto with_mirror = [&](auto&& f) {
+    if constexpr (kRouted) {
+      if (g.route.reversed) {
+        f(std::true_type{});
+        return;
+      }
+    }
+    f(std::false_type{});
+  };
   // A route kernel's du is the fp32 sum over routes (du32); the single-route kernels' du_g.
   auto du_g = ctx.global(static_cast<T*>(kRouted ? nullptr : p.du), kRouted ? 0 : n_ud);
   auto du32 = ctx.global(static_cast<float*>(kRouted ? p.du : nullptr), kRouted ? n_ud : 0);
@@ -285,6 +347,9 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const GroupPlanes bc_planes = kRouted ? GroupPlanes{g.route.bc_planes, 0} : group_planes(g, group);
   const bool sequential = pass == kSequential;
   const bool full = sequential || pass == kFinal;
+  // Where a route kernel with 2-byte inputs parks dt at N = 1 (park_route_dt).
+  constexpr bool kParkBuffer = kRouted && sizeof(T) != sizeof(float);
+  auto dt_park = ctx.global(kParkBuffer ? p.dt_park : nullptr, kParkBuffer && full && !keep_dt ? n_ud : 0);
   // The slice's partials ([slices][batch][groups][N][L]; on a route kernel [slices][batch][routes]
   // [N][L] from the route's first plane on).
   const int64_t slice_floats = kRouted ? static_cast<int64_t>(g.batch) * g.route.bc_planes * g.length : n_bc;
@@ -313,7 +378,8 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
     return one_map_row && pos % kQuad == 0 && (!kRouted || g.route.linear) &&
            vector_planes(ctx, g, u, delta, Bg, Cg) &&
            (dy_fp32 ? vector_planes(ctx, g, dy32) : vector_planes(ctx, g, dyT)) &&
-           (!full || (kRouted ? vector_planes(ctx, g, du32, ddelta_g, dB, dC)
+           (!full || (kRouted ? vector_planes(ctx, g, du32, ddelta_g, dB, dC) &&
+                                    (!kParkBuffer || keep_dt || vector_planes(ctx, g, dt_park))
                               : vector_planes(ctx, g, du_g, ddelta_g, dB, dC)));
   };
   // Per thread and channel: its share of dD (sum of dy * u), of ddelta_bias (sum of ddelta) and,
@@ -357,10 +423,20 @@ SS2D_UNROLL
           // B / C offset of the round's first state (the others follow plane by plane).
           const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), an);
           const bool vector = vector_at(an.whole, an.pos);
-          if (full && records) write_record(record_t, quad_index(r, c0), QuadRecord{vector ? ud0 : -1, bc0});
+          if (full && records) {
+            const QuadRecord rec =
+                kRouted ? QuadRecord{vector ? an.batch : -1, an.pos} : QuadRecord{vector ? ud0 : -1, bc0};
+            write_record(record_t, quad_index(r, c0), rec);
+          }
           // As in phase B: vector and per-cell copies, one branch per quad.
-          const auto phase = [&](auto vector, const QuadPlace& at, auto dy_is_fp32) {
+          const auto phase = [&](auto vector, const QuadPlace& at, auto dy_is_fp32, auto mirrored) {
             constexpr bool vec = decltype(vector)::value;
+            constexpr bool kCells = kRouted && !vec;  // per-cell route addressing (place<true>)
+            // Element k's tile column, and the vector accesses' shift (with_mirror).
+            const auto col = [&](int k) { return decltype(mirrored)::value ? c0 + kQuad - 1 - k : c0 + k; };
+            const int64_t vs = decltype(mirrored)::value ? vector_shift(g, at) : 0;
+            // From a channel's u offset to its delta / ddelta offset (route kernels; 0 otherwise).
+            const int64_t to_delta = delta_offset<kRouted>(g, at, d0, ud0) - ud0;
             // The C (and B) quads of the round's states, loaded once for all channels (registers
             // indexed by unrolled loops: no local memory).
             float bq[kMaxWarps][kQuad], cq[kMaxWarps][kQuad];
@@ -370,12 +446,12 @@ SS2D_UNROLL
               if (j >= wpc || n >= nstate) continue;
               const Plane bpl = bc_planes(n);
               const int64_t bc_off = bc0 + j * g.length;
-              load_input_quad<T, kRouted>(ctx, g, Cg, bpl, at, vec, bc_off, cq[j]);
+              load_input_quad<T, kCells>(ctx, g, Cg, bpl, at, vec, bc_off + vs, cq[j]);
               if (full) {
-                load_input_quad<T, kRouted>(ctx, g, Bg, bpl, at, vec, bc_off, bq[j]);
+                load_input_quad<T, kCells>(ctx, g, Bg, bpl, at, vec, bc_off + vs, bq[j]);
                 if (!records) {
 SS2D_UNROLL
-                  for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, c0 + k)] = bq[j][k];
+                  for (int k = 0; k < kQuad; ++k) b_t[j * kTileFloats + tile_offset(r, col(k))] = bq[j][k];
                 }
               }
             }
@@ -387,22 +463,21 @@ SS2D_UNROLL_BY(kChannelSlots)
               if (round == 0) {
                 const int d = d0 + s;
                 const Plane pl{g.dim, d};
-                const int64_t off = ud0 + s * g.length;
+                const int64_t off = ud0 + s * g.length + vs;
+                const Plane dpl = delta_plane<kRouted>(g, d);
+                const int64_t doff = off + to_delta;
                 float dq[kQuad];
-                const uint32_t real =
-                    kRouted ? load_input_quad<T, kRouted>(ctx, g, delta, delta_plane<kRouted>(g, d), at, vec,
-                                                          delta_offset<kRouted>(g, at, d0, ud0) + s * g.length, dq)
-                            : load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
-                if (full) load_input_quad<T, kRouted>(ctx, g, u, pl, at, vec, off, uq);
+                const uint32_t real = load_input_quad<T, kCells>(ctx, g, delta, dpl, at, vec, doff, dq);
+                if (full) load_input_quad<T, kCells>(ctx, g, u, pl, at, vec, off, uq);
                 if constexpr (decltype(dy_is_fp32)::value) {
-                  load_quad<float, kRouted>(ctx, g, dy32, pl, at, vec, off, dyq);
+                  load_input_quad<float, kCells>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
-                  load_input_quad<T, kRouted>(ctx, g, dyT, pl, at, vec, off, dyq);
+                  load_input_quad<T, kCells>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
                 const float bias = bias_of(s);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
-                  const int e = s * kTileFloats + tile_offset(r, c0 + k);
+                  const int e = s * kTileFloats + tile_offset(r, col(k));
                   dt[k] = dt_of(p, dq[k], bias, (real >> k) & 1u);
                   if (keep_dt) dt_t[e] = dt[k];
                   if (keep_inputs) {
@@ -410,11 +485,17 @@ SS2D_UNROLL
                     dy_t[e] = dyq[k];
                   }
                 }
-                if (full && !keep_dt) park_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dt);
+                if (full && !keep_dt) {
+                  if constexpr (kRouted) {
+                    park_route_dt<T>(ctx, g, ddelta_g, dt_park, pl, off, dpl, doff, at, vec, dt);
+                  } else {
+                    park_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dt);
+                  }
+                }
               } else {
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
-                  const int e = s * kTileFloats + tile_offset(r, c0 + k);
+                  const int e = s * kTileFloats + tile_offset(r, col(k));
                   dt[k] = dt_t[e];
                   if (full) uq[k] = u_t[e];
                   dyq[k] = dy_t[e];
@@ -428,7 +509,7 @@ SS2D_UNROLL
                 const float a2 = a_of(s, n) * kLog2e;
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
-                  const int e = tile_offset(r, c0 + k);
+                  const int e = tile_offset(r, col(k));
                   warp_t[(w * kBackwardWarpTiles + 0) * kTileFloats + e] = exp2_flush(dt[k] * a2);  // as the forward
                   warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e] = dyq[k] * cq[j][k];
                   if (full) warp_t[(w * kBackwardWarpTiles + 1) * kTileFloats + e] = dt[k] * uq[k] * bq[j][k];
@@ -438,9 +519,9 @@ SS2D_UNROLL
           };
           with_dy_type([&](auto dy_is_fp32) {
             if (vector) {
-              phase(std::true_type{}, whole_quad(an), dy_is_fp32);
+              with_mirror([&](auto mirrored) { phase(std::true_type{}, whole_quad(an), dy_is_fp32, mirrored); });
             } else {
-              phase(std::false_type{}, place<kRouted>(g, bb, ti, tj, r, c0), dy_is_fp32);
+              phase(std::false_type{}, place<kRouted>(g, bb, ti, tj, r, c0), dy_is_fp32, std::false_type{});
             }
           });
         });
@@ -605,9 +686,15 @@ SS2D_UNROLL
         const bool last = round + 1 == rounds;
         each_quad(ctx, [&](int t, int r, int c0) {
           // The phase in two copies, vector and per-cell accesses for all of the quad's planes:
-          // one branch per quad (at: unused on the vector path).
-          const auto phase = [&](auto vector, const QuadPlace& at, int64_t ud0, int64_t bc0, auto dy_is_fp32) {
+          // one branch per quad (at: unused on the single-route kernels' vector path).
+          const auto phase = [&](auto vector, const QuadPlace& at, int64_t ud0, int64_t bc0, auto dy_is_fp32,
+                                 auto mirrored) {
             constexpr bool vec = decltype(vector)::value;
+            constexpr bool kCells = kRouted && !vec;  // as in the first phase
+            const auto col = [&](int k) { return decltype(mirrored)::value ? c0 + kQuad - 1 - k : c0 + k; };
+            const int64_t vs = decltype(mirrored)::value ? vector_shift(g, at) : 0;
+            // From a channel's u offset to its delta / ddelta offset (route kernels; 0 otherwise).
+            const int64_t to_delta = delta_offset<kRouted>(g, at, d0, ud0) - ud0;
             // B of the round's states: from the B tile, or at N = 1 loaded again.
             float bq[kMaxWarps][kQuad];
             if (records) {
@@ -615,7 +702,7 @@ SS2D_UNROLL
               for (int j = 0; j < kMaxWarps; ++j) {
                 const int n = round * wpc + j;
                 if (j >= wpc || n >= nstate) continue;
-                load_input_quad<T, kRouted>(ctx, g, Bg, bc_planes(n), at, vec, bc0 + j * g.length, bq[j]);
+                load_input_quad<T, kCells>(ctx, g, Bg, bc_planes(n), at, vec, bc0 + j * g.length + vs, bq[j]);
               }
             }
             // Per-state dB / dC sums over the channels, in registers indexed by unrolled loops (no
@@ -626,27 +713,29 @@ SS2D_UNROLL
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) db[j][k] = dc[j][k] = 0.f;
             }
-SS2D_UNROLL_BY(kChannelSlots)
+SS2D_UNROLL_BY(kRouted && !vec ? 1 : kChannelSlots)
             for (int s = 0; s < (kOne ? kMaxWarps : channels); ++s) {
               if (s >= channels) continue;
               const Plane pl{g.dim, d0 + s};
-              const int64_t off = ud0 + s * g.length;
+              const int64_t off = ud0 + s * g.length + vs;
+              const Plane dpl = delta_plane<kRouted>(g, d0 + s);
+              const int64_t doff = off + to_delta;
               // u and dy: kept on chip with several rounds, else read again (from L2: the block read
               // them in this tile's first phase), which leaves room for a third block per SM.
               float uq[kQuad], dyq[kQuad];
               if (keep_inputs) {
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
-                  const int ce = s * kTileFloats + tile_offset(r, c0 + k);
+                  const int ce = s * kTileFloats + tile_offset(r, col(k));
                   uq[k] = u_t[ce];
                   dyq[k] = dy_t[ce];
                 }
               } else {
-                load_input_quad<T, kRouted>(ctx, g, u, pl, at, vec, off, uq);
+                load_input_quad<T, kCells>(ctx, g, u, pl, at, vec, off, uq);
                 if constexpr (decltype(dy_is_fp32)::value) {
-                  load_quad<float, kRouted>(ctx, g, dy32, pl, at, vec, off, dyq);
+                  load_input_quad<float, kCells>(ctx, g, dy32, pl, at, vec, off, dyq);
                 } else {
-                  load_input_quad<T, kRouted>(ctx, g, dyT, pl, at, vec, off, dyq);
+                  load_input_quad<T, kCells>(ctx, g, dyT, pl, at, vec, off, dyq);
                 }
               }
               // dt and, with softplus, d dt / d(delta + bias) (0 on padding cells): from the dt tile,
@@ -655,13 +744,17 @@ SS2D_UNROLL
               if (keep_dt) {
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
-                  dtq[k] = dt_t[s * kTileFloats + tile_offset(r, c0 + k)];
+                  dtq[k] = dt_t[s * kTileFloats + tile_offset(r, col(k))];
                   slope[k] = p.softplus ? softplus_grad_from_value(dtq[k]) : 1.f;
                 }
               } else {
                 float dq[kQuad];
-                const uint32_t real = load_input_quad<T>(ctx, g, delta, pl, at, vec, off, dq);
-                unpark_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dtq);
+                const uint32_t real = load_input_quad<T, kCells>(ctx, g, delta, dpl, at, vec, doff, dq);
+                if constexpr (kRouted) {
+                  unpark_route_dt<T>(ctx, g, ddelta_g, dt_park, pl, off, dpl, doff, at, vec, dtq);
+                } else {
+                  unpark_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dtq);
+                }
                 const float bias = bias_of(s);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
@@ -676,7 +769,7 @@ SS2D_UNROLL
               float sumb[kQuad], ddt[kQuad], dA_terms = 0.f;
 SS2D_UNROLL
               for (int k = 0; k < kQuad; ++k) {
-                const int ce = s * kTileFloats + tile_offset(r, c0 + k);
+                const int ce = s * kTileFloats + tile_offset(r, col(k));
                 sumb[k] = round > 0 ? static_cast<float>(sumb_t[ce]) : 0.f;
                 ddt[k] = round > 0 ? static_cast<float>(ddt_t[ce]) : 0.f;
               }
@@ -690,7 +783,7 @@ SS2D_UNROLL
                 const float a_n = keep_dt ? 1.f : a_of(s, n);
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
-                  const int e = tile_offset(r, c0 + k);
+                  const int e = tile_offset(r, col(k));
                   const float ghh = warp_t[(w * kBackwardWarpTiles + 2) * kTileFloats + e];
                   const float uv = uq[k];
                   const float bv = records ? bq[j][k] : static_cast<float>(b_t[j * kTileFloats + e]);
@@ -708,7 +801,7 @@ SS2D_UNROLL
               if (!last) {
 SS2D_UNROLL
                 for (int k = 0; k < kQuad; ++k) {
-                  const int ce = s * kTileFloats + tile_offset(r, c0 + k);
+                  const int ce = s * kTileFloats + tile_offset(r, col(k));
                   sumb_t[ce] = sumb[k];
                   ddt_t[ce] = ddt[k];
                 }
@@ -738,12 +831,11 @@ SS2D_UNROLL
               }
               if constexpr (kRouted) {
                 if (g.route.accumulate) {
-                  add_quad<kRouted>(ctx, g, du32, pl, at, vec, off, duq);  // the earlier routes' sum
+                  add_quad<kCells>(ctx, g, du32, pl, at, vec, off, duq);  // the earlier routes' sum
                 } else {
-                  store_quad<float, kRouted>(ctx, g, du32, pl, at, vec, off, duq);
+                  store_quad<float, kCells>(ctx, g, du32, pl, at, vec, off, duq);
                 }
-                store_quad<T, kRouted>(ctx, g, ddelta_g, delta_plane<kRouted>(g, d0 + s), at, vec,
-                                       delta_offset<kRouted>(g, at, d0, ud0) + s * g.length, ddq);
+                store_quad<T, kCells>(ctx, g, ddelta_g, dpl, at, vec, doff, ddq);
               } else {
                 store_quad<T>(ctx, g, du_g, pl, at, vec, off, duq);
                 store_quad<T>(ctx, g, ddelta_g, pl, at, vec, off, ddq);
@@ -754,16 +846,25 @@ SS2D_UNROLL
               const int n = round * wpc + j;
               if (j >= wpc || n >= nstate) continue;
               const Plane bpl = bc_planes(n);
-              const int64_t bc_off = bc0 + j * g.length;
-              add_quad<kRouted>(ctx, g, dB, bpl, at, vec, bc_off, db[j]);
-              add_quad<kRouted>(ctx, g, dC, bpl, at, vec, bc_off, dc[j]);
+              const int64_t bc_off = bc0 + j * g.length + vs;
+              add_quad<kCells>(ctx, g, dB, bpl, at, vec, bc_off, db[j]);
+              add_quad<kCells>(ctx, g, dC, bpl, at, vec, bc_off, dc[j]);
             }
           };
           with_dy_type([&](auto dy_is_fp32) {
             if (records) {
               const QuadRecord rec = read_record(record_t, quad_index(r, c0));
-              if (rec.ud0 >= 0) {
-                phase(std::true_type{}, QuadPlace{}, rec.ud0, rec.bc0, dy_is_fp32);
+              if constexpr (kRouted) {
+                if (rec.ud0 >= 0) {  // the anchor of a vector quad
+                  const QuadAnchor an{rec.ud0, rec.bc0, true};
+                  with_mirror([&](auto mirrored) {
+                    phase(std::true_type{}, whole_quad(an), quad_offset(g, Plane{g.dim, d0}, an),
+                          quad_offset(g, bc_planes(round * wpc), an), dy_is_fp32, mirrored);
+                  });
+                  return;
+                }
+              } else if (rec.ud0 >= 0) {
+                phase(std::true_type{}, QuadPlace{}, rec.ud0, rec.bc0, dy_is_fp32, std::false_type{});
                 return;
               }
             }
@@ -771,9 +872,9 @@ SS2D_UNROLL
             const int64_t ud0 = quad_offset(g, Plane{g.dim, d0}, at);
             const int64_t bc0 = quad_offset(g, bc_planes(round * wpc), at);
             if (!records && vector_at(one_row(at), at.pos)) {
-              phase(std::true_type{}, at, ud0, bc0, dy_is_fp32);
+              with_mirror([&](auto mirrored) { phase(std::true_type{}, at, ud0, bc0, dy_is_fp32, mirrored); });
             } else {
-              phase(std::false_type{}, at, ud0, bc0, dy_is_fp32);
+              phase(std::false_type{}, at, ud0, bc0, dy_is_fp32, std::false_type{});
             }
           });
         });

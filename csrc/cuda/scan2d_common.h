@@ -195,6 +195,9 @@ struct Params {
   // the right. The backward's pass reuses `pass` (kColumnEdges, kRowEdges, kFinal) and edge / prod.
   float* grad_in_v;
   float* grad_in_h;
+  // Route kernels at N = 1 with 2-byte inputs: each cell's fp32 dt from the backward's first phase
+  // to its last ([batch][dim][L], map order; see park_route_dt). Null otherwise.
+  float* dt_park;
 };
 
 // Compile-time specialisations of the forward and backward kernels (both contexts run the same
@@ -204,7 +207,7 @@ struct Params {
 // so its code has no loops over a round's states and no tile-parallel branches.
 // kRoute / kOneStateRoute are kGeneral / kOneStateSequential on one route of the four-route op
 // (RouteAddressing): the same code with the route's addressing compiled in (so the single-route
-// variants keep none of it). The backward has no one-state route variant (kRoute serves it).
+// variants keep none of it), in the forward and in the backward.
 enum class Variant : int { kGeneral = 0, kOneStateSequential = 1, kRoute = 2, kOneStateRoute = 3 };
 
 constexpr const char* variant_name(Variant v) {
@@ -217,9 +220,9 @@ constexpr bool is_route(Variant v) { return v == Variant::kRoute || v == Variant
 
 // The variant that runs a pass of plan p with wpc warps per channel (the launchers and the host
 // emulation both ask this function).
-SS2D_HD inline Variant kernel_variant(const Params& p, int wpc, bool forward = true) {
+SS2D_HD inline Variant kernel_variant(const Params& p, int wpc) {
   const bool one_state = p.g.nstate == 1 && wpc == 1 && p.pass == kSequential;
-  if (p.g.route.active) return one_state && forward ? Variant::kOneStateRoute : Variant::kRoute;
+  if (p.g.route.active) return one_state ? Variant::kOneStateRoute : Variant::kRoute;
   return one_state ? Variant::kOneStateSequential : Variant::kGeneral;
 }
 
@@ -230,12 +233,12 @@ constexpr int forward_min_blocks_per_sm(Variant v) {
   return is_route(v) ? kMinBlocksPerSm - 1 : kMinBlocksPerSm;
 }
 
-// Blocks per SM each backward variant is compiled for (__launch_bounds__): the one-state variant
-// reads u, dy and delta (for dt) again in its last phase instead of keeping them on chip (one state
-// round, see backward_layout), which with 128 registers lets four 4-warp blocks share an SM (16
-// warps on an H100).
+// Blocks per SM each backward variant is compiled for (__launch_bounds__): the one-state variants
+// (single-route and route) read u, dy and delta (for dt) again in their last phase instead of
+// keeping them on chip (one state round, see backward_layout), which with 128 registers lets four
+// 4-warp blocks share an SM (16 warps on an H100).
 constexpr int backward_min_blocks_per_sm(Variant v) {
-  return v == Variant::kOneStateSequential ? 2 * kMinBackwardBlocksPerSm : kMinBackwardBlocksPerSm;
+  return is_one_state(v) ? 2 * kMinBackwardBlocksPerSm : kMinBackwardBlocksPerSm;
 }
 
 // One carry propagation between tile-parallel passes (carry_scan_block).
@@ -345,11 +348,11 @@ SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate, b
 // channel, one state round) it recomputes dt in the last phase from delta instead (read again from
 // L2 like u and dy), and the warps keep dL/dAbar * Abar for that phase, which also sums dA: four
 // 4-warp blocks then fit into an H100 SM.
-// A route kernel keeps dt at N = 1 too: its du is the fp32 sum over routes, so there are no du /
-// ddelta cells of the route to park dt in.
-SS2D_HD inline bool backward_keeps_dt(int nstate, bool routed = false) { return routed || nstate > 1; }
+// A route kernel parks dt too (park_route_dt): its du is the fp32 sum over the routes, so fp32 dt
+// goes into the route's own ddelta cells, a 2-byte type's into Params::dt_park.
+SS2D_HD inline bool backward_keeps_dt(int nstate) { return nstate > 1; }
 
-SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate, bool routed = false) {
+SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate) {
   LayoutBuilder b;
   BackwardLayout l{};
   const size_t tile = sizeof(float) * kTileFloats;
@@ -357,7 +360,7 @@ SS2D_HD inline BackwardLayout backward_layout(int channels, int wpc, int nstate,
   const int carried = state_rounds(nstate, wpc) > 1 ? channels : 0;
   // First: at a fixed place, so the block phases address the constants without a register.
   l.consts = b.take(sizeof(float) * channels * (kBackwardChannelConsts + nstate));
-  l.dt = b.take(tile * (backward_keeps_dt(nstate, routed) ? channels : 0));
+  l.dt = b.take(tile * (backward_keeps_dt(nstate) ? channels : 0));
   l.u = b.take(tile * carried);
   l.dy = b.take(tile * carried);
   l.sum_b = b.take(tile * carried);

@@ -201,14 +201,14 @@ inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   Launch k{};
   const bool routed = g.route.active;
   const auto fwd_smem = [&](int c, int wpc) { return forward_layout(c, wpc, g.nstate, routed).total; };
-  const auto bwd_smem = [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate, routed).total; };
+  const auto bwd_smem = [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate).total; };
   const int fwd_registers =
       routed ? kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(Variant::kRoute)) : kForwardRegisters;
   const BlockShape fwd = pick_block_shape(g, dev, fwd_registers, fwd_smem, "forward");
-  // The backward's sequential pass runs the one-state variant at N = 1 (one warp per channel
+  // The backward's sequential pass runs a one-state variant at N = 1 (one warp per channel
   // there), with its own register budget; the tile-parallel passes run the general variant.
   const int bwd_registers = backward_registers(
-      g.nstate == 1 && !routed ? Variant::kOneStateSequential : Variant::kGeneral);
+      g.nstate == 1 ? (routed ? Variant::kOneStateRoute : Variant::kOneStateSequential) : Variant::kGeneral);
   const BlockShape bwd = pick_block_shape(g, dev, bwd_registers, bwd_smem, "backward");
   k.fwd_channels = fwd.channels;
   k.fwd_wpc = fwd.wpc;

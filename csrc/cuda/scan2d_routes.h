@@ -152,8 +152,9 @@ at::Tensor cross_forward_impl(const at::Tensor& u_in, const at::Tensor& delta, c
 
 // [du, ddelta, dA, dB, dC, dD (undefined without D), ddelta_bias (undefined without it)], each in
 // its input's dtype and shape (du in u's layout); dy (batch, dim, H, W) in u's dtype or fp32.
-// Device buffers beyond the outputs: an fp32 du, fp32 dB / dC partials and an fp32 copy of a
-// 2-byte dy.
+// Device buffers beyond the outputs: an fp32 du, fp32 dB / dC partials, an fp32 copy of a
+// 2-byte dy and, for maps of several tiles or 2-byte inputs at N = 1, an fp32 scratch map of u's
+// size (the y of the forwards that record the carries, then the backward's parked dt).
 template <class Backend>
 std::vector<at::Tensor> cross_backward_impl(const at::Tensor& u_in, const at::Tensor& delta, const at::Tensor& A,
                                             const at::Tensor& B, const at::Tensor& C, const OptTensor& D,
@@ -194,17 +195,21 @@ std::vector<at::Tensor> cross_backward_impl(const at::Tensor& u_in, const at::Te
   // its own slices' partials (the slices it does not have stay 0), summed in slice order below.
   at::Tensor dB_part = at::zeros({slices, s.batch, s.routes, s.nstate, s.length()}, f32);
   at::Tensor dC_part = at::zeros({slices, s.batch, s.routes, s.nstate, s.length()}, f32);
-  at::Tensor y_scratch;  // the y of the forwards that record the carries (not used)
+  // Route k's recording forward writes its (unused) y into the scratch map, then route k's backward
+  // parks each cell's dt there (2-byte inputs at N = 1: the route's ddelta cells are too narrow,
+  // park_route_dt); launches run in order, so each use ends before the next begins.
+  const bool parks_in_scratch = s.nstate == 1 && type != ElementType::kFloat32;
+  at::Tensor scratch;
   for (int64_t k = 0; k < s.routes; ++k) {
     Params& p = launches[static_cast<size_t>(k)];
     const Geometry& g = p.g;
     const int tiles = g.tiles_h * g.tiles_w;
+    if ((tiles > 1 || parks_in_scratch) && !scratch.defined()) scratch = fp32_scratch(u.numel(), u);
     std::vector<at::Tensor> carries;
     if (tiles > 1) {
-      if (!y_scratch.defined()) y_scratch = fp32_scratch(u.numel(), u);
       Params fp = p;
       fp.g.route.accumulate = false;
-      fp.y = y_scratch.data_ptr();
+      fp.y = scratch.data_ptr();
       fp.y_fp32 = true;
       carries = run_forward<Backend>(fp, type, u, true);
       p.carry_h = carries[0].data_ptr<float>();
@@ -226,6 +231,7 @@ std::vector<at::Tensor> cross_backward_impl(const at::Tensor& u_in, const at::Te
     p.dy_fp32 = dy.scalar_type() == at::kFloat;
     p.du = du.data_ptr();
     p.ddelta = ddelta.select(1, k).data_ptr();
+    p.dt_park = parks_in_scratch ? scratch.data_ptr<float>() : nullptr;
     p.dB_part = dB_part.data_ptr<float>() + k * s.nstate * s.length();
     p.dC_part = dC_part.data_ptr<float>() + k * s.nstate * s.length();
     p.dA_part = dA_part.data_ptr<float>();

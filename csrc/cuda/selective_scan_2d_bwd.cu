@@ -18,12 +18,13 @@ __global__ void __launch_bounds__(kBlockThreads, backward_min_blocks_per_sm(V)) 
 
 template <class T>
 static cudaError_t launch_backward_typed(const Params& p, cudaStream_t stream) {
-  const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate, p.g.route.active).total;
+  const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate).total;
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.groups * p.k.slices), static_cast<unsigned>(tiles));
-  const Variant v = kernel_variant(p, p.k.bwd_wpc, /*forward=*/false);
+  const Variant v = kernel_variant(p, p.k.bwd_wpc);
   const auto kernel = v == Variant::kOneStateSequential ? scan2d_backward_kernel<T, Variant::kOneStateSequential>
+                      : v == Variant::kOneStateRoute   ? scan2d_backward_kernel<T, Variant::kOneStateRoute>
                       : v == Variant::kRoute           ? scan2d_backward_kernel<T, Variant::kRoute>
                                                        : scan2d_backward_kernel<T, Variant::kGeneral>;
   kernel<<<grid, p.k.bwd_channels * p.k.bwd_wpc * kTile, smem, stream>>>(p);
@@ -51,6 +52,9 @@ static cudaError_t allow_backward_shared_memory(size_t smem_bytes) {
     err = cudaFuncSetAttribute(scan2d_backward_kernel<T, Variant::kOneStateSequential>, attr, bytes);
   }
   if (err == cudaSuccess) err = cudaFuncSetAttribute(scan2d_backward_kernel<T, Variant::kRoute>, attr, bytes);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(scan2d_backward_kernel<T, Variant::kOneStateRoute>, attr, bytes);
+  }
   return err;
 }
 

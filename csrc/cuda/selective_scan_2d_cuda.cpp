@@ -207,19 +207,19 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
     d[(pass + "_lost_slots").c_str()] = fit.lost;
   };
   // The kernel variant that runs each pass's main grid.
-  auto variant_of = [&](bool tile_parallel, int wpc, bool forward) {
+  auto variant_of = [&](bool tile_parallel, int wpc) {
     Params p{};
     p.g = g;
     p.pass = tile_parallel ? kFinal : kSequential;
-    return kernel_variant(p, wpc, forward);
+    return kernel_variant(p, wpc);
   };
-  const Variant fwd_variant = variant_of(k.tile_parallel, k.fwd_wpc, true);
-  const Variant bwd_variant = variant_of(k.bwd_tile_parallel, k.bwd_wpc, false);
+  const Variant fwd_variant = variant_of(k.tile_parallel, k.fwd_wpc);
+  const Variant bwd_variant = variant_of(k.bwd_tile_parallel, k.bwd_wpc);
   add_pass("fwd", k.fwd_channels, k.fwd_wpc,
            forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate, g.route.active).total,
            kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(fwd_variant)), forward_blocks(g, k));
   add_pass("bwd", k.bwd_channels, k.bwd_wpc,
-           backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate, g.route.active).total,
+           backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate).total,
            backward_registers(bwd_variant), backward_blocks(g, k));
   d["fwd_tile_parallel"] = k.tile_parallel;
   d["bwd_slices"] = k.slices;

@@ -417,9 +417,11 @@ struct ForwardKernel {
 template <class T>
 struct BackwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
-    const Variant v = kernel_variant(p, p.k.bwd_wpc, /*forward=*/false);
+    const Variant v = kernel_variant(p, p.k.bwd_wpc);
     if (v == Variant::kOneStateSequential) {
       backward_block<T, Variant::kOneStateSequential>(ctx, p, bx, by, bz, smem);
+    } else if (v == Variant::kOneStateRoute) {
+      backward_block<T, Variant::kOneStateRoute>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kRoute) {
       backward_block<T, Variant::kRoute>(ctx, p, bx, by, bz, smem);
     } else {
@@ -458,7 +460,7 @@ struct HostBackend {
   }
 
   static void backward(const Params& p, ElementType type) {
-    const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate, p.g.route.active).total;
+    const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate).total;
     const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
     run_grid(p.g.batch_blocks, p.g.groups * p.k.slices, tiles, p.k.bwd_channels * p.k.bwd_wpc, smem, g_options,
              [&](HostCtx& ctx, int bx, int by, int bz, char* s) {
