@@ -373,6 +373,9 @@ def test_executed_estimate_of_a_compiled_loop_matches_a_hand_count(tmp_path):
     ("9.0", 212, 128, 107 * 1024, 2),    # 216 registers/thread -> 9 warps: 2 blocks; smem: 2
     ("9.0", 80, 128, 33 * 1024, 6),      # 80 registers -> 25 warps -> 6 blocks; smem: 6 x 34 KiB
     ("8.0", 255, 128, 0, 2),             # 256 registers/thread: 8 warps
+    ("8.6", 80, 128, 33 * 1024, 2),      # 100 KiB of shared memory per SM: 2 x 34 KiB
+    ("8.6", 32, 256, 0, 6),              # 48 warps per SM
+    ("8.6", 32, 32, 0, 16),              # 16 blocks per SM
     ("7.5", 32, 1024, 0, 1),             # 32 warps per SM on Turing
     ("7.5", 64, 128, 40 * 1024, 1),      # 64 KiB of shared memory per SM
     ("9.0", 32, 128, 228 * 1024, 0),     # more than a block may opt into

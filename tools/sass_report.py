@@ -3,7 +3,7 @@
 load batching and launch waves, checked against the static targets of the GPU kernels.
 
 Per kernel instantiation (forward / backward x fp32 / fp16 / bf16) and arch (T4 sm_75, A100 sm_80,
-H100 sm_90):
+RTX 3090 sm_86, H100 sm_90):
 
 * registers, spills, stack (``nvcc -cubin -Xptxas -v``, parsed by tools/ptxas_report.py);
 * dynamic shared memory and threads of the block the launch planner picks for the model shape
@@ -85,7 +85,7 @@ cell·channel and the registers of that variant on sm_90 -- may not grow;
 tests/test_cuda_static_report.py requires them in CI. Nothing is run on a GPU: none of these
 figures is a measurement of speed.
 
-    python tools/sass_report.py                         # all three archs, prints the tables
+    python tools/sass_report.py                         # all four archs, prints the tables
     python tools/sass_report.py --archs 9.0 --out out/sass.md
     python tools/sass_report.py --extension /tmp/build/_C_cuda.so   # planner of a scratch build
 """
@@ -148,6 +148,9 @@ class ArchProfile:
 ARCH_PROFILES = {
     "7.5": ArchProfile("T4", "7.5", 40, 64 * KIB, 64 * KIB, 0, 256, 32, 16),
     "8.0": ArchProfile("A100", "8.0", 108, 164 * KIB, 163 * KIB, KIB, 128, 64, 32),
+    # Compute capability 8.6 (RTX 30xx, A10, A6000; its cubin also runs on 8.9, RTX 40xx): 48 warps
+    # and 16 blocks per SM, 100 KiB of shared memory per SM.
+    "8.6": ArchProfile("RTX 3090", "8.6", 82, 100 * KIB, 99 * KIB, KIB, 128, 48, 16),
     "9.0": ArchProfile("H100", "9.0", 132, 228 * KIB, 227 * KIB, KIB, 128, 64, 32),
 }
 

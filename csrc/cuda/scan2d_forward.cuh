@@ -207,6 +207,18 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   // it uses them, and tests row starts on r itself: held in registers through the tile loop, next
   // to its route addressing and fp32's 16-byte loads, they spill on sm_75 / sm_80.
   constexpr bool kSharedConsts = kOne && kRouted;
+  // D of the single-route one-state variant's channels: held in registers through the tile loop
+  // (dskip_c), or -- kSkipPerTile: fp32 compiled for sm_86 .. sm_89 -- read again before each
+  // tile's phase B (four L1 hits per tile, the same expression as dskip_c's). Held, ptxas for those
+  // archs keeps two of the tile loop's values in local memory at the 80 registers of six resident
+  // blocks (the row-start mask and the length's remainder mod 4: an 8 B stack frame, 64 B of spill
+  // traffic); read per tile, it needs 76 registers. sm_75 / sm_80 / sm_90 and the host emulation
+  // build the held form.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860 && __CUDA_ARCH__ < 900
+  constexpr bool kSkipPerTile = kOne && !kSharedConsts && std::is_same_v<T, float>;
+#else
+  constexpr bool kSkipPerTile = false;
+#endif
   const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.fwd_channels;
   const int wpc = kOne ? 1 : p.k.fwd_wpc;
@@ -485,6 +497,11 @@ SS2D_UNROLL
         // quads are all aligned moves all of them as vectors; off that path each channel's y quad
         // still takes a vector store where it is one aligned map row (y is allocated aligned,
         // the inputs may not be).
+        float dskip_t[kMaxWarps];
+        if constexpr (kSkipPerTile) {
+SS2D_UNROLL
+          for (int s = 0; s < kMaxWarps; ++s) dskip_t[s] = s < channels && p.D ? p.D[d0 + s] : 0.f;
+        }
         each_quad(ctx, [&](int, int r, int c0) {
           QuadAnchor an = anchor_of<kRouted>(g, bb, ti, tj, r, c0);
           constexpr int kLoads = 1 + kMaxWarps;
@@ -505,7 +522,7 @@ SS2D_UNROLL
           const int64_t vshift = kRouted ? vector_shift(g, whole_quad(an)) : 0;
           an.whole = whole && y_planes && (offs[1] + vshift) % kQuad == 0;
           float dskip[kMaxWarps];
-          consts_of(kSkipRow, dskip_c, dskip);
+          consts_of(kSkipRow, kSkipPerTile ? dskip_t : dskip_c, dskip);
           float q[kLoads][kQuad];
           // y of channels lo .. hi - 1 from C (q[0]), their u and h, stored.
           const auto ys = [&](auto lo, auto hi) {
