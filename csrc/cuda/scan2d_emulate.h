@@ -29,6 +29,9 @@ struct EmulationOptions {
   // Opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin): 64 KiB on sm_75,
   // 99 KiB on sm_86 / sm_89, 163 KiB on sm_80, 227 KiB on sm_90.
   int64_t smem_per_block = 163 * 1024;
+  // Compute capability x 10 of the device whose code runs: 86 .. 89 run the forms the GPU build
+  // compiles for sm_86 .. sm_89 only (forward_block's kSm86To89).
+  int64_t arch = 80;
 };
 
 std::vector<at::Tensor> emulate_forward(const at::Tensor& u, const at::Tensor& delta,

@@ -197,7 +197,16 @@ SS2D_HD SS2D_INLINE QuadAnchor anchor_of(const Geometry& g, int bb, int ti, int 
 // vector path: in A B, delta, u; in B C and u, with y's stores on the same vector path),
 // addresses once per quad, and A, delta_bias, D of the block's channels from registers loaded
 // once per block (the one-state route variant: from shared memory, see kSharedConsts).
-template <class T, Variant V, class Ctx>
+//
+// kSm86To89: the code compiled for sm_86 .. sm_89 (see kSkipPerTile); the GPU build derives it from
+// the arch it compiles for, the host emulation runs either form (EmulationOptions::arch).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860 && __CUDA_ARCH__ < 900
+constexpr bool kCompilingForSm86To89 = true;
+#else
+constexpr bool kCompilingForSm86To89 = false;
+#endif
+
+template <class T, Variant V, bool kSm86To89 = kCompilingForSm86To89, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
   constexpr bool kOne = is_one_state(V);
@@ -212,13 +221,8 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   // tile's phase B (four L1 hits per tile, the same expression as dskip_c's). Held, ptxas for those
   // archs keeps two of the tile loop's values in local memory at the 80 registers of six resident
   // blocks (the row-start mask and the length's remainder mod 4: an 8 B stack frame, 64 B of spill
-  // traffic); read per tile, it needs 76 registers. sm_75 / sm_80 / sm_90 and the host emulation
-  // build the held form.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860 && __CUDA_ARCH__ < 900
-  constexpr bool kSkipPerTile = kOne && !kSharedConsts && std::is_same_v<T, float>;
-#else
-  constexpr bool kSkipPerTile = false;
-#endif
+  // traffic); read per tile, it needs 76 registers. sm_75 / sm_80 / sm_90 build the held form.
+  constexpr bool kSkipPerTile = kSm86To89 && kOne && !kSharedConsts && std::is_same_v<T, float>;
   const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.fwd_channels;
   const int wpc = kOne ? 1 : p.k.fwd_wpc;

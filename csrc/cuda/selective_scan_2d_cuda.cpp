@@ -104,7 +104,8 @@ std::vector<at::Tensor> cross_backward(const at::Tensor& u, const at::Tensor& de
 }
 
 EmulationOptions emulation_options(int64_t order, bool race_check, int64_t drop_barrier,
-                                   int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block) {
+                                   int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block,
+                                   int64_t arch) {
   EmulationOptions o;
   o.order = order;
   o.race_check = race_check;
@@ -112,6 +113,7 @@ EmulationOptions emulation_options(int64_t order, bool race_check, int64_t drop_
   o.sm_count = sm_count;
   o.smem_per_sm = smem_per_sm;
   o.smem_per_block = smem_per_block;
+  o.arch = arch;
   return o;
 }
 
@@ -120,11 +122,11 @@ std::vector<at::Tensor> emulate_forward_entry(
     const at::Tensor& C, const std::optional<at::Tensor>& D,
     const std::optional<at::Tensor>& delta_bias, bool delta_softplus, int64_t height,
     int64_t width, bool out_fp32, bool save_carries, int64_t order, bool race_check,
-    int64_t drop_barrier, int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block) {
+    int64_t drop_barrier, int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block, int64_t arch) {
   return emulate_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32,
                          save_carries,
                          emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
-                                           smem_per_block));
+                                           smem_per_block, arch));
 }
 
 std::vector<at::Tensor> emulate_backward_entry(
@@ -133,11 +135,11 @@ std::vector<at::Tensor> emulate_backward_entry(
     const std::optional<at::Tensor>& delta_bias, bool delta_softplus, int64_t height,
     int64_t width, const at::Tensor& dy, const at::Tensor& carry_h, const at::Tensor& carry_v,
     int64_t order, bool race_check, int64_t drop_barrier, int64_t sm_count, int64_t smem_per_sm,
-    int64_t smem_per_block) {
+    int64_t smem_per_block, int64_t arch) {
   return emulate_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy,
                           carry_h, carry_v,
                           emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
-                                           smem_per_block));
+                                           smem_per_block, arch));
 }
 
 at::Tensor emulate_cross_forward_entry(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
@@ -146,20 +148,20 @@ at::Tensor emulate_cross_forward_entry(const at::Tensor& u, const at::Tensor& de
                                        const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
                                        const std::vector<int64_t>& routes, bool out_fp32, int64_t order,
                                        bool race_check, int64_t drop_barrier, int64_t sm_count,
-                                       int64_t smem_per_sm, int64_t smem_per_block) {
+                                       int64_t smem_per_sm, int64_t smem_per_block, int64_t arch) {
   return emulate_cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32,
                                emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
-                                                 smem_per_block));
+                                                 smem_per_block, arch));
 }
 
 std::vector<at::Tensor> emulate_cross_backward_entry(
     const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
     const std::optional<at::Tensor>& D, const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
     const std::vector<int64_t>& routes, const at::Tensor& dy, int64_t order, bool race_check, int64_t drop_barrier,
-    int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block) {
+    int64_t sm_count, int64_t smem_per_sm, int64_t smem_per_block, int64_t arch) {
   return emulate_cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy,
                                 emulation_options(order, race_check, drop_barrier, sm_count, smem_per_sm,
-                                                  smem_per_block));
+                                                  smem_per_block, arch));
 }
 
 // The work split plan_launch makes for these shapes on a device with these limits.
@@ -288,37 +290,42 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "forward plus: order (0 forward, 1 reversed, >= 2 shuffled thread / warp / lane / block\n"
         "order with that seed), race_check (shared-memory race detector), drop_barrier (index of a\n"
         "block barrier to leave out, -1 none), sm_count, smem_per_sm and smem_per_block (the device\n"
-        "the work split is planned for: SMs, shared memory per SM and opt-in per block, in bytes).",
+        "the work split is planned for: SMs, shared memory per SM and opt-in per block, in bytes)\n"
+        "and arch (its compute capability x 10: 86 .. 89 run the code built for sm_86 .. sm_89).",
         py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("height"), py::arg("width"),
         py::arg("out_fp32"), py::arg("save_carries"), py::arg("order") = 0,
         py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
-        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
+        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024,
+        py::arg("arch") = 80);
   m.def("_emulate_backward", &emulate_backward_entry,
         "The CUDA backward kernel's code run on the CPU (CPU tensors; for tests). Same arguments as\n"
-        "backward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block\n"
+        "backward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block, arch\n"
         "(see _emulate_forward).",
         py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("height"), py::arg("width"),
         py::arg("dy"), py::arg("carry_h"), py::arg("carry_v"), py::arg("order") = 0,
         py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
-        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
+        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024,
+        py::arg("arch") = 80);
   m.def("_emulate_cross_forward", &emulate_cross_forward_entry,
         "cross_forward's kernels run on the CPU (CPU tensors; for tests). Same arguments as\n"
-        "cross_forward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block\n"
+        "cross_forward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block, arch\n"
         "(see _emulate_forward).",
         py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("routes"), py::arg("out_fp32"),
         py::arg("order") = 0, py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
-        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
+        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024,
+        py::arg("arch") = 80);
   m.def("_emulate_cross_backward", &emulate_cross_backward_entry,
         "cross_backward's kernels run on the CPU (CPU tensors; for tests). Same arguments as\n"
-        "cross_backward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block\n"
+        "cross_backward plus order, race_check, drop_barrier, sm_count, smem_per_sm, smem_per_block, arch\n"
         "(see _emulate_forward).",
         py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("routes"), py::arg("dy"),
         py::arg("order") = 0, py::arg("race_check") = true, py::arg("drop_barrier") = -1, py::arg("sm_count") = 8,
-        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024);
+        py::arg("smem_per_sm") = 164 * 1024, py::arg("smem_per_block") = 163 * 1024,
+        py::arg("arch") = 80);
   m.def("_emulation_self_check", &emulation_self_check,
         "Runs a synthetic block through the emulation's checker (tests of the race detector);\n"
         "raises RuntimeError when the checker objects. See scan2d_emulate.h for the scenarios.",

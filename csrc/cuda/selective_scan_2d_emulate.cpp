@@ -397,13 +397,19 @@ void dispatch(ElementType type, Ctx& ctx, const Params& p, int bx, int by, int b
   }
 }
 
+// The options of the running emulation call (the Backend interface is static).
+thread_local EmulationOptions g_options;
+
 template <class T>
 struct ForwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
     const Variant v = kernel_variant(p, p.k.fwd_wpc);
     g_forward_variants |= 1u << static_cast<int>(v);
-    if (v == Variant::kOneStateSequential) {
-      forward_block<T, Variant::kOneStateSequential>(ctx, p, bx, by, bz, smem);
+    const bool sm86_to_89 = g_options.arch >= 86 && g_options.arch < 90;
+    if (v == Variant::kOneStateSequential && sm86_to_89) {
+      forward_block<T, Variant::kOneStateSequential, true>(ctx, p, bx, by, bz, smem);
+    } else if (v == Variant::kOneStateSequential) {
+      forward_block<T, Variant::kOneStateSequential, false>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kOneStateRoute) {
       forward_block<T, Variant::kOneStateRoute>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kRoute) {
@@ -430,8 +436,6 @@ struct BackwardKernel {
   }
 };
 
-// The options of the running emulation call (the Backend interface is static).
-thread_local EmulationOptions g_options;
 
 struct HostBackend {
   static constexpr bool kCuda = false;
