@@ -40,7 +40,7 @@ bench: setup
 ptxas-check:
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tools/ptxas_report.py --jobs $(MAX_JOBS) --out out/ptxas.md
 
-# Static report of the CUDA kernels for T4 / A100 / H100 (no GPU): registers, spills, resident warps
+# Static report of the CUDA kernels for T4 / A100 / RTX 3090 / H100 (no GPU): registers, spills, resident warps
 # per SM, SASS instructions of the tile loop per cell, load batching, and the launch planner's waves
 # on the model and Table-3 shapes, against the GPU kernels' static targets (tools/sass_report.py;
 # needs nvcc and the built extension, whose planner sizes the blocks).
