@@ -177,6 +177,36 @@ def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_general_route_kernels_take_the_vector_path_with_half_types(dtype):
+    # N = 2 runs the general route variant (kRoute) in both passes; on 8 x 12 maps (rows of whole
+    # quads) the identity route and the reversed one (its vector quads mirrored in the backward)
+    # take 16-byte accesses with 2-byte inputs too.
+    for code, seed in ((0, 31), (3, 32)):
+        launch = CUDA_MODULE._launch_plan(2, 4, 1, 2, 8, 12, **H100, route=code)
+        assert (launch["fwd_variant"], launch["bwd_variant"]) == ("kRoute", "kRoute")
+        inputs = make_inputs(2, 4, [code], 2, 8, 12, dtype=dtype, seed=seed)
+        args = [inputs[n] for n in NAMES]
+        dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+        CUDA_MODULE._emulate_cross_forward(*args, True, [code], False, **H100)
+        assert CUDA_MODULE._emulation_vector_accesses() > 0, code
+        CUDA_MODULE._emulate_cross_backward(*args, True, [code], dy, **H100)
+        assert CUDA_MODULE._emulation_vector_accesses() > 0, code
+        check(inputs, [code], rtol=3e-2, seed=seed, **H100)
+    # Several tiles walked by one block (sequential plan): the backward's later phases find the
+    # vector quads by the anchors its first phase recorded.
+    one_sm = dict(H100, sm_count=1)
+    assert not CUDA_MODULE._launch_plan(1, 4, 1, 2, 36, 40, **one_sm, route=3)["bwd_tile_parallel"]
+    check(make_inputs(1, 4, [3], 2, 36, 40, dtype=dtype, seed=33), [3], rtol=3e-2, seed=33, **one_sm)
+    # N = 1 in the tile-parallel plan: kRoute with no dt tile, its last phase finds the vector quads
+    # by the anchors its first phase recorded (a reversed route's mirrored); dy in both dtypes.
+    for code, dy_fp32 in ((0, True), (3, False), (3, True)):
+        launch = CUDA_MODULE._launch_plan(1, 4, 1, 1, 36, 40, **H100, route=code)
+        assert launch["bwd_tile_parallel"] and launch["bwd_variant"] == "kRoute"
+        check(make_inputs(1, 4, [code], 1, 36, 40, dtype=dtype, seed=34 + code), [code], rtol=3e-2, seed=34,
+              dy_fp32=dy_fp32, **H100)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("height, width", [(9, 13), (8, 14)])
 def test_one_state_route_forward_on_whole_quads_off_the_vector_path(dtype, height, width):
     # One tile, N = 1: the one-state route forward (2-byte types). 9 x 13: H * W is not a multiple
