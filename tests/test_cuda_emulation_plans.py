@@ -60,6 +60,18 @@ def _shape_id(shape) -> str:
 
 
 @needs_module
+@pytest.mark.parametrize("dim, use_d, use_bias", [(8, False, False), (8, False, True), (6, True, True)])
+def test_sm86_form_without_skip_or_bias(dim, use_d, use_bias):
+    # The fp32 one-state forward compiled for sm_86 .. sm_89 reads D per tile: with D None it reads
+    # nothing (and gives no dD); dim 6 in 2 groups: blocks of 3 channels leave a channel slot empty.
+    inputs = make_inputs(1, dim, 2, 1, 40, 45, use_d=use_d, use_bias=use_bias, softplus=False, seed=41)
+    options = _options("sm86-RTX3090", "sequential", order=3)
+    plan = CUDA_MODULE._launch_plan(1, dim, 2, 1, 40, 45, 1, options["smem_per_sm"], options["smem_per_block"])
+    assert plan["fwd_variant"] == "kOneStateSequential"
+    check_all(emulated_fwd, emulated_bwd, inputs, 40, 45, rtol=5e-5, softplus=False, **options)
+
+
+@needs_module
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("device", list(DEVICES))
