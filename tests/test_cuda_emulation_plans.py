@@ -62,13 +62,29 @@ def _shape_id(shape) -> str:
 @needs_module
 @pytest.mark.parametrize("dim, use_d, use_bias", [(8, False, False), (8, False, True), (6, True, True)])
 def test_sm86_form_without_skip_or_bias(dim, use_d, use_bias):
-    # The fp32 one-state forward compiled for sm_86 .. sm_89 reads D per tile: with D None it reads
-    # nothing (and gives no dD); dim 6 in 2 groups: blocks of 3 channels leave a channel slot empty.
+    # The one-state forward compiled for sm_86 .. sm_89 (horizontal carries in registers, no carry
+    # rows) on a map of 2 x 2 tiles, with D None (no dD) or not; dim 6 in 2 groups: blocks of 3
+    # channels leave a channel slot empty.
     inputs = make_inputs(1, dim, 2, 1, 40, 45, use_d=use_d, use_bias=use_bias, softplus=False, seed=41)
     options = _options("sm86-RTX3090", "sequential", order=3)
-    plan = CUDA_MODULE._launch_plan(1, dim, 2, 1, 40, 45, 1, options["smem_per_sm"], options["smem_per_block"])
+    plan = CUDA_MODULE._launch_plan(1, dim, 2, 1, 40, 45, 1, options["smem_per_sm"], options["smem_per_block"],
+                                    arch=86)
     assert plan["fwd_variant"] == "kOneStateSequential"
+    assert plan["fwd_smem_bytes"] == plan["fwd_channels"] * 2 * 4096  # x and Abar tiles only
     check_all(emulated_fwd, emulated_bwd, inputs, 40, 45, rtol=5e-5, softplus=False, **options)
+
+
+@needs_module
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_sm86_form_on_packed_small_maps(dtype):
+    # 5 x 7 maps packed 6 x 4 into a tile (scans restart inside tile rows and columns), blocks of 3
+    # channels, without D: the forms compiled for sm_86 .. sm_89 of the one-state forward.
+    inputs = make_inputs(5, 6, 2, 1, 5, 7, dtype=dtype, use_d=False, seed=43)
+    options = _options("sm86-RTX3090", "sequential", order=2)
+    plan = CUDA_MODULE._launch_plan(5, 6, 2, 1, 5, 7, 1, options["smem_per_sm"], options["smem_per_block"],
+                                    arch=86)
+    assert (plan["fwd_variant"], plan["fwd_channels"]) == ("kOneStateSequential", 3)
+    check_all(emulated_fwd, emulated_bwd, inputs, 5, 7, rtol=5e-5 if dtype == torch.float32 else 3e-2, **options)
 
 
 @needs_module
@@ -136,7 +152,7 @@ def test_launch_plans_respect_the_device_and_the_group_layout(device):
     limits = DEVICES[device]
     for batch, dim, groups, nstate, height, width in PLAN_SHAPES:
         plan = CUDA_MODULE._launch_plan(batch, dim, groups, nstate, height, width, limits["sm_count"],
-                                        limits["smem_per_sm"], limits["smem_per_block"])
+                                        limits["smem_per_sm"], limits["smem_per_block"], arch=limits["arch"])
         for pass_ in ("fwd", "bwd"):
             channels, wpc = plan[f"{pass_}_channels"], plan[f"{pass_}_warps_per_channel"]
             assert (dim // groups) % channels == 0, (device, pass_, plan)  # one group per block
@@ -156,11 +172,29 @@ def test_one_state_blocks_are_128_threads_on_h100_in_both_passes():
     limits = DEVICES["sm90-H100"]
     for side, dim in ((56, 384), (28, 768), (14, 1536), (7, 3072)):
         plan = CUDA_MODULE._launch_plan(128, dim, 4, 1, side, side, limits["sm_count"],
-                                        limits["smem_per_sm"], limits["smem_per_block"])
+                                        limits["smem_per_sm"], limits["smem_per_block"], arch=90)
         assert plan["fwd_threads"] == plan["bwd_threads"] == 128
         assert plan["fwd_channels"] == plan["bwd_channels"] == 4
         assert plan["bwd_resident_warps"] == 16
         assert plan["bwd_variant"] == "kOneStateSequential" and plan["bwd_registers"] == 128
+
+
+@needs_module
+@pytest.mark.parametrize("device, arch, smem, warps", [
+    ("sm90-H100", 90, 33280, 24), ("sm80-A100", 80, 33280, 16), ("sm75-T4", 75, 24960, 6),
+    ("sm86-RTX3090", 86, 32768, 12),
+    ("sm86-RTX3090", 80, 33280, 8),  # the sm_80 code on that GPU (a build without sm_86)
+])
+def test_model_forward_blocks_per_device(device, arch, smem, warps):
+    # vmamba2d_tiny's forward (N = 1): a block of 4 channels (T4: 3) takes 4 KiB x / Abar tiles per
+    # channel plus 128 B of carry rows; the code built for sm_86 .. sm_89 keeps the carries in
+    # registers instead, so three blocks fit an RTX 3090 SM's 100 KiB (two with the rows). The
+    # planner sizes the blocks for the code that runs there (arch), not for the GPU's own.
+    limits = DEVICES[device]
+    plan = CUDA_MODULE._launch_plan(128, 384, 4, 1, 56, 56, limits["sm_count"], limits["smem_per_sm"],
+                                    limits["smem_per_block"], arch=arch)
+    assert plan["fwd_variant"] == "kOneStateSequential"
+    assert (plan["fwd_smem_bytes"], plan["fwd_resident_warps"]) == (smem, warps)
 
 
 @needs_module
@@ -190,7 +224,8 @@ def test_model_shape_grids_fill_their_waves_of_resident_slots(device):
     # an H100's 264 backward slots at 14x14, losing 27%).
     limits = DEVICES[device]
     for shape in MODEL_SHAPES:
-        plan = CUDA_MODULE._launch_plan(*shape, limits["sm_count"], limits["smem_per_sm"], limits["smem_per_block"])
+        plan = CUDA_MODULE._launch_plan(*shape, limits["sm_count"], limits["smem_per_sm"], limits["smem_per_block"],
+                                        arch=limits["arch"])
         for pass_ in ("fwd", "bwd"):
             slots = limits["sm_count"] * plan[f"{pass_}_resident_blocks"]
             assert plan[f"{pass_}_resident_warps"] == plan[f"{pass_}_resident_blocks"] * plan[f"{pass_}_threads"] // 32
@@ -203,7 +238,7 @@ def test_model_shape_grids_fill_their_waves_of_resident_slots(device):
 def test_main_grids_count_their_blocks():
     limits = DEVICES["sm90-H100"]
     plan = CUDA_MODULE._launch_plan(128, 1536, 4, 1, 14, 14, limits["sm_count"], limits["smem_per_sm"],
-                                    limits["smem_per_block"])
+                                    limits["smem_per_block"], arch=90)
     # 14x14 maps: 2 x 2 per tile, so 32 batch blocks; 4 channels per block.
     assert plan["fwd_blocks"] == 32 * 1536 // 4
     assert plan["bwd_blocks"] == 32 * 4 * plan["bwd_slices"]
@@ -217,11 +252,11 @@ def test_tile_parallel_switch_weighs_waves_of_resident_slots():
     # in one wave, so three tile-parallel passes beat four sequential tile steps.
     limits = DEVICES["sm90-H100"]
     plan = CUDA_MODULE._launch_plan(200, 1, 1, 1, 64, 64, limits["sm_count"], limits["smem_per_sm"],
-                                    limits["smem_per_block"])
+                                    limits["smem_per_block"], arch=90)
     assert plan["fwd_resident_blocks"] == 24 and plan["fwd_tile_parallel"] and plan["fwd_blocks"] == 800
     # One SM (6 slots of 4-channel blocks): 2 sequential blocks walk 4 tiles in one wave (4 steps);
     # tile-parallel would take 3 passes x 2 waves.
-    plan = CUDA_MODULE._launch_plan(1, 8, 2, 1, 40, 45, 1, limits["smem_per_sm"], limits["smem_per_block"])
+    plan = CUDA_MODULE._launch_plan(1, 8, 2, 1, 40, 45, 1, limits["smem_per_sm"], limits["smem_per_block"], arch=90)
     assert plan["fwd_resident_blocks"] == 6 and not plan["fwd_tile_parallel"]
 
 
@@ -237,7 +272,7 @@ def test_the_plan_matrix_reaches_every_plan_of_every_pass(device):
         for plan in PLANS:
             limits = _options(device, plan, order=0)
             launch = CUDA_MODULE._launch_plan(*shape[:6], limits["sm_count"], limits["smem_per_sm"],
-                                              limits["smem_per_block"])
+                                              limits["smem_per_block"], arch=limits["arch"])
             reached |= {(p, launch[f"{p}_tile_parallel"]) for p in ("fwd", "bwd")}
     assert reached == {("fwd", False), ("fwd", True), ("bwd", False), ("bwd", True)}
 
@@ -255,7 +290,7 @@ def test_the_plan_matrix_runs_every_kernel_variant_of_every_pass(device):
         for plan in PLANS:
             limits = _options(device, plan, order=0)
             launch = CUDA_MODULE._launch_plan(*shape[:6], limits["sm_count"], limits["smem_per_sm"],
-                                              limits["smem_per_block"])
+                                              limits["smem_per_block"], arch=limits["arch"])
             for p in ("fwd", "bwd"):
                 one_state = (shape[3] == 1 and launch[f"{p}_warps_per_channel"] == 1
                              and not launch[f"{p}_tile_parallel"])
@@ -290,7 +325,7 @@ def test_kernel_variants_without_optional_inputs_match_reference(plan, variant, 
     batch, nstate = 2, 1
     options = _options("sm90-H100", plan, order=7)
     launch = CUDA_MODULE._launch_plan(batch, dim, groups, nstate, height, width, options["sm_count"],
-                                      options["smem_per_sm"], options["smem_per_block"])
+                                      options["smem_per_sm"], options["smem_per_block"], arch=options["arch"])
     single_tile = height <= 32 and width <= 32  # one tile: nothing to run in parallel
     expected = "kOneStateSequential" if single_tile else variant
     assert launch["fwd_variant"] == launch["bwd_variant"] == expected
@@ -323,7 +358,8 @@ def _route_launches(device: str, plan: str, shape) -> list:
     batch, dim, nstate, height, width, _, routes = shape
     limits = _options(device, plan, order=0)
     return [CUDA_MODULE._launch_plan(batch, dim, 1, nstate, height, width, limits["sm_count"],
-                                     limits["smem_per_sm"], limits["smem_per_block"], route=code)
+                                     limits["smem_per_sm"], limits["smem_per_block"], route=code,
+                                     arch=limits["arch"])
             for code in routes]
 
 
@@ -360,7 +396,8 @@ def _planned_route_kinds(device: str) -> set:
                 for code in (0, 4, 3, 8):
                     launch = CUDA_MODULE._launch_plan(batch, dim, 1, nstate, height, width, sm_count,
                                                       DEVICES[device]["smem_per_sm"],
-                                                      DEVICES[device]["smem_per_block"], route=code)
+                                                      DEVICES[device]["smem_per_block"], route=code,
+                                                      arch=DEVICES[device]["arch"])
                     kinds |= {(p, launch[f"{p}_tile_parallel"], launch[f"{p}_variant"]) for p in ("fwd", "bwd")}
     return kinds
 

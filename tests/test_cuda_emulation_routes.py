@@ -148,19 +148,22 @@ def test_half_types_flat_routes():
           dy_fp32=True, **H100)
 
 
+@pytest.mark.parametrize("dim", [4, 3])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype):
+def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype, dim):
     # 8 x 12 (rows of whole quads): the identity and the reversed routes take vector accesses,
-    # the columns-first ones the per-cell path. N = 1, one tile: the one-state route forward.
+    # the columns-first ones the per-cell path. N = 1, one tile: the one-state route forward, with
+    # a block of 4 channels or of 3 (an empty channel slot in each of its phases).
     rtol = 5e-5 if dtype == torch.float32 else 3e-2
-    inputs = make_inputs(2, 4, CROSS_2D, 1, 8, 12, dtype=dtype, seed=5)
+    inputs = make_inputs(2, dim, CROSS_2D, 1, 8, 12, dtype=dtype, seed=5)
     for code in CROSS_2D:
-        assert CUDA_MODULE._launch_plan(2, 4, 1, 1, 8, 12, **H100, route=code)["fwd_variant"] == "kOneStateRoute"
+        launch = CUDA_MODULE._launch_plan(2, dim, 1, 1, 8, 12, **H100, route=code)
+        assert (launch["fwd_variant"], launch["fwd_channels"]) == ("kOneStateRoute", dim)
     assert forward_variants(inputs, CROSS_2D, **H100) == ["kOneStateRoute"]
     check(inputs, CROSS_2D, rtol=rtol, **H100)
     one = {n: (t[:, 2:3] if n in ("delta", "B", "C") else t) for n, t in inputs.items()}
     one = {n: t.contiguous() for n, t in one.items()}
-    one["A"], one["D"], one["delta_bias"] = (inputs[n][8:12].contiguous() for n in ("A", "D", "delta_bias"))
+    one["A"], one["D"], one["delta_bias"] = (inputs[n][2 * dim:3 * dim].contiguous() for n in ("A", "D", "delta_bias"))
     dy = torch.randn(one["u"].shape, generator=torch.Generator().manual_seed(9)).to(dtype)
     args = [one[n] for n in NAMES]
     for code, vector in ((3, True), (11, True), (4, False)):
@@ -337,8 +340,9 @@ def test_gradients_bitwise_equal_across_thread_orders(nstate):
     (2, 7, 6, torch.float32, ("kRoute", "kRoute")),
     (1, 7, 6, torch.float32, ("kOneStateRoute", "kOneStateRoute")),
     (1, 7, 6, torch.bfloat16, ("kOneStateRoute", "kOneStateRoute")),
+    (1, 7, 6, torch.float16, ("kOneStateRoute", "kOneStateRoute")),
     (1, 36, 40, torch.float16, ("kRoute", "kRoute")),  # tile-parallel
-], ids=["n2", "n1-fp32", "n1-bf16", "n1-fp16-tile-parallel"])
+], ids=["n2", "n1-fp32", "n1-bf16", "n1-fp16", "n1-fp16-tile-parallel"])
 def test_without_skip_and_bias_and_softplus(nstate, height, width, dtype, variants):
     # D and delta_bias None (no dD / ddelta_bias), delta used as the step size directly; two
     # channels per block (fewer than the block's channel slots).

@@ -167,7 +167,7 @@ def test_gpu_benchmark_plan_table_shows_every_shape_and_its_1d_path():
     if cuda_module is None:
         pytest.skip("vmamba2d._C_cuda is not built")
     shapes = bench.default_shapes(["model", "table3"], bench.TABLE3_MAPS)
-    h100 = bench.DeviceLimits(sm_count=132, smem_per_sm=228 * 1024, smem_per_block=227 * 1024)
+    h100 = bench.DeviceLimits(sm_count=132, smem_per_sm=228 * 1024, smem_per_block=227 * 1024, arch=90)
     table = bench.plan_table(shapes, h100, cuda_module).splitlines()
     assert len(table) == 2 + 2 * len(shapes)
     # vmamba2d_tiny's N = 1 calls on an H100: 4 channels per block, 128 threads, in both passes.

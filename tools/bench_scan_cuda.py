@@ -380,20 +380,25 @@ def format_table(rows: list[Row], copy_bytes_per_s: float) -> str:
 
 @dataclass(frozen=True)
 class DeviceLimits:
-    """What the CUDA kernel's launch plan depends on: SMs and shared memory (bytes) per SM / per block."""
+    """What the CUDA kernel's launch plan depends on: SMs, shared memory (bytes) per SM / per block
+    and the compute capability x 10 the kernels running there were compiled for."""
     sm_count: int
     smem_per_sm: int
     smem_per_block: int
+    arch: int
 
 
-def device_limits(device: torch.device) -> Optional[DeviceLimits]:
-    """The GPU's limits from torch's device properties; None where this torch does not report them."""
+def device_limits(device: torch.device, cuda_module) -> Optional[DeviceLimits]:
+    """The GPU's limits from torch's device properties and the extension's kernel image for it;
+    None where this torch does not report them."""
     props = torch.cuda.get_device_properties(device)
     per_sm = getattr(props, "shared_memory_per_multiprocessor", None)
     per_block = getattr(props, "shared_memory_per_block_optin", None)
     if not per_sm or not per_block:
         return None
-    return DeviceLimits(props.multi_processor_count, int(per_sm), int(per_block))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return DeviceLimits(props.multi_processor_count, int(per_sm), int(per_block),
+                        cuda_module.kernel_image_arch(index))
 
 
 def plan_table(shapes: list[Shape], limits: DeviceLimits, cuda_module) -> str:
@@ -406,7 +411,8 @@ def plan_table(shapes: list[Shape], limits: DeviceLimits, cuda_module) -> str:
     for shape in shapes:
         for label, (height, width) in (("2D", (shape.height, shape.width)), ("1D", (1, shape.length))):
             p = cuda_module._launch_plan(shape.batch, shape.dim, shape.groups, shape.nstate, height, width,
-                                         limits.sm_count, limits.smem_per_sm, limits.smem_per_block)
+                                         limits.sm_count, limits.smem_per_sm, limits.smem_per_block,
+                                         arch=limits.arch)
             fwd = (f"{p['fwd_channels']} x {p['fwd_warps_per_channel']}, {p['fwd_threads']}, "
                    f"{p['fwd_smem_bytes'] / 1024:.1f} KiB, {p['fwd_resident_warps']}")
             bwd = (f"{p['bwd_channels']} x {p['bwd_warps_per_channel']}, {p['bwd_threads']}, "
@@ -496,12 +502,13 @@ def run(args: argparse.Namespace, device: torch.device, shapes: list[Shape], bac
                       f"{row.two_d.note} {row.one_d.note}".rstrip(), flush=True)
     elapsed = time.monotonic() - start
     table = format_table(rows, copy_bytes_per_s)
-    limits = device_limits(device) if device.type == "cuda" else None
     cuda_module = _extensions.cuda_extension()
-    if "cuda" in backends and limits is not None and cuda_module is not None:
+    usable = device.type == "cuda" and "cuda" in backends and cuda_module is not None
+    limits = device_limits(device, cuda_module) if usable else None
+    if limits is not None:
         table += (f"\n\nCUDA kernel launch plans on this GPU ({limits.sm_count} SMs, "
                   f"{limits.smem_per_sm // 1024} KiB shared memory per SM, {limits.smem_per_block // 1024} KiB "
-                  "per block; warps/SM as modelled by the planner):\n\n"
+                  f"per block, kernels compiled for sm_{limits.arch}; warps/SM as modelled by the planner):\n\n"
                   + plan_table(shapes, limits, cuda_module))
     return header + f"\n- benchmark wall time: {elapsed:.0f} s", table
 

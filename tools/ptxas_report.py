@@ -14,10 +14,14 @@ Budgets (a kernel's role is read off its demangled name: "forward"/"fwd", "backw
     backward       <= 255     <= 32 KiB    0 bytes      0 bytes
     other          <= 64      <= 32 KiB    0 bytes      0 bytes
     route forward  <= 102     <= 32 KiB    0 bytes      0 bytes   (the four-route op's route variants)
+    forward on sm_86 .. sm_89
+                   <= 168     <= 32 KiB    0 bytes      0 bytes   (every forward variant there)
 
 Why: the scan is memory-bound, so occupancy (registers per thread) matters for the forward (80
 registers let six 128-thread blocks, 24 warps, share an SM: __launch_bounds__(128, 6)); the
-backward carries more live state per cell and may use the whole 255-register file; any stack
+backward carries more live state per cell and may use the whole 255-register file; on sm_86 ..
+sm_89 (100 KiB of shared memory per SM: three 4-channel forward blocks) the forward is compiled for
+those three blocks, 168 registers (__launch_bounds__(128, 3), forward_min_blocks_per_sm); any stack
 frame or spill means local-memory traffic (an array indexed at run time, or register pressure).
 Dynamic shared memory is sized at launch and is not in ptxas's report.
 
@@ -58,6 +62,7 @@ BUDGETS = {
     "other": Budget(registers=64, static_smem_bytes=32 * 1024),
     # __launch_bounds__(128, 5): its per-cell route addressing keeps a few more registers live.
     "route forward": Budget(registers=102, static_smem_bytes=32 * 1024),
+    "forward on sm_86 .. sm_89": Budget(registers=168, static_smem_bytes=32 * 1024),
 }
 
 
@@ -100,7 +105,10 @@ class KernelResources:
 
     @property
     def budget_role(self) -> str:
-        """The BUDGETS row of the kernel: its role, or "route forward" for the route variant's forward."""
+        """The BUDGETS row of the kernel: its role, "route forward" for the route variants' forward,
+        or "forward on sm_86 .. sm_89" for every forward compiled for those archs."""
+        if self.role == "forward" and self.arch in ("8.6", "8.7", "8.8", "8.9"):
+            return "forward on sm_86 .. sm_89"
         route = any(tag in self.name or tag in self.mangled
                     for tag in ("kRoute", "kOneStateRoute", "VariantE2E", "VariantE3E"))
         return "route forward" if route and self.role == "forward" else self.role

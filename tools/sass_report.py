@@ -718,7 +718,8 @@ def real_cell_share(plan: dict, shape: Shape) -> float:
 
 def plan_for(module, shape: Shape, profile: ArchProfile) -> dict:
     return module._launch_plan(shape.batch, shape.dim, shape.groups, shape.nstate, shape.side, shape.side,
-                               profile.sm_count, profile.smem_per_sm, profile.smem_per_block)
+                               profile.sm_count, profile.smem_per_sm, profile.smem_per_block,
+                               arch=int(profile.arch.replace(".", "")))
 
 
 def analyse(nvcc: str, disassembler: str, archs: list[str], module, jobs: int) -> list[KernelRow]:

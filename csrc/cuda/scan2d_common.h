@@ -139,6 +139,7 @@ struct Launch {
   int slices;
   bool tile_parallel;
   bool bwd_tile_parallel;
+  bool fwd_carry_in_registers;  // forward_carry_in_registers: the forward's layout has no carry rows
 };
 
 // Rounds of the per-tile state loop: each warp handles one state per round.
@@ -226,11 +227,25 @@ SS2D_HD inline Variant kernel_variant(const Params& p, int wpc) {
   return one_state ? Variant::kOneStateSequential : Variant::kGeneral;
 }
 
+// The code compiled for sm_86 .. sm_89 (arch: compute capability x 10 of the compiled code; those
+// devices have 100 KiB of shared memory per SM, and cc 8.7 runs the sm_86 code too): the forward
+// keeps its one-state variants' horizontal carries in registers (forward_carry_in_registers) and
+// gets the registers of the blocks that shared memory lets an SM hold (forward_min_blocks_per_sm).
+SS2D_HD constexpr bool is_sm86_to_89(int arch) { return arch >= 86 && arch < 90; }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860 && __CUDA_ARCH__ < 900
+constexpr bool kCompilingForSm86To89 = true;
+#else
+constexpr bool kCompilingForSm86To89 = false;
+#endif
+
 // Blocks per SM each forward variant is compiled for (__launch_bounds__): six 4-warp blocks (24
 // warps) at <= 80 registers; the route variant, whose per-cell route addressing needs a few more
-// registers on its per-cell path, five (20 warps, <= 102 registers).
-constexpr int forward_min_blocks_per_sm(Variant v) {
-  return is_route(v) ? kMinBlocksPerSm - 1 : kMinBlocksPerSm;
+// registers on its per-cell path, five (20 warps, <= 102 registers). sm_86 .. sm_89: three (<= 168
+// registers), what the 100 KiB of shared memory there holds of the model plan's 4-channel blocks;
+// ptxas then keeps the one-state variants' loads in flight in 128 .. 164 registers without spills
+// (at four or five blocks it spills in them; at six, the 80 registers spill in the route variants).
+constexpr int forward_min_blocks_per_sm(Variant v, bool sm86_to_89) {
+  return sm86_to_89 ? 3 : is_route(v) ? kMinBlocksPerSm - 1 : kMinBlocksPerSm;
 }
 
 // Blocks per SM each backward variant is compiled for (__launch_bounds__): the one-state variants
@@ -282,9 +297,19 @@ struct ForwardLayout {
   size_t y;     // tile per channel (several rounds): D * u + C * h of the rounds so far
   size_t x;     // tile per warp (every other tile from here): x = dt * B * u, then hh, then h
   size_t abar;  // tile per warp right after its x tile: exp(dt * A[n]) (one base serves both)
-  size_t hcar;  // float[channels][N][kTile]: horizontal carry to the next tile
+  size_t hcar;  // float[channels][N][kTile]: horizontal carry to the next tile (none in registers)
   size_t total;
 };
+// Whether the forward's lanes keep their horizontal carries to the next tile in registers instead
+// of carry rows in shared memory: on sm_86 .. sm_89 at N = 1 with one warp per channel (the
+// one-state variants; the tile-parallel passes take their carries from global memory). A warp then
+// scans the same channel's rows in every tile, and a 4-channel block's shared memory is its x and
+// Abar tiles alone, 32 KiB: three blocks (12 warps) fit the 100 KiB of an SM there, two with the
+// 512 B of carry rows. Elsewhere the carry rows stay: the register would cost a spill within the
+// 80 registers of six blocks per SM (sm_90), and on sm_75 / sm_80 the half KiB frees no block.
+SS2D_HD inline bool forward_carry_in_registers(int nstate, int wpc, bool sm86_to_89) {
+  return sm86_to_89 && nstate == 1 && wpc == 1;
+}
 // The one-state route forward's per-block constants (ForwardLayout::consts, at offset 0: addressed
 // without a register): row kBiasRow delta_bias, kA2Row A * log2(e), kSkipRow D of each of the
 // block's channels (0 past them or where absent), then one uint32: segment_starts(seg_w).
@@ -327,7 +352,8 @@ struct LayoutBuilder {
 
 // routed: a route kernel's layout (the consts region; empty for the single-route kernels, whose
 // other offsets it leaves unchanged).
-SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate, bool routed = false) {
+// carry_in_registers: forward_carry_in_registers of the launch (Launch::fwd_carry_in_registers).
+SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate, bool routed, bool carry_in_registers) {
   LayoutBuilder b;
   ForwardLayout l{};
   const size_t tile = sizeof(float) * kFwdTileFloats;
@@ -339,7 +365,7 @@ SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate, b
   l.y = b.take(tile * carried);
   l.x = b.take(2 * tile * nwarps);
   l.abar = l.x + tile;
-  l.hcar = b.take(sizeof(float) * channels * nstate * kTile);
+  l.hcar = b.take(carry_in_registers ? 0 : sizeof(float) * channels * nstate * kTile);
   l.total = b.off;
   return l;
 }

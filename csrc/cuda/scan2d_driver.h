@@ -28,6 +28,7 @@ struct DeviceLimits {
   int sm_count;
   size_t smem_per_block;  // opt-in maximum of dynamic shared memory per block
   size_t smem_per_sm;     // shared memory of one SM (what resident blocks share)
+  int arch;               // compute capability x 10 the kernels that run there were compiled for
 };
 
 // Shared memory the runtime reserves per resident block (sm_80 and later; 0 before, where the
@@ -117,7 +118,9 @@ inline WaveFit wave_fit(int64_t blocks, int64_t slots) {
 }
 
 // Registers per thread each kernel is compiled for (__launch_bounds__ in the .cu files).
-constexpr int kForwardRegisters = kRegistersPerSm / (kBlockThreads * kMinBlocksPerSm);
+inline int forward_registers(Variant v, int arch) {
+  return kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(v, is_sm86_to_89(arch)));
+}
 inline int backward_registers(Variant v) {
   return kRegistersPerSm / (kBlockThreads * backward_min_blocks_per_sm(v));
 }
@@ -200,10 +203,12 @@ inline int pick_slices(int64_t base_blocks, int sets, int64_t slots) {
 inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   Launch k{};
   const bool routed = g.route.active;
-  const auto fwd_smem = [&](int c, int wpc) { return forward_layout(c, wpc, g.nstate, routed).total; };
+  const bool sm86_to_89 = is_sm86_to_89(dev.arch);
+  const auto fwd_smem = [&](int c, int wpc) {
+    return forward_layout(c, wpc, g.nstate, routed, forward_carry_in_registers(g.nstate, wpc, sm86_to_89)).total;
+  };
   const auto bwd_smem = [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate).total; };
-  const int fwd_registers =
-      routed ? kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(Variant::kRoute)) : kForwardRegisters;
+  const int fwd_registers = forward_registers(routed ? Variant::kRoute : Variant::kGeneral, dev.arch);
   const BlockShape fwd = pick_block_shape(g, dev, fwd_registers, fwd_smem, "forward");
   // The backward's sequential pass runs a one-state variant at N = 1 (one warp per channel
   // there), with its own register budget; the tile-parallel passes run the general variant.
@@ -214,6 +219,7 @@ inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   k.fwd_wpc = fwd.wpc;
   k.bwd_channels = bwd.channels;
   k.bwd_wpc = bwd.wpc;
+  k.fwd_carry_in_registers = forward_carry_in_registers(g.nstate, fwd.wpc, sm86_to_89);
   const int64_t fwd_slots = block_slots(dev, fwd_smem(fwd.channels, fwd.wpc), fwd.channels * fwd.wpc,
                                         fwd_registers);
   const int64_t bwd_slots = block_slots(dev, bwd_smem(bwd.channels, bwd.wpc), bwd.channels * bwd.wpc,

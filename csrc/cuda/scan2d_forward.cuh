@@ -198,13 +198,9 @@ SS2D_HD SS2D_INLINE QuadAnchor anchor_of(const Geometry& g, int bb, int ti, int 
 // addresses once per quad, and A, delta_bias, D of the block's channels from registers loaded
 // once per block (the one-state route variant: from shared memory, see kSharedConsts).
 //
-// kSm86To89: the code compiled for sm_86 .. sm_89 (see kSkipPerTile); the GPU build derives it from
-// the arch it compiles for, the host emulation runs either form (EmulationOptions::arch).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860 && __CUDA_ARCH__ < 900
-constexpr bool kCompilingForSm86To89 = true;
-#else
-constexpr bool kCompilingForSm86To89 = false;
-#endif
+// kSm86To89: the code compiled for sm_86 .. sm_89 (is_sm86_to_89), whose one-state variants keep
+// the horizontal carries in registers (kCarryInRegisters); the GPU build derives it from the arch it
+// compiles for, the host emulation runs either form (EmulationOptions::arch).
 
 template <class T, Variant V, bool kSm86To89 = kCompilingForSm86To89, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
@@ -216,20 +212,19 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   // it uses them, and tests row starts on r itself: held in registers through the tile loop, next
   // to its route addressing and fp32's 16-byte loads, they spill on sm_75 / sm_80.
   constexpr bool kSharedConsts = kOne && kRouted;
-  // D of the single-route one-state variant's channels: held in registers through the tile loop
-  // (dskip_c), or -- kSkipPerTile: fp32 compiled for sm_86 .. sm_89 -- read again before each
-  // tile's phase B (four L1 hits per tile, the same expression as dskip_c's). Held, ptxas for those
-  // archs keeps two of the tile loop's values in local memory at the 80 registers of six resident
-  // blocks (the row-start mask and the length's remainder mod 4: an 8 B stack frame, 64 B of spill
-  // traffic); read per tile, it needs 76 registers. sm_75 / sm_80 / sm_90 build the held form.
-  constexpr bool kSkipPerTile = kSm86To89 && kOne && !kSharedConsts && std::is_same_v<T, float>;
+  // Lane r of warp w keeps its horizontal carry to the next tile in hcar_reg (thread slot
+  // w * kTile + r) instead of a carry row (forward_carry_in_registers).
+  constexpr bool kCarryInRegisters = kOne && kSm86To89;
   const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.fwd_channels;
   const int wpc = kOne ? 1 : p.k.fwd_wpc;
   const int pass = kOne ? static_cast<int>(kSequential) : p.pass;
   const int nwarps = channels * wpc;
   const int rounds = state_rounds(nstate, wpc);
-  const ForwardLayout l = forward_layout(channels, wpc, nstate, kRouted);
+  // The launch's layout (its shared memory size): without carry rows only where a one-state
+  // variant's kCarryInRegisters form runs (plan_launch asks the arch the kernels were built for).
+  const bool carry_in_registers = p.k.fwd_carry_in_registers;
+  const ForwardLayout l = forward_layout(channels, wpc, nstate, kRouted, carry_in_registers);
   const int carried_floats = rounds > 1 ? channels * kFwdTileFloats : 0;
   auto dt_t = ctx.template shared<float>(smem, l.dt, carried_floats);
   auto u_t = ctx.template shared<float>(smem, l.u, carried_floats);
@@ -238,7 +233,8 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   constexpr int kWarpTiles = 2 * kFwdTileFloats;
   auto x_t = ctx.template shared<float>(smem, l.x, nwarps * kWarpTiles);
   auto abar_t = x_t + kFwdTileFloats;
-  auto hcar = ctx.template shared<float>(smem, l.hcar, channels * nstate * kTile);
+  auto hcar = ctx.template shared<float>(smem, l.hcar, carry_in_registers ? 0 : channels * nstate * kTile);
+  float hcar_reg[Ctx::kThreadSlots];
   const int64_t n_ud = ud_numel(g), n_bc = bc_numel(g);
   auto u = ctx.global(static_cast<const T*>(p.u), n_ud);
   auto delta = ctx.global(static_cast<const T*>(p.delta), kRouted ? route_delta_numel(g) : n_ud);
@@ -418,8 +414,9 @@ SS2D_UNROLL
         ctx.each_lane([&](int r) {
           const int64_t at = carry_index(map, tiles, tile, nstate, n, r);
           float h = 0.f;
+          const int slot = ctx.thread_slot(w * kTile + r);
           if (sequential) {
-            if (tj > 0) h = hcar[(s * nstate + n) * kTile + r];
+            if (tj > 0) h = kCarryInRegisters ? hcar_reg[slot] : hcar[(s * nstate + n) * kTile + r];
             if (p.carry_h) carry_h[at] = h;
           } else if (pass != kRowEdges) {
             h = carry_h[at];
@@ -449,7 +446,13 @@ SS2D_UNROLL
             }
             store_shared4(x_row, c0 ^ swizzle, hq);
           }
-          if (sequential) hcar[(s * nstate + n) * kTile + r] = h;
+          if (sequential) {
+            if constexpr (kCarryInRegisters) {
+              hcar_reg[slot] = h;
+            } else {
+              hcar[(s * nstate + n) * kTile + r] = h;
+            }
+          }
           if (pass == kRowEdges) {
             edge[at] = h;
             prod[at] = decay;
@@ -501,11 +504,6 @@ SS2D_UNROLL
         // quads are all aligned moves all of them as vectors; off that path each channel's y quad
         // still takes a vector store where it is one aligned map row (y is allocated aligned,
         // the inputs may not be).
-        float dskip_t[kMaxWarps];
-        if constexpr (kSkipPerTile) {
-SS2D_UNROLL
-          for (int s = 0; s < kMaxWarps; ++s) dskip_t[s] = s < channels && p.D ? p.D[d0 + s] : 0.f;
-        }
         each_quad(ctx, [&](int, int r, int c0) {
           QuadAnchor an = anchor_of<kRouted>(g, bb, ti, tj, r, c0);
           constexpr int kLoads = 1 + kMaxWarps;
@@ -526,7 +524,7 @@ SS2D_UNROLL
           const int64_t vshift = kRouted ? vector_shift(g, whole_quad(an)) : 0;
           an.whole = whole && y_planes && (offs[1] + vshift) % kQuad == 0;
           float dskip[kMaxWarps];
-          consts_of(kSkipRow, kSkipPerTile ? dskip_t : dskip_c, dskip);
+          consts_of(kSkipRow, dskip_c, dskip);
           float q[kLoads][kQuad];
           // y of channels lo .. hi - 1 from C (q[0]), their u and h, stored.
           const auto ys = [&](auto lo, auto hi) {

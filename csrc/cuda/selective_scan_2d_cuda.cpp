@@ -3,6 +3,7 @@
 // Only c10/cuda and the CUDA runtime headers are used on the host side (not ATen/cuda, which
 // needs the cuBLAS / cuSPARSE headers that a minimal toolkit does not ship).
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -32,7 +33,7 @@ DeviceLimits device_limits(int device) {
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   C10_CUDA_CHECK(allow_shared_memory(static_cast<size_t>(optin)));
-  const DeviceLimits limits{sms, static_cast<size_t>(optin), static_cast<size_t>(per_sm)};
+  const DeviceLimits limits{sms, static_cast<size_t>(optin), static_cast<size_t>(per_sm), kernel_image_arch(device)};
   cache.emplace(device, limits);
   return limits;
 }
@@ -167,7 +168,7 @@ std::vector<at::Tensor> emulate_cross_backward_entry(
 // The work split plan_launch makes for these shapes on a device with these limits.
 pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t nstate,
                            int64_t height, int64_t width, int64_t sm_count, int64_t smem_per_sm,
-                           int64_t smem_per_block, int64_t route) {
+                           int64_t smem_per_block, int64_t route, int64_t arch) {
   TORCH_CHECK_VALUE(batch >= 1 && dim >= 1 && groups >= 1 && dim % groups == 0,
                     "launch_plan: need batch, dim >= 1 and groups dividing dim, got batch=", batch,
                     " dim=", dim, " groups=", groups);
@@ -187,8 +188,9 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
     g = plan_geometry(batch, dim, 1, nstate, rows, cols);
     g.route = route_addressing(s, route, false);
   }
+  TORCH_CHECK_VALUE(arch >= 10, "launch_plan: arch must be a compute capability x 10 (e.g. 86), got ", arch);
   const DeviceLimits dev{static_cast<int>(sm_count), static_cast<size_t>(smem_per_block),
-                         static_cast<size_t>(smem_per_sm)};
+                         static_cast<size_t>(smem_per_sm), static_cast<int>(arch)};
   const Launch k = plan_launch(g, dev);
   pybind11::dict d;
   d["tiles"] = pybind11::make_tuple(g.tiles_h, g.tiles_w);
@@ -218,8 +220,8 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
   const Variant fwd_variant = variant_of(k.tile_parallel, k.fwd_wpc);
   const Variant bwd_variant = variant_of(k.bwd_tile_parallel, k.bwd_wpc);
   add_pass("fwd", k.fwd_channels, k.fwd_wpc,
-           forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate, g.route.active).total,
-           kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(fwd_variant)), forward_blocks(g, k));
+           forward_layout(k.fwd_channels, k.fwd_wpc, g.nstate, g.route.active, k.fwd_carry_in_registers).total,
+           forward_registers(fwd_variant, dev.arch), forward_blocks(g, k));
   add_pass("bwd", k.bwd_channels, k.bwd_wpc,
            backward_layout(k.bwd_channels, k.bwd_wpc, g.nstate).total,
            backward_registers(bwd_variant), backward_blocks(g, k));
@@ -238,6 +240,15 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
 namespace vmamba2d::scan2d {
 bool kernel_image_available(int64_t device_index);  // scan2d_probe.cu
 }  // namespace vmamba2d::scan2d
+
+namespace {
+int64_t kernel_image_arch_entry(int64_t device_index) {
+  TORCH_CHECK_VALUE(device_index >= 0 && device_index < c10::cuda::device_count(),
+                    "kernel_image_arch: device_index must be in [0, ", static_cast<int>(c10::cuda::device_count()),
+                    "), got ", device_index);
+  return vmamba2d::scan2d::kernel_image_arch(static_cast<int>(device_index));
+}
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
@@ -284,6 +295,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernel_image_available", &kernel_image_available,
         "kernel_image_available(device_index) -> bool: whether this build holds a kernel image "
         "GPU device_index can run (False: rebuild with its arch in TORCH_CUDA_ARCH_LIST).",
+        py::arg("device_index"));
+  m.def("kernel_image_arch", &kernel_image_arch_entry,
+        "kernel_image_arch(device_index) -> int: compute capability x 10 of the kernel code this build "
+        "runs on GPU device_index (86 .. 89: the sm_86 .. sm_89 forms; the launch plan follows it).",
         py::arg("device_index"));
   m.def("_emulate_forward", &emulate_forward_entry,
         "The CUDA forward kernel's code run on the CPU (CPU tensors; for tests). Same arguments as\n"
@@ -337,10 +352,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "modelled resident blocks / warps per SM, the main grid's blocks, its waves over the device's\n"
         "resident block slots and the share of slots they leave empty, slices, tiling, and the\n"
         "kernel variant (fwd_variant / bwd_variant) that runs each pass. route >= 0: the four-route\n"
-        "op's launch of that route code on an H x W map (groups = 1).",
+        "op's launch of that route code on an H x W map (groups = 1). arch: the device's compute\n"
+        "capability x 10 (the _emulate_* default, 80; 86 .. 89 plan the sm_86 .. sm_89 code).",
         py::arg("batch"), py::arg("dim"), py::arg("groups"), py::arg("nstate"), py::arg("height"),
         py::arg("width"), py::arg("sm_count"), py::arg("smem_per_sm"), py::arg("smem_per_block"),
-        py::arg("route") = -1);
+        py::arg("route") = -1, py::arg("arch") = 80);
   m.def("_softplus", &kernel_softplus,
         "The kernels' fast softplus on a float32 CPU tensor, as the host build computes it (tests).",
         py::arg("z"));

@@ -405,13 +405,16 @@ struct ForwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
     const Variant v = kernel_variant(p, p.k.fwd_wpc);
     g_forward_variants |= 1u << static_cast<int>(v);
-    const bool sm86_to_89 = g_options.arch >= 86 && g_options.arch < 90;
+    // The one-state variants' code differs on sm_86 .. sm_89 (forward_block's kSm86To89).
+    const bool sm86_to_89 = is_sm86_to_89(static_cast<int>(g_options.arch));
     if (v == Variant::kOneStateSequential && sm86_to_89) {
       forward_block<T, Variant::kOneStateSequential, true>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kOneStateSequential) {
       forward_block<T, Variant::kOneStateSequential, false>(ctx, p, bx, by, bz, smem);
+    } else if (v == Variant::kOneStateRoute && sm86_to_89) {
+      forward_block<T, Variant::kOneStateRoute, true>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kOneStateRoute) {
-      forward_block<T, Variant::kOneStateRoute>(ctx, p, bx, by, bz, smem);
+      forward_block<T, Variant::kOneStateRoute, false>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kRoute) {
       forward_block<T, Variant::kRoute>(ctx, p, bx, by, bz, smem);
     } else {
@@ -440,16 +443,18 @@ struct BackwardKernel {
 struct HostBackend {
   static constexpr bool kCuda = false;
 
-  // The planned device as the caller described it: SMs, opt-in shared memory per block and per SM.
+  // The planned device as the caller described it: SMs, opt-in shared memory per block and per SM,
+  // the arch of the code it runs.
   static DeviceLimits limits(const at::Tensor&) {
     return DeviceLimits{static_cast<int>(g_options.sm_count),
                         static_cast<size_t>(g_options.smem_per_block),
-                        static_cast<size_t>(g_options.smem_per_sm)};
+                        static_cast<size_t>(g_options.smem_per_sm), static_cast<int>(g_options.arch)};
   }
 
   static void forward(const Params& p, ElementType type) {
     const int nwarps = p.k.fwd_channels * p.k.fwd_wpc;
-    const size_t smem = forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate, p.g.route.active).total;
+    const size_t smem =
+        forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate, p.g.route.active, p.k.fwd_carry_in_registers).total;
     const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
     run_grid(p.g.batch_blocks, p.g.dim / p.k.fwd_channels, tiles, nwarps, smem, g_options,
              [&](HostCtx& ctx, int bx, int by, int bz, char* s) {

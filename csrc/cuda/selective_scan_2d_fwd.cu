@@ -7,7 +7,8 @@ namespace vmamba2d {
 namespace scan2d {
 
 template <class T, Variant V>
-__global__ void __launch_bounds__(kBlockThreads, forward_min_blocks_per_sm(V)) scan2d_forward_kernel(Params p) {
+__global__ void __launch_bounds__(kBlockThreads, forward_min_blocks_per_sm(V, kCompilingForSm86To89))
+    scan2d_forward_kernel(Params p) {
   extern __shared__ __align__(16) char smem[];
   DeviceCtx ctx;
   forward_block<T, V>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
@@ -22,7 +23,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_carry_s
 template <class T>
 static cudaError_t launch_forward_typed(const Params& p, cudaStream_t stream) {
   const int nwarps = p.k.fwd_channels * p.k.fwd_wpc;
-  const size_t smem = forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate, p.g.route.active).total;
+  const size_t smem =
+      forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate, p.g.route.active, p.k.fwd_carry_in_registers).total;
   const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
   const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
                   static_cast<unsigned>(p.g.dim / p.k.fwd_channels), static_cast<unsigned>(tiles));
