@@ -75,16 +75,80 @@ def test_sm86_form_without_skip_or_bias(dim, use_d, use_bias):
 
 
 @needs_module
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_sm86_form_on_packed_small_maps(dtype):
-    # 5 x 7 maps packed 6 x 4 into a tile (scans restart inside tile rows and columns), blocks of 3
-    # channels, without D: the forms compiled for sm_86 .. sm_89 of the one-state forward.
-    inputs = make_inputs(5, 6, 2, 1, 5, 7, dtype=dtype, use_d=False, seed=43)
-    options = _options("sm86-RTX3090", "sequential", order=2)
-    plan = CUDA_MODULE._launch_plan(5, 6, 2, 1, 5, 7, 1, options["smem_per_sm"], options["smem_per_block"],
-                                    arch=86)
-    assert (plan["fwd_variant"], plan["fwd_channels"]) == ("kOneStateSequential", 3)
-    check_all(emulated_fwd, emulated_bwd, inputs, 5, 7, rtol=5e-5 if dtype == torch.float32 else 3e-2, **options)
+@pytest.mark.parametrize("softplus", [True, False], ids=["softplus", "no-softplus"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(5, 6, 2, 1, 5, 7), (2, 6, 2, 1, 40, 48)], ids=["packed-5x7", "aligned-40x48"])
+@pytest.mark.parametrize("device", ["sm86-RTX3090", "sm90-H100"])
+def test_one_state_forms_on_three_channel_blocks(device, shape, dtype, softplus):
+    # The one-state forward compiled for sm_86 .. sm_89 (horizontal carries in registers) and for the
+    # other archs, without D, in blocks of 3 channels (an empty channel slot): 5 x 7 maps packed 6 x 4
+    # into a tile (scans restart inside tile rows and columns); 40 x 48 maps of 2 x 2 tiles whose
+    # rows are whole quads (the vector path); a 2-byte type's y in fp32 with softplus, in its own
+    # type without.
+    batch, dim, groups, nstate, height, width = shape
+    inputs = make_inputs(*shape, dtype=dtype, use_d=False, softplus=softplus, seed=43)
+    options = _options(device, "sequential", order=2)
+    plan = CUDA_MODULE._launch_plan(*shape, 1, options["smem_per_sm"], options["smem_per_block"],
+                                    arch=options["arch"])
+    assert (plan["fwd_variant"], plan["fwd_channels"]) == ("kOneStateSequential", dim // groups)
+    half = dtype != torch.float32
+    check_all(emulated_fwd, emulated_bwd, inputs, height, width, rtol=3e-2 if half else 5e-5, softplus=softplus,
+              out_fp32=half and softplus, **options)
+
+
+@needs_module
+@pytest.mark.parametrize("softplus", [True, False], ids=["softplus", "no-softplus"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dim, height, width", [(4, 8, 12), (1, 8, 12), (3, 37, 41)],
+                         ids=["4ch-8x12", "1ch-8x12", "3ch-37x41"])
+def test_sm86_forms_of_the_route_op(dim, height, width, dtype, softplus):
+    # The route op's one-state forward compiled for sm_86 .. sm_89: 8 x 12 maps (the linear routes
+    # on the vector path) with 4 channels per block or 1, 37 x 41 maps of several tiles with 3 (an empty
+    # channel slot); with softplus, D and delta_bias, or none of them; against the fp64 per-route
+    # reference.
+    from test_cuda_emulation_routes import CROSS_2D, NAMES, cross_scan_per_route, make_inputs as route_inputs
+    from vmamba2d.ops.routes import Route
+
+    options = _options("sm86-RTX3090", "sequential", order=5)
+    del options["order"]
+    for code in CROSS_2D:
+        launch = CUDA_MODULE._launch_plan(2, dim, 1, 1, height, width, 1, options["smem_per_sm"],
+                                          options["smem_per_block"], route=code, arch=86)
+        assert (launch["fwd_variant"], launch["fwd_channels"]) == ("kOneStateRoute", dim)
+    inputs = route_inputs(2, dim, CROSS_2D, 1, height, width, dtype=dtype, seed=47)
+    if not softplus:
+        inputs["delta"] = (inputs["delta"].float().abs() * 0.2 + 0.02).to(dtype)
+    args = [None if n in ("D", "delta_bias") and not softplus else inputs[n] for n in NAMES]
+    dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(6)).to(dtype)
+    y = CUDA_MODULE._emulate_cross_forward(*args, softplus, CROSS_2D, False, order=3, **options)
+    grads = CUDA_MODULE._emulate_cross_backward(*args, softplus, CROSS_2D, dy, order=4, **options)
+    leaves = [None if t is None else t.double().requires_grad_() for t in args]
+    y_ref = cross_scan_per_route(*leaves, softplus, tuple(Route.from_code(c) for c in CROSS_2D), "torch",
+                                 torch.float64)
+    y_ref.backward(dy.double())
+    rtol = 5e-5 if dtype == torch.float32 else 3e-2
+    assert_close("y", y, y_ref.detach(), rtol)
+    for name, got, leaf in zip(NAMES, grads, leaves):
+        assert (got is None) == (leaf is None), name
+        if leaf is not None:
+            assert_close("d" + name, got, leaf.grad, rtol)
+
+
+@needs_module
+@pytest.mark.parametrize("dtype, dy_fp32", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True),
+                                           (torch.float16, False), (torch.float16, True)])
+def test_tile_parallel_one_state_backward_on_the_vector_path(dtype, dy_fp32):
+    # N = 1 on 40 x 48 maps (2 x 2 tiles whose rows are whole quads) in the tile-parallel plan: the
+    # general backward records each quad's anchor in its first phase and its last phase takes the
+    # vector accesses of the recorded anchors, with dy in the inputs' type or in fp32.
+    inputs = make_inputs(1, 8, 2, 1, 40, 48, dtype=dtype, seed=45)
+    options = _options("sm90-H100", "tile-parallel", order=4)
+    plan = CUDA_MODULE._launch_plan(1, 8, 2, 1, 40, 48, options["sm_count"], options["smem_per_sm"],
+                                    options["smem_per_block"], arch=options["arch"])
+    assert plan["bwd_tile_parallel"] and plan["bwd_variant"] == "kGeneral"
+    half = dtype != torch.float32
+    check_all(emulated_fwd, emulated_bwd, inputs, 40, 48, rtol=3e-2 if half else 5e-5,
+              dy_fp32=dy_fp32, **options)
 
 
 @needs_module
@@ -206,6 +270,12 @@ def test_model_forward_blocks_per_device(device, arch, smem, warps):
 def test_launch_plan_rejects_bad_shapes(args, message):
     with pytest.raises(ValueError, match=message):
         CUDA_MODULE._launch_plan(*args, 8, 164 * KIB, 163 * KIB)
+
+
+@needs_module
+def test_launch_plan_rejects_an_arch_that_is_no_compute_capability():
+    with pytest.raises(ValueError, match="arch must be a compute capability x 10"):
+        CUDA_MODULE._launch_plan(2, 4, 1, 1, 8, 8, 8, 164 * KIB, 163 * KIB, arch=8)
 
 
 MODEL_SHAPES = [(128, dim, 4, 1, side, side) for side, dim in ((56, 384), (28, 768), (14, 1536), (7, 3072))]

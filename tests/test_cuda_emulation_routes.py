@@ -148,12 +148,12 @@ def test_half_types_flat_routes():
           dy_fp32=True, **H100)
 
 
-@pytest.mark.parametrize("dim", [4, 3])
+@pytest.mark.parametrize("dim", [4, 3, 1])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype, dim):
     # 8 x 12 (rows of whole quads): the identity and the reversed routes take vector accesses,
     # the columns-first ones the per-cell path. N = 1, one tile: the one-state route forward, with
-    # a block of 4 channels or of 3 (an empty channel slot in each of its phases).
+    # a block of 4 channels, of 3 (an empty channel slot in each of its phases) or of 1.
     rtol = 5e-5 if dtype == torch.float32 else 3e-2
     inputs = make_inputs(2, dim, CROSS_2D, 1, 8, 12, dtype=dtype, seed=5)
     for code in CROSS_2D:

@@ -155,12 +155,21 @@ def test_built_probe_without_a_gpu_raises_a_clear_error():
         _built_cuda_module().kernel_image_available(0)
 
 
+@pytest.mark.skipif(_built_cuda_module() is None, reason="vmamba2d._C_cuda is not built")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
+def test_built_kernel_image_arch_without_a_gpu_names_the_device_index():
+    with pytest.raises(ValueError, match=r"kernel_image_arch: device_index must be in \[0, 0\), got 0"):
+        _built_cuda_module().kernel_image_arch(0)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or _built_cuda_module() is None,
                     reason="needs a GPU and vmamba2d._C_cuda")
 def test_built_probe_on_the_gpu():
     module = _built_cuda_module()
     assert module.kernel_image_available(0) is True, "built without this GPU's arch?"
+    major, minor = torch.cuda.get_device_capability(0)
+    assert 75 <= module.kernel_image_arch(0) <= 10 * major + minor  # the code's arch, at most the GPU's
     with pytest.raises(ValueError, match="device_index"):
         module.kernel_image_available(torch.cuda.device_count())
 
