@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vmamba2d.ops import _extensions
+from vmamba2d.ops import _extensions, backend_info
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,6 +97,7 @@ def fake_cuda_extension(monkeypatch):
         return device_index in module.images
 
     module.kernel_image_available = kernel_image_available
+    module.kernel_image_arch = lambda device_index: 86  # the sm_86 code runs there
     module.calls = calls
     monkeypatch.setattr(_extensions, "cuda_extension", lambda: module)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (7, 0))
@@ -104,8 +105,22 @@ def fake_cuda_extension(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     monkeypatch.setitem(_extensions._failure_reasons, "vmamba2d._C_cuda", "")
     _extensions._cuda_kernel_usable_on.cache_clear()
+    _extensions.cuda_kernel_arch.cache_clear()
     yield module
     _extensions._cuda_kernel_usable_on.cache_clear()
+    _extensions.cuda_kernel_arch.cache_clear()
+
+
+def test_kernel_arch_is_reported_only_where_a_kernel_image_runs(fake_cuda_extension):
+    fake_cuda_extension.images = {0}
+    assert _extensions.cuda_kernel_arch(0) == 86
+    assert _extensions.cuda_kernel_arch(1) is None  # no kernel image for that GPU
+
+
+def test_backend_info_reports_no_kernel_arch_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU answer")
+    assert backend_info()["cuda_kernel_arch"] is None
 
 
 def test_device_with_a_kernel_image_is_usable_and_asked_once(fake_cuda_extension):

@@ -222,6 +222,16 @@ def cuda_kernel_usable(device) -> bool:
     return _cuda_kernel_usable_on(index)
 
 
+@functools.lru_cache(maxsize=None)
+def cuda_kernel_arch(device_index: int) -> Optional[int]:
+    """Compute capability x 10 of the CUDA kernel code that runs on GPU ``device_index`` (e.g. 86:
+    the code built for sm_86, which differs from the other archs'), or None where the extension
+    holds no kernel for that GPU."""
+    if not _cuda_kernel_usable_on(device_index):
+        return None
+    return int(cuda_extension().kernel_image_arch(device_index))
+
+
 def extension_source(kind: str) -> Optional[str]:
     """``"built"``, ``"jit"`` or None for ``kind`` in {"cpu", "cuda"} (after a lookup)."""
     return _sources.get(kind)

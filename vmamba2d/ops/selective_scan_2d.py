@@ -145,7 +145,9 @@ def backend_info() -> dict:
     and ``triton_version`` (str or None), ``auto_cpu`` / ``auto_cuda`` (the backend auto resolves
     to for fp32 tensors of each device type; for CUDA, judged on the current GPU, or without a
     GPU on whether the extension is built), ``env_override`` (the value of
-    ``VMAMBA2D_SCAN_BACKEND`` or None), ``cuda_available`` (torch sees a GPU) and
+    ``VMAMBA2D_SCAN_BACKEND`` or None), ``cuda_available`` (torch sees a GPU),
+    ``cuda_kernel_arch`` (compute capability x 10 of the CUDA kernel code that runs on the current
+    GPU, e.g. 86 for the sm_86 code an RTX 3090 / 4090 runs; None without a usable kernel) and
     ``cross_scan`` (how :func:`vmamba2d.ops.cross_selective_scan_2d` runs on the ``auto_cpu`` /
     ``auto_cuda`` backends: ``"native"``, routes scanned in place, or ``"per-route"``, one
     single-route scan per route on route-order copies).
@@ -166,6 +168,7 @@ def backend_info() -> dict:
         "cpu_extension_source": _extensions.extension_source("cpu"),
         "cuda_extension": cuda_ok,
         "cuda_available": gpu,
+        "cuda_kernel_arch": _extensions.cuda_kernel_arch(torch.cuda.current_device()) if gpu and cuda_runs else None,
         "triton": triton_ver is not None,
         "triton_version": triton_ver,
         "auto_cpu": auto_cpu,
