@@ -20,7 +20,8 @@ from test_scan_cuda import (CUDA_MODULE, ORDER, assert_close, check_all, emulate
 KIB = 1024
 # Opt-in shared memory per block and shared memory per SM, as the devices report them
 # (cudaDevAttrMaxSharedMemoryPerBlockOptin / PerMultiprocessor), their SM counts, and their compute
-# capability (x 10: the RTX 3090 runs the code the GPU build compiles for sm_86 .. sm_89 only).
+# capability (x 10: T4 and RTX 3090 run the forward's register-carry form the GPU build compiles for
+# sm_75 and sm_86 .. sm_89 only; 1 KiB of shared memory reserved per block from sm_80 on).
 DEVICES = {
     "sm75-T4": dict(sm_count=40, smem_per_block=64 * KIB, smem_per_sm=64 * KIB, arch=75),
     "sm86-RTX3090": dict(sm_count=82, smem_per_block=99 * KIB, smem_per_sm=100 * KIB, arch=86),
@@ -61,7 +62,7 @@ def _shape_id(shape) -> str:
 
 @needs_module
 @pytest.mark.parametrize("dim, use_d, use_bias", [(8, False, False), (8, False, True), (6, True, True)])
-def test_sm86_form_without_skip_or_bias(dim, use_d, use_bias):
+def test_register_carry_form_without_skip_or_bias(dim, use_d, use_bias):
     # The one-state forward compiled for sm_86 .. sm_89 (horizontal carries in registers, no carry
     # rows) on a map of 2 x 2 tiles, with D None (no dD) or not; dim 6 in 2 groups: blocks of 3
     # channels leave a channel slot empty.
@@ -78,13 +79,13 @@ def test_sm86_form_without_skip_or_bias(dim, use_d, use_bias):
 @pytest.mark.parametrize("softplus", [True, False], ids=["softplus", "no-softplus"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", [(5, 6, 2, 1, 5, 7), (2, 6, 2, 1, 40, 48)], ids=["packed-5x7", "aligned-40x48"])
-@pytest.mark.parametrize("device", ["sm86-RTX3090", "sm90-H100"])
+@pytest.mark.parametrize("device", ["sm75-T4", "sm86-RTX3090", "sm90-H100"])
 def test_one_state_forms_on_three_channel_blocks(device, shape, dtype, softplus):
-    # The one-state forward compiled for sm_86 .. sm_89 (horizontal carries in registers) and for the
-    # other archs, without D, in blocks of 3 channels (an empty channel slot): 5 x 7 maps packed 6 x 4
-    # into a tile (scans restart inside tile rows and columns); 40 x 48 maps of 2 x 2 tiles whose
-    # rows are whole quads (the vector path); a 2-byte type's y in fp32 with softplus, in its own
-    # type without.
+    # The one-state forward compiled for sm_75 and sm_86 .. sm_89 (horizontal carries in registers)
+    # and for the other archs, without D, in blocks of 3 channels (an empty channel slot): 5 x 7 maps
+    # packed 6 x 4 into a tile (scans restart inside tile rows and columns); 40 x 48 maps of 2 x 2
+    # tiles whose rows are whole quads (the vector path); a 2-byte type's y in fp32 with softplus, in
+    # its own type without.
     batch, dim, groups, nstate, height, width = shape
     inputs = make_inputs(*shape, dtype=dtype, use_d=False, softplus=softplus, seed=43)
     options = _options(device, "sequential", order=2)
@@ -101,20 +102,24 @@ def test_one_state_forms_on_three_channel_blocks(device, shape, dtype, softplus)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("dim, height, width", [(4, 8, 12), (1, 8, 12), (3, 37, 41)],
                          ids=["4ch-8x12", "1ch-8x12", "3ch-37x41"])
-def test_sm86_forms_of_the_route_op(dim, height, width, dtype, softplus):
-    # The route op's one-state forward compiled for sm_86 .. sm_89: 8 x 12 maps (the linear routes
-    # on the vector path) with 4 channels per block or 1, 37 x 41 maps of several tiles with 3 (an empty
-    # channel slot); with softplus, D and delta_bias, or none of them; against the fp64 per-route
-    # reference.
+@pytest.mark.parametrize("device", ["sm86-RTX3090", "sm75-T4"])
+def test_register_carry_forms_of_the_route_op(device, dim, height, width, dtype, softplus):
+    # The route op's one-state forward compiled for sm_75 and sm_86 .. sm_89 (register carries):
+    # 8 x 12 maps (the linear routes on the vector path) with 4 channels per block or 1, 37 x 41
+    # maps of several tiles with 3 (an empty channel slot); with softplus, D and delta_bias, or none
+    # of them; against the fp64 per-route reference.
     from test_cuda_emulation_routes import CROSS_2D, NAMES, cross_scan_per_route, make_inputs as route_inputs
     from vmamba2d.ops.routes import Route
 
-    options = _options("sm86-RTX3090", "sequential", order=5)
+    options = _options(device, "sequential", order=5)
     del options["order"]
     for code in CROSS_2D:
         launch = CUDA_MODULE._launch_plan(2, dim, 1, 1, height, width, 1, options["smem_per_sm"],
-                                          options["smem_per_block"], route=code, arch=86)
-        assert (launch["fwd_variant"], launch["fwd_channels"]) == ("kOneStateRoute", dim)
+                                          options["smem_per_block"], route=code, arch=options["arch"])
+        # No carry rows: 64 B of per-block constants and the x / Abar tiles (T4: 2-channel blocks
+        # for dim 4, as 4 channels and the constants exceed 32 KiB).
+        assert launch["fwd_variant"] == "kOneStateRoute"
+        assert launch["fwd_smem_bytes"] == 64 + launch["fwd_channels"] * 2 * 4096
     inputs = route_inputs(2, dim, CROSS_2D, 1, height, width, dtype=dtype, seed=47)
     if not softplus:
         inputs["delta"] = (inputs["delta"].float().abs() * 0.2 + 0.02).to(dtype)
@@ -245,15 +250,16 @@ def test_one_state_blocks_are_128_threads_on_h100_in_both_passes():
 
 @needs_module
 @pytest.mark.parametrize("device, arch, smem, warps", [
-    ("sm90-H100", 90, 33280, 24), ("sm80-A100", 80, 33280, 16), ("sm75-T4", 75, 24960, 6),
+    ("sm90-H100", 90, 33280, 24), ("sm80-A100", 80, 33280, 16), ("sm75-T4", 75, 32768, 8),
     ("sm86-RTX3090", 86, 32768, 12),
     ("sm86-RTX3090", 80, 33280, 8),  # the sm_80 code on that GPU (a build without sm_86)
 ])
 def test_model_forward_blocks_per_device(device, arch, smem, warps):
-    # vmamba2d_tiny's forward (N = 1): a block of 4 channels (T4: 3) takes 4 KiB x / Abar tiles per
-    # channel plus 128 B of carry rows; the code built for sm_86 .. sm_89 keeps the carries in
-    # registers instead, so three blocks fit an RTX 3090 SM's 100 KiB (two with the rows). The
-    # planner sizes the blocks for the code that runs there (arch), not for the GPU's own.
+    # vmamba2d_tiny's forward (N = 1): a block of 4 channels takes 4 KiB x / Abar tiles per channel
+    # plus 128 B of carry rows; the code built for sm_75 and sm_86 .. sm_89 keeps the carries in
+    # registers instead, so three blocks fit an RTX 3090 SM's 100 KiB (two with the rows) and two a
+    # T4's 64 KiB (one with the rows: it took 3-channel blocks, 6 warps). The planner sizes the
+    # blocks for the code that runs there (arch), not for the GPU's own.
     limits = DEVICES[device]
     plan = CUDA_MODULE._launch_plan(128, 384, 4, 1, 56, 56, limits["sm_count"], limits["smem_per_sm"],
                                     limits["smem_per_block"], arch=arch)

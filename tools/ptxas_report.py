@@ -14,14 +14,17 @@ Budgets (a kernel's role is read off its demangled name: "forward"/"fwd", "backw
     backward       <= 255     <= 32 KiB    0 bytes      0 bytes
     other          <= 64      <= 32 KiB    0 bytes      0 bytes
     route forward  <= 102     <= 32 KiB    0 bytes      0 bytes   (the four-route op's route variants)
-    forward on sm_86 .. sm_89
+    forward on sm_70 / sm_72 / sm_86 .. sm_89
                    <= 168     <= 32 KiB    0 bytes      0 bytes   (every forward variant there)
+    forward on sm_75
+                   <= 255     <= 32 KiB    0 bytes      0 bytes
 
 Why: the scan is memory-bound, so occupancy (registers per thread) matters for the forward (80
 registers let six 128-thread blocks, 24 warps, share an SM: __launch_bounds__(128, 6)); the
-backward carries more live state per cell and may use the whole 255-register file; on sm_86 ..
-sm_89 (100 KiB of shared memory per SM: three 4-channel forward blocks) the forward is compiled for
-those three blocks, 168 registers (__launch_bounds__(128, 3), forward_min_blocks_per_sm); any stack
+backward carries more live state per cell and may use the whole 255-register file; on the archs
+whose shared memory holds fewer 4-channel forward blocks (32 KiB each: three on sm_70 / sm_72 /
+sm_86 .. sm_89, two on sm_75) the forward is compiled for those blocks
+(__launch_bounds__(128, 3) or (128, 2), forward_min_blocks_per_sm in csrc/cuda/scan2d_common.h); any stack
 frame or spill means local-memory traffic (an array indexed at run time, or register pressure).
 Dynamic shared memory is sized at launch and is not in ptxas's report.
 
@@ -62,8 +65,14 @@ BUDGETS = {
     "other": Budget(registers=64, static_smem_bytes=32 * 1024),
     # __launch_bounds__(128, 5): its per-cell route addressing keeps a few more registers live.
     "route forward": Budget(registers=102, static_smem_bytes=32 * 1024),
-    "forward on sm_86 .. sm_89": Budget(registers=168, static_smem_bytes=32 * 1024),
+    "forward on sm_70 / sm_72 / sm_86 .. sm_89": Budget(registers=168, static_smem_bytes=32 * 1024),
+    "forward on sm_75": Budget(registers=255, static_smem_bytes=32 * 1024),
 }
+# The archs of the last two rows (forward_min_blocks_per_sm: three blocks per SM, or two on sm_75).
+REGISTER_CARRY_ARCHS = {"7.0": "forward on sm_70 / sm_72 / sm_86 .. sm_89",
+                        "7.2": "forward on sm_70 / sm_72 / sm_86 .. sm_89",
+                        "7.5": "forward on sm_75",
+                        **{f"8.{minor}": "forward on sm_70 / sm_72 / sm_86 .. sm_89" for minor in (6, 7, 8, 9)}}
 
 
 def _load_cuda_archs():
@@ -106,9 +115,9 @@ class KernelResources:
     @property
     def budget_role(self) -> str:
         """The BUDGETS row of the kernel: its role, "route forward" for the route variants' forward,
-        or "forward on sm_86 .. sm_89" for every forward compiled for those archs."""
-        if self.role == "forward" and self.arch in ("8.6", "8.7", "8.8", "8.9"):
-            return "forward on sm_86 .. sm_89"
+        or the row of its arch for every forward compiled for a register-carry arch."""
+        if self.role == "forward" and self.arch in REGISTER_CARRY_ARCHS:
+            return REGISTER_CARRY_ARCHS[self.arch]
         route = any(tag in self.name or tag in self.mangled
                     for tag in ("kRoute", "kOneStateRoute", "VariantE2E", "VariantE3E"))
         return "route forward" if route and self.role == "forward" else self.role

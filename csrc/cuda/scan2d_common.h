@@ -227,25 +227,31 @@ SS2D_HD inline Variant kernel_variant(const Params& p, int wpc) {
   return one_state ? Variant::kOneStateSequential : Variant::kGeneral;
 }
 
-// The code compiled for sm_86 .. sm_89 (arch: compute capability x 10 of the compiled code; those
-// devices have 100 KiB of shared memory per SM, and cc 8.7 runs the sm_86 code too): the forward
-// keeps its one-state variants' horizontal carries in registers (forward_carry_in_registers) and
-// gets the registers of the blocks that shared memory lets an SM hold (forward_min_blocks_per_sm).
-SS2D_HD constexpr bool is_sm86_to_89(int arch) { return arch >= 86 && arch < 90; }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860 && __CUDA_ARCH__ < 900
-constexpr bool kCompilingForSm86To89 = true;
+// The archs (compute capability x 10 of the compiled code) whose forward keeps its one-state
+// variants' horizontal carries in registers (forward_carry_in_registers): those where the 512 B of
+// carry rows cost the model plan's 4-channel blocks (32 KiB of tiles) a block per SM -- sm_86 ..
+// sm_89 (100 KiB per SM, 1 KiB reserved per block: three blocks instead of two; cc 8.7 runs the
+// sm_86 code too), sm_75 (64 KiB, none reserved: two instead of one), sm_70 / sm_72 (96 KiB: three
+// instead of two). Their forward is compiled for those blocks (forward_min_blocks_per_sm).
+SS2D_HD constexpr bool register_carry_arch(int arch) { return arch < 80 || (arch >= 86 && arch < 90); }
+#ifdef __CUDA_ARCH__
+constexpr int kCompiledArch = __CUDA_ARCH__ / 10;
+constexpr bool kCompilingRegisterCarry = register_carry_arch(kCompiledArch);
 #else
-constexpr bool kCompilingForSm86To89 = false;
+constexpr int kCompiledArch = 0;  // the host pass (the emulation picks the form it runs)
+constexpr bool kCompilingRegisterCarry = false;
 #endif
 
-// Blocks per SM each forward variant is compiled for (__launch_bounds__): six 4-warp blocks (24
-// warps) at <= 80 registers; the route variant, whose per-cell route addressing needs a few more
-// registers on its per-cell path, five (20 warps, <= 102 registers). sm_86 .. sm_89: three (<= 168
-// registers), what the 100 KiB of shared memory there holds of the model plan's 4-channel blocks;
-// ptxas then keeps the one-state variants' loads in flight in 128 .. 164 registers without spills
-// (at four or five blocks it spills in them; at six, the 80 registers spill in the route variants).
-constexpr int forward_min_blocks_per_sm(Variant v, bool sm86_to_89) {
-  return sm86_to_89 ? 3 : is_route(v) ? kMinBlocksPerSm - 1 : kMinBlocksPerSm;
+// Blocks per SM each forward variant is compiled for (__launch_bounds__) on arch: six 4-warp blocks
+// (24 warps) at <= 80 registers; the route variant, whose per-cell route addressing needs a few more
+// registers on its per-cell path, five (20 warps, <= 102 registers). The register-carry archs: the
+// 4-channel blocks their shared memory holds -- three on sm_86 .. sm_89 and sm_70 / sm_72 (<= 168
+// registers), two on sm_75 (<= 255); ptxas then keeps the one-state variants' loads in flight in
+// 128 .. 164 registers without spills (at four or five blocks it spills in them on sm_80 / sm_86;
+// at six, the 80 registers spill in the route variants there).
+constexpr int forward_min_blocks_per_sm(Variant v, int arch) {
+  if (!register_carry_arch(arch)) return is_route(v) ? kMinBlocksPerSm - 1 : kMinBlocksPerSm;
+  return arch >= 75 && arch < 80 ? 2 : 3;
 }
 
 // Blocks per SM each backward variant is compiled for (__launch_bounds__): the one-state variants
@@ -301,14 +307,13 @@ struct ForwardLayout {
   size_t total;
 };
 // Whether the forward's lanes keep their horizontal carries to the next tile in registers instead
-// of carry rows in shared memory: on sm_86 .. sm_89 at N = 1 with one warp per channel (the
-// one-state variants; the tile-parallel passes take their carries from global memory). A warp then
-// scans the same channel's rows in every tile, and a 4-channel block's shared memory is its x and
-// Abar tiles alone, 32 KiB: three blocks (12 warps) fit the 100 KiB of an SM there, two with the
-// 512 B of carry rows. Elsewhere the carry rows stay: the register would cost a spill within the
-// 80 registers of six blocks per SM (sm_90), and on sm_75 / sm_80 the half KiB frees no block.
-SS2D_HD inline bool forward_carry_in_registers(int nstate, int wpc, bool sm86_to_89) {
-  return sm86_to_89 && nstate == 1 && wpc == 1;
+// of carry rows in shared memory: on the register-carry archs at N = 1 with one warp per channel
+// (the one-state variants; the tile-parallel passes take their carries from global memory). A warp
+// then scans the same channel's rows in every tile, and a 4-channel block's shared memory is its x
+// and Abar tiles alone, 32 KiB. Elsewhere the carry rows stay: the register would cost a spill
+// within the 80 registers of six blocks per SM (sm_90), and on sm_80 the half KiB frees no block.
+SS2D_HD inline bool forward_carry_in_registers(int nstate, int wpc, int arch) {
+  return register_carry_arch(arch) && nstate == 1 && wpc == 1;
 }
 // The one-state route forward's per-block constants (ForwardLayout::consts, at offset 0: addressed
 // without a register): row kBiasRow delta_bias, kA2Row A * log2(e), kSkipRow D of each of the

@@ -29,11 +29,13 @@ struct DeviceLimits {
   size_t smem_per_block;  // opt-in maximum of dynamic shared memory per block
   size_t smem_per_sm;     // shared memory of one SM (what resident blocks share)
   int arch;               // compute capability x 10 the kernels that run there were compiled for
+  size_t reserved_smem_per_block;  // what the runtime takes of the SM's shared memory per block
 };
 
-// Shared memory the runtime reserves per resident block (sm_80 and later; 0 before, where the
-// estimate below is then slightly conservative).
-constexpr size_t kReservedSmemPerBlock = 1024;
+// Shared memory the runtime reserves per resident block (cudaDevAttrReservedSharedMemoryPerBlock)
+// on a device of compute capability arch x 10, where no device says: 1 KiB from sm_80 on (each
+// SM's opt-in maximum per block is 1 KiB below its shared memory), none before (equal there).
+inline size_t reserved_smem_per_block(int arch) { return arch >= 80 ? 1024 : 0; }
 
 inline ElementType element_type(at::ScalarType t) {
   switch (t) {
@@ -96,7 +98,7 @@ inline Geometry plan_geometry(int64_t batch, int64_t dim, int64_t groups, int64_
 // the SM's shared memory and by the registers per thread the kernel's budget allows.
 inline int resident_blocks(size_t smem, int nwarps, int registers, const DeviceLimits& dev) {
   if (smem > dev.smem_per_block) return 0;
-  const int by_smem = static_cast<int>(dev.smem_per_sm / (smem + kReservedSmemPerBlock));
+  const int by_smem = static_cast<int>(dev.smem_per_sm / (smem + dev.reserved_smem_per_block));
   const int by_registers = kRegistersPerSm / (registers * nwarps * kTile);
   return std::min(by_smem, by_registers);
 }
@@ -119,7 +121,7 @@ inline WaveFit wave_fit(int64_t blocks, int64_t slots) {
 
 // Registers per thread each kernel is compiled for (__launch_bounds__ in the .cu files).
 inline int forward_registers(Variant v, int arch) {
-  return kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(v, is_sm86_to_89(arch)));
+  return kRegistersPerSm / (kBlockThreads * forward_min_blocks_per_sm(v, arch));
 }
 inline int backward_registers(Variant v) {
   return kRegistersPerSm / (kBlockThreads * backward_min_blocks_per_sm(v));
@@ -203,9 +205,8 @@ inline int pick_slices(int64_t base_blocks, int sets, int64_t slots) {
 inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   Launch k{};
   const bool routed = g.route.active;
-  const bool sm86_to_89 = is_sm86_to_89(dev.arch);
   const auto fwd_smem = [&](int c, int wpc) {
-    return forward_layout(c, wpc, g.nstate, routed, forward_carry_in_registers(g.nstate, wpc, sm86_to_89)).total;
+    return forward_layout(c, wpc, g.nstate, routed, forward_carry_in_registers(g.nstate, wpc, dev.arch)).total;
   };
   const auto bwd_smem = [&](int c, int wpc) { return backward_layout(c, wpc, g.nstate).total; };
   const int fwd_registers = forward_registers(routed ? Variant::kRoute : Variant::kGeneral, dev.arch);
@@ -219,7 +220,7 @@ inline Launch plan_launch(const Geometry& g, const DeviceLimits& dev) {
   k.fwd_wpc = fwd.wpc;
   k.bwd_channels = bwd.channels;
   k.bwd_wpc = bwd.wpc;
-  k.fwd_carry_in_registers = forward_carry_in_registers(g.nstate, fwd.wpc, sm86_to_89);
+  k.fwd_carry_in_registers = forward_carry_in_registers(g.nstate, fwd.wpc, dev.arch);
   const int64_t fwd_slots = block_slots(dev, fwd_smem(fwd.channels, fwd.wpc), fwd.channels * fwd.wpc,
                                         fwd_registers);
   const int64_t bwd_slots = block_slots(dev, bwd_smem(bwd.channels, bwd.wpc), bwd.channels * bwd.wpc,

@@ -29,8 +29,9 @@ struct EmulationOptions {
   // Opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin): 64 KiB on sm_75,
   // 99 KiB on sm_86 / sm_89, 163 KiB on sm_80, 227 KiB on sm_90.
   int64_t smem_per_block = 163 * 1024;
-  // Compute capability x 10 of the device whose code runs: 86 .. 89 run the forms the GPU build
-  // compiles for sm_86 .. sm_89 only (forward_block's kSm86To89).
+  // Compute capability x 10 of the code that runs (and of the device: 1 KiB of shared memory
+  // reserved per block from 80 on): below 80 and 86 .. 89 run the forms the GPU build compiles for
+  // those archs only (forward_block's kRegisterCarry).
   int64_t arch = 80;
 };
 

@@ -198,11 +198,12 @@ SS2D_HD SS2D_INLINE QuadAnchor anchor_of(const Geometry& g, int bb, int ti, int 
 // addresses once per quad, and A, delta_bias, D of the block's channels from registers loaded
 // once per block (the one-state route variant: from shared memory, see kSharedConsts).
 //
-// kSm86To89: the code compiled for sm_86 .. sm_89 (is_sm86_to_89), whose one-state variants keep
-// the horizontal carries in registers (kCarryInRegisters); the GPU build derives it from the arch it
-// compiles for, the host emulation runs either form (EmulationOptions::arch).
+// kRegisterCarry: the code compiled for a register-carry arch (register_carry_arch), whose
+// one-state variants keep the horizontal carries in registers (kCarryInRegisters); the GPU build
+// derives it from the arch it compiles for, the host emulation runs either form
+// (EmulationOptions::arch).
 
-template <class T, Variant V, bool kSm86To89 = kCompilingForSm86To89, class Ctx>
+template <class T, Variant V, bool kRegisterCarry = kCompilingRegisterCarry, class Ctx>
 SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int tile_z, char* smem) {
   const Geometry& g = p.g;
   constexpr bool kOne = is_one_state(V);
@@ -214,7 +215,7 @@ SS2D_HD void forward_block(Ctx& ctx, const Params& p, int bb, int cblock, int ti
   constexpr bool kSharedConsts = kOne && kRouted;
   // Lane r of warp w keeps its horizontal carry to the next tile in hcar_reg (thread slot
   // w * kTile + r) instead of a carry row (forward_carry_in_registers).
-  constexpr bool kCarryInRegisters = kOne && kSm86To89;
+  constexpr bool kCarryInRegisters = kOne && kRegisterCarry;
   const int nstate = kOne ? 1 : g.nstate;
   const int channels = p.k.fwd_channels;
   const int wpc = kOne ? 1 : p.k.fwd_wpc;

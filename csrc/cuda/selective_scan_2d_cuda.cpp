@@ -28,12 +28,14 @@ DeviceLimits device_limits(int device) {
   const std::lock_guard<std::mutex> lock(mutex);
   const auto found = cache.find(device);
   if (found != cache.end()) return found->second;
-  int sms = 0, optin = 0, per_sm = 0;
+  int sms = 0, optin = 0, per_sm = 0, reserved = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   C10_CUDA_CHECK(allow_shared_memory(static_cast<size_t>(optin)));
-  const DeviceLimits limits{sms, static_cast<size_t>(optin), static_cast<size_t>(per_sm), kernel_image_arch(device)};
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  const DeviceLimits limits{sms, static_cast<size_t>(optin), static_cast<size_t>(per_sm), kernel_image_arch(device),
+                            static_cast<size_t>(reserved)};
   cache.emplace(device, limits);
   return limits;
 }
@@ -190,7 +192,8 @@ pybind11::dict launch_plan(int64_t batch, int64_t dim, int64_t groups, int64_t n
   }
   TORCH_CHECK_VALUE(arch >= 10, "launch_plan: arch must be a compute capability x 10 (e.g. 86), got ", arch);
   const DeviceLimits dev{static_cast<int>(sm_count), static_cast<size_t>(smem_per_block),
-                         static_cast<size_t>(smem_per_sm), static_cast<int>(arch)};
+                         static_cast<size_t>(smem_per_sm), static_cast<int>(arch),
+                         reserved_smem_per_block(static_cast<int>(arch))};
   const Launch k = plan_launch(g, dev);
   pybind11::dict d;
   d["tiles"] = pybind11::make_tuple(g.tiles_h, g.tiles_w);
@@ -298,7 +301,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("device_index"));
   m.def("kernel_image_arch", &kernel_image_arch_entry,
         "kernel_image_arch(device_index) -> int: compute capability x 10 of the kernel code this build "
-        "runs on GPU device_index (86 .. 89: the sm_86 .. sm_89 forms; the launch plan follows it).",
+        "runs on GPU device_index (the launch plan follows it: below 80 and 86 .. 89 the forward keeps its "
+        "carries in registers).",
         py::arg("device_index"));
   m.def("_emulate_forward", &emulate_forward_entry,
         "The CUDA forward kernel's code run on the CPU (CPU tensors; for tests). Same arguments as\n"
@@ -306,7 +310,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "order with that seed), race_check (shared-memory race detector), drop_barrier (index of a\n"
         "block barrier to leave out, -1 none), sm_count, smem_per_sm and smem_per_block (the device\n"
         "the work split is planned for: SMs, shared memory per SM and opt-in per block, in bytes)\n"
-        "and arch (its compute capability x 10: 86 .. 89 run the code built for sm_86 .. sm_89).",
+        "and arch (the compute capability x 10 of the code that runs: below 80 and 86 .. 89 the forward's\n"
+        "register-carry form; 1 KiB of shared memory reserved per block from 80 on).",
         py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"),
         py::arg("delta_bias"), py::arg("delta_softplus"), py::arg("height"), py::arg("width"),
         py::arg("out_fp32"), py::arg("save_carries"), py::arg("order") = 0,
@@ -353,7 +358,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "resident block slots and the share of slots they leave empty, slices, tiling, and the\n"
         "kernel variant (fwd_variant / bwd_variant) that runs each pass. route >= 0: the four-route\n"
         "op's launch of that route code on an H x W map (groups = 1). arch: the device's compute\n"
-        "capability x 10 (the _emulate_* default, 80; 86 .. 89 plan the sm_86 .. sm_89 code).",
+        "capability x 10 (the _emulate_* default, 80; see _emulate_forward).",
         py::arg("batch"), py::arg("dim"), py::arg("groups"), py::arg("nstate"), py::arg("height"),
         py::arg("width"), py::arg("sm_count"), py::arg("smem_per_sm"), py::arg("smem_per_block"),
         py::arg("route") = -1, py::arg("arch") = 80);

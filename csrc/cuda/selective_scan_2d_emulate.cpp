@@ -405,13 +405,14 @@ struct ForwardKernel {
   static void run(HostCtx& ctx, const Params& p, int bx, int by, int bz, char* smem) {
     const Variant v = kernel_variant(p, p.k.fwd_wpc);
     g_forward_variants |= 1u << static_cast<int>(v);
-    // The one-state variants' code differs on sm_86 .. sm_89 (forward_block's kSm86To89).
-    const bool sm86_to_89 = is_sm86_to_89(static_cast<int>(g_options.arch));
-    if (v == Variant::kOneStateSequential && sm86_to_89) {
+    // The one-state variants' code differs on the register-carry archs (forward_block's
+    // kRegisterCarry).
+    const bool register_carry = register_carry_arch(static_cast<int>(g_options.arch));
+    if (v == Variant::kOneStateSequential && register_carry) {
       forward_block<T, Variant::kOneStateSequential, true>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kOneStateSequential) {
       forward_block<T, Variant::kOneStateSequential, false>(ctx, p, bx, by, bz, smem);
-    } else if (v == Variant::kOneStateRoute && sm86_to_89) {
+    } else if (v == Variant::kOneStateRoute && register_carry) {
       forward_block<T, Variant::kOneStateRoute, true>(ctx, p, bx, by, bz, smem);
     } else if (v == Variant::kOneStateRoute) {
       forward_block<T, Variant::kOneStateRoute, false>(ctx, p, bx, by, bz, smem);
@@ -448,7 +449,8 @@ struct HostBackend {
   static DeviceLimits limits(const at::Tensor&) {
     return DeviceLimits{static_cast<int>(g_options.sm_count),
                         static_cast<size_t>(g_options.smem_per_block),
-                        static_cast<size_t>(g_options.smem_per_sm), static_cast<int>(g_options.arch)};
+                        static_cast<size_t>(g_options.smem_per_sm), static_cast<int>(g_options.arch),
+                        reserved_smem_per_block(static_cast<int>(g_options.arch))};
   }
 
   static void forward(const Params& p, ElementType type) {

@@ -7,7 +7,7 @@ namespace vmamba2d {
 namespace scan2d {
 
 template <class T, Variant V>
-__global__ void __launch_bounds__(kBlockThreads, forward_min_blocks_per_sm(V, kCompilingForSm86To89))
+__global__ void __launch_bounds__(kBlockThreads, forward_min_blocks_per_sm(V, kCompiledArch))
     scan2d_forward_kernel(Params p) {
   extern __shared__ __align__(16) char smem[];
   DeviceCtx ctx;
