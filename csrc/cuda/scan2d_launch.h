@@ -22,13 +22,12 @@ cudaError_t launch_carry_scan(const Params& p, const CarryScan& scan, cudaStream
 // passes), bwd_channels * bwd_wpc warps; p.pass picks the edge passes or the full backward.
 cudaError_t launch_backward(const Params& p, ElementType type, cudaStream_t stream);
 
-// Compute capability x 10 of the code the kernels run on GPU `device` with this build: the PTX
+// Compute capability x 10 of the forward kernel code the current GPU runs with this build: the PTX
 // arch (cudaFuncAttributes::ptxVersion, __CUDA_ARCH__ / 10 while it was compiled) of the image the
-// driver picks there for a probe kernel compiled with the same -gencode list (scan2d_probe.cu).
-// The launch plan sizes the forward's shared memory for that code (forward_carry_in_registers),
-// which need not be the device's own compute capability (an sm_80 image running on sm_86, a PTX
-// image JIT-compiled for a newer GPU). Throws std::runtime_error where no image loads.
-int kernel_image_arch(int device);
+// driver picks there. The launch plan sizes the forward's shared memory for that code
+// (forward_carry_in_registers), which need not be the device's own compute capability (an sm_80
+// image running on sm_86, a PTX image JIT-compiled for a newer GPU).
+cudaError_t forward_kernel_arch(int* arch);
 
 // Opts every kernel instantiation of this file set into `smem_bytes` of dynamic shared memory
 // (cudaFuncSetAttribute); called once per device by the ATen side.

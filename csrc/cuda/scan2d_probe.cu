@@ -1,5 +1,4 @@
-// Run-time checks of the kernel image the current GPU runs: whether this extension holds one, and
-// the arch it was compiled for.
+// Run-time check that this extension holds a kernel image the current GPU can run.
 //
 // This file is compiled with the same -gencode list as the scan kernels (setup.py gives every .cu
 // of the extension the same TORCH_CUDA_ARCH_LIST), so if the driver can load the probe kernel
@@ -9,8 +8,6 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-
-#include "scan2d_launch.h"
 
 namespace vmamba2d {
 namespace scan2d {
@@ -25,18 +22,17 @@ std::string describe(cudaError_t status) {
 // Makes `device` current for its lifetime and restores the caller's device after.
 class ScopedDevice {
  public:
-  // who: the entry point named in errors.
-  ScopedDevice(int device, const char* who) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice", who);
-    if (device != previous_) check(cudaSetDevice(device), "cudaSetDevice", who);
+  explicit ScopedDevice(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (device != previous_) check(cudaSetDevice(device), "cudaSetDevice");
   }
   ~ScopedDevice() { cudaSetDevice(previous_); }
   ScopedDevice(const ScopedDevice&) = delete;
   ScopedDevice& operator=(const ScopedDevice&) = delete;
 
-  static void check(cudaError_t status, const char* what, const char* who) {
+  static void check(cudaError_t status, const char* what) {
     if (status != cudaSuccess) {
-      throw std::runtime_error(std::string("vmamba2d._C_cuda.") + who + ": " + what +
+      throw std::runtime_error(std::string("vmamba2d._C_cuda.kernel_image_available: ") + what +
                                " failed (" + describe(status) + ")");
     }
   }
@@ -49,12 +45,12 @@ class ScopedDevice {
 
 bool kernel_image_available(int64_t device_index) {
   int count = 0;
-  ScopedDevice::check(cudaGetDeviceCount(&count), "cudaGetDeviceCount", "kernel_image_available");
+  ScopedDevice::check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (device_index < 0 || device_index >= count) {
     throw std::invalid_argument("kernel_image_available: device_index must be in [0, " +
                                 std::to_string(count) + "), got " + std::to_string(device_index));
   }
-  const ScopedDevice scoped(static_cast<int>(device_index), "kernel_image_available");
+  const ScopedDevice scoped(static_cast<int>(device_index));
   cudaFuncAttributes attributes{};
   const cudaError_t status = cudaFuncGetAttributes(&attributes, kernel_image_probe);
   if (status == cudaSuccess) return true;
@@ -62,16 +58,8 @@ bool kernel_image_available(int64_t device_index) {
   if (status == cudaErrorNoKernelImageForDevice || status == cudaErrorInvalidDeviceFunction) {
     return false;
   }
-  ScopedDevice::check(status, "cudaFuncGetAttributes", "kernel_image_available");
+  ScopedDevice::check(status, "cudaFuncGetAttributes");
   return false;  // unreachable: check() throws
-}
-
-int kernel_image_arch(int device) {
-  const ScopedDevice scoped(device, "kernel_image_arch");
-  cudaFuncAttributes attributes{};
-  ScopedDevice::check(cudaFuncGetAttributes(&attributes, kernel_image_probe), "cudaFuncGetAttributes",
-                      "kernel_image_arch");
-  return attributes.ptxVersion;
 }
 
 }  // namespace scan2d

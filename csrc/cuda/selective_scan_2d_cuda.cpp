@@ -28,13 +28,15 @@ DeviceLimits device_limits(int device) {
   const std::lock_guard<std::mutex> lock(mutex);
   const auto found = cache.find(device);
   if (found != cache.end()) return found->second;
-  int sms = 0, optin = 0, per_sm = 0, reserved = 0;
+  int sms = 0, optin = 0, per_sm = 0, reserved = 0, arch = 0;
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // forward_kernel_arch asks it
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   C10_CUDA_CHECK(allow_shared_memory(static_cast<size_t>(optin)));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
-  const DeviceLimits limits{sms, static_cast<size_t>(optin), static_cast<size_t>(per_sm), kernel_image_arch(device),
+  C10_CUDA_CHECK(forward_kernel_arch(&arch));
+  const DeviceLimits limits{sms, static_cast<size_t>(optin), static_cast<size_t>(per_sm), arch,
                             static_cast<size_t>(reserved)};
   cache.emplace(device, limits);
   return limits;
@@ -249,7 +251,10 @@ int64_t kernel_image_arch_entry(int64_t device_index) {
   TORCH_CHECK_VALUE(device_index >= 0 && device_index < c10::cuda::device_count(),
                     "kernel_image_arch: device_index must be in [0, ", static_cast<int>(c10::cuda::device_count()),
                     "), got ", device_index);
-  return vmamba2d::scan2d::kernel_image_arch(static_cast<int>(device_index));
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  int arch = 0;
+  C10_CUDA_CHECK(vmamba2d::scan2d::forward_kernel_arch(&arch));
+  return arch;
 }
 }  // namespace
 

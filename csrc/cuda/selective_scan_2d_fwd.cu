@@ -37,6 +37,14 @@ static cudaError_t launch_forward_typed(const Params& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+cudaError_t forward_kernel_arch(int* arch) {
+  cudaFuncAttributes attributes{};
+  const cudaError_t err =
+      cudaFuncGetAttributes(&attributes, scan2d_forward_kernel<float, Variant::kOneStateSequential>);
+  *arch = attributes.ptxVersion;
+  return err;
+}
+
 cudaError_t launch_carry_scan(const Params& p, const CarryScan& scan, cudaStream_t stream) {
   const int64_t blocks = (carry_scan_lines(p.g, scan.rows) + kBlockThreads - 1) / kBlockThreads;
   scan2d_carry_scan_kernel<<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(p, scan);
