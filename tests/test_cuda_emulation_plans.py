@@ -140,6 +140,48 @@ def test_register_carry_forms_of_the_route_op(device, dim, height, width, dtype,
 
 
 @needs_module
+@pytest.mark.parametrize("device", ["sm75-T4", "sm86-RTX3090"])
+def test_register_carries_are_bitwise_equal_across_thread_orders(device):
+    # The register carry is per thread (thread slot w * 32 + r in the emulation), outside the race
+    # detector's shared memory: a carry read from another lane's or warp's slot would change y
+    # with the order the emulation runs the threads in. Maps of 2 x 2 tiles, single route and route op.
+    from test_cuda_emulation_routes import CROSS_2D, NAMES, make_inputs as route_inputs
+
+    options = _options(device, "sequential", order=0)
+    del options["order"]
+    inputs = make_inputs(2, 8, 2, 1, 40, 45, seed=51)
+    args = [inputs[k] for k in ORDER]
+    singles = [emulated_fwd(*args, True, 40, 45, False, False, order=order, **options)[0] for order in (1, 2, 17)]
+    routes = route_inputs(2, 4, CROSS_2D, 1, 37, 41, seed=52)
+    crosses = [CUDA_MODULE._emulate_cross_forward(*(routes[n] for n in NAMES), True, CROSS_2D, False, order=order,
+                                                  **options) for order in (1, 2, 17)]
+    for runs in (singles, crosses):
+        assert all(torch.equal(runs[0], other) for other in runs[1:])
+
+
+@needs_module
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("device", ["sm75-T4", "sm86-RTX3090"])
+def test_tile_parallel_route_forward_in_the_layout_without_carry_rows(device, dtype):
+    # N = 1, one warp per channel on a register-carry arch: the launch's layout has no carry rows
+    # (the one-state form's), and the tile-parallel passes of the general route forward, which take
+    # their carries from global memory, run in it; 37 x 41 maps (2 x 2 tiles, 3 x 2 on the
+    # columns-first routes) against the fp64 per-route reference.
+    from test_cuda_emulation_routes import CROSS_2D, check as check_routes, make_inputs as route_inputs
+
+    options = _options(device, "tile-parallel", order=0)
+    del options["order"]
+    for code in CROSS_2D:
+        launch = CUDA_MODULE._launch_plan(1, 2, 1, 1, 37, 41, options["sm_count"], options["smem_per_sm"],
+                                          options["smem_per_block"], route=code, arch=options["arch"])
+        assert (launch["fwd_variant"], launch["fwd_tile_parallel"]) == ("kRoute", True)
+        assert launch["fwd_smem_bytes"] == 64 + launch["fwd_channels"] * 2 * 4096
+    half = dtype != torch.float32
+    check_routes(route_inputs(1, 2, CROSS_2D, 1, 37, 41, dtype=dtype, seed=49), CROSS_2D,
+                 rtol=3e-2 if half else 5e-5, seed=3, **options)
+
+
+@needs_module
 @pytest.mark.parametrize("dtype, dy_fp32", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True),
                                            (torch.float16, False), (torch.float16, True)])
 def test_tile_parallel_one_state_backward_on_the_vector_path(dtype, dy_fp32):

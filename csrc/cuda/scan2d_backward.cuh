@@ -172,48 +172,34 @@ SS2D_UNROLL
 // own), so fp32 dt goes into the route's ddelta cells (its own plane, stored last) and a 2-byte
 // type's fp32 dt into the same cells of Params::dt_park (u's layout), a buffer of the launch alone.
 // Only the parking thread reads it back; on the vector path off / doff are the vector accesses'
-// (with vector_shift), the values in the order the phase holds them.
-template <class T, class Ctx, class TView, class FView>
-SS2D_HD SS2D_INLINE void park_route_dt(const Ctx& ctx, const Geometry& g, const TView& ddelta, const FView& park,
+// (with vector_shift), the values in the order the phase holds them. kPark: stores dt there, else
+// loads the dt parked at the quad (0 on padding cells).
+template <bool kPark, class T, class Ctx, class TView, class FView>
+SS2D_HD SS2D_INLINE void move_route_dt(const Ctx& ctx, const Geometry& g, const TView& ddelta, const FView& park,
                                        const Plane& upl, int64_t uoff, const Plane& dpl, int64_t doff,
-                                       const QuadPlace& at, bool vector, const float (&dt)[kQuad]) {
+                                       const QuadPlace& at, bool vector, float (&dt)[kQuad]) {
   const Plane& pl = sizeof(T) == sizeof(float) ? dpl : upl;
   const int64_t off = sizeof(T) == sizeof(float) ? doff : uoff;
-  const auto park_in = [&](const auto& view) {
+  const auto move = [&](const auto& view) {
     if (vector) {
       Vec4<float> v;
-      memcpy(&v, dt, sizeof(v));
-      ctx.store_vector(view, off, v);
-      return;
+      if constexpr (kPark) {
+        memcpy(&v, dt, sizeof(v));
+        ctx.store_vector(view, off, v);
+      } else {
+        v = ctx.load_vector(view, off);
+        memcpy(dt, &v, sizeof(v));
+      }
+    } else if constexpr (kPark) {
+      store_cells<float, true>(g, view, pl, at, off, dt);
+    } else {
+      load_cells<float, true>(g, view, pl, at, off, dt);
     }
-    store_cells<float, true>(g, view, pl, at, off, dt);
   };
   if constexpr (sizeof(T) == sizeof(float)) {
-    park_in(ddelta);
+    move(ddelta);
   } else {
-    park_in(park);
-  }
-}
-
-// The dt park_route_dt left at the quad (0 on padding cells).
-template <class T, class Ctx, class TView, class FView>
-SS2D_HD SS2D_INLINE void unpark_route_dt(const Ctx& ctx, const Geometry& g, const TView& ddelta, const FView& park,
-                                         const Plane& upl, int64_t uoff, const Plane& dpl, int64_t doff,
-                                         const QuadPlace& at, bool vector, float (&dt)[kQuad]) {
-  const Plane& pl = sizeof(T) == sizeof(float) ? dpl : upl;
-  const int64_t off = sizeof(T) == sizeof(float) ? doff : uoff;
-  const auto unpark_from = [&](const auto& view) {
-    if (vector) {
-      const Vec4<float> v = ctx.load_vector(view, off);
-      memcpy(dt, &v, sizeof(v));
-      return;
-    }
-    load_cells<float, true>(g, view, pl, at, off, dt);
-  };
-  if constexpr (sizeof(T) == sizeof(float)) {
-    unpark_from(ddelta);
-  } else {
-    unpark_from(park);
+    move(park);
   }
 }
 
@@ -224,7 +210,7 @@ SS2D_HD SS2D_INLINE void unpark_route_dt(const Ctx& ctx, const Geometry& g, cons
 //   A (block): the B and C quads of each of the round's states, loaded once for all channels (B
 //      into the B tile at N > 1; at N = 1 the tile holds each quad's offsets instead, QuadRecord,
 //      and phase B loads B again); per channel (kChannelSlots) dt, u, dy quads (first round; dt into its channel
-//      tile at N > 1, else parked in global memory, park_dt / park_route_dt; u and dy too when there are more
+//      tile at N > 1, else parked in global memory, park_dt / move_route_dt; u and dy too when there are more
 //      rounds), and per warp of the channel Abar = exp(dt * A[n]) -- the pass's only exp --,
 //      g = dy * C and x = dt * B * u;
 //   (barrier) scans (warp w, shared memory only):
@@ -347,7 +333,7 @@ SS2D_HD void backward_block(Ctx& ctx, const Params& p, int bb, int cblock, int t
   const GroupPlanes bc_planes = kRouted ? GroupPlanes{g.route.bc_planes, 0} : group_planes(g, group);
   const bool sequential = pass == kSequential;
   const bool full = sequential || pass == kFinal;
-  // Where a route kernel with 2-byte inputs parks dt at N = 1 (park_route_dt).
+  // Where a route kernel with 2-byte inputs parks dt at N = 1 (move_route_dt).
   constexpr bool kParkBuffer = kRouted && sizeof(T) != sizeof(float);
   auto dt_park = ctx.global(kParkBuffer ? p.dt_park : nullptr, kParkBuffer && full && !keep_dt ? n_ud : 0);
   // The slice's partials ([slices][batch][groups][N][L]; on a route kernel [slices][batch][routes]
@@ -487,7 +473,7 @@ SS2D_UNROLL
                 }
                 if (full && !keep_dt) {
                   if constexpr (kRouted) {
-                    park_route_dt<T>(ctx, g, ddelta_g, dt_park, pl, off, dpl, doff, at, vec, dt);
+                    move_route_dt<true, T>(ctx, g, ddelta_g, dt_park, pl, off, dpl, doff, at, vec, dt);
                   } else {
                     park_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dt);
                   }
@@ -751,7 +737,7 @@ SS2D_UNROLL
                 float dq[kQuad];
                 const uint32_t real = load_input_quad<T, kCells>(ctx, g, delta, dpl, at, vec, doff, dq);
                 if constexpr (kRouted) {
-                  unpark_route_dt<T>(ctx, g, ddelta_g, dt_park, pl, off, dpl, doff, at, vec, dtq);
+                  move_route_dt<false, T>(ctx, g, ddelta_g, dt_park, pl, off, dpl, doff, at, vec, dtq);
                 } else {
                   unpark_dt<T>(ctx, g, du_g, ddelta_g, pl, at, vec, off, dtq);
                 }

@@ -197,7 +197,7 @@ struct Params {
   float* grad_in_v;
   float* grad_in_h;
   // Route kernels at N = 1 with 2-byte inputs: each cell's fp32 dt from the backward's first phase
-  // to its last ([batch][dim][L], map order; see park_route_dt). Null otherwise.
+  // to its last ([batch][dim][L], map order; see move_route_dt). Null otherwise.
   float* dt_park;
 };
 
@@ -379,7 +379,7 @@ SS2D_HD inline ForwardLayout forward_layout(int channels, int wpc, int nstate, b
 // channel, one state round) it recomputes dt in the last phase from delta instead (read again from
 // L2 like u and dy), and the warps keep dL/dAbar * Abar for that phase, which also sums dA: four
 // 4-warp blocks then fit into an H100 SM.
-// A route kernel parks dt too (park_route_dt): its du is the fp32 sum over the routes, so fp32 dt
+// A route kernel parks dt too (move_route_dt): its du is the fp32 sum over the routes, so fp32 dt
 // goes into the route's own ddelta cells, a 2-byte type's into Params::dt_park.
 SS2D_HD inline bool backward_keeps_dt(int nstate) { return nstate > 1; }
 

@@ -197,7 +197,7 @@ std::vector<at::Tensor> cross_backward_impl(const at::Tensor& u_in, const at::Te
   at::Tensor dC_part = at::zeros({slices, s.batch, s.routes, s.nstate, s.length()}, f32);
   // Route k's recording forward writes its (unused) y into the scratch map, then route k's backward
   // parks each cell's dt there (2-byte inputs at N = 1: the route's ddelta cells are too narrow,
-  // park_route_dt); launches run in order, so each use ends before the next begins.
+  // move_route_dt); launches run in order, so each use ends before the next begins.
   const bool parks_in_scratch = s.nstate == 1 && type != ElementType::kFloat32;
   at::Tensor scratch;
   for (int64_t k = 0; k < s.routes; ++k) {
