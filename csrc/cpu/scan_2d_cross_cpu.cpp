@@ -12,12 +12,15 @@
 // (batch, K, R, H, W) and each route's step sizes are projected inside the kernel, for a group of
 // kProjectChannels channels at a time; the backward recomputes them the same way and returns the
 // full-rank ddelta (batch, K, dim, H, W) (the projection's own gradients are matmuls, left to the
-// caller). The forward runs tasks over (batch, channel group: one channel without a projection);
-// the backward over (batch, channel chunk), each task writing the dB / dC of every route into its
-// own partial buffer, summed over the chunks in a fixed order afterwards (deterministic results).
+// caller). The forward runs tasks over (batch, channel group: one channel without a projection;
+// kLaneChannels, one per vector lane, for float channels-last maps with a projection on the
+// AVX-512 build: scan_2d_lanes_kernel.h); the backward over (batch, channel chunk), each task writing the dB / dC
+// of every route into its own partial buffer, summed over the chunks in a fixed order afterwards
+// (deterministic results).
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "scan_2d_glue.h"
@@ -75,6 +78,21 @@ ScanInputs<T> cross_pointers(const ComputeInputs& inputs, const OptTensor& weigh
   return in;
 }
 
+// Channels [first, last) of sample b: by the channel-lane kernel where it has its weights (float
+// maps only).
+// lane_weights: the projection as (routes, R, dim) for the channel-lane kernel.
+template <typename T>
+void forward_group(const ChannelKernels<T>& kernels, const Tensor& lane_weights, const ScanInputs<T>& in,
+                   const CrossShape& s, const std::vector<int64_t>& routes, int64_t b, int64_t first, int64_t last,
+                   T* y, Workspace<T>& ws) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (lane_weights.defined()) {
+      return kernels.cross_forward_lanes(in, s, lane_weights.data_ptr<float>(), routes.data(), b, first, last, y, ws);
+    }
+  }
+  kernels.cross_forward(in, s, routes.data(), b, first, last, y, ws);
+}
+
 }  // namespace
 
 Tensor cross_forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, const Tensor& B, const Tensor& C,
@@ -84,9 +102,12 @@ Tensor cross_forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, c
   const ComputeInputs inputs(u, delta, A_in, B, C, D_in, bias_in, delta_softplus);
   const OptTensor proj = as_compute(proj_in, u.scalar_type());
   Tensor y = at::empty(u.sizes(), u.options().memory_format(map_format(s.channels_last)));
-  const int64_t group = s.channel_group();
+  const bool lanes = u.scalar_type() == at::kFloat && lane_forward(s) &&
+                     best_channel_kernels<float>().cross_forward_lanes != nullptr;
+  const Tensor lane_weights = lanes ? proj->transpose(1, 2).contiguous() : Tensor();
+  const int64_t group = lanes ? kLaneChannels : s.channel_group();
   const int64_t groups = (s.dim + group - 1) / group;  // per sample
-  const int64_t arrays = cross_forward_arrays(group);
+  const int64_t arrays = lanes ? lane_forward_arrays(s) : cross_forward_arrays(group);
   const Tensor workspaces = thread_workspaces(s.length(), arrays, u);
 
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "vmamba2d_cross_scan_2d_cpu_forward", [&] {
@@ -95,7 +116,7 @@ Tensor cross_forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, c
     scalar_t* y_ptr = y.data_ptr<scalar_t>();
     parallel_tasks<scalar_t>(s.batch * groups, workspaces, arrays, s.length(), [&](int64_t task, Workspace<scalar_t>& ws) {
       const int64_t first = (task % groups) * group;
-      kernels.cross_forward(in, s, routes.data(), task / groups, first, std::min(first + group, s.dim), y_ptr, ws);
+      forward_group(kernels, lane_weights, in, s, routes, task / groups, first, std::min(first + group, s.dim), y_ptr, ws);
     });
   });
   return out_fp32 ? y.to(at::kFloat) : y;

@@ -20,6 +20,7 @@
 #define VMAMBA2D_VECTOR_BYTES 64
 #include "scan_2d_kernel.h"
 #include "scan_2d_routes_kernel.h"
+#include "scan_2d_lanes_kernel.h"
 
 VMAMBA2D_INSTANTIATE_ISA_KERNELS(avx512)
 #endif

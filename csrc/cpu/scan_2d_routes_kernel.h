@@ -54,10 +54,6 @@ void project_delta(const T* __restrict weights, const T* __restrict low, int64_t
   }
 }
 
-#ifndef VMAMBA2D_VECTOR_BYTES
-#define VMAMBA2D_VECTOR_BYTES 16  // SSE2
-#endif
-
 // One vector register of the build's instruction set, as a GCC / Clang vector type: the block of
 // cells of project_delta_group. (Written with plain arrays, GCC vectorised that loop nest across
 // the channels, with transposes, and ran 3-4x slower than one channel at a time.)

@@ -47,7 +47,8 @@ struct CrossShape {
   int64_t length() const { return height * width; }
   MapShape map() const { return {height, width, nstate}; }
   // Channels per kernel call: a group shares each load of the low-rank step sizes (see
-  // cross_channel_group); one channel without a projection.
+  // cross_channel_group); one channel without a projection. (The float forward's channel-lane
+  // kernel takes kLaneChannels: lane_forward.)
   int64_t channel_group() const;
   // Where channel d of sample b starts in u / y / dy / du, and the step between its pixels.
   int64_t map_offset(int64_t b, int64_t d) const {
@@ -107,7 +108,33 @@ constexpr int64_t kBackwardArrays = 10;  // dt, dt_u, ddt, decay, hh, h, lambda,
 // accumulator chains; one channel alone waits on the FMA latency on small maps).
 constexpr int64_t kProjectChannels = 8;
 
+// Channels of one call of the channel-lane forward (scan_2d_lanes_kernel.h), one per vector lane:
+// one AVX-512 vector of floats, two AVX2 or four SSE vectors one after the other.
+constexpr int64_t kLaneChannels = 16;
+// Most states the channel-lane forward scans (its first-pass carries live in registers).
+constexpr int64_t kMaxLaneStates = 64;
+// Cells of a line whose decays and inputs the channel-lane forward forms together.
+constexpr int64_t kLaneBlock = 8;
+
 inline int64_t CrossShape::channel_group() const { return rank > 0 ? kProjectChannels : 1; }
+
+// Whether the float forward runs the channel-lane kernel (scan_2d_lanes_kernel.h, kLaneChannels
+// channels per call, one per vector lane): it needs channels-last maps (a pixel's channels
+// adjacent), a step-size projection (each pixel's step sizes formed from the low-rank rows), at
+// least kLaneChannels channels and at most kMaxLaneStates states.
+inline bool lane_forward(const CrossShape& s) {
+  return s.channels_last && s.rank > 0 && s.dim >= kLaneChannels && s.nstate <= kMaxLaneStates;
+}
+
+// Its workspace, in arrays of L floats: the lanes' y (L vectors), the second pass's carries (one
+// vector per cell of a line and state), the route's decay rates (one vector per state) and, for a
+// run-time number of states, a block's decays and inputs (kLaneBlock vectors per state each);
+// vectors of kLaneChannels floats, the widest of any build.
+inline int64_t lane_forward_arrays(const CrossShape& s) {
+  const int64_t line = s.height > s.width ? s.height : s.width;
+  const int64_t vectors = s.length() + line * s.nstate + s.nstate + 2 * kLaneBlock * s.nstate;
+  return (vectors * kLaneChannels + s.length() - 1) / s.length();
+}
 
 // The four-route kernel's arrays for a call on `group` channels: the above, then per channel its
 // route's step sizes (delta plane, projected), then its planes gathered from channels-last maps

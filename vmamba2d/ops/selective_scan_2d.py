@@ -150,12 +150,17 @@ def backend_info() -> dict:
     GPU, e.g. 86 for the sm_86 code an RTX 3090 / 4090 runs; None without a usable kernel) and
     ``cross_scan`` (how :func:`vmamba2d.ops.cross_selective_scan_2d` runs on the ``auto_cpu`` /
     ``auto_cuda`` backends: ``"native"``, routes scanned in place, or ``"per-route"``, one
-    single-route scan per route on route-order copies).
+    single-route scan per route on route-order copies), ``cpu_isa`` (the instruction-set build of
+    the CPU kernel this CPU runs: ``"avx512"``, ``"avx2"`` or ``"baseline"``; None without the
+    extension) and ``cpu_channel_lanes`` (the CPU four-route forward of float32 channels-last maps
+    with ``delta_proj_weight``, the models' call, runs one channel per vector lane: the AVX-512
+    build; else one channel's plane at a time).
     """
     from .cross_scan import cross_scan_mode
     from .scan_triton import triton_version
 
     cpu_ok = _kernel_available("cpu")
+    cpu_module = _extensions.cpu_extension() if cpu_ok else None
     cuda_ok = _kernel_available("cuda")
     triton_ver = triton_version()
     gpu = torch.cuda.is_available()
@@ -175,6 +180,9 @@ def backend_info() -> dict:
         "auto_cuda": auto_cuda,
         "env_override": override,
         "cross_scan": {"cpu": cross_scan_mode(auto_cpu), "cuda": cross_scan_mode(auto_cuda)},
+        "cpu_isa": cpu_module.isa() if cpu_module is not None else None,
+        # a JIT build cached by an older version has no channel_lanes: it has no channel-lane kernel
+        "cpu_channel_lanes": bool(getattr(cpu_module, "channel_lanes", lambda: False)()),
     }
 
 

@@ -1,0 +1,205 @@
+// The four-route forward with one channel per vector lane (float, channels-last maps, step-size
+// projection: lane_forward in scan_2d_types.h).
+//
+// The per-channel kernel (scan_2d_routes_kernel.h) scans one channel's plane at a time and can only
+// vectorise along the map: its passes along rows are serial, and on the small maps of the late
+// stages (14 x 14, 7 x 7) a row is shorter than a vector. Here the channels go across the lanes of
+// a LaneFloats vector (one register of the build: kLanes channels), so every step of the scan is
+// one vector operation whatever the map's size: a pixel's channels are adjacent in a channels-last
+// map, and its B, C and low-rank step sizes are one value for all of them. A call takes
+// kLaneChannels channels, the same on every build, a vector of them at a time.
+//
+// A route is one sweep over the map: the lines of its first pass (rows, or columns) in the order
+// of its second pass, each line in the first pass's direction. A 2D route keeps the first pass's
+// carry along the line and, per cell of a line, the second pass's carry from the previous line:
+//   hh = a * hh_before + x            (first pass, along the line)
+//   h  = a * h_previous_line + hh     (second pass, across the lines)
+// which is what the two passes over the whole map compute (the second pass at a line only needs
+// that line's hh); a flat route's state runs on from the end of one line into the next. The
+// values are those of the per-channel kernel: the same step-size sums in the same order, the same
+// exp / softplus approximations (scan_2d_math.h), the same operations per cell (flat routes: the
+// per-channel kernel combines each line's carry afterwards, which rounds differently).
+//
+// Compiled in the AVX-512 build only (scan_2d_isa_avx512.cpp; see scan_2d_isa.h), inside its
+// namespace VMAMBA2D_ISA like scan_2d_kernel.h.
+#pragma once
+#ifndef VMAMBA2D_ISA
+#error "define VMAMBA2D_ISA (the instruction-set namespace) before including scan_2d_lanes_kernel.h"
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "scan_2d_kernel.h"  // with the math and passes of this build
+#include "scan_2d_routes_kernel.h"
+#include "scan_2d_types.h"
+
+
+namespace vmamba2d {
+namespace cpu {
+namespace VMAMBA2D_ISA {
+
+inline LaneFloats load_lanes(const float* from) { return load_vector<LaneFloats>(from); }
+
+inline void store_lanes(float* to, LaneFloats v) { std::memcpy(to, &v, sizeof(v)); }
+
+// Lane l = values[l * stride] (a column of a row-major table).
+inline LaneFloats gather_lanes(const float* values, int64_t stride) {
+  LaneFloats v;
+  for (int64_t l = 0; l < kLanes; ++l) v[l] = values[l * stride];
+  return v;
+}
+
+// A route's sweep: the lines of its first pass in the order of its second, each in the first
+// pass's direction; cell(t, q) is the q-th cell visited on the t-th line.
+struct LaneSweep {
+  int64_t lines;        // rows (first pass along rows) or columns
+  int64_t line_length;  // cells per line
+  int64_t line_step;    // between adjacent lines
+  int64_t cell_step;    // between adjacent cells of a line
+  bool lines_reversed;  // the second pass runs bottom-up / right-to-left
+  bool cells_reversed;  // the first pass runs right-to-left / bottom-up
+
+  LaneSweep(const RoutePasses& route, int64_t height, int64_t width)
+      : lines(route.first.along_rows ? height : width),
+        line_length(route.first.along_rows ? width : height),
+        line_step(route.first.along_rows ? width : 1),
+        cell_step(route.first.along_rows ? 1 : width),
+        lines_reversed(route.second.reverse),
+        cells_reversed(route.first.reverse) {}
+
+  int64_t line(int64_t t) const { return lines_reversed ? lines - 1 - t : t; }
+  int64_t position(int64_t q) const { return cells_reversed ? line_length - 1 - q : q; }
+};
+
+// Adds route k's output to y (L vectors) for the lanes' channels [d0, d0 + kLanes) of
+// sample b. kStates: N when it is a compile-time constant (1, the models'), else 0. weights: the
+// route's projection as (rank, dim) rows (lane_projection_rows). Scratch: the workspace after y
+// (lane_forward_arrays). A line is scanned in blocks of kLaneBlock cells: first the block's step
+// sizes (kLaneBlock independent R-term sums in registers), decays and inputs x, whose long
+// dependency chains overlap across the cells; then the scan through the block's cells in order.
+template <int64_t kStates>
+void add_lane_route(const ScanInputs<float>& in, const CrossShape& s, const float* weights, int64_t route_code,
+                    int64_t b, int64_t k, int64_t d0, LaneFloats* y, LaneFloats* scratch) {
+  const int64_t L = s.length();
+  const int64_t N = kStates > 0 ? kStates : s.nstate;
+  const int64_t R = s.rank;
+  const int64_t line = s.height > s.width ? s.height : s.width;
+  LaneFloats* second_carry = scratch;            // [position * N + n]
+  LaneFloats* rates = second_carry + line * N;   // [n]: A of the lanes' channels
+  LaneFloats* block_memory = rates + N;          // [j * N + n] decays, then inputs (kStates == 0)
+  const int64_t row = k * s.dim + d0;            // of A, D, delta_bias
+  for (int64_t n = 0; n < N; ++n) rates[n] = gather_lanes(in.A + row * N + n, N);
+  const LaneFloats bias = in.delta_bias ? load_lanes(in.delta_bias + row) : LaneFloats{};
+  const float* route_weights = weights + k * R * s.dim + d0;  // row r at r * dim
+  const float* low = in.delta + (b * s.routes + k) * R * L;
+  const float* Bk = in.B + (b * s.routes + k) * N * L;
+  const float* Ck = in.C + (b * s.routes + k) * N * L;
+  const float* u = in.u + s.map_offset(b, d0);
+  LaneFloats block_registers[2 * kLaneBlock * (kStates > 0 ? kStates : 1)];
+  LaneFloats* decays = kStates > 0 ? block_registers : block_memory;
+  LaneFloats* inputs = decays + kLaneBlock * N;
+
+  const RoutePasses passes = route_passes(route_code);
+  const LaneSweep sweep(passes, s.height, s.width);
+  const int64_t cells = sweep.line_length;
+  for (int64_t i = 0; i < cells * N; ++i) second_carry[i] = LaneFloats{};
+  LaneFloats first_carry[kStates > 0 ? kStates : kMaxLaneStates] = {};
+  for (int64_t t = 0; t < sweep.lines; ++t) {
+    const int64_t line_start = sweep.line(t) * sweep.line_step;
+    if (!passes.flat) {
+      for (int64_t n = 0; n < N; ++n) first_carry[n] = LaneFloats{};
+    }
+    for (int64_t q0 = 0; q0 < cells; q0 += kLaneBlock) {
+      // The block's cells; past the line's end its last cell again (formed, never scanned).
+      int64_t p[kLaneBlock];
+#pragma GCC unroll 8
+      for (int64_t j = 0; j < kLaneBlock; ++j) {
+        p[j] = line_start + sweep.position(q0 + j < cells ? q0 + j : cells - 1) * sweep.cell_step;
+      }
+      LaneFloats dt[kLaneBlock];
+      const LaneFloats w0 = load_lanes(route_weights);
+#pragma GCC unroll 8
+      for (int64_t j = 0; j < kLaneBlock; ++j) dt[j] = w0 * low[p[j]];
+      for (int64_t r = 1; r < R; ++r) {
+        const LaneFloats w = load_lanes(route_weights + r * s.dim);
+        const float* low_r = low + r * L;
+#pragma GCC unroll 8
+        for (int64_t j = 0; j < kLaneBlock; ++j) dt[j] += w * low_r[p[j]];
+      }
+      for (int64_t j = 0; j < kLaneBlock; ++j) {
+        dt[j] += bias;
+        if (in.delta_softplus) dt[j] = softplus_approx(dt[j]);
+        const LaneFloats dt_u = dt[j] * load_lanes(u + p[j] * s.dim);
+        for (int64_t n = 0; n < N; ++n) {
+          decays[j * N + n] = exp_approx(dt[j] * rates[n]);
+          inputs[j * N + n] = dt_u * Bk[n * L + p[j]];
+        }
+      }
+      const int64_t block = cells - q0 < kLaneBlock ? cells - q0 : kLaneBlock;
+      for (int64_t j = 0; j < block; ++j) {
+        LaneFloats out = y[p[j]];
+        for (int64_t n = 0; n < N; ++n) {
+          const LaneFloats decay = decays[j * N + n];
+          const LaneFloats hh = decay * first_carry[n] + inputs[j * N + n];
+          first_carry[n] = hh;
+          LaneFloats h = hh;
+          if (!passes.flat) {
+            LaneFloats& across = second_carry[sweep.position(q0 + j) * N + n];
+            h = hh + decay * across;
+            across = h;
+          }
+          out += Ck[n * L + p[j]] * h;
+        }
+        y[p[j]] = out;
+      }
+    }
+  }
+}
+
+// y of channels [d_begin, d_end) of sample b (a channels-last map; at most kLaneChannels
+// channels): the routes' outputs summed in route order, plus the routes' summed skip weights times
+// u. The call covers channels [c0, c0 + kLaneChannels) with c0 = min(d_begin, dim - kLaneChannels),
+// so a last group of fewer channels overlaps the one before it (only [d_begin, d_end) is stored),
+// as kLaneChannels / kLanes vectors scanned one after the other.
+// weights: the step-size projection as (routes, rank, dim) (a lane's weights adjacent).
+// Workspace: lane_forward_arrays(s) arrays.
+void cross_forward_lanes(const ScanInputs<float>& in, const CrossShape& s, const float* weights,
+                         const int64_t* routes, int64_t b, int64_t d_begin, int64_t d_end, float* y_map,
+                         Workspace<float>& ws) {
+  const int64_t L = s.length();
+  const int64_t c0 = d_begin < s.dim - kLaneChannels ? d_begin : s.dim - kLaneChannels;
+  LaneFloats* y = reinterpret_cast<LaneFloats*>(ws.array(0));
+  LaneFloats* scratch = y + L;
+  for (int64_t d0 = c0; d0 < c0 + kLaneChannels; d0 += kLanes) {
+    const int64_t lane_begin = std::max(d_begin - d0, int64_t(0));
+    const int64_t lane_end = std::min(d_end - d0, kLanes);
+    if (lane_begin >= lane_end) continue;  // channels of the group before (the overlap)
+    const float* u = in.u + s.map_offset(b, d0);
+    LaneFloats skip{};
+    if (in.D) {
+      for (int64_t k = 0; k < s.routes; ++k) skip += load_lanes(in.D + k * s.dim + d0);
+    }
+    for (int64_t p = 0; p < L; ++p) y[p] = skip * load_lanes(u + p * s.dim);
+    for (int64_t k = 0; k < s.routes; ++k) {
+      if (s.nstate == 1) {
+        add_lane_route<1>(in, s, weights, routes[k], b, k, d0, y, scratch);
+      } else {
+        add_lane_route<0>(in, s, weights, routes[k], b, k, d0, y, scratch);
+      }
+    }
+    float* out = y_map + s.map_offset(b, d0);
+    if (lane_begin == 0 && lane_end == kLanes) {
+      for (int64_t p = 0; p < L; ++p) store_lanes(out + p * s.dim, y[p]);
+      continue;
+    }
+    for (int64_t p = 0; p < L; ++p) {
+      for (int64_t l = lane_begin; l < lane_end; ++l) out[p * s.dim + l] = y[p][l];
+    }
+  }
+}
+
+}  // namespace VMAMBA2D_ISA
+}  // namespace cpu
+}  // namespace vmamba2d

@@ -1,0 +1,126 @@
+"""The CPU four-route forward with one channel per vector lane (csrc/cpu/scan_2d_lanes_kernel.h).
+
+It runs for float32 channels-last maps with ``delta_proj_weight`` (the models' call) on the AVX-512
+build. References: the projection as an explicit einsum, then the per-route ``reference`` backend
+in float64; and the per-channel kernel (the AVX2 build, which has no lane kernel) on the same
+float32 inputs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vmamba2d.ops import backend_info, cross_selective_scan_2d, route_set
+from vmamba2d.ops import _extensions
+from vmamba2d.ops.cross_scan import cross_scan_per_route
+from vmamba2d.ops.routes import resolve_routes
+
+LANE_CHANNELS = 16  # channels per kernel call (kLaneChannels)
+
+pytestmark = pytest.mark.skipif(
+    not backend_info()["cpu_channel_lanes"], reason="the CPU kernel has no channel-lane build here (needs AVX-512)"
+)
+
+
+def _inputs(batch, dim, height, width, rank=3, nstate=1, routes=4, seed=0, optional=True):
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    return dict(
+        u=rand(batch, dim, height, width).contiguous(memory_format=torch.channels_last),
+        delta=rand(batch, routes, rank, height, width),
+        A=-torch.rand(routes * dim, nstate, generator=gen) - 0.3,
+        B=rand(batch, routes, nstate, height, width),
+        C=rand(batch, routes, nstate, height, width),
+        D=rand(routes * dim) if optional else None,
+        delta_bias=rand(routes * dim) * 0.3 if optional else None,
+        delta_proj_weight=rand(routes, dim, rank) * rank**-0.5,
+    )
+
+
+def _reference(inputs, softplus, routes):
+    """float64: einsum projection, then the route-order copies scanned one by one in PyTorch."""
+    x = {k: v.double() if v is not None else None for k, v in inputs.items()}
+    full = torch.einsum("kdr,bkrhw->bkdhw", x["delta_proj_weight"], x["delta"])
+    args = [x["u"].contiguous(), full] + [x[k] for k in ("A", "B", "C", "D", "delta_bias")]
+    return cross_scan_per_route(*args, softplus, resolve_routes(routes), "reference", torch.float64)
+
+
+def _lanes(inputs, softplus, routes):
+    with torch.no_grad():
+        return cross_selective_scan_2d(**inputs, delta_softplus=softplus, routes=routes, backend="cpu")
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(batch=1, dim=16, height=5, width=7),  # one call, one vector per build register
+        dict(batch=2, dim=19, height=9, width=11),  # a last call overlapping the one before
+        dict(batch=1, dim=40, height=14, width=14),  # two calls + overlap; lines of 8 + 6 cells
+        dict(batch=1, dim=16, height=1, width=13),  # one row
+        dict(batch=1, dim=17, height=10, width=1),  # one column
+        dict(batch=2, dim=24, height=3, width=2, nstate=3),  # several states (run-time N)
+    ],
+    ids=["one-call", "overlap", "two-calls", "one-row", "one-column", "three-states"],
+)
+@pytest.mark.parametrize(
+    "routes", ["cross", route_set("cross", "1d"), "corners"], ids=["cross-2d", "cross-flat", "corners"]
+)
+def test_lane_forward_matches_the_float64_reference(shape, routes):
+    inputs = _inputs(seed=1, **shape)
+    got = _lanes(inputs, True, routes)
+    expected = _reference(inputs, True, routes)
+    assert got.dtype == torch.float32 and got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got.double(), expected, rtol=2e-5, atol=2e-5)
+
+
+def test_lane_forward_without_softplus_d_and_bias():
+    inputs = _inputs(batch=1, dim=21, height=6, width=9, rank=1, seed=2, optional=False)
+    torch.testing.assert_close(_lanes(inputs, False, "cross").double(), _reference(inputs, False, "cross"),
+                               rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("routes", ["cross", route_set("cross", "1d")], ids=["2d", "flat"])
+def test_lane_forward_equals_the_per_channel_kernel(routes, monkeypatch):
+    """Same sums in the same order, same exp / softplus: the two kernels differ only by where the
+    compiler fuses a multiply and an add (2D routes) and by the per-channel kernel's carries
+    between the lines of a flat route (added afterwards): far below 1e-6 relative."""
+    inputs = _inputs(batch=2, dim=48, height=12, width=10, rank=6, seed=3)
+    lanes = _lanes(inputs, True, routes)
+    monkeypatch.setenv("VMAMBA2D_CPU_ISA", "avx2")
+    per_channel = _lanes(inputs, True, routes)
+    assert _extensions.cpu_extension().isa() == "avx2"
+    scale = per_channel.abs().max()
+    assert (lanes - per_channel).abs().max() <= 1e-6 * scale
+
+
+def test_the_lane_forward_leaves_other_calls_to_the_per_channel_kernel():
+    """Contiguous maps, fewer than 16 channels, float64 and full-rank delta take the per-channel
+    kernel; each still matches the reference."""
+    cases = [
+        (_inputs(batch=1, dim=16, height=4, width=5, seed=4), lambda x: x.update(u=x["u"].contiguous())),
+        (_inputs(batch=1, dim=15, height=4, width=5, seed=4), lambda x: None),
+        (_inputs(batch=1, dim=16, height=4, width=5, seed=4),
+         lambda x: x.update({k: v.double() for k, v in x.items() if v is not None})),
+    ]
+    for inputs, change in cases:
+        reference = _reference(inputs, True, "cross")
+        change(inputs)
+        torch.testing.assert_close(_lanes(inputs, True, "cross").double(), reference, rtol=2e-5, atol=2e-5)
+    inputs = _inputs(batch=1, dim=16, height=4, width=5, seed=4)
+    full = torch.einsum("kdr,bkrhw->bkdhw", inputs["delta_proj_weight"], inputs["delta"])
+    reference = _reference(inputs, True, "cross")
+    inputs.update(delta=full, delta_proj_weight=None)
+    torch.testing.assert_close(_lanes(inputs, True, "cross").double(), reference, rtol=2e-5, atol=2e-5)
+
+
+def test_gradients_through_the_lane_forward_match_the_reference():
+    """The backward (per-channel kernel) recomputes the scans from the inputs: a forward that
+    disagreed with it would show in the gradients of a loss on y."""
+    inputs = _inputs(batch=1, dim=18, height=5, width=6, seed=5)
+    leaves = {k: v.detach().clone().requires_grad_() if v is not None else None for k, v in inputs.items()}
+    y = cross_selective_scan_2d(**leaves, delta_softplus=True, routes="cross", backend="cpu")
+    y.square().sum().backward()
+    ref_leaves = {k: v.detach().double().requires_grad_() for k, v in inputs.items()}
+    _reference(ref_leaves, True, "cross").square().sum().backward()
+    for name, leaf in leaves.items():
+        torch.testing.assert_close(leaf.grad.double(), ref_leaves[name].grad, rtol=1e-4, atol=1e-4, msg=name)
