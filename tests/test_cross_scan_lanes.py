@@ -124,3 +124,37 @@ def test_gradients_through_the_lane_forward_match_the_reference():
     _reference(ref_leaves, True, "cross").square().sum().backward()
     for name, leaf in leaves.items():
         torch.testing.assert_close(leaf.grad.double(), ref_leaves[name].grad, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_the_lane_switch_runs_the_per_channel_kernel(monkeypatch):
+    """VMAMBA2D_CPU_LANES=0 (A/B measurements): the per-channel kernel on the channels-last map,
+    which gives the contiguous map's result bitwise (same kernel; the plane is gathered)."""
+    inputs = _inputs(batch=1, dim=20, height=6, width=5, seed=6)
+    contiguous = dict(inputs, u=inputs["u"].contiguous())
+    monkeypatch.setenv("VMAMBA2D_CPU_LANES", "0")
+    assert backend_info()["cpu_channel_lanes"] is False
+    assert torch.equal(_lanes(inputs, True, "cross"), _lanes(contiguous, True, "cross"))
+    monkeypatch.setenv("VMAMBA2D_CPU_LANES", "1")
+    assert backend_info()["cpu_channel_lanes"] is True
+    monkeypatch.setenv("VMAMBA2D_CPU_LANES", "yes")
+    with pytest.raises(ValueError, match="VMAMBA2D_CPU_LANES must be '0' or '1'"):
+        _lanes(inputs, True, "cross")
+
+
+def test_bench_lanes_tool_prints_a_table(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "bench_lanes.py"
+    spec = importlib.util.spec_from_file_location("bench_lanes", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = tmp_path / "lanes.md"
+    argv = ["bench_lanes.py", "--batch", "1", "--rounds", "1", "--warmup", "0", "--model", "none", "--threads", "1",
+            "--out", str(out)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sys.argv", argv)
+        assert tool.main() == 0
+    table = out.read_text()
+    assert "| op 7x7 x 768 ch, R=48 | 1 |" in table and "speed-up (CPU time)" in table
+    assert table.count("| op ") == 4

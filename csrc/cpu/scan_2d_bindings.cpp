@@ -28,7 +28,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "channel_lanes", [] { return vmamba2d::cpu::best_channel_kernels<float>().cross_forward_lanes != nullptr; },
       "Whether the four-route forward runs one channel per vector lane (float32 channels-last maps with "
-      "delta_proj_weight; the AVX-512 build) instead of one channel's plane at a time");
+      "delta_proj_weight; the AVX-512 build, unless VMAMBA2D_CPU_LANES=0) instead of one channel's plane at a time");
   m.def("backward", &vmamba2d::cpu::backward,
         "2D selective scan backward -> [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None]",
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),

@@ -106,6 +106,16 @@ inline IsaLevel isa_cap_from_env() {
   throw std::invalid_argument("VMAMBA2D_CPU_ISA must be 'baseline', 'avx2' or 'avx512', got '" + name + "'");
 }
 
+// VMAMBA2D_CPU_LANES=0 turns the channel-lane forward off (the per-channel kernel runs instead; for
+// A/B measurements and tests); unset or 1: on where the build has it. Read at every call.
+inline bool channel_lanes_from_env() {
+  const char* value = std::getenv("VMAMBA2D_CPU_LANES");
+  if (value == nullptr || *value == '\0') return true;
+  const std::string name(value);
+  if (name == "0" || name == "1") return name == "1";
+  throw std::invalid_argument("VMAMBA2D_CPU_LANES must be '0' or '1', got '" + name + "'");
+}
+
 // The fastest build this CPU can run (at most the level VMAMBA2D_CPU_ISA allows).
 template <typename T>
 ChannelKernels<T> best_channel_kernels() {
@@ -114,7 +124,8 @@ ChannelKernels<T> best_channel_kernels() {
   const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (cap >= IsaLevel::kAvx512 && has_avx2 && __builtin_cpu_supports("avx512f")) {
     return {&avx512::forward_channel<T>, &avx512::backward_channel<T>, &avx512::cross_forward_channels<T>,
-            &avx512::cross_backward_channels<T>, &avx512::cross_forward_lanes, "avx512"};
+            &avx512::cross_backward_channels<T>, channel_lanes_from_env() ? &avx512::cross_forward_lanes : nullptr,
+            "avx512"};
   }
   if (cap >= IsaLevel::kAvx2 && has_avx2) {
     return {&avx2::forward_channel<T>, &avx2::backward_channel<T>, &avx2::cross_forward_channels<T>,

@@ -154,7 +154,7 @@ def backend_info() -> dict:
     the CPU kernel this CPU runs: ``"avx512"``, ``"avx2"`` or ``"baseline"``; None without the
     extension) and ``cpu_channel_lanes`` (the CPU four-route forward of float32 channels-last maps
     with ``delta_proj_weight``, the models' call, runs one channel per vector lane: the AVX-512
-    build; else one channel's plane at a time).
+    build, unless ``VMAMBA2D_CPU_LANES=0``; else one channel's plane at a time).
     """
     from .cross_scan import cross_scan_mode
     from .scan_triton import triton_version
