@@ -22,6 +22,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The lane kernel runs where its 16-channel tasks give every thread one: on one thread, always."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _inputs(batch, dim, height, width, rank=3, nstate=1, routes=4, seed=0, optional=True):
     gen = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
@@ -139,6 +148,20 @@ def test_the_lane_switch_runs_the_per_channel_kernel(monkeypatch):
     monkeypatch.setenv("VMAMBA2D_CPU_LANES", "yes")
     with pytest.raises(ValueError, match="VMAMBA2D_CPU_LANES must be '0' or '1'"):
         _lanes(inputs, True, "cross")
+
+
+def test_fewer_lane_tasks_than_threads_take_the_per_channel_kernel(monkeypatch):
+    """16 channels per task: one sample of 32 channels is 2 tasks, too few for 4 threads, so the
+    per-channel kernel (4 tasks of 8 channels) runs: bitwise its result with the lanes off."""
+    inputs = _inputs(batch=1, dim=32, height=5, width=6, seed=7)
+    torch.set_num_threads(4)  # the fixture restores the count
+    monkeypatch.setenv("VMAMBA2D_CPU_LANES", "0")
+    per_channel = _lanes(inputs, True, "cross")
+    monkeypatch.setenv("VMAMBA2D_CPU_LANES", "1")
+    assert torch.equal(_lanes(inputs, True, "cross"), per_channel)
+    torch.set_num_threads(2)
+    lanes = _lanes(inputs, True, "cross")
+    torch.testing.assert_close(lanes.double(), _reference(inputs, True, "cross"), rtol=2e-5, atol=2e-5)
 
 
 def test_bench_lanes_tool_prints_a_table(tmp_path):

@@ -102,8 +102,11 @@ Tensor cross_forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, c
   const ComputeInputs inputs(u, delta, A_in, B, C, D_in, bias_in, delta_softplus);
   const OptTensor proj = as_compute(proj_in, u.scalar_type());
   Tensor y = at::empty(u.sizes(), u.options().memory_format(map_format(s.channels_last)));
+  // The lane kernel's tasks are twice the per-channel kernel's (16 channels, not 8): it runs only
+  // where they still give every thread one, so a small batch on many cores keeps its parallelism.
   const bool lanes = u.scalar_type() == at::kFloat && lane_forward(s) &&
-                     best_channel_kernels<float>().cross_forward_lanes != nullptr;
+                     best_channel_kernels<float>().cross_forward_lanes != nullptr &&
+                     s.batch * ((s.dim + kLaneChannels - 1) / kLaneChannels) >= at::get_num_threads();
   const Tensor lane_weights = lanes ? proj->transpose(1, 2).contiguous() : Tensor();
   const int64_t group = lanes ? kLaneChannels : s.channel_group();
   const int64_t groups = (s.dim + group - 1) / group;  // per sample

@@ -153,8 +153,9 @@ def backend_info() -> dict:
     single-route scan per route on route-order copies), ``cpu_isa`` (the instruction-set build of
     the CPU kernel this CPU runs: ``"avx512"``, ``"avx2"`` or ``"baseline"``; None without the
     extension) and ``cpu_channel_lanes`` (the CPU four-route forward of float32 channels-last maps
-    with ``delta_proj_weight``, the models' call, runs one channel per vector lane: the AVX-512
-    build, unless ``VMAMBA2D_CPU_LANES=0``; else one channel's plane at a time).
+    with ``delta_proj_weight``, the models' call, runs one channel per vector lane -- the AVX-512
+    build, unless ``VMAMBA2D_CPU_LANES=0``, on calls with at least one 16-channel task per thread;
+    else one channel's plane at a time).
     """
     from .cross_scan import cross_scan_mode
     from .scan_triton import triton_version
