@@ -3,11 +3,10 @@
 //
 // The per-channel kernel (scan_2d_routes_kernel.h) scans one channel's plane at a time and can only
 // vectorise along the map: its passes along rows are serial, and on the small maps of the late
-// stages (14 x 14, 7 x 7) a row is shorter than a vector. Here the channels go across the lanes of
-// a LaneFloats vector (one register of the build: kLanes channels), so every step of the scan is
-// one vector operation whatever the map's size: a pixel's channels are adjacent in a channels-last
-// map, and its B, C and low-rank step sizes are one value for all of them. A call takes
-// kLaneChannels channels, the same on every build, a vector of them at a time.
+// stages (14 x 14, 7 x 7) a row is shorter than a vector. Here a call's kLaneChannels channels go
+// across the lanes of one LaneFloats vector (an AVX-512 register), so every step of the scan is one
+// vector operation whatever the map's size: a pixel's channels are adjacent in a channels-last
+// map, and its B, C and low-rank step sizes are one value for all of them.
 //
 // A route is one sweep over the map: the lines of its first pass (rows, or columns) in the order
 // of its second pass, each line in the first pass's direction. A 2D route keeps the first pass's
@@ -35,10 +34,11 @@
 #include "scan_2d_routes_kernel.h"
 #include "scan_2d_types.h"
 
-
 namespace vmamba2d {
 namespace cpu {
 namespace VMAMBA2D_ISA {
+
+static_assert(kVectorFloats == kLaneChannels, "a call's channels are one vector");
 
 inline LaneFloats load_lanes(const float* from) { return load_vector<LaneFloats>(from); }
 
@@ -47,12 +47,12 @@ inline void store_lanes(float* to, LaneFloats v) { std::memcpy(to, &v, sizeof(v)
 // Lane l = values[l * stride] (a column of a row-major table).
 inline LaneFloats gather_lanes(const float* values, int64_t stride) {
   LaneFloats v;
-  for (int64_t l = 0; l < kLanes; ++l) v[l] = values[l * stride];
+  for (int64_t l = 0; l < kLaneChannels; ++l) v[l] = values[l * stride];
   return v;
 }
 
 // A route's sweep: the lines of its first pass in the order of its second, each in the first
-// pass's direction; cell(t, q) is the q-th cell visited on the t-th line.
+// pass's direction: line(t) is the t-th line visited, position(q) the place of its q-th cell.
 struct LaneSweep {
   int64_t lines;        // rows (first pass along rows) or columns
   int64_t line_length;  // cells per line
@@ -73,9 +73,9 @@ struct LaneSweep {
   int64_t position(int64_t q) const { return cells_reversed ? line_length - 1 - q : q; }
 };
 
-// Adds route k's output to y (L vectors) for the lanes' channels [d0, d0 + kLanes) of
+// Adds route k's output to y (L vectors) for the lanes' channels [d0, d0 + kLaneChannels) of
 // sample b. kStates: N when it is a compile-time constant (1, the models'), else 0. weights: the
-// route's projection as (rank, dim) rows (lane_projection_rows). Scratch: the workspace after y
+// projection as (routes, rank, dim) (cross_forward_lanes). Scratch: the workspace after y
 // (lane_forward_arrays). A line is scanned in blocks of kLaneBlock cells: first the block's step
 // sizes (kLaneBlock independent R-term sums in registers), decays and inputs x, whose long
 // dependency chains overlap across the cells; then the scan through the block's cells in order.
@@ -160,43 +160,37 @@ void add_lane_route(const ScanInputs<float>& in, const CrossShape& s, const floa
 
 // y of channels [d_begin, d_end) of sample b (a channels-last map; at most kLaneChannels
 // channels): the routes' outputs summed in route order, plus the routes' summed skip weights times
-// u. The call covers channels [c0, c0 + kLaneChannels) with c0 = min(d_begin, dim - kLaneChannels),
-// so a last group of fewer channels overlaps the one before it (only [d_begin, d_end) is stored),
-// as kLaneChannels / kLanes vectors scanned one after the other.
+// u. The lanes are channels [d0, d0 + kLaneChannels) with d0 = min(d_begin, dim - kLaneChannels),
+// so a last group of fewer channels overlaps the one before it; only [d_begin, d_end) is stored.
 // weights: the step-size projection as (routes, rank, dim) (a lane's weights adjacent).
 // Workspace: lane_forward_arrays(s) arrays.
 void cross_forward_lanes(const ScanInputs<float>& in, const CrossShape& s, const float* weights,
                          const int64_t* routes, int64_t b, int64_t d_begin, int64_t d_end, float* y_map,
                          Workspace<float>& ws) {
   const int64_t L = s.length();
-  const int64_t c0 = d_begin < s.dim - kLaneChannels ? d_begin : s.dim - kLaneChannels;
+  const int64_t d0 = std::min(d_begin, s.dim - kLaneChannels);
   LaneFloats* y = reinterpret_cast<LaneFloats*>(ws.array(0));
   LaneFloats* scratch = y + L;
-  for (int64_t d0 = c0; d0 < c0 + kLaneChannels; d0 += kLanes) {
-    const int64_t lane_begin = std::max(d_begin - d0, int64_t(0));
-    const int64_t lane_end = std::min(d_end - d0, kLanes);
-    if (lane_begin >= lane_end) continue;  // channels of the group before (the overlap)
-    const float* u = in.u + s.map_offset(b, d0);
-    LaneFloats skip{};
-    if (in.D) {
-      for (int64_t k = 0; k < s.routes; ++k) skip += load_lanes(in.D + k * s.dim + d0);
+  const float* u = in.u + s.map_offset(b, d0);
+  LaneFloats skip{};
+  if (in.D) {
+    for (int64_t k = 0; k < s.routes; ++k) skip += load_lanes(in.D + k * s.dim + d0);
+  }
+  for (int64_t p = 0; p < L; ++p) y[p] = skip * load_lanes(u + p * s.dim);
+  for (int64_t k = 0; k < s.routes; ++k) {
+    if (s.nstate == 1) {
+      add_lane_route<1>(in, s, weights, routes[k], b, k, d0, y, scratch);
+    } else {
+      add_lane_route<0>(in, s, weights, routes[k], b, k, d0, y, scratch);
     }
-    for (int64_t p = 0; p < L; ++p) y[p] = skip * load_lanes(u + p * s.dim);
-    for (int64_t k = 0; k < s.routes; ++k) {
-      if (s.nstate == 1) {
-        add_lane_route<1>(in, s, weights, routes[k], b, k, d0, y, scratch);
-      } else {
-        add_lane_route<0>(in, s, weights, routes[k], b, k, d0, y, scratch);
-      }
-    }
-    float* out = y_map + s.map_offset(b, d0);
-    if (lane_begin == 0 && lane_end == kLanes) {
-      for (int64_t p = 0; p < L; ++p) store_lanes(out + p * s.dim, y[p]);
-      continue;
-    }
-    for (int64_t p = 0; p < L; ++p) {
-      for (int64_t l = lane_begin; l < lane_end; ++l) out[p * s.dim + l] = y[p][l];
-    }
+  }
+  float* out = y_map + s.map_offset(b, d0);
+  if (d_begin == d0 && d_end - d_begin == kLaneChannels) {
+    for (int64_t p = 0; p < L; ++p) store_lanes(out + p * s.dim, y[p]);
+    return;
+  }
+  for (int64_t p = 0; p < L; ++p) {
+    for (int64_t l = d_begin - d0; l < d_end - d0; ++l) out[p * s.dim + l] = y[p][l];
   }
 }
 

@@ -25,13 +25,12 @@ namespace VMAMBA2D_ISA {
 #define VMAMBA2D_VECTOR_BYTES 16  // SSE2
 #endif
 
-// The channel-lane kernel's vectors (scan_2d_lanes_kernel.h): one register of the build, kLanes
-// floats, one channel per lane, as GCC vector types. Loads and stores go through memcpy: the maps
-// give no alignment beyond a float's.
-constexpr int64_t kLanes = VMAMBA2D_VECTOR_BYTES / sizeof(float);
+// The channel-lane kernel's vectors (scan_2d_lanes_kernel.h): one register of the build,
+// kVectorFloats floats, one channel per lane, as GCC vector types. Loads and stores go through
+// memcpy: the maps give no alignment beyond a float's.
+constexpr int64_t kVectorFloats = VMAMBA2D_VECTOR_BYTES / sizeof(float);
 typedef float LaneFloats __attribute__((vector_size(VMAMBA2D_VECTOR_BYTES), aligned(sizeof(float)), may_alias));
 typedef int32_t LaneInts __attribute__((vector_size(VMAMBA2D_VECTOR_BYTES), aligned(sizeof(int32_t)), may_alias));
-static_assert(kLaneChannels % kLanes == 0, "a channel-lane call is a whole number of vectors");
 
 // Lane-wise operations written once for a float and for LaneFloats, so that the approximations
 // below give the channel-lane kernel the same values as the per-channel kernels.

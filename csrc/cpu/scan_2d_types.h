@@ -108,8 +108,8 @@ constexpr int64_t kBackwardArrays = 10;  // dt, dt_u, ddt, decay, hh, h, lambda,
 // accumulator chains; one channel alone waits on the FMA latency on small maps).
 constexpr int64_t kProjectChannels = 8;
 
-// Channels of one call of the channel-lane forward (scan_2d_lanes_kernel.h), one per vector lane:
-// one AVX-512 vector of floats, two AVX2 or four SSE vectors one after the other.
+// Channels of one call of the channel-lane forward (scan_2d_lanes_kernel.h), one per lane of an
+// AVX-512 vector of floats.
 constexpr int64_t kLaneChannels = 16;
 // Most states the channel-lane forward scans (its first-pass carries live in registers).
 constexpr int64_t kMaxLaneStates = 64;
@@ -118,18 +118,19 @@ constexpr int64_t kLaneBlock = 8;
 
 inline int64_t CrossShape::channel_group() const { return rank > 0 ? kProjectChannels : 1; }
 
-// Whether the float forward runs the channel-lane kernel (scan_2d_lanes_kernel.h, kLaneChannels
-// channels per call, one per vector lane): it needs channels-last maps (a pixel's channels
+// Whether a float forward's shapes suit the channel-lane kernel (scan_2d_lanes_kernel.h,
+// kLaneChannels channels per call, one per vector lane): channels-last maps (a pixel's channels
 // adjacent), a step-size projection (each pixel's step sizes formed from the low-rank rows), at
-// least kLaneChannels channels and at most kMaxLaneStates states.
+// least kLaneChannels channels and at most kMaxLaneStates states. (cross_forward also asks for
+// the AVX-512 build and a task per thread.)
 inline bool lane_forward(const CrossShape& s) {
   return s.channels_last && s.rank > 0 && s.dim >= kLaneChannels && s.nstate <= kMaxLaneStates;
 }
 
 // Its workspace, in arrays of L floats: the lanes' y (L vectors), the second pass's carries (one
 // vector per cell of a line and state), the route's decay rates (one vector per state) and, for a
-// run-time number of states, a block's decays and inputs (kLaneBlock vectors per state each);
-// vectors of kLaneChannels floats, the widest of any build.
+// run-time number of states, a block's decays and inputs (kLaneBlock vectors per state each); a
+// vector is kLaneChannels floats.
 inline int64_t lane_forward_arrays(const CrossShape& s) {
   const int64_t line = s.height > s.width ? s.height : s.width;
   const int64_t vectors = s.length() + line * s.nstate + s.nstate + 2 * kLaneBlock * s.nstate;
