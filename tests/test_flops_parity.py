@@ -80,3 +80,17 @@ def test_flops_at_224_match_published(name, published_gflops):
     model = timm.create_model(name)
     gflops = vmamba2d.count_flops(model, (3, 224, 224)) / 1e9
     assert abs(gflops - published_gflops) / published_gflops < 0.03, gflops
+
+
+def test_count_flops_shows_users_no_fvcore_import_warning():
+    """fvcore.nn calls torch.jit.script at import, which torch deprecates with a FutureWarning
+    that users cannot act on; a fresh process that makes FutureWarnings errors still counts."""
+    import subprocess
+    import sys
+
+    code = ("import timm, vmamba2d; "
+            "print(vmamba2d.count_flops(timm.create_model('vmamba2d_tiny', dims=8, depths=(1, 1, 1, 1)), (3, 32, 32)))")
+    result = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert int(result.stdout.strip().splitlines()[-1]) > 0

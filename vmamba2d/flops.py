@@ -10,6 +10,7 @@ trace runs with the compiled backend of the model's device.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Iterator, Sequence
 
 import torch
@@ -61,7 +62,11 @@ def flops_by_operator(model: nn.Module, input_size: Sequence[int] = (3, 224, 224
         ValueError for a bad ``input_size``; RuntimeError when the compiled scan kernel is missing
         or when the trace contains no scan although the model has scan modules.
     """
-    from fvcore.nn import FlopCountAnalysis
+    with warnings.catch_warnings():
+        # fvcore.nn scripts its focal loss at import: torch's deprecation of torch.jit.script is
+        # fvcore's to act on, not our users'.
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        from fvcore.nn import FlopCountAnalysis
 
     from .ops.flops import FVCORE_OP_HANDLES
 
