@@ -105,43 +105,37 @@ def _profile_inference(infer) -> dict:
     return dict(top=top, copy_share=copies)
 
 
-def run_worker(args: argparse.Namespace) -> dict:
-    """Measure one (model, batch, precision) in this process; returns the result row."""
+def build_steps(spec: str, device: str, batch: int, precision: str, img_size: int):
+    """The model ``spec`` on random images: ``(infer, make_train_step)``.
+
+    ``infer()`` runs one inference call (eval mode, ``torch.inference_mode``, the precision's
+    autocast); ``make_train_step()`` puts the model in training mode and returns ``train_step()``:
+    forward, cross-entropy, backward and an AdamW step (GradScaler with fp16 autocast).
+    """
     import timm
     import torch
 
     import vmamba2d  # noqa: F401  (registers the vmamba models)
 
     torch.manual_seed(0)
-    device, batch = args.device, args.batch_size
     autocast_dtype = {"fp32": None, "bf16": torch.bfloat16,
-                      "amp": torch.bfloat16 if device == "cpu" else torch.float16}[args.precision]
-    name, model_kwargs = parse_model_spec(args.model)
+                      "amp": torch.bfloat16 if device == "cpu" else torch.float16}[precision]
+    name, model_kwargs = parse_model_spec(spec)
     model = timm.create_model(name, num_classes=1000, **model_kwargs).to(device)
-    images = torch.randn(batch, 3, args.img_size, args.img_size, device=device)
+    images = torch.randn(batch, 3, img_size, img_size, device=device)
     targets = torch.randint(0, 1000, (batch,), device=device)
     autocast = torch.autocast(device_type=device, dtype=autocast_dtype or torch.bfloat16,
                               enabled=autocast_dtype is not None)
-
     model.eval()
 
     def infer():
         with torch.inference_mode(), autocast:
             model(images)
 
-    infer_s = _timed(infer, args.iters, args.warmup, device)
-    infer_peak = _peak_memory_mb(device)
-
-    row = dict(model=args.model, device=device, precision=args.precision, batch=batch,
-               infer_img_s=batch / infer_s, infer_peak_mb=infer_peak)
-    if args.profile:
-        row["profile"] = _profile_inference(infer)
-    if not args.no_train:
+    def make_train_step():
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         scaler = torch.amp.GradScaler(device, enabled=autocast_dtype == torch.float16)  # bf16 needs none
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
 
         def train_step():
             with autocast:
@@ -151,7 +145,28 @@ def run_worker(args: argparse.Namespace) -> dict:
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
 
-        train_s = _timed(train_step, args.iters, args.warmup, device)
+        return train_step
+
+    return infer, make_train_step
+
+
+def run_worker(args: argparse.Namespace) -> dict:
+    """Measure one (model, batch, precision) in this process; returns the result row."""
+    import torch
+
+    device, batch = args.device, args.batch_size
+    infer, make_train_step = build_steps(args.model, device, batch, args.precision, args.img_size)
+    infer_s = _timed(infer, args.iters, args.warmup, device)
+    infer_peak = _peak_memory_mb(device)
+
+    row = dict(model=args.model, device=device, precision=args.precision, batch=batch,
+               infer_img_s=batch / infer_s, infer_peak_mb=infer_peak)
+    if args.profile:
+        row["profile"] = _profile_inference(infer)
+    if not args.no_train:
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        train_s = _timed(make_train_step(), args.iters, args.warmup, device)
         row.update(train_img_s=batch / train_s, train_peak_mb=_peak_memory_mb(device))
     return row
 
@@ -180,7 +195,8 @@ def _spawn(model: str, batch: int, precision: str, args: argparse.Namespace) -> 
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _header(args: argparse.Namespace) -> list[str]:
+def describe_run(device: str) -> list[str]:
+    """Markdown bullet lines: date, commit, machine with its load, software, the scan backend."""
     import timm
     import torch
 
@@ -191,7 +207,7 @@ def _header(args: argparse.Namespace) -> list[str]:
         return out.stdout.strip() or "unknown"
 
     dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") != "unknown" else ""
-    if args.device == "cuda":
+    if device == "cuda":
         machine = f"{torch.cuda.get_device_name()} ({torch.cuda.device_count()} visible)"
         scan_backend = vmamba2d.ops.backend_info()["auto_cuda"]
     else:
@@ -199,13 +215,16 @@ def _header(args: argparse.Namespace) -> list[str]:
         scan_backend = vmamba2d.ops.backend_info()["auto_cpu"]
     load = os.getloadavg()
     return [
-        f"# Model throughput ({args.device})",
-        "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- commit: {git('rev-parse', '--short', 'HEAD')}{dirty}",
         f"- machine: {machine}; load average at start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
         f"- software: python {platform.python_version()}, torch {torch.__version__}, timm {timm.__version__}",
         f"- vmamba2d scan backend (auto): {scan_backend}",
+    ]
+
+
+def _header(args: argparse.Namespace) -> list[str]:
+    return [f"# Model throughput ({args.device})", ""] + describe_run(args.device) + [
         f"- settings: input {args.img_size}x{args.img_size}, {args.warmup} warm-up + {args.iters} timed iterations, "
         f"fastest reported, best of {args.repeats} interleaved sweep(s), "
         "inference under torch.inference_mode, training step = forward + cross-entropy + backward + AdamW step, "

@@ -1,0 +1,94 @@
+"""tools/bench_model_ab.py: paired statistics, the alternating call order, a real (tiny) run and a
+failing worker."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("bench_model_ab", ROOT / "tools" / "bench_model_ab.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks the module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summary_is_the_median_of_per_round_ratios():
+    tool = _tool()
+    # A drifts 5x slower over the rounds; B is 1.5x A within every round but one (1.2x), which
+    # lands in the middle of B's times: the ratio of the two medians would be 1.2x.
+    walls_a = [1.0, 2.0, 3.0, 4.0, 5.0]
+    ratios = [1.5, 1.5, 1.2, 1.5, 1.5]
+    result = tool.summarize([(a, a / 2) for a in walls_a], [(a * r, a) for a, r in zip(walls_a, ratios)])
+    assert result.ratio == pytest.approx(1.5)
+    assert result.ratio_quartiles == (pytest.approx(1.5), pytest.approx(1.5))
+    assert result.cpu_ratio == pytest.approx(2.0)
+    assert result.wall_a == pytest.approx(3.0) and result.wall_b == pytest.approx(3.6)
+    assert result.rounds == 5
+    with pytest.raises(ValueError, match="one .* pair of A and of B per round"):
+        tool.summarize([(1.0, 1.0)], [])
+
+
+def test_turns_alternate_and_only_their_last_calls_count(monkeypatch):
+    tool = _tool()
+    calls = []
+
+    class FakeWorker:
+        def __init__(self, spec, phase, batch, args):
+            self.spec, self.count = spec, 0
+
+        def call(self):
+            self.count += 1
+            calls.append(self.spec)
+            return (self.count * (2.0 if self.spec == "B" else 1.0), 1.0)
+
+        def close(self):
+            return {"A": 10.0, "B": 20.0}[self.spec]
+
+        def kill(self):
+            raise AssertionError("no failure here")
+
+    monkeypatch.setattr(tool, "Worker", FakeWorker)
+    args = tool.argparse.Namespace(a="A", b="B", warmup=1, rounds=3, rewarm=1)
+    result, peak_a, peak_b = tool.measure_pair("infer", 1, args)
+    assert "".join(calls) == "AABB" + "BBAA" + "AABB" + "BBAA"
+    # The first round warms up; each turn's second call counts: calls 4, 6, 8 of each worker,
+    # A 4, 6, 8 s and B 8, 12, 16 s.
+    assert result.ratio == pytest.approx(2.0) and result.wall_a == pytest.approx(6.0)
+    assert (peak_a, peak_b) == (10.0, 20.0)
+
+
+def test_tiny_run_writes_the_table(tmp_path):
+    tool = _tool()
+    out = tmp_path / "ab.md"
+    assert tool.main(["vmamba2d_tiny", "vmamba2d_tiny:cross_scan=per_route", "--batch-sizes", "1", "--rounds", "2",
+                      "--warmup", "0", "--rewarm", "0", "--img-size", "64", "--target", "0.01", "--out",
+                      str(out)]) == 0
+    text = out.read_text()
+    assert "- A: `vmamba2d_tiny`; B: `vmamba2d_tiny:cross_scan=per_route`; fp32, input 64x64" in text
+    row = next(line for line in text.splitlines() if line.startswith("| infer | 1 |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[4].rstrip("x")) > 0
+    assert float(cells[7]) > 100 and float(cells[8]) > 100  # peak RSS of a worker with torch loaded, MiB
+    assert cells[9] == ">= 0.01x: met"
+
+
+def test_a_failing_worker_reports_its_error():
+    tool = _tool()
+    with pytest.raises(RuntimeError, match="worker for no_such_model exited with code 1"):
+        tool.main(["no_such_model", "vmamba2d_tiny", "--batch-sizes", "1", "--rounds", "1", "--img-size", "64"])
+
+
+def test_bad_arguments_are_named():
+    tool = _tool()
+    with pytest.raises(SystemExit):
+        tool.main(["vmamba2d_tiny:per_route"])
+    for bad in (["--rounds", "0"], ["--rewarm", "-1"]):
+        with pytest.raises(SystemExit):
+            tool.main(bad)
