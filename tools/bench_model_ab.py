@@ -16,7 +16,7 @@ the same time.
 
     python tools/bench_model_ab.py              # vmamba2d_tiny, fused vs per-route op, batch 1 8 16
     python tools/bench_model_ab.py vmamba_tiny vmamba_tiny:cross_scan=per_route --phases infer train \\
-        --batch-sizes 8 --target 1.3 --train-target 1.2 --out benchmarks/model_ab_cpu.md
+        --batch-sizes 8 --target 1.3 --train-target 1.2 --out benchmarks/model_cpu_ab.md
 
 A model is a ``tools/bench_model.py`` spec (a timm name, optionally ``:key=value,...``). Phases:
 ``infer`` (one inference call under ``torch.inference_mode``) and ``train`` (forward,
