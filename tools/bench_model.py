@@ -317,6 +317,16 @@ def _targets(rows: list[dict], device: str) -> list[str]:
     return lines
 
 
+def emit(text: str, out: Path | None) -> None:
+    """Prints the report; with ``out`` also writes it there atomically (a temporary file renamed)."""
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        temporary = out.with_suffix(out.suffix + ".tmp")
+        temporary.write_text(text)
+        os.replace(temporary, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
@@ -374,12 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = list(best.values())
     lines += _table(rows) + _targets(rows, args.device) + _profile_tables(rows)
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        temporary = args.out.with_suffix(args.out.suffix + ".tmp")
-        temporary.write_text(text)
-        os.replace(temporary, args.out)
+    emit(text, args.out)
     return 0
 
 

@@ -240,12 +240,7 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|---|---|---|---|---|---|",
              *rows]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        temporary = args.out.with_suffix(args.out.suffix + ".tmp")
-        temporary.write_text(text)
-        os.replace(temporary, args.out)
+    bench_model.emit(text, args.out)
     return 0
 
 
