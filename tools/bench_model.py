@@ -22,6 +22,9 @@ convnext_tiny; GPU: vmamba2d_tiny >= 0.9x vmamba_tiny and above VMamba-T's publi
 (A100, fp32, batch 128). Where a ``MODEL:cross_scan=per_route`` row is measured too: the fused
 four-route op >= 1.3x its inference and >= 1.2x its training throughput, with lower peak memory;
 on CPU also vmamba2d_tiny >= 1.0x convnext_tiny at batch 8 and above.
+
+Rows of separate processes, minutes apart, carry a shared machine's drift into their ratios;
+``tools/bench_model_ab.py`` measures two models in alternating turns instead.
 """
 from __future__ import annotations
 
