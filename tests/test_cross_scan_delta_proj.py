@@ -158,7 +158,7 @@ def test_full_rank_delta_with_a_projection_is_refused():
 
 def test_custom_ops_fake_implementations_with_projection():
     """The fakes give the kernel's shapes (torch.compile / torch.export trace through them): y like
-    u, and the backward's ddelta full-rank."""
+    u, and the backward's ddelta low-rank like delta, with the weight's gradient last."""
     inputs = _inputs()
     args = tuple(inputs[k] for k in NAMES[:7])
     codes = [r.code for r in resolve_routes("cross")]
@@ -170,7 +170,7 @@ def test_custom_ops_fake_implementations_with_projection():
     y = torch.ops.vmamba2d.cross_selective_scan_2d_fwd(*meta, True, codes, False, weight)
     assert y.shape == (2, 5, 5, 7) and y.device.type == "meta"
     grads = torch.ops.vmamba2d.cross_selective_scan_2d_bwd(*meta, True, codes, meta[0], weight)
-    assert grads[1].shape == (2, 4, 5, 5, 7)
+    assert grads[1].shape == (2, 4, 3, 5, 7) and grads[7].shape == (4, 5, 3)
     real = torch.ops.vmamba2d.cross_selective_scan_2d_bwd(*args, True, codes, torch.ones_like(args[0]),
                                                            inputs["delta_proj_weight"])
     assert [tuple(g.shape) for g in real] == [tuple(g.shape) for g in grads]

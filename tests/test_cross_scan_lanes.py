@@ -1,9 +1,10 @@
-"""The CPU four-route forward with one channel per vector lane (csrc/cpu/scan_2d_lanes_kernel.h).
+"""The CPU four-route forward and backward with one channel per vector lane
+(csrc/cpu/scan_2d_lanes_kernel.h).
 
-It runs for float32 channels-last maps with ``delta_proj_weight`` (the models' call) on the AVX-512
+They run for float32 channels-last maps with ``delta_proj_weight`` (the models' call) on the AVX-512
 build. References: the projection as an explicit einsum, then the per-route ``reference`` backend
-in float64; and the per-channel kernel (the AVX2 build, which has no lane kernel) on the same
-float32 inputs.
+in float64 (its gradients by autograd); and the per-channel kernel (the AVX2 build, which has no
+lane kernel, or ``VMAMBA2D_CPU_LANES=0``) on the same float32 inputs.
 """
 from __future__ import annotations
 
@@ -122,17 +123,96 @@ def test_the_lane_forward_leaves_other_calls_to_the_per_channel_kernel():
     torch.testing.assert_close(_lanes(inputs, True, "cross").double(), reference, rtol=2e-5, atol=2e-5)
 
 
-def test_gradients_through_the_lane_forward_match_the_reference():
-    """The backward (per-channel kernel) recomputes the scans from the inputs: a forward that
-    disagreed with it would show in the gradients of a loss on y."""
-    inputs = _inputs(batch=1, dim=18, height=5, width=6, seed=5)
-    leaves = {k: v.detach().clone().requires_grad_() if v is not None else None for k, v in inputs.items()}
-    y = cross_selective_scan_2d(**leaves, delta_softplus=True, routes="cross", backend="cpu")
-    y.square().sum().backward()
-    ref_leaves = {k: v.detach().double().requires_grad_() for k, v in inputs.items()}
-    _reference(ref_leaves, True, "cross").square().sum().backward()
-    for name, leaf in leaves.items():
-        torch.testing.assert_close(leaf.grad.double(), ref_leaves[name].grad, rtol=1e-4, atol=1e-4, msg=name)
+def _gradients(inputs, softplus, routes, reference=False):
+    """Gradients of sum(y * weights) (fixed random weights) for every input that is given: by the
+    CPU kernel, or by autograd through the float64 reference."""
+    leaves = {k: (v.detach().double() if reference else v.detach().clone()).requires_grad_() if v is not None else None
+              for k, v in inputs.items()}
+    if reference:
+        y = _reference(leaves, softplus, routes)
+    else:
+        y = cross_selective_scan_2d(**leaves, delta_softplus=softplus, routes=routes, backend="cpu")
+    weights = torch.randn(y.shape, generator=torch.Generator().manual_seed(99), dtype=torch.float64).to(y.dtype)
+    (y * weights).sum().backward()
+    return {name: leaf.grad for name, leaf in leaves.items() if leaf is not None}
+
+
+def _assert_gradients_match_reference(inputs, softplus, routes):
+    got = _gradients(inputs, softplus, routes)
+    expected = _gradients(inputs, softplus, routes, reference=True)
+    assert set(got) == set(expected)
+    for name, grad in got.items():
+        assert grad.dtype == torch.float32, name
+        scale = expected[name].abs().max().item()
+        torch.testing.assert_close(grad.double(), expected[name], rtol=5e-5, atol=5e-5 * scale, msg=name)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(batch=1, dim=16, height=5, width=7),
+        dict(batch=2, dim=19, height=9, width=11),  # a last lane group overlapping the one before
+        dict(batch=1, dim=40, height=14, width=14, rank=6),  # 196 cells: whole blocks of 16 and a tail
+        dict(batch=1, dim=16, height=1, width=13),  # one row
+        dict(batch=1, dim=17, height=10, width=1),  # one column
+        dict(batch=2, dim=24, height=3, width=2, nstate=3),  # several states (run-time N)
+    ],
+    ids=["one-group", "overlap", "two-groups", "one-row", "one-column", "three-states"],
+)
+@pytest.mark.parametrize(
+    "routes", ["cross", route_set("cross", "1d"), "corners"], ids=["cross-2d", "cross-flat", "corners"]
+)
+def test_lane_backward_gradients_match_the_float64_reference(shape, routes):
+    """Every input's gradient, the projection weight's and the low-rank step sizes' included (the
+    kernel forms them from each route's full-rank ddelta)."""
+    _assert_gradients_match_reference(_inputs(seed=5, **shape), True, routes)
+
+
+def test_lane_backward_without_softplus_d_and_bias():
+    inputs = _inputs(batch=1, dim=21, height=6, width=9, rank=1, seed=6, optional=False)
+    _assert_gradients_match_reference(inputs, False, "cross")
+
+
+@pytest.mark.parametrize("routes", ["cross", route_set("cross", "1d")], ids=["2d", "flat"])
+def test_lane_backward_agrees_with_the_per_channel_kernel(routes, monkeypatch):
+    """The same gradients in float32 from the per-channel kernel (its full-rank ddelta projected
+    by matmuls), up to the order of float32 sums."""
+    inputs = _inputs(batch=2, dim=48, height=12, width=10, rank=6, seed=7)
+    lanes = _gradients(inputs, True, routes)
+    monkeypatch.setenv("VMAMBA2D_CPU_LANES", "0")
+    per_channel = _gradients(inputs, True, routes)
+    for name, grad in lanes.items():
+        scale = per_channel[name].abs().max()
+        assert (grad - per_channel[name]).abs().max() <= 2e-6 * scale, name
+
+
+def test_lane_backward_does_not_depend_on_the_thread_count():
+    """Tasks are (sample, chunk of lane groups) fixed by the shapes, each summing into its own
+    partial buffers: bitwise the same gradients on 1 and 2 threads (here 3 groups in 2 chunks)."""
+    inputs = _inputs(batch=8, dim=48, height=6, width=5, rank=4, seed=8)
+    one = _gradients(inputs, True, "cross")
+    torch.set_num_threads(2)
+    two = _gradients(inputs, True, "cross")
+    for name, grad in one.items():
+        assert torch.equal(grad, two[name]), name
+
+
+def test_kernel_backward_returns_low_rank_and_weight_gradients():
+    """The extension's cross_backward with delta_proj_weight: ddelta shaped like the low-rank delta
+    and the weight's gradient appended, from the lane kernel and the per-channel one alike."""
+    inputs = _inputs(batch=1, dim=20, height=4, width=6, rank=3, seed=9)
+    codes = [r.code for r in resolve_routes("cross")]
+    dy = torch.randn(inputs["u"].shape).contiguous(memory_format=torch.channels_last)
+    weight = inputs.pop("delta_proj_weight")
+    for lanes in (True, False):
+        if not lanes:
+            inputs["u"] = inputs["u"].contiguous()
+            dy = dy.contiguous()
+        grads = _extensions.cpu_extension().cross_backward(**inputs, delta_softplus=True, routes=codes, dy=dy,
+                                                           delta_proj_weight=weight)
+        assert len(grads) == 8
+        assert grads[1].shape == inputs["delta"].shape and grads[7].shape == weight.shape
+        assert grads[0].is_contiguous(memory_format=torch.channels_last) == lanes
 
 
 def test_the_lane_switch_runs_the_per_channel_kernel(monkeypatch):

@@ -27,8 +27,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "The instruction-set build of the kernel this CPU runs: 'avx512', 'avx2' or 'baseline'");
   m.def(
       "channel_lanes", [] { return vmamba2d::cpu::best_channel_kernels<float>().cross_forward_lanes != nullptr; },
-      "Whether the four-route forward runs one channel per vector lane (float32 channels-last maps with "
-      "delta_proj_weight; the AVX-512 build, unless VMAMBA2D_CPU_LANES=0) instead of one channel's plane at a time");
+      "Whether the four-route forward and backward run one channel per vector lane (float32 channels-last maps "
+      "with delta_proj_weight; the AVX-512 build, unless VMAMBA2D_CPU_LANES=0) instead of one channel's plane at a "
+      "time");
   m.def("backward", &vmamba2d::cpu::backward,
         "2D selective scan backward -> [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None]",
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
@@ -42,7 +43,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("out_fp32"), pybind11::arg("delta_proj_weight") = pybind11::none());
   m.def("cross_backward", &vmamba2d::cpu::cross_backward,
         "Four-route 2D selective scan backward -> [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None] "
-        "(ddelta full-rank (batch, K, dim, H, W) also with delta_proj_weight)",
+        "(with delta_proj_weight: ddelta of the low-rank delta, and ddelta_proj_weight appended)",
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("delta_softplus"), pybind11::arg("routes"),
         pybind11::arg("dy"), pybind11::arg("delta_proj_weight") = pybind11::none());

@@ -2,7 +2,7 @@
 //
 //   cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, delta_proj_weight) -> y
 //   cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy, delta_proj_weight)
-//       -> [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None]
+//       -> [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None (, ddelta_proj_weight)]
 //
 // u (batch, dim, H, W) is read once for all K = len(routes) routes; delta (batch, K, dim, H, W),
 // B / C (batch, K, N, H, W), A (K * dim, N), D / delta_bias (K * dim,) hold each route's inputs in
@@ -11,12 +11,14 @@
 // single-route op (scan_2d_cpu.cpp). With delta_proj_weight (K, dim, R) delta is the low-rank
 // (batch, K, R, H, W) and each route's step sizes are projected inside the kernel, for a group of
 // kProjectChannels channels at a time; the backward recomputes them the same way and returns the
-// full-rank ddelta (batch, K, dim, H, W) (the projection's own gradients are matmuls, left to the
-// caller). The forward runs tasks over (batch, channel group: one channel without a projection;
-// kLaneChannels, one per vector lane, for float channels-last maps with a projection on the
-// AVX-512 build: scan_2d_lanes_kernel.h); the backward over (batch, channel chunk), each task writing the dB / dC
-// of every route into its own partial buffer, summed over the chunks in a fixed order afterwards
-// (deterministic results).
+// gradients of the low-rank delta (batch, K, R, H, W) and of delta_proj_weight (K, dim, R) (the
+// channel-lane backward forms them in the kernel, so the full-rank ddelta never reaches memory; the
+// per-channel one as matmuls of its full-rank ddelta). The forward runs tasks over (batch, channel
+// group: one channel without a projection; kLaneChannels, one per vector lane, for float
+// channels-last maps with a projection on the AVX-512 build: scan_2d_lanes_kernel.h); the backward
+// over (batch, channel chunk; chunks of lane groups where the lanes run), each task writing the
+// sums over its channels (dB / dC of every route, the lanes' ddelta) into its own partial buffer,
+// summed over the chunks in a fixed order afterwards (deterministic results).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -78,6 +80,15 @@ ScanInputs<T> cross_pointers(const ComputeInputs& inputs, const OptTensor& weigh
   return in;
 }
 
+// Whether a call runs a channel-lane kernel: float maps whose shapes suit it (`suits`), a build
+// that has it (`built`), and enough tasks. Its tasks are twice the per-channel kernel's (16
+// channels, not 8): it runs only where they still give every thread one, so a small batch on many
+// cores keeps its parallelism.
+bool use_lanes(const Tensor& u, const CrossShape& s, bool suits, bool built) {
+  return u.scalar_type() == at::kFloat && suits && built &&
+         s.batch * ((s.dim + kLaneChannels - 1) / kLaneChannels) >= at::get_num_threads();
+}
+
 // Channels [first, last) of sample b: by the channel-lane kernel where it has its weights (float
 // maps only).
 // lane_weights: the projection as (routes, R, dim) for the channel-lane kernel.
@@ -93,6 +104,54 @@ void forward_group(const ChannelKernels<T>& kernels, const Tensor& lane_weights,
   kernels.cross_forward(in, s, routes.data(), b, first, last, y, ws);
 }
 
+// The step-size projection's gradients from the full-rank step sizes' gradient ddelta (batch, K,
+// dim, H, W): (ddelta_low like the low-rank delta (batch, K, R, H, W), dweight (K, dim, R)).
+std::pair<Tensor, Tensor> projection_grads(const Tensor& ddelta, const Tensor& low, const Tensor& weight) {
+  const int64_t L = low.size(3) * low.size(4);
+  const Tensor grad = ddelta.reshape({ddelta.size(0), ddelta.size(1), ddelta.size(2), L});
+  const Tensor ddelta_low = at::matmul(weight.transpose(1, 2), grad);  // (batch, K, R, L)
+  const Tensor dweight = at::matmul(grad, low.reshape({low.size(0), low.size(1), low.size(2), L}).transpose(2, 3));
+  return {ddelta_low.view(low.sizes()), dweight.sum(0)};
+}
+
+// The backward by the channel-lane kernel (float, a step-size projection `proj` in the compute
+// dtype): tasks over (batch, chunk of lane groups), each adding its groups' sums over channels
+// into its own partial ddelta_low / dB / dC, summed over the chunks afterwards in a fixed order.
+// Returns cross_backward's list, the projection's gradient last (in proj_in's dtype).
+std::vector<OptTensor> lane_backward_tasks(const ComputeInputs& inputs, const Tensor& proj, const CrossShape& s,
+                                           const std::vector<int64_t>& routes, const Tensor& dy, const Tensor& A_in,
+                                           const Tensor& B, const Tensor& C, const OptTensor& D_in,
+                                           const OptTensor& bias_in, const Tensor& proj_in) {
+  const int64_t K = s.routes;
+  const int64_t L = s.length();
+  const int64_t groups = (s.dim + kLaneChannels - 1) / kLaneChannels;  // per sample
+  const int64_t chunks = backward_chunks_per_unit(s.batch, groups);
+  const BackwardParts parts(inputs.u, {0}, {s.batch, chunks, K, s.nstate, L}, 1, K * s.dim, s.nstate);
+  const Tensor low_parts = at::zeros({s.batch, chunks, K, s.rank, s.height, s.width}, inputs.u.options());
+  const Tensor dweight_rows = at::empty({s.batch, K, s.dim, s.rank}, inputs.u.options());
+  const Tensor lane_weights = proj.transpose(1, 2).contiguous();
+  const int64_t arrays = lane_backward_arrays(s);
+  const Tensor workspaces = thread_workspaces(L, arrays, inputs.u);
+  const ChannelKernels<float> kernels = best_channel_kernels<float>();
+  const ScanInputs<float> in = cross_pointers<float>(inputs, proj);
+  const ChannelGrads<float> all = parts.buffers<float>();
+  parallel_tasks<float>(s.batch * chunks, workspaces, arrays, L, [&](int64_t task, Workspace<float>& ws) {
+    const int64_t chunk = task % chunks;
+    const LaneGrads grads{low_parts.data_ptr<float>() + task * K * s.rank * L, dweight_rows.data_ptr<float>(),
+                          all.dB + task * K * s.nstate * L, all.dC + task * K * s.nstate * L, all.dA, all.dD,
+                          all.ddelta_bias};
+    for (int64_t group = chunk * groups / chunks; group < (chunk + 1) * groups / chunks; ++group) {
+      const int64_t first = group * kLaneChannels;
+      kernels.cross_backward_lanes(in, s, lane_weights.data_ptr<float>(), routes.data(), task / chunks, first,
+                                   std::min(first + kLaneChannels, s.dim), dy.data_ptr<float>(), all.du, grads, ws);
+    }
+  });
+  std::vector<OptTensor> grads = parts.reduce(A_in, B, C, D_in, bias_in);
+  grads[1] = chunks == 1 ? low_parts.squeeze(1) : low_parts.sum(1);
+  grads.push_back(dweight_rows.sum(0).to(proj_in.scalar_type()));
+  return grads;
+}
+
 }  // namespace
 
 Tensor cross_forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, const Tensor& B, const Tensor& C,
@@ -102,11 +161,7 @@ Tensor cross_forward(const Tensor& u, const Tensor& delta, const Tensor& A_in, c
   const ComputeInputs inputs(u, delta, A_in, B, C, D_in, bias_in, delta_softplus);
   const OptTensor proj = as_compute(proj_in, u.scalar_type());
   Tensor y = at::empty(u.sizes(), u.options().memory_format(map_format(s.channels_last)));
-  // The lane kernel's tasks are twice the per-channel kernel's (16 channels, not 8): it runs only
-  // where they still give every thread one, so a small batch on many cores keeps its parallelism.
-  const bool lanes = u.scalar_type() == at::kFloat && lane_forward(s) &&
-                     best_channel_kernels<float>().cross_forward_lanes != nullptr &&
-                     s.batch * ((s.dim + kLaneChannels - 1) / kLaneChannels) >= at::get_num_threads();
+  const bool lanes = use_lanes(u, s, lane_forward(s), best_channel_kernels<float>().cross_forward_lanes != nullptr);
   const Tensor lane_weights = lanes ? proj->transpose(1, 2).contiguous() : Tensor();
   const int64_t group = lanes ? kLaneChannels : s.channel_group();
   const int64_t groups = (s.dim + group - 1) / group;  // per sample
@@ -136,6 +191,9 @@ std::vector<OptTensor> cross_backward(const Tensor& u, const Tensor& delta, cons
   const OptTensor proj = as_compute(proj_in, u.scalar_type());
   const Tensor dy = dy_in.to(u.scalar_type()).contiguous(map_format(s.channels_last));
 
+  if (use_lanes(u, s, lane_backward(s), best_channel_kernels<float>().cross_backward_lanes != nullptr)) {
+    return lane_backward_tasks(inputs, *proj, s, routes, dy, A_in, B, C, D_in, bias_in, *proj_in);
+  }
   const int64_t K = s.routes;
   const int64_t chunks = backward_chunks_per_unit(s.batch, s.dim);
   // dB / dC partial sums: (batch, chunks, routes, N, L); chunk c holds channels [c*dim/chunks, ...).
@@ -173,7 +231,13 @@ std::vector<OptTensor> cross_backward(const Tensor& u, const Tensor& delta, cons
       }
     });
   });
-  return parts.reduce(A_in, B, C, D_in, bias_in);
+  std::vector<OptTensor> grads = parts.reduce(A_in, B, C, D_in, bias_in);
+  if (proj.has_value()) {
+    auto [ddelta_low, dweight] = projection_grads(*grads[1], delta, *proj);
+    grads[1] = ddelta_low;
+    grads.push_back(dweight.to(proj_in->scalar_type()));
+  }
+  return grads;
 }
 
 }  // namespace cpu

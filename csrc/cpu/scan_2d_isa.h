@@ -65,13 +65,16 @@ VMAMBA2D_DECLARE_ISA_KERNELS(baseline)
 #if VMAMBA2D_X86_ISA_BUILDS
 VMAMBA2D_DECLARE_ISA_KERNELS(avx2)
 VMAMBA2D_DECLARE_ISA_KERNELS(avx512)
-// The channel-lane forward (scan_2d_lanes_kernel.h), built for AVX-512 only: with 16 vector
-// registers (AVX2, SSE) GCC's code for it ran 1.5-2x slower than the per-channel kernel.
+// The channel-lane forward and backward (scan_2d_lanes_kernel.h), built for AVX-512 only: with 16
+// vector registers (AVX2, SSE) GCC's code for the forward ran 1.5-2x slower than the per-channel kernel.
 namespace vmamba2d {
 namespace cpu {
 namespace avx512 {
 void cross_forward_lanes(const ScanInputs<float>& in, const CrossShape& s, const float* weights, const int64_t* routes,
                          int64_t b, int64_t d_begin, int64_t d_end, float* y, Workspace<float>& ws);
+void cross_backward_lanes(const ScanInputs<float>& in, const CrossShape& s, const float* weights,
+                          const int64_t* routes, int64_t b, int64_t d_begin, int64_t d_end, const float* dy,
+                          float* du, const LaneGrads& out, Workspace<float>& ws);
 }
 }  // namespace cpu
 }  // namespace vmamba2d
@@ -87,9 +90,12 @@ struct ChannelKernels {
   decltype(&baseline::backward_channel<T>) backward;
   decltype(&baseline::cross_forward_channels<T>) cross_forward;
   decltype(&baseline::cross_backward_channels<T>) cross_backward;
-  // The channel-lane forward for float maps (lane_forward), or null where the build has none.
+  // The channel-lane forward and backward for float maps (lane_forward, lane_backward), or null
+  // where the build has none.
   void (*cross_forward_lanes)(const ScanInputs<float>&, const CrossShape&, const float*, const int64_t*, int64_t,
                               int64_t, int64_t, float*, Workspace<float>&);
+  void (*cross_backward_lanes)(const ScanInputs<float>&, const CrossShape&, const float*, const int64_t*, int64_t,
+                               int64_t, int64_t, const float*, float*, const LaneGrads&, Workspace<float>&);
   const char* isa;
 };
 
@@ -106,7 +112,7 @@ inline IsaLevel isa_cap_from_env() {
   throw std::invalid_argument("VMAMBA2D_CPU_ISA must be 'baseline', 'avx2' or 'avx512', got '" + name + "'");
 }
 
-// VMAMBA2D_CPU_LANES=0 turns the channel-lane forward off (the per-channel kernel runs instead; for
+// VMAMBA2D_CPU_LANES=0 turns the channel-lane kernels off (the per-channel kernel runs instead; for
 // A/B measurements and tests); unset or 1: on where the build has it. Read at every call.
 inline bool channel_lanes_from_env() {
   const char* value = std::getenv("VMAMBA2D_CPU_LANES");
@@ -123,18 +129,19 @@ ChannelKernels<T> best_channel_kernels() {
 #if VMAMBA2D_X86_ISA_BUILDS
   const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (cap >= IsaLevel::kAvx512 && has_avx2 && __builtin_cpu_supports("avx512f")) {
+    const bool lanes = channel_lanes_from_env();
     return {&avx512::forward_channel<T>, &avx512::backward_channel<T>, &avx512::cross_forward_channels<T>,
-            &avx512::cross_backward_channels<T>, channel_lanes_from_env() ? &avx512::cross_forward_lanes : nullptr,
-            "avx512"};
+            &avx512::cross_backward_channels<T>, lanes ? &avx512::cross_forward_lanes : nullptr,
+            lanes ? &avx512::cross_backward_lanes : nullptr, "avx512"};
   }
   if (cap >= IsaLevel::kAvx2 && has_avx2) {
     return {&avx2::forward_channel<T>, &avx2::backward_channel<T>, &avx2::cross_forward_channels<T>,
-            &avx2::cross_backward_channels<T>, nullptr, "avx2"};
+            &avx2::cross_backward_channels<T>, nullptr, nullptr, "avx2"};
   }
 #endif
   (void)cap;
   return {&baseline::forward_channel<T>, &baseline::backward_channel<T>, &baseline::cross_forward_channels<T>,
-          &baseline::cross_backward_channels<T>, nullptr, "baseline"};
+          &baseline::cross_backward_channels<T>, nullptr, nullptr, "baseline"};
 }
 
 }  // namespace cpu

@@ -194,6 +194,247 @@ void cross_forward_lanes(const ScanInputs<float>& in, const CrossShape& s, const
   }
 }
 
+// The sum of a vector's lanes, always in the same order (halves added pairwise).
+inline float sum_lanes(LaneFloats v) {
+  typedef float Half __attribute__((vector_size(sizeof(LaneFloats) / 2)));
+  typedef float Quarter __attribute__((vector_size(sizeof(LaneFloats) / 4)));
+  static_assert(kLaneChannels == 16, "sum_lanes halves 16 lanes");
+  const Half half = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Quarter quarter = __builtin_shufflevector(half, half, 0, 1, 2, 3) + __builtin_shufflevector(half, half, 4, 5, 6, 7);
+  return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+}
+
+// 1 in lanes [first, last), 0 in the others (a last group's lanes that belong to the group before).
+inline LaneFloats lane_mask(int64_t first, int64_t last) {
+  LaneFloats mask;
+  for (int64_t l = 0; l < kLaneChannels; ++l) mask[l] = l >= first && l < last ? 1.0f : 0.0f;
+  return mask;
+}
+
+// The per-route scratch of the channel-lane backward, in vectors (lane_backward_arrays).
+struct LaneRouteScratch {
+  LaneFloats* dt;       // [p] step sizes after bias / softplus
+  LaneFloats* slope;    // [p] d(dt)/d(step size): sigmoid of the step size (softplus only)
+  LaneFloats* ddelta;   // [p] the route's step-size gradient
+  LaneFloats* decay;    // [p * N + n]
+  LaneFloats* state;    // [p * N + n] h
+  LaneFloats* first;    // [p * N + n] hh, the first pass's result (2D routes)
+  LaneFloats* across;   // [position * N + n] the second pass's carries, then their adjoints
+};
+
+// Route k's gradients for the lanes' channels [d0, d0 + kLaneChannels) of sample b, lanes
+// [keep_first, keep_last) kept (dy is 0 in the others, so they add nothing to the sums over
+// channels). dy: the lanes' dy (L vectors); du (L vectors) accumulates. Writes route k's dA,
+// ddelta_bias and projection gradient rows of the kept lanes; adds the lanes' sums into route k's
+// partial ddelta_low, dB and dC (LaneGrads). Recomputes the route's states in one sweep in scan
+// order (stored per cell), then runs the adjoint sweep in reverse order:
+//   2D:   lambda = C dy + a[next line] lambda[next line]   (dL/dh)
+//         mu     = lambda + a[next cell] mu[next cell]      (dL/dhh = dL/dx)
+//         dL/da  = lambda * h[previous line] + mu * hh[previous cell]
+//   flat: mu = C dy + a[next] mu[next], dL/da = mu * h[previous], across line ends
+// and chains through a = exp(dt * A) and x = dt * B * u as the per-channel kernel does
+// (chain_state_grads). The full-rank ddelta of a route stays in the workspace.
+template <int64_t kStates>
+void add_lane_route_grads(const ScanInputs<float>& in, const CrossShape& s, const float* weights, int64_t route_code,
+                          int64_t b, int64_t k, int64_t d0, int64_t keep_first, int64_t keep_last,
+                          const LaneFloats* dy, LaneFloats* du, const LaneGrads& out, const LaneRouteScratch& m) {
+  const LaneInts keep = lane_mask(keep_first, keep_last) != 0.0f;
+  const int64_t L = s.length();
+  const int64_t N = kStates > 0 ? kStates : s.nstate;
+  const int64_t R = s.rank;
+  const int64_t row = k * s.dim + d0;  // of A, D, delta_bias
+  LaneFloats rates[kStates > 0 ? kStates : kMaxLaneBackwardStates];
+  for (int64_t n = 0; n < N; ++n) rates[n] = gather_lanes(in.A + row * N + n, N);
+  const LaneFloats bias = in.delta_bias ? load_lanes(in.delta_bias + row) : LaneFloats{};
+  const float* route_weights = weights + k * R * s.dim + d0;  // row r at r * dim
+  const float* low = in.delta + (b * s.routes + k) * R * L;
+  const float* Bk = in.B + (b * s.routes + k) * N * L;
+  const float* Ck = in.C + (b * s.routes + k) * N * L;
+  const float* u = in.u + s.map_offset(b, d0);
+
+  const RoutePasses passes = route_passes(route_code);
+  const LaneSweep sweep(passes, s.height, s.width);
+  const int64_t cells = sweep.line_length;
+  auto cell = [&](int64_t t, int64_t q) { return sweep.line(t) * sweep.line_step + sweep.position(q) * sweep.cell_step; };
+
+  // The states, in scan order.
+  for (int64_t i = 0; i < cells * N; ++i) m.across[i] = LaneFloats{};
+  LaneFloats carry[kStates > 0 ? kStates : kMaxLaneBackwardStates] = {};
+  for (int64_t t = 0; t < sweep.lines; ++t) {
+    if (!passes.flat) {
+      for (int64_t n = 0; n < N; ++n) carry[n] = LaneFloats{};
+    }
+    for (int64_t q = 0; q < cells; ++q) {
+      const int64_t p = cell(t, q);
+      LaneFloats z = load_lanes(route_weights) * low[p];
+      for (int64_t r = 1; r < R; ++r) z += load_lanes(route_weights + r * s.dim) * low[r * L + p];
+      z += bias;
+      LaneFloats dt = z;
+      if (in.delta_softplus) {
+        dt = softplus_approx(z);
+        m.slope[p] = 1.0f / (1.0f + exp_approx(-z));
+      }
+      m.dt[p] = dt;
+      const LaneFloats dt_u = dt * load_lanes(u + p * s.dim);
+      for (int64_t n = 0; n < N; ++n) {
+        const LaneFloats decay = exp_approx(dt * rates[n]);
+        const LaneFloats x = dt_u * Bk[n * L + p];
+        m.decay[p * N + n] = decay;
+        const LaneFloats hh = decay * carry[n] + x;
+        carry[n] = hh;
+        if (passes.flat) {
+          m.state[p * N + n] = hh;
+        } else {
+          LaneFloats& across = m.across[q * N + n];
+          const LaneFloats h = hh + decay * across;
+          across = h;
+          m.first[p * N + n] = hh;
+          m.state[p * N + n] = h;
+        }
+      }
+    }
+  }
+
+  // The adjoint sweep: m.across now carries a * lambda from the line after.
+  for (int64_t i = 0; i < cells * N; ++i) m.across[i] = LaneFloats{};
+  LaneFloats da_sum[kStates > 0 ? kStates : kMaxLaneBackwardStates] = {};
+  LaneFloats ddelta_sum{};
+  LaneFloats along[kStates > 0 ? kStates : kMaxLaneBackwardStates] = {};  // a * mu from the cell after
+  for (int64_t t = sweep.lines - 1; t >= 0; --t) {
+    if (!passes.flat) {
+      for (int64_t n = 0; n < N; ++n) along[n] = LaneFloats{};
+    }
+    for (int64_t q = cells - 1; q >= 0; --q) {
+      const int64_t p = cell(t, q);
+      // The cells before this one along the line and, 2D, on the line before (-1: none).
+      const int64_t before = q > 0 ? cell(t, q - 1) : (passes.flat && t > 0 ? cell(t - 1, cells - 1) : -1);
+      const int64_t above = !passes.flat && t > 0 ? cell(t - 1, q) : -1;
+      const LaneFloats dy_p = dy[p];
+      const LaneFloats u_p = load_lanes(u + p * s.dim);
+      const LaneFloats dt = m.dt[p];
+      const LaneFloats dt_u = dt * u_p;
+      LaneFloats ddt{};
+      LaneFloats du_p{};
+      for (int64_t n = 0; n < N; ++n) {
+        const LaneFloats decay = m.decay[p * N + n];
+        const LaneFloats seed = Ck[n * L + p] * dy_p;
+        LaneFloats mu;
+        LaneFloats ddecay;
+        if (passes.flat) {
+          mu = seed + along[n];
+          ddecay = before >= 0 ? mu * m.state[before * N + n] : LaneFloats{};
+        } else {
+          LaneFloats& across = m.across[q * N + n];
+          const LaneFloats lambda = seed + across;
+          mu = lambda + along[n];
+          ddecay = above >= 0 ? lambda * m.state[above * N + n] : LaneFloats{};
+          if (q > 0) ddecay += mu * m.first[before * N + n];
+          across = decay * lambda;
+        }
+        along[n] = decay * mu;
+        const float b_n = Bk[n * L + p];
+        const LaneFloats dlog_decay = ddecay * decay;
+        da_sum[n] += dlog_decay * dt;
+        ddt += dlog_decay * rates[n] + mu * b_n * u_p;
+        out.dB[(k * N + n) * L + p] += sum_lanes(mu * dt_u);
+        du_p += mu * dt * b_n;
+        out.dC[(k * N + n) * L + p] += sum_lanes(dy_p * m.state[p * N + n]);
+      }
+      du[p] += du_p;
+      const LaneFloats ddelta = keep ? (in.delta_softplus ? ddt * m.slope[p] : ddt) : LaneFloats{};
+      m.ddelta[p] = ddelta;
+      ddelta_sum += ddelta;
+    }
+  }
+
+  const int64_t grad_row = b * s.routes * s.dim + row;  // of the (batch, routes * dim) grads
+  // The projection's gradients from the route's step-size gradients (0 in dropped lanes):
+  // dweight[d, r] = sum_p ddelta[d, p] * low[r, p] for each kept lane's channel d, and
+  // ddelta_low[r, p] += sum_d weight[d, r] * ddelta[d, p] over the lanes, for blocks of
+  // kLaneChannels cells transposed so that the sum runs across lanes as vector FMAs over the cells.
+  for (int64_t r = 0; r < R; ++r) {
+    const float* low_r = low + r * L;
+    LaneFloats dweight{};
+    for (int64_t p = 0; p < L; ++p) dweight += m.ddelta[p] * low_r[p];
+    for (int64_t l = keep_first; l < keep_last; ++l) out.dweight[(grad_row + l) * R + r] = dweight[l];
+  }
+  float* ddelta_low = out.ddelta_low + k * R * L;
+  for (int64_t p0 = 0; p0 < L; p0 += kLaneChannels) {
+    const int64_t count = std::min(kLaneChannels, L - p0);
+    LaneFloats cells_of_lane[kLaneChannels];  // [l][j] = ddelta of lane l at cell p0 + j
+    for (int64_t l = 0; l < kLaneChannels; ++l) {
+      for (int64_t j = 0; j < kLaneChannels; ++j) cells_of_lane[l][j] = j < count ? m.ddelta[p0 + j][l] : 0.0f;
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const float* weight_r = route_weights + r * s.dim;  // the lanes' weights of rank r
+      LaneFloats sum = cells_of_lane[0] * weight_r[0];
+      for (int64_t l = 1; l < kLaneChannels; ++l) sum += cells_of_lane[l] * weight_r[l];
+      float* to = ddelta_low + r * L + p0;
+      if (count == kLaneChannels) {
+        store_lanes(to, load_lanes(to) + sum);
+      } else {
+        for (int64_t j = 0; j < count; ++j) to[j] += sum[j];
+      }
+    }
+  }
+  for (int64_t l = keep_first; l < keep_last; ++l) {
+    for (int64_t n = 0; n < N; ++n) out.dA[(grad_row + l) * N + n] = da_sum[n][l];
+    if (out.ddelta_bias) out.ddelta_bias[grad_row + l] = ddelta_sum[l];
+  }
+}
+
+// Gradients of channels [d_begin, d_end) of sample b (channels-last maps; at most kLaneChannels
+// channels) for every route, the lanes as in cross_forward_lanes: writes every route's rows of the
+// kept channels in out.dA, out.dD, out.ddelta_bias and out.dweight, adds into the call's partial
+// sums out.ddelta_low, out.dB and out.dC, and writes du_map of the kept channels. Workspace:
+// lane_backward_arrays(s) arrays.
+void cross_backward_lanes(const ScanInputs<float>& in, const CrossShape& s, const float* weights,
+                          const int64_t* routes, int64_t b, int64_t d_begin, int64_t d_end, const float* dy_map,
+                          float* du_map, const LaneGrads& out, Workspace<float>& ws) {
+  const int64_t L = s.length();
+  const int64_t N = s.nstate;
+  const int64_t d0 = std::min(d_begin, s.dim - kLaneChannels);
+  const int64_t keep_first = d_begin - d0;
+  const int64_t keep_last = d_end - d0;
+  LaneFloats* dy = reinterpret_cast<LaneFloats*>(ws.array(0));
+  LaneFloats* du = dy + L;
+  const LaneRouteScratch m{du + L, du + 2 * L, du + 3 * L, du + 4 * L, du + 4 * L + L * N, du + 4 * L + 2 * L * N,
+                           du + 4 * L + 3 * L * N};
+  const float* u = in.u + s.map_offset(b, d0);
+  const float* dy_lanes = dy_map + s.map_offset(b, d0);
+  LaneFloats skip{};
+  if (in.D) {
+    for (int64_t k = 0; k < s.routes; ++k) skip += load_lanes(in.D + k * s.dim + d0);
+  }
+  // Where lanes are dropped, their dy is 0 (a select, not a product: a non-finite dy stays out).
+  const LaneInts keep = lane_mask(keep_first, keep_last) != 0.0f;
+  LaneFloats dskip{};
+  for (int64_t p = 0; p < L; ++p) {
+    dy[p] = keep ? load_lanes(dy_lanes + p * s.dim) : LaneFloats{};
+    du[p] = skip * dy[p];
+    dskip += dy[p] * load_lanes(u + p * s.dim);
+  }
+  for (int64_t k = 0; k < s.routes; ++k) {
+    if (N == 1) {
+      add_lane_route_grads<1>(in, s, weights, routes[k], b, k, d0, keep_first, keep_last, dy, du, out, m);
+    } else {
+      add_lane_route_grads<0>(in, s, weights, routes[k], b, k, d0, keep_first, keep_last, dy, du, out, m);
+    }
+    if (in.D) {
+      for (int64_t l = keep_first; l < keep_last; ++l) out.dD[(b * s.routes + k) * s.dim + d0 + l] = dskip[l];
+    }
+  }
+  float* du_out = du_map + s.map_offset(b, d0);
+  if (keep_first == 0 && keep_last == kLaneChannels) {
+    for (int64_t p = 0; p < L; ++p) store_lanes(du_out + p * s.dim, du[p]);
+    return;
+  }
+  for (int64_t p = 0; p < L; ++p) {
+    for (int64_t l = keep_first; l < keep_last; ++l) du_out[p * s.dim + l] = du[p][l];
+  }
+}
+
 }  // namespace VMAMBA2D_ISA
 }  // namespace cpu
 }  // namespace vmamba2d

@@ -137,6 +137,37 @@ inline int64_t lane_forward_arrays(const CrossShape& s) {
   return (vectors * kLaneChannels + s.length() - 1) / s.length();
 }
 
+// Where the channel-lane backward writes (scan_2d_lanes_kernel.h). Rows of one sample's channels:
+// dA (batch, routes * dim, N), dD / ddelta_bias (batch, routes * dim), dweight (batch, routes, dim,
+// R), the step-size projection's gradient per sample. Partial sums over the channels of one task,
+// added to: ddelta_low (routes, R, L), the low-rank step sizes' gradient, and dB / dC (routes, N, L).
+struct LaneGrads {
+  float* ddelta_low;
+  float* dweight;
+  float* dB;
+  float* dC;
+  float* dA;
+  float* dD;
+  float* ddelta_bias;
+};
+
+// Most states the channel-lane backward scans: it keeps each state's decays and states of every
+// cell of the map (3 * N vectors per cell).
+constexpr int64_t kMaxLaneBackwardStates = 16;
+
+// Whether a float backward's shapes suit the channel-lane backward (the forward's conditions, at
+// most kMaxLaneBackwardStates states).
+inline bool lane_backward(const CrossShape& s) { return lane_forward(s) && s.nstate <= kMaxLaneBackwardStates; }
+
+// Its workspace, in arrays of L floats: the lanes' dy and du (L vectors each), then a route's
+// scratch: step sizes, their slopes and (full-rank) gradients (L vectors each), decays, states h and hh
+// (L vectors per state each) and the second pass's carries (one vector per cell of a line and state).
+inline int64_t lane_backward_arrays(const CrossShape& s) {
+  const int64_t line = s.height > s.width ? s.height : s.width;
+  const int64_t vectors = 5 * s.length() + 3 * s.length() * s.nstate + line * s.nstate;
+  return (vectors * kLaneChannels + s.length() - 1) / s.length();
+}
+
 // The four-route kernel's arrays for a call on `group` channels: the above, then per channel its
 // route's step sizes (delta plane, projected), then its planes gathered from channels-last maps
 // (forward: u, y; backward: u, dy, du).

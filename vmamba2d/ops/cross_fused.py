@@ -4,7 +4,7 @@
                                           routes, out_fp32, delta_proj_weight?) -> y
     vmamba2d::cross_selective_scan_2d_bwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
                                           routes, dy, delta_proj_weight?)
-        -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
+        -> (du, ddelta, dA, dB, dC, dD, ddelta_bias, ddelta_proj_weight)
 
 Implemented by the CPU and CUDA extensions (``cross_forward`` / ``cross_backward``), which scan
 every route in place on the map (shapes in :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`;
@@ -12,10 +12,10 @@ every route in place on the map (shapes in :func:`vmamba2d.ops.cross_scan.cross_
 channels-last ``u`` through one contiguous copy, writing y / du back channels-last). With
 ``delta_proj_weight`` (K, dim, R), delta is the low-rank (batch, K, R, H, W): the CPU kernel
 projects each channel's step sizes where it reads them (no full-rank delta is stored), other
-devices' kernels get delta projected first (:func:`~vmamba2d.ops.delta_proj.project_delta`); the
-backward op then returns the full-rank ddelta (batch, K, dim, H, W), and the autograd formula turns
-it into the gradients of the low-rank delta and of the weight
-(:func:`~vmamba2d.ops.delta_proj.project_delta_grads`). On a device whose extension has no route
+devices' kernels get delta projected first (:func:`~vmamba2d.ops.delta_proj.project_delta`). The
+backward op returns the gradients of the low-rank delta and of the weight: the CPU kernel's
+channel-lane backward forms them from each route's full-rank ddelta while it is in cache, the other
+kernels' full-rank ddelta goes through :func:`~vmamba2d.ops.delta_proj.project_delta_grads`. On a device whose extension has no route
 kernel (a CUDA extension built from sources older than its route kernel) the ops run the device's
 single-route kernel once per route on route-order copies
 (``cross_forward_per_route`` / ``cross_backward_per_route``), so scripted and exported models
@@ -23,8 +23,8 @@ run there too (projecting delta first when given the weight). Both ops have fake
 ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through them; the forward's autograd
 formula calls the backward op, which recomputes from the inputs. The kernel computes in fp32
 (fp64 for fp64 inputs): other dtypes are cast outside the op, so autograd returns every gradient
-in its input's dtype. The backward returns empty tensors for ``dD`` / ``ddelta_bias`` when
-``D`` / ``delta_bias`` are None. ``u`` may be contiguous or channels-last (the models' maps are):
+in its input's dtype. The backward returns empty tensors for ``dD`` / ``ddelta_bias`` /
+``ddelta_proj_weight`` when ``D`` / ``delta_bias`` / ``delta_proj_weight`` are None. ``u`` may be contiguous or channels-last (the models' maps are):
 y, du and the dy the backward takes are in u's layout (:func:`map_format`), so no layout copy is
 made around the op.
 """
@@ -177,35 +177,39 @@ def cross_selective_scan_2d_bwd(
     routes: List[int],
     dy: Tensor,
     delta_proj_weight: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Kernel backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias), each shaped and typed like its
-    input (du in u's layout); dy (batch, dim, H, W) in u's layout. dD / ddelta_bias are empty when
-    D / delta_bias is None. With delta_proj_weight (K, dim, R) (delta then (batch, K, R, H, W)),
-    ddelta is the gradient of the projected, full-rank delta (batch, K, dim, H, W)."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Kernel backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias, ddelta_proj_weight), each shaped
+    and typed like its input (du in u's layout); dy (batch, dim, H, W) in u's layout. dD /
+    ddelta_bias / ddelta_proj_weight are empty when D / delta_bias / delta_proj_weight is None. With
+    delta_proj_weight (K, dim, R), ddelta is the gradient of the low-rank delta (batch, K, R, H, W)."""
     module = _kernel_module(u.device)
-    if delta_proj_weight is not None and not _kernel_projects(module, u):
-        delta, delta_proj_weight = project_delta(delta, delta_proj_weight), None
+    low, weight = delta, delta_proj_weight
+    if weight is not None and not _kernel_projects(module, u):
+        delta, delta_proj_weight = project_delta(low, weight), None
     if not hasattr(module, "cross_backward"):
         grads = cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
     elif delta_proj_weight is None:
         grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
-    else:
+    else:  # the kernel returns the low-rank delta's and the weight's gradients
         grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy, delta_proj_weight)
-    du, ddelta, dA, dB, dC, dD, dbias = grads
-    like = (u, delta, A, B, C)
+    du, ddelta, dA, dB, dC, dD, dbias = grads[:7]
+    dweight = grads[7] if delta_proj_weight is not None else None
+    if weight is not None and delta_proj_weight is None:
+        ddelta, dweight = project_delta_grads(ddelta, low, weight)
+    like = (u, low, A, B, C)
     du, ddelta, dA, dB, dC = (g.to(t.dtype) for g, t in zip((du, ddelta, dA, dB, dC), like))
     dD = dD.to(D.dtype) if D is not None else A.new_empty(0)
     dbias = dbias.to(delta_bias.dtype) if delta_bias is not None else A.new_empty(0)
-    return du, ddelta, dA, dB, dC, dD, dbias
+    dweight = dweight.to(weight.dtype) if weight is not None else A.new_empty(0)
+    return du, ddelta, dA, dB, dC, dD, dbias, dweight
 
 
 @cross_selective_scan_2d_bwd.register_fake
 def _cross_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy, delta_proj_weight=None):
-    optional = tuple(torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias))
+    optional = tuple(torch.empty_like(t) if t is not None else A.new_empty(0)
+                     for t in (D, delta_bias, delta_proj_weight))
     du = torch.empty(u.shape, dtype=u.dtype, device=u.device, memory_format=map_format(u))
-    batch, dim, height, width = u.shape
-    ddelta = delta.new_empty((batch, delta.shape[1], dim, height, width))
-    return (du, ddelta) + tuple(torch.empty_like(t) for t in (A, B, C)) + optional
+    return (du,) + tuple(torch.empty_like(t) for t in (delta, A, B, C)) + optional
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -216,18 +220,16 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, dy: Tensor):
     u, delta, A, B, C, D, delta_bias, delta_proj_weight = ctx.saved_tensors
-    du, ddelta, dA, dB, dC, dD, dbias = cross_selective_scan_2d_bwd(
+    du, ddelta, dA, dB, dC, dD, dbias, dweight = cross_selective_scan_2d_bwd(
         u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous(memory_format=map_format(u)),
         delta_proj_weight,
     )
-    dweight = None
-    if delta_proj_weight is not None:
-        ddelta, dweight = project_delta_grads(ddelta, delta, delta_proj_weight)
     return (
         du, ddelta, dA, dB, dC,
         dD if D is not None else None,
         dbias if delta_bias is not None else None,
-        None, None, None, dweight,
+        None, None, None,
+        dweight if delta_proj_weight is not None else None,
     )
 
 
