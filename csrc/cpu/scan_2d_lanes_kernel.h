@@ -353,11 +353,18 @@ void add_lane_route_grads(const ScanInputs<float>& in, const CrossShape& s, cons
   // dweight[d, r] = sum_p ddelta[d, p] * low[r, p] for each kept lane's channel d, and
   // ddelta_low[r, p] += sum_d weight[d, r] * ddelta[d, p] over the lanes, for blocks of
   // kLaneChannels cells transposed so that the sum runs across lanes as vector FMAs over the cells.
-  for (int64_t r = 0; r < R; ++r) {
-    const float* low_r = low + r * L;
-    LaneFloats dweight{};
-    for (int64_t p = 0; p < L; ++p) dweight += m.ddelta[p] * low_r[p];
-    for (int64_t l = keep_first; l < keep_last; ++l) out.dweight[(grad_row + l) * R + r] = dweight[l];
+  // kRankBlock ranks at a time: independent FMA chains, each ddelta vector loaded once for them.
+  constexpr int64_t kRankBlock = 8;
+  for (int64_t r0 = 0; r0 < R; r0 += kRankBlock) {
+    const int64_t ranks = std::min(kRankBlock, R - r0);
+    LaneFloats dweight[kRankBlock] = {};
+    for (int64_t p = 0; p < L; ++p) {
+      const LaneFloats ddelta = m.ddelta[p];
+      for (int64_t i = 0; i < ranks; ++i) dweight[i] += ddelta * low[(r0 + i) * L + p];
+    }
+    for (int64_t l = keep_first; l < keep_last; ++l) {
+      for (int64_t i = 0; i < ranks; ++i) out.dweight[(grad_row + l) * R + r0 + i] = dweight[i][l];
+    }
   }
   float* ddelta_low = out.ddelta_low + k * R * L;
   for (int64_t p0 = 0; p0 < L; p0 += kLaneChannels) {
