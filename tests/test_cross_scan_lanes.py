@@ -254,10 +254,10 @@ def test_bench_lanes_tool_prints_a_table(tmp_path):
     spec.loader.exec_module(tool)
     out = tmp_path / "lanes.md"
     argv = ["bench_lanes.py", "--batch", "1", "--rounds", "1", "--warmup", "0", "--model", "none", "--threads", "1",
-            "--out", str(out)]
+            "--backward", "--out", str(out)]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("sys.argv", argv)
         assert tool.main() == 0
     table = out.read_text()
     assert "| op 7x7 x 768 ch, R=48 | 1 |" in table and "speed-up (CPU time)" in table
-    assert table.count("| op ") == 4
+    assert table.count("| op ") == 8 and "| op backward 56x56 x 96 ch, R=6 | 1 |" in table
