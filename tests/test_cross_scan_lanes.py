@@ -60,7 +60,9 @@ def _lanes(inputs, softplus, routes):
         return cross_selective_scan_2d(**inputs, delta_softplus=softplus, routes=routes, backend="cpu")
 
 
-@pytest.mark.parametrize(
+# Shapes of both kernels' reference tests. The backward's 196-cell map also has whole blocks of 16
+# cells and a tail in its projection gradient.
+LANE_SHAPES = pytest.mark.parametrize(
     "shape",
     [
         dict(batch=1, dim=16, height=5, width=7),  # one call, one vector per build register
@@ -72,9 +74,13 @@ def _lanes(inputs, softplus, routes):
     ],
     ids=["one-call", "overlap", "two-calls", "one-row", "one-column", "three-states"],
 )
-@pytest.mark.parametrize(
+LANE_ROUTES = pytest.mark.parametrize(
     "routes", ["cross", route_set("cross", "1d"), "corners"], ids=["cross-2d", "cross-flat", "corners"]
 )
+
+
+@LANE_SHAPES
+@LANE_ROUTES
 def test_lane_forward_matches_the_float64_reference(shape, routes):
     inputs = _inputs(seed=1, **shape)
     got = _lanes(inputs, True, routes)
@@ -147,21 +153,8 @@ def _assert_gradients_match_reference(inputs, softplus, routes):
         torch.testing.assert_close(grad.double(), expected[name], rtol=5e-5, atol=5e-5 * scale, msg=name)
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [
-        dict(batch=1, dim=16, height=5, width=7),
-        dict(batch=2, dim=19, height=9, width=11),  # a last lane group overlapping the one before
-        dict(batch=1, dim=40, height=14, width=14, rank=6),  # 196 cells: whole blocks of 16 and a tail
-        dict(batch=1, dim=16, height=1, width=13),  # one row
-        dict(batch=1, dim=17, height=10, width=1),  # one column
-        dict(batch=2, dim=24, height=3, width=2, nstate=3),  # several states (run-time N)
-    ],
-    ids=["one-group", "overlap", "two-groups", "one-row", "one-column", "three-states"],
-)
-@pytest.mark.parametrize(
-    "routes", ["cross", route_set("cross", "1d"), "corners"], ids=["cross-2d", "cross-flat", "corners"]
-)
+@LANE_SHAPES
+@LANE_ROUTES
 def test_lane_backward_gradients_match_the_float64_reference(shape, routes):
     """Every input's gradient, the projection weight's and the low-rank step sizes' included (the
     kernel forms them from each route's full-rank ddelta)."""

@@ -73,6 +73,28 @@ struct LaneSweep {
   int64_t position(int64_t q) const { return cells_reversed ? line_length - 1 - q : q; }
 };
 
+// Where route k's inputs of the lanes' channels [d0, d0 + kLaneChannels) of sample b start.
+// weights: the projection as (routes, rank, dim) (cross_forward_lanes).
+struct LaneRoute {
+  int64_t row;            // of A, D, delta_bias: the lanes' first channel of route k
+  LaneFloats bias;        // the lanes' delta_bias, or 0
+  const float* weights;   // the lanes' projection weights of rank r at r * dim
+  const float* low;       // (R, L) low-rank step sizes
+  const float* B;         // (N, L)
+  const float* C;         // (N, L)
+  const float* u;         // the lanes' first channel in the channels-last map
+
+  LaneRoute(const ScanInputs<float>& in, const CrossShape& s, const float* projection, int64_t b, int64_t k,
+            int64_t d0)
+      : row(k * s.dim + d0),
+        bias(in.delta_bias ? load_lanes(in.delta_bias + row) : LaneFloats{}),
+        weights(projection + k * s.rank * s.dim + d0),
+        low(in.delta + (b * s.routes + k) * s.rank * s.length()),
+        B(in.B + (b * s.routes + k) * s.nstate * s.length()),
+        C(in.C + (b * s.routes + k) * s.nstate * s.length()),
+        u(in.u + s.map_offset(b, d0)) {}
+};
+
 // Adds route k's output to y (L vectors) for the lanes' channels [d0, d0 + kLaneChannels) of
 // sample b. kStates: N when it is a compile-time constant (1, the models'), else 0. weights: the
 // projection as (routes, rank, dim) (cross_forward_lanes). Scratch: the workspace after y
@@ -89,14 +111,8 @@ void add_lane_route(const ScanInputs<float>& in, const CrossShape& s, const floa
   LaneFloats* second_carry = scratch;            // [position * N + n]
   LaneFloats* rates = second_carry + line * N;   // [n]: A of the lanes' channels
   LaneFloats* block_memory = rates + N;          // [j * N + n] decays, then inputs (kStates == 0)
-  const int64_t row = k * s.dim + d0;            // of A, D, delta_bias
-  for (int64_t n = 0; n < N; ++n) rates[n] = gather_lanes(in.A + row * N + n, N);
-  const LaneFloats bias = in.delta_bias ? load_lanes(in.delta_bias + row) : LaneFloats{};
-  const float* route_weights = weights + k * R * s.dim + d0;  // row r at r * dim
-  const float* low = in.delta + (b * s.routes + k) * R * L;
-  const float* Bk = in.B + (b * s.routes + k) * N * L;
-  const float* Ck = in.C + (b * s.routes + k) * N * L;
-  const float* u = in.u + s.map_offset(b, d0);
+  const LaneRoute route(in, s, weights, b, k, d0);
+  for (int64_t n = 0; n < N; ++n) rates[n] = gather_lanes(in.A + route.row * N + n, N);
   LaneFloats block_registers[2 * kLaneBlock * (kStates > 0 ? kStates : 1)];
   LaneFloats* decays = kStates > 0 ? block_registers : block_memory;
   LaneFloats* inputs = decays + kLaneBlock * N;
@@ -119,22 +135,22 @@ void add_lane_route(const ScanInputs<float>& in, const CrossShape& s, const floa
         p[j] = line_start + sweep.position(q0 + j < cells ? q0 + j : cells - 1) * sweep.cell_step;
       }
       LaneFloats dt[kLaneBlock];
-      const LaneFloats w0 = load_lanes(route_weights);
+      const LaneFloats w0 = load_lanes(route.weights);
 #pragma GCC unroll 8
-      for (int64_t j = 0; j < kLaneBlock; ++j) dt[j] = w0 * low[p[j]];
+      for (int64_t j = 0; j < kLaneBlock; ++j) dt[j] = w0 * route.low[p[j]];
       for (int64_t r = 1; r < R; ++r) {
-        const LaneFloats w = load_lanes(route_weights + r * s.dim);
-        const float* low_r = low + r * L;
+        const LaneFloats w = load_lanes(route.weights + r * s.dim);
+        const float* low_r = route.low + r * L;
 #pragma GCC unroll 8
         for (int64_t j = 0; j < kLaneBlock; ++j) dt[j] += w * low_r[p[j]];
       }
       for (int64_t j = 0; j < kLaneBlock; ++j) {
-        dt[j] += bias;
+        dt[j] += route.bias;
         if (in.delta_softplus) dt[j] = softplus_approx(dt[j]);
-        const LaneFloats dt_u = dt[j] * load_lanes(u + p[j] * s.dim);
+        const LaneFloats dt_u = dt[j] * load_lanes(route.u + p[j] * s.dim);
         for (int64_t n = 0; n < N; ++n) {
           decays[j * N + n] = exp_approx(dt[j] * rates[n]);
-          inputs[j * N + n] = dt_u * Bk[n * L + p[j]];
+          inputs[j * N + n] = dt_u * route.B[n * L + p[j]];
         }
       }
       const int64_t block = cells - q0 < kLaneBlock ? cells - q0 : kLaneBlock;
@@ -150,7 +166,7 @@ void add_lane_route(const ScanInputs<float>& in, const CrossShape& s, const floa
             h = hh + decay * across;
             across = h;
           }
-          out += Ck[n * L + p[j]] * h;
+          out += route.C[n * L + p[j]] * h;
         }
         y[p[j]] = out;
       }
@@ -243,15 +259,10 @@ void add_lane_route_grads(const ScanInputs<float>& in, const CrossShape& s, cons
   const int64_t L = s.length();
   const int64_t N = kStates > 0 ? kStates : s.nstate;
   const int64_t R = s.rank;
-  const int64_t row = k * s.dim + d0;  // of A, D, delta_bias
+  const LaneRoute route(in, s, weights, b, k, d0);
+  const int64_t row = route.row;
   LaneFloats rates[kStates > 0 ? kStates : kMaxLaneBackwardStates];
   for (int64_t n = 0; n < N; ++n) rates[n] = gather_lanes(in.A + row * N + n, N);
-  const LaneFloats bias = in.delta_bias ? load_lanes(in.delta_bias + row) : LaneFloats{};
-  const float* route_weights = weights + k * R * s.dim + d0;  // row r at r * dim
-  const float* low = in.delta + (b * s.routes + k) * R * L;
-  const float* Bk = in.B + (b * s.routes + k) * N * L;
-  const float* Ck = in.C + (b * s.routes + k) * N * L;
-  const float* u = in.u + s.map_offset(b, d0);
 
   const RoutePasses passes = route_passes(route_code);
   const LaneSweep sweep(passes, s.height, s.width);
@@ -267,19 +278,19 @@ void add_lane_route_grads(const ScanInputs<float>& in, const CrossShape& s, cons
     }
     for (int64_t q = 0; q < cells; ++q) {
       const int64_t p = cell(t, q);
-      LaneFloats z = load_lanes(route_weights) * low[p];
-      for (int64_t r = 1; r < R; ++r) z += load_lanes(route_weights + r * s.dim) * low[r * L + p];
-      z += bias;
+      LaneFloats z = load_lanes(route.weights) * route.low[p];
+      for (int64_t r = 1; r < R; ++r) z += load_lanes(route.weights + r * s.dim) * route.low[r * L + p];
+      z += route.bias;
       LaneFloats dt = z;
       if (in.delta_softplus) {
         dt = softplus_approx(z);
         m.slope[p] = 1.0f / (1.0f + exp_approx(-z));
       }
       m.dt[p] = dt;
-      const LaneFloats dt_u = dt * load_lanes(u + p * s.dim);
+      const LaneFloats dt_u = dt * load_lanes(route.u + p * s.dim);
       for (int64_t n = 0; n < N; ++n) {
         const LaneFloats decay = exp_approx(dt * rates[n]);
-        const LaneFloats x = dt_u * Bk[n * L + p];
+        const LaneFloats x = dt_u * route.B[n * L + p];
         m.decay[p * N + n] = decay;
         const LaneFloats hh = decay * carry[n] + x;
         carry[n] = hh;
@@ -311,14 +322,14 @@ void add_lane_route_grads(const ScanInputs<float>& in, const CrossShape& s, cons
       const int64_t before = q > 0 ? cell(t, q - 1) : (passes.flat && t > 0 ? cell(t - 1, cells - 1) : -1);
       const int64_t above = !passes.flat && t > 0 ? cell(t - 1, q) : -1;
       const LaneFloats dy_p = dy[p];
-      const LaneFloats u_p = load_lanes(u + p * s.dim);
+      const LaneFloats u_p = load_lanes(route.u + p * s.dim);
       const LaneFloats dt = m.dt[p];
       const LaneFloats dt_u = dt * u_p;
       LaneFloats ddt{};
       LaneFloats du_p{};
       for (int64_t n = 0; n < N; ++n) {
         const LaneFloats decay = m.decay[p * N + n];
-        const LaneFloats seed = Ck[n * L + p] * dy_p;
+        const LaneFloats seed = route.C[n * L + p] * dy_p;
         LaneFloats mu;
         LaneFloats ddecay;
         if (passes.flat) {
@@ -333,7 +344,7 @@ void add_lane_route_grads(const ScanInputs<float>& in, const CrossShape& s, cons
           across = decay * lambda;
         }
         along[n] = decay * mu;
-        const float b_n = Bk[n * L + p];
+        const float b_n = route.B[n * L + p];
         const LaneFloats dlog_decay = ddecay * decay;
         da_sum[n] += dlog_decay * dt;
         ddt += dlog_decay * rates[n] + mu * b_n * u_p;
@@ -360,7 +371,7 @@ void add_lane_route_grads(const ScanInputs<float>& in, const CrossShape& s, cons
     LaneFloats dweight[kRankBlock] = {};
     for (int64_t p = 0; p < L; ++p) {
       const LaneFloats ddelta = m.ddelta[p];
-      for (int64_t i = 0; i < ranks; ++i) dweight[i] += ddelta * low[(r0 + i) * L + p];
+      for (int64_t i = 0; i < ranks; ++i) dweight[i] += ddelta * route.low[(r0 + i) * L + p];
     }
     for (int64_t l = keep_first; l < keep_last; ++l) {
       for (int64_t i = 0; i < ranks; ++i) out.dweight[(grad_row + l) * R + r0 + i] = dweight[i][l];
@@ -374,7 +385,7 @@ void add_lane_route_grads(const ScanInputs<float>& in, const CrossShape& s, cons
       for (int64_t j = 0; j < kLaneChannels; ++j) cells_of_lane[l][j] = j < count ? m.ddelta[p0 + j][l] : 0.0f;
     }
     for (int64_t r = 0; r < R; ++r) {
-      const float* weight_r = route_weights + r * s.dim;  // the lanes' weights of rank r
+      const float* weight_r = route.weights + r * s.dim;  // the lanes' weights of rank r
       LaneFloats sum = cells_of_lane[0] * weight_r[0];
       for (int64_t l = 1; l < kLaneChannels; ++l) sum += cells_of_lane[l] * weight_r[l];
       float* to = ddelta_low + r * L + p0;
