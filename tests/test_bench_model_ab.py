@@ -55,7 +55,7 @@ def test_turns_alternate_and_only_their_last_calls_count(monkeypatch):
             raise AssertionError("no failure here")
 
     monkeypatch.setattr(tool, "Worker", FakeWorker)
-    args = tool.argparse.Namespace(a="A", b="B", warmup=1, rounds=3, rewarm=1)
+    args = tool.argparse.Namespace(a="A", b="B", warmup=1, rounds=3, rewarm=1, start_order="a-first")
     result, peak_a, peak_b = tool.measure_pair("infer", 1, args)
     assert "".join(calls) == "AABB" + "BBAA" + "AABB" + "BBAA"
     # The first round warms up; each turn's second call counts: calls 4, 6, 8 of each worker,
@@ -92,3 +92,34 @@ def test_bad_arguments_are_named():
     for bad in (["--rounds", "0"], ["--rewarm", "-1"]):
         with pytest.raises(SystemExit):
             tool.main(bad)
+
+
+def test_both_start_orders_split_the_rounds(monkeypatch):
+    """--start-order both: a first pair with A's worker started first, then a fresh pair with B's,
+    the rounds split between them (the odd one to the first) and pooled; peaks the largest."""
+    tool = _tool()
+    started = []
+
+    class FakeWorker:
+        def __init__(self, spec, phase, batch, args):
+            self.spec, self.pair = spec, len(started) // 2
+            started.append(spec)
+
+        def call(self):
+            # pair 0: B takes 2 s, pair 1: 3 s; A always 1 s
+            return ((2.0 + self.pair) if self.spec == "B" else 1.0, 1.0)
+
+        def close(self):
+            return {"A": 10.0, "B": 20.0}[self.spec] + self.pair
+
+        def kill(self):
+            raise AssertionError("no failure here")
+
+    monkeypatch.setattr(tool, "Worker", FakeWorker)
+    args = tool.argparse.Namespace(a="A", b="B", warmup=0, rounds=5, rewarm=0, start_order="both")
+    result, peak_a, peak_b = tool.measure_pair("train", 8, args)
+    assert started == ["A", "B", "B", "A"]
+    assert result.rounds == 5
+    # 3 rounds at ratio 2 (first pair), 2 at ratio 3: the median is 2
+    assert result.ratio == pytest.approx(2.0) and result.ratio_quartiles[1] == pytest.approx(3.0)
+    assert (peak_a, peak_b) == (11.0, 21.0)

@@ -12,7 +12,9 @@ slower at batch 8, the fused op's ~1%), so the measured call runs in the state a
 called repeatedly, as in ``tools/bench_model.py``. Each round gives one ratio time(B) / time(A) of
 two calls a few seconds apart, so drift slower than a round cancels; the table reports the median
 of the rounds' ratios and their quartiles. The idle worker waits on its pipe: the two never run at
-the same time.
+the same time. The worker started second has measured faster (two workers of the same model: 0.92x,
+CPU training at batch 8), so by default (``--start-order both``) half of the rounds run in a pair
+whose A worker started first and half in a fresh pair whose B worker did, each with its warm-up.
 
     python tools/bench_model_ab.py              # vmamba2d_tiny, fused vs per-route op, batch 1 8 16
     python tools/bench_model_ab.py vmamba_tiny vmamba_tiny:cross_scan=per_route --phases infer train \\
@@ -148,13 +150,16 @@ def summarize(times_a: list[tuple[float, float]], times_b: list[tuple[float, flo
     )
 
 
-def measure_pair(phase: str, batch: int, args: argparse.Namespace) -> tuple[PairedResult, float, float]:
-    """Alternating calls of A and B (warm-up rounds first); the result and each worker's peak MiB."""
-    workers = []
+def _session(phase: str, batch: int, args: argparse.Namespace, rounds: int,
+             b_first: bool) -> tuple[list, list, float, float]:
+    """One pair of fresh workers (B's started first when b_first), ``args.warmup`` + ``rounds``
+    alternating rounds: the measured (wall, cpu) of A and of B, and each worker's peak MiB."""
+    workers: dict[int, Worker] = {}
     try:
-        workers = [Worker(args.a, phase, batch, args), Worker(args.b, phase, batch, args)]
+        for which in ((1, 0) if b_first else (0, 1)):
+            workers[which] = Worker((args.a, args.b)[which], phase, batch, args)
         times: tuple[list, list] = ([], [])
-        for round_index in range(args.warmup + args.rounds):
+        for round_index in range(args.warmup + rounds):
             order = (0, 1) if round_index % 2 == 0 else (1, 0)
             for which in order:
                 for _ in range(args.rewarm):
@@ -162,12 +167,37 @@ def measure_pair(phase: str, batch: int, args: argparse.Namespace) -> tuple[Pair
                 duration = workers[which].call()
                 if round_index >= args.warmup:
                     times[which].append(duration)
-        peaks = [worker.close() for worker in workers]
+        peaks = [workers[which].close() for which in (0, 1)]
     except BaseException:
-        for worker in workers:
+        for worker in workers.values():
             worker.kill()
         raise
-    return summarize(*times), peaks[0], peaks[1]
+    return times[0], times[1], peaks[0], peaks[1]
+
+
+# The worker started second has measured faster (two workers of the same model: 0.92x on CPU
+# training), so by default half of the rounds run with A's worker started first, half with B's.
+START_ORDERS = {"a-first": (False,), "b-first": (True,), "both": (False, True)}
+
+
+def measure_pair(phase: str, batch: int, args: argparse.Namespace) -> tuple[PairedResult, float, float]:
+    """Alternating calls of A and B (warm-up rounds first) in one pair of workers per start order
+    (``args.start_order``), the rounds split between them; the pooled result and each model's
+    largest peak MiB."""
+    b_first_sessions = START_ORDERS[args.start_order]
+    times_a: list = []
+    times_b: list = []
+    peaks_a, peaks_b = [], []
+    for index, b_first in enumerate(b_first_sessions):
+        rounds = args.rounds // len(b_first_sessions) + (index < args.rounds % len(b_first_sessions))
+        if rounds == 0:
+            continue
+        session_a, session_b, peak_a, peak_b = _session(phase, batch, args, rounds, b_first)
+        times_a += session_a
+        times_b += session_b
+        peaks_a.append(peak_a)
+        peaks_b.append(peak_b)
+    return summarize(times_a, times_b), max(peaks_a), max(peaks_b)
 
 
 def _row(phase: str, batch: int, result: PairedResult, peak_a: float, peak_b: float, target) -> str:
@@ -190,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first")
     parser.add_argument("--rewarm", type=int, default=1,
                         help="unmeasured calls of a model right before each measured one")
+    parser.add_argument("--start-order", choices=list(START_ORDERS), default="both",
+                        help="whose worker starts first: A's, B's, or each for half of the rounds (default)")
     parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--target", type=float, help="say whether the median B / A ratio of inference reaches this")
     parser.add_argument("--train-target", type=float, help="the same for training")
@@ -227,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Paired A/B model throughput ({args.device})", "", *run,
              f"- load average at end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
              f"- A: `{args.a}`; B: `{args.b}`; {args.precision}, input {args.img_size}x{args.img_size}",
-             "- settings: one worker process per model (a fresh pair per phase and batch), calls alternating "
+             "- settings: one worker process per model (a fresh pair per phase, batch and start order; start "
+             f"order {args.start_order}), calls alternating "
              f"A B / B A, {args.warmup} warm-up + {args.rounds} measured rounds, {args.rewarm} unmeasured call(s) of "
              "a model right before each measured one; per round the ratio "
              "time(B) / time(A) of its two calls; median and quartiles over rounds; CPU time: the worker's "
