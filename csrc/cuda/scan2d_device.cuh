@@ -52,6 +52,12 @@ struct DeviceCtx {
     return ptr;
   }
 
+  // The view of the elements from ptr + k on.
+  template <class V>
+  SS2D_HD SS2D_INLINE V* offset_view(V* ptr, int64_t k) const {
+    return ptr + k;
+  }
+
   // Vector accesses (Vec4): the caller checks vector_aligned first; ptr + off must be in bounds
   // for all kQuad elements (the host model checks both).
   template <class V>

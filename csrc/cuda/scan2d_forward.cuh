@@ -1,7 +1,10 @@
 // The forward block of the tiled 2D scan (contexts and rules: scan2d_tile.cuh).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <stdexcept>
+#include <type_traits>
 
 #include "scan2d_tile.cuh"
 
@@ -293,6 +296,20 @@ SS2D_UNROLL
     }
   };
 
+  // One-state variant: views of channel s's u / delta planes (block channel s; past the block's
+  // channels its last one again), made once per block, so a quad's accesses of every channel take
+  // the one offset of channel 0's quad (no per-channel offset arithmetic in the tile loop).
+  const auto channel_views = [&](const auto& view, bool used) {
+    std::array<std::decay_t<decltype(view)>, kMaxWarps> out{view, view, view, view};
+    static_assert(kMaxWarps == 4, "one view per block channel");
+SS2D_UNROLL
+    for (int s = 1; s < kMaxWarps; ++s) {
+      if (kOne && used) out[s] = ctx.offset_view(view, static_cast<int64_t>(std::min(s, channels - 1)) * g.length);
+    }
+    return out;
+  };
+  auto u_of = channel_views(u, true);
+  auto delta_of = channel_views(delta, true);
   const int first_tile = sequential ? 0 : tile_z;
   int ti = first_tile / g.tiles_w;  // tile (ti, tj), stepped in row-major order without a division
   int tj = first_tile - ti * g.tiles_w;
@@ -306,22 +323,22 @@ SS2D_UNROLL
         each_quad(ctx, [&](int, int r, int c0) {
           const QuadAnchor an = anchor_of<kRouted>(g, bb, ti, tj, r, c0);
           constexpr int kLoads = 1 + 2 * kMaxWarps;
-          const decltype(&Bg) srcs[kLoads] = {&Bg, &delta, &u, &delta, &u, &delta, &u, &delta, &u};
-          int64_t ud = quad_offset(g, Plane{g.dim, d0}, an);
+          const decltype(&Bg) srcs[kLoads] = {&Bg,         &delta_of[0], &u_of[0], &delta_of[1], &u_of[1],
+                                              &delta_of[2], &u_of[2],     &delta_of[3], &u_of[3]};
+          const int64_t ud = quad_offset(g, Plane{g.dim, d0}, an);
           // A route's delta has its own planes (delta_plane), a fixed distance from u's quads;
-          // else delta's quads are u's.
-          const int64_t to_delta = kRouted ? quad_offset(g, delta_plane<kRouted>(g, d0), an) - ud : 0;
+          // else delta's quads are u's. Every channel's quad is at channel 0's offset of its view.
+          const int64_t dd = kRouted ? quad_offset(g, delta_plane<kRouted>(g, d0), an) : ud;
           Plane planes[kLoads];
           int64_t offs[kLoads];
           planes[0] = bc_planes(0);
           offs[0] = quad_offset(g, planes[0], an);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
-            planes[1 + 2 * s] = delta_plane<kRouted>(g, d0 + s);
-            planes[2 + 2 * s] = Plane{g.dim, d0 + s};
-            offs[1 + 2 * s] = ud + to_delta;
+            planes[1 + 2 * s] = delta_plane<kRouted>(g, d0);
+            planes[2 + 2 * s] = Plane{g.dim, d0};
+            offs[1 + 2 * s] = dd;
             offs[2 + 2 * s] = ud;
-            if (s + 1 < channels) ud += g.length;  // channels past the block's: its last one again
           }
           float bias[kMaxWarps], a2[kMaxWarps];
           consts_of(kBiasRow, bias_c, bias);
@@ -508,17 +525,16 @@ SS2D_UNROLL
         each_quad(ctx, [&](int, int r, int c0) {
           QuadAnchor an = anchor_of<kRouted>(g, bb, ti, tj, r, c0);
           constexpr int kLoads = 1 + kMaxWarps;
-          const decltype(&Cg) srcs[kLoads] = {&Cg, &u, &u, &u, &u};
-          int64_t ud = quad_offset(g, Plane{g.dim, d0}, an);
+          const decltype(&Cg) srcs[kLoads] = {&Cg, &u_of[0], &u_of[1], &u_of[2], &u_of[3]};
+          const int64_t ud = quad_offset(g, Plane{g.dim, d0}, an);
           Plane planes[kLoads];
           int64_t offs[kLoads];
           planes[0] = bc_planes(0);
           offs[0] = quad_offset(g, planes[0], an);
 SS2D_UNROLL
           for (int s = 0; s < kMaxWarps; ++s) {
-            planes[1 + s] = Plane{g.dim, d0 + s};
+            planes[1 + s] = Plane{g.dim, d0};
             offs[1 + s] = ud;
-            if (s + 1 < channels) ud += g.length;
           }
           // y's planes start aligned (y_planes): its quads are aligned where their offset is.
           const bool whole = an.whole;

@@ -212,6 +212,15 @@ class GlobalView {
     return Ref(base_ + i);
   }
 
+  // The view of elements k .. extent - 1 (element i of it is element k + i of this one).
+  GlobalView offset(int64_t k) const {
+    if (base_ == nullptr) fail("offset view of a global buffer the launch did not provide");
+    if (k < 0 || k > extent_) {
+      fail("offset view out of bounds: element " + std::to_string(k) + " of a buffer of " + std::to_string(extent_));
+    }
+    return GlobalView(base_ + k, extent_ - k);
+  }
+
   // The address test the kernel makes before a vector access (no access, so no bounds check).
   bool vector_aligned(int64_t i) const {
     return reinterpret_cast<uintptr_t>(base_ + i) % sizeof(Vec4<Value>) == 0;
@@ -291,6 +300,10 @@ class HostCtx {
   template <class V>
   GlobalView<V> global(V* ptr, int64_t count) const {
     return GlobalView<V>(ptr, count);
+  }
+  template <class V>
+  GlobalView<V> offset_view(const GlobalView<V>& view, int64_t k) const {
+    return view.offset(k);
   }
   // DeviceCtx's vector primitives; GlobalView checks their preconditions.
   template <class V>
