@@ -20,7 +20,7 @@ import torch
 from test_scan_cuda import CUDA_MODULE, ORDER, make_inputs, needs_module
 from vmamba2d.ops import fused
 
-PASSING_SCENARIOS = ["ordered_by_barrier", "ordered_by_syncwarp", "aligned_vector_access"]
+PASSING_SCENARIOS = ["ordered_by_barrier", "ordered_by_syncwarp", "aligned_vector_access", "offset_view"]
 FAILING_SCENARIOS = {
     "read_after_write_across_warps": "race \\(read after write\\)",
     "read_after_write_in_warp": "race \\(read after write\\)",
@@ -35,6 +35,9 @@ FAILING_SCENARIOS = {
     "misaligned_vector_load": "misaligned vector global access",
     "out_of_bounds_vector_load": "out-of-bounds vector global access",
     "misaligned_vector_store": "misaligned vector global access",
+    "offset_view_past_the_end": "offset view out of bounds",
+    "out_of_bounds_through_offset_view": "out-of-bounds global access",
+    "offset_view_of_missing_buffer": "offset view of a global buffer the launch did not provide",
 }
 
 

@@ -299,17 +299,17 @@ SS2D_UNROLL
   // One-state variant: views of channel s's u / delta planes (block channel s; past the block's
   // channels its last one again), made once per block, so a quad's accesses of every channel take
   // the one offset of channel 0's quad (no per-channel offset arithmetic in the tile loop).
-  const auto channel_views = [&](const auto& view, bool used) {
+  const auto channel_views = [&](const auto& view) {
     std::array<std::decay_t<decltype(view)>, kMaxWarps> out{view, view, view, view};
     static_assert(kMaxWarps == 4, "one view per block channel");
 SS2D_UNROLL
     for (int s = 1; s < kMaxWarps; ++s) {
-      if (kOne && used) out[s] = ctx.offset_view(view, static_cast<int64_t>(std::min(s, channels - 1)) * g.length);
+      if (kOne) out[s] = ctx.offset_view(view, static_cast<int64_t>(std::min(s, channels - 1)) * g.length);
     }
     return out;
   };
-  auto u_of = channel_views(u, true);
-  auto delta_of = channel_views(delta, true);
+  auto u_of = channel_views(u);
+  auto delta_of = channel_views(delta);
   const int first_tile = sequential ? 0 : tile_z;
   int ti = first_tile / g.tiles_w;  // tile (ti, tj), stepped in row-major order without a division
   int tj = first_tile - ti * g.tiles_w;

@@ -588,6 +588,25 @@ void run_scenario(const std::string& scenario) {
     alignas(16) c10::Half data[2 * kQuad] = {};
     auto v = ctx.global(static_cast<c10::Half*>(data), 2 * kQuad);
     ctx.store_vector(v, 2, Vec4<c10::Half>{});
+  } else if (scenario == "offset_view") {
+    // Element i of the view from k on is element k + i, for scalar and vector accesses alike.
+    alignas(16) float data[3 * kQuad] = {};
+    auto whole = ctx.global(static_cast<float*>(data), 3 * kQuad);
+    auto view = ctx.offset_view(whole, kQuad);
+    view[1] = 7.f;
+    if (static_cast<float>(whole[kQuad + 1]) != 7.f) fail("an offset view's element is not the buffer's");
+    if (!ctx.vector_aligned(view, kQuad)) fail("vector_aligned rejects an aligned address of an offset view");
+    ctx.store_vector(view, kQuad, ctx.load_vector(view, 0));
+    if (static_cast<float>(whole[2 * kQuad + 1]) != 7.f) fail("an offset view's vector access moved other elements");
+    if (ctx.vector_aligned(ctx.offset_view(whole, 1), 0)) fail("vector_aligned accepts a misaligned offset view");
+  } else if (scenario == "offset_view_past_the_end") {
+    auto v = ctx.global(buffer.data(), 4);
+    ctx.offset_view(v, 5);
+  } else if (scenario == "out_of_bounds_through_offset_view") {
+    auto v = ctx.offset_view(ctx.global(buffer.data(), 4), 3);
+    ctx.each_thread([&](int t) { v[t % 2] = 1.f; });
+  } else if (scenario == "offset_view_of_missing_buffer") {
+    ctx.offset_view(ctx.global(static_cast<const float*>(nullptr), 0), 0);
   } else if (scenario == "misaligned_shared_array") {
     ctx.shared<float>(smem.data(), 2, 4);
   } else {
