@@ -22,8 +22,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -79,32 +77,6 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "0") == "1"
 
 
-def _point_cuda_home_at_nvcc_toolkit() -> None:
-    """Set CUDA_HOME (when unset) to the toolkit that the nvcc on PATH really belongs to.
-
-    torch guesses CUDA_HOME as the folder above the first nvcc on PATH; when that nvcc is a wrapper
-    script (e.g. /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc) the guess has no CUDA
-    headers or libcudart and the CUDA extension fails to compile and link. ``nvcc --dryrun``
-    prints the real root as ``TOP=``.
-    """
-    nvcc = shutil.which("nvcc")
-    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or nvcc is None:
-        return
-    try:
-        dryrun = subprocess.run(
-            [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-            capture_output=True, text=True, timeout=120,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return
-    for line in (dryrun.stdout + dryrun.stderr).splitlines():
-        if line.startswith("#$ TOP="):
-            top = Path(line.split("=", 1)[1].strip()).resolve()
-            if (top / "include" / "cuda_runtime_api.h").is_file():
-                os.environ["CUDA_HOME"] = str(top)
-            return
-
-
 def _load_cuda_archs():
     """vmamba2d/_cuda_archs.py, loaded by path (importing the package would need torch and timm)."""
     spec = importlib.util.spec_from_file_location("vmamba2d_cuda_archs", ROOT / "vmamba2d" / "_cuda_archs.py")
@@ -144,7 +116,7 @@ NVCC_FLAGS = list(_load_cuda_archs().NVCC_FLAGS)
 
 
 def _extensions() -> tuple[list, dict]:
-    _point_cuda_home_at_nvcc_toolkit()
+    _load_cuda_archs().point_cuda_home_at_nvcc_toolkit()
     try:
         import torch
         from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension

@@ -94,10 +94,11 @@ def build(folder: Path, jobs: int) -> Path:
     files = sources(folder)
     if not files:
         raise SystemExit(f"cuda_baseline: no .cpp / .cu files under {folder / SOURCE_FOLDER}")
+    archs = _load_by_path("vmamba2d_cuda_archs", REPO / "vmamba2d" / "_cuda_archs.py")
+    archs.point_cuda_home_at_nvcc_toolkit()  # before torch's cpp_extension reads CUDA_HOME
     from setuptools import setup
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
-    archs = _load_by_path("vmamba2d_cuda_archs", REPO / "vmamba2d" / "_cuda_archs.py")
     os.environ.setdefault("MAX_JOBS", str(jobs))
     extension = CUDAExtension(MODULE_NAME, files,
                               extra_compile_args={"cxx": ["-O3", "-std=c++20"], "nvcc": list(archs.NVCC_FLAGS)})

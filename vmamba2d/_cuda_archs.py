@@ -8,9 +8,12 @@ also embeds PTX for that arch, which newer GPUs JIT-compile at load.
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 # V100 (7.0), T4 / RTX 20xx (7.5), A100 (8.0), RTX 30xx / A10 (8.6), H100 / H200 (9.0); PTX of the
@@ -95,3 +98,29 @@ def parse_arch_list(arch_list: str) -> tuple[str, ...]:
         if re.fullmatch(r"\d+\.\d+[af]?", arch) and arch not in archs:
             archs.append(arch)
     return tuple(archs)
+
+
+def point_cuda_home_at_nvcc_toolkit() -> None:
+    """Set CUDA_HOME (when unset) to the toolkit that the nvcc on PATH really belongs to.
+
+    torch guesses CUDA_HOME as the folder above the first nvcc on PATH; when that nvcc is a wrapper
+    script (e.g. /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc) the guess has no CUDA
+    headers or libcudart and the CUDA extension fails to compile and link. ``nvcc --dryrun``
+    prints the real root as ``TOP=``.
+    """
+    nvcc = shutil.which("nvcc")
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or nvcc is None:
+        return
+    try:
+        dryrun = subprocess.run(
+            [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True, text=True, timeout=120,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return
+    for line in (dryrun.stdout + dryrun.stderr).splitlines():
+        if line.startswith("#$ TOP="):
+            top = Path(line.split("=", 1)[1].strip()).resolve()
+            if (top / "include" / "cuda_runtime_api.h").is_file():
+                os.environ["CUDA_HOME"] = str(top)
+            return
