@@ -385,6 +385,17 @@ def test_single_route_kernels_meet_the_static_targets(static_figures, direction,
     _assert_meets_the_targets(fig, direction, nstate, SINGLE_ROUTE_MIN_WARPS_PER_SM)
 
 
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("height, width", [(1, 1), (1, 7), (5, 1)])
+def test_kernels_compile_for_maps_of_one_row_or_column(static_figures, direction, height, width):
+    """Integer arguments equal to 1 reach the kernel as compile-time constants (a launch specialises
+    them; the static compile does the same): a 1 x 1 map failed to compile on a GPU with Triton 3.6
+    (tl.multiple_of of a constant), which the interpreter never sees."""
+    fig = static_figures.cross_kernel_figures(direction, torch.float32, 2, 4, 4, height, width,
+                                              static_figures.CROSS_2D, 90)
+    assert fig.registers > 0 and fig.spill_bytes == 0, fig
+
+
 @pytest.mark.cuda
 @needs_gpu
 @pytest.mark.parametrize("routes", ["cross 2d", "corners 2d", "cross 1d", "corners 1d"])

@@ -173,6 +173,19 @@ def _group_parameters(A_ptr, D_ptr, bias_ptr, map_index, param_groups, dim, nsta
 
 
 @triton.jit
+def _map_length(height, width, WIDTH_ALIGN: tl.constexpr):
+    """Cells per map, hinted as a multiple of WIDTH_ALIGN (rows start aligned: vector loads).
+
+    The hint is left out when WIDTH_ALIGN is 1: it says nothing then, and a 1 x 1 map makes both
+    sizes compile-time ones (Triton specialises integer arguments equal to 1), whose product
+    tl.multiple_of rejects."""
+    length = height * width
+    if WIDTH_ALIGN > 1:
+        length = tl.multiple_of(length, WIDTH_ALIGN)
+    return length
+
+
+@triton.jit
 def _tile_cells(tr, tc, height, width, TILE_H: tl.constexpr, TILE_W: tl.constexpr, WIDTH_ALIGN: tl.constexpr):
     """Map offsets (TILE_H, TILE_W) of tile (tr, tc) and which are inside the map.
 
@@ -272,7 +285,7 @@ def _route_forward(
 ):
     """Route k (code ``CODE``) of ``scan2d_fwd_kernel``'s program: tiles in route order, the
     program's channel sets one after another within each tile."""
-    length = tl.multiple_of(height * width, WIDTH_ALIGN)  # rows start aligned: vector loads
+    length = _map_length(height, width, WIDTH_ALIGN)
     state_ok3 = state_ok[:, None, None]
     route = map_index * NUM_ROUTES + route_index
     delta_ptr += route * dim * length
@@ -386,7 +399,7 @@ def scan2d_fwd_kernel(
     the state entering each chunk. Per channel block: ``hstate_ptr`` (BLOCK_D, BLOCK_N, TILE_H)
     scratch for the horizontal-pass (flat: the sequence's) state between tiles.
     """
-    length = tl.multiple_of(height * width, WIDTH_ALIGN)  # rows start aligned: vector loads
+    length = _map_length(height, width, WIDTH_ALIGN)
     map_index, group, n1, state_ok, carry_row, carry_col, carry_one = _program_layout(
         n_groups, nstate, n_tile_cols, BLOCK_D, BLOCK_N, TILE_H, TILE_W)
     # Scalar pointers to the program's map and its parameter group's rows, int32 offsets within them.
