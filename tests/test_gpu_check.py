@@ -174,6 +174,33 @@ def test_sanitize_script_reports_tool_errors_per_tool(tmp_path):
     assert "--kernel-name kns=scan2d" in run.stdout
 
 
+TRITON_REDUCE_RACE = ("echo '========= Error: Race reported between Write access at scan2d_bwd_kernel+0x3220 in "
+                      "standard.py:293'; echo '=========     and Write access at scan2d_bwd_kernel+0x3220 in "
+                      "standard.py:293 [228 hazards]'; exit 3")
+OUR_RACE = ("echo '========= Error: Race reported between Write access at scan2d_bwd_kernel+0x10 in "
+            "_triton_kernels.py:480'; echo '=========     and Read access at scan2d_bwd_kernel+0x20 in "
+            "standard.py:293 [3 hazards]'; exit 3")
+
+
+def test_racecheck_hazards_only_in_tritons_library_get_their_own_status(tmp_path):
+    run = _sanitize(_fake_sanitizer(tmp_path, TRITON_REDUCE_RACE), "racecheck")
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "hazards only in Triton's own code" in run.stdout and "standard.py" in run.stdout
+
+
+@pytest.mark.parametrize("body, tools", [(OUR_RACE, "racecheck"), (TRITON_REDUCE_RACE, "memcheck")])
+def test_hazards_at_our_lines_or_errors_of_other_tools_fail(tmp_path, body, tools):
+    run = _sanitize(_fake_sanitizer(tmp_path, body), tools)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"!! {tools} reported errors" in run.stdout
+
+
+def test_a_real_error_outranks_upstream_hazards(tmp_path):
+    body = 'if [[ "$*" == *racecheck* ]]; then ' + TRITON_REDUCE_RACE + "; else exit 3; fi"
+    run = _sanitize(_fake_sanitizer(tmp_path, body), "racecheck memcheck")
+    assert run.returncode == 1, run.stdout + run.stderr
+
+
 @pytest.mark.slow  # imports torch and vmamba2d in a child process: a few seconds, more on a busy machine
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
 def test_sanitize_script_without_a_gpu_checks_nothing_and_says_so(tmp_path):

@@ -4,7 +4,10 @@
 # small maps, a multi-tile map with partial edge tiles, 1xL / Lx1 maps, groups > 1, N = 16 in bf16.
 # Each backend in $BACKENDS that is usable here runs (cuda: the built vmamba2d._C_cuda with an
 # image for this GPU; triton: Triton importable); the others are reported as skipped. Needs a GPU
-# and compute-sanitizer. Exit status: 0 clean, 1 a tool reported errors, 2 nothing could be checked.
+# and compute-sanitizer. Exit status: 0 clean, 1 a tool reported errors, 2 nothing could be checked,
+# 4 racecheck's hazards all lie in Triton's own library code (none at a line of vmamba2d's sources:
+# Triton's reductions store replicated partials to one shared-memory word, triton-lang/triton#7264),
+# every other tool clean.
 #
 #   tools/cuda_sanitize.sh                          # all four tools, cuda and triton backends
 #   TOOLS="memcheck racecheck" BACKENDS=cuda tools/cuda_sanitize.sh
@@ -41,7 +44,8 @@ cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 CASE=$(mktemp --suffix=.py)
-trap 'rm -f "$CASE"' EXIT
+LOG=$(mktemp)
+trap 'rm -f "$CASE" "$LOG"' EXIT
 cat > "$CASE" <<'PY'
 import os
 import sys
@@ -99,15 +103,33 @@ if not ran:
     sys.exit(2)
 PY
 
+# Whether every hazard racecheck located in $LOG lies in a file that is not one of vmamba2d's
+# sources (Triton's library); false when it located none.
+hazards_only_outside_our_sources() {
+  local files
+  files=$(grep -E "Race reported|hazard detected" -A2 "$1" | grep -oE " in [^ ]+:[0-9]+" | sed -E 's/^ in //; s/:[0-9]+$//' | sort -u)
+  [ -n "$files" ] || return 1
+  local file
+  for file in $files; do
+    if [ -n "$(find "$ROOT/vmamba2d" "$ROOT/csrc" -name "$(basename "$file")" -print -quit)" ]; then
+      return 1
+    fi
+  done
+  echo "   hazard locations: $(echo $files)"
+}
+
 status=0
 for tool in $TOOLS; do
   echo "== compute-sanitizer --tool $tool ${FILTER_ARGS[*]}"
   set +e
-  "$SANITIZER" --tool "$tool" --error-exitcode 3 --print-limit 20 "${FILTER_ARGS[@]}" "$PYTHON" "$CASE"
-  code=$?
+  "$SANITIZER" --tool "$tool" --error-exitcode 3 --print-limit 20 "${FILTER_ARGS[@]}" "$PYTHON" "$CASE" 2>&1 | tee "$LOG"
+  code=${PIPESTATUS[0]}
   set -e
   if [ "$code" -eq 2 ]; then
     exit 2
+  elif [ "$code" -ne 0 ] && [ "$tool" = racecheck ] && hazards_only_outside_our_sources "$LOG"; then
+    echo "!! racecheck: hazards only in Triton's own code, none in vmamba2d's kernels (triton-lang/triton#7264)"
+    [ "$status" -eq 1 ] || status=4
   elif [ "$code" -ne 0 ]; then
     echo "!! $tool reported errors (exit $code)"
     status=1
