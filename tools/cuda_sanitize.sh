@@ -77,6 +77,10 @@ def run(backend, batch, dim, groups, n, h, w, dtype):
     )
     for t in leaves.values():
         t.requires_grad_()
+    # Buffer address ranges, so that an address in a report names its tensor.
+    spans = " ".join(f"{name}=[{t.data_ptr():#x},{t.data_ptr() + t.numel() * t.element_size():#x})"
+                     for name, t in leaves.items())
+    print(f"case {backend} {(batch, dim, groups, n, h, w, str(dtype))}: {spans}", flush=True)
     y = selective_scan_2d(**leaves, delta_softplus=True, height=h, width=w, backend=backend)
     y.backward(torch.ones_like(y))
     torch.cuda.synchronize()
