@@ -8,7 +8,7 @@ STAMP := $(VENV)/.vmamba2d-installed
 PYTEST_ARGS ?=
 export MAX_JOBS ?= 2
 
-.PHONY: setup demo test bench ptxas-check sass-report gpu-check cuda-baseline gpu-compare clean
+.PHONY: setup demo test bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ sass-report: setup
 GPU_CHECK_ARGS ?=
 gpu-check:
 	$(PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+# After gpu-check (which builds the extension), on the same machine: Nsight Compute counters of
+# the CUDA scan kernels on the model shapes (occupancy, throughput, warp-stall reasons), one report.
+gpu-profile:
+	$(PYTHON) tools/gpu_profile.py --out benchmarks/gpu-profile.md
 
 # The v3-vs-v2 timing: `make cuda-baseline` here (needs git; CUDA_BASELINE_COMMIT overrides the
 # kernel version, default in tools/cuda_baseline.py) exports the earlier kernel to build/cuda-baseline;
