@@ -2,14 +2,12 @@
 answer where nothing can be profiled."""
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from test_tools import ROOT, load_tool
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_profile.py"
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 
 # The shape of `ncu --csv --page raw`: ncu's own lines, the header, a units row, one row per launch.
@@ -28,12 +26,8 @@ RAW = "\n".join([
 
 @pytest.fixture(scope="module")
 def gpu_profile():
-    spec = importlib.util.spec_from_file_location("gpu_profile", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    sys.path.insert(0, str(TOOL.parent))
-    return module
+    sys.path.insert(0, str(ROOT / "tools"))  # the tool's cases read bench_scan_cuda's shapes
+    return load_tool("gpu_profile")
 
 
 def test_raw_csv_rows_skip_ncu_messages_and_the_units_row(gpu_profile):
