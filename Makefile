@@ -61,7 +61,8 @@ gpu-profile:
 
 # The v3-vs-v2 timing: `make cuda-baseline` here (needs git; CUDA_BASELINE_COMMIT overrides the
 # kernel version, default in tools/cuda_baseline.py) exports the earlier kernel to build/cuda-baseline;
-# on the GPU machine (with that folder carried along) `make gpu-compare` builds both and times them.
+# on the GPU machine (with that folder carried along) `make gpu-check` builds it beside this
+# checkout's kernel and times both in its report; `make gpu-compare` does only that.
 CUDA_BASELINE_COMMIT ?=
 cuda-baseline:
 	$(PYTHON) tools/cuda_baseline.py export $(if $(CUDA_BASELINE_COMMIT),--commit $(CUDA_BASELINE_COMMIT))

@@ -68,6 +68,26 @@ def test_steps_pass_fail_time_out_and_are_skipped_when_the_budget_is_spent(gpu_c
     assert len(done) == len(steps)
 
 
+def test_a_companion_runs_beside_its_step_within_the_budget(gpu_check):
+    Step = gpu_check.Step
+    steps = [
+        Step("both", _python("import time; time.sleep(1); print('main done')"), budget_s=20, min_s=0,
+             companion=_python("print('companion done')")),
+        Step("companion-fails", _python("print('main')"), budget_s=20, min_s=0,
+             companion=_python("import sys; sys.exit(4)")),
+        Step("companion-hangs", _python("print('main')"), budget_s=2, min_s=0,
+             companion=_python("import time; time.sleep(60)")),
+    ]
+    start = time.monotonic()
+    gpu_check.run_all(steps, budget_s=60, on_step_done=lambda: None)
+    assert time.monotonic() - start < 20
+    assert [s.result for s in steps] == ["pass", "pass", "pass"]  # the companion does not decide the step
+    assert [s.companion_result for s in steps] == ["pass", "FAIL (exit 4)", "timed out"]
+    assert "main done" in steps[0].output and "[companion] companion done" in steps[0].output
+    report = gpu_check.format_report(gpu_check.Environment(), steps, 60, start, True, "cmd")
+    assert "| companion-fails | pass (beside it, -c import sys; sys.exit(4): FAIL (exit 4)) |" in report
+
+
 def test_report_holds_environment_steps_and_tables(gpu_check, tmp_path):
     env = gpu_check.Environment(gpu="Test GPU 80GB", capability="9.0", driver="1.2", memory="80 GiB",
                                 python="3.12.3", torch="2.11.0", cuda="13.0", triton="3.6.0",
@@ -111,8 +131,31 @@ def test_plan_builds_for_this_gpus_arch_and_runs_every_sanitizer_tool(gpu_check,
     assert uncached == {"sanitize-memcheck", "sanitize-initcheck"}
 
 
-def test_step_budgets_fit_the_default_run(gpu_check, tmp_path):
-    steps = gpu_check.plan("python3", gpu_check.Environment(capability="9.0"), tmp_path, jobs=16)
+def test_with_an_exported_baseline_it_builds_beside_and_times_both(gpu_check, tmp_path):
+    steps = gpu_check.plan("python3", gpu_check.Environment(capability="9.0"), tmp_path, jobs=16,
+                           baseline=tmp_path / "base")
+    names = [s.name for s in steps]
+    assert names.index("bench-model-bf16") < names.index("bench-versions") < names.index("sanitize-memcheck")
+    assert steps[0].companion[1:5] == ["tools/cuda_baseline.py", "build", "--dir", str(tmp_path / "base")]
+    versions = steps[names.index("bench-versions")]
+    assert versions.command[1] == "tools/bench_cuda_versions.py" and versions.time_option == "--max-seconds"
+    assert "--baseline" in versions.command and str(tmp_path / "base") in versions.command
+
+
+def test_the_default_baseline_is_used_only_when_it_holds_an_export(gpu_check, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda python, commit: gpu_check.Environment())
+    assert gpu_check.main(["--dry-run", "--baseline", str(tmp_path)]) == 0
+    assert "bench-versions" not in capsys.readouterr().out
+    (tmp_path / gpu_check.BASELINE_INFO).write_text("{}")
+    assert gpu_check.main(["--dry-run", "--baseline", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "bench-versions" in out and "beside it:" in out
+
+
+@pytest.mark.parametrize("baseline", [None, "base"])
+def test_step_budgets_fit_the_default_run(gpu_check, tmp_path, baseline):
+    steps = gpu_check.plan("python3", gpu_check.Environment(capability="9.0"), tmp_path, jobs=16,
+                           baseline=tmp_path / baseline if baseline else None)
     default_budget = gpu_check.parse_args([]).budget_s
     assert sum(s.budget_s for s in steps) <= default_budget - gpu_check.REPORT_RESERVE_S < 600
     assert all(s.min_s <= s.budget_s for s in steps)
@@ -127,7 +170,7 @@ def test_triton_smoke_test_without_a_gpu_says_so():
 def test_full_run_with_stand_in_steps_writes_one_report(gpu_check, monkeypatch, tmp_path):
     env = gpu_check.Environment(gpu="Stand-in GPU", capability="9.0", commit="f00", date="2026-01-02 03:04 UTC")
     monkeypatch.setattr(gpu_check, "probe_environment", lambda python, commit: env)
-    monkeypatch.setattr(gpu_check, "plan", lambda python, env, work, jobs: [
+    monkeypatch.setattr(gpu_check, "plan", lambda python, env, work, jobs, baseline: [
         gpu_check.Step("first", _python("print('one')"), budget_s=20, min_s=0),
         gpu_check.Step("second", _python("import sys; sys.exit(1)"), budget_s=20, min_s=0),
     ])

@@ -99,7 +99,7 @@ def build(folder: Path, jobs: int) -> Path:
     from setuptools import setup
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
-    os.environ.setdefault("MAX_JOBS", str(jobs))
+    os.environ["MAX_JOBS"] = str(jobs)  # --jobs decides, also over a MAX_JOBS inherited from make
     extension = CUDAExtension(MODULE_NAME, files,
                               extra_compile_args={"cxx": ["-O3", "-std=c++20"], "nvcc": list(archs.NVCC_FLAGS)})
     setup(name=MODULE_NAME, ext_modules=[extension], cmdclass={"build_ext": BuildExtension},

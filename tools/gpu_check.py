@@ -18,6 +18,10 @@ its budget is stopped, and the report says so:
                          copies on the cuda and triton backends
     bench-model-*        tools/bench_model.py --device cuda, fp32 and bf16 autocast, batch 128:
                          vmamba2d_tiny vs vmamba_tiny and convnext_tiny
+    bench-versions       only when build/cuda-baseline (--baseline) holds an earlier kernel exported
+                         by tools/cuda_baseline.py (make cuda-baseline): that kernel builds beside
+                         this checkout's during the build step, and tools/bench_cuda_versions.py
+                         times both on the model shapes (the v3-vs-v2 ratio)
     sanitize-<tool>      tools/cuda_sanitize.sh with memcheck, racecheck, synccheck, initcheck, last
                          (slowest, and a hang there must not cost the measurements); memcheck and
                          initcheck with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so they see every allocation;
@@ -65,6 +69,8 @@ TEST_FILE_PATTERNS = ("test_scan*.py", "test_cuda*.py")
 MODEL_BENCH_MODELS = ("vmamba2d_tiny", "vmamba_tiny", "convnext_tiny")
 OUTPUT_TAIL_LINES = 40
 REPORT_RESERVE_S = 10  # kept back from the last step for writing the report
+DEFAULT_BASELINE = REPO / "build" / "cuda-baseline"  # where `make cuda-baseline` exports kernel v2
+BASELINE_INFO = "BASELINE.json"  # the file an export holds (tools/cuda_baseline.py INFO_FILE)
 
 
 @dataclass
@@ -80,10 +86,14 @@ class Step:
     table: Optional[Path] = None
     meanings: dict = field(default_factory=dict)  # exit code -> result text other than FAIL
     time_option: Optional[str] = None  # option that tells the command its own time limit (seconds)
+    # a second command run beside this one, within the same budget (its exit code does not decide
+    # the step's result; a later step that needs what it made fails if it did not)
+    companion: Optional[list[str]] = None
     # filled in by run_step
     result: str = "not run"
     seconds: float = 0.0
     output: str = ""
+    companion_result: str = ""
 
 
 @dataclass
@@ -176,13 +186,13 @@ UNCACHED_SANITIZERS = ("memcheck", "initcheck")
 # Per-step budgets (seconds); they add up to less than the run's default budget (585 s, itself
 # inside a 10-minute limit) minus REPORT_RESERVE_S, so that the first run on a GPU reaches the end.
 # Measured on an H200 (2026-11-28, benchmarks/gpu-followup-20261128-h200-798a329.md): build 102 s
-# (12 jobs), CUDA + Triton tests ~100 s (Triton compiles most of it), bench-scan 50 s, cross-scan
-# 27 s, each model benchmark 55-60 s, memcheck 26 s, racecheck 20 s, synccheck 14 s; initcheck
-# on both backends did not finish in 125 s, so it checks the CUDA kernel alone.
-BUDGETS_S = {"build": 130, "tests": 115, "triton-reverse-scan": 15, "bench-scan": 60, "bench-cross-scan": 35,
-             "bench-model-fp32": 60,
-             "bench-model-bf16": 60, "sanitize-memcheck": 30, "sanitize-racecheck": 25,
-             "sanitize-synccheck": 15, "sanitize-initcheck": 30}
+# (12 jobs, the v2 kernel building beside it), CUDA + Triton tests ~100 s (Triton compiles most of
+# it), the Triton smoke test 6 s, bench-scan 50 s, cross-scan 27 s, each model benchmark 55-60 s,
+# the v3-vs-v2 timing 20 s, memcheck 26 s, racecheck 20 s, synccheck 14 s; initcheck on both
+# backends did not finish in 125 s, so it checks the CUDA kernel alone.
+BUDGETS_S = {"build": 120, "tests": 110, "triton-reverse-scan": 10, "bench-scan": 55, "bench-cross-scan": 30,
+             "bench-model-fp32": 60, "bench-model-bf16": 60, "bench-versions": 45, "sanitize-memcheck": 30,
+             "sanitize-racecheck": 20, "sanitize-synccheck": 15, "sanitize-initcheck": 20}
 # Backends each sanitizer checks (tools/cuda_sanitize.sh's BACKENDS).
 SANITIZER_BACKENDS = {"memcheck": "cuda triton", "racecheck": "cuda triton", "synccheck": "cuda triton",
                       "initcheck": "cuda"}
@@ -192,17 +202,33 @@ SANITIZER_MEANINGS = {2: "not run (no GPU backend or no compute-sanitizer)",
 COMPARE_BUDGETS_S = {"build": 140, "build-baseline": 200, "bench-versions": 180}
 
 
-def plan(python: str, env: Environment, work: Path, jobs: int) -> list[Step]:
+def _baseline_build(python: str, baseline: Path, jobs: int) -> list[str]:
+    return [python, "tools/cuda_baseline.py", "build", "--dir", str(baseline), "--jobs", str(jobs)]
+
+
+def _versions_bench(python: str, baseline: Path, out: Path) -> list[str]:
+    return [python, "tools/bench_cuda_versions.py", "--baseline", str(baseline), "--families", "model",
+            "--dtypes", "fp32", "bf16", "--out", str(out)]
+
+
+VERSIONS_MEANINGS = {2: "not run (no GPU, or a kernel without an image for it)"}
+
+
+def plan(python: str, env: Environment, work: Path, jobs: int, baseline: Optional[Path] = None) -> list[Step]:
     """The steps for this machine, in first-run order (what must work before what is worth timing;
-    the slow sanitizers last), with their budgets (seconds)."""
+    the slow sanitizers last), with their budgets (seconds). With ``baseline`` (a folder that
+    ``tools/cuda_baseline.py export`` wrote) the earlier kernel builds beside this checkout's and
+    a step times the two against each other."""
     steps = [
         Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=BUDGETS_S["build"], min_s=60,
-             env={"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs)}),
+             env={"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs)},
+             # the earlier kernel with a quarter of the jobs, so this checkout's build finishes first
+             companion=_baseline_build(python, baseline, max(1, jobs // 4)) if baseline is not None else None),
         Step("tests", [python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
                        "--continue-on-collection-errors", *scan_test_files()], budget_s=BUDGETS_S["tests"],
              min_s=30, meanings={5: "no cuda-marked tests collected"}),
         Step("triton-reverse-scan", [python, "tools/triton_reverse_scan_smoke.py"],
-             budget_s=BUDGETS_S["triton-reverse-scan"], min_s=15, meanings={2: "not run (no GPU or no Triton)"}),
+             budget_s=BUDGETS_S["triton-reverse-scan"], min_s=5, meanings={2: "not run (no GPU or no Triton)"}),
         Step("bench-scan", [python, "tools/bench_scan.py", "--device", "cuda", "--warmup", "2", "--repeats", "5",
                             "--out", str(work / "bench_scan.md")], budget_s=BUDGETS_S["bench-scan"], min_s=40,
              table=work / "bench_scan.md", time_option="--max-seconds"),
@@ -218,6 +244,10 @@ def plan(python: str, env: Environment, work: Path, jobs: int) -> list[Step]:
         steps.append(Step(name, [python, "tools/bench_model.py", "--device", "cuda", "--models", *MODEL_BENCH_MODELS,
                                  "--precisions", precision, "--batch-sizes", "128", "--iters", "5", "--warmup", "2",
                                  "--out", str(out)], budget_s=BUDGETS_S[name], min_s=30, table=out))
+    if baseline is not None:
+        out = work / "bench_cuda_versions.md"
+        steps.append(Step("bench-versions", _versions_bench(python, baseline, out), budget_s=BUDGETS_S["bench-versions"],
+                          min_s=20, table=out, time_option="--max-seconds", meanings=VERSIONS_MEANINGS))
     for tool in SANITIZER_TOOLS:
         name = f"sanitize-{tool}"
         tool_env = {"TOOLS": tool, "PYTHON": python, "BACKENDS": SANITIZER_BACKENDS[tool]}
@@ -237,12 +267,11 @@ def compare_plan(python: str, env: Environment, work: Path, jobs: int, baseline:
     return [
         Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=COMPARE_BUDGETS_S["build"], min_s=60,
              env=arch),
-        Step("build-baseline", [python, "tools/cuda_baseline.py", "build", "--dir", str(baseline), "--jobs", str(jobs)],
+        Step("build-baseline", _baseline_build(python, baseline, jobs),
              budget_s=COMPARE_BUDGETS_S["build-baseline"], min_s=60, env=arch),
-        Step("bench-versions", [python, "tools/bench_cuda_versions.py", "--baseline", str(baseline),
-                                "--families", "model", "--dtypes", "fp32", "bf16", "--out", str(out)],
+        Step("bench-versions", _versions_bench(python, baseline, out),
              budget_s=COMPARE_BUDGETS_S["bench-versions"], min_s=30, table=out, time_option="--max-seconds",
-             meanings={2: "not run (no GPU, or a kernel without an image for it)"}),
+             meanings=VERSIONS_MEANINGS),
     ]
 
 
@@ -256,30 +285,55 @@ def _stream(pipe, log: list[str], prefix: str) -> None:
         sys.stdout.flush()
 
 
+def _start(command: list[str], env: dict, lines: list[str], prefix: str):
+    """(process, reader thread) of ``command`` in its own process group, its output into ``lines``."""
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    reader = threading.Thread(target=_stream, args=(process.stdout, lines, prefix), daemon=True)
+    reader.start()
+    return process, reader
+
+
+def _finish(process: subprocess.Popen, reader: threading.Thread, timeout: float) -> Optional[int]:
+    """The exit code, or None when ``process`` outlived ``timeout`` (its group is then stopped)."""
+    try:
+        code = process.wait(timeout=max(timeout, 0))
+    except subprocess.TimeoutExpired:
+        _stop_group(process)
+        code = None
+    reader.join(timeout=5)
+    return code
+
+
 def run_step(step: Step, timeout: float) -> None:
-    """Run ``step`` for at most ``timeout`` seconds (its whole process group is stopped after),
-    recording result, wall time and output."""
+    """Run ``step`` (and its companion beside it) for at most ``timeout`` seconds (whole process
+    groups are stopped after), recording result, wall time and output."""
     lines: list[str] = []
+    companion_lines: list[str] = []
     start = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1", **step.env)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    companion = None
     try:
-        process = subprocess.Popen(step.command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        if step.companion:
+            companion = _start(step.companion, env, companion_lines, f"{step.name}:companion")
+        main = _start(step.command, env, lines, step.name)
     except OSError as err:
         step.result, step.output = f"FAIL (could not start: {err})", ""
+        if companion is not None:
+            _finish(*companion, timeout=0)
         return
-    reader = threading.Thread(target=_stream, args=(process.stdout, lines, step.name), daemon=True)
-    reader.start()
-    try:
-        code = process.wait(timeout=timeout)
-        step.result = "pass" if code == 0 else step.meanings.get(code, f"FAIL (exit {code})")
-    except subprocess.TimeoutExpired:
-        _stop_group(process)
+    code = _finish(*main, timeout=timeout)
+    if code is None:
         step.result = f"timed out (stopped after its {timeout:.0f} s budget)"
-    reader.join(timeout=5)
+    else:
+        step.result = "pass" if code == 0 else step.meanings.get(code, f"FAIL (exit {code})")
+    if companion is not None:
+        companion_code = _finish(*companion, timeout=timeout - (time.monotonic() - start))
+        step.companion_result = ("timed out" if companion_code is None else
+                                 "pass" if companion_code == 0 else f"FAIL (exit {companion_code})")
     step.seconds = time.monotonic() - start
-    step.output = "".join(lines)
+    step.output = "".join(lines) + "".join(f"[companion] {line}" for line in companion_lines)
 
 
 def _stop_group(process: subprocess.Popen) -> None:
@@ -326,6 +380,10 @@ def _highlights(step: Step) -> list[str]:
     return [line for line in step.output.splitlines() if wanted.search(line)][:30]
 
 
+def _companion_label(step: Step) -> str:
+    return " ".join(Path(part).name if part.endswith(".py") else part for part in step.companion[1:3])
+
+
 def format_report(env: Environment, steps: list[Step], budget_s: float, started: float, finished: bool,
                   command: str) -> str:
     elapsed = time.monotonic() - started
@@ -342,7 +400,8 @@ def format_report(env: Environment, steps: list[Step], budget_s: float, started:
         "| step | result | seconds | budget s |",
         "|---|---|---:|---:|",
     ]
-    lines += [f"| {s.name} | {s.result} | {s.seconds:.0f} | {s.budget_s:.0f} |" for s in steps]
+    lines += [f"| {s.name} | {s.result}{f' (beside it, {_companion_label(s)}: {s.companion_result})' if s.companion_result else ''}"
+              f" | {s.seconds:.0f} | {s.budget_s:.0f} |" for s in steps]
     for step in steps:
         lines += ["", f"## {step.name}: {step.result}", "", f"`{' '.join(step.command)}`"
                   + (f" with {' '.join(f'{k}={v}' for k, v in step.env.items())}" if step.env else "")]
@@ -375,6 +434,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--commit", help="commit to name in the report when git is unavailable here")
     parser.add_argument("--skip", nargs="+", default=[], help="step names to leave out (e.g. bench-model-bf16)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="parallel compile jobs")
+    parser.add_argument("--baseline", type=Path, metavar="DIR", default=DEFAULT_BASELINE,
+                        help="an earlier kernel exported by `tools/cuda_baseline.py export` (make cuda-baseline): "
+                             "when DIR holds one, it builds beside this checkout's and bench-versions times both "
+                             "(default: %(default)s)")
     parser.add_argument("--compare-baseline", type=Path, metavar="DIR",
                         help="instead of the check: time this checkout's CUDA kernel against the earlier one "
                              "exported to DIR by `tools/cuda_baseline.py export` (make gpu-compare)")
@@ -395,7 +458,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 return 2
             planned = compare_plan(python, env, Path(tmp), args.jobs, args.compare_baseline.resolve())
         else:
-            planned = plan(python, env, Path(tmp), args.jobs)
+            baseline = args.baseline.resolve() if (args.baseline / BASELINE_INFO).is_file() else None
+            planned = plan(python, env, Path(tmp), args.jobs, baseline)
         unknown = set(args.skip) - {s.name for s in planned}
         if unknown:
             print(f"gpu_check: --skip names unknown steps {sorted(unknown)}; steps: {[s.name for s in planned]}")
@@ -406,6 +470,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             for step in steps:
                 extra = " ".join(f"{k}={v}" for k, v in step.env.items())
                 print(f"{step.name:20s} budget {step.budget_s:4.0f} s (min {step.min_s:3.0f}): {extra} {' '.join(step.command)}")
+                if step.companion:
+                    print(f"{'':20s} beside it: {' '.join(step.companion)}")
             return 0
         if env.gpu == "unknown":
             print(f"gpu_check: no GPU visible to {python} (torch {env.torch}); nothing to check, no report written.")
