@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.vmamba2d-installed
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist, one test file per process at a time); 0 runs the suite in this process.
+PYTEST_WORKERS ?= 2
 export MAX_JOBS ?= 2
 
 .PHONY: setup demo test bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare clean
@@ -27,7 +29,7 @@ demo: setup
 	$(PY) tools/demo.py
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Writes to out/ so a run never overwrites the committed, annotated tables in benchmarks/.
 bench: setup

@@ -215,7 +215,7 @@ setup(
             "pycocotools>=2.0",
         ],
         "mil": ["h5py>=3", "scikit-learn>=1.2", "scikit-survival>=0.22"],
-        "dev": ["pytest>=7", "build>=1"],
+        "dev": ["pytest>=7", "pytest-xdist>=3", "build>=1"],
         "onnx": ["onnx>=1.23", "onnxscript>=0.7", "onnx-ir>=1.1", "onnxruntime>=1.32"],
     },
 )

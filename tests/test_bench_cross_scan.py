@@ -1,16 +1,11 @@
 """tools/bench_cross_scan.py runs both paths on real inputs and writes its table."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from script_loading import load_tool
 
 
 def test_cross_scan_benchmark_writes_a_row_per_backend_scan_and_stage(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_cross_scan", ROOT / "tools" / "bench_cross_scan.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("bench_cross_scan")
     out = tmp_path / "cross.md"
     assert tool.main(["--backends", "cpu", "torch", "--stages", "3", "--batch", "1", "--repeats", "1",
                       "--out", str(out)]) == 0

@@ -1,19 +1,13 @@
 """tools/bench_model.py: model specs, the fused-route targets and a real (tiny) profiled run."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_loading import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_model", ROOT / "tools" / "bench_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_model")
 
 
 def test_model_specs():

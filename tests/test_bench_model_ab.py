@@ -2,21 +2,13 @@
 failing worker."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_loading import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_model_ab", ROOT / "tools" / "bench_model_ab.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks the module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_model_ab")
 
 
 def test_summary_is_the_median_of_per_round_ratios():

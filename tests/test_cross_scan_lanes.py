@@ -16,6 +16,8 @@ from vmamba2d.ops import _extensions
 from vmamba2d.ops.cross_scan import cross_scan_per_route
 from vmamba2d.ops.routes import resolve_routes
 
+from script_loading import load_tool
+
 LANE_CHANNELS = 16  # channels per kernel call (kLaneChannels)
 
 pytestmark = pytest.mark.skipif(
@@ -238,13 +240,7 @@ def test_fewer_lane_tasks_than_threads_take_the_per_channel_kernel(monkeypatch):
 
 
 def test_bench_lanes_tool_prints_a_table(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "bench_lanes.py"
-    spec = importlib.util.spec_from_file_location("bench_lanes", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("bench_lanes")
     out = tmp_path / "lanes.md"
     argv = ["bench_lanes.py", "--batch", "1", "--rounds", "1", "--warmup", "0", "--model", "none", "--threads", "1",
             "--backward", "--out", str(out)]

@@ -12,27 +12,17 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import shutil
-import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
 from vmamba2d.ops import _extensions, backend_info
 
-REPO = Path(__file__).resolve().parents[1]
+from script_loading import load_script
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-archs = _load("vmamba2d_cuda_archs_under_test", REPO / "vmamba2d" / "_cuda_archs.py")
+archs = load_script("vmamba2d/_cuda_archs.py", "vmamba2d_cuda_archs_under_test")
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,7 +182,7 @@ def test_built_probe_on_the_gpu():
 # --------------------------------------------------------------------------------------------
 # ptxas resource report
 
-ptxas_report = _load("ptxas_report_under_test", REPO / "tools" / "ptxas_report.py")
+ptxas_report = load_script("tools/ptxas_report.py", "ptxas_report_under_test")
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH")
 

@@ -15,27 +15,16 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from script_loading import load_script
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-sass_report = _load("sass_report_under_test", REPO / "tools" / "sass_report.py")
+sass_report = load_script("tools/sass_report.py", "sass_report_under_test")
 
 # A loop (head .L_x_1, conditional back edge at 0x80) holding a barrier and an inner loop
 # (.L_x_2 .. 0x60); two loads, the second issued after the first one's use, so two batches; an

@@ -3,25 +3,23 @@ kernel from git, module lookup), tools/bench_cuda_versions.py (the calls it time
 gpu_check's comparison plan. Nothing is timed and no GPU result is made here."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from script_loading import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "tools"
 
 
 def _load(name: str):
+    """tools/<name>.py under its own name, with tools/ importable: the tools import each other."""
     if str(TOOLS) not in sys.path:
         sys.path.insert(0, str(TOOLS))
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"tools/{name}.py", name)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ dataset generated here (CPU, seconds): training, COCO box / mask AP through pyco
 resume, mmdet's inference API, odd input sizes, the configs' recipe and the FLOP count."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -25,6 +24,8 @@ from mmdet.utils import register_all_modules  # noqa: E402
 from mmengine.config import Config  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
 
+from script_loading import load_script  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "det"
 TINY_DET_CONFIG = CONFIGS / "mask-rcnn_vmamba2d-tiny_fpn_1x_coco.py"
@@ -37,10 +38,7 @@ register_all_modules(init_default_scope=False)
 
 
 def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"det_{name}", ROOT / "det" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"det/{name}.py", f"det_{name}")
 
 
 def _build(model_cfg):

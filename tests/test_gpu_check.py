@@ -3,7 +3,6 @@ report writer and plan, with stand-in steps; no GPU result is produced or faked 
 outside the test's temporary folder."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,16 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from script_loading import load_script
+
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_check.py"
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/gpu_check.py", "gpu_check")
 
 
 def _running(pid: int) -> bool:

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +11,7 @@ import yaml
 from vmamba2d.mil.synthetic import (NEGATIVE_KINDS, POSITIVE_KIND, ellipse_tissue,
                                     horizontal_runs, make_synthetic_slides, slide_grid,
                                     tumour_prototypes, write_synthetic_dataset)
+from script_loading import load_tool
 
 PATCH = 512
 
@@ -137,11 +136,7 @@ def test_shuffled_cells_control_keeps_patches_and_cells_but_breaks_the_motif(sli
 
 
 def _load_tool():
-    path = Path(__file__).resolve().parents[1] / "tools" / "mil_synthetic.py"
-    spec = importlib.util.spec_from_file_location("mil_synthetic_tool", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("mil_synthetic")
 
 
 def test_benchmark_tool_trains_every_row_and_writes_the_table(tmp_path):

@@ -4,8 +4,6 @@ and the ERF tool drawing it."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +17,8 @@ from vmamba2d.models import packed_conv
 from vmamba2d.models.packed_conv import PackedWeightConv2d
 from vmamba2d.models.vmamba import PointwiseMlp
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_loading import load_tool
+
 MODELS = ["vmamba2d_tiny", "vmamba2d_small", "vmamba2d_base", "vmamba_tiny", "vmamba_small", "vmamba_base"]
 
 
@@ -318,9 +317,7 @@ def test_corner_routes_keep_the_checkpoint_layout():
 
 
 def test_erf_tool_draws_the_corner_route_model(tmp_path):
-    spec = importlib.util.spec_from_file_location("erf_tool", ROOT / "tools" / "erf.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("erf")
     args = tool.parse_args(["--models", "vmamba2d_tiny", "--random-init", "--num-images", "1", "--input-size", "64",
                             "--out", str(tmp_path), "--device", "cpu", "--model-kwargs", "routes=corners"])
     assert args.model_kwargs == {"routes": "corners"}

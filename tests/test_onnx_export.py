@@ -2,7 +2,6 @@
 PyTorch (the compiled CPU kernels) on small configurations."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from vmamba2d.export.onnx_registry import register_if_onnx_installed
 from vmamba2d.export.onnx_scan import selective_scan_2d_onnx
 from vmamba2d.mil.models import MambaMIL2D
 
+from script_loading import load_tool
+
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(depths=(1, 1), dims=16)  # two stages: small graphs, quick exports
 TOLERANCE = 1e-4
@@ -36,14 +37,6 @@ def create(name: str, **kwargs) -> torch.nn.Module:
 
 def images(batch: int, height: int, width: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(batch, 3, height, width, generator=torch.Generator().manual_seed(seed))
-
-
-def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 FAMILIES = ("vmamba2d_tiny", "vmamba_tiny")  # the 2D-scan family and the 1D (flat) one

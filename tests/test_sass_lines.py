@@ -3,24 +3,12 @@ line and tile-loop phase, on a hand-written ``nvdisasm -c -gi`` listing with kno
 counts and inline chains (no nvcc needed)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from script_loading import load_script
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-sass_lines = _load("sass_lines_under_test", REPO / "tools" / "sass_lines.py")
+sass_lines = load_script("tools/sass_lines.py", "sass_lines_under_test")
 
 # Tile loop .L_x_1 .. 0x80 with two barriers (load phase up to the first, scan, store after the
 # second) and a quad loop .L_x_2 .. 0x40 in the load phase; the load at 0x10 comes from a helper

@@ -1,24 +1,16 @@
 """tools/bench_scan.py (CPU) and tools/bench_scan_cuda.py (GPU): baselines, byte counts, targets, tiny runs."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from vmamba2d.ops import _extensions, selective_scan_2d
 
-BENCH_PATH = Path(__file__).resolve().parents[1] / "tools" / "bench_scan.py"
+from script_loading import load_tool
 
 
 def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_scan", BENCH_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_scan")
 
 
 def test_naive_baseline_matches_the_reference_backend():
@@ -60,15 +52,9 @@ def test_tiny_benchmark_run_writes_a_table(tmp_path, capsys):
 # the GPU benchmark (tools/bench_scan_cuda.py): its arithmetic and report, exercised on the CPU
 # (no GPU numbers are produced or checked here)
 
-GPU_BENCH_PATH = BENCH_PATH.with_name("bench_scan_cuda.py")
-
 
 def _load_gpu_bench():
-    spec = importlib.util.spec_from_file_location("bench_scan_cuda", GPU_BENCH_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_scan_cuda")
 
 
 def test_gpu_benchmark_shapes_are_design_section_7():

@@ -2,7 +2,6 @@
 train / resume / test / TTA entry points, parity of the UperNet + 2DVMamba-T model (CPU)."""
 from __future__ import annotations
 
-import importlib.util
 import io
 import pickle
 import time
@@ -22,6 +21,8 @@ from mmseg.registry import MODELS  # noqa: E402
 from mmseg.utils import register_all_modules  # noqa: E402
 from vmamba2d.openmmlab.mmcv_compat import compiled_mmcv_ops_available  # noqa: E402
 
+from script_loading import load_script  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs" / "seg").glob("upernet_*.py"))
 TINY_CONFIG = ROOT / "configs" / "seg" / "upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py"
@@ -39,10 +40,7 @@ def _build(model_cfg):
 
 
 def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"seg_{name}", ROOT / "seg" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"seg/{name}.py", f"seg_{name}")
 
 
 def _tiny_model_options() -> list:

@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,15 +10,7 @@ from torch import nn
 
 from vmamba2d import erf
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from script_loading import load_tool
 
 
 class NaNForFlaggedImages(nn.Module):
