@@ -163,6 +163,15 @@ def test_empty_batch():
         assert y.shape == (0, 3, 4, 5)
 
 
+@pytest.mark.parametrize("height, width", [(0, 5), (4, 0)])
+@pytest.mark.parametrize("backend", ["cpu", "torch", "reference"])
+def test_an_empty_map_is_the_same_value_error_on_every_backend(backend, height, width):
+    inputs = _inputs(batch=1)
+    inputs = {name: t[..., :height, :width] if t.dim() >= 4 else t for name, t in inputs.items()}
+    with pytest.raises(ValueError, match=rf"u's map must not be empty \(H >= 1 and W >= 1\), got shape \(1, 3, {height}, {width}\)"):
+        cross_selective_scan_2d(**inputs, backend=backend)
+
+
 @pytest.mark.parametrize(
     "change,error,match",
     [

@@ -114,6 +114,8 @@ def check_cross_scan_inputs(
     if u.dim() != 4:
         raise ValueError(f"u must be 4-D (batch, dim, H, W), got shape {tuple(u.shape)}")
     batch, dim, height, width = u.shape
+    if height < 1 or width < 1:
+        raise ValueError(f"u's map must not be empty (H >= 1 and W >= 1), got shape {tuple(u.shape)}")
     k = num_routes
     delta = _require_tensor("delta", delta)
     if delta_proj_weight is None:
