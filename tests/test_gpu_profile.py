@@ -6,7 +6,8 @@ import sys
 
 import pytest
 import torch
-from test_tools import ROOT, load_tool
+
+from script_loading import REPO, load_tool
 
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 
@@ -26,7 +27,7 @@ RAW = "\n".join([
 
 @pytest.fixture(scope="module")
 def gpu_profile():
-    sys.path.insert(0, str(ROOT / "tools"))  # the tool's cases read bench_scan_cuda's shapes
+    sys.path.insert(0, str(REPO / "tools"))  # the tool's cases read bench_scan_cuda's shapes
     return load_tool("gpu_profile")
 
 
