@@ -9,7 +9,8 @@ with the ``cuda`` backend once without and once with autograd, and collects, for
 a kernel whose name matches ``scan2d``, the sections SpeedOfLight, Occupancy, LaunchStats,
 WarpStateStats and SchedulerStats. The report has one row per launch: duration, DRAM and SM
 throughput as a share of peak, achieved and theoretical occupancy, issue-slot use, registers,
-and the largest warp-stall reasons (warps stalled on each per issue-active cycle).
+the bytes read from and written to DRAM with the L2 hit rate, and the largest warp-stall reasons
+(warps stalled on each per issue-active cycle).
 
 Needs a GPU, ncu and the built extension (``make gpu-check`` builds it)::
 
@@ -40,16 +41,25 @@ SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "Sched
 KERNEL_FILTER = "regex:scan2d"
 DEFAULT_CASES = ("56:fp32", "56:bf16", "14:bf16")
 TOP_STALLS = 4
-# (column title, ncu metric); a metric the installed ncu does not report shows as "—".
+# (column title, ncu metric, whether the cell shows the unit of ncu's units row: ncu scales
+# times and byte counts per column); a metric the installed ncu does not report shows as "—".
 SUMMARY_METRICS = (
-    ("time", "gpu__time_duration.sum"),
-    ("DRAM % peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
-    ("SM % peak", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
-    ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active"),
-    ("theoretical occupancy %", "sm__maximum_warps_per_active_cycle_pct"),
-    ("issue slots busy %", "smsp__issue_active.avg.pct_of_peak_sustained_active"),
-    ("registers", "launch__registers_per_thread"),
+    ("time", "gpu__time_duration.sum", True),
+    ("DRAM % peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed", False),
+    ("SM % peak", "sm__throughput.avg.pct_of_peak_sustained_elapsed", False),
+    ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", False),
+    ("theoretical occupancy %", "sm__maximum_warps_per_active_cycle_pct", False),
+    ("issue slots busy %", "smsp__issue_active.avg.pct_of_peak_sustained_active", False),
+    ("registers", "launch__registers_per_thread", False),
+    # What the launch moved to and from DRAM, against the bytes it must move (u re-read in the
+    # forward's store phase, carries): a low L2 hit rate with reads well above the inputs' size
+    # means re-reads miss L2.
+    ("DRAM read", "dram__bytes_read.sum", True),
+    ("DRAM written", "dram__bytes_write.sum", True),
+    ("L2 hit %", "lts__t_sector_hit_rate.pct", False),
 )
+# Requested by name: the sections above do not all report them.
+EXTRA_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sector_hit_rate.pct")
 STALL_REASONS = ("long_scoreboard", "short_scoreboard", "barrier", "wait", "mio_throttle", "math_pipe_throttle",
                  "lg_throttle", "not_selected", "no_instruction", "dispatch_stall", "branch_resolving", "membar")
 STALL_METRICS = tuple(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALL_REASONS)
@@ -104,18 +114,31 @@ def run_worker(case: Case) -> None:
 # ------------------------------------------------------------------------------------------------
 # reading ncu's output
 # ------------------------------------------------------------------------------------------------
-def parse_raw_csv(text: str) -> list[dict[str, str]]:
-    """Rows of ``ncu --csv --page raw`` (one per profiled launch), keyed by column name; the units
-    row that follows the header is dropped. Lines before the header (ncu's own messages) are skipped."""
+def _raw_csv_table(text: str) -> tuple[list[str], dict[str, str], list[list[str]]]:
+    """(header, units by column, launch rows) of ``ncu --csv --page raw``; lines before the header
+    (ncu's own messages) are skipped, the units row (first cell empty) after it is read apart."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
-        return []
+        return [], {}, []
     rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
     header, body = rows[0], rows[1:]
-    if body and not body[0][0].strip():  # units
+    units = {}
+    if body and not body[0][0].strip():
+        units = dict(zip(header, body[0]))
         body = body[1:]
-    return [dict(zip(header, row)) for row in body if len(row) == len(header)]
+    return header, units, [row for row in body if len(row) == len(header)]
+
+
+def parse_raw_csv(text: str) -> list[dict[str, str]]:
+    """Rows of ``ncu --csv --page raw`` (one per profiled launch), keyed by column name."""
+    header, _, body = _raw_csv_table(text)
+    return [dict(zip(header, row)) for row in body]
+
+
+def raw_csv_units(text: str) -> dict[str, str]:
+    """The unit of each column of ``ncu --csv --page raw`` ("usecond", "Mbyte", "%", ...)."""
+    return _raw_csv_table(text)[1]
 
 
 def _number(text: str) -> Optional[float]:
@@ -141,15 +164,17 @@ def _short_kernel(name: str) -> str:
     return base.replace("<", "&lt;").replace(">", "&gt;")
 
 
-def summary_rows(case: Case, rows: list[dict[str, str]]) -> list[str]:
-    """Markdown rows of one case's launches."""
+def summary_rows(case: Case, rows: list[dict[str, str]], units: Optional[dict[str, str]] = None) -> list[str]:
+    """Markdown rows of one case's launches; units: raw_csv_units of their csv."""
+    units = units or {}
     out = []
     for row in rows:
         cells = [case.label, _short_kernel(row.get("Kernel Name", "?")), row.get("Grid Size", "?"),
                  row.get("Block Size", "?")]
-        for _, metric in SUMMARY_METRICS:
+        for _, metric, with_unit in SUMMARY_METRICS:
             value = row.get(metric)
-            cells.append(value if value not in (None, "") else "—")
+            unit = units.get(metric, "").strip() if with_unit else ""
+            cells.append("—" if value in (None, "") else f"{value} {unit}" if unit else value)
         stalls = top_stalls(row)
         cells.append(", ".join(f"{reason} {value:.1f}" for reason, value in stalls) or "—")
         out.append("| " + " | ".join(cells) + " |")
@@ -157,7 +182,7 @@ def summary_rows(case: Case, rows: list[dict[str, str]]) -> list[str]:
 
 
 def table(lines: list[str]) -> str:
-    titles = ["case", "kernel", "grid", "block"] + [title for title, _ in SUMMARY_METRICS] + [
+    titles = ["case", "kernel", "grid", "block"] + [title for title, _, _ in SUMMARY_METRICS] + [
         f"top {TOP_STALLS} stalls (warps per issue-active cycle)"]
     head = ["| " + " | ".join(titles) + " |", "|" + "|".join("---" for _ in titles) + "|"]
     return "\n".join(head + lines)
@@ -169,25 +194,26 @@ def table(lines: list[str]) -> str:
 def ncu_command(ncu: str, case: Case) -> list[str]:
     sections = [arg for name in SECTIONS for arg in ("--section", name)]
     return [ncu, "--clock-control", "none", "--target-processes", "all", "--kernel-name", KERNEL_FILTER,
-            *sections, "--metrics", ",".join(STALL_METRICS), "--csv", "--page", "raw", sys.executable, str(Path(__file__).resolve()), "--worker",
+            *sections, "--metrics", ",".join(STALL_METRICS + EXTRA_METRICS), "--csv", "--page", "raw", sys.executable, str(Path(__file__).resolve()), "--worker",
             f"{case.side}:{case.dtype}"]
 
 
-def profile(ncu: str, case: Case, csv_dir: Optional[Path], timeout: float) -> tuple[list[dict[str, str]], str]:
-    """(rows, error text or ""): runs the worker for ``case`` under ncu."""
+def profile(ncu: str, case: Case, csv_dir: Optional[Path],
+            timeout: float) -> tuple[list[dict[str, str]], dict[str, str], str]:
+    """(rows, units, error text or ""): runs the worker for ``case`` under ncu."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
         done = subprocess.run(ncu_command(ncu, case), capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return [], f"ncu did not finish within {timeout:.0f} s"
+        return [], {}, f"ncu did not finish within {timeout:.0f} s"
     if csv_dir is not None:
         csv_dir.mkdir(parents=True, exist_ok=True)
         (csv_dir / f"ncu-{case.side}-{case.dtype}.csv").write_text(done.stdout)
-    rows = parse_raw_csv(done.stdout)
+    rows, units = parse_raw_csv(done.stdout), raw_csv_units(done.stdout)
     if done.returncode != 0 or not rows:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        return rows, f"ncu exit {done.returncode}, {len(rows)} launches profiled:\n{tail}"
-    return rows, ""
+        return rows, units, f"ncu exit {done.returncode}, {len(rows)} launches profiled:\n{tail}"
+    return rows, units, ""
 
 
 def _gpu_ready() -> str:
@@ -232,8 +258,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     lines, errors = [], []
     for case in cases:
-        rows, error = profile(args.ncu, case, args.csv_dir, args.timeout_s)
-        lines += summary_rows(case, rows)
+        rows, units, error = profile(args.ncu, case, args.csv_dir, args.timeout_s)
+        lines += summary_rows(case, rows, units)
         if error:
             errors.append(f"- {case.label}: {error}")
         print(f"{case.label}: {len(rows)} launches profiled" + (" (errors)" if error else ""), flush=True)
@@ -243,8 +269,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}",
         f"- cases: model shapes of vmamba2d_tiny at batch 128 (N = 1, 4 groups), each one forward without "
-        f"autograd, then forward + backward; ncu --clock-control none, sections {', '.join(SECTIONS)} and "
-        f"the stall metrics, launches of kernels matching {KERNEL_FILTER}",
+        f"autograd, then forward + backward; ncu --clock-control none, sections {', '.join(SECTIONS)}, "
+        f"the stall metrics and {', '.join(EXTRA_METRICS)}, launches of kernels matching {KERNEL_FILTER}",
         "- stalls: ncu's smsp__average_warps_issue_stalled_*_per_issue_active.ratio, the warps in that "
         "state per issue-active cycle (summed over reasons: cycles per issued instruction)",
         "",
