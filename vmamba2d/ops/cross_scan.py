@@ -143,7 +143,7 @@ def cross_selective_scan_2d(
     """Selective scans of one map along K routes, summed back onto the map.
 
     Args:
-        u: (batch, dim, H, W) input map, shared by every route.
+        u: (batch, dim, H, W) input map (H, W >= 1; batch and dim may be 0), shared by every route.
         delta: (batch, K, dim, H, W) per-route step sizes before bias / softplus, in map order.
         A: (K * dim, N) decay rates (negative); route k's channel d is row ``k * dim + d``.
         B, C: (batch, K, N, H, W) per-route input / output projections in map order (one group
