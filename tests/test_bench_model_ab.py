@@ -29,11 +29,12 @@ def test_summary_is_the_median_of_per_round_ratios():
 
 def test_turns_alternate_and_only_their_last_calls_count(monkeypatch):
     tool = _tool()
-    calls = []
+    calls, mallocs = [], []
 
     class FakeWorker:
-        def __init__(self, spec, phase, batch, args):
+        def __init__(self, spec, phase, batch, args, malloc):
             self.spec, self.count = spec, 0
+            mallocs.append((spec, malloc))
 
         def call(self):
             self.count += 1
@@ -47,8 +48,10 @@ def test_turns_alternate_and_only_their_last_calls_count(monkeypatch):
             raise AssertionError("no failure here")
 
     monkeypatch.setattr(tool, "Worker", FakeWorker)
-    args = tool.argparse.Namespace(a="A", b="B", warmup=1, rounds=3, rewarm=1, start_order="a-first")
+    args = tool.argparse.Namespace(a="A", b="B", warmup=1, rounds=3, rewarm=1, start_order="a-first",
+                                   malloc="keep", malloc_b="default")
     result, peak_a, peak_b = tool.measure_pair("infer", 1, args)
+    assert mallocs == [("A", "keep"), ("B", "default")]
     assert "".join(calls) == "AABB" + "BBAA" + "AABB" + "BBAA"
     # The first round warms up; each turn's second call counts: calls 4, 6, 8 of each worker,
     # A 4, 6, 8 s and B 8, 12, 16 s.
@@ -64,6 +67,7 @@ def test_tiny_run_writes_the_table(tmp_path):
                       str(out)]) == 0
     text = out.read_text()
     assert "- A: `vmamba2d_tiny`; B: `vmamba2d_tiny:cross_scan=per_route`; fp32, input 64x64" in text
+    assert "- CPU malloc: freed memory kept for reuse" in text
     row = next(line for line in text.splitlines() if line.startswith("| infer | 1 |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[4].rstrip("x")) > 0
@@ -93,7 +97,8 @@ def test_both_start_orders_split_the_rounds(monkeypatch):
     started = []
 
     class FakeWorker:
-        def __init__(self, spec, phase, batch, args):
+        def __init__(self, spec, phase, batch, args, malloc):
+            assert malloc == "keep"  # --malloc-b unset: B's as A's
             self.spec, self.pair = spec, len(started) // 2
             started.append(spec)
 
@@ -108,10 +113,22 @@ def test_both_start_orders_split_the_rounds(monkeypatch):
             raise AssertionError("no failure here")
 
     monkeypatch.setattr(tool, "Worker", FakeWorker)
-    args = tool.argparse.Namespace(a="A", b="B", warmup=0, rounds=5, rewarm=0, start_order="both")
+    args = tool.argparse.Namespace(a="A", b="B", warmup=0, rounds=5, rewarm=0, start_order="both",
+                                   malloc="keep", malloc_b=None)
     result, peak_a, peak_b = tool.measure_pair("train", 8, args)
     assert started == ["A", "B", "B", "A"]
     assert result.rounds == 5
     # 3 rounds at ratio 2 (first pair), 2 at ratio 3: the median is 2
     assert result.ratio == pytest.approx(2.0) and result.ratio_quartiles[1] == pytest.approx(3.0)
     assert (peak_a, peak_b) == (11.0, 21.0)
+
+
+def test_the_malloc_setting_of_each_worker_is_in_the_header():
+    tool = _tool()
+    same = tool.argparse.Namespace(malloc="default", malloc_b=None)
+    assert tool._malloc_lines(same) == ["- CPU malloc: the C library's defaults (glibc: large blocks mapped "
+                                        "afresh and unmapped when freed)"]
+    lines = tool._malloc_lines(tool.argparse.Namespace(malloc="keep", malloc_b="default"))
+    assert lines[0].startswith("- CPU malloc of A: freed memory kept") and lines[1].startswith("- CPU malloc of B: the C")
+    with pytest.raises(ValueError, match="malloc setting must be one of"):
+        tool.bench_model.apply_malloc_setting("tcmalloc")

@@ -23,6 +23,10 @@ convnext_tiny; GPU: vmamba2d_tiny >= 0.9x vmamba_tiny and above VMamba-T's publi
 four-route op >= 1.3x its inference and >= 1.2x its training throughput, with lower peak memory;
 on CPU also vmamba2d_tiny >= 1.0x convnext_tiny at batch 8 and above.
 
+Each worker first makes glibc keep freed memory for reuse (``--malloc keep``, the default:
+:func:`vmamba2d.keep_freed_memory`, as the package's training scripts do on CPU); ``--malloc
+default`` measures with glibc's own thresholds, where every large tensor is a fresh mapping.
+
 Rows of separate processes, minutes apart, carry a shared machine's drift into their ratios;
 ``tools/bench_model_ab.py`` measures two models in alternating turns instead.
 """
@@ -153,9 +157,31 @@ def build_steps(spec: str, device: str, batch: int, precision: str, img_size: in
     return infer, make_train_step
 
 
+MALLOC_SETTINGS = ("keep", "default")
+
+
+def apply_malloc_setting(setting: str) -> None:
+    """``keep``: :func:`vmamba2d.keep_freed_memory` for this process; ``default``: glibc's own."""
+    if setting not in MALLOC_SETTINGS:
+        raise ValueError(f"malloc setting must be one of {MALLOC_SETTINGS}, got {setting!r}")
+    if setting == "keep":
+        import vmamba2d
+
+        vmamba2d.keep_freed_memory()
+
+
+def describe_malloc(setting: str) -> str:
+    """The header's words for a malloc setting of the workers."""
+    if setting == "keep":
+        return "freed memory kept for reuse (vmamba2d.keep_freed_memory() in each worker; glibc only)"
+    return "the C library's defaults (glibc: large blocks mapped afresh and unmapped when freed)"
+
+
 def run_worker(args: argparse.Namespace) -> dict:
     """Measure one (model, batch, precision) in this process; returns the result row."""
     import torch
+
+    apply_malloc_setting(args.malloc)
 
     device, batch = args.device, args.batch_size
     infer, make_train_step = build_steps(args.model, device, batch, args.precision, args.img_size)
@@ -189,7 +215,7 @@ def _spawn(model: str, batch: int, precision: str, args: argparse.Namespace) -> 
     command = [
         sys.executable, str(Path(__file__).resolve()), "--worker", "--models", model, "--device", args.device,
         "--batch-sizes", str(batch), "--precisions", precision, "--iters", str(args.iters),
-        "--warmup", str(args.warmup), "--img-size", str(args.img_size),
+        "--warmup", str(args.warmup), "--img-size", str(args.img_size), "--malloc", args.malloc,
     ] + (["--no-train"] if args.no_train or batch not in args.train_batch_sizes else []) + (
         ["--profile"] if args.profile else [])
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
@@ -235,6 +261,7 @@ def _header(args: argparse.Namespace) -> list[str]:
         "inference under torch.inference_mode, training step = forward + cross-entropy + backward + AdamW step, "
         "one fresh process per (model, batch, precision)",
         f"- peak memory: {'torch.cuda.max_memory_allocated' if args.device == 'cuda' else 'peak RSS of the worker process (weights, activations, allocator caches, Python)'}",
+        f"- CPU malloc: {describe_malloc(args.malloc)}",
     ]
 
 
@@ -349,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="batch sizes that also get a training measurement (default: all of --batch-sizes)")
     parser.add_argument("--profile", action="store_true",
                         help="add torch.profiler's top operators of one inference call per row")
+    parser.add_argument("--malloc", choices=MALLOC_SETTINGS, default="keep",
+                        help="keep: glibc keeps freed memory for reuse in each worker (default); default: its own thresholds")
     parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -20,6 +20,10 @@ whose A worker started first and half in a fresh pair whose B worker did, each w
     python tools/bench_model_ab.py vmamba_tiny vmamba_tiny:cross_scan=per_route --phases infer train \\
         --batch-sizes 8 --target 1.3 --train-target 1.2 --out benchmarks/model_cpu_ab.md
 
+Both workers keep freed memory for reuse (``--malloc keep``, as in ``tools/bench_model.py``);
+``--malloc-b default`` gives B glibc's own thresholds, so ``A A --malloc-b default`` measures what
+the setting is worth to one model.
+
 A model is a ``tools/bench_model.py`` spec (a timm name, optionally ``:key=value,...``). Phases:
 ``infer`` (one inference call under ``torch.inference_mode``) and ``train`` (forward,
 cross-entropy, backward, AdamW step), as in ``tools/bench_model.py``; a fresh pair of workers per
@@ -60,6 +64,7 @@ def _say(payload) -> None:
 def run_worker(args: argparse.Namespace) -> int:
     """Build one model, then serve ``run`` (one timed call: wall and CPU seconds) and ``quit``
     (peak memory in MiB) requests from stdin until ``quit``."""
+    bench_model.apply_malloc_setting(args.malloc)
     infer, make_train_step = bench_model.build_steps(args.worker, args.device, args.batch, args.precision,
                                                      args.img_size)
     step = infer if args.phase == "infer" else make_train_step()
@@ -79,12 +84,12 @@ def run_worker(args: argparse.Namespace) -> int:
 class Worker:
     """One model in a worker process of this script, driven over its stdin / stdout."""
 
-    def __init__(self, spec: str, phase: str, batch: int, args: argparse.Namespace):
+    def __init__(self, spec: str, phase: str, batch: int, args: argparse.Namespace, malloc: str):
         self.spec = spec
         self._stderr = tempfile.TemporaryFile(mode="w+")
         command = [sys.executable, str(Path(__file__).resolve()), "--worker", spec, "--phase", phase,
                    "--batch", str(batch), "--device", args.device, "--precision", args.precision,
-                   "--img-size", str(args.img_size)]
+                   "--img-size", str(args.img_size), "--malloc", malloc]
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=self._stderr, text=True, cwd=REPO)
         if self._reply() != "ready":
@@ -157,7 +162,8 @@ def _session(phase: str, batch: int, args: argparse.Namespace, rounds: int,
     workers: dict[int, Worker] = {}
     try:
         for which in ((1, 0) if b_first else (0, 1)):
-            workers[which] = Worker((args.a, args.b)[which], phase, batch, args)
+            malloc = (args.malloc, args.malloc_b or args.malloc)[which]
+            workers[which] = Worker((args.a, args.b)[which], phase, batch, args, malloc)
         times: tuple[list, list] = ([], [])
         for round_index in range(args.warmup + rounds):
             order = (0, 1) if round_index % 2 == 0 else (1, 0)
@@ -207,6 +213,13 @@ def _row(phase: str, batch: int, result: PairedResult, peak_a: float, peak_b: fl
             f"{low:.3f} - {high:.3f} | {result.cpu_ratio:.3f}x | {peak_a:.0f} | {peak_b:.0f} | {verdict} |")
 
 
+def _malloc_lines(args: argparse.Namespace) -> list[str]:
+    if args.malloc_b is None or args.malloc_b == args.malloc:
+        return [f"- CPU malloc: {bench_model.describe_malloc(args.malloc)}"]
+    return [f"- CPU malloc of A: {bench_model.describe_malloc(args.malloc)}",
+            f"- CPU malloc of B: {bench_model.describe_malloc(args.malloc_b)}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", nargs="?", default="vmamba2d_tiny", help="model A (the one expected faster)")
@@ -225,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--target", type=float, help="say whether the median B / A ratio of inference reaches this")
     parser.add_argument("--train-target", type=float, help="the same for training")
+    parser.add_argument("--malloc", choices=bench_model.MALLOC_SETTINGS, default="keep",
+                        help="keep: glibc keeps freed memory for reuse in the workers (default); default: its own thresholds")
+    parser.add_argument("--malloc-b", choices=bench_model.MALLOC_SETTINGS,
+                        help="B's worker's setting, when it differs from --malloc (A/B of the setting itself)")
     parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--phase", choices=["infer", "train"], help=argparse.SUPPRESS)
@@ -267,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
              "process time",
              "- peak memory: " + ("torch.cuda.max_memory_allocated" if args.device == "cuda"
                                   else "peak RSS of the worker process"),
+             *_malloc_lines(args),
              "",
              "| phase | batch | A ms (median) | B ms (median) | B / A (median) | B / A quartiles | B / A CPU time | "
              "A peak MiB | B peak MiB | target (median B / A) |",

@@ -182,6 +182,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    vmamba2d.keep_freed_memory()  # as the training scripts do on CPU: no fresh mapping per tensor
+    print("cpu_malloc_info():", vmamba2d.cpu_malloc_info())
     start = time.perf_counter()
     demo_op(args.repeats)
     model = demo_model(args.checkpoint)
