@@ -12,7 +12,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import shutil
+import subprocess
 import types
+from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -223,27 +226,97 @@ def test_budgets_flag_spills_stack_and_registers():
     assert ptxas_report.check_budgets(over) == ["96 registers > 80"]
 
 
+PLANTED_KERNEL = (
+    "__global__ void planted_forward_kernel(float* out, const int* index, int n) {\n"
+    "  float scratch[256];\n"
+    "  for (int i = 0; i < 256; ++i) scratch[i] = out[i * n + threadIdx.x];\n"
+    "  out[threadIdx.x] = scratch[index[threadIdx.x] & 255];\n"
+    "}\n")
+
+
 @needs_nvcc
 def test_planted_local_array_fails_the_check(tmp_path, capsys):
-    (tmp_path / "planted.cu").write_text(
-        "__global__ void planted_forward_kernel(float* out, const int* index, int n) {\n"
-        "  float scratch[256];\n"
-        "  for (int i = 0; i < 256; ++i) scratch[i] = out[i * n + threadIdx.x];\n"
-        "  out[threadIdx.x] = scratch[index[threadIdx.x] & 255];\n"
-        "}\n")
+    (tmp_path / "planted.cu").write_text(PLANTED_KERNEL)
     assert ptxas_report.main(["--sources", str(tmp_path), "--archs", "8.0"]) == 1
     out = capsys.readouterr().out
     assert "`planted_forward_kernel` | sm_80" in out and "FAIL: stack frame" in out
+
+
+# cuobjdump -res-usage of a fatbin with sm_80 machine code of two kernels and sm_90 PTX
+RES_USAGE = """\
+
+Fatbin elf code:
+================
+arch = sm_80
+code version = [1,8]
+host = linux
+compile_size = 64bit
+
+Resource usage:
+ Common:
+  GLOBAL:0
+ Function _Z14scan_fwd_kernelPf:
+  REG:72 STACK:0 SHARED:2048 LOCAL:0 CONSTANT[0]:372 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function _Z15scan_bwd_kernelPf:
+  REG:168 STACK:16 SHARED:0 LOCAL:32 CONSTANT[0]:372 TEXTURE:0 SURFACE:0 SAMPLER:0
+
+Fatbin ptx code:
+================
+arch = sm_90
+code version = [9,0]
+host = linux
+compile_size = 64bit
+compressed
+"""
+
+
+def test_cuobjdump_resource_usage_is_parsed_per_kernel_and_arch():
+    kernels = ptxas_report.parse_res_usage(RES_USAGE, "lib.so")
+    assert [(k.mangled, k.arch, k.registers, k.stack_bytes, k.static_smem) for k in kernels] == [
+        ("_Z14scan_fwd_kernelPf", "8.0", 72, 0, 2048), ("_Z15scan_bwd_kernelPf", "8.0", 168, 32, 0)]
+    assert all(k.entry and not k.spills_known for k in kernels)  # the PTX section has no kernels
+    for kernel in kernels:
+        kernel.name = kernel.mangled
+    assert [ptxas_report.check_budgets(k) for k in kernels] == [[], ["stack frame 32 B > 0"]]
+
+
+def _built_cuda_library(archs_needed: list[str]) -> Optional[Path]:
+    """The built vmamba2d._C_cuda when cuobjdump reads machine code of every arch in it."""
+    spec = importlib.util.find_spec("vmamba2d._C_cuda")
+    cuobjdump = ptxas_report.find_cuda_tool("cuobjdump", NVCC)
+    if spec is None or spec.origin is None or cuobjdump is None:
+        return None
+    library = Path(spec.origin)
+    return library if all(r.ok for r in ptxas_report.read_binary(cuobjdump, library, archs_needed)) else None
+
+
+@needs_nvcc
+def test_planted_local_array_in_a_binary_fails_the_check(tmp_path, capsys):
+    source = tmp_path / "planted.cu"
+    source.write_text(PLANTED_KERNEL)
+    fatbin = tmp_path / "planted.fatbin"
+    subprocess.run([NVCC, "-fatbin", "-gencode", "arch=compute_80,code=sm_80", "-gencode",
+                    "arch=compute_90,code=compute_90", "-o", str(fatbin), str(source)], check=True)
+    if ptxas_report.find_cuda_tool("cuobjdump", NVCC) is None:
+        pytest.skip("no cuobjdump")
+    assert ptxas_report.main(["--binary", str(fatbin), "--archs", "8.0", "9.0"]) == 1
+    out = capsys.readouterr().out
+    assert "`planted_forward_kernel` | sm_80 | 32 | n/a | 1024 |" in out and "FAIL: stack frame" in out
+    assert "no sm_90 machine code" in out  # the PTX is not machine code
 
 
 @needs_nvcc
 @pytest.mark.slow
 def test_scan_kernels_are_within_their_resource_budgets(tmp_path, capsys):
     """Every default build arch nvcc supports (ptxas allocates registers per arch: a kernel may spill
-    on one arch only, e.g. on sm_86 and not on sm_80 / sm_90), so no arch's machine code spills."""
+    on one arch only, e.g. on sm_86 and not on sm_80 / sm_90), so no arch's machine code spills.
+    Read off the built extension where it has every one of them (as `make test` builds it: the same
+    registers and stack frames as compiling, in a second instead of minutes); compiled otherwise."""
     archs_here, _ = ptxas_report.default_archs(NVCC)
     out = tmp_path / "ptxas.md"
-    status = ptxas_report.main(["--archs", *archs_here, "--jobs", "2", "--out", str(out)])
+    library = _built_cuda_library(archs_here)
+    source = ["--binary", str(library)] if library else ["--jobs", "2"]
+    status = ptxas_report.main([*source, "--archs", *archs_here, "--out", str(out)])
     printed = capsys.readouterr().out
     assert status == 0, printed
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "`" in line]

@@ -30,6 +30,11 @@ Dynamic shared memory is sized at launch and is not in ptxas's report.
 
     python tools/ptxas_report.py                     # all archs, prints the table, exit 1 on a breach
     python tools/ptxas_report.py --archs 9.0 --out out/ptxas.md
+    python tools/ptxas_report.py --binary vmamba2d/_C_cuda*.so   # the kernels as built, no compile
+
+``--binary`` reads the same figures off a built library (``cuobjdump -res-usage``, well under a
+second, against minutes of compiling) for the archs of its machine code. cuobjdump gives no spill
+counts: a spill goes to the kernel's stack frame, so the zero-stack budget covers spills there.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ import argparse
 import concurrent.futures
 import datetime
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -102,6 +108,7 @@ class KernelResources:
     barriers: int = 0
     name: str = ""
     problems: list[str] = field(default_factory=list)
+    spills_known: bool = True  # False where read off a built library (no spill counts there)
 
     @property
     def role(self) -> str:
@@ -156,6 +163,34 @@ def parse_ptxas(text: str, source: str, arch: str) -> list[KernelResources]:
             if barriers := _BARRIERS.search(line):
                 current.barriers = int(barriers.group(1))
     return list(found.values())
+
+
+_RES_ARCH = re.compile(r"^arch = (sm_\w+)")
+_RES_FUNCTION = re.compile(r"^\s*Function (\S+?):?\s*$")
+_RES_USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def parse_res_usage(text: str, source: str) -> list[KernelResources]:
+    """The kernels of ``cuobjdump -res-usage LIBRARY``, one per (kernel, arch) of its machine code
+    (its PTX carries no resources); a kernel's stack frame is the larger of STACK and LOCAL."""
+    kernels: list[KernelResources] = []
+    arch: Optional[str] = None
+    machine_code = False
+    current: Optional[KernelResources] = None
+    for line in text.splitlines():
+        if line.startswith("Fatbin "):
+            machine_code, arch, current = line.startswith("Fatbin elf code"), None, None
+        elif match := _RES_ARCH.match(line):
+            arch = cuda_archs.arch_from_compute_name(match.group(1))
+        elif (match := _RES_FUNCTION.match(line)) and machine_code and arch is not None:
+            current = KernelResources(source=source, arch=arch, mangled=match.group(1), entry=True,
+                                      spills_known=False)
+            kernels.append(current)
+        elif (match := _RES_USAGE.search(line)) and current is not None:
+            registers, stack, shared, local = map(int, match.groups())
+            current.registers, current.stack_bytes, current.static_smem = registers, max(stack, local), shared
+            current = None
+    return kernels
 
 
 # Names of csrc/cuda's `enum class Variant` values, in their order (demangled as "(Variant)<n>").
@@ -249,6 +284,45 @@ def compile_all(nvcc: str, sources: list[Path], archs: list[str], jobs: int) -> 
     return results
 
 
+def find_cuda_tool(name: str, nvcc: Optional[str]) -> Optional[str]:
+    """A CUDA binutil (``cuobjdump``, ``nvdisasm``) from PATH, the toolkit of CUDA_HOME / CUDA_PATH,
+    /usr/local/cuda or nvcc's folder, or the copy Triton ships."""
+    candidates = [shutil.which(name)]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates.append(str(Path(home) / "bin" / name))
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent / name))
+    triton = importlib.util.find_spec("triton")
+    if triton is not None and triton.submodule_search_locations:
+        for location in triton.submodule_search_locations:
+            candidates.append(str(Path(location) / "backends" / "nvidia" / "bin" / name))
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def read_binary(cuobjdump: str, library: Path, archs: Optional[list[str]]) -> list[CompileResult]:
+    """The kernels of a built library per arch of its machine code (``archs``: those that must be
+    there; a missing one is a failed result), with names and budget checks as compile_all's."""
+    run = subprocess.run([cuobjdump, "-res-usage", str(library)], capture_output=True, text=True)
+    if run.returncode != 0:
+        return [CompileResult(library.name, archs[0] if archs else "0.0", False, run.stdout + run.stderr, [])]
+    kernels = parse_res_usage(run.stdout, library.name)
+    names = readable_names(sorted({k.mangled for k in kernels}))
+    for kernel in kernels:
+        kernel.name = names.get(kernel.mangled, kernel.mangled)
+        kernel.problems = check_budgets(kernel)
+    built = sorted({k.arch for k in kernels}, key=lambda a: tuple(map(int, a.split("."))))
+    results = [CompileResult(library.name, arch, True, "", [k for k in kernels if k.arch == arch]) for arch in built]
+    for arch in archs or []:
+        if arch not in built:
+            results.append(CompileResult(library.name, arch, False,
+                                         f"no {cuda_archs.sm_name(arch)} machine code in {library}", []))
+    return results
+
+
 def default_archs(nvcc: str) -> tuple[list[str], str]:
     """The default build archs nvcc supports, and a note on those it dropped."""
     choice = cuda_archs.default_arch_choice(cuda_archs.nvcc_supported_archs(nvcc), f"nvcc {cuda_archs.nvcc_release(nvcc)}")
@@ -264,7 +338,8 @@ def format_table(results: list[CompileResult]) -> str:
     ]
     for result in results:
         if not result.ok:
-            lines.append(f"| {result.source} | — | {cuda_archs.sm_name(result.arch)} | | | | | | | COMPILE ERROR |")
+            error = "COMPILE ERROR" if result.source.endswith(".cu") else "NOT READABLE / NOT BUILT"
+            lines.append(f"| {result.source} | — | {cuda_archs.sm_name(result.arch)} | | | | | | | {error} |")
     shown = [k for r in results for k in r.kernels if k.entry or k.problems]  # helpers only when they fail
     arch_order = lambda k: tuple(int(x) for x in re.findall(r"\d+", k.arch))  # noqa: E731
     for k in sorted(shown, key=lambda k: (k.source, k.name, arch_order(k))):
@@ -272,7 +347,8 @@ def format_table(results: list[CompileResult]) -> str:
         budget = BUDGETS[k.budget_role].registers if k.entry else "—"
         lines.append(
             f"| {k.source} | `{k.name}` | {cuda_archs.sm_name(k.arch)} | {k.registers} | "
-            f"{k.spill_stores}/{k.spill_loads} | {k.stack_bytes} | {k.static_smem} | {k.barriers} | "
+            f"{f'{k.spill_stores}/{k.spill_loads}' if k.spills_known else 'n/a'} | {k.stack_bytes} | "
+            f"{k.static_smem} | {k.barriers if k.spills_known else 'n/a'} | "
             f"{budget} ({k.budget_role}) | {status} |"
         )
     return "\n".join(lines)
@@ -292,7 +368,8 @@ def failures(results: list[CompileResult]) -> list[str]:
     for result in results:
         if not result.ok:
             tail = "\n    ".join(result.log.strip().splitlines()[-15:])
-            lines.append(f"{result.source} ({cuda_archs.sm_name(result.arch)}): compile error\n    {tail}")
+            what = "compile error" if result.source.endswith(".cu") else "no machine code read"
+            lines.append(f"{result.source} ({cuda_archs.sm_name(result.arch)}): {what}\n    {tail}")
         elif not any(k.entry for k in result.kernels):
             continue  # a .cu with host code only
         lines += [f"{k.source} ({cuda_archs.sm_name(k.arch)}) {k.name}: {'; '.join(k.problems)}"
@@ -306,30 +383,56 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--archs", nargs="+", help="e.g. 8.0 9.0 (default: the default build archs nvcc supports)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel nvcc processes")
     parser.add_argument("--nvcc", default=shutil.which("nvcc"), help="nvcc to use (default: the one on PATH)")
+    parser.add_argument("--binary", type=Path,
+                        help="read a built library's kernels (cuobjdump -res-usage) instead of compiling")
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
     return parser.parse_args(argv)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = parse_args(argv)
+def _run(args: argparse.Namespace) -> Optional[tuple[list[CompileResult], str, str]]:
+    """The results, the summary's opening and the report's "how" line; None (after an error message)
+    when a tool or input is missing."""
+    start = time.perf_counter()
+    if args.binary:
+        cuobjdump = find_cuda_tool("cuobjdump", args.nvcc)
+        if cuobjdump is None:
+            print("ptxas_report: no cuobjdump (CUDA toolkit binutils or Triton's copy) found", file=sys.stderr)
+            return None
+        if not args.binary.is_file():
+            print(f"ptxas_report: --binary {args.binary}: no such file", file=sys.stderr)
+            return None
+        results = read_binary(cuobjdump, args.binary, args.archs)
+        archs = sorted({r.arch for r in results}, key=lambda a: tuple(map(int, a.split("."))))
+        opening = (f"{sum(k.entry for r in results for k in r.kernels)} kernels x arch in {args.binary.name}, "
+                   f"archs {', '.join(cuda_archs.sm_name(a) for a in archs)}; "
+                   f"{time.perf_counter() - start:.1f} s")
+        return results, opening, f"read off `{args.binary.name}` by `cuobjdump -res-usage` (no spill counts: stack 0 means none)"
     if not args.nvcc:
         print("ptxas_report: no nvcc on PATH (pass --nvcc)", file=sys.stderr)
-        return 2
+        return None
     sources = sorted(args.sources.glob("*.cu"))
     if not sources:
         print(f"ptxas_report: no .cu files under {args.sources}", file=sys.stderr)
-        return 2
+        return None
     archs, dropped_note = (args.archs, "") if args.archs else default_archs(args.nvcc)
-    start = time.perf_counter()
     results = compile_all(args.nvcc, sources, archs, args.jobs)
-    seconds = time.perf_counter() - start
-    problems = failures(results)
-    entries = sum(k.entry for r in results for k in r.kernels)
-    summary = (f"{entries} kernel instantiations x arch from {len(sources)} files, archs "
-               f"{', '.join(cuda_archs.sm_name(a) for a in archs)}"
+    opening = (f"{sum(k.entry for r in results for k in r.kernels)} kernel instantiations x arch from "
+               f"{len(sources)} files, archs {', '.join(cuda_archs.sm_name(a) for a in archs)}"
                + (f" ({dropped_note})" if dropped_note else "")
-               + f"; {seconds:.1f} s with {args.jobs} parallel nvcc; "
-               + ("all within budget" if not problems else f"{len(problems)} problem(s)"))
+               + f"; {time.perf_counter() - start:.1f} s with {args.jobs} parallel nvcc")
+    how = (f"nvcc {cuda_archs.nvcc_release(args.nvcc)}; flags: `{' '.join(cuda_archs.NVCC_FLAGS)}` + torch's "
+           "include dirs and defines; `-cubin -arch=sm_XX -Xptxas -v`")
+    return results, opening, how
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    run = _run(args)
+    if run is None:
+        return 2
+    results, opening, how = run
+    problems = failures(results)
+    summary = opening + "; " + ("all within budget" if not problems else f"{len(problems)} problem(s)")
     table = format_table(results)
     print(table)
     print()
@@ -340,8 +443,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         header = [
             "# ptxas resource report (CUDA scan kernels)", "",
             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-            f"- nvcc {cuda_archs.nvcc_release(args.nvcc)}; flags: `{' '.join(cuda_archs.NVCC_FLAGS)}` + torch's "
-            "include dirs and defines; `-cubin -arch=sm_XX -Xptxas -v`",
+            f"- {how}",
             f"- {summary}", "", "Budgets:", "", format_budgets(), "", table, "",
         ]
         args.out.parent.mkdir(parents=True, exist_ok=True)

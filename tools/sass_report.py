@@ -95,7 +95,6 @@ import argparse
 import datetime
 import importlib.util
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -603,19 +602,7 @@ def executed_estimate(instructions: list[Instruction], labels: dict[str, int], t
 
 def find_disassembler(nvcc: str) -> Optional[str]:
     """nvdisasm from PATH, the toolkit of CUDA_HOME or nvcc, or the copy Triton ships."""
-    candidates = [shutil.which("nvdisasm")]
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home:
-            candidates.append(str(Path(home) / "bin" / "nvdisasm"))
-    candidates.append(str(Path(nvcc).resolve().parent / "nvdisasm"))
-    triton = importlib.util.find_spec("triton")
-    if triton is not None and triton.submodule_search_locations:
-        for location in triton.submodule_search_locations:
-            candidates.append(str(Path(location) / "backends" / "nvidia" / "bin" / "nvdisasm"))
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    return ptxas_report.find_cuda_tool("nvdisasm", nvcc)
 
 
 def load_extension(path: Path):
