@@ -299,13 +299,14 @@ def test_bench_mil_runs(tmp_path):
 
     out = tmp_path / "bench.md"
     bench_mil.main(["--sizes", "3", "5", "--repeats", "1", "--warmup", "0", "--in-dim", "8", "--dim", "8",
-                    "--d-state", "2", "--out", str(out)])
+                    "--d-state", "2", "--malloc", "default", "--out", str(out)])  # this process's malloc stays
+    assert "- CPU malloc: the C library defaults" in out.read_text()
     rows = [line for line in out.read_text().splitlines() if line.startswith("| 3x3") or line.startswith("| 5x5")]
     assert len(rows) == 4 and sum("2DMambaMIL" in r for r in rows) == 2 and sum("MambaMIL (1D" in r for r in rows) == 2
     first = [cell.strip() for cell in rows[0].split("|")[1:-1]]
     assert float(first[2].replace(",", "")) > 0 and first[-1].endswith("x)") and first[-2].endswith("x)")
     # a baseline runs at its own default sizes (DSMIL: no width option), without a 2D / 1D ratio
     bench_mil.main(["--sizes", "3", "--repeats", "1", "--warmup", "0", "--in-dim", "8", "--models", "dsmil",
-                    "--no-memory", "--out", str(out)])
+                    "--no-memory", "--malloc", "default", "--out", str(out)])
     (row,) = [line for line in out.read_text().splitlines() if line.startswith("| 3x3")]
     assert "| DSMIL |" in row and row.endswith("|  |  |")

@@ -35,6 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench_scan import git_commit, machine_description, peak_bytes, timed  # noqa: E402  (tools/ is on sys.path)
+from vmamba2d.cpu_malloc import keep_freed_memory  # noqa: E402
 from vmamba2d.mil.models import build_model  # noqa: E402
 from vmamba2d.ops import backend_info  # noqa: E402
 
@@ -177,6 +178,7 @@ def report_header(args: argparse.Namespace, device: torch.device) -> str:
         "- times: wall clock; \"CPU ms\" = CPU time of the process over the step, summed over its threads",
         "- peak memory: tensor memory alive at once during one step above the inputs and weights "
         + ("(torch.cuda.max_memory_allocated)" if device.type == "cuda" else "(torch profiler allocation events)"),
+        f"- CPU malloc: {'freed memory kept for reuse (vmamba2d.keep_freed_memory(), as the MIL CLI does on CPU)' if args.malloc == 'keep' else 'the C library defaults'}",
         f"- command: `python tools/bench_mil.py {' '.join(sys.argv[1:])}`",
     ])
 
@@ -196,6 +198,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--malloc", choices=["keep", "default"], default="keep",
+                        help="keep: vmamba2d.keep_freed_memory() first (default); default: glibc's own thresholds")
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
     args = parser.parse_args(argv)
     if min(args.sizes) < 1 or args.repeats < 1 or args.warmup < 0:
@@ -205,6 +209,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
+    if args.malloc == "keep":
+        keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
