@@ -19,7 +19,6 @@ MALLOC_TRIM_THRESHOLD_=2147483647``.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
 import platform
@@ -44,7 +43,7 @@ def _glibc() -> Optional[ctypes.CDLL]:
     """The C library when it is glibc (which has ``mallopt``), else None."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc = ctypes.CDLL(None)  # the process's own symbols: glibc's among them
     if not hasattr(libc, "mallopt"):
         return None
     libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
