@@ -34,8 +34,9 @@ print(json.dumps({"before": before, "after": cpu_malloc.cpu_malloc_info(), "kept
 HIDDEN_MAP_PAGES = 8 * 384 * 56 * 56 * 4 // 4096
 
 
-def _probe(mode: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+def _probe(mode: str, **extra_env: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != cpu_malloc.OPT_OUT_VARIABLE}
+    env.update(extra_env)
     done = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -61,6 +62,20 @@ def test_a_training_step_reuses_freed_memory_without_page_faults():
 
 
 @pytest.mark.skipif(not GLIBC, reason="the C library here is not glibc")
+def test_the_opt_out_variable_makes_the_call_a_no_op():
+    opted_out = _probe("keep", VMAMBA2D_KEEP_FREED_MEMORY="0")
+    assert opted_out["kept"] is False and opted_out["after"]["keeps_freed_memory"] is False
+    if not _transparent_huge_pages_always():
+        assert opted_out["faults"] > HIDDEN_MAP_PAGES, opted_out
+
+
+def test_a_bad_opt_out_value_is_a_value_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("VMAMBA2D_KEEP_FREED_MEMORY", "no")
+    with pytest.raises(ValueError, match="VMAMBA2D_KEEP_FREED_MEMORY must be '0' or '1', got 'no'"):
+        cpu_malloc.keep_freed_memory()
+
+
+@pytest.mark.skipif(not GLIBC, reason="the C library here is not glibc")
 def test_the_environment_variables_are_reported_as_the_setting(monkeypatch):
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "2147483647")
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "2147483647")
@@ -71,6 +86,7 @@ def test_the_environment_variables_are_reported_as_the_setting(monkeypatch):
 
 def test_another_c_library_is_left_alone(monkeypatch):
     monkeypatch.setattr(cpu_malloc.platform, "system", lambda: "Darwin")
+    monkeypatch.delenv("VMAMBA2D_KEEP_FREED_MEMORY", raising=False)
     cpu_malloc._glibc.cache_clear()
     try:
         assert cpu_malloc.keep_freed_memory() is False

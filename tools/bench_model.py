@@ -24,7 +24,7 @@ four-route op >= 1.3x its inference and >= 1.2x its training throughput, with lo
 on CPU also vmamba2d_tiny >= 1.0x convnext_tiny at batch 8 and above.
 
 Each worker first makes glibc keep freed memory for reuse (``--malloc keep``, the default:
-:func:`vmamba2d.keep_freed_memory`, as the package's training scripts do on CPU); ``--malloc
+:func:`vmamba2d.keep_freed_memory`, as the classification scripts do on CPU); ``--malloc
 default`` measures with glibc's own thresholds, where every large tensor is a fresh mapping.
 
 Rows of separate processes, minutes apart, carry a shared machine's drift into their ratios;

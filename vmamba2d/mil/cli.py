@@ -14,7 +14,7 @@ from .config import FIELD_NAMES, MILConfig, UsageError, resolve_train_config
 from .data import SlideDataError, SlideDataset, SlideEntry, read_survival_csv
 from .engine import evaluate
 from .models import model_from_checkpoint
-from .runner import (CHECKPOINT_FORMAT, LOGGER, grid_options, prepare_device, setup_logging,
+from .runner import (CHECKPOINT_FORMAT, LOGGER, grid_options, resolve_device, setup_logging,
                      train, write_predictions)
 from .slide_check import check_slides, describe_bad_slides
 from .splits import SPLITS, classification_entries, run_splits
@@ -118,7 +118,7 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
         cfg = MILConfig(**{**saved, **overrides, "label_map": checkpoint["label_map"]})
         if args.label_csv and args.split != "all" and not args.split_csv:
             raise UsageError("--label-csv of another cohort: pass --split all (or --split-csv)")
-        device = prepare_device(args.device)
+        device = resolve_device(args.device)
         try:
             entries = _eval_entries(cfg, checkpoint, args.split)
             if not entries:

@@ -46,7 +46,6 @@ import numpy as np
 import torch
 import yaml
 
-from ..cpu_malloc import keep_freed_memory
 from ..training import RunFolder, RunFolderError, StartPlan
 from ..training.checkpoint import (atomic_write, capture_rng_state, is_temp_file,
                                    remove_stale_temp_files, restore_rng_state)
@@ -93,15 +92,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available (use --device cpu or auto)")
     return torch.device(name)
-
-
-def prepare_device(name: str) -> torch.device:
-    """:func:`resolve_device`; on CPU also :func:`vmamba2d.keep_freed_memory` (a 200 x 200 slide's
-    activations are tens of MB: without it, fresh kernel-zeroed mappings in every step)."""
-    device = resolve_device(name)
-    if device.type == "cpu":
-        keep_freed_memory()
-    return device
 
 
 def grid_options(cfg: MILConfig) -> GridOptions:
@@ -449,7 +439,7 @@ def train(cfg: MILConfig) -> dict[str, Any]:
 
 
 def _train(cfg: MILConfig) -> dict[str, Any]:
-    device = prepare_device(cfg.device)
+    device = resolve_device(cfg.device)
     if cfg.amp != "none" and device.type != "cuda":
         raise UsageError(f"--amp {cfg.amp} needs a GPU; this run is on {device}")
     output = Path(cfg.output)
