@@ -1,5 +1,1 @@
-"""ImageNet-style classification training and evaluation for vmamba2d (and any timm model).
-
-Entry points: ``classification/train.py`` and ``classification/eval.py`` (also runnable as
-``python -m classification.train`` / ``python -m classification.eval``).
-"""
+"""Command-line entry points of the ImageNet scripts; the code is :mod:`vmamba2d.classification`."""

@@ -15,17 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # the classification/ scripts package lives at the repository root
-    sys.path.insert(0, str(REPO))
-
-from classification import eval as eval_cli
-from classification import train as train_cli
-from classification.checkpoint import BEST_NAME, LAST_NAME, load_checkpoint_file
-from classification.config import resolve_train_config
-from classification.errors import UsageError
+from vmamba2d.classification import eval as eval_cli
+from vmamba2d.classification import train as train_cli
+from vmamba2d.classification.checkpoint import BEST_NAME, LAST_NAME, load_checkpoint_file
+from vmamba2d.classification.config import resolve_train_config
+from vmamba2d.classification.errors import UsageError
 from tiny_imagefolder import make_tiny_imagefolder
 from vmamba2d.training import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
 
 TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 8 * 3, 4 * 3, 3
 

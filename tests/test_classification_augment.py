@@ -6,7 +6,6 @@ at the top of the magnitude range (about 1 image in 600 with the recipe's
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,18 +14,15 @@ import torch
 import yaml
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # the classification/ scripts package lives at the repository root
-    sys.path.insert(0, str(REPO))
-
-from classification import train as train_cli
-from classification.auto_augment import POSTERIZE_OPS, augment_ops, posterize_keeping_bits
-from classification.config import resolve_train_config
-from classification.data import (TransformSteps, make_image_folder, train_loader,
-                                 train_transform)
-from classification.errors import DataTransformError, UsageError
+from vmamba2d.classification import train as train_cli
+from vmamba2d.classification.auto_augment import POSTERIZE_OPS, augment_ops, posterize_keeping_bits
+from vmamba2d.classification.config import resolve_train_config
+from vmamba2d.classification.data import TransformSteps, make_image_folder, train_loader, train_transform
+from vmamba2d.classification.errors import DataTransformError, UsageError
 from tiny_imagefolder import make_tiny_imagefolder
 from vmamba2d.training.seeding import sample_seed_words, seeded_global_rngs
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", autouse=True)

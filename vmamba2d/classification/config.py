@@ -17,7 +17,7 @@ from vmamba2d.training.options import config_file_values, parse_key_values
 from .auto_augment import check_auto_augment
 from .errors import UsageError
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "classification"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "classification"
 AMP_CHOICES = ("bf16", "fp16", "none")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 INTERPOLATION_CHOICES = ("bilinear", "bicubic", "nearest", "random")
