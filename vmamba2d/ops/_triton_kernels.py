@@ -545,9 +545,6 @@ def _route_backward(
     else:
         REV_H: tl.constexpr = (CODE & 1) != 0
         REV_V: tl.constexpr = (CODE & 2) != 0
-        # 2-byte inputs: C is read again for every channel set rather than held across them (the
-        # tile held in ACC spilled at the 128-register cap, bf16 on sm_90); the re-read hits cache.
-        C_PER_SET: tl.constexpr = C_ptr.dtype.element_ty.primitive_bitwidth < 32
         for rr_back in range(n_tile_rows):
             rr = n_tile_rows - 1 - rr_back
             tr = n_tile_rows - 1 - rr if REV_V else rr

@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 
 from . import _extensions
+from .scan_autograd import backward_fake, register_single_route_autograd
 
 Tensor = torch.Tensor
 
@@ -150,34 +151,10 @@ def selective_scan_2d_bwd(
 @selective_scan_2d_bwd.register_fake
 def _selective_scan_2d_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy,
                                 carry_h=None, carry_v=None):
-    optional = tuple(
-        torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias)
-    )
-    return tuple(torch.empty_like(t) for t in (u, delta, A, B, C)) + optional
+    return backward_fake(u, delta, A, B, C, D, delta_bias)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, _, _ = inputs
-    _, carry_h, carry_v = output
-    ctx.mark_non_differentiable(carry_h, carry_v)
-    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias, carry_h, carry_v)
-    ctx.scan_args = (delta_softplus, height, width)
-
-
-def _backward(ctx, dy: Tensor, _dcarry_h: Tensor, _dcarry_v: Tensor):
-    u, delta, A, B, C, D, delta_bias, carry_h, carry_v = ctx.saved_tensors
-    du, ddelta, dA, dB, dC, dD, dbias = selective_scan_2d_bwd(
-        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous(), carry_h, carry_v
-    )
-    return (
-        du, ddelta, dA, dB, dC,
-        dD if D is not None else None,
-        dbias if delta_bias is not None else None,
-        None, None, None, None, None,
-    )
-
-
-selective_scan_2d_fwd.register_autograd(_backward, setup_context=_setup_context)
+register_single_route_autograd(selective_scan_2d_fwd, selective_scan_2d_bwd)
 
 
 def _kernel_dtypes(u: Tensor, delta: Tensor, B: Tensor, C: Tensor) -> tuple[torch.dtype, torch.dtype]:

@@ -26,7 +26,7 @@ def _discretize(
 ) -> tuple[Tensor, Tensor]:
     """Return ``(Abar, x)``, both (batch, dim, N, L): the decay and the scan input ``dt * B * u``."""
     batch, dim, length = u.shape
-    groups, nstate = B.shape[1], B.shape[2]
+    groups = B.shape[1]
     dt = delta if delta_bias is None else delta + delta_bias[None, :, None]
     if delta_softplus:
         dt = F.softplus(dt)

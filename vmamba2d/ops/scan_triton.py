@@ -38,6 +38,8 @@ from typing import Optional
 
 import torch
 
+from .scan_autograd import backward_fake, register_single_route_autograd
+
 Tensor = torch.Tensor
 
 FWD_OP_NAME = "vmamba2d::selective_scan_2d_triton_fwd"
@@ -284,32 +286,10 @@ def selective_scan_2d_triton_bwd(
 
 @selective_scan_2d_triton_bwd.register_fake
 def _bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy, vcarry, hcarry):
-    optional = tuple(torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias))
-    return tuple(torch.empty_like(t) for t in (u, delta, A, B, C)) + optional
+    return backward_fake(u, delta, A, B, C, D, delta_bias)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, _, _ = inputs
-    _, vcarry, hcarry = output
-    ctx.mark_non_differentiable(vcarry, hcarry)
-    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias, vcarry, hcarry)
-    ctx.scan_args = (delta_softplus, height, width)
-
-
-def _backward(ctx, dy: Tensor, _dvcarry: Tensor, _dhcarry: Tensor):
-    u, delta, A, B, C, D, delta_bias, vcarry, hcarry = ctx.saved_tensors
-    du, ddelta, dA, dB, dC, dD, dbias = selective_scan_2d_triton_bwd(
-        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, dy.contiguous(), vcarry, hcarry
-    )
-    return (
-        du, ddelta, dA, dB, dC,
-        dD if D is not None else None,
-        dbias if delta_bias is not None else None,
-        None, None, None, None, None,
-    )
-
-
-selective_scan_2d_triton_fwd.register_autograd(_backward, setup_context=_setup_context)
+register_single_route_autograd(selective_scan_2d_triton_fwd, selective_scan_2d_triton_bwd)
 
 
 def selective_scan_2d_triton(
