@@ -152,18 +152,24 @@ def _direction(reverse: bool) -> int:
     return 1 if reverse else 0
 
 
-def scan_route(u, delta, A, B, C, delta_bias, delta_softplus: bool, route: Route, dtype: ir.DataType):
-    """One route's scan output in map order, without the ``D * u`` skip term.
+def scan_route(u_l1, delta_l1, A, B, C, delta_bias, delta_softplus: bool, route: Route, dtype: ir.DataType,
+               nstate: int):
+    """One route's scan output, without the ``D * u`` skip term, in the route's second-pass layout
+    (:func:`to_map` returns it to map order; routes of one pass order share it, so their outputs
+    can be summed before that transpose).
 
     Args (onnxscript values):
-        u, delta: (batch, groups, channels, H, W).
+        u_l1: u in the route's first-pass layout (S1, S2, batch, groups, channels)
+            (:func:`first_pass_layout`, shared by the routes of one pass order).
+        delta_l1: the route's step sizes in the same layout.
         A: (groups, channels, N) decay rates; delta_bias: (groups, channels) or None.
         B, C: (batch, groups, N, H, W) projections, shared by a group's channels.
-    Returns: y (batch, groups, channels, H, W).
+        nstate: N (static).
+    Returns: y (S2, S1, batch, groups, channels).
     """
     cols_first = route.columns_first
     to_l1 = _MAP_TO_L1[cols_first]
-    dt = op.Transpose(delta, perm=to_l1)  # (S1, S2, batch, groups, channels)
+    dt = delta_l1  # (S1, S2, batch, groups, channels)
     if delta_bias is not None:
         dt = op.Add(dt, delta_bias)
     if delta_softplus:
@@ -173,7 +179,7 @@ def scan_route(u, delta, A, B, C, delta_bias, delta_softplus: bool, route: Route
     axis_n = op.Constant(value_ints=[-1])
     decay = op.Exp(op.Mul(op.Unsqueeze(dt, axis_n), A))  # (S1, S2, batch, groups, channels, N)
     b_l1 = op.Unsqueeze(op.Transpose(B, perm=to_l1), op.Constant(value_ints=[4]))  # (S1, S2, batch, groups, 1, N)
-    x = op.Mul(op.Unsqueeze(op.Mul(dt, op.Transpose(u, perm=to_l1)), axis_n), b_l1)
+    x = op.Mul(op.Unsqueeze(op.Mul(dt, u_l1), axis_n), b_l1)
 
     reverse_first = route.from_bottom if cols_first else route.from_right
     reverse_second = route.from_right if cols_first else route.from_bottom
@@ -213,8 +219,19 @@ def scan_route(u, delta, A, B, C, delta_bias, delta_softplus: bool, route: Route
         )
     h = second[1]  # (S2, S1, batch, groups, channels, N)
     c_l2 = op.Unsqueeze(op.Transpose(C, perm=_MAP_TO_L2[cols_first]), op.Constant(value_ints=[4]))
-    y = op.ReduceSum(op.Mul(h, c_l2), axis_n, keepdims=0)  # (S2, S1, batch, groups, channels)
-    return op.Transpose(y, perm=_L2_TO_MAP[cols_first])
+    readout = op.Mul(h, c_l2)
+    # One state (the models' N = 1): dropping the axis is the sum, without ReduceSum's pass.
+    return op.Squeeze(readout, axis_n) if nstate == 1 else op.ReduceSum(readout, axis_n, keepdims=0)
+
+
+def first_pass_layout(map_values, columns_first: bool):
+    """A map (batch, groups, channels, H, W) in the first-pass layout of routes with this pass order."""
+    return op.Transpose(map_values, perm=_MAP_TO_L1[columns_first])
+
+
+def to_map(y_l2, columns_first: bool):
+    """A route output of :func:`scan_route` (second-pass layout) as (batch, groups, channels, H, W)."""
+    return op.Transpose(y_l2, perm=_L2_TO_MAP[columns_first])
 
 
 def _onnx_dtype(value) -> ir.DataType:
@@ -230,6 +247,26 @@ def _static_dim(value, axis: int, what: str) -> int:
     return dim
 
 
+def _projected_deltas(delta_low, weight, routes: Sequence[Route], dim: int) -> list:
+    """Each route's full-rank step sizes in its first-pass layout (S1, S2, batch, 1, dim), from the
+    low-rank (batch, K, R, H, W) and weight (K, dim, R).
+
+    One batched MatMul with the channels last, (batch, K, H * W, dim): moving a map into a
+    first-pass layout is then a transpose of contiguous channel rows, where from the channels-first
+    (batch, K, dim, H, W) onnxruntime's Transpose gathers single values (6x slower at the first
+    stage's maps; its Einsum for the same sum took 3x the MatMul's time too).
+    """
+    low = op.Transpose(op.Reshape(delta_low, op.Constant(value_ints=[0, 0, 0, -1])), perm=[0, 1, 3, 2])
+    rows = op.Unsqueeze(op.Transpose(op.CastLike(weight, delta_low), perm=[0, 2, 1]), op.Constant(value_ints=[0]))
+    full = op.MatMul(low, rows)  # (batch, K, H * W, dim)
+    sizes = op.Concat(op.Shape(delta_low, end=2), op.Shape(delta_low, start=3), op.Constant(value_ints=[dim]), axis=0)
+    full = op.Reshape(full, sizes)  # (batch, K, H, W, dim)
+    parts = op.Split(full, axis=1, num_outputs=len(routes)) if len(routes) > 1 else [full]
+    # (batch, 1, H, W, dim) -> (W, H, batch, 1, dim) rows first, (H, W, batch, 1, dim) columns first
+    return [op.Transpose(part, perm=[2, 3, 0, 1, 4] if route.columns_first else [3, 2, 0, 1, 4])
+            for part, route in zip(parts, routes)]
+
+
 def cross_selective_scan_2d_onnx(
     u, delta, A, B, C, D, delta_bias, delta_softplus: bool, routes: Sequence[int], out_fp32: bool,
     delta_proj_weight=None,
@@ -237,34 +274,48 @@ def cross_selective_scan_2d_onnx(
     """ONNX translation of ``vmamba2d::cross_selective_scan_2d_fwd``.
 
     u (batch, Di, H, W); delta (batch, K, Di, H, W), or the low-rank (batch, K, R, H, W) with
-    delta_proj_weight (K, Di, R) (projected by an Einsum first); A (K * Di, N); B, C
+    delta_proj_weight (K, Di, R) (projected by a MatMul first); A (K * Di, N); B, C
     (batch, K, N, H, W); D, delta_bias (K * Di,) or None. Returns y (batch, Di, H, W): the route
     outputs summed in route order, plus ``D * u`` summed over the routes' D.
     """
     dtype = _onnx_dtype(u)
-    if delta_proj_weight is not None:
-        delta = op.Einsum(op.CastLike(delta_proj_weight, delta), delta, equation="kdr,bkrhw->bkdhw")
-    num_routes = len(routes)
+    route_list = [Route.from_code(int(code)) for code in routes]
+    num_routes = len(route_list)
     dim = _static_dim(u, 1, "channel count")
+    if delta_proj_weight is not None:
+        deltas_l1 = _projected_deltas(delta, delta_proj_weight, route_list, dim)
+    else:
+        deltas = op.Split(delta, axis=1, num_outputs=num_routes) if num_routes > 1 else [delta]
+        deltas_l1 = [first_pass_layout(d, route.columns_first) for d, route in zip(deltas, route_list)]
     nstate = _static_dim(A, 1, "state count")
     u_grouped = op.Unsqueeze(u, op.Constant(value_ints=[1]))  # (batch, 1, Di, H, W)
     A_routes = op.Reshape(A, op.Constant(value_ints=[num_routes, 1, dim, nstate]))
     bias_routes = None if delta_bias is None else op.Reshape(delta_bias, op.Constant(value_ints=[num_routes, 1, dim]))
-    deltas = op.Split(delta, axis=1, num_outputs=num_routes) if num_routes > 1 else [delta]
     Bs = op.Split(B, axis=1, num_outputs=num_routes) if num_routes > 1 else [B]
     Cs = op.Split(C, axis=1, num_outputs=num_routes) if num_routes > 1 else [C]
-    y = None
-    for k, code in enumerate(routes):
+    # Per pass order (rows first / columns first): u moved once into the routes' first-pass
+    # layout (the second order's from the first's by swapping the two leading axes, which moves
+    # whole rows, not single values), and their outputs summed in route order in their second-pass
+    # layout.
+    u_l1, y_l2 = {}, {}
+    for k, route in enumerate(route_list):
+        order = route.columns_first
+        if order not in u_l1:
+            u_l1[order] = (op.Transpose(u_l1[not order], perm=_SWAP_LEADING[:5]) if u_l1
+                           else first_pass_layout(u_grouped, order))
         pick = op.Constant(value_ints=[k])
         y_route = scan_route(
-            u_grouped,
-            deltas[k],
+            u_l1[order],
+            deltas_l1[k],
             op.Squeeze(op.Gather(A_routes, pick, axis=0), op.Constant(value_ints=[0])),
             Bs[k], Cs[k],
             None if bias_routes is None else op.Squeeze(op.Gather(bias_routes, pick, axis=0), op.Constant(value_ints=[0])),
-            delta_softplus, Route.from_code(int(code)), dtype,
+            delta_softplus, route, dtype, nstate,
         )
-        y = y_route if y is None else op.Add(y, y_route)
+        y_l2[order] = op.Add(y_l2[order], y_route) if order in y_l2 else y_route
+    y = None
+    for order, y_order in y_l2.items():
+        y = to_map(y_order, order) if y is None else op.Add(y, to_map(y_order, order))
     y = op.Squeeze(y, op.Constant(value_ints=[1]))
     if D is not None:
         D_total = op.ReduceSum(op.Reshape(D, op.Constant(value_ints=[num_routes, dim])), op.Constant(value_ints=[0]), keepdims=0)
@@ -295,15 +346,17 @@ def selective_scan_2d_onnx(
     groups = _static_dim(B, 1, "group count")
     nstate = _static_dim(A, 1, "state count")
     as_map = _dims_tensor(0, groups, -1, height, width)  # Reshape's 0 keeps the batch size
+    route = Route()
     y = scan_route(
-        op.Reshape(u, as_map), op.Reshape(delta, as_map),
+        first_pass_layout(op.Reshape(u, as_map), route.columns_first),
+        first_pass_layout(op.Reshape(delta, as_map), route.columns_first),
         op.Reshape(A, op.Constant(value_ints=[groups, -1, nstate])),
         op.Reshape(B, _dims_tensor(0, groups, nstate, height, width)),
         op.Reshape(C, _dims_tensor(0, groups, nstate, height, width)),
         None if delta_bias is None else op.Reshape(delta_bias, op.Constant(value_ints=[groups, -1])),
-        delta_softplus, Route(), dtype,
+        delta_softplus, route, dtype, nstate,
     )
-    y = op.Reshape(y, op.Shape(u))
+    y = op.Reshape(to_map(y, route.columns_first), op.Shape(u))
     if D is not None:
         y = op.Add(y, op.Mul(op.Unsqueeze(D, op.Constant(value_ints=[1])), u))
     if out_fp32:
