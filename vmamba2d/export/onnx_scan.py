@@ -26,11 +26,14 @@ line of the map (all columns for a pass down the rows, with batch, channels and 
 loop runs H or W times, not H * W.
 
 Layout: ONNX Scan is fastest over the leading axis (onnxruntime transposes the input itself for
-any other axis, a general transpose that made the pass 3-7x slower at these shapes), so each route
-moves its inputs to a spatial-major layout with the first pass's axis leading, ``(S1, S2, batch,
-groups, channels)``, and swaps the two leading axes (a block transpose) between the passes. A
-route's direction is the Scan's ``scan_input_directions`` / ``scan_output_directions``, so
-reversed routes need no flipped copies.
+any other axis, a general transpose that made the pass 3-7x slower at these shapes), so the maps
+move to the map-major layout ``(H, W, batch, groups, channels)``, where a pass down the rows runs
+as it is and a pass along the rows on the two leading axes swapped (a transpose of whole
+contiguous rows). Only moves that keep the channels' axis innermost, or bring it there from the
+map's own layout as ``(H, W)`` leading, are cheap in onnxruntime: putting W first straight from
+the map layout gathers single values and took 15x as long at the first stage's maps, which is why
+no map goes there directly. A route's direction is the Scan's ``scan_input_directions`` /
+``scan_output_directions``, so reversed routes need no flipped copies.
 """
 from __future__ import annotations
 
@@ -46,12 +49,13 @@ from onnxscript import values
 
 from ..ops.routes import Route
 
-# Layouts of a route's maps. "map" is the op's own (batch, groups, channels, H, W); L1 puts the
-# first pass's axis first, L2 the second pass's. Rows-first routes (and row-major flat routes) run
-# their first pass along W, columns-first routes along H.
-_MAP_TO_L1 = {False: [4, 3, 0, 1, 2], True: [3, 4, 0, 1, 2]}  # key: columns_first
-_MAP_TO_L2 = {False: [3, 4, 0, 1, 2], True: [4, 3, 0, 1, 2]}
-_L2_TO_MAP = {False: [2, 3, 4, 0, 1], True: [2, 3, 4, 1, 0]}
+# Layouts. "map" is the op's own (batch, groups, channels, H, W). The routes compute in the
+# map-major layout (H, W, batch, groups, channels[, N]): the step sizes, decays and inputs of
+# every route are formed there, and a Scan over rows (along H) runs on it as it is; a pass along W
+# runs on its leading-axes swap (W, H, ...). A route's output comes back from the layout of its
+# second pass: (H, W, ...) for rows-first routes, (W, H, ...) for columns-first ones.
+_MAP_TO_HW = [3, 4, 0, 1, 2]
+_SECOND_PASS_TO_MAP = {False: [2, 3, 4, 0, 1], True: [2, 3, 4, 1, 0]}  # key: columns_first
 _SWAP_LEADING = [1, 0, 2, 3, 4, 5]
 
 _body_names = itertools.count()
@@ -152,41 +156,39 @@ def _direction(reverse: bool) -> int:
     return 1 if reverse else 0
 
 
-def scan_route(u_l1, delta_l1, A, B, C, delta_bias, delta_softplus: bool, route: Route, dtype: ir.DataType,
-               nstate: int):
-    """One route's scan output, without the ``D * u`` skip term, in the route's second-pass layout
+def scan_route(u_hw, delta_hw, A, B_hw, C_hw, delta_bias, delta_softplus: bool, route: Route,
+               dtype: ir.DataType, nstate: int):
+    """One route's scan output, without the ``D * u`` skip term, in the layout of its second pass
     (:func:`to_map` returns it to map order; routes of one pass order share it, so their outputs
     can be summed before that transpose).
 
-    Args (onnxscript values):
-        u_l1: u in the route's first-pass layout (S1, S2, batch, groups, channels)
-            (:func:`first_pass_layout`, shared by the routes of one pass order).
-        delta_l1: the route's step sizes in the same layout.
+    Args (onnxscript values, map-major layout, :func:`map_major`):
+        u_hw, delta_hw: (H, W, batch, groups, channels).
         A: (groups, channels, N) decay rates; delta_bias: (groups, channels) or None.
-        B, C: (batch, groups, N, H, W) projections, shared by a group's channels.
+        B_hw, C_hw: (H, W, batch, groups, N) projections, shared by a group's channels.
         nstate: N (static).
-    Returns: y (S2, S1, batch, groups, channels).
+    Returns: y (H, W, batch, groups, channels) for a rows-first route, (W, H, ...) for a
+    columns-first one.
     """
     cols_first = route.columns_first
-    to_l1 = _MAP_TO_L1[cols_first]
-    dt = delta_l1  # (S1, S2, batch, groups, channels)
-    if delta_bias is not None:
-        dt = op.Add(dt, delta_bias)
+    dt = delta_hw if delta_bias is None else op.Add(delta_hw, delta_bias)
     if delta_softplus:
-        # ONNX Softplus, although onnxruntime runs it ~3x slower than Exp-Add-Log: log(1 + exp(x))
+        # ONNX Softplus, although onnxruntime runs it ~2.3x slower than Exp-Add-Log: log(1 + exp(x))
         # written out loses dt's relative precision for small steps (x << 0; 7e-5 at x = -7).
         dt = op.Softplus(dt)
     axis_n = op.Constant(value_ints=[-1])
-    decay = op.Exp(op.Mul(op.Unsqueeze(dt, axis_n), A))  # (S1, S2, batch, groups, channels, N)
-    b_l1 = op.Unsqueeze(op.Transpose(B, perm=to_l1), op.Constant(value_ints=[4]))  # (S1, S2, batch, groups, 1, N)
-    x = op.Mul(op.Unsqueeze(op.Mul(dt, u_l1), axis_n), b_l1)
+    decay = op.Exp(op.Mul(op.Unsqueeze(dt, axis_n), A))  # (H, W, batch, groups, channels, N)
+    b_hw = op.Unsqueeze(B_hw, op.Constant(value_ints=[4]))  # (H, W, batch, groups, 1, N)
+    x = op.Mul(op.Unsqueeze(op.Mul(dt, u_hw), axis_n), b_hw)
 
+    # The first pass runs along W (rows first) on the swapped layout, along H as it is.
+    decay_first, x_first = (decay, x) if cols_first else (op.Transpose(t, perm=_SWAP_LEADING) for t in (decay, x))
     reverse_first = route.from_bottom if cols_first else route.from_right
     reverse_second = route.from_right if cols_first else route.from_bottom
     line_rank = 5
     if route.flat:
         first = _scan_op(4)(
-            _filled_like_line(x, 0.0), _filled_like_line(x, 1.0), decay, x,
+            _filled_like_line(x_first, 0.0), _filled_like_line(x_first, 1.0), decay_first, x_first,
             body=_recurrence_body(dtype, line_rank, with_product=True),
             num_scan_inputs=2,
             scan_input_directions=[_direction(reverse_first)] * 2,
@@ -202,36 +204,36 @@ def scan_route(u_l1, delta_l1, A, B, C, delta_bias, delta_softplus: bool, route:
         )
     else:
         first = _scan_op(2)(
-            _filled_like_line(x, 0.0), decay, x,
+            _filled_like_line(x_first, 0.0), decay_first, x_first,
             body=_recurrence_body(dtype, line_rank, with_product=False),
             num_scan_inputs=2,
             scan_input_directions=[_direction(reverse_first)] * 2,
             scan_output_directions=[_direction(reverse_first)],
         )
         hh = op.Transpose(first[1], perm=_SWAP_LEADING)
-        decay = op.Transpose(decay, perm=_SWAP_LEADING)
+        decay_second = op.Transpose(decay, perm=_SWAP_LEADING) if cols_first else decay
         second = _scan_op(2)(
-            _filled_like_line(hh, 0.0), decay, hh,
+            _filled_like_line(hh, 0.0), decay_second, hh,
             body=_recurrence_body(dtype, line_rank, with_product=False),
             num_scan_inputs=2,
             scan_input_directions=[_direction(reverse_second)] * 2,
             scan_output_directions=[_direction(reverse_second)],
         )
-    h = second[1]  # (S2, S1, batch, groups, channels, N)
-    c_l2 = op.Unsqueeze(op.Transpose(C, perm=_MAP_TO_L2[cols_first]), op.Constant(value_ints=[4]))
-    readout = op.Mul(h, c_l2)
+    h = second[1]  # (S2, S1, batch, groups, channels, N), S2 the second pass's axis
+    c_second = op.Transpose(C_hw, perm=_SWAP_LEADING[:5]) if cols_first else C_hw
+    readout = op.Mul(h, op.Unsqueeze(c_second, op.Constant(value_ints=[4])))
     # One state (the models' N = 1): dropping the axis is the sum, without ReduceSum's pass.
     return op.Squeeze(readout, axis_n) if nstate == 1 else op.ReduceSum(readout, axis_n, keepdims=0)
 
 
-def first_pass_layout(map_values, columns_first: bool):
-    """A map (batch, groups, channels, H, W) in the first-pass layout of routes with this pass order."""
-    return op.Transpose(map_values, perm=_MAP_TO_L1[columns_first])
+def map_major(map_values):
+    """A map (batch, groups, channels or N, H, W) in the map-major layout (H, W, batch, groups, ...)."""
+    return op.Transpose(map_values, perm=_MAP_TO_HW)
 
 
-def to_map(y_l2, columns_first: bool):
-    """A route output of :func:`scan_route` (second-pass layout) as (batch, groups, channels, H, W)."""
-    return op.Transpose(y_l2, perm=_L2_TO_MAP[columns_first])
+def to_map(y_second, columns_first: bool):
+    """A route output of :func:`scan_route` as (batch, groups, channels, H, W)."""
+    return op.Transpose(y_second, perm=_SECOND_PASS_TO_MAP[columns_first])
 
 
 def _onnx_dtype(value) -> ir.DataType:
@@ -247,24 +249,21 @@ def _static_dim(value, axis: int, what: str) -> int:
     return dim
 
 
-def _projected_deltas(delta_low, weight, routes: Sequence[Route], dim: int) -> list:
-    """Each route's full-rank step sizes in its first-pass layout (S1, S2, batch, 1, dim), from the
+def _projected_deltas(delta_low, weight, num_routes: int, dim: int) -> list:
+    """Each route's full-rank step sizes in the map-major layout (H, W, batch, 1, dim), from the
     low-rank (batch, K, R, H, W) and weight (K, dim, R).
 
-    One batched MatMul with the channels last, (batch, K, H * W, dim): moving a map into a
-    first-pass layout is then a transpose of contiguous channel rows, where from the channels-first
-    (batch, K, dim, H, W) onnxruntime's Transpose gathers single values (6x slower at the first
-    stage's maps; its Einsum for the same sum took 3x the MatMul's time too).
+    One batched MatMul with the channels last, (batch, K, H * W, dim), so the move to the
+    map-major layout copies whole channel rows (onnxruntime's Einsum for the same sum, into
+    channels-first maps, took 6x the MatMul's time).
     """
     low = op.Transpose(op.Reshape(delta_low, op.Constant(value_ints=[0, 0, 0, -1])), perm=[0, 1, 3, 2])
     rows = op.Unsqueeze(op.Transpose(op.CastLike(weight, delta_low), perm=[0, 2, 1]), op.Constant(value_ints=[0]))
     full = op.MatMul(low, rows)  # (batch, K, H * W, dim)
     sizes = op.Concat(op.Shape(delta_low, end=2), op.Shape(delta_low, start=3), op.Constant(value_ints=[dim]), axis=0)
     full = op.Reshape(full, sizes)  # (batch, K, H, W, dim)
-    parts = op.Split(full, axis=1, num_outputs=len(routes)) if len(routes) > 1 else [full]
-    # (batch, 1, H, W, dim) -> (W, H, batch, 1, dim) rows first, (H, W, batch, 1, dim) columns first
-    return [op.Transpose(part, perm=[2, 3, 0, 1, 4] if route.columns_first else [3, 2, 0, 1, 4])
-            for part, route in zip(parts, routes)]
+    parts = op.Split(full, axis=1, num_outputs=num_routes) if num_routes > 1 else [full]
+    return [op.Transpose(part, perm=[2, 3, 0, 1, 4]) for part in parts]
 
 
 def cross_selective_scan_2d_onnx(
@@ -283,38 +282,32 @@ def cross_selective_scan_2d_onnx(
     num_routes = len(route_list)
     dim = _static_dim(u, 1, "channel count")
     if delta_proj_weight is not None:
-        deltas_l1 = _projected_deltas(delta, delta_proj_weight, route_list, dim)
+        deltas_hw = _projected_deltas(delta, delta_proj_weight, num_routes, dim)
     else:
         deltas = op.Split(delta, axis=1, num_outputs=num_routes) if num_routes > 1 else [delta]
-        deltas_l1 = [first_pass_layout(d, route.columns_first) for d, route in zip(deltas, route_list)]
+        deltas_hw = [map_major(d) for d in deltas]
     nstate = _static_dim(A, 1, "state count")
-    u_grouped = op.Unsqueeze(u, op.Constant(value_ints=[1]))  # (batch, 1, Di, H, W)
+    u_hw = map_major(op.Unsqueeze(u, op.Constant(value_ints=[1])))  # (H, W, batch, 1, Di)
     A_routes = op.Reshape(A, op.Constant(value_ints=[num_routes, 1, dim, nstate]))
     bias_routes = None if delta_bias is None else op.Reshape(delta_bias, op.Constant(value_ints=[num_routes, 1, dim]))
-    Bs = op.Split(B, axis=1, num_outputs=num_routes) if num_routes > 1 else [B]
-    Cs = op.Split(C, axis=1, num_outputs=num_routes) if num_routes > 1 else [C]
-    # Per pass order (rows first / columns first): u moved once into the routes' first-pass
-    # layout (the second order's from the first's by swapping the two leading axes, which moves
-    # whole rows, not single values), and their outputs summed in route order in their second-pass
-    # layout.
-    u_l1, y_l2 = {}, {}
+    Bs = op.Split(map_major(B), axis=3, num_outputs=num_routes) if num_routes > 1 else [map_major(B)]
+    Cs = op.Split(map_major(C), axis=3, num_outputs=num_routes) if num_routes > 1 else [map_major(C)]
+    # The outputs of the routes of one pass order (rows first / columns first) share a layout:
+    # summed there in route order, then moved back to the map once.
+    y_second = {}
     for k, route in enumerate(route_list):
-        order = route.columns_first
-        if order not in u_l1:
-            u_l1[order] = (op.Transpose(u_l1[not order], perm=_SWAP_LEADING[:5]) if u_l1
-                           else first_pass_layout(u_grouped, order))
         pick = op.Constant(value_ints=[k])
         y_route = scan_route(
-            u_l1[order],
-            deltas_l1[k],
+            u_hw, deltas_hw[k],
             op.Squeeze(op.Gather(A_routes, pick, axis=0), op.Constant(value_ints=[0])),
             Bs[k], Cs[k],
             None if bias_routes is None else op.Squeeze(op.Gather(bias_routes, pick, axis=0), op.Constant(value_ints=[0])),
             delta_softplus, route, dtype, nstate,
         )
-        y_l2[order] = op.Add(y_l2[order], y_route) if order in y_l2 else y_route
+        order = route.columns_first
+        y_second[order] = op.Add(y_second[order], y_route) if order in y_second else y_route
     y = None
-    for order, y_order in y_l2.items():
+    for order, y_order in y_second.items():
         y = to_map(y_order, order) if y is None else op.Add(y, to_map(y_order, order))
     y = op.Squeeze(y, op.Constant(value_ints=[1]))
     if D is not None:
@@ -348,11 +341,10 @@ def selective_scan_2d_onnx(
     as_map = _dims_tensor(0, groups, -1, height, width)  # Reshape's 0 keeps the batch size
     route = Route()
     y = scan_route(
-        first_pass_layout(op.Reshape(u, as_map), route.columns_first),
-        first_pass_layout(op.Reshape(delta, as_map), route.columns_first),
+        map_major(op.Reshape(u, as_map)), map_major(op.Reshape(delta, as_map)),
         op.Reshape(A, op.Constant(value_ints=[groups, -1, nstate])),
-        op.Reshape(B, _dims_tensor(0, groups, nstate, height, width)),
-        op.Reshape(C, _dims_tensor(0, groups, nstate, height, width)),
+        map_major(op.Reshape(B, _dims_tensor(0, groups, nstate, height, width))),
+        map_major(op.Reshape(C, _dims_tensor(0, groups, nstate, height, width))),
         None if delta_bias is None else op.Reshape(delta_bias, op.Constant(value_ints=[groups, -1])),
         delta_softplus, route, dtype, nstate,
     )
