@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime
 import pytest
 import torch
 from torch import nn
 
-from vmamba2d.export.onnx_scan import translation_table
+from vmamba2d.export.onnx_scan import _softplus, translation_table
 from vmamba2d.ops import CROSS_ROUTES, Route, cross_selective_scan_2d, selective_scan_2d
 from vmamba2d.ops.cross_scan import cross_scan_per_route
 from vmamba2d.ops.scan_torch import selective_scan_2d_reference
@@ -98,6 +99,23 @@ def test_onnxruntime_matches_the_fp64_loop_reference_on_every_route(exported):
         assert g.shape == want.shape, name
         error = np.abs(g - want).max() / np.abs(want).max()
         assert error <= 1e-5, f"{name}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("dtype, ir_dtype, max_error", [
+    (np.float32, ir.DataType.FLOAT, 4e-7),   # a few ulps, as onnxruntime's own Softplus (3.1e-7)
+    (np.float64, ir.DataType.DOUBLE, 1e-15),
+])
+def test_softplus_lowering_keeps_small_steps_relatively_exact(dtype, ir_dtype, max_error):
+    # Evaluated op by op in onnxruntime (onnxscript's eager mode), against numpy's log(1 + exp(z)).
+    z = np.concatenate([np.linspace(-80, 80, 20001), [-1e30, -200, -30, -7, -1e-6, 0, 1e-6, 15, 16, 17, 37, 1e30]])
+    got = np.asarray(_softplus(z.astype(dtype), ir_dtype).value).astype(np.float64)
+    want = np.logaddexp(0.0, z.astype(dtype).astype(np.float64))
+    normal = want > np.finfo(dtype).tiny
+    error = np.abs(got[normal] - want[normal]) / want[normal]
+    assert error.max() <= max_error, (error.max(), z[normal][error.argmax()])
+    assert np.all(got[~normal] <= np.finfo(dtype).tiny)
+    special = np.asarray(_softplus(np.array([np.nan, np.inf, -np.inf], dtype=dtype), ir_dtype).value)
+    assert np.isnan(special[0]) and special[1] == np.inf and special[2] == 0.0
 
 
 class TritonScanOps(nn.Module):
