@@ -306,7 +306,7 @@ def test_resume_from_another_models_checkpoint(data_root, reference_run, tmp_pat
     ckpt["model"] = {"fc.weight": torch.zeros(3, 4)}
     torch.save(ckpt, foreign)
     expect_usage_error(capsys, quick_args(data_root, output, 2) + ["--resume", str(foreign)],
-                       "missing key", "unexpected key(s): fc.weight")
+                       "missing keys (", "unexpected keys (1): fc.weight")
     assert not output.exists()
     expect_usage_error(capsys, ["--model", "test_resnet", "--checkpoint", checkpoint,
                                 "--data-dir", str(data_root)], "trained as 'test_convnext'",
@@ -316,8 +316,8 @@ def test_resume_from_another_models_checkpoint(data_root, reference_run, tmp_pat
     message = expect_usage_error(
         capsys, ["--model", "test_resnet", "--checkpoint", str(plain), "--data-dir",
                  str(data_root), "--device", "cpu"],
-        "does not fit model 'test_resnet' with 3 classes", "missing key(s): ", "conv1.0.weight",
-        "unexpected key(s): ", "stem.0.weight", cli=eval_cli)
+        "does not fit model 'test_resnet' with 3 classes", "missing keys (", "conv1.0.weight",
+        "unexpected keys (", "stem.0.weight", cli=eval_cli)
     assert message.count("does not fit") == 1 and len(message) < 1500, message
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from vmamba2d.models.weights import key_mismatch_parts
 from vmamba2d.training import BEST_NAME, LAST_NAME  # noqa: F401  (re-exported for the scripts)
 
 from .errors import UsageError
@@ -62,22 +63,10 @@ def check_state_dict_matches(model: torch.nn.Module, state_dict: dict[str, torch
                          + describe_key_mismatch(missing, unexpected, mis_shaped))
 
 
-def _first(items: list[str], limit: int = 5) -> str:
-    return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit
-                                       else "")
-
-
 def describe_key_mismatch(missing: list[str], unexpected: list[str],
                           mis_shaped: list[str]) -> str:
-    """'N missing key(s): a, b, ...; M unexpected key(s): ...; K shape mismatch(es): ...'."""
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} missing key(s): {_first(missing)}")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected key(s): {_first(unexpected)}")
-    if mis_shaped:
-        parts.append(f"{len(mis_shaped)} shape mismatch(es): {_first(mis_shaped)}")
-    return "; ".join(parts)
+    """'missing keys (N): a, b, ...; unexpected keys (M): ...; shape mismatches (K): ...'."""
+    return "; ".join(key_mismatch_parts(missing, unexpected, mis_shaped, limit=5))
 
 
 def describe_load_error(error: Exception) -> str:

@@ -23,7 +23,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from contextlib import contextmanager
-from typing import Dict, Iterator
+from typing import Dict, Iterator, List, Sequence
 
 import torch
 import torch.nn as nn
@@ -97,9 +97,18 @@ def convert_official_vmamba(state_dict: Mapping) -> Dict[str, Tensor]:
     return {_native_name(key): value for key, value in state_dict.items()}
 
 
-def _listed(keys: list) -> str:
-    shown = ", ".join(keys[:_MAX_LISTED])
-    return shown + (f", ... ({len(keys) - _MAX_LISTED} more)" if len(keys) > _MAX_LISTED else "")
+def listed_keys(keys: Sequence[str], limit: int = _MAX_LISTED) -> str:
+    """The first ``limit`` keys, comma-separated, and how many more there are."""
+    shown = ", ".join(keys[:limit])
+    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def key_mismatch_parts(missing: Sequence[str], unexpected: Sequence[str], mis_shaped: Sequence[str] = (),
+                       limit: int = _MAX_LISTED) -> List[str]:
+    """A state dict's mismatch with a model, one line per non-empty list: 'missing keys (N): ...',
+    'unexpected keys (N): ...', 'shape mismatches (N): ...' (the first ``limit`` of each)."""
+    kinds = (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", mis_shaped))
+    return [f"{kind} ({len(items)}): {listed_keys(list(items), limit)}" for kind, items in kinds if items]
 
 
 def checkpoint_filter_fn(state_dict: Mapping, model: nn.Module) -> Dict[str, Tensor]:
@@ -140,13 +149,7 @@ def checkpoint_filter_fn(state_dict: Mapping, model: nn.Module) -> Dict[str, Ten
         if tuple(converted[k].shape) != tuple(target[k].shape)
     ]
     if missing or unexpected or mismatched:
-        problems = []
-        if missing:
-            problems.append(f"missing keys ({len(missing)}): {_listed(missing)}")
-        if unexpected:
-            problems.append(f"unexpected keys ({len(unexpected)}): {_listed(unexpected)}")
-        if mismatched:
-            problems.append(f"shape mismatches ({len(mismatched)}): {_listed(mismatched)}")
+        problems = key_mismatch_parts(missing, unexpected, mismatched)
         raise ValueError(
             "checkpoint does not match the model (expected a VMamba v2 / 2DVMamba checkpoint of the same "
             "variant, native or official layout): " + "; ".join(problems)

@@ -18,19 +18,14 @@ from timm.layers import LayerNorm2d
 from torch.nn.modules.batchnorm import _BatchNorm
 
 import vmamba2d  # noqa: F401  (registers the vmamba2d_* / vmamba_* timm models)
+from vmamba2d.models.weights import listed_keys
 
 from .complexity import warn_if_scans_untraceable
 from .errors import MissingFileError
 from .pretrained import classification_weights, load_matching_weights, read_checkpoint, strip_prefix
 
-_MAX_LISTED = 20
 _INIT_CFG_KEYS = {"type", "checkpoint", "prefix", "trusted"}
 _NORM_TYPES = (_BatchNorm, nn.LayerNorm, nn.GroupNorm)  # timm's LayerNorm2d is an nn.LayerNorm
-
-
-def _listed(keys: List[str]) -> str:
-    shown = ", ".join(keys[:_MAX_LISTED])
-    return shown + (f", ... ({len(keys) - _MAX_LISTED} more)" if len(keys) > _MAX_LISTED else "")
 
 
 class VMamba2DBackbone(BaseModule):
@@ -213,9 +208,9 @@ class VMamba2DBackbone(BaseModule):
             missing, unexpected = load_matching_weights(self.model, classification_weights(state_dict), source)
         message = f"{type(self).__name__} ({self.model_name}): loaded {source}"
         if missing:
-            message += f"\n  missing keys ({len(missing)}): {_listed(missing)}"
+            message += f"\n  missing keys ({len(missing)}): {listed_keys(missing)}"
         if unexpected:
-            message += f"\n  unexpected keys ({len(unexpected)}): {_listed(unexpected)}"
+            message += f"\n  unexpected keys ({len(unexpected)}): {listed_keys(unexpected)}"
             built = len(self.model.stages) if hasattr(self.model, "stages") else None
             if built is not None and any(key.removeprefix("model.").startswith(f"stages.{built}.")
                                          for key in unexpected):
