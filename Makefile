@@ -17,7 +17,7 @@ $(PY):
 
 # Torch first (pinned by constraints.txt), then the package built against it without build
 # isolation, so pip never swaps the torch build or downloads a second one for the build.
-$(STAMP): $(PY) setup.py constraints.txt $(wildcard csrc/*/*)
+$(STAMP): $(PY) setup.py pyproject.toml constraints.txt $(wildcard csrc/*/*)
 	$(PIP) install -c constraints.txt torch torchvision "setuptools>=64" wheel ninja
 	$(PIP) install -c constraints.txt --no-build-isolation -e ".[dev,seg,det,mil,onnx]"
 	$(PY) -c "import vmamba2d.ops as o; print('vmamba2d backends:', o.backend_info())"
@@ -26,7 +26,7 @@ $(STAMP): $(PY) setup.py constraints.txt $(wildcard csrc/*/*)
 setup: $(STAMP)
 
 demo: setup
-	$(PY) tools/demo.py
+	$(VENV)/bin/vmamba2d-demo
 
 test: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

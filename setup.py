@@ -19,13 +19,12 @@ Environment variables:
 """
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
 import sys
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -49,15 +48,6 @@ def _source_paths(folder: str, *patterns: str) -> list[Path]:
 
 def _sources(folder: str, *patterns: str) -> list[str]:
     return [str(p.relative_to(ROOT)) for p in _source_paths(folder, *patterns)]
-
-
-def _package_version() -> str:
-    """``__version__`` of vmamba2d/__init__.py, read without importing the package (needs torch)."""
-    tree = ast.parse((ROOT / "vmamba2d" / "__init__.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise RuntimeError("vmamba2d/__init__.py defines no __version__ = '...'")
 
 
 class BuildPyWithKernelSources(build_py):
@@ -161,61 +151,8 @@ def _extensions() -> tuple[list, dict]:
 
 ext_modules, ext_cmdclass = _extensions()
 
+# Metadata, dependencies, commands and package data: pyproject.toml.
 setup(
-    name="vmamba2d",
-    version=_package_version(),
-    description="2D selective state-space vision backbones (2DVMamba) for PyTorch, timm and mmseg",
-    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
-    long_description_content_type="text/markdown",
-    license="MIT",
-    license_files=["LICENSE"],
-    keywords=["mamba", "state space model", "selective scan", "vision backbone", "timm", "pytorch"],
-    classifiers=[
-        "Development Status :: 3 - Alpha",
-        "Intended Audience :: Science/Research",
-        "Intended Audience :: Developers",
-        "Operating System :: POSIX :: Linux",
-        "Environment :: GPU :: NVIDIA CUDA",
-        "Programming Language :: Python :: 3",
-        "Programming Language :: C++",
-        "Topic :: Scientific/Engineering :: Artificial Intelligence",
-        "Topic :: Scientific/Engineering :: Image Recognition",
-    ],
-    python_requires=">=3.9",
-    packages=find_packages(include=["vmamba2d", "vmamba2d.*"]),
-    package_data={"vmamba2d": ["assets/*"]},
     ext_modules=ext_modules,
     cmdclass={"build_py": BuildPyWithKernelSources, **ext_cmdclass},
-    install_requires=[
-        "torch>=2.4",
-        "ninja",  # torch.utils.cpp_extension needs it for the CPU kernel's JIT build
-        "timm>=1.0.15,<2",
-        "numpy",
-        "safetensors>=0.4",
-        "fvcore>=0.1.5",
-        "pyyaml",
-        "tqdm>=4.60",
-        "pillow>=9",
-        "matplotlib>=3.5",
-    ],
-    extras_require={
-        "seg": [
-            "mmengine>=0.10,<1.0",
-            "mmsegmentation==1.2.2",
-            "mmcv-lite==2.1.0",
-            "torchvision",
-            "ftfy",
-            "regex",
-        ],
-        "det": [
-            "mmengine>=0.10,<1.0",
-            "mmdet==3.3.0",
-            "mmcv-lite==2.1.0",
-            "torchvision",
-            "pycocotools>=2.0",
-        ],
-        "mil": ["h5py>=3", "scikit-learn>=1.2", "scikit-survival>=0.22"],
-        "dev": ["pytest>=7", "pytest-xdist>=3", "build>=1"],
-        "onnx": ["onnx>=1.23", "onnxscript>=0.7", "onnx-ir>=1.1", "onnxruntime>=1.32"],
-    },
 )

@@ -1,6 +1,6 @@
 """Parameters and FLOPs of a whole detector (fvcore, one multiply-add = one flop).
 
-    python det/get_flops.py configs/det/mask-rcnn_vmamba2d-tiny_fpn_1x_coco.py --shape 1280 800
+    python det/get_flops.py vmamba2d/configs/det/mask-rcnn_vmamba2d-tiny_fpn_1x_coco.py --shape 1280 800
 
 FLOPs are those of mmdet's ``mode='tensor'`` forward on one image (backbone, neck, RPN head and the
 RoI heads on the RPN's proposals; VMamba reports Mask R-CNN FLOPs this way at 1280 x 800), counted

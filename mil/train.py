@@ -3,7 +3,7 @@
     python mil/train.py --config bracs --feature-dir FEATURES --output runs/bracs
     python mil/train.py --config bracs --feature-dir FEATURES --output runs/bracs --resume
 
-Options: ``python mil/train.py --help``; configs under configs/mil/. See vmamba2d/mil/runner.py
+Options: ``python mil/train.py --help``; configs under vmamba2d/configs/mil/. See vmamba2d/mil/runner.py
 for the run-folder layout.
 """
 import sys

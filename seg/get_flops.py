@@ -1,6 +1,6 @@
 """Parameters and FLOPs of a whole segmentor (fvcore, one multiply-add = one flop).
 
-    python seg/get_flops.py configs/seg/upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py --shape 512 2048
+    python seg/get_flops.py vmamba2d/configs/seg/upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py --shape 512 2048
 
 FLOPs are those of inference on one image (backbone + decode head; the auxiliary head is
 training-only), counted by vmamba2d.flops.flops_by_operator: each selective scan is one custom-op

@@ -80,7 +80,7 @@ def test_posterize_matches_pillow_before_13_down_to_zero_bits(mode):
 def test_recipe_augmentation_survives_the_top_of_the_magnitude_range():
     """3,000 draws seeded as the training loader seeds them (seed 0, epoch 0, index i): the
     posterize ops are asked for 0 bits several times, and every draw gives an image."""
-    recipe = yaml.safe_load((REPO / "configs" / "classification" / "vmamba2d_tiny.yaml")
+    recipe = yaml.safe_load((REPO / "vmamba2d" / "configs" / "classification" / "vmamba2d_tiny.yaml")
                             .read_text())["aa"]
     transform = recipe_transform(recipe)
     asked = record_posterize_bits(transform)

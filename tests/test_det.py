@@ -27,7 +27,7 @@ from mmengine.registry import DefaultScope  # noqa: E402
 from script_loading import load_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs" / "det"
+CONFIGS = ROOT / "vmamba2d" / "configs" / "det"
 TINY_DET_CONFIG = CONFIGS / "mask-rcnn_vmamba2d-tiny_fpn_1x_coco.py"
 CLASSES = ("square", "triangle")
 IMAGE_SIZE = (96, 128)  # height, width of the generated images

@@ -16,8 +16,8 @@ from vmamba2d.models import SS2D
 from vmamba2d.models import packed_conv
 from vmamba2d.models.packed_conv import PackedWeightConv2d
 from vmamba2d.models.vmamba import PointwiseMlp
+from vmamba2d.cli import erf as erf_cli
 
-from script_loading import load_tool
 
 MODELS = ["vmamba2d_tiny", "vmamba2d_small", "vmamba2d_base", "vmamba_tiny", "vmamba_small", "vmamba_base"]
 
@@ -317,7 +317,7 @@ def test_corner_routes_keep_the_checkpoint_layout():
 
 
 def test_erf_tool_draws_the_corner_route_model(tmp_path):
-    tool = load_tool("erf")
+    tool = erf_cli
     args = tool.parse_args(["--models", "vmamba2d_tiny", "--random-init", "--num-images", "1", "--input-size", "64",
                             "--out", str(tmp_path), "--device", "cpu", "--model-kwargs", "routes=corners"])
     assert args.model_kwargs == {"routes": "corners"}

@@ -1,4 +1,4 @@
-"""ONNX export of the models (vmamba2d.export, tools/export_onnx.py): onnxruntime against eager
+"""ONNX export of the models (vmamba2d.export, vmamba2d-export-onnx): onnxruntime against eager
 PyTorch (the compiled CPU kernels) on small configurations."""
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from vmamba2d.export.mil_onnx import export_mil_onnx, mil_max_relative_error, ra
 from vmamba2d.export.onnx_export import INPUT_NAME, export_onnx, max_relative_error, onnx_session
 from vmamba2d.export.onnx_registry import register_if_onnx_installed
 from vmamba2d.export.onnx_scan import selective_scan_2d_onnx
+from vmamba2d.cli import export_onnx as export_onnx_cli
 from vmamba2d.mil.models import MambaMIL2D
 
-from script_loading import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(depths=(1, 1), dims=16)  # two stages: small graphs, quick exports
@@ -126,7 +126,7 @@ def test_cli_exports_a_checkpoint_and_checks_it(tmp_path, capsys):
     checkpoint = tmp_path / "weights.pth"
     torch.save(trained.state_dict(), checkpoint)
     out = tmp_path / "model.onnx"
-    code = load_tool("export_onnx").main([
+    code = export_onnx_cli.main([
         "vmamba_tiny", str(out), "--img-size", "32", "40", "--checkpoint", str(checkpoint),
         "--model-kwargs", "depths=[1,1]", "dims=16", "--dynamic", "--check",
     ])
@@ -153,7 +153,7 @@ def test_export_functions_refuse_an_opset_below_18(tmp_path):
 
 def test_cli_refuses_clearly_without_the_onnx_extra(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # import onnxscript -> ImportError
-    code = load_tool("export_onnx").main(["vmamba2d_tiny", str(tmp_path / "m.onnx")])
+    code = export_onnx_cli.main(["vmamba2d_tiny", str(tmp_path / "m.onnx")])
     err = capsys.readouterr().err
     assert code == 2
     assert "missing: onnxscript" in err and 'pip install "vmamba2d[onnx]"' in err
@@ -172,7 +172,7 @@ def test_cli_refuses_clearly_without_the_onnx_extra(tmp_path, monkeypatch, capsy
 ])
 def test_cli_rejects_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        load_tool("export_onnx").parse_args(argv)
+        export_onnx_cli.parse_args(argv)
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
 
@@ -248,7 +248,7 @@ def test_cli_exports_a_mil_checkpoint_that_matches_eager_on_bags(tmp_path, capsy
     checkpoint = tmp_path / "mil.pth"
     torch.save({"model": model.state_dict(), "model_config": model.config}, checkpoint)
     out = tmp_path / "slide.onnx"
-    code = load_tool("export_onnx").main(["mambamil2d", str(out), "--checkpoint", str(checkpoint), "--check",
+    code = export_onnx_cli.main(["mambamil2d", str(out), "--checkpoint", str(checkpoint), "--check",
                                           "--bench", "30", "--iters", "1", "--threads", "1"])
     printed = capsys.readouterr().out
     assert code == 0

@@ -24,8 +24,8 @@ from vmamba2d.openmmlab.mmcv_compat import compiled_mmcv_ops_available  # noqa: 
 from script_loading import load_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((ROOT / "configs" / "seg").glob("upernet_*.py"))
-TINY_CONFIG = ROOT / "configs" / "seg" / "upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py"
+CONFIGS = sorted((ROOT / "vmamba2d" / "configs" / "seg").glob("upernet_*.py"))
+TINY_CONFIG = ROOT / "vmamba2d" / "configs" / "seg" / "upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py"
 TINY_DIMS = (16, 32, 64, 128)
 
 register_all_modules(init_default_scope=False)

@@ -24,7 +24,7 @@ from mmseg.registry import MODELS  # noqa: E402
 from vmamba2d.seg.mmseg_tools import mmseg_tools_dir, resolve_tool, run_tool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "seg" / "upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py"
+CONFIG = ROOT / "vmamba2d" / "configs" / "seg" / "upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py"
 # the config's model shrunk to backbone dims 16..128 and one block per stage
 TINY_MODEL = dict(
     backbone=dict(init_cfg=None, model_kwargs=dict(dims=16, depths=[1, 1, 1, 1])),

@@ -1,4 +1,4 @@
-"""Tests of the ERF library / CLI (vmamba2d.erf, tools/erf.py), tools/flops.py and tools/demo.py."""
+"""Tests of the ERF library / CLI (vmamba2d.erf, vmamba2d-erf), vmamba2d-flops and vmamba2d-demo (vmamba2d.cli)."""
 from __future__ import annotations
 
 import csv
@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from vmamba2d import erf
-
-from script_loading import load_tool
+from vmamba2d.cli import demo as demo_cli, erf as erf_cli, flops as flops_cli
 
 
 class NaNForFlaggedImages(nn.Module):
@@ -163,7 +162,7 @@ def test_one_d_scans_concentrate_on_the_centre_cross():
 
 @pytest.mark.slow
 def test_erf_cli_writes_maps_grid_and_tables(tmp_path):
-    tool = load_tool("erf")
+    tool = erf_cli
     args = tool.parse_args(["--models", "resnet18", "vmamba2d_tiny", "--random-init", "--num-images", "2",
                             "--input-size", "64", "--out", str(tmp_path), "--device", "cpu"])
     results = tool.run(args)
@@ -182,7 +181,7 @@ def test_erf_cli_writes_maps_grid_and_tables(tmp_path):
 
 
 def test_erf_cli_rejects_bad_arguments():
-    tool = load_tool("erf")
+    tool = erf_cli
     with pytest.raises(SystemExit):
         tool.parse_args(["--models", "a", "b", "--checkpoints", "x.pth"])
     with pytest.raises(ValueError, match="checkpoint"):
@@ -191,7 +190,7 @@ def test_erf_cli_rejects_bad_arguments():
 
 @pytest.mark.slow
 def test_flops_tool_matches_the_scan_formula(tmp_path):
-    tool = load_tool("flops")
+    tool = flops_cli
     assert tool.parse_input_size("512x2048") == (512, 2048) and tool.parse_input_size("96") == (96, 96)
     out = tmp_path / "flops.md"
     rows = tool.run(tool.parse_args(["--models", "vmamba_tiny", "vmamba2d_tiny", "--input-sizes", "64x96",
@@ -211,7 +210,7 @@ def test_flops_tool_matches_the_scan_formula(tmp_path):
 
 @pytest.mark.slow
 def test_flops_tool_matches_timms_published_convnext_numbers():
-    tool = load_tool("flops")
+    tool = flops_cli
     (row,) = tool.run(tool.parse_args(["--models", "convnext_tiny", "--input-sizes", "224"]))
     # timm's results table: convnext_tiny at 224, 4.47 GMACs, 28.59 M params.
     assert row["flops"] / 1e9 == pytest.approx(4.47, abs=0.01)
@@ -234,7 +233,7 @@ def test_feature_model_loads_a_checkpoint_file(tmp_path):
 
 @pytest.mark.slow
 def test_demo_erf_step_writes_figure_and_table(tmp_path, capsys):
-    demo = load_tool("demo")
+    demo = demo_cli
     path = demo.demo_erf(tmp_path, input_size=32, num_images=1, mixer_size=16, mixer_maps_count=2)
     assert path == tmp_path / "erf_demo.png" and path.stat().st_size > 10_000
     with open(tmp_path / "erf_demo.csv") as handle:

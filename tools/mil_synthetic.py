@@ -4,7 +4,7 @@ Writes a synthetic dataset (h5 slide files + labels.csv), trains 2DMambaMIL, its
 the raster canvas as a 1D sequence (the 1D reference of docs/mil.md), the 1D MambaMIL (tissue
 tokens) and the paper's other baselines (ABMIL, CLAM-SB, DSMIL, TransMIL, S4MIL, MambaMIL with
 SRMamba) on it through the real training CLI (``mil/train.py`` options of
-configs/mil/synthetic.yaml), and writes a Markdown table: test AUC at the epoch chosen on val, the per-epoch test AUC curve,
+vmamba2d/configs/mil/synthetic.yaml), and writes a Markdown table: test AUC at the epoch chosen on val, the per-epoch test AUC curve,
 the first epoch reaching 0.95 and the time per epoch.
 
     python tools/mil_synthetic.py --out benchmarks/mil_synthetic.md --work out/mil_synthetic
@@ -42,7 +42,7 @@ MODELS = {
 }
 # Models with the Mamba init options that --reference-settings switches.
 SSM_MODELS = ("mambamil2d", "mambamil", "mambamil_sr")
-# configs/mil/synthetic.yaml, spelled out so that the bag model gets only the options it has.
+# vmamba2d/configs/mil/synthetic.yaml, spelled out so that the bag model gets only the options it has.
 TRAINING = ["--task", "classification", "--label-map", "negative=0", "positive=1",
             "--lr", "1e-3", "--weight-decay", "1e-5", "--scheduler", "cosine", "--shuffle",
             "--select", "best", "--select-metric", "auc"]
@@ -142,7 +142,7 @@ def write_table(args, rows, curves) -> None:
             "over pad cells too, PyTorch's default Linear init." if args.reference_settings else "") + (
             " CONTROL: every patch moved to a random cell of its slide (`--shuffled-cells`), so "
             "the labels carry no signal." if args.shuffled_cells else ""),
-        f"Training: `configs/mil/synthetic.yaml` (Mamba rows: D = 32, N = 8, E = 64, 1 block; the "
+        f"Training: `vmamba2d/configs/mil/synthetic.yaml` (Mamba rows: D = 32, N = 8, E = 64, 1 block; the "
         f"other baselines 32 wide, options in `tools/mil_synthetic.py`; AdamW lr 1e-3, "
         f"wd 1e-5, cosine, {args.epochs} epochs, one slide per step, shuffled), seed {args.seed}, "
         f"device {args.device}, {args.threads} torch thread(s), {platform.processor() or 'CPU'} "

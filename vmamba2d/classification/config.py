@@ -1,7 +1,7 @@
 """Training options: built-in recipe defaults < YAML recipe (``--config``) < command-line flags.
 
 The built-in defaults are the ImageNet-1K recipe of docs/training.md (Swin recipe + EMA); the YAML files
-under ``configs/classification/`` restate it per model with that model's drop-path rate.
+under ``vmamba2d/configs/classification/`` restate it per model with that model's drop-path rate.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from vmamba2d.training.options import config_file_values, parse_key_values
 from .auto_augment import check_auto_augment
 from .errors import UsageError
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "classification"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "classification"
 AMP_CHOICES = ("bf16", "fp16", "none")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 INTERPOLATION_CHOICES = ("bilinear", "bicubic", "nearest", "random")
@@ -118,7 +118,7 @@ def build_train_parser() -> argparse.ArgumentParser:
         description="Train an image classifier (any timm model; vmamba2d models registered) on an "
                     "ImageNet-layout folder: <data-dir>/train/<class>/*, <data-dir>/val/<class>/*.",
         argument_default=argparse.SUPPRESS)
-    p.add_argument("--config", help="recipe YAML, or a name under configs/classification/")
+    p.add_argument("--config", help="recipe YAML, or a name under vmamba2d/configs/classification/")
     p.add_argument("--model", help="timm model name, e.g. vmamba2d_tiny")
     p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE",
                    help="extra model arguments, e.g. depths=[1,1,1,1] (YAML values)")

@@ -6,7 +6,7 @@ from vmamba2d.det.runtime import check_coco_paths
 from vmamba2d.openmmlab.commands import Column, EvaluateCommand, FlopsCommand, TrainCommand
 
 TRAIN = TrainCommand("Train a detector (mmdet config).",
-                     config_example="configs/det/mask-rcnn_vmamba2d-tiny_fpn_1x_coco.py",
+                     config_example="vmamba2d/configs/det/mask-rcnn_vmamba2d-tiny_fpn_1x_coco.py",
                      check_dataset=check_coco_paths)
 
 TEST = EvaluateCommand("Evaluate a detector checkpoint (COCO box / mask AP).",

@@ -2,7 +2,7 @@
 
 The defaults are the official 2DMambaMIL protocol (docs/mil.md): AdamW lr 1e-4, weight decay 1e-5,
 20 epochs, one slide per step, cosine schedule stepped per epoch for classification (none for
-survival), fp32. The YAML files under ``configs/mil/`` hold one dataset / task each.
+survival), fp32. The YAML files under ``vmamba2d/configs/mil/`` hold one dataset / task each.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from ..training.options import config_file_values, parse_key_values
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "mil"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "mil"
 TASKS = ("classification", "survival")
 MODEL_NAMES = ("mambamil2d", "mambamil", "abmil", "clam_sb", "dsmil", "transmil", "s4mil", "mambamil_sr")
 AMP_CHOICES = ("none", "bf16", "fp16")
@@ -106,7 +106,7 @@ def build_train_parser() -> argparse.ArgumentParser:
         description="Train 2DMambaMIL (or a baseline: --model) on per-slide feature "
                     "files: classification or survival, seeds x folds, with checkpoints and resume.",
         argument_default=argparse.SUPPRESS)
-    p.add_argument("--config", help="YAML file, or a name under configs/mil/ (e.g. bracs)")
+    p.add_argument("--config", help="YAML file, or a name under vmamba2d/configs/mil/ (e.g. bracs)")
     p.add_argument("--task", choices=TASKS)
     p.add_argument("--model", choices=MODEL_NAMES)
     p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE",

@@ -79,8 +79,9 @@ class TrainCommand:
 
     def parse_args(self, argv: Argv = None) -> argparse.Namespace:
         """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
-        parser = argparse.ArgumentParser(description=self.description)
-        parser.add_argument("config", help=f"config file, e.g. {self.config_example}")
+        parser = argparse.ArgumentParser(description=self.description,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("config", help=f"config file, or the name of a config this package ships (--list prints them), e.g. {self.config_example}")
         parser.add_argument("--work-dir", help="folder for logs and checkpoints (default ./work_dirs/<config name>)")
         parser.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
                             help="resume: without a value from the work dir's last complete checkpoint "
@@ -140,8 +141,9 @@ class EvaluateCommand:
 
     def parse_args(self, argv: Argv = None) -> argparse.Namespace:
         """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
-        parser = argparse.ArgumentParser(description=self.description)
-        parser.add_argument("config", help="config file")
+        parser = argparse.ArgumentParser(description=self.description,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("config", help="config file, or the name of a config this package ships (--list prints them)")
         parser.add_argument("checkpoint", help=self.checkpoint_help)
         parser.add_argument("--work-dir", help="folder for the evaluation log")
         if self.offers_tta:
@@ -214,8 +216,9 @@ class FlopsCommand:
     def parse_args(self, argv: Argv = None) -> argparse.Namespace:
         """Parse the command line (``sys.argv[1:]`` when ``argv`` is None); ``--shape`` takes one or
         two positive ints."""
-        parser = argparse.ArgumentParser(description=self.description)
-        parser.add_argument("config", help="config file")
+        parser = argparse.ArgumentParser(description=self.description,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("config", help="config file, or the name of a config this package ships (--list prints them)")
         parser.add_argument("--shape", type=int, nargs="+", default=list(self.default_shape),
                             help="input height and width (one value: square)")
         parser.add_argument("--cfg-options", nargs="+", action=DictAction, default=None,

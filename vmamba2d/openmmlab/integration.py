@@ -1,23 +1,22 @@
 """What ``import vmamba2d.seg`` and ``import vmamba2d.det`` both do before their toolkit is imported."""
 from __future__ import annotations
 
-import importlib.util
 from typing import Sequence
+
+from vmamba2d.extras import require_extra
 
 
 def require_packages(package: str, names: Sequence[str], extra: str, versions: str) -> None:
-    """Raise ImportError naming the pip extra when any of the modules ``names`` is not installed.
+    """Raise :class:`~vmamba2d.extras.MissingExtraError` (an ImportError naming the pip extra) when
+    any of the modules ``names`` is not installed.
 
     Args:
         package: the importing package, for the message (``"vmamba2d.det"``).
         names: top-level modules it needs (``("mmengine", "mmcv", "mmdet")``).
-        extra: the ``pip install -e .[extra]`` that provides them.
+        extra: the extra that provides them (``pip install "vmamba2d[extra]"``).
         versions: what the extra pins, for the message.
     """
-    missing = [name for name in names if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ImportError(f"{package} needs {', '.join(missing)}: install the {extra} extra, "
-                          f"`pip install -e .[{extra}]` ({versions})")
+    require_extra(package, names, extra, versions)
 
 
 def prepare_openmmlab() -> None:

@@ -6,7 +6,7 @@ from vmamba2d.openmmlab.complexity import segmentor_complexity
 from vmamba2d.seg.runtime import check_dataset_folders
 
 TRAIN = TrainCommand("Train a segmentor (mmseg config).",
-                     config_example="configs/seg/upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py",
+                     config_example="vmamba2d/configs/seg/upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py",
                      check_dataset=check_dataset_folders)
 
 TEST = EvaluateCommand("Evaluate a segmentor checkpoint (mIoU).",

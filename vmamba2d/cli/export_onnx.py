@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """Export a model of the zoo to a standard ONNX file (runs in onnxruntime, TensorRT, OpenVINO).
 
 Examples:
 
-    python tools/export_onnx.py vmamba2d_tiny out/vmamba2d_tiny.onnx --check
-    python tools/export_onnx.py vmamba_small out/vmamba_s.onnx --checkpoint w.pth --dynamic --check
-    python tools/export_onnx.py vmamba2d_tiny out/backbone.onnx --features-only --img-size 512 512
-    python tools/export_onnx.py vmamba2d_tiny out/ft.onnx --checkpoint ft.pth --model-kwargs num_classes=10
-    python tools/export_onnx.py mambamil2d out/slide.onnx --checkpoint runs/bracs/seed0/best.pth --check
+    vmamba2d-export-onnx vmamba2d_tiny out/vmamba2d_tiny.onnx --check
+    vmamba2d-export-onnx vmamba_small out/vmamba_s.onnx --checkpoint w.pth --dynamic --check
+    vmamba2d-export-onnx vmamba2d_tiny out/backbone.onnx --features-only --img-size 512 512
+    vmamba2d-export-onnx vmamba2d_tiny out/ft.onnx --checkpoint ft.pth --model-kwargs num_classes=10
+    vmamba2d-export-onnx mambamil2d out/slide.onnx --checkpoint runs/bracs/seed0/best.pth --check
 
 The file takes ``image`` (batch, 3, H, W) with a dynamic batch; H and W are fixed at --img-size
 unless --dynamic. ``mambamil2d`` (2DMambaMIL; --checkpoint a MIL checkpoint, or --model-kwargs
@@ -26,17 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from vmamba2d.export.mil_onnx import (  # noqa: E402
+from vmamba2d.export.mil_onnx import (
     COORDS_NAME, FEATURES_NAME, export_mil_onnx, mil_max_relative_error, random_bag,
 )
-from vmamba2d.export.onnx_export import (  # noqa: E402
+from vmamba2d.export.onnx_export import (
     INPUT_NAME, MIN_OPSET, MissingOnnxExtraError, export_onnx, max_relative_error, onnx_session, require_onnx_extra,
 )
-from vmamba2d.training.options import parse_key_values  # noqa: E402
+from vmamba2d.training.options import parse_key_values
 
 TOLERANCE = 1e-4  # max relative error of --check (fp32)
 MODEL_PREFIXES = ("vmamba2d_", "vmamba_")

@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Effective receptive fields of one or several timm backbones, side by side (RepLKNet's ERF).
 
 Example (the paper's comparison, trained weights, 50 ImageNet validation images at 1024x1024):
 
-    python tools/erf.py --models swin_tiny_patch4_window7_224 vmamba_tiny vmamba2d_tiny \
+    vmamba2d-erf --models swin_tiny_patch4_window7_224 vmamba_tiny vmamba2d_tiny \
         --checkpoints swin.pth vmamba_t.pth vmamba2d_t.pth --data /data/imagenet/val --out out/erf
 
 Writes to --out: erf_grid.png (titled heatmaps of log10(map + 1) / max), <model>.npy (the raw
@@ -13,15 +12,12 @@ t = 0.2 / 0.3 / 0.5 / 0.99, images used, NaN maps skipped).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from vmamba2d import erf  # noqa: E402
+from vmamba2d import erf
 
 NO_CHECKPOINT = "-"
 

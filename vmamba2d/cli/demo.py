@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """vmamba2d in a few minutes on a CPU: the op, the model, an image, and the ERF figure in miniature.
 
-    python tools/demo.py                        # random init (what `make demo` runs)
-    python tools/demo.py --checkpoint w.pth     # ImageNet top-5 on the bundled image
+    vmamba2d-demo                        # random init (what `make demo` runs)
+    vmamba2d-demo --checkpoint w.pth     # ImageNet top-5 on the bundled image
 
 1. The 2D selective scan on a model-sized input (batch 2, dim 384, 4 groups, N=1, 56x56) on the
    active backend: which backend ran and its forward / forward+backward time.
@@ -15,18 +14,15 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-import vmamba2d  # noqa: E402
-import vmamba2d.models  # noqa: E402,F401  (registers the timm models)
-from vmamba2d import erf  # noqa: E402
-from vmamba2d.ops import backend_info, resolve_backend, selective_scan_2d  # noqa: E402
+import vmamba2d
+import vmamba2d.models  # noqa: F401  (registers the timm models)
+from vmamba2d import erf
+from vmamba2d.ops import backend_info, resolve_backend, selective_scan_2d
 
 MIXER_DECADES = 5.0
 DEMO_IMAGE = Path(vmamba2d.__file__).resolve().parent / "assets" / "demo_landscape.jpg"

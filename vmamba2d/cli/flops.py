@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Parameters and FLOPs (fvcore convention: one multiply-add = one flop) of timm models.
 
 Example:
 
-    python tools/flops.py --models vmamba_tiny vmamba2d_tiny convnext_tiny \
+    vmamba2d-flops --models vmamba_tiny vmamba2d_tiny convnext_tiny \
         --input-sizes 224 512x2048 --breakdown --out benchmarks/flops.md
 
 Counts come from ``vmamba2d.flops.flops_by_operator`` (the analysis behind
@@ -14,12 +13,10 @@ Prints markdown tables and, with --out, writes them to a file.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torch import nn  # noqa: E402
+from torch import nn
 
 
 def parse_input_size(text: str) -> tuple[int, int]:
