@@ -6,18 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define SS2D_HD __host__ __device__
-#define SS2D_INLINE __forceinline__
-#define SS2D_UNROLL _Pragma("unroll")
-#define SS2D_PRAGMA(x) _Pragma(#x)
-#define SS2D_UNROLL_BY(n) SS2D_PRAGMA(unroll n)
-#else
-#define SS2D_HD
-#define SS2D_INLINE inline
-#define SS2D_UNROLL
-#define SS2D_UNROLL_BY(n)
-#endif
+#include "scan2d_macros.h"
 
 namespace vmamba2d {
 namespace scan2d {

@@ -1,0 +1,295 @@
+// RS, the v4 row-streaming forward of the 2D selective scan at N = 1 (docs/kernels.md, "v4"),
+// written once for two execution contexts like the v3 tiles (scan2d_tile.cuh):
+//   * RowsDeviceCtx (scan2d_rows_device.cuh): one CUDA thread per lane; each_lane runs the body for
+//     the calling lane, the shuffles are __shfl_*_sync over the full warp, views are raw pointers;
+//   * the host context (scan2d_rows_emulate.cpp): one CPU thread runs the 32 lanes of a warp one
+//     after another in a chosen order, the shuffles move values between the lanes' slots, and
+//     every global access is bounds-, alignment- and race-checked.
+// Rules that keep the two equivalent: state that lives across each_lane calls is indexed by
+// ctx.slot(lane); lanes exchange values only through the shuffles, which are called between
+// each_lane phases (every lane reaches them); a lane touches global memory only inside each_lane.
+//
+// The design: a warp holds M maps (consecutive (batch, channel) planes); each map is a segment of
+// S = ceil(W / V) lanes and each lane owns V consecutive columns of it. The warp streams the map's
+// rows in route order (bottom-up for from_bottom routes), with the next P rows of u, delta, B and
+// C already loaded into registers (one vector access per tensor and lane and row where the plan
+// allows, RowsPlan::load). Per row and lane: dt = softplus(delta + bias), Abar = exp(dt * A),
+// x = dt * B * u; the row scan hh[j] = Abar[j] * hh[j - 1] + x[j] as an in-lane scan of the (Abar,
+// x) pairs, a segmented warp scan (shuffles up) of the lanes' aggregates and a second in-lane pass
+// from the lane's carry-in; the vertical pass h = Abar * h_above + hh with h_above in registers
+// (columns-first routes run the vertical pass first, flat routes carry h from a row's last cell
+// into the next row instead); y = C * h + D * u, one store per chunk. No shared memory, no
+// barrier, no padding cells; the only global traffic is the inputs read once and y written once.
+#pragma once
+
+#include "scan2d_math.cuh"
+#include "scan2d_rows_common.h"
+
+namespace vmamba2d {
+namespace rows {
+
+using scan2d::exp2_flush;
+using scan2d::kLog2e;
+using scan2d::softplus;
+
+// std::conditional without the standard library (NVRTC).
+template <bool kFirst, class A, class B>
+struct Pick {
+  using type = A;
+};
+template <class A, class B>
+struct Pick<false, A, B> {
+  using type = B;
+};
+
+// E: the element type's traits (Raw, the storage type; to_float / from_float, round to nearest
+// even), from the device or the host file. kV columns per lane, kLoad elements per global access
+// (kV or 1), kOrder and kFromRight: the route's passes (Order); kPrefetch rows loaded ahead.
+template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch>
+struct RowsForward {
+  using Raw = typename E::Raw;
+  static constexpr int kChunks = kV / kLoad;
+  static_assert(kLoad == kV || kLoad == 1, "a lane's columns load as one vector or one by one");
+  static_assert(kPrefetch >= 1, "at least the next row is loaded ahead");
+
+  // A lane's registers that live across the phases of a row and from row to row.
+  struct Lane {
+    bool active;        // a real map and a lane of its segment
+    int s;              // position in the segment (route order)
+    int last;           // the segment's last lane (flat routes' carry)
+    unsigned valid;     // bit j: chunk j is inside the row (and the lane is active)
+    long long at_u;     // u / y: plane start + memory column of chunk 0
+    long long at_d;     // delta
+    long long at_bc;    // B / C
+    float a2;           // A[d] * log2(e)
+    float bias;
+    float skip;         // D[d]
+    Raw u[kPrefetch][kV];
+    Raw d[kPrefetch][kV];
+    Raw b[kPrefetch][kV];
+    Raw c[kPrefetch][kV];
+    float above[kV];    // rows first: h of the row above; columns first: v of the row above
+    float carry;        // flat: h at the previous row's last cell
+    float abar[kV];
+    float x[kV];
+  };
+
+  // Element k of a lane's columns in route order lives at this index of its load buffers (a
+  // from_right route walks each chunk's memory elements backwards).
+  static SS2D_HD SS2D_INLINE constexpr int at(int k) {
+    return kFromRight ? (k / kLoad) * kLoad + (kLoad - 1 - k % kLoad) : k;
+  }
+  // Memory column offset of chunk j from the lane's first one.
+  static SS2D_HD SS2D_INLINE constexpr int chunk_step(int j) { return kFromRight ? -j * kLoad : j * kLoad; }
+
+  template <class Ctx, class View>
+  static SS2D_HD SS2D_INLINE void load_row(Ctx& ctx, const View& view, long long at_lane, int row_off,
+                                           unsigned valid, Raw (&dst)[kV]) {
+SS2D_UNROLL
+    for (int j = 0; j < kChunks; ++j) {
+      if ((valid >> j) & 1u) ctx.template load<kLoad>(view, at_lane + row_off + chunk_step(j), &dst[j * kLoad]);
+    }
+  }
+
+  // The in-lane row scan from carry-in h0: x[k] becomes hh[k].
+  static SS2D_HD SS2D_INLINE void lane_scan(Lane& l, float h0) {
+    float h = h0;
+SS2D_UNROLL
+    for (int k = 0; k < kV; ++k) {
+      h = fmaf(l.abar[k], h, l.x[k]);
+      l.x[k] = h;
+    }
+  }
+
+  // y of the lane's columns: fp32 (kF32) or the inputs' type.
+  template <bool kF32, class Ctx, class YView>
+  static SS2D_HD SS2D_INLINE void store_row(Ctx& ctx, const YView& y, const Lane& l, int row_off,
+                                            const float (&out)[kV]) {
+    typename Pick<kF32, float, Raw>::type v[kV];
+SS2D_UNROLL
+    for (int k = 0; k < kV; ++k) {
+      if constexpr (kF32) {
+        v[at(k)] = out[k];
+      } else {
+        v[at(k)] = E::from_float(out[k]);
+      }
+    }
+SS2D_UNROLL
+    for (int j = 0; j < kChunks; ++j) {
+      if ((l.valid >> j) & 1u) ctx.template store<kLoad>(y, l.at_u + row_off + chunk_step(j), &v[j * kLoad]);
+    }
+  }
+
+  // One warp item: maps item * M .. item * M + M - 1 (RowsParams).
+  template <class Ctx>
+  static SS2D_HD void run(Ctx& ctx, const RowsParams& p, long long item) {
+    constexpr int K = Ctx::kLanes;
+    const int H = p.height;
+    const int W = p.width;
+    const long long L = static_cast<long long>(H) * W;
+    const long long maps = static_cast<long long>(p.batch) * p.dim;
+    const int S = p.seg_lanes;
+    const int M = p.maps_per_warp;
+    const int row_step = p.from_bottom ? -W : W;
+    const int first_row = p.from_bottom ? (H - 1) * W : 0;
+    const auto u = ctx.global(static_cast<const Raw*>(p.u), maps * L);
+    const auto delta = ctx.global(static_cast<const Raw*>(p.delta), (p.batch - 1) * p.delta_planes * L + p.dim * L);
+    const auto bcount = (p.batch - 1) * p.bc_planes * L + p.groups * L;
+    const auto B = ctx.global(static_cast<const Raw*>(p.B), bcount);
+    const auto C = ctx.global(static_cast<const Raw*>(p.C), bcount);
+    const auto y_t = ctx.global(static_cast<Raw*>(p.y), p.y_fp32 ? 0 : maps * L);
+    const auto y_f = ctx.global(static_cast<float*>(p.y), p.y_fp32 ? maps * L : 0);
+
+    Lane lanes[K];
+    float sa[K], sb[K], ta[K], tb[K];
+    int last[K];
+
+    ctx.each_lane([&](int lane) {
+      Lane& l = lanes[ctx.slot(lane)];
+      const int m = lane / S;
+      const long long map = item * M + m;
+      l.s = lane - m * S;
+      l.last = m * S + S - 1 < kWarpLanes ? m * S + S - 1 : kWarpLanes - 1;
+      l.active = m < M && map < maps;
+      const int b = l.active ? static_cast<int>(map / p.dim) : 0;
+      const int d = l.active ? static_cast<int>(map - static_cast<long long>(b) * p.dim) : 0;
+      const int g = d / (p.dim / p.groups);
+      const int col = kFromRight ? W - l.s * kV - kLoad : l.s * kV;
+      l.valid = 0;
+SS2D_UNROLL
+      for (int j = 0; j < kChunks; ++j) {
+        l.valid |= (l.active && l.s * kV + j * kLoad < W) ? 1u << j : 0u;
+      }
+      l.at_u = map * L + col;
+      l.at_d = (static_cast<long long>(b) * p.delta_planes + d) * L + col;
+      l.at_bc = (static_cast<long long>(b) * p.bc_planes + g) * L + col;
+      l.a2 = l.active ? p.A[d] * kLog2e : 0.f;
+      l.bias = l.active && p.delta_bias != nullptr ? p.delta_bias[d] : 0.f;
+      l.skip = l.active && p.D != nullptr ? p.D[d] : 0.f;
+      l.carry = 0.f;
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) l.above[k] = 0.f;
+SS2D_UNROLL
+      for (int r = 0; r < kPrefetch; ++r) {
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) l.u[r][k] = l.d[r][k] = l.b[r][k] = l.c[r][k] = Raw();
+        if (r < H) {
+          const int off = first_row + r * row_step;
+          load_row(ctx, u, l.at_u, off, l.valid, l.u[r]);
+          load_row(ctx, delta, l.at_d, off, l.valid, l.d[r]);
+          load_row(ctx, B, l.at_bc, off, l.valid, l.b[r]);
+          load_row(ctx, C, l.at_bc, off, l.valid, l.c[r]);
+        }
+      }
+      last[ctx.slot(lane)] = l.last;
+    });
+
+    int row_off = first_row;
+    for (int i0 = 0; i0 < H; i0 += kPrefetch) {
+SS2D_UNROLL
+      for (int r = 0; r < kPrefetch; ++r) {
+        const int i = i0 + r;
+        if (i >= H) break;
+        const bool ahead = i + kPrefetch < H;
+        const int ahead_off = row_off + kPrefetch * row_step;
+
+        // Phase 1: discretise the row in slot r and refill its delta and B with row i + P (their
+        // last use), the columns-first vertical pass, the lane's aggregate of the row scan.
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          Lane& l = lanes[q];
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) {
+            const float z = E::to_float(l.d[r][at(k)]) + l.bias;
+            const float dt = p.softplus ? softplus(z) : z;
+            l.abar[k] = exp2_flush(dt * l.a2);
+            l.x[k] = dt * E::to_float(l.b[r][at(k)]) * E::to_float(l.u[r][at(k)]);
+          }
+          if (ahead) {
+            load_row(ctx, delta, l.at_d, ahead_off, l.valid, l.d[r]);
+            load_row(ctx, B, l.at_bc, ahead_off, l.valid, l.b[r]);
+          }
+          if constexpr (kOrder == Order::kColumnsFirst) {
+SS2D_UNROLL
+            for (int k = 0; k < kV; ++k) {
+              l.x[k] = fmaf(l.abar[k], l.above[k], l.x[k]);
+              l.above[k] = l.x[k];
+            }
+          }
+          // Columns past W (a ragged last lane) never reach a stored cell; on flat routes the
+          // lane's aggregate must stop at the row's last cell: they scan as the identity there.
+          if constexpr (kOrder == Order::kFlat) {
+SS2D_UNROLL
+            for (int k = 0; k < kV; ++k) {
+              const bool in = (l.valid >> (k / kLoad)) & 1u;
+              l.abar[k] = in ? l.abar[k] : 1.f;
+              l.x[k] = in ? l.x[k] : 0.f;
+            }
+          }
+          // The segment's first lane starts from the carry in (flat routes; 0 otherwise).
+          float a = l.abar[0];
+          float h = kOrder == Order::kFlat && l.s == 0 ? fmaf(a, l.carry, l.x[0]) : l.x[0];
+SS2D_UNROLL
+          for (int k = 1; k < kV; ++k) {
+            h = fmaf(l.abar[k], h, l.x[k]);
+            a *= l.abar[k];
+          }
+          sa[q] = a;
+          sb[q] = h;
+        });
+
+        // Segmented inclusive scan of the lanes' (Abar product, hh) pairs: lane s combines with lane
+        // s - o of its segment.
+SS2D_UNROLL
+        for (int step = 0; step < kScanSteps; ++step) {
+          const int o = 1 << step;
+          if (o >= S) break;
+          ctx.shfl_up(ta, sa, o);
+          ctx.shfl_up(tb, sb, o);
+          ctx.each_lane([&](int lane) {
+            const int q = ctx.slot(lane);
+            if (lanes[q].s >= o) {
+              sb[q] = fmaf(sa[q], tb[q], sb[q]);
+              sa[q] *= ta[q];
+            }
+          });
+        }
+        // The carry into each lane: the inclusive value of the lane before it in the segment.
+        ctx.shfl_up(tb, sb, 1);
+        if constexpr (kOrder == Order::kFlat) ctx.shfl_idx(ta, sb, last);
+
+        // Phase 2: the second in-lane pass, the vertical pass, y; refill u and C of slot r.
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          Lane& l = lanes[q];
+          const float cin = l.s == 0 ? (kOrder == Order::kFlat ? l.carry : 0.f) : tb[q];
+          lane_scan(l, cin);
+          if constexpr (kOrder == Order::kFlat) l.carry = ta[q];
+          float out[kV];
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) {
+            float h = l.x[k];
+            if constexpr (kOrder == Order::kRowsFirst) {
+              h = fmaf(l.abar[k], l.above[k], h);
+              l.above[k] = h;
+            }
+            out[k] = fmaf(E::to_float(l.c[r][at(k)]), h, l.skip * E::to_float(l.u[r][at(k)]));
+          }
+          if (p.y_fp32) {
+            store_row<true>(ctx, y_f, l, row_off, out);
+          } else {
+            store_row<false>(ctx, y_t, l, row_off, out);
+          }
+          if (ahead) {
+            load_row(ctx, u, l.at_u, ahead_off, l.valid, l.u[r]);
+            load_row(ctx, C, l.at_bc, ahead_off, l.valid, l.c[r]);
+          }
+        });
+        row_off += row_step;
+      }
+    }
+  }
+};
+
+}  // namespace rows
+}  // namespace vmamba2d

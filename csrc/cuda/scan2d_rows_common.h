@@ -1,0 +1,118 @@
+// The v4 row-streaming forward (RS, scan2d_rows.cuh): its launch parameters and plan, shared by the
+// kernel, its host emulation and the launchers. Plain C++ without includes (nvcc, NVRTC and the
+// host compiler all take it): the parameter block holds plain pointers, 64-bit and 32-bit ints
+// only, so a launcher can fill it from ctypes.
+#pragma once
+
+#include "scan2d_macros.h"
+
+namespace vmamba2d {
+namespace rows {
+
+constexpr int kWarpLanes = 32;
+// Steps of the segmented warp scan: segments of up to 32 lanes.
+constexpr int kScanSteps = 5;
+
+// Route code bits (vmamba2d/ops/routes.py, Route.code).
+constexpr int kRouteFromRight = 1;
+constexpr int kRouteFromBottom = 2;
+constexpr int kRouteColumnsFirst = 4;
+constexpr int kRouteFlat = 8;
+
+// The order of the passes along a streamed row, compiled into the kernel (with from_right; from_bottom
+// only reverses the row order and is a run-time parameter):
+//   kRowsFirst     2D, rows first (the paper's order): the row scan, then h = Abar * h_above + hh;
+//   kColumnsFirst  2D, columns first: v = Abar * v_above + x down the columns, then the row scan of v;
+//   kFlat          flat row-major route: one 1D scan whose state runs on from a row's last cell
+//                  into the next row's first (the row scan with that carry in).
+// Flat column-major routes (codes 12 .. 15) are no row stream: rows_route_supported is false.
+enum class Order : int { kRowsFirst = 0, kColumnsFirst = 1, kFlat = 2 };
+
+SS2D_HD inline bool rows_route_supported(int code) {
+  return code >= 0 && code < 16 && !((code & kRouteFlat) && (code & kRouteColumnsFirst));
+}
+
+SS2D_HD inline Order rows_order(int code) {
+  if (code & kRouteFlat) return Order::kFlat;
+  return (code & kRouteColumnsFirst) ? Order::kColumnsFirst : Order::kRowsFirst;
+}
+
+// One launch. Tensors are contiguous; u, y: [batch][dim][H * W], delta: [batch][delta_planes][H * W]
+// (dim planes for the single-route op), B, C: [batch][bc_planes][H * W] with N = 1 (groups planes),
+// all in map order (row-major cells), whatever the route. Channel d reads B / C plane
+// d / (dim / groups). A, D, delta_bias: fp32 [dim] (A[d] is the channel's only state's A; D and
+// delta_bias may be null).
+// Work: maps (b, d) in the order b * dim + d; warp item k takes maps k * maps_per_warp ..
+// (k + 1) * maps_per_warp - 1, one per segment of seg_lanes lanes (rows_items items); global warp k
+// of the grid runs item k. Every output cell is written by exactly one lane.
+struct RowsParams {
+  const void* u;
+  const void* delta;
+  const void* B;
+  const void* C;
+  const float* A;
+  const float* D;
+  const float* delta_bias;
+  void* y;
+  long long delta_planes;
+  long long bc_planes;
+  int batch;
+  int dim;
+  int groups;
+  int height;
+  int width;
+  int seg_lanes;      // S = ceil(width / V): lanes per map
+  int maps_per_warp;  // M = 32 / S
+  int softplus;       // 1: dt = softplus(delta + delta_bias), 0: dt = delta + delta_bias
+  int y_fp32;         // 1: y is fp32 (whatever the input type), 0: y has the inputs' type
+  int from_bottom;    // 1: rows are streamed from the last up (route bit 2)
+};
+
+SS2D_HD inline long long rows_items(const RowsParams& p) {
+  const long long maps = static_cast<long long>(p.batch) * p.dim;
+  return (maps + p.maps_per_warp - 1) / p.maps_per_warp;
+}
+
+// What a launch compiles in and how it lays the maps onto a warp.
+struct RowsPlan {
+  int supported;      // 0: the shape or route is not for RS (use v3)
+  int vec;            // V: columns per lane (a power of two, at most 16 bytes of the input type)
+  int load;           // elements per global access: V (one 16 / 8 / 4-byte vector) or 1 (scalars)
+  int prefetch;       // P: rows of u, delta, B, C loaded ahead (registers)
+  int seg_lanes;      // S
+  int maps_per_warp;  // M
+};
+
+// The plan rule. V: the widest power of two of at most 16 bytes that divides W with ceil(W / V) <= 32
+// lanes (no ragged lane; fewer, wider lanes amortise the per-lane scan steps); if none divides,
+// the narrowest that fits W into 32 lanes (the last lane of a segment is then ragged: its columns
+// past W are never loaded or stored). Vector accesses (load = V) when W % V == 0 and every tensor's
+// base address is aligned to the vector (aligned_bytes: the largest power of two, up to 16, dividing
+// all of u, delta, B, C and y's addresses; fp32 y of 2-byte inputs needs twice the alignment, up to
+// 16), else scalar accesses (load = 1). P = 2, or 1 for 8 columns per lane (registers: <= 64).
+// elem_bytes: 4 (fp32) or 2 (fp16 / bf16); y_bytes: y's element size.
+SS2D_HD inline RowsPlan rows_plan(int elem_bytes, int y_bytes, int width, int route, int aligned_bytes) {
+  RowsPlan plan{0, 0, 0, 0, 0, 0};
+  const int max_vec = 16 / elem_bytes;
+  if (!rows_route_supported(route) || width < 1 || width > kWarpLanes * max_vec) return plan;
+  int vec = 0;
+  for (int v = max_vec; v >= 1 && vec == 0; v /= 2) {
+    if (width % v == 0 && (width + v - 1) / v <= kWarpLanes) vec = v;
+  }
+  for (int v = 1; vec == 0; v *= 2) {
+    if ((width + v - 1) / v <= kWarpLanes) vec = v;
+  }
+  const int y_vector = vec * y_bytes < 16 ? vec * y_bytes : 16;
+  const bool vector = vec > 1 && width % vec == 0 && aligned_bytes % (vec * elem_bytes) == 0 &&
+                      aligned_bytes % y_vector == 0;
+  plan.supported = 1;
+  plan.vec = vec;
+  plan.load = vector ? vec : 1;
+  plan.prefetch = vec >= 8 ? 1 : 2;
+  plan.seg_lanes = (width + vec - 1) / vec;
+  plan.maps_per_warp = kWarpLanes / plan.seg_lanes;
+  return plan;
+}
+
+}  // namespace rows
+}  // namespace vmamba2d

@@ -1,0 +1,142 @@
+// The GPU side of the v4 row-streaming forward (scan2d_rows.cuh): the element traits of the CUDA
+// types, the warp's execution context and the kernel template. Compiles with nvcc and with NVRTC
+// (cuda_fp16.h / cuda_bf16.h are NVRTC-ready; no standard library, no torch).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "scan2d_rows.cuh"
+
+namespace vmamba2d {
+namespace rows {
+
+struct DeviceF32 {
+  using Raw = float;
+  static __device__ SS2D_INLINE float to_float(float v) { return v; }
+  static __device__ SS2D_INLINE float from_float(float v) { return v; }
+};
+
+struct DeviceF16 {
+  using Raw = unsigned short;
+  static __device__ SS2D_INLINE float to_float(unsigned short v) { return __half2float(__ushort_as_half(v)); }
+  static __device__ SS2D_INLINE unsigned short from_float(float v) { return __half_as_ushort(__float2half_rn(v)); }
+};
+
+struct DeviceBF16 {
+  using Raw = unsigned short;
+  // bf16 is the upper half of an fp32: widening is a shift.
+  static __device__ SS2D_INLINE float to_float(unsigned short v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }
+  static __device__ SS2D_INLINE unsigned short from_float(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+};
+
+// One global access of kBytes bytes as a single load / store instruction.
+template <int kBytes>
+struct Word;
+template <>
+struct Word<2> {
+  using type = unsigned short;
+};
+template <>
+struct Word<4> {
+  using type = unsigned int;
+};
+template <>
+struct Word<8> {
+  using type = uint2;
+};
+template <>
+struct Word<16> {
+  using type = uint4;
+};
+
+struct RowsDeviceCtx {
+  static constexpr int kLanes = 1;
+
+  SS2D_HD SS2D_INLINE int slot(int) const { return 0; }
+
+  template <class F>
+  SS2D_HD SS2D_INLINE void each_lane(F&& f) const {
+#ifdef __CUDA_ARCH__
+    f(static_cast<int>(threadIdx.x) & (kWarpLanes - 1));
+#endif
+  }
+
+  template <class V>
+  SS2D_HD SS2D_INLINE V* global(V* ptr, long long) const {
+    return ptr;
+  }
+
+  // kCount consecutive elements from ptr + i, as 16-byte pieces (32 bytes: fp32 y of 8 bf16
+  // columns) or one narrower access; the plan guarantees the alignment.
+  template <int kCount, class V>
+  SS2D_HD SS2D_INLINE void load(const V* ptr, long long i, V* dst) const {
+    constexpr int kBytes = kCount * static_cast<int>(sizeof(V));
+    constexpr int kPiece = kBytes > 16 ? 16 : kBytes;
+SS2D_UNROLL
+    for (int b = 0; b < kBytes; b += kPiece) {
+      using T = typename Word<kPiece>::type;
+      const T w = *reinterpret_cast<const T*>(reinterpret_cast<const char*>(ptr + i) + b);
+      __builtin_memcpy(reinterpret_cast<char*>(dst) + b, &w, kPiece);
+    }
+  }
+  // Stores go through st.global.v4 / .v2 / scalar PTX: a vector struct copy may be split into
+  // scalar stores by the compiler.
+  template <int kCount, class V>
+  SS2D_HD SS2D_INLINE void store(V* ptr, long long i, const V* src) const {
+#ifdef __CUDA_ARCH__
+    constexpr int kBytes = kCount * static_cast<int>(sizeof(V));
+    if constexpr (kBytes == 2) {
+      unsigned short w;
+      __builtin_memcpy(&w, src, 2);
+      asm volatile("st.global.b16 [%0], %1;" ::"l"(ptr + i), "h"(w) : "memory");
+    } else {
+      constexpr int kPiece = kBytes > 16 ? 16 : kBytes;
+SS2D_UNROLL
+      for (int b = 0; b < kBytes; b += kPiece) {
+        unsigned w[4];
+        __builtin_memcpy(w, reinterpret_cast<const char*>(src) + b, kPiece);
+        const char* at = reinterpret_cast<const char*>(ptr + i) + b;
+        if constexpr (kPiece == 16) {
+          asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                       "r"(w[3])
+                       : "memory");
+        } else if constexpr (kPiece == 8) {
+          asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(at), "r"(w[0]), "r"(w[1]) : "memory");
+        } else {
+          asm volatile("st.global.b32 [%0], %1;" ::"l"(at), "r"(w[0]) : "memory");
+        }
+      }
+    }
+#endif
+  }
+
+  // Warp shuffles of one value per lane; every lane of the warp takes part.
+  SS2D_HD SS2D_INLINE void shfl_up(float (&out)[1], const float (&in)[1], int delta) const {
+#ifdef __CUDA_ARCH__
+    out[0] = __shfl_up_sync(0xffffffffu, in[0], delta);
+#endif
+  }
+  SS2D_HD SS2D_INLINE void shfl_idx(float (&out)[1], const float (&in)[1], const int (&src)[1]) const {
+#ifdef __CUDA_ARCH__
+    out[0] = __shfl_sync(0xffffffffu, in[0], src[0]);
+#endif
+  }
+};
+
+// Threads per block of the RS kernels and the blocks per SM they are compiled for: 4 warps, 8 blocks
+// (32 warps per SM) caps them at 64 registers.
+constexpr int kRowsThreads = 128;
+constexpr int kRowsMinBlocks = 8;
+
+// The kernel body: warp w of the grid takes item w (grid: ceil(rows_items / warps per block) blocks).
+template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch>
+__device__ SS2D_INLINE void rows_forward_kernel(const RowsParams& p) {
+  RowsDeviceCtx ctx;
+  const long long item = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
+  if (item >= rows_items(p)) return;
+  RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch>::run(ctx, p, item);
+}
+
+}  // namespace rows
+}  // namespace vmamba2d

@@ -1,0 +1,422 @@
+// Host emulation of the v4 row-streaming forward (scan2d_rows.cuh), built by the C++ compiler
+// alone as a test-only torch extension (tests/cuda_emulation_build.py). The kernel body runs
+// warp by warp on the CPU: warps in a chosen order, the 32 lanes of a warp one after another in
+// every phase (forward, reversed or shuffled), the shuffles moving values between the lanes'
+// slots. Checks, each a RuntimeError naming what went wrong:
+//   * global accesses: bounds, the alignment of every vector access, and races -- a cell written by
+//     two lanes, or written by one lane and read by another (the kernel has no barrier, so any such
+//     pair is unordered on a GPU); after the launch every cell of y must have been written once;
+//   * shuffles only between per-lane phases (where every lane of the warp reaches them), per-lane
+//     phases not nested.
+// y starts filled with NaN so a cell the kernel did not write also shows in the results.
+#include <torch/extension.h>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "scan2d_rows.cuh"
+
+namespace vmamba2d {
+namespace rows {
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error("RS emulation: " + what); }
+
+struct HostF32 {
+  using Raw = float;
+  static float to_float(float v) { return v; }
+  static float from_float(float v) { return v; }
+};
+
+struct HostF16 {
+  using Raw = uint16_t;
+  static float to_float(uint16_t v) { return static_cast<float>(c10::Half(v, c10::Half::from_bits())); }
+  static uint16_t from_float(float v) { return c10::Half(v).x; }
+};
+
+struct HostBF16 {
+  using Raw = uint16_t;
+  static float to_float(uint16_t v) { return static_cast<float>(c10::BFloat16(v, c10::BFloat16::from_bits())); }
+  static uint16_t from_float(float v) { return c10::BFloat16(v).x; }
+};
+
+// Vector accesses (more than one element) of the last emulation call on this thread.
+thread_local int64_t g_vector_accesses = 0;
+
+// Who wrote / read each element of a writable buffer (global lane ids; -1 none).
+class GlobalShadow {
+ public:
+  explicit GlobalShadow(int64_t extent) : writer_(extent, -1), reader_(extent, -1) {}
+
+  void read(int64_t i, int64_t lane) {
+    if (writer_[i] >= 0 && writer_[i] != lane) fail(race("read after write", i, writer_[i], lane));
+    reader_[i] = reader_[i] == -1 || reader_[i] == lane ? lane : kMany;
+  }
+  void write(int64_t i, int64_t lane) {
+    if (writer_[i] == lane) fail("global element " + std::to_string(i) + " written twice by lane " + describe(lane));
+    if (writer_[i] >= 0) fail(race("write after write", i, writer_[i], lane));
+    if (reader_[i] != -1 && reader_[i] != lane) fail(race("write after read", i, reader_[i], lane));
+    writer_[i] = lane;
+  }
+  int64_t unwritten() const { return std::count(writer_.begin(), writer_.end(), int64_t{-1}); }
+
+ private:
+  static constexpr int64_t kMany = -2;
+  static std::string describe(int64_t lane) {
+    if (lane == kMany) return "(several)";
+    return std::to_string(lane) + " (warp " + std::to_string(lane / kWarpLanes) + ", lane " +
+           std::to_string(lane % kWarpLanes) + ")";
+  }
+  static std::string race(const char* what, int64_t i, int64_t a, int64_t b) {
+    return std::string("global-memory race (") + what + ") at element " + std::to_string(i) + ": lane " + describe(a) +
+           " and lane " + describe(b) + ", with no ordering between them";
+  }
+  std::vector<int64_t> writer_;
+  std::vector<int64_t> reader_;
+};
+
+// A bounds-checked view of a global buffer; writable buffers carry a shadow.
+template <class V>
+struct HostView {
+  V* base = nullptr;
+  int64_t extent = 0;
+  GlobalShadow* shadow = nullptr;
+};
+
+// The visiting order of `count` warps / lanes.
+class Schedule {
+ public:
+  explicit Schedule(int64_t order) : order_(order), rng_(static_cast<uint64_t>(order)) {}
+  std::vector<int64_t> permutation(int64_t count) {
+    std::vector<int64_t> idx(static_cast<size_t>(count));
+    std::iota(idx.begin(), idx.end(), 0);
+    if (order_ == 1) {
+      std::reverse(idx.begin(), idx.end());
+    } else if (order_ >= 2) {
+      std::shuffle(idx.begin(), idx.end(), rng_);
+    }
+    return idx;
+  }
+
+ private:
+  int64_t order_;
+  std::mt19937_64 rng_;
+};
+
+// The emulation's execution context of one warp (RowsDeviceCtx's interface).
+class RowsHostCtx {
+ public:
+  static constexpr int kLanes = kWarpLanes;
+
+  RowsHostCtx(int64_t warp, Schedule& schedule, GlobalShadow* y_shadow)
+      : warp_(warp), schedule_(schedule), y_shadow_(y_shadow) {}
+
+  int slot(int lane) const { return lane; }
+
+  template <class F>
+  void each_lane(F&& f) {
+    if (lane_ >= 0) fail("each_lane nested inside another per-lane phase");
+    for (int64_t lane : schedule_.permutation(kWarpLanes)) {
+      lane_ = static_cast<int>(lane);
+      f(lane_);
+    }
+    lane_ = -1;
+  }
+
+  template <class V>
+  HostView<V> global(V* ptr, int64_t count) const {
+    HostView<V> view{ptr, count, nullptr};
+    if constexpr (!std::is_const_v<V>) view.shadow = y_shadow_;
+    return view;
+  }
+
+  template <int kCount, class V>
+  void load(const HostView<V>& view, int64_t i, std::remove_const_t<V>* dst) const {
+    check(view, i, kCount, "load");
+    if (view.shadow != nullptr) {
+      for (int k = 0; k < kCount; ++k) view.shadow->read(i + k, thread());
+    }
+    std::memcpy(dst, view.base + i, kCount * sizeof(V));
+  }
+  template <int kCount, class V>
+  void store(const HostView<V>& view, int64_t i, const V* src) const {
+    static_assert(!std::is_const_v<V>, "store into a read-only buffer");
+    check(view, i, kCount, "store");
+    for (int k = 0; k < kCount; ++k) view.shadow->write(i + k, thread());
+    std::memcpy(view.base + i, src, kCount * sizeof(V));
+  }
+
+  void shfl_up(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
+    warp_phase("__shfl_up_sync");
+    for (int l = 0; l < kLanes; ++l) out[l] = l >= delta ? in[l - delta] : in[l];
+  }
+  void shfl_idx(float (&out)[kLanes], const float (&in)[kLanes], const int (&src)[kLanes]) const {
+    warp_phase("__shfl_sync");
+    float taken[kLanes];
+    for (int l = 0; l < kLanes; ++l) taken[l] = in[src[l] & (kLanes - 1)];
+    std::memcpy(out, taken, sizeof(taken));
+  }
+
+ private:
+  int64_t thread() const {
+    if (lane_ < 0) fail("global memory touched outside a per-lane phase");
+    return warp_ * kWarpLanes + lane_;
+  }
+  void warp_phase(const char* what) const {
+    if (lane_ >= 0) fail(std::string(what) + " inside a per-lane phase (not every lane of the warp reaches it)");
+  }
+  template <class V>
+  void check(const HostView<V>& view, int64_t i, int count, const char* what) const {
+    if (view.base == nullptr || view.extent == 0) fail(std::string(what) + " from a buffer the launch did not provide");
+    if (i < 0 || i + count > view.extent) {
+      fail(std::string("out-of-bounds global ") + what + ": elements " + std::to_string(i) + " .. " +
+           std::to_string(i + count - 1) + " of a buffer of " + std::to_string(view.extent));
+    }
+    const size_t bytes = count * sizeof(V);
+    const size_t align = bytes > 16 ? 16 : bytes;
+    if (reinterpret_cast<uintptr_t>(view.base + i) % align != 0) {
+      fail(std::string("misaligned vector ") + what + ": element " + std::to_string(i) + " is not on a " +
+           std::to_string(align) + "-byte boundary");
+    }
+    if (count > 1) ++g_vector_accesses;
+  }
+
+  int64_t warp_;
+  Schedule& schedule_;
+  GlobalShadow* y_shadow_;
+  int lane_ = -1;
+};
+
+template <class E, int kV, int kLoad, Order kOrder, bool kFromRight>
+void run_launch(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
+  constexpr int kPrefetch = kV >= 8 ? 1 : 2;  // rows_plan's rule
+  Schedule schedule(order);
+  for (int64_t item : schedule.permutation(rows_items(p))) {
+    RowsHostCtx ctx(item, schedule, shadow);
+    RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch>::run(ctx, p, item);
+  }
+}
+
+template <class E, int kV, int kLoad>
+void by_route(const RowsParams& p, int route, int64_t order, GlobalShadow* shadow) {
+  const bool right = route & kRouteFromRight;
+  switch (rows_order(route)) {
+    case Order::kRowsFirst:
+      return right ? run_launch<E, kV, kLoad, Order::kRowsFirst, true>(p, order, shadow)
+                   : run_launch<E, kV, kLoad, Order::kRowsFirst, false>(p, order, shadow);
+    case Order::kColumnsFirst:
+      return right ? run_launch<E, kV, kLoad, Order::kColumnsFirst, true>(p, order, shadow)
+                   : run_launch<E, kV, kLoad, Order::kColumnsFirst, false>(p, order, shadow);
+    case Order::kFlat:
+      return right ? run_launch<E, kV, kLoad, Order::kFlat, true>(p, order, shadow)
+                   : run_launch<E, kV, kLoad, Order::kFlat, false>(p, order, shadow);
+  }
+}
+
+template <class E, int kV>
+void by_load(const RowsParams& p, int load, int route, int64_t order, GlobalShadow* shadow) {
+  if constexpr (kV > 1) {
+    if (load == kV) return by_route<E, kV, kV>(p, route, order, shadow);
+  }
+  by_route<E, kV, 1>(p, route, order, shadow);
+}
+
+template <class E>
+void by_vec(const RowsParams& p, const RowsPlan& plan, int route, int64_t order, GlobalShadow* shadow) {
+  switch (plan.vec) {
+    case 1:
+      return by_load<E, 1>(p, plan.load, route, order, shadow);
+    case 2:
+      return by_load<E, 2>(p, plan.load, route, order, shadow);
+    case 4:
+      return by_load<E, 4>(p, plan.load, route, order, shadow);
+    case 8:
+      if constexpr (sizeof(typename E::Raw) == 2) return by_load<E, 8>(p, plan.load, route, order, shadow);
+      [[fallthrough]];
+    default:
+      fail("no kernel with " + std::to_string(plan.vec) + " columns per lane for this type");
+  }
+}
+
+int64_t common_alignment(std::initializer_list<const void*> ptrs) {
+  uintptr_t bits = 16;
+  for (const void* ptr : ptrs) bits |= reinterpret_cast<uintptr_t>(ptr);
+  return static_cast<int64_t>(bits & (~bits + 1));
+}
+
+void check_input(const at::Tensor& t, const char* name, at::ScalarType type, int64_t dims) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == type && t.dim() == dims, name,
+              ": expected a contiguous CPU tensor of ", c10::toString(type), " with ", dims, " dimensions, got ",
+              t.scalar_type(), " of shape ", t.sizes());
+}
+
+// The plan rows_plan makes for these tensors, with vec / load overridden where given (> 0).
+RowsPlan make_plan(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& B, const at::Tensor& C,
+                   const at::Tensor& y, int64_t width, int64_t route, int64_t vec, int64_t load) {
+  const int64_t aligned =
+      common_alignment({u.data_ptr(), delta.data_ptr(), B.data_ptr(), C.data_ptr(), y.data_ptr()});
+  RowsPlan plan = rows_plan(static_cast<int>(u.element_size()), static_cast<int>(y.element_size()),
+                            static_cast<int>(width), static_cast<int>(route), static_cast<int>(aligned));
+  TORCH_CHECK(plan.supported, "route ", route, " / width ", width, ": not a row-streaming shape (use v3)");
+  if (vec > 0) {
+    TORCH_CHECK((width + vec - 1) / vec <= kWarpLanes, "vec ", vec, " puts a row of ", width, " on more than 32 lanes");
+    plan.vec = static_cast<int>(vec);
+    plan.load = load > 0 ? static_cast<int>(load) : 1;
+    TORCH_CHECK(plan.load == 1 || (plan.load == plan.vec && width % vec == 0), "load ", load,
+                ": 1, or vec where vec divides the width");
+    plan.prefetch = plan.vec >= 8 ? 1 : 2;
+    plan.seg_lanes = static_cast<int>((width + vec - 1) / vec);
+    plan.maps_per_warp = kWarpLanes / plan.seg_lanes;
+  }
+  return plan;
+}
+
+// y = the route's 2D selective scan (N = 1) of the inputs, run on the emulated RS kernel.
+// u: (batch, dim, L); delta: (batch, dim, L); B, C: (batch, groups, 1, L); A: (dim, 1); D,
+// delta_bias: (dim,) or None. Returns y (batch, dim, L) in u's type, or fp32 with y_fp32.
+at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
+                        const at::Tensor& C, const std::optional<at::Tensor>& D,
+                        const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height, int64_t width,
+                        int64_t route, bool y_fp32, int64_t order, int64_t vec, int64_t load) {
+  const at::ScalarType type = u.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
+              "u: expected float32, float16 or bfloat16, got ", type);
+  check_input(u, "u", type, 3);
+  check_input(delta, "delta", type, 3);
+  check_input(B, "B", type, 4);
+  check_input(C, "C", type, 4);
+  check_input(A, "A", at::kFloat, 2);
+  const int64_t batch = u.size(0), dim = u.size(1), length = u.size(2);
+  TORCH_CHECK(height >= 1 && width >= 1 && height * width == length, "height, width: expected H * W = ", length,
+              ", got ", height, " x ", width);
+  TORCH_CHECK(delta.sizes() == u.sizes(), "delta: expected the shape of u ", u.sizes(), ", got ", delta.sizes());
+  TORCH_CHECK(B.size(0) == batch && B.size(2) == 1 && B.size(3) == length && B.sizes() == C.sizes(),
+              "B, C: expected (batch, groups, 1, L) each, got ", B.sizes(), " and ", C.sizes());
+  const int64_t groups = B.size(1);
+  TORCH_CHECK(groups >= 1 && dim % groups == 0, "B: groups ", groups, " must divide dim ", dim);
+  TORCH_CHECK(A.size(0) == dim && A.size(1) == 1, "A: expected (dim, 1), got ", A.sizes());
+  if (D) check_input(*D, "D", at::kFloat, 1);
+  if (delta_bias) check_input(*delta_bias, "delta_bias", at::kFloat, 1);
+
+  at::Tensor y = at::full({batch, dim, length}, std::numeric_limits<float>::quiet_NaN(),
+                          u.options().dtype(y_fp32 ? at::kFloat : type));
+  const RowsPlan plan = make_plan(u, delta, B, C, y, width, route, vec, load);
+  RowsParams p{};
+  p.u = u.data_ptr();
+  p.delta = delta.data_ptr();
+  p.B = B.data_ptr();
+  p.C = C.data_ptr();
+  p.A = A.data_ptr<float>();
+  p.D = D ? D->data_ptr<float>() : nullptr;
+  p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
+  p.y = y.data_ptr();
+  p.delta_planes = dim;
+  p.bc_planes = groups;
+  p.batch = static_cast<int>(batch);
+  p.dim = static_cast<int>(dim);
+  p.groups = static_cast<int>(groups);
+  p.height = static_cast<int>(height);
+  p.width = static_cast<int>(width);
+  p.seg_lanes = plan.seg_lanes;
+  p.maps_per_warp = plan.maps_per_warp;
+  p.softplus = softplus ? 1 : 0;
+  p.y_fp32 = y_fp32 ? 1 : 0;
+  p.from_bottom = (route & kRouteFromBottom) ? 1 : 0;
+
+  g_vector_accesses = 0;
+  GlobalShadow shadow(y.numel());
+  const int code = static_cast<int>(route);
+  if (type == at::kFloat) {
+    by_vec<HostF32>(p, plan, code, order, &shadow);
+  } else if (type == at::kHalf) {
+    by_vec<HostF16>(p, plan, code, order, &shadow);
+  } else {
+    by_vec<HostBF16>(p, plan, code, order, &shadow);
+  }
+  if (const int64_t missing = shadow.unwritten()) {
+    fail(std::to_string(missing) + " cells of y were written by no lane");
+  }
+  return y;
+}
+
+pybind11::dict plan_dict(const RowsPlan& plan) {
+  pybind11::dict d;
+  d["supported"] = static_cast<bool>(plan.supported);
+  d["vec"] = plan.vec;
+  d["load"] = plan.load;
+  d["prefetch"] = plan.prefetch;
+  d["seg_lanes"] = plan.seg_lanes;
+  d["maps_per_warp"] = plan.maps_per_warp;
+  return d;
+}
+
+// One synthetic warp that breaks (or keeps) a rule of the checker; throws when the checker objects.
+// Scenarios: two_lanes_store_one_cell, store_twice, shuffle_inside_lane_phase, nested_lane_phase,
+// out_of_bounds_load, misaligned_vector_load, store_outside_lane_phase (throw); one_store_per_lane
+// (passes).
+void rows_self_check(const std::string& scenario) {
+  alignas(16) float data[2 * kWarpLanes + 4] = {};
+  GlobalShadow shadow(2 * kWarpLanes);
+  Schedule schedule(3);
+  RowsHostCtx ctx(0, schedule, &shadow);
+  const auto out = ctx.global(static_cast<float*>(data), 2 * kWarpLanes);
+  const auto in = ctx.global(static_cast<const float*>(data), 2 * kWarpLanes);
+  float values[kWarpLanes] = {}, moved[kWarpLanes];
+  float one = 1.f;
+  float four[4];
+  if (scenario == "one_store_per_lane") {
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane, &one); });
+  } else if (scenario == "two_lanes_store_one_cell") {
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane / 2, &one); });
+  } else if (scenario == "store_twice") {
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane, &one); });
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane, &one); });
+  } else if (scenario == "shuffle_inside_lane_phase") {
+    ctx.each_lane([&](int) { ctx.shfl_up(moved, values, 1); });
+  } else if (scenario == "nested_lane_phase") {
+    ctx.each_lane([&](int) { ctx.each_lane([](int) {}); });
+  } else if (scenario == "out_of_bounds_load") {
+    ctx.each_lane([&](int lane) { ctx.load<4>(in, 2 * kWarpLanes - 4 + 4 * (lane == 5), four); });
+  } else if (scenario == "misaligned_vector_load") {
+    ctx.each_lane([&](int lane) { ctx.load<4>(in, lane == 7 ? 2 : 0, four); });
+  } else if (scenario == "store_outside_lane_phase") {
+    ctx.store<1>(out, 0, &one);
+  } else {
+    fail("unknown self-check scenario " + scenario);
+  }
+}
+
+}  // namespace
+}  // namespace rows
+}  // namespace vmamba2d
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace vmamba2d::rows;
+  m.doc() = "Host emulation of the v4 row-streaming scan kernels (tests only)";
+  m.def("rows_forward", &rows_forward, "RS forward on the host emulation", pybind11::arg("u"),
+        pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"), pybind11::arg("D"),
+        pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
+        pybind11::arg("route") = 0, pybind11::arg("y_fp32") = false, pybind11::arg("order") = 0,
+        pybind11::arg("vec") = 0, pybind11::arg("load") = 0);
+  m.def(
+      "rows_plan",
+      [](int64_t elem_bytes, int64_t y_bytes, int64_t width, int64_t route, int64_t aligned_bytes) {
+        return plan_dict(rows_plan(static_cast<int>(elem_bytes), static_cast<int>(y_bytes), static_cast<int>(width),
+                                   static_cast<int>(route), static_cast<int>(aligned_bytes)));
+      },
+      "rows_plan (scan2d_rows_common.h)", pybind11::arg("elem_bytes"), pybind11::arg("y_bytes"),
+      pybind11::arg("width"), pybind11::arg("route"), pybind11::arg("aligned_bytes") = 16);
+  m.def("rows_vector_accesses", [] { return g_vector_accesses; },
+        "vector global accesses of the last rows_forward call on this thread");
+  m.def("rows_self_check", &rows_self_check, "run one checker scenario", pybind11::arg("scenario"));
+}

@@ -1,0 +1,67 @@
+// One extern "C" entry of the v4 row-streaming forward (scan2d_rows.cuh), configured by macros so a
+// launcher compiles exactly the instance a RowsPlan asks for (NVRTC: -D options; nvcc -cubin for
+// the static report, tools/v4_static_report.py):
+//   VMAMBA2D_RS_DTYPE     0 fp32, 1 fp16, 2 bf16 (u, delta, B, C and a y that is not fp32)
+//   VMAMBA2D_RS_VEC       RowsPlan::vec
+//   VMAMBA2D_RS_LOAD      RowsPlan::load
+//   VMAMBA2D_RS_ROUTE     the route code with bit 2 (from_bottom, RowsParams::from_bottom) clear
+//   VMAMBA2D_RS_PREFETCH  RowsPlan::prefetch
+// Launch: vmamba2d_rows_forward(RowsParams) with kRowsThreads (128) threads per block and
+// ceil(rows_items / 4) blocks, no dynamic shared memory.
+#include "scan2d_rows_device.cuh"
+
+#ifndef VMAMBA2D_RS_DTYPE
+#define VMAMBA2D_RS_DTYPE 0
+#endif
+#ifndef VMAMBA2D_RS_VEC
+#define VMAMBA2D_RS_VEC 4
+#endif
+#ifndef VMAMBA2D_RS_LOAD
+#define VMAMBA2D_RS_LOAD VMAMBA2D_RS_VEC
+#endif
+#ifndef VMAMBA2D_RS_ROUTE
+#define VMAMBA2D_RS_ROUTE 0
+#endif
+#ifndef VMAMBA2D_RS_PREFETCH
+#define VMAMBA2D_RS_PREFETCH 2
+#endif
+// Blocks per SM the kernel is compiled for (kRowsMinBlocks: 64 registers); lower for experiments.
+#ifndef VMAMBA2D_RS_MIN_BLOCKS
+#define VMAMBA2D_RS_MIN_BLOCKS vmamba2d::rows::kRowsMinBlocks
+#endif
+
+namespace vmamba2d {
+namespace rows {
+
+template <int kType>
+struct DeviceElement;
+template <>
+struct DeviceElement<0> {
+  using type = DeviceF32;
+};
+template <>
+struct DeviceElement<1> {
+  using type = DeviceF16;
+};
+template <>
+struct DeviceElement<2> {
+  using type = DeviceBF16;
+};
+
+static_assert(VMAMBA2D_RS_ROUTE >= 0 && VMAMBA2D_RS_ROUTE < 16 && (VMAMBA2D_RS_ROUTE & kRouteFromBottom) == 0,
+              "VMAMBA2D_RS_ROUTE: a route code without its from_bottom bit");
+static_assert(!((VMAMBA2D_RS_ROUTE & kRouteFlat) && (VMAMBA2D_RS_ROUTE & kRouteColumnsFirst)),
+              "flat column-major routes are not row streams");
+
+}  // namespace rows
+}  // namespace vmamba2d
+
+extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RS_MIN_BLOCKS)
+    vmamba2d_rows_forward(const vmamba2d::rows::RowsParams p) {
+  using namespace vmamba2d::rows;
+  constexpr Order kOrder = (VMAMBA2D_RS_ROUTE & kRouteFlat)            ? Order::kFlat
+                           : (VMAMBA2D_RS_ROUTE & kRouteColumnsFirst) ? Order::kColumnsFirst
+                                                                       : Order::kRowsFirst;
+  rows_forward_kernel<DeviceElement<VMAMBA2D_RS_DTYPE>::type, VMAMBA2D_RS_VEC, VMAMBA2D_RS_LOAD, kOrder,
+                      (VMAMBA2D_RS_ROUTE & kRouteFromRight) != 0, VMAMBA2D_RS_PREFETCH>(p);
+}

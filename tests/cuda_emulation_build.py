@@ -1,0 +1,55 @@
+"""Test-only torch extensions that run CUDA kernel bodies on the CPU (host emulation), compiled by
+the C++ compiler alone (no nvcc) from sources in csrc/cuda.
+
+Each extension is built once into build/emulation/<name> and reused while its sources are unchanged
+(torch.utils.cpp_extension.load compares them; a lock file serialises concurrent builds).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+CUDA_SOURCES = REPO / "csrc" / "cuda"
+BUILD_ROOT = REPO / "build" / "emulation"
+
+# The v4 row-streaming kernels' emulation (csrc/cuda/scan2d_rows_emulate.cpp).
+ROWS_SOURCES = ("scan2d_rows_emulate.cpp",)
+
+
+def build_emulation(name: str, sources: Sequence[str], extra_cflags: Sequence[str] = ("-O1",)):
+    """Compiles (or reuses) the extension ``name`` from ``sources`` (file names under csrc/cuda) with
+    the host C++ compiler and returns the loaded module."""
+    from torch.utils import cpp_extension
+
+    if not sources:
+        raise ValueError("sources: expected at least one file under csrc/cuda")
+    paths = [CUDA_SOURCES / s for s in sources]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"sources: no such files {missing}")
+    build_dir = BUILD_ROOT / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    jobs = os.environ.get("MAX_JOBS")
+    os.environ.setdefault("MAX_JOBS", "2")
+    try:
+        return cpp_extension.load(
+            name=name,
+            sources=[str(p) for p in paths],
+            extra_cflags=list(extra_cflags),
+            extra_include_paths=[str(CUDA_SOURCES)],
+            build_directory=str(build_dir),
+            with_cuda=False,
+            verbose=False,
+        )
+    finally:
+        if jobs is None:
+            os.environ.pop("MAX_JOBS", None)
+
+
+@functools.lru_cache(maxsize=None)
+def rows_emulation():
+    """The RS emulation module (rows_forward, rows_plan, rows_vector_accesses, rows_self_check)."""
+    return build_emulation("vmamba2d_rows_emulation", ROWS_SOURCES)
