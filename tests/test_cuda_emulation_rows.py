@@ -1,0 +1,189 @@
+"""The v4 row-streaming forward (csrc/cuda/scan2d_rows.cuh) on the host emulation: warps and lanes in
+shuffled orders, every global access bounds-, alignment- and race-checked, against the fp64
+reference of the 2D selective scan (vmamba2d.ops.selective_scan_2d_reference on the route's order).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cuda_emulation_build import rows_emulation
+from vmamba2d.ops import Route, selective_scan_2d_reference
+from vmamba2d.ops.routes import from_route_order, to_route_order
+
+SUPPORTED_ROUTES = [code for code in range(16) if not (code & 8 and code & 4)]
+# Largest |y - reference| / max |reference| per (input type, y type).
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return rows_emulation()
+
+
+def make_inputs(batch, dim, groups, height, width, dtype, seed, use_d=True, use_bias=True, softplus=True):
+    """Random inputs of the N = 1 scan: A < 0, delta around the softplus knee (or a positive step size
+    without softplus)."""
+    g = torch.Generator().manual_seed(seed)
+    length = height * width
+    rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    delta = rand(batch, dim, length) * 0.5 - 1.0 if softplus else rand(batch, dim, length).abs() * 0.2 + 0.02
+    return {
+        "u": rand(batch, dim, length).to(dtype),
+        "delta": delta.to(dtype),
+        "A": -(torch.rand(dim, 1, generator=g) * 1.5 + 0.05),
+        "B": rand(batch, groups, 1, length).to(dtype),
+        "C": rand(batch, groups, 1, length).to(dtype),
+        "D": rand(dim) if use_d else None,
+        "delta_bias": rand(dim) * 0.3 if use_bias else None,
+    }
+
+
+def reference(x, height, width, route_code, softplus=True):
+    """fp64 reference of one route: the inputs moved into the route's order, the 2D recurrence on the
+    route's grid, y moved back to map order."""
+    route = Route.from_code(route_code)
+    rows_, cols = route.grid(height, width)
+
+    def order(t):
+        return to_route_order(t.double().unflatten(-1, (height, width)), route)
+
+    d = x["D"].double() if x["D"] is not None else None
+    bias = x["delta_bias"].double() if x["delta_bias"] is not None else None
+    y = selective_scan_2d_reference(order(x["u"]), order(x["delta"]), x["A"].double(), order(x["B"]), order(x["C"]),
+                                    d, bias, softplus, rows_, cols)
+    return from_route_order(y, route, height, width).flatten(-2)
+
+
+def run(rows, x, height, width, route=0, y_fp32=False, order=2, softplus=True, **kw):
+    return rows.rows_forward(x["u"], x["delta"], x["A"], x["B"], x["C"], x["D"], x["delta_bias"], softplus, height,
+                             width, route, y_fp32, order, **kw)
+
+
+def check(y, x, height, width, route=0, y_fp32=False, softplus=True):
+    expected = reference(x, height, width, route, softplus)
+    assert not torch.isnan(y).any()
+    tol = TOLERANCE[torch.float32 if y_fp32 else x["u"].dtype]
+    err = ((y.double() - expected).abs().max() / expected.abs().max()).item()
+    assert err <= tol, f"relative error {err:.3g} > {tol}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("size", [56, 28, 14, 7, 1])
+def test_model_maps(rows, dtype, size):
+    # The model's map sizes (and 1 x 1); 6 channels in 2 groups over 2 batch entries, so warps hold
+    # maps of both groups and of both batch entries.
+    x = make_inputs(2, 6, 2, size, size, dtype, seed=size)
+    check(run(rows, x, size, size, order=size + 2), x, size, size)
+
+
+@pytest.mark.parametrize("route", SUPPORTED_ROUTES)
+@pytest.mark.parametrize("shape", [(9, 14), (5, 28), (6, 7)], ids=str)
+def test_every_route(rows, route, shape):
+    height, width = shape
+    x = make_inputs(2, 4, 2, height, width, torch.float32, seed=route)
+    check(run(rows, x, height, width, route=route, order=route + 5), x, height, width, route)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("route", [0, 5, 10], ids=lambda r: f"route{r}")
+def test_half_types_on_routes_and_fp32_output(rows, dtype, route):
+    height, width = 11, 24
+    x = make_inputs(1, 4, 1, height, width, dtype, seed=7 + route)
+    check(run(rows, x, height, width, route=route), x, height, width, route)
+    y = run(rows, x, height, width, route=route, y_fp32=True)
+    assert y.dtype == torch.float32
+    check(y, x, height, width, route, y_fp32=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(5, 9), (9, 5), (3, 33), (4, 35), (2, 61), (13, 1), (1, 17)], ids=str)
+def test_odd_widths_and_ragged_lanes(rows, dtype, shape):
+    # Widths no vector divides (9, 5, 61: one column per lane, or two with a ragged last lane where
+    # 32 lanes are too few: 33, 35, 61 in fp32) on every pass order.
+    height, width = shape
+    for route in (0, 6, 9):
+        x = make_inputs(2, 3, 1, height, width, dtype, seed=width + route)
+        check(run(rows, x, height, width, route=route, order=route + 3), x, height, width, route)
+
+
+def test_plan_rule(rows):
+    plan = rows.rows_plan
+    assert plan(4, 4, 56, 0) == dict(supported=True, vec=4, load=4, prefetch=2, seg_lanes=14, maps_per_warp=2)
+    assert plan(2, 2, 56, 0) == dict(supported=True, vec=8, load=8, prefetch=1, seg_lanes=7, maps_per_warp=4)
+    assert plan(2, 2, 28, 0)["vec"] == 4 and plan(2, 2, 14, 0)["vec"] == 2 and plan(4, 4, 7, 0)["vec"] == 1
+    # Ragged: 33 has no divisor that fits 32 lanes; scalar accesses.
+    assert plan(4, 4, 33, 0) == dict(supported=True, vec=2, load=1, prefetch=2, seg_lanes=17, maps_per_warp=1)
+    # fp32 y of bf16 inputs needs 16-byte alignment for 8 columns; 8-byte alignment makes it scalar.
+    assert plan(2, 4, 56, 0, 8)["load"] == 1 and plan(2, 4, 56, 0, 16)["load"] == 8
+    assert not plan(4, 4, 129, 0)["supported"] and not plan(2, 2, 257, 0)["supported"]
+    for code in (12, 13, 14, 15):
+        assert not plan(4, 4, 56, code)["supported"]
+
+
+def _offset_by(t, elements):
+    flat = torch.empty(t.numel() + elements, dtype=t.dtype)
+    flat[elements:] = t.reshape(-1)
+    return flat[elements:].view(t.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_vector_accesses_exactly_where_aligned(rows, dtype):
+    batch, dim, height, width = 2, 4, 6, 56
+    x = make_inputs(batch, dim, 1, height, width, dtype, seed=3)
+    vec = 4 if dtype == torch.float32 else 8
+    check(run(rows, x, height, width), x, height, width)
+    # Every lane-row chunk: u, delta, B, C loaded and y stored as one vector each.
+    assert rows.rows_vector_accesses() == batch * dim * height * (width // vec) * 5
+    x["delta"] = _offset_by(x["delta"], 1)  # misaligned base: the plan falls back to scalar accesses
+    check(run(rows, x, height, width), x, height, width)
+    assert rows.rows_vector_accesses() == 0
+
+
+@pytest.mark.parametrize("vec,load", [(1, 1), (2, 1), (2, 2), (4, 1), (8, 8), (8, 1)])
+def test_every_lane_width(rows, vec, load):
+    # bf16 at width 16: each compiled lane width with vector and scalar accesses, prefetch 2 and 1.
+    height, width = 7, 16
+    x = make_inputs(1, 5, 1, height, width, torch.bfloat16, seed=vec * 10 + load)
+    for route in (0, 7, 8):
+        check(run(rows, x, height, width, route=route, vec=vec, load=load), x, height, width, route)
+
+
+def test_without_softplus_d_and_bias(rows):
+    height, width = 10, 12
+    x = make_inputs(1, 4, 2, height, width, torch.float32, seed=11, use_d=False, use_bias=False, softplus=False)
+    for route in (0, 3, 4, 11):
+        check(run(rows, x, height, width, route=route, softplus=False), x, height, width, route, softplus=False)
+
+
+def test_warp_and_lane_order_do_not_change_a_bit(rows):
+    x = make_inputs(2, 6, 3, 14, 14, torch.bfloat16, seed=5)
+    first = run(rows, x, 14, 14, route=4, order=0)
+    for order in (1, 2, 9):
+        assert torch.equal(run(rows, x, 14, 14, route=4, order=order), first)
+
+
+def test_rejects_what_it_cannot_run(rows):
+    x = make_inputs(1, 2, 1, 4, 4, torch.float32, seed=0)
+    with pytest.raises(RuntimeError, match="not a row-streaming shape"):
+        run(rows, x, 4, 4, route=12)
+    with pytest.raises(RuntimeError, match="height, width"):
+        run(rows, x, 4, 5)
+
+
+@pytest.mark.parametrize("scenario,message", [
+    ("two_lanes_store_one_cell", "race"),
+    ("store_twice", "written twice"),
+    ("shuffle_inside_lane_phase", "inside a per-lane phase"),
+    ("nested_lane_phase", "nested"),
+    ("out_of_bounds_load", "out-of-bounds"),
+    ("misaligned_vector_load", "misaligned"),
+    ("store_outside_lane_phase", "outside a per-lane phase"),
+])
+def test_checker_catches(rows, scenario, message):
+    with pytest.raises(RuntimeError, match=message):
+        rows.rows_self_check(scenario)
+
+
+def test_checker_passes_a_clean_warp(rows):
+    rows.rows_self_check("one_store_per_lane")
