@@ -4,11 +4,14 @@ reference of the 2D selective scan (vmamba2d.ops.selective_scan_2d_reference on 
 """
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 import torch
 
 from cuda_emulation_build import rows_emulation
 from vmamba2d.ops import Route, selective_scan_2d_reference
+from vmamba2d.ops.compiled.rows_plan import alignment, choose_design, layout, rows_plan, scan_steps
 from vmamba2d.ops.routes import from_route_order, to_route_order
 
 SUPPORTED_ROUTES = [code for code in range(16) if not (code & 8 and code & 4)]
@@ -55,9 +58,18 @@ def reference(x, height, width, route_code, softplus=True):
     return from_route_order(y, route, height, width).flatten(-2)
 
 
-def run(rows, x, height, width, route=0, y_fp32=False, order=2, softplus=True, **kw):
-    return rows.rows_forward(x["u"], x["delta"], x["A"], x["B"], x["C"], x["D"], x["delta_bias"], softplus, height,
-                             width, route, y_fp32, order, **kw)
+def run(rows, x, height, width, route=0, y_fp32=False, order=2, softplus=True, vec=None, load=None):
+    """The emulated kernel under the plan rows_plan makes for these tensors (or vec / load given)."""
+    u = x["u"]
+    if vec is None:
+        y_bytes = 4 if y_fp32 else u.element_size()
+        plan = rows_plan(u.element_size(), y_bytes, width, route,
+                         alignment(u, x["delta"], x["B"], x["C"]))  # y: freshly allocated, aligned
+        if plan is None:
+            raise ValueError(f"no RS plan for width {width}, route {route}")
+        vec, load = plan.vec, plan.load
+    return rows.rows_forward(u, x["delta"], x["A"], x["B"], x["C"], x["D"], x["delta_bias"], softplus, height,
+                             width, route, y_fp32, order, vec, load)
 
 
 def check(y, x, height, width, route=0, y_fp32=False, softplus=True):
@@ -107,18 +119,32 @@ def test_odd_widths_and_ragged_lanes(rows, dtype, shape):
         check(run(rows, x, height, width, route=route, order=route + 3), x, height, width, route)
 
 
-def test_plan_rule(rows):
-    plan = rows.rows_plan
-    assert plan(4, 4, 56, 0) == dict(supported=True, vec=4, load=4, prefetch=2, seg_lanes=14, maps_per_warp=2)
-    assert plan(2, 2, 56, 0) == dict(supported=True, vec=8, load=8, prefetch=1, seg_lanes=7, maps_per_warp=4)
-    assert plan(2, 2, 28, 0)["vec"] == 4 and plan(2, 2, 14, 0)["vec"] == 2 and plan(4, 4, 7, 0)["vec"] == 1
+def test_plan_rule():
+    assert rows_plan(4, 4, 56, 0) == layout(56, 4, 4)
+    assert astuple(rows_plan(4, 4, 56, 0)) == (4, 4, 2, 14, 2, 4)
+    assert astuple(rows_plan(2, 2, 56, 0)) == (8, 8, 1, 7, 4, 3)
+    assert rows_plan(2, 2, 28, 0).vec == 4 and rows_plan(2, 2, 14, 0).vec == 2 and rows_plan(4, 4, 7, 0).vec == 1
     # Ragged: 33 has no divisor that fits 32 lanes; scalar accesses.
-    assert plan(4, 4, 33, 0) == dict(supported=True, vec=2, load=1, prefetch=2, seg_lanes=17, maps_per_warp=1)
+    assert astuple(rows_plan(4, 4, 33, 0)) == (2, 1, 2, 17, 1, 5)
     # fp32 y of bf16 inputs needs 16-byte alignment for 8 columns; 8-byte alignment makes it scalar.
-    assert plan(2, 4, 56, 0, 8)["load"] == 1 and plan(2, 4, 56, 0, 16)["load"] == 8
-    assert not plan(4, 4, 129, 0)["supported"] and not plan(2, 2, 257, 0)["supported"]
-    for code in (12, 13, 14, 15):
-        assert not plan(4, 4, 56, code)["supported"]
+    assert rows_plan(2, 4, 56, 0, 8).load == 1 and rows_plan(2, 4, 56, 0, 16).load == 8
+    assert rows_plan(4, 4, 129, 0) is None and rows_plan(2, 2, 257, 0) is None
+    assert all(rows_plan(4, 4, 56, code) is None for code in (12, 13, 14, 15))
+    assert [scan_steps(s) for s in (1, 2, 3, 7, 8, 14, 17, 32)] == [0, 1, 2, 3, 3, 4, 5, 5]
+    plan = rows_plan(2, 2, 56, 7)
+    assert plan.defines(torch.bfloat16, 7) == dict(VMAMBA2D_RS_DTYPE=2, VMAMBA2D_RS_VEC=8, VMAMBA2D_RS_LOAD=8,
+                                                   VMAMBA2D_RS_ROUTE=5, VMAMBA2D_RS_PREFETCH=1, VMAMBA2D_RS_STEPS=3)
+    assert plan.blocks(128, 384) == 128 * 384 // 4 // 4
+    with pytest.raises(ValueError, match="vec"):
+        layout(100, 2, 2)
+
+
+def test_design_rule():
+    assert choose_design(1, 56, 56, 0, 2, 2)[0] == "rs"
+    assert choose_design(1, 7, 7, 5, 4, 4)[0] == "rs"
+    assert choose_design(16, 56, 56, 0, 4, 4)[0] == "v3"
+    assert choose_design(1, 56, 56, 12, 4, 4)[0] == "v3"
+    assert choose_design(1, 200, 200, 0, 4, 4)[0] == "v3"
 
 
 def _offset_by(t, elements):
@@ -165,10 +191,12 @@ def test_warp_and_lane_order_do_not_change_a_bit(rows):
 
 def test_rejects_what_it_cannot_run(rows):
     x = make_inputs(1, 2, 1, 4, 4, torch.float32, seed=0)
-    with pytest.raises(RuntimeError, match="not a row-streaming shape"):
-        run(rows, x, 4, 4, route=12)
+    with pytest.raises(RuntimeError, match="not a row stream"):
+        run(rows, x, 4, 4, route=12, vec=4, load=4)
     with pytest.raises(RuntimeError, match="height, width"):
         run(rows, x, 4, 5)
+    with pytest.raises(RuntimeError, match="more than 32 lanes"):
+        run(rows, make_inputs(1, 1, 1, 1, 40, torch.float32, seed=0), 1, 40, vec=1, load=1)
 
 
 @pytest.mark.parametrize("scenario,message", [

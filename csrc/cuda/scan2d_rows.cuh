@@ -44,8 +44,10 @@ struct Pick<false, A, B> {
 
 // E: the element type's traits (Raw, the storage type; to_float / from_float, round to nearest
 // even), from the device or the host file. kV columns per lane, kLoad elements per global access
-// (kV or 1), kOrder and kFromRight: the route's passes (Order); kPrefetch rows loaded ahead.
-template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch>
+// (kV or 1), kOrder and kFromRight: the route's passes (Order); kPrefetch rows loaded ahead;
+// kSteps: the segmented scan's steps, rows_scan_steps(seg_lanes) (>= it is correct, fewer is not;
+// the GPU entry checks), or -1 to take rows_scan_steps at run time (the host emulation).
+template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch, int kSteps>
 struct RowsForward {
   using Raw = typename E::Raw;
   static constexpr int kChunks = kV / kLoad;
@@ -130,6 +132,7 @@ SS2D_UNROLL
     const long long maps = static_cast<long long>(p.batch) * p.dim;
     const int S = p.seg_lanes;
     const int M = p.maps_per_warp;
+    const int steps = kSteps >= 0 ? kSteps : rows_scan_steps(S);
     const int row_step = p.from_bottom ? -W : W;
     const int first_row = p.from_bottom ? (H - 1) * W : 0;
     const auto u = ctx.global(static_cast<const Raw*>(p.u), maps * L);
@@ -243,7 +246,7 @@ SS2D_UNROLL
 SS2D_UNROLL
         for (int step = 0; step < kScanSteps; ++step) {
           const int o = 1 << step;
-          if (o >= S) break;
+          if (step >= steps) break;
           ctx.shfl_up(ta, sa, o);
           ctx.shfl_up(tb, sb, o);
           ctx.each_lane([&](int lane) {

@@ -20,7 +20,7 @@ constexpr int kRouteColumnsFirst = 4;
 constexpr int kRouteFlat = 8;
 
 // The order of the passes along a streamed row, compiled into the kernel (with from_right; from_bottom
-// only reverses the row order and is a run-time parameter):
+// only reverses the row order and is a run-time parameter; the plan: vmamba2d/ops/compiled/rows_plan.py):
 //   kRowsFirst     2D, rows first (the paper's order): the row scan, then h = Abar * h_above + hh;
 //   kColumnsFirst  2D, columns first: v = Abar * v_above + x down the columns, then the row scan of v;
 //   kFlat          flat row-major route: one 1D scan whose state runs on from a row's last cell
@@ -73,45 +73,11 @@ SS2D_HD inline long long rows_items(const RowsParams& p) {
   return (maps + p.maps_per_warp - 1) / p.maps_per_warp;
 }
 
-// What a launch compiles in and how it lays the maps onto a warp.
-struct RowsPlan {
-  int supported;      // 0: the shape or route is not for RS (use v3)
-  int vec;            // V: columns per lane (a power of two, at most 16 bytes of the input type)
-  int load;           // elements per global access: V (one 16 / 8 / 4-byte vector) or 1 (scalars)
-  int prefetch;       // P: rows of u, delta, B, C loaded ahead (registers)
-  int seg_lanes;      // S
-  int maps_per_warp;  // M
-};
-
-// The plan rule. V: the widest power of two of at most 16 bytes that divides W with ceil(W / V) <= 32
-// lanes (no ragged lane; fewer, wider lanes amortise the per-lane scan steps); if none divides,
-// the narrowest that fits W into 32 lanes (the last lane of a segment is then ragged: its columns
-// past W are never loaded or stored). Vector accesses (load = V) when W % V == 0 and every tensor's
-// base address is aligned to the vector (aligned_bytes: the largest power of two, up to 16, dividing
-// all of u, delta, B, C and y's addresses; fp32 y of 2-byte inputs needs twice the alignment, up to
-// 16), else scalar accesses (load = 1). P = 2, or 1 for 8 columns per lane (registers: <= 64).
-// elem_bytes: 4 (fp32) or 2 (fp16 / bf16); y_bytes: y's element size.
-SS2D_HD inline RowsPlan rows_plan(int elem_bytes, int y_bytes, int width, int route, int aligned_bytes) {
-  RowsPlan plan{0, 0, 0, 0, 0, 0};
-  const int max_vec = 16 / elem_bytes;
-  if (!rows_route_supported(route) || width < 1 || width > kWarpLanes * max_vec) return plan;
-  int vec = 0;
-  for (int v = max_vec; v >= 1 && vec == 0; v /= 2) {
-    if (width % v == 0 && (width + v - 1) / v <= kWarpLanes) vec = v;
-  }
-  for (int v = 1; vec == 0; v *= 2) {
-    if ((width + v - 1) / v <= kWarpLanes) vec = v;
-  }
-  const int y_vector = vec * y_bytes < 16 ? vec * y_bytes : 16;
-  const bool vector = vec > 1 && width % vec == 0 && aligned_bytes % (vec * elem_bytes) == 0 &&
-                      aligned_bytes % y_vector == 0;
-  plan.supported = 1;
-  plan.vec = vec;
-  plan.load = vector ? vec : 1;
-  plan.prefetch = vec >= 8 ? 1 : 2;
-  plan.seg_lanes = (width + vec - 1) / vec;
-  plan.maps_per_warp = kWarpLanes / plan.seg_lanes;
-  return plan;
+// Scan steps a segment of seg_lanes lanes needs: ceil(log2(seg_lanes)).
+SS2D_HD inline int rows_scan_steps(int seg_lanes) {
+  int steps = 0;
+  while ((1 << steps) < seg_lanes) ++steps;
+  return steps;
 }
 
 }  // namespace rows

@@ -130,12 +130,14 @@ constexpr int kRowsThreads = 128;
 constexpr int kRowsMinBlocks = 8;
 
 // The kernel body: warp w of the grid takes item w (grid: ceil(rows_items / warps per block) blocks).
-template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch>
+template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch, int kSteps>
 __device__ SS2D_INLINE void rows_forward_kernel(const RowsParams& p) {
+  static_assert(kSteps >= 0 && kSteps <= kScanSteps, "kSteps: rows_scan_steps of the plan");
+  if ((1 << kSteps) < p.seg_lanes) __trap();  // compiled for narrower segments than launched
   RowsDeviceCtx ctx;
   const long long item = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
   if (item >= rows_items(p)) return;
-  RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch>::run(ctx, p, item);
+  RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch, kSteps>::run(ctx, p, item);
 }
 
 }  // namespace rows

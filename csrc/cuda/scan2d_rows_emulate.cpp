@@ -199,11 +199,11 @@ class RowsHostCtx {
 
 template <class E, int kV, int kLoad, Order kOrder, bool kFromRight>
 void run_launch(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
-  constexpr int kPrefetch = kV >= 8 ? 1 : 2;  // rows_plan's rule
+  constexpr int kPrefetch = kV >= 8 ? 1 : 2;  // the plan's rule (rows_plan.py)
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_items(p))) {
     RowsHostCtx ctx(item, schedule, shadow);
-    RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch>::run(ctx, p, item);
+    RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch, -1>::run(ctx, p, item);
   }
 }
 
@@ -232,26 +232,20 @@ void by_load(const RowsParams& p, int load, int route, int64_t order, GlobalShad
 }
 
 template <class E>
-void by_vec(const RowsParams& p, const RowsPlan& plan, int route, int64_t order, GlobalShadow* shadow) {
-  switch (plan.vec) {
+void by_vec(const RowsParams& p, int vec, int load, int route, int64_t order, GlobalShadow* shadow) {
+  switch (vec) {
     case 1:
-      return by_load<E, 1>(p, plan.load, route, order, shadow);
+      return by_load<E, 1>(p, load, route, order, shadow);
     case 2:
-      return by_load<E, 2>(p, plan.load, route, order, shadow);
+      return by_load<E, 2>(p, load, route, order, shadow);
     case 4:
-      return by_load<E, 4>(p, plan.load, route, order, shadow);
+      return by_load<E, 4>(p, load, route, order, shadow);
     case 8:
-      if constexpr (sizeof(typename E::Raw) == 2) return by_load<E, 8>(p, plan.load, route, order, shadow);
+      if constexpr (sizeof(typename E::Raw) == 2) return by_load<E, 8>(p, load, route, order, shadow);
       [[fallthrough]];
     default:
-      fail("no kernel with " + std::to_string(plan.vec) + " columns per lane for this type");
+      fail("no kernel with " + std::to_string(vec) + " columns per lane for this type");
   }
-}
-
-int64_t common_alignment(std::initializer_list<const void*> ptrs) {
-  uintptr_t bits = 16;
-  for (const void* ptr : ptrs) bits |= reinterpret_cast<uintptr_t>(ptr);
-  return static_cast<int64_t>(bits & (~bits + 1));
 }
 
 void check_input(const at::Tensor& t, const char* name, at::ScalarType type, int64_t dims) {
@@ -260,34 +254,20 @@ void check_input(const at::Tensor& t, const char* name, at::ScalarType type, int
               t.scalar_type(), " of shape ", t.sizes());
 }
 
-// The plan rows_plan makes for these tensors, with vec / load overridden where given (> 0).
-RowsPlan make_plan(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& B, const at::Tensor& C,
-                   const at::Tensor& y, int64_t width, int64_t route, int64_t vec, int64_t load) {
-  const int64_t aligned =
-      common_alignment({u.data_ptr(), delta.data_ptr(), B.data_ptr(), C.data_ptr(), y.data_ptr()});
-  RowsPlan plan = rows_plan(static_cast<int>(u.element_size()), static_cast<int>(y.element_size()),
-                            static_cast<int>(width), static_cast<int>(route), static_cast<int>(aligned));
-  TORCH_CHECK(plan.supported, "route ", route, " / width ", width, ": not a row-streaming shape (use v3)");
-  if (vec > 0) {
-    TORCH_CHECK((width + vec - 1) / vec <= kWarpLanes, "vec ", vec, " puts a row of ", width, " on more than 32 lanes");
-    plan.vec = static_cast<int>(vec);
-    plan.load = load > 0 ? static_cast<int>(load) : 1;
-    TORCH_CHECK(plan.load == 1 || (plan.load == plan.vec && width % vec == 0), "load ", load,
-                ": 1, or vec where vec divides the width");
-    plan.prefetch = plan.vec >= 8 ? 1 : 2;
-    plan.seg_lanes = static_cast<int>((width + vec - 1) / vec);
-    plan.maps_per_warp = kWarpLanes / plan.seg_lanes;
-  }
-  return plan;
-}
-
-// y = the route's 2D selective scan (N = 1) of the inputs, run on the emulated RS kernel.
-// u: (batch, dim, L); delta: (batch, dim, L); B, C: (batch, groups, 1, L); A: (dim, 1); D,
-// delta_bias: (dim,) or None. Returns y (batch, dim, L) in u's type, or fp32 with y_fp32.
+// y = the route's 2D selective scan (N = 1) of the inputs, run on the emulated RS kernel with vec
+// columns per lane and load elements per access (a RowsPlan of vmamba2d/ops/compiled/rows_plan.py;
+// the layout follows from them). u: (batch, dim, L); delta: (batch, dim, L); B, C: (batch, groups,
+// 1, L); A: (dim, 1); D, delta_bias: (dim,) or None. Returns y (batch, dim, L) in u's type, or fp32
+// with y_fp32.
 at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
                         const at::Tensor& C, const std::optional<at::Tensor>& D,
                         const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height, int64_t width,
                         int64_t route, bool y_fp32, int64_t order, int64_t vec, int64_t load) {
+  TORCH_CHECK(rows_route_supported(static_cast<int>(route)), "route ", route, ": not a row stream (use v3)");
+  TORCH_CHECK(vec == 1 || vec == 2 || vec == 4 || (vec == 8 && u.element_size() == 2),
+              "vec: expected 1, 2, 4 (or 8 for 2-byte types), got ", vec);
+  TORCH_CHECK((width + vec - 1) / vec <= kWarpLanes, "vec ", vec, " puts a row of ", width, " on more than 32 lanes");
+  TORCH_CHECK(load == 1 || (load == vec && width % vec == 0), "load ", load, ": 1, or vec where vec divides W");
   const at::ScalarType type = u.scalar_type();
   TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
               "u: expected float32, float16 or bfloat16, got ", type);
@@ -310,7 +290,6 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
 
   at::Tensor y = at::full({batch, dim, length}, std::numeric_limits<float>::quiet_NaN(),
                           u.options().dtype(y_fp32 ? at::kFloat : type));
-  const RowsPlan plan = make_plan(u, delta, B, C, y, width, route, vec, load);
   RowsParams p{};
   p.u = u.data_ptr();
   p.delta = delta.data_ptr();
@@ -327,8 +306,8 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   p.groups = static_cast<int>(groups);
   p.height = static_cast<int>(height);
   p.width = static_cast<int>(width);
-  p.seg_lanes = plan.seg_lanes;
-  p.maps_per_warp = plan.maps_per_warp;
+  p.seg_lanes = static_cast<int>((width + vec - 1) / vec);
+  p.maps_per_warp = kWarpLanes / p.seg_lanes;
   p.softplus = softplus ? 1 : 0;
   p.y_fp32 = y_fp32 ? 1 : 0;
   p.from_bottom = (route & kRouteFromBottom) ? 1 : 0;
@@ -337,27 +316,16 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   GlobalShadow shadow(y.numel());
   const int code = static_cast<int>(route);
   if (type == at::kFloat) {
-    by_vec<HostF32>(p, plan, code, order, &shadow);
+    by_vec<HostF32>(p, static_cast<int>(vec), static_cast<int>(load), code, order, &shadow);
   } else if (type == at::kHalf) {
-    by_vec<HostF16>(p, plan, code, order, &shadow);
+    by_vec<HostF16>(p, static_cast<int>(vec), static_cast<int>(load), code, order, &shadow);
   } else {
-    by_vec<HostBF16>(p, plan, code, order, &shadow);
+    by_vec<HostBF16>(p, static_cast<int>(vec), static_cast<int>(load), code, order, &shadow);
   }
   if (const int64_t missing = shadow.unwritten()) {
     fail(std::to_string(missing) + " cells of y were written by no lane");
   }
   return y;
-}
-
-pybind11::dict plan_dict(const RowsPlan& plan) {
-  pybind11::dict d;
-  d["supported"] = static_cast<bool>(plan.supported);
-  d["vec"] = plan.vec;
-  d["load"] = plan.load;
-  d["prefetch"] = plan.prefetch;
-  d["seg_lanes"] = plan.seg_lanes;
-  d["maps_per_warp"] = plan.maps_per_warp;
-  return d;
 }
 
 // One synthetic warp that breaks (or keeps) a rule of the checker; throws when the checker objects.
@@ -406,16 +374,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows_forward", &rows_forward, "RS forward on the host emulation", pybind11::arg("u"),
         pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"), pybind11::arg("D"),
         pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
-        pybind11::arg("route") = 0, pybind11::arg("y_fp32") = false, pybind11::arg("order") = 0,
-        pybind11::arg("vec") = 0, pybind11::arg("load") = 0);
-  m.def(
-      "rows_plan",
-      [](int64_t elem_bytes, int64_t y_bytes, int64_t width, int64_t route, int64_t aligned_bytes) {
-        return plan_dict(rows_plan(static_cast<int>(elem_bytes), static_cast<int>(y_bytes), static_cast<int>(width),
-                                   static_cast<int>(route), static_cast<int>(aligned_bytes)));
-      },
-      "rows_plan (scan2d_rows_common.h)", pybind11::arg("elem_bytes"), pybind11::arg("y_bytes"),
-      pybind11::arg("width"), pybind11::arg("route"), pybind11::arg("aligned_bytes") = 16);
+        pybind11::arg("route"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
+        pybind11::arg("load"));
   m.def("rows_vector_accesses", [] { return g_vector_accesses; },
         "vector global accesses of the last rows_forward call on this thread");
   m.def("rows_self_check", &rows_self_check, "run one checker scenario", pybind11::arg("scenario"));

@@ -6,6 +6,8 @@
 //   VMAMBA2D_RS_LOAD      RowsPlan::load
 //   VMAMBA2D_RS_ROUTE     the route code with bit 2 (from_bottom, RowsParams::from_bottom) clear
 //   VMAMBA2D_RS_PREFETCH  RowsPlan::prefetch
+//   VMAMBA2D_RS_STEPS     RowsPlan::scan_steps (rows_scan_steps of the launch's seg_lanes)
+// (RowsPlan: vmamba2d/ops/compiled/rows_plan.py, whose defines() gives these.)
 // Launch: vmamba2d_rows_forward(RowsParams) with kRowsThreads (128) threads per block and
 // ceil(rows_items / 4) blocks, no dynamic shared memory.
 #include "scan2d_rows_device.cuh"
@@ -24,6 +26,9 @@
 #endif
 #ifndef VMAMBA2D_RS_PREFETCH
 #define VMAMBA2D_RS_PREFETCH 2
+#endif
+#ifndef VMAMBA2D_RS_STEPS
+#define VMAMBA2D_RS_STEPS 4
 #endif
 // Blocks per SM the kernel is compiled for (kRowsMinBlocks: 64 registers); lower for experiments.
 #ifndef VMAMBA2D_RS_MIN_BLOCKS
@@ -63,5 +68,6 @@ extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMB
                            : (VMAMBA2D_RS_ROUTE & kRouteColumnsFirst) ? Order::kColumnsFirst
                                                                        : Order::kRowsFirst;
   rows_forward_kernel<DeviceElement<VMAMBA2D_RS_DTYPE>::type, VMAMBA2D_RS_VEC, VMAMBA2D_RS_LOAD, kOrder,
-                      (VMAMBA2D_RS_ROUTE & kRouteFromRight) != 0, VMAMBA2D_RS_PREFETCH>(p);
+                      (VMAMBA2D_RS_ROUTE & kRouteFromRight) != 0, VMAMBA2D_RS_PREFETCH,
+                      VMAMBA2D_RS_STEPS>(p);
 }

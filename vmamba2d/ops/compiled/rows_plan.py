@@ -1,0 +1,120 @@
+"""Plan of the v4 row-streaming forward (RS, csrc/cuda/scan2d_rows.cuh) and the rule that picks the
+GPU scan design for a call.
+
+RS runs the N = 1 scan with one warp per M maps, each map a segment of S lanes, each lane owning V
+consecutive columns of every row (docs/kernels.md, "v4"). The plan fixes what the kernel compiles in
+(the entry file's macros, :meth:`RowsPlan.defines`) and the lane layout the launch passes
+(``seg_lanes``, ``maps_per_warp`` of RowsParams in csrc/cuda/scan2d_rows_common.h).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+WARP_LANES = 32
+ROWS_THREADS = 128  # threads per block of the RS entry (kRowsThreads)
+_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_FROM_BOTTOM, _COLUMNS_FIRST, _FLAT = 2, 4, 8
+
+
+@dataclass(frozen=True)
+class RowsPlan:
+    """One RS launch's compiled configuration and lane layout.
+
+    vec: columns per lane (V); load: elements per global access (V: one vector, or 1: scalars);
+    prefetch: rows of u, delta, B, C loaded ahead (P); seg_lanes: lanes per map (S = ceil(W / V));
+    maps_per_warp: M = 32 // S; scan_steps: ceil(log2 S), the segmented warp scan's steps.
+    """
+
+    vec: int
+    load: int
+    prefetch: int
+    seg_lanes: int
+    maps_per_warp: int
+    scan_steps: int
+
+    def defines(self, dtype: torch.dtype, route: int) -> dict[str, int]:
+        """The macros of csrc/cuda/scan2d_rows_entry.cu for this plan, input type and route code
+        (its from_bottom bit is a run-time parameter and is dropped)."""
+        return {
+            "VMAMBA2D_RS_DTYPE": _DTYPE_CODES[dtype],
+            "VMAMBA2D_RS_VEC": self.vec,
+            "VMAMBA2D_RS_LOAD": self.load,
+            "VMAMBA2D_RS_ROUTE": route & ~_FROM_BOTTOM,
+            "VMAMBA2D_RS_PREFETCH": self.prefetch,
+            "VMAMBA2D_RS_STEPS": self.scan_steps,
+        }
+
+    def blocks(self, batch: int, dim: int) -> int:
+        """Grid size of a launch over batch x dim maps (one warp per maps_per_warp maps)."""
+        items = -(-batch * dim // self.maps_per_warp)
+        return -(-items // (ROWS_THREADS // WARP_LANES))
+
+
+def route_streams_rows(route: int) -> bool:
+    """Whether a route code (vmamba2d.ops.Route.code) is a row stream: every 2D route and the flat
+    row-major ones; flat column-major routes (codes 12-15) are not."""
+    return 0 <= route < 16 and not (route & _FLAT and route & _COLUMNS_FIRST)
+
+
+def scan_steps(seg_lanes: int) -> int:
+    """ceil(log2(seg_lanes)): the segmented warp scan's shuffle steps."""
+    return max(seg_lanes - 1, 0).bit_length()
+
+
+def layout(width: int, vec: int, load: int) -> RowsPlan:
+    """The plan with ``vec`` columns per lane and ``load`` elements per access (prefetch by V)."""
+    if vec not in (1, 2, 4, 8) or -(-width // vec) > WARP_LANES:
+        raise ValueError(f"vec: expected 1, 2, 4 or 8 with ceil(width / vec) <= 32, got {vec} for width {width}")
+    if load not in (1, vec) or (load > 1 and width % vec):
+        raise ValueError(f"load: expected 1, or vec where vec divides the width {width}, got {load}")
+    seg = -(-width // vec)
+    return RowsPlan(vec, load, 1 if vec >= 8 else 2, seg, WARP_LANES // seg, scan_steps(seg))
+
+
+def alignment(*tensors: torch.Tensor) -> int:
+    """The largest power of two up to 16 dividing every tensor's data address."""
+    bits = 16
+    for t in tensors:
+        bits |= t.data_ptr()
+    return bits & -bits
+
+
+def rows_plan(elem_bytes: int, y_bytes: int, width: int, route: int, aligned_bytes: int = 16) -> Optional[RowsPlan]:
+    """The RS plan of a map width, or None where RS does not apply (route not a row stream, or W
+    wider than 32 lanes of 16 bytes).
+
+    V: the widest power of two of at most 16 bytes (4 fp32, 8 fp16 / bf16) that divides W with
+    ceil(W / V) <= 32 lanes (fewer, wider lanes amortise the per-lane scan steps); where none divides,
+    the narrowest that fits W into 32 lanes (the last lane of a segment is then ragged). Vector
+    accesses when V > 1 divides W and ``aligned_bytes`` (alignment of u, delta, B, C and y) holds a
+    vector of the inputs and of y (an fp32 y of 2-byte inputs needs up to 16 bytes), else scalar
+    ones. P = 2 rows ahead, 1 at 8 columns per lane (registers: at most 64).
+    """
+    if elem_bytes not in (2, 4) or y_bytes not in (2, 4):
+        raise ValueError(f"elem_bytes, y_bytes: expected 2 or 4, got {elem_bytes}, {y_bytes}")
+    max_vec = 16 // elem_bytes
+    if not route_streams_rows(route) or not 1 <= width <= WARP_LANES * max_vec:
+        return None
+    fits = [v for v in (8, 4, 2, 1) if v <= max_vec and -(-width // v) <= WARP_LANES]
+    vec = next((v for v in fits if width % v == 0), fits[-1])
+    vector = vec > 1 and width % vec == 0 and aligned_bytes % (vec * elem_bytes) == 0 \
+        and aligned_bytes % min(16, vec * y_bytes) == 0
+    return layout(width, vec, vec if vector else 1)
+
+
+def choose_design(nstate: int, height: int, width: int, route: int, elem_bytes: int, y_bytes: int,
+                  aligned_bytes: int = 16) -> tuple[str, str]:
+    """The GPU scan design for a call, by a fixed rule of the shape (never by timing): ("rs", why)
+    for N = 1 on a row-streamable route with W <= 32 lanes x 16 bytes; ("v3", why) otherwise (N > 1,
+    flat column-major routes, wider maps). PL (one plane per lane for H * W <= 64) is not built yet,
+    so the small maps take RS too."""
+    if nstate != 1:
+        return "v3", f"N = {nstate}: RS holds one state per cell"
+    if not route_streams_rows(route):
+        return "v3", f"route {route}: a flat column-major route is not a row stream"
+    if rows_plan(elem_bytes, y_bytes, width, route, aligned_bytes) is None:
+        return "v3", f"width {width}: wider than 32 lanes of {16 // elem_bytes} columns"
+    return "rs", f"N = 1, route {route}, width {width} <= {32 * 16 // elem_bytes}"
