@@ -7,7 +7,7 @@ Extensions:
 Build with the project's torch already installed: ``pip install --no-build-isolation -e .``.
 Every wheel also carries the CPU kernel's C++ sources (csrc/cpu/*.h, *.cpp) as package data under
 vmamba2d/csrc/cpu: an install built without torch (an isolated ``pip install .``, the wheel of
-``python -m build``) JIT-compiles the kernel from them on first use (vmamba2d/ops/_extensions.py).
+``python -m build``) JIT-compiles the kernel from them on first use (vmamba2d/ops/compiled/extensions.py).
 
 Environment variables:
     TORCH_CUDA_ARCH_LIST        CUDA archs (default: 7.0, 7.5, 8.0, 8.6, 9.0 + PTX of 9.0, minus
@@ -35,7 +35,7 @@ CXX_FLAGS = ["-O3", "-std=c++20", "-fno-trapping-math"]
 OPENMP_FLAGS = ["-fopenmp"]
 
 
-# Where the wheel carries csrc/cpu's files; vmamba2d/ops/_extensions.py looks there first.
+# Where the wheel carries csrc/cpu's files; vmamba2d/ops/compiled/extensions.py looks there first.
 PACKAGED_CPU_SOURCES = Path("vmamba2d") / "csrc" / "cpu"
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from vmamba2d.ops import CORNER_ROUTES, CROSS_ROUTES, Route, cross_selective_scan_2d, route_set
-from vmamba2d.ops.cross_scan import cross_scan_per_route
+from vmamba2d.ops.interface import cross_scan_per_route
 from vmamba2d.ops.routes import from_route_order, resolve_routes, to_route_order
 
 ALL_ROUTES = [Route.from_code(code) for code in range(16)]
@@ -232,34 +232,6 @@ def test_fvcore_counts_the_four_route_op_like_its_routes():
         analysis = fvcore.FlopCountAnalysis(Mixer(routes), args).set_op_handle(**FVCORE_OP_HANDLES)
         analysis.unsupported_ops_warnings(False)
         assert analysis.total() == 4 * per_route(2, 3, 20, 2, with_d=True)
-
-
-@pytest.mark.parametrize("with_optional", [True, False])
-def test_custom_op_per_route_composition_matches_the_route_kernel(with_optional):
-    """The op's per-route fallback (used on devices whose extension has no route kernel, e.g. a
-    CUDA extension built from older sources) run on the CPU extension's single-route kernel
-    equals its native route kernel."""
-    from vmamba2d.ops import _extensions
-    from vmamba2d.ops.cross_fused import cross_backward_per_route, cross_forward_per_route
-
-    module = _extensions.cpu_extension()
-    inputs = _inputs(height=5, width=3)
-    if not with_optional:
-        inputs.update(D=None, delta_bias=None)
-    args = tuple(inputs[k] for k in ("u", "delta", "A", "B", "C", "D", "delta_bias"))
-    codes = [r.code for r in CORNER_ROUTES] + [r.code for r in route_set("cross", "1d")]
-    args = args[:1] + (torch.cat([args[1]] * 2, 1), torch.cat([args[2]] * 2), torch.cat([args[3]] * 2, 1),
-                       torch.cat([args[4]] * 2, 1)) + tuple(None if t is None else torch.cat([t] * 2) for t in args[5:])
-    expected = module.cross_forward(*args, True, codes, False)
-    torch.testing.assert_close(cross_forward_per_route(module, *args, True, codes, False), expected, rtol=1e-12, atol=1e-12)
-    dy = torch.randn_like(args[0])
-    got = cross_backward_per_route(module, *args, True, codes, dy)
-    for name, g, e in zip(("du", "ddelta", "dA", "dB", "dC", "dD", "ddelta_bias"), got,
-                          module.cross_backward(*args, True, codes, dy)):
-        if e is None:
-            assert g is None, name
-        else:
-            torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10, msg=name)
 
 
 def test_four_route_ops_share_the_flop_handles_argument_positions():

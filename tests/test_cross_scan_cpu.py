@@ -12,7 +12,8 @@ import itertools
 import pytest
 import torch
 
-from vmamba2d.ops import _extensions, selective_scan_2d_reference
+from vmamba2d.ops import selective_scan_2d_reference
+from vmamba2d.ops.compiled import extensions
 from vmamba2d.ops.routes import CORNER_ROUTES, CROSS_ROUTES, Route, from_route_order, to_route_order
 
 GRAD_NAMES = ("u", "delta", "A", "B", "C", "D", "delta_bias")
@@ -20,7 +21,7 @@ GRAD_NAMES = ("u", "delta", "A", "B", "C", "D", "delta_bias")
 
 @pytest.fixture(scope="module")
 def ext():
-    module = _extensions.cpu_extension()
+    module = extensions.cpu_extension()
     if module is None:
         pytest.skip("no CPU kernel (neither built nor JIT-compilable)")
     return module

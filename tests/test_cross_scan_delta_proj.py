@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vmamba2d.ops import cross_selective_scan_2d, route_set
-from vmamba2d.ops.cross_scan import cross_scan_per_route
+from vmamba2d.ops.interface import cross_scan_per_route
 from vmamba2d.ops.routes import resolve_routes
 
 NAMES = ("u", "delta", "A", "B", "C", "D", "delta_bias", "delta_proj_weight")
@@ -107,16 +107,13 @@ def test_channel_groups_of_the_cpu_projection(isa, dtype, shape, monkeypatch):
     _check_folded("cpu", inputs, "cross", tol=1e-10 if dtype == torch.float64 else 2e-4)
 
 
-def test_per_route_fallback_of_the_custom_op_projects_first(monkeypatch):
-    """On a device whose kernel has no route kernel (CUDA today) the custom op scans route by
-    route on route-order copies: emulated here with the CPU extension's single-route kernel."""
-    from vmamba2d.ops import _extensions, cross_fused
+def test_custom_op_projecting_first_equals_the_fold(monkeypatch):
+    """The custom op's path for kernels that do not project delta themselves (the CUDA kernel:
+    project, then the full-rank route kernel, gradients through project_delta_grads), run here on
+    the CPU kernel, against the reference."""
+    from vmamba2d.ops.compiled import cross_ops
 
-    class SingleRouteOnly:
-        forward = staticmethod(_extensions.cpu_extension().forward)
-        backward = staticmethod(_extensions.cpu_extension().backward)
-
-    monkeypatch.setattr(cross_fused, "_kernel_module", lambda device: SingleRouteOnly)
+    monkeypatch.setattr(cross_ops, "_kernel_projects", lambda u: False)
     _check_folded("cpu", _inputs(seed=3), "cross")
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from vmamba2d.ops import backend_info, cross_selective_scan_2d, route_set
-from vmamba2d.ops import _extensions
-from vmamba2d.ops.cross_scan import cross_scan_per_route
+from vmamba2d.ops.compiled import extensions
+from vmamba2d.ops.interface import cross_scan_per_route
 from vmamba2d.ops.routes import resolve_routes
 
 from script_loading import load_tool
@@ -106,7 +106,7 @@ def test_lane_forward_equals_the_per_channel_kernel(routes, monkeypatch):
     lanes = _lanes(inputs, True, routes)
     monkeypatch.setenv("VMAMBA2D_CPU_ISA", "avx2")
     per_channel = _lanes(inputs, True, routes)
-    assert _extensions.cpu_extension().isa() == "avx2"
+    assert extensions.cpu_extension().isa() == "avx2"
     scale = per_channel.abs().max()
     assert (lanes - per_channel).abs().max() <= 1e-6 * scale
 
@@ -203,7 +203,7 @@ def test_kernel_backward_returns_low_rank_and_weight_gradients():
         if not lanes:
             inputs["u"] = inputs["u"].contiguous()
             dy = dy.contiguous()
-        grads = _extensions.cpu_extension().cross_backward(**inputs, delta_softplus=True, routes=codes, dy=dy,
+        grads = extensions.cpu_extension().cross_backward(**inputs, delta_softplus=True, routes=codes, dy=dy,
                                                            delta_proj_weight=weight)
         assert len(grads) == 8
         assert grads[1].shape == inputs["delta"].shape and grads[7].shape == weight.shape

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from test_scan_cuda import CUDA_MODULE, ORDER, make_inputs, needs_module
-from vmamba2d.ops import fused
+from vmamba2d.ops.compiled import ops as compiled_ops
 
 PASSING_SCENARIOS = ["ordered_by_barrier", "ordered_by_syncwarp", "aligned_vector_access", "offset_view"]
 FAILING_SCENARIOS = {
@@ -293,16 +293,16 @@ def test_python_carry_size_mirrors_the_kernel_plan(shape):
     args = [inputs[k] for k in ORDER]
     _, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, height, width, False, True,
                                                        race_check=False)
-    expected = fused.cuda_carry_numel(batch, dim, nstate, height, width)
+    expected = compiled_ops.cuda_carry_numel(batch, dim, nstate, height, width)
     assert carry_h.numel() == expected and carry_v.numel() == expected
 
 
 def test_custom_ops_with_carries_pass_opcheck():
     inputs = make_inputs(1, 4, 2, 2, 3, 4, seed=41)
     args = [inputs[k] for k in ORDER]
-    torch.library.opcheck(fused.selective_scan_2d_fwd, (*args, True, 3, 4, False, True),
+    torch.library.opcheck(compiled_ops.selective_scan_2d_fwd, (*args, True, 3, 4, False, True),
                           test_utils=("test_schema", "test_faketensor"))
     empty = torch.empty(0)
-    torch.library.opcheck(fused.selective_scan_2d_bwd,
+    torch.library.opcheck(compiled_ops.selective_scan_2d_bwd,
                           (*args, True, 3, 4, torch.randn(1, 4, 12), empty, empty),
                           test_utils=("test_schema", "test_faketensor"))

@@ -2,7 +2,7 @@
 
 The route kernels (Variant::kRoute) run on the CPU with the race detector and shuffled thread /
 warp / lane / block orders (``_emulate_cross_forward`` / ``_emulate_cross_backward``), against
-the per-route formulation of :func:`vmamba2d.ops.cross_scan.cross_scan_per_route` on the
+the per-route formulation of :func:`vmamba2d.ops.interface.cross_scan_per_route` on the
 ``torch`` backend in fp64 with autograd (route-order copies: independent of the kernels' in-place
 addressing): every route code (the "cross" and "corners" sets, 2D and flat, and the codes with a
 single flip), packed small maps, one-row / one-column / single-cell maps, maps of several tiles in
@@ -21,7 +21,7 @@ import torch
 
 from test_scan_cuda import CUDA_MODULE, assert_close, needs_gpu, needs_module
 from vmamba2d.ops import backend_info
-from vmamba2d.ops.cross_scan import cross_scan_mode, cross_scan_per_route, cross_selective_scan_2d
+from vmamba2d.ops.interface import cross_scan_mode, cross_scan_per_route, cross_selective_scan_2d
 from vmamba2d.ops.routes import Route
 
 pytestmark = needs_module

@@ -1,7 +1,7 @@
 """CUDA build targets and resources, checked without a GPU.
 
 * the default arch list and its intersection with what nvcc supports (vmamba2d/_cuda_archs.py);
-* the per-device kernel-image check (``_extensions.cuda_kernel_usable``) against a stand-in
+* the per-device kernel-image check (``extensions.cuda_kernel_usable``) against a stand-in
   extension module, and the real extension's entry point where it is built;
 * the ptxas resource report of every kernel instantiation on every default build arch nvcc supports
   (tools/ptxas_report.py): zero spills, registers / shared memory / stack within the budgets stated
@@ -20,7 +20,8 @@ from typing import Optional
 import pytest
 import torch
 
-from vmamba2d.ops import _extensions, backend_info
+from vmamba2d.ops import backend_info
+from vmamba2d.ops.compiled import extensions
 
 from script_loading import load_script
 
@@ -92,22 +93,22 @@ def fake_cuda_extension(monkeypatch):
     module.kernel_image_available = kernel_image_available
     module.kernel_image_arch = lambda device_index: 86  # the sm_86 code runs there
     module.calls = calls
-    monkeypatch.setattr(_extensions, "cuda_extension", lambda: module)
+    monkeypatch.setattr(extensions, "cuda_extension", lambda: module)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (7, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"Tesla V100 #{index}")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    monkeypatch.setitem(_extensions._failure_reasons, "vmamba2d._C_cuda", "")
-    _extensions._cuda_kernel_usable_on.cache_clear()
-    _extensions.cuda_kernel_arch.cache_clear()
+    monkeypatch.setitem(extensions._failure_reasons, "vmamba2d._C_cuda", "")
+    extensions._cuda_kernel_usable_on.cache_clear()
+    extensions.cuda_kernel_arch.cache_clear()
     yield module
-    _extensions._cuda_kernel_usable_on.cache_clear()
-    _extensions.cuda_kernel_arch.cache_clear()
+    extensions._cuda_kernel_usable_on.cache_clear()
+    extensions.cuda_kernel_arch.cache_clear()
 
 
 def test_kernel_arch_is_reported_only_where_a_kernel_image_runs(fake_cuda_extension):
     fake_cuda_extension.images = {0}
-    assert _extensions.cuda_kernel_arch(0) == 86
-    assert _extensions.cuda_kernel_arch(1) is None  # no kernel image for that GPU
+    assert extensions.cuda_kernel_arch(0) == 86
+    assert extensions.cuda_kernel_arch(1) is None  # no kernel image for that GPU
 
 
 def test_backend_info_reports_no_kernel_arch_without_a_gpu():
@@ -118,16 +119,16 @@ def test_backend_info_reports_no_kernel_arch_without_a_gpu():
 
 def test_device_with_a_kernel_image_is_usable_and_asked_once(fake_cuda_extension):
     fake_cuda_extension.images = {0}
-    assert _extensions.cuda_kernel_usable(torch.device("cuda", 0))
-    assert _extensions.cuda_kernel_usable(torch.device("cuda", 0))
+    assert extensions.cuda_kernel_usable(torch.device("cuda", 0))
+    assert extensions.cuda_kernel_usable(torch.device("cuda", 0))
     assert fake_cuda_extension.calls == [0]  # cached: no driver query per call
 
 
 def test_device_without_a_kernel_image_is_refused_with_the_arch_to_build(fake_cuda_extension):
     fake_cuda_extension.images = {0}
-    assert not _extensions.cuda_kernel_usable(torch.device("cuda"))  # index None: current device (1)
+    assert not extensions.cuda_kernel_usable(torch.device("cuda"))  # index None: current device (1)
     assert fake_cuda_extension.calls == [1]
-    reason = _extensions.failure_reason("cuda")
+    reason = extensions.failure_reason("cuda")
     assert "Tesla V100 #1" in reason and "sm_70" in reason and "TORCH_CUDA_ARCH_LIST" in reason
 
 
@@ -136,17 +137,17 @@ def test_a_failing_runtime_query_makes_the_kernel_unusable_with_its_reason(fake_
         raise RuntimeError("cudaGetDeviceCount failed (cudaErrorInsufficientDriver: driver too old)")
 
     fake_cuda_extension.kernel_image_available = broken
-    assert not _extensions.cuda_kernel_usable(torch.device("cuda", 0))
-    assert "cudaErrorInsufficientDriver" in _extensions.failure_reason("cuda")
+    assert not extensions.cuda_kernel_usable(torch.device("cuda", 0))
+    assert "cudaErrorInsufficientDriver" in extensions.failure_reason("cuda")
 
 
 def test_missing_extension_is_not_usable(monkeypatch):
-    monkeypatch.setattr(_extensions, "cuda_extension", lambda: None)
-    _extensions._cuda_kernel_usable_on.cache_clear()
+    monkeypatch.setattr(extensions, "cuda_extension", lambda: None)
+    extensions._cuda_kernel_usable_on.cache_clear()
     try:
-        assert not _extensions.cuda_kernel_usable(torch.device("cuda", 0))
+        assert not extensions.cuda_kernel_usable(torch.device("cuda", 0))
     finally:
-        _extensions._cuda_kernel_usable_on.cache_clear()
+        extensions._cuda_kernel_usable_on.cache_clear()
 
 
 def _built_cuda_module():

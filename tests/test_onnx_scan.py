@@ -12,8 +12,8 @@ from torch import nn
 
 from vmamba2d.export.onnx_scan import _softplus, translation_table
 from vmamba2d.ops import CROSS_ROUTES, Route, cross_selective_scan_2d, selective_scan_2d
-from vmamba2d.ops.cross_scan import cross_scan_per_route
-from vmamba2d.ops.scan_torch import selective_scan_2d_reference
+from vmamba2d.ops.interface import cross_scan_per_route
+from vmamba2d.ops import selective_scan_2d_reference
 
 BATCH, DIM, NSTATE, HEIGHT, WIDTH = 2, 3, 2, 5, 7
 ALL_ROUTES = tuple(Route.from_code(code) for code in range(16))  # every 2D and flat route

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import vmamba2d
-from vmamba2d.ops import _extensions
+from vmamba2d.ops.compiled import extensions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Not part of a source tree: environments, build outputs, caches, compiled extensions.
@@ -34,7 +34,8 @@ USER_SCRIPT = """
 
     import torch
     import vmamba2d
-    from vmamba2d.ops import _extensions, backend_info, selective_scan_2d
+    from vmamba2d.ops import backend_info, selective_scan_2d
+    from vmamba2d.ops.compiled import extensions
 
     assert vmamba2d.__file__.startswith(sys.prefix), f"not the installed package: {vmamba2d.__file__}"
     u = torch.randn(1, 2, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -48,8 +49,8 @@ USER_SCRIPT = """
     torch.testing.assert_close(y, selective_scan_2d(u, u, A, B, B, height=3, width=4, backend="reference"))
     info = backend_info()
     assert info["cpu_extension_source"] == "jit" and info["auto_cpu"] == "cpu", info
-    assert _extensions.cpu_sources_dir().is_relative_to(sys.prefix), _extensions.cpu_sources_dir()
-    assert _extensions.cpu_extension().openmp(), "the JIT build must parallelise with OpenMP"
+    assert extensions.cpu_sources_dir().is_relative_to(sys.prefix), extensions.cpu_sources_dir()
+    assert extensions.cpu_extension().openmp(), "the JIT build must parallelise with OpenMP"
     print("ok", vmamba2d.__version__)
 """
 
@@ -68,7 +69,7 @@ def _run(command: list, **kwargs) -> subprocess.CompletedProcess:
 
 
 def _kernel_source_names(folder: Path) -> set[str]:
-    return {p.name for pattern in _extensions.CPU_SOURCE_PATTERNS for p in folder.glob(pattern)}
+    return {p.name for pattern in extensions.CPU_SOURCE_PATTERNS for p in folder.glob(pattern)}
 
 
 def _check_sdist(sdist: Path) -> None:
@@ -124,15 +125,15 @@ def test_built_wheel_installs_and_jit_compiles_the_cpu_kernel(tmp_path):
     script = textwrap.dedent(USER_SCRIPT)
     first = _run([str(python), "-c", script], cwd=tmp_path, env=env)
     assert first.stdout.split() == ["ok", vmamba2d.__version__], first.stdout
-    assert first.stderr.count(_extensions.JIT_PROGRESS_LINE) == 1, first.stderr
+    assert first.stderr.count(extensions.JIT_PROGRESS_LINE) == 1, first.stderr
     cached = _run([str(python), "-c", script], cwd=tmp_path, env=env)
-    assert _extensions.JIT_PROGRESS_LINE not in cached.stderr, cached.stderr
+    assert extensions.JIT_PROGRESS_LINE not in cached.stderr, cached.stderr
 
 
 def test_jit_build_finds_ninja_of_the_ninja_package_when_path_lacks_it(monkeypatch):
-    monkeypatch.setattr(_extensions.shutil, "which", lambda name: None)
+    monkeypatch.setattr(extensions.shutil, "which", lambda name: None)
     monkeypatch.setenv("PATH", "/nonexistent")
-    with _extensions._ninja_on_path():
+    with extensions._ninja_on_path():
         first = Path(os.environ["PATH"].split(os.pathsep)[0])
         assert os.access(first / "ninja", os.X_OK), os.environ["PATH"]
     assert os.environ["PATH"] == "/nonexistent"

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmamba2d.ops import _extensions, selective_scan_2d
+from vmamba2d.ops import selective_scan_2d
+from vmamba2d.ops.compiled import extensions
 
 from script_loading import load_tool
 
@@ -134,22 +135,22 @@ def test_bench_scan_device_cuda_without_a_gpu_says_so():
 
 def test_gpu_benchmark_rows_are_the_backends_that_run_here(monkeypatch):
     gpu = _load_gpu_bench()
-    from vmamba2d.ops import _extensions
+    from vmamba2d.ops.compiled import extensions
 
-    monkeypatch.setattr(_extensions, "cuda_extension", lambda: object())
-    monkeypatch.setattr(_extensions, "cuda_kernel_usable", lambda device: False)
-    monkeypatch.setattr(_extensions, "failure_reason", lambda kind: "no kernel image for sm_70")
+    monkeypatch.setattr(extensions, "cuda_extension", lambda: object())
+    monkeypatch.setattr(extensions, "cuda_kernel_usable", lambda device: False)
+    monkeypatch.setattr(extensions, "failure_reason", lambda kind: "no kernel image for sm_70")
     monkeypatch.setattr(gpu, "backend_info", lambda: {"triton": True})
     backends, notes = gpu.available_backends(torch.device("cuda", 0))
     assert backends == (["triton", "torch"] if "triton" in gpu.BACKENDS else ["torch"])
     assert any("cuda: not benchmarked (no kernel image for sm_70)" in note for note in notes)
-    monkeypatch.setattr(_extensions, "cuda_kernel_usable", lambda device: True)
+    monkeypatch.setattr(extensions, "cuda_kernel_usable", lambda device: True)
     assert gpu.available_backends(torch.device("cuda", 0))[0][0] == "cuda"
 
 
 def test_gpu_benchmark_plan_table_shows_every_shape_and_its_1d_path():
     bench = _load_gpu_bench()
-    cuda_module = _extensions.cuda_extension()
+    cuda_module = extensions.cuda_extension()
     if cuda_module is None:
         pytest.skip("vmamba2d._C_cuda is not built")
     shapes = bench.default_shapes(["model", "table3"], bench.TABLE3_MAPS)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from vmamba2d.ops import _extensions, backend_info, selective_scan_2d
+from vmamba2d.ops import backend_info, selective_scan_2d
+from vmamba2d.ops.compiled import extensions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("cpu", "torch", "reference")
@@ -209,7 +210,7 @@ def test_cpu_gradients_match_reference(case):
 @pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
 def test_every_instruction_set_build_matches_reference(isa, monkeypatch):
     monkeypatch.setenv("VMAMBA2D_CPU_ISA", isa)
-    if _extensions.cpu_extension().isa() != isa:
+    if extensions.cpu_extension().isa() != isa:
         pytest.skip(f"this CPU (or compiler) has no {isa} build of the kernel")
     height, width = 9, 13
     inputs = make_inputs(2, 6, 2, 5, height, width, seed=43)
@@ -274,7 +275,7 @@ def test_non_contiguous_inputs():
 
 
 def test_cpu_kernel_supports_max_nstate():
-    from vmamba2d.ops.selective_scan_2d import MAX_NSTATE
+    from vmamba2d.ops.interface import MAX_NSTATE
 
     inputs = make_inputs(1, 2, 1, MAX_NSTATE["cpu"], 2, 3, seed=19)
     y = selective_scan_2d(**inputs, height=2, width=3, backend="cpu")
@@ -397,14 +398,14 @@ def test_torch_compile_fullgraph_traces_the_custom_op():
 
 
 def test_custom_op_fake_implementations_pass_opcheck():
-    from vmamba2d.ops import fused
+    from vmamba2d.ops.compiled import ops as compiled_ops
 
     inputs = make_inputs(1, 4, 2, 2, 3, 4, dtype=torch.float32, seed=41)
     args = [inputs[k] for k in TENSOR_ARGS]
-    torch.library.opcheck(fused.selective_scan_2d_fwd, (*args, True, 3, 4, False),
+    torch.library.opcheck(compiled_ops.selective_scan_2d_fwd, (*args, True, 3, 4, False),
                           test_utils=("test_schema", "test_faketensor"))
     dy = torch.randn(1, 4, 12)
-    torch.library.opcheck(fused.selective_scan_2d_bwd, (*args, True, 3, 4, dy),
+    torch.library.opcheck(compiled_ops.selective_scan_2d_bwd, (*args, True, 3, 4, dy),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -451,11 +452,11 @@ def test_jit_build_of_the_cpu_kernel():
         import torch
         from vmamba2d.ops import backend_info, selective_scan_2d
 
-        from vmamba2d.ops import _extensions
+        from vmamba2d.ops.compiled import extensions
 
         info = backend_info()
         assert info["cpu_extension_source"] == "jit" and info["auto_cpu"] == "cpu", info
-        assert _extensions.cpu_extension().openmp(), "the JIT build must parallelise with OpenMP"
+        assert extensions.cpu_extension().openmp(), "the JIT build must parallelise with OpenMP"
         u = torch.randn(1, 2, 12, dtype=torch.float64); B = torch.randn(1, 1, 3, 12, dtype=torch.float64)
         A = -torch.rand(2, 3, dtype=torch.float64) - 0.1
         torch.testing.assert_close(
@@ -471,5 +472,5 @@ def test_backend_info_reports_the_cpu_kernel():
     info = backend_info()
     assert info["cpu_extension"] is True
     # Without OpenMP in the extension's own build, at::parallel_for silently runs on one thread.
-    assert _extensions.cpu_extension().openmp()
+    assert extensions.cpu_extension().openmp()
     assert info["cpu_extension_source"] in ("built", "jit")

@@ -28,12 +28,16 @@ import pytest
 import torch
 
 from test_scan_ops import _grads, make_inputs
-from vmamba2d.ops import _extensions, backend_info, resolve_backend, scan_triton, selective_scan_2d
+from vmamba2d.ops import backend_info, resolve_backend, selective_scan_2d
+from vmamba2d.ops.compiled import extensions
+from vmamba2d.ops.triton import cross_ops as triton_cross
+from vmamba2d.ops.triton import launch as triton_launch
+from vmamba2d.ops.triton import ops as triton_ops
 
-dispatch = importlib.import_module("vmamba2d.ops.selective_scan_2d")
+dispatch = importlib.import_module("vmamba2d.ops.interface")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_GPU = torch.cuda.is_available()
-KERNELS = scan_triton.KERNELS_MODULE
+KERNELS = triton_launch.KERNELS_MODULE
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Run together in one child process (one interpreter start-up).
 INTERPRETED_CASES = [Path(__file__).resolve().parent / name
@@ -71,7 +75,7 @@ def test_cpu_tensors_without_the_interpreter_raise(monkeypatch):
 
 
 def test_missing_triton_raises(monkeypatch):
-    monkeypatch.setattr(scan_triton, "triton_unavailable_reason", lambda: "the 'triton' package is not installed")
+    monkeypatch.setattr(triton_launch, "triton_unavailable_reason", lambda: "the 'triton' package is not installed")
     with pytest.raises(RuntimeError, match="needs Triton: the 'triton' package is not installed"):
         triton_scan(**make_inputs(1, 2, 1, 2, 2, 2, dtype=torch.float32), height=2, width=2)
 
@@ -82,7 +86,7 @@ def test_missing_triton_raises(monkeypatch):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_kernels_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    for name in (dispatch.BACKEND_ENV_VAR, scan_triton.TILE_ENV_VAR):
+    for name in (dispatch.BACKEND_ENV_VAR, triton_launch.TILE_ENV_VAR):
         env.pop(name, None)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", *map(str, INTERPRETED_CASES), "-q", "-p", "no:cacheprovider",
@@ -103,9 +107,9 @@ def test_fake_op_traces_on_the_meta_device():
         u = torch.empty(2, 4, 12, dtype=torch.bfloat16)
         B = torch.empty(2, 2, 3, 12, dtype=torch.bfloat16)
         A, D = torch.empty(4, 3), torch.empty(4)
-        y, vcarry, hcarry = scan_triton.selective_scan_2d_triton_fwd(u, u, A, B, B, D, None, True, 3, 4, True, True)
-        _, no_v, no_h = scan_triton.selective_scan_2d_triton_fwd(u, u, A, B, B, D, None, True, 3, 4, True)
-        grads = scan_triton.selective_scan_2d_triton_bwd(u, u, A, B, B, D, None, True, 3, 4, y, vcarry, hcarry)
+        y, vcarry, hcarry = triton_ops.selective_scan_2d_triton_fwd(u, u, A, B, B, D, None, True, 3, 4, True, True)
+        _, no_v, no_h = triton_ops.selective_scan_2d_triton_fwd(u, u, A, B, B, D, None, True, 3, 4, True)
+        grads = triton_ops.selective_scan_2d_triton_bwd(u, u, A, B, B, D, None, True, 3, 4, y, vcarry, hcarry)
     assert y.shape == (2, 4, 12) and y.dtype == torch.float32
     assert vcarry.numel() > 0 and hcarry.numel() > 0 and vcarry.dtype == torch.float32
     assert no_v.numel() == 0 and no_h.numel() == 0
@@ -117,7 +121,6 @@ def test_four_route_fake_ops_trace_on_the_meta_device():
     """The four-route ops' fake implementations: y, and carries only when saved."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from vmamba2d.ops import _triton_cross_scan as cross
 
     codes = [0, 4, 3, 7]
     with FakeTensorMode():
@@ -125,11 +128,11 @@ def test_four_route_fake_ops_trace_on_the_meta_device():
         delta = torch.empty(2, 4, 4, 5, 6, dtype=torch.bfloat16)
         B = torch.empty(2, 4, 3, 5, 6, dtype=torch.bfloat16)
         A, D = torch.empty(16, 3), torch.empty(16)
-        y, vcarry, hcarry = cross.cross_selective_scan_2d_triton_fwd(u, delta, A, B, B, D, None, True, codes,
+        y, vcarry, hcarry = triton_cross.cross_selective_scan_2d_triton_fwd(u, delta, A, B, B, D, None, True, codes,
                                                                       True, True)
-        _, no_v, no_h = cross.cross_selective_scan_2d_triton_fwd(u, delta, A, B, B, D, None, True, codes,
+        _, no_v, no_h = triton_cross.cross_selective_scan_2d_triton_fwd(u, delta, A, B, B, D, None, True, codes,
                                                                   True, False)
-        grads = cross.cross_selective_scan_2d_triton_bwd(u, delta, A, B, B, D, None, True, codes, vcarry, hcarry, y)
+        grads = triton_cross.cross_selective_scan_2d_triton_bwd(u, delta, A, B, B, D, None, True, codes, vcarry, hcarry, y)
     assert y.shape == (2, 4, 5, 6) and y.dtype == torch.float32
     assert vcarry.numel() > 0 and hcarry.numel() > 0 and vcarry.dtype == torch.float32
     assert no_v.numel() == 0 and no_h.numel() == 0
@@ -152,10 +155,10 @@ def gpu_probes(monkeypatch):
 
     probes = Probes()
     monkeypatch.setattr(dispatch, "_warned_fallbacks", set())
-    monkeypatch.setattr(_extensions, "cuda_kernel_usable", lambda device: probes.cuda_ok)
-    monkeypatch.setattr(_extensions, "failure_reason",
+    monkeypatch.setattr(extensions, "cuda_kernel_usable", lambda device: probes.cuda_ok)
+    monkeypatch.setattr(extensions, "failure_reason",
                         lambda kind: "vmamba2d._C_cuda has no kernel image for TestGPU (sm_75)")
-    monkeypatch.setattr(scan_triton, "triton_unavailable_reason", lambda: probes.triton_missing)
+    monkeypatch.setattr(triton_launch, "triton_unavailable_reason", lambda: probes.triton_missing)
     monkeypatch.delenv(dispatch.BACKEND_ENV_VAR, raising=False)
     return probes
 
@@ -211,7 +214,7 @@ def test_backend_info_reports_triton(monkeypatch):
         expected = "cuda" if info["cuda_extension"] else "triton" if HAS_TRITON else "torch"
         assert info["auto_cuda"] == expected
         assert not torch.cuda.is_initialized()
-    monkeypatch.setattr(scan_triton, "triton_version", lambda: None)
+    monkeypatch.setattr(triton_launch, "triton_version", lambda: None)
     monkeypatch.setattr(dispatch, "_kernel_available", lambda name: name == "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     info = backend_info()
@@ -290,7 +293,7 @@ def static_figures(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     previous = sys.modules.pop(KERNELS, None)
     try:
-        static = importlib.import_module("vmamba2d.ops._triton_static")
+        static = importlib.import_module("vmamba2d.ops.triton.static")
         if not static._cuobjdump().exists():
             pytest.skip("triton's cuobjdump is missing")
         yield static
@@ -308,7 +311,7 @@ def _assert_meets_the_targets(fig, direction, nstate, min_warps_per_sm=MIN_WARPS
 
 
 def test_resident_warps_follow_the_occupancy_rule():
-    from vmamba2d.ops._triton_static import resident_warps
+    from vmamba2d.ops.triton.static import resident_warps
 
     assert resident_warps(255, 8, 4096, 90) == 8  # 64 K registers hold one 8-warp block
     assert resident_warps(168, 4, 3072, 90) == 12
@@ -320,7 +323,7 @@ def test_resident_warps_follow_the_occupancy_rule():
 
 def test_the_exp_count_sees_only_exps_on_register_blocks():
     """exps on the (channel, state, cell) block count, per-cell ones (softplus) do not; TTIR syntax."""
-    from vmamba2d.ops._triton_static import _block_exps
+    from vmamba2d.ops.triton.static import _block_exps
 
     ttir = """
     %41 = math.exp %40 : tensor<1x1x16x16xf32> loc(#loc12)
@@ -333,27 +336,25 @@ def test_the_exp_count_sees_only_exps_on_register_blocks():
 
 
 def test_programs_pack_channel_blocks_only_on_large_grids():
-    from vmamba2d.ops import _triton_cross_scan as cross
 
-    assert cross.program_sets(192, 128) == 8  # stage 1: 3072 programs
-    assert cross.program_sets(24, 128) == 3  # 1024 programs; 4 per program would leave 768
-    assert cross.program_sets(128, 1) == 1  # one slide's scan (2DMambaMIL): a block per program
-    assert cross.program_sets(7, 1024) == 7
-    assert cross.program_sets(0, 4) == 1
+    assert triton_launch.program_sets(192, 128) == 8  # stage 1: 3072 programs
+    assert triton_launch.program_sets(24, 128) == 3  # 1024 programs; 4 per program would leave 768
+    assert triton_launch.program_sets(128, 1) == 1  # one slide's scan (2DMambaMIL): a block per program
+    assert triton_launch.program_sets(7, 1024) == 7
+    assert triton_launch.program_sets(0, 4) == 1
 
 
 def test_launch_warps_and_register_caps():
     """Two block elements per thread (more warps for large N); the backward's 168-register cap only
     for several routes on 4 warps (3 programs per SM), 128 otherwise (4 programs of 4 warps, or 2 / 1
     of 8 / 16)."""
-    from vmamba2d.ops import _triton_cross_scan as cross
 
-    n1, n16, n32, n64 = (cross.cross_tiling(64, n, 56, 56) for n in (1, 16, 32, 64))
-    assert cross.launch_config(n1, "bwd", 4) == (4, 168)
-    assert cross.launch_config(n1, "bwd", 1) == (4, 128)
-    assert cross.launch_config(n16, "fwd", 4) == (4, 128)
-    assert cross.launch_config(n32, "bwd", 4) == (8, 128)
-    assert cross.launch_config(n64, "bwd", 1) == (16, 128)
+    n1, n16, n32, n64 = (triton_launch.cross_tiling(64, n, 56, 56) for n in (1, 16, 32, 64))
+    assert triton_launch.launch_config(n1, "bwd", 4) == (4, 168)
+    assert triton_launch.launch_config(n1, "bwd", 1) == (4, 128)
+    assert triton_launch.launch_config(n16, "fwd", 4) == (4, 128)
+    assert triton_launch.launch_config(n32, "bwd", 4) == (8, 128)
+    assert triton_launch.launch_config(n64, "bwd", 1) == (16, 128)
 
 
 @pytest.mark.parametrize("direction, routes, dtype, shape, arch", [
@@ -404,7 +405,7 @@ def test_kernels_compile_for_maps_of_one_row_or_column(static_figures, direction
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_four_route_kernels_match_the_per_route_reference(routes, shape, dtype):
     from vmamba2d.ops import cross_selective_scan_2d, route_set
-    from vmamba2d.ops.cross_scan import cross_scan_per_route
+    from vmamba2d.ops.interface import cross_scan_per_route
 
     batch, dim, nstate, height, width = shape
     route_tuple = route_set(*routes.split())

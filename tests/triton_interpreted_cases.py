@@ -37,10 +37,11 @@ from triton.runtime import interpreter  # noqa: E402
 from triton.runtime.errors import InterpreterError  # noqa: E402
 
 from test_scan_ops import BAD_INPUTS, TENSOR_ARGS, _grads, make_inputs, reference_scan  # noqa: E402
-from vmamba2d.ops import resolve_backend, scan_triton, selective_scan_2d  # noqa: E402
-from vmamba2d.ops import _triton_cross_scan as triton_cross  # noqa: E402
+from vmamba2d.ops import resolve_backend, selective_scan_2d  # noqa: E402
+from vmamba2d.ops.triton import launch as triton_launch  # noqa: E402
+from vmamba2d.ops.triton import ops as triton_ops  # noqa: E402
 
-KERNELS_IMPORTED_BY_THE_PACKAGE = scan_triton.KERNELS_MODULE in sys.modules
+KERNELS_IMPORTED_BY_THE_PACKAGE = triton_launch.KERNELS_MODULE in sys.modules
 
 INTERPRETER_SCAN = interpreter.ScanOps.generic_scan
 
@@ -88,7 +89,7 @@ def _device_call_patching_once(self, *args, **kwargs):
 interpreter.InterpretedFunction.__call__ = _device_call_patching_once
 # Programs pack several channel blocks here as they do on the model's large grids (the tests'
 # grids are far below the launcher's threshold).
-triton_cross.MIN_PROGRAMS = 1
+triton_launch.MIN_PROGRAMS = 1
 
 
 def triton_scan(**kwargs):
@@ -122,7 +123,7 @@ def _case_id(case):
 def test_forward_and_gradients_match_reference(case, monkeypatch):
     height, width, batch, dim, groups, nstate, use_d, use_bias, softplus, tile = case
     if tile:
-        monkeypatch.setenv(scan_triton.TILE_ENV_VAR, tile)
+        monkeypatch.setenv(triton_launch.TILE_ENV_VAR, tile)
     inputs = make_inputs(batch, dim, groups, nstate, height, width, use_d=use_d,
                          use_bias=use_bias, softplus=softplus, seed=height * 100 + width)
     y = triton_scan(**inputs, height=height, width=width)
@@ -158,7 +159,7 @@ def test_interpreter_shortcuts_match_the_interpreters_own_evaluation(monkeypatch
 ], ids=_case_id)
 def test_gradcheck(case, monkeypatch):
     height, width, batch, dim, groups, nstate, use_d, use_bias, softplus, tile = case
-    monkeypatch.setenv(scan_triton.TILE_ENV_VAR, tile)
+    monkeypatch.setenv(triton_launch.TILE_ENV_VAR, tile)
     inputs = make_inputs(batch, dim, groups, nstate, height, width, use_d=use_d,
                          use_bias=use_bias, softplus=softplus, seed=7)
     names = [k for k in TENSOR_ARGS if inputs[k] is not None]
@@ -171,7 +172,7 @@ def test_gradcheck(case, monkeypatch):
 
 
 def test_fp32_inputs_accumulate_to_fp64_reference(monkeypatch):
-    monkeypatch.setenv(scan_triton.TILE_ENV_VAR, "4x8")
+    monkeypatch.setenv(triton_launch.TILE_ENV_VAR, "4x8")
     height, width = 9, 13
     inputs = make_inputs(1, 4, 2, 4, height, width, seed=61)
     dy = torch.randn(1, 4, height * width, generator=torch.Generator().manual_seed(62), dtype=torch.float64)
@@ -276,8 +277,8 @@ def test_too_many_states(monkeypatch):
 
 
 def test_bad_tile_override(monkeypatch):
-    monkeypatch.setenv(scan_triton.TILE_ENV_VAR, "3x8")
-    with pytest.raises(ValueError, match=scan_triton.TILE_ENV_VAR):
+    monkeypatch.setenv(triton_launch.TILE_ENV_VAR, "3x8")
+    with pytest.raises(ValueError, match=triton_launch.TILE_ENV_VAR):
         triton_scan(**make_inputs(1, 2, 1, 2, 2, 2, dtype=torch.float32), height=2, width=2)
 
 
@@ -310,11 +311,11 @@ def test_torch_compile_fullgraph_traces_the_triton_op(monkeypatch):
 def test_custom_op_fake_implementations_pass_opcheck(monkeypatch):
     inputs = make_inputs(1, 4, 2, 2, 2, 3, dtype=torch.float32, seed=41)
     args = [inputs[k] for k in TENSOR_ARGS]
-    torch.library.opcheck(scan_triton.selective_scan_2d_triton_fwd, (*args, True, 2, 3, False, True),
+    torch.library.opcheck(triton_ops.selective_scan_2d_triton_fwd, (*args, True, 2, 3, False, True),
                           test_utils=("test_schema", "test_faketensor"))
-    _, vcarry, hcarry = scan_triton.selective_scan_2d_triton_fwd(*args, True, 2, 3, False, True)
+    _, vcarry, hcarry = triton_ops.selective_scan_2d_triton_fwd(*args, True, 2, 3, False, True)
     dy = torch.randn(1, 4, 6)
-    torch.library.opcheck(scan_triton.selective_scan_2d_triton_bwd, (*args, True, 2, 3, dy, vcarry, hcarry),
+    torch.library.opcheck(triton_ops.selective_scan_2d_triton_bwd, (*args, True, 2, 3, dy, vcarry, hcarry),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -323,14 +324,14 @@ def test_the_backward_reuses_the_forwards_carries(monkeypatch):
     launches the backward kernel alone (no second forward sweep) and refuses missing carries."""
     inputs = make_inputs(1, 4, 2, 2, 3, 4, seed=43)
     launched = []
-    original = triton_cross._kernels
+    original = triton_launch.kernels
 
     class Recorder:
         def __getattr__(self, name):
             launched.append(name)
             return getattr(original(), name)
 
-    monkeypatch.setattr(triton_cross, "_kernels", Recorder)
+    monkeypatch.setattr(triton_launch, "kernels", Recorder)
     with torch.no_grad():
         y_plain = triton_scan(**inputs, height=3, width=4)
     leaves = {k: inputs[k].clone().requires_grad_() for k in TENSOR_ARGS}
@@ -341,10 +342,10 @@ def test_the_backward_reuses_the_forwards_carries(monkeypatch):
     assert torch.equal(y.detach(), y_plain)
 
     args = [inputs[k] for k in TENSOR_ARGS]
-    _, no_v, no_h = scan_triton.selective_scan_2d_triton_fwd(*args, True, 3, 4, False, False)
+    _, no_v, no_h = triton_ops.selective_scan_2d_triton_fwd(*args, True, 3, 4, False, False)
     assert no_v.numel() == 0 and no_h.numel() == 0
     with pytest.raises(ValueError, match="save_carries=True"):
-        scan_triton.selective_scan_2d_triton_bwd(*args, True, 3, 4, torch.ones_like(y_plain), no_v, no_h)
+        triton_ops.selective_scan_2d_triton_bwd(*args, True, 3, 4, torch.ones_like(y_plain), no_v, no_h)
 
 
 def test_importing_the_package_does_not_import_the_kernels():

@@ -24,9 +24,10 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 import triton_interpreted_cases  # noqa: E402,F401  (installs the fast interpreter scan)
 
-from vmamba2d.ops import cross_selective_scan_2d, route_set, scan_triton  # noqa: E402
-from vmamba2d.ops import _triton_cross_scan as triton_cross  # noqa: E402
-from vmamba2d.ops.cross_scan import cross_scan_mode, cross_scan_per_route  # noqa: E402
+from vmamba2d.ops import cross_selective_scan_2d, route_set  # noqa: E402
+from vmamba2d.ops.triton import cross_ops as triton_cross  # noqa: E402
+from vmamba2d.ops.triton import launch as triton_launch  # noqa: E402
+from vmamba2d.ops.interface import cross_scan_mode, cross_scan_per_route  # noqa: E402
 
 TENSORS = ("u", "delta", "A", "B", "C", "D", "delta_bias")
 
@@ -97,7 +98,7 @@ def _case_id(case):
 def test_forward_and_gradients_match_the_per_route_reference(case, monkeypatch):
     name, scan, height, width, batch, dim, nstate, use_d, use_bias, softplus, tile = case
     if tile:
-        monkeypatch.setenv(scan_triton.TILE_ENV_VAR, tile)
+        monkeypatch.setenv(triton_launch.TILE_ENV_VAR, tile)
     routes = route_set(name, scan)
     inputs = make_cross_inputs(batch, dim, nstate, height, width, len(routes), use_d=use_d, use_bias=use_bias,
                                softplus=softplus, seed=height * 10 + width)
@@ -115,8 +116,8 @@ def test_the_public_op_runs_the_native_kernel(monkeypatch):
     assert cross_scan_mode("triton") == "native"
     inputs = make_cross_inputs(1, 2, 1, 2, 3, 4, seed=1)
     calls = []
-    original = triton_cross._kernels
-    monkeypatch.setattr(triton_cross, "_kernels", lambda: calls.append(1) or original())
+    original = triton_launch.kernels
+    monkeypatch.setattr(triton_launch, "kernels", lambda: calls.append(1) or original())
     y = triton_op("cross", **inputs)
     assert calls == [1]  # one forward launch for all four routes
     torch.testing.assert_close(y, reference(route_set("cross"), **inputs), rtol=1e-10, atol=1e-10)
@@ -145,14 +146,14 @@ def test_the_backward_launches_no_forward_sweep(monkeypatch):
     """The forward saves the tile carries; the backward op launches only the backward kernel."""
     inputs = make_cross_inputs(1, 2, 1, 3, 4, 4, seed=2)
     launched = []
-    original = triton_cross._kernels
+    original = triton_launch.kernels
 
     class Recorder:
         def __getattr__(self, name):
             launched.append(name)
             return getattr(original(), name)
 
-    monkeypatch.setattr(triton_cross, "_kernels", Recorder)
+    monkeypatch.setattr(triton_launch, "kernels", Recorder)
     names = [k for k in TENSORS if inputs[k] is not None]
     leaves = {k: inputs[k].clone().requires_grad_() for k in names}
     y = triton_op("cross", **dict(inputs, **leaves))
@@ -164,8 +165,8 @@ def test_the_backward_launches_no_forward_sweep(monkeypatch):
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_half_inputs_accumulate_in_fp32(half, monkeypatch):
     """Also: 2x4 tiles and programs of 2 channel blocks, where 2-byte C is read once per set."""
-    monkeypatch.setenv(scan_triton.TILE_ENV_VAR, "2x4")
-    monkeypatch.setattr(triton_cross, "MAX_SETS", 2)
+    monkeypatch.setenv(triton_launch.TILE_ENV_VAR, "2x4")
+    monkeypatch.setattr(triton_launch, "MAX_SETS", 2)
     routes = route_set("cross")
     inputs = make_cross_inputs(1, 2, 2, 3, 5, 4, seed=11)
     for key in ("u", "delta", "B", "C"):
@@ -189,8 +190,8 @@ def test_half_inputs_accumulate_in_fp32(half, monkeypatch):
 
 def test_fp32_inputs_and_repeatable_gradients(monkeypatch):
     """Also: programs of 2 channel blocks each, 2 programs per batch element."""
-    monkeypatch.setenv(scan_triton.TILE_ENV_VAR, "2x4")
-    monkeypatch.setattr(triton_cross, "MAX_SETS", 2)
+    monkeypatch.setenv(triton_launch.TILE_ENV_VAR, "2x4")
+    monkeypatch.setattr(triton_launch, "MAX_SETS", 2)
     routes = route_set("corners", "1d")[:2] + route_set("cross")[2:]  # flat and 2D routes in one op
     inputs = make_cross_inputs(1, 4, 2, 5, 6, len(routes), seed=13)  # N = 2: 4 blocks of 1 channel
     dy = torch.randn(1, 4, 5, 6, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
@@ -206,8 +207,8 @@ def test_fp32_inputs_and_repeatable_gradients(monkeypatch):
 
 def test_programs_of_several_channels(monkeypatch):
     """A larger register block: 4 channels per program, the last one past dim."""
-    monkeypatch.setattr(triton_cross, "BLOCK_ELEMENTS", 1024)
-    assert triton_cross.cross_tiling(3, 1, 5, 6).block_d == 4
+    monkeypatch.setattr(triton_launch, "BLOCK_ELEMENTS", 1024)
+    assert triton_launch.cross_tiling(3, 1, 5, 6).block_d == 4
     routes = route_set("cross")[:2] + route_set("corners", "1d")[2:]
     inputs = make_cross_inputs(1, 3, 1, 5, 6, len(routes), seed=21)
     dy = torch.randn(1, 3, 5, 6, generator=torch.Generator().manual_seed(22), dtype=torch.float64)

@@ -35,7 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from vmamba2d.ops import backend_info, cross_selective_scan_2d, route_set  # noqa: E402
-from vmamba2d.ops.cross_scan import cross_scan_per_route  # noqa: E402
+from vmamba2d.ops.interface import cross_scan_per_route  # noqa: E402
 
 TINY_STAGES = ((56, 96), (28, 192), (14, 384), (7, 768))  # (map side, channels) at 224
 

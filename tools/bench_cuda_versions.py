@@ -36,7 +36,7 @@ sys.path.insert(0, str(TOOLS))
 
 import bench_scan_cuda as scan_bench  # noqa: E402  (puts the checkout on sys.path)
 import cuda_baseline  # noqa: E402
-from vmamba2d.ops import _extensions  # noqa: E402
+from vmamba2d.ops.compiled import extensions  # noqa: E402
 
 Tensor = torch.Tensor
 
@@ -149,7 +149,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("bench_cuda_versions: no CUDA device is visible; nothing measured.")
         return 2
     device = torch.device("cuda", torch.cuda.current_device())
-    current = _extensions.cuda_extension()
+    current = extensions.cuda_extension()
     if current is None or not current.kernel_image_available(device.index):
         print("bench_cuda_versions: this checkout's CUDA kernel is not built for this GPU (make gpu-check builds it).")
         return 2

@@ -320,9 +320,9 @@ def machine_description(device: torch.device) -> str:
 
 
 def _cpu_kernel_isa() -> str:
-    from vmamba2d.ops import _extensions
+    from vmamba2d.ops.compiled import extensions
 
-    module = _extensions.cpu_extension()
+    module = extensions.cpu_extension()
     return module.isa() if module is not None and hasattr(module, "isa") else "unknown"
 
 

@@ -44,8 +44,9 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from vmamba2d.ops import _extensions, backend_info, selective_scan_2d  # noqa: E402
-from vmamba2d.ops.selective_scan_2d import BACKENDS  # noqa: E402
+from vmamba2d.ops import backend_info, selective_scan_2d
+from vmamba2d.ops.compiled import extensions  # noqa: E402
+from vmamba2d.ops.interface import BACKENDS  # noqa: E402
 
 Tensor = torch.Tensor
 
@@ -129,10 +130,10 @@ def _mamba_ssm_scan() -> Optional[Callable]:
 def available_backends(device: torch.device) -> tuple[list[str], list[str]]:
     """(our backends to benchmark on the GPU ``device``, notes on those left out)."""
     chosen, notes = [], []
-    if _extensions.cuda_extension() is not None and _extensions.cuda_kernel_usable(device):
+    if extensions.cuda_extension() is not None and extensions.cuda_kernel_usable(device):
         chosen.append("cuda")
     else:
-        notes.append(f"cuda: not benchmarked ({_extensions.failure_reason('cuda')})")
+        notes.append(f"cuda: not benchmarked ({extensions.failure_reason('cuda')})")
     if "triton" in BACKENDS and backend_info().get("triton"):
         chosen.append("triton")
     else:
@@ -502,7 +503,7 @@ def run(args: argparse.Namespace, device: torch.device, shapes: list[Shape], bac
                       f"{row.two_d.note} {row.one_d.note}".rstrip(), flush=True)
     elapsed = time.monotonic() - start
     table = format_table(rows, copy_bytes_per_s)
-    cuda_module = _extensions.cuda_extension()
+    cuda_module = extensions.cuda_extension()
     usable = device.type == "cuda" and "cuda" in backends and cuda_module is not None
     limits = device_limits(device, cuda_module) if usable else None
     if limits is not None:

@@ -47,7 +47,7 @@ import onnx_ir as ir
 from onnxscript import opset18 as op
 from onnxscript import values
 
-from ..ops.routes import Route
+from ..ops import Route
 
 # Layouts. "map" is the op's own (batch, groups, channels, H, W). The routes compute in the
 # map-major layout (H, W, batch, groups, channels[, N]): the step sizes, decays and inputs of
@@ -400,7 +400,7 @@ def translation_table() -> dict:
     translation."""
     import torch
 
-    from ..ops import _triton_cross_scan, cross_fused, fused, scan_triton  # noqa: F401  (registers the custom ops)
+    from .. import ops  # noqa: F401  (importing the ops registers the custom ops)
 
     return {
         torch.ops.vmamba2d.cross_selective_scan_2d_fwd.default: cross_selective_scan_2d_onnx,

@@ -29,9 +29,18 @@ import torch
 import torch.nn as nn
 from timm.layers import LayerNorm2d
 
-from ..ops import BACKENDS, ROUTE_SETS, cross_selective_scan_2d, resolve_backend, route_set, selective_scan_2d
-from ..ops.cross_fused import cross_selective_scan_2d_fused
-from ..ops.routes import Route, from_route_order, to_route_order
+from ..ops import (
+    BACKENDS,
+    ROUTE_SETS,
+    Route,
+    cross_selective_scan_2d,
+    cross_selective_scan_2d_compiled,
+    from_route_order,
+    resolve_backend,
+    route_set,
+    selective_scan_2d,
+    to_route_order,
+)
 from .packed_conv import PackedWeightConv2d
 
 Tensor = torch.Tensor
@@ -110,7 +119,7 @@ def cross_scan_fused(
     # the low-rank step sizes: the op applies dt_projs_weight itself (the CPU kernel where it reads them)
     dts, Bs, Cs = dts.unflatten(-1, grid), Bs.unflatten(-1, grid), Cs.unflatten(-1, grid)
     if torch.jit.is_scripting():  # no backend dispatch in TorchScript: the compiled CPU kernel
-        return cross_selective_scan_2d_fused(
+        return cross_selective_scan_2d_compiled(
             x, dts, A, Bs, Cs, D, delta_bias, True, route_codes, x.dtype, dt_projs_weight
         )
     return cross_selective_scan_2d(

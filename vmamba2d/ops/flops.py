@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from .cross_fused import CROSS_FWD_OP_NAME
-from .fused import FWD_OP_NAME
+from .compiled.cross_ops import CROSS_FWD_OP_NAME
+from .compiled.ops import FWD_OP_NAME
 from .routes import Route
-from ._triton_cross_scan import CROSS_FWD_OP_NAME as TRITON_CROSS_FWD_OP_NAME
-from .scan_triton import FWD_OP_NAME as TRITON_FWD_OP_NAME
+from .triton.cross_ops import CROSS_FWD_OP_NAME as TRITON_CROSS_FWD_OP_NAME
+from .triton.ops import FWD_OP_NAME as TRITON_FWD_OP_NAME
 
 # Argument positions in the op's schema (u, delta, A, B, C, D, delta_bias, delta_softplus, height,
 # width, out_fp32).

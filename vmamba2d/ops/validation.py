@@ -1,4 +1,4 @@
-"""Argument checks for ``selective_scan_2d``: every error names the argument and what was expected."""
+"""Argument checks for the scan ops: every error names the argument and what was expected."""
 from __future__ import annotations
 
 from typing import Optional
@@ -145,3 +145,15 @@ def check_cross_scan_inputs(
         if tensor is not None and tensor.device != u.device:
             raise ValueError(f"{name} is on {tensor.device} but u is on {u.device}; all inputs must share a device")
     return batch, dim, height, width, nstate
+
+
+def check_out_dtype(out_dtype: object, default: torch.dtype) -> torch.dtype:
+    """``out_dtype`` as the ops take it: None means ``default`` (u's dtype), else a floating
+    ``torch.dtype`` (TypeError otherwise: the scan's output is never rounded to an integer)."""
+    if out_dtype is None:
+        return default
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise TypeError(
+            f"out_dtype must be None or a floating torch.dtype (e.g. torch.float32), got {out_dtype!r}"
+        )
+    return out_dtype

@@ -1,39 +1,37 @@
-"""Launches of the Triton scan kernels (``_triton_kernels``), and the four-route scan as ``torch.library`` custom ops.
+"""What the Triton scan ops share: whether Triton can run here, the tiling, and the launches of
+the kernels (:mod:`vmamba2d.ops.triton.kernels`, imported -- and triton with it -- on the first
+launch).
 
-    vmamba2d::cross_selective_scan_2d_triton_fwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
-                                                 routes, out_fp32, save_carries) -> (y, vcarry, hcarry)
-    vmamba2d::cross_selective_scan_2d_triton_bwd(u, delta, A, B, C, D?, delta_bias?, delta_softplus,
-                                                 routes, vcarry, hcarry, dy)
-                                                 -> (du, ddelta, dA, dB, dC, dD, ddelta_bias)
+``launch_forward`` / ``launch_backward`` run the kernels for both ops: the four-route op
+(:mod:`~vmamba2d.ops.triton.cross_ops`) with one parameter group, the single-route op
+(:mod:`~vmamba2d.ops.triton.ops`) with route code 0 and its groups of B / C as maps (one
+configuration of the same kernels).
 
-Shapes as :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`; ``routes`` are
-:attr:`~vmamba2d.ops.routes.Route.code` values. Every route is scanned in place on the map (no
-route-order copies). With ``save_carries`` the forward also returns the states entering each
-tile (each chunk for flat routes), fp32 (fp64 for fp64 inputs): the backward rebuilds every
-tile's states from them instead of sweeping the forward again; without it they are empty. Both
-ops have fake implementations (``torch.compile(fullgraph=True)`` and ``torch.export`` trace
-them). u / delta / B / C / dy may be fp16, bf16, fp32 or fp64 (one dtype), A / D / delta_bias
-fp32 (fp64 with fp64 inputs); kernels accumulate in fp32 (fp64) and write every gradient in its
-input's dtype. On CPU tensors the kernels run only in Triton's interpreter (see ``scan_triton``).
-
-``launch_forward`` / ``launch_backward`` run the kernels for both ops: this module's with one
-parameter group, the single-route op of ``scan_triton`` with route code 0 and its groups of B / C
-as maps (one configuration of the same kernels).
+On CPU tensors the kernels run only through Triton's interpreter: ``TRITON_INTERPRET=1`` must be
+set before triton is first imported (triton builds its own ``@jit`` helpers then).
+``VMAMBA2D_TRITON_TILE=HxW`` (powers of two) overrides the tile shape, for tuning and for tests.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
 from types import ModuleType
 from typing import List, Optional
 
 import torch
 
-from .scan_triton import KERNELS_MODULE, Tiling, _acc_dtype, _check_op_inputs, _tl_dtype, choose_tiling
-
 Tensor = torch.Tensor
 
-CROSS_FWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_fwd"
-CROSS_BWD_OP_NAME = "vmamba2d::cross_selective_scan_2d_triton_bwd"
+TILE_ENV_VAR = "VMAMBA2D_TRITON_TILE"
+# The Triton kernel module, and one of its kernels (tells how the module was built).
+KERNELS_MODULE = "vmamba2d.ops.triton.kernels"
+PROBE_KERNEL = "scan2d_fwd_kernel"
+MAX_NSTATE = 64
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
 # Elements of one [channels, states, rows, cols] register block (the same tiling in both
 # directions: the backward reads the carries the forward saved), two per thread: 4 warps per
 # program, more when N > 16 makes the block larger (a tile keeps at least 16 cells). Register
@@ -58,7 +56,155 @@ MIN_PROGRAMS = 1024
 ROUTE_BITS = 4
 
 
-def _kernels() -> ModuleType:
+
+def triton_version() -> Optional[str]:
+    """Triton's version if it can be imported (importing it if needed), else None."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        import triton
+    except Exception:  # a broken install (e.g. missing shared library) means "not available"
+        return None
+    return getattr(triton, "__version__", "unknown")
+
+
+def triton_unavailable_reason() -> Optional[str]:
+    """Why Triton cannot be used (None when it can be imported)."""
+    if importlib.util.find_spec("triton") is None:
+        return "the 'triton' package is not installed (it comes with torch's CUDA builds on Linux)"
+    try:
+        import triton  # noqa: F401
+    except Exception as err:
+        return f"'import triton' failed: {err}"
+    return None
+
+
+def _interpret_requested() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _interpreted(jit_function) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(jit_function, InterpretedFunction)
+
+
+def _triton_library_interpreted() -> bool:
+    """Whether triton's own ``@jit`` helpers (``tl.zeros``, ``tl.sum``, ...) were built for the interpreter."""
+    import triton.language.standard
+
+    return _interpreted(triton.language.standard.zeros)
+
+
+@torch.compiler.assume_constant_result
+def triton_device_problem(device: torch.device) -> str:
+    """Why the Triton kernels cannot take ``device``'s tensors ("" when they can; Triton assumed importable)."""
+    if device.type == "cuda":
+        return ""
+    if device.type != "cpu":
+        return f"backend='triton' takes CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), got {device}"
+    how = "set TRITON_INTERPRET=1 in the environment before importing vmamba2d (or triton)"
+    kernels = sys.modules.get(KERNELS_MODULE)
+    if kernels is not None and not _interpreted(getattr(kernels, PROBE_KERNEL)):
+        return f"backend='triton' got CPU tensors but its kernels were built for the GPU; {how}"
+    if kernels is None and not _interpret_requested():
+        return f"backend='triton' needs CUDA tensors; CPU tensors run only in Triton's interpreter: {how}"
+    if not _triton_library_interpreted():
+        return f"backend='triton' got CPU tensors but triton was imported before TRITON_INTERPRET=1 was set; {how}"
+    return ""
+
+
+def check_triton_device(device: torch.device) -> None:
+    """Raise RuntimeError when Triton is missing, ValueError when it cannot take ``device``'s tensors."""
+    reason = triton_unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"backend='triton' needs Triton: {reason}")
+    problem = triton_device_problem(device)
+    if problem:
+        raise ValueError(problem)
+
+
+def _next_pow2(value: int) -> int:
+    return 1 << max(0, (int(value) - 1).bit_length())
+
+
+def _tile_override() -> Optional[tuple[int, int]]:
+    raw = os.environ.get(TILE_ENV_VAR, "").strip()
+    if not raw:
+        return None
+    parts = raw.lower().split("x")
+    try:
+        tile = tuple(int(p) for p in parts)
+    except ValueError:
+        tile = ()
+    if len(tile) != 2 or any(t < 1 or t & (t - 1) for t in tile):
+        raise ValueError(f"{TILE_ENV_VAR} must be 'HxW' with powers of two, e.g. '16x32', got {raw!r}")
+    return tile  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How the maps are cut: channels per program, padded states, tile shape, tile counts."""
+
+    block_d: int
+    block_n: int
+    tile_h: int
+    tile_w: int
+    n_chan_blocks: int
+    n_tile_rows: int
+    n_tile_cols: int
+
+
+def choose_tiling(chans_per_group: int, nstate: int, height: int, width: int, block_elements: int) -> Tiling:
+    """A register block of at most ``block_elements`` = channels x states x tile rows x tile cols.
+
+    States are padded to a power of two; a program takes several channels of a group (sharing the
+    B / C tiles) while at least 256 cells remain per tile; the tile is as wide as the map when
+    that fits, else squarer.
+    """
+    block_n = _next_pow2(nstate)
+    block_d = min(_next_pow2(chans_per_group), max(1, block_elements // (block_n * 256)))
+    cells = max(16, block_elements // (block_d * block_n))
+    full_h, full_w = _next_pow2(height), _next_pow2(width)
+    override = _tile_override()
+    if override is not None:
+        tile_h, tile_w = override
+    else:
+        tile_w = min(full_w, cells)
+        tile_h = min(full_h, max(1, cells // tile_w))
+        while tile_w > 2 * tile_h and tile_h * 2 <= full_h:
+            tile_w //= 2
+            tile_h *= 2
+    return Tiling(
+        block_d=block_d,
+        block_n=block_n,
+        tile_h=tile_h,
+        tile_w=tile_w,
+        n_chan_blocks=-(-chans_per_group // block_d),
+        n_tile_rows=-(-height // tile_h),
+        n_tile_cols=-(-width // tile_w),
+    )
+
+
+def acc_dtype(*tensors: Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def tl_dtype(dtype: torch.dtype):
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def check_op_inputs(u: Tensor, A: Tensor, B: Tensor) -> None:
+    check_triton_device(u.device)
+    if A.shape[1] > MAX_NSTATE:
+        raise ValueError(f"A has N={A.shape[1]} states; backend 'triton' supports at most N={MAX_NSTATE}")
+    if u.dtype not in SUPPORTED_DTYPES or B.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"backend 'triton' takes float16, bfloat16, float32 or float64 inputs, got {u.dtype}")
+
+
+def kernels() -> ModuleType:
     """The kernel module (imports triton on first use)."""
     return importlib.import_module(KERNELS_MODULE)
 
@@ -101,7 +247,7 @@ def program_sets(n_chan_blocks: int, maps: int) -> int:
                 if n_chan_blocks % s == 0 and maps * n_chan_blocks // s >= MIN_PROGRAMS), default=1)
 
 
-def _grid_args(u: Tensor, A: Tensor, t: Tiling) -> tuple:
+def grid_args(u: Tensor, A: Tensor, t: Tiling) -> tuple:
     _, dim, height, width = u.shape
     n_chunks = -(-(height * width) // (t.tile_h * t.tile_w))
     return (dim, A.shape[1], height, width, t.n_chan_blocks, t.n_tile_rows, t.n_tile_cols, n_chunks)
@@ -112,18 +258,18 @@ def width_alignment(width: int) -> int:
     return min(16, width & -width) if width > 0 else 1
 
 
-def _constexprs(routes: List[int], D: Optional[Tensor], delta_bias: Optional[Tensor], delta_softplus: bool,
+def constexprs(routes: List[int], D: Optional[Tensor], delta_bias: Optional[Tensor], delta_softplus: bool,
                 t: Tiling, acc: torch.dtype, width: int) -> dict:
     return dict(ROUTES=route_constant(routes), NUM_ROUTES=len(routes), HAS_D=D is not None,
                 HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus), BLOCK_D=t.block_d,
                 BLOCK_N=t.block_n, TILE_H=t.tile_h, TILE_W=t.tile_w, WIDTH_ALIGN=width_alignment(width),
-                ACC=_tl_dtype(acc))
+                ACC=tl_dtype(acc))
 
 
 MAX_ROUTES = 15  # the packed route codes stay within 60 bits
 
 
-def _check_routes(routes: List[int], delta: Tensor) -> None:
+def check_routes(routes: List[int], delta: Tensor) -> None:
     if len(routes) != delta.shape[1] or any(not 0 <= int(c) < 1 << ROUTE_BITS for c in routes):
         raise ValueError(f"routes must be {delta.shape[1]} route codes in [0, 16), got {list(routes)}")
     if len(routes) > MAX_ROUTES:
@@ -140,7 +286,7 @@ def launch_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D:
     or None; map m reads the parameter rows of group m % param_groups.
     """
     maps, dim, height, width = u.shape
-    acc = _acc_dtype(u, delta, B, C)
+    acc = acc_dtype(u, delta, B, C)
     y = torch.empty(u.shape, device=u.device, dtype=torch.float32 if out_fp32 else u.dtype)
     v_numel, h_numel = _carry_numels(maps, dim, A.shape[1], height, width, len(routes), save_carries)
     vcarry = torch.empty(v_numel, device=u.device, dtype=acc)
@@ -151,12 +297,12 @@ def launch_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D:
     sets = program_sets(t.n_chan_blocks, maps)
     yacc = y if y.dtype == acc or len(routes) == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
     hstate = torch.empty(maps * t.n_chan_blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
-    grid = _grid_args(u, A, t)
+    grid = grid_args(u, A, t)
     warps, max_registers = launch_config(t, "fwd", len(routes))
-    _kernels().scan2d_fwd_kernel[(maps * (t.n_chan_blocks // sets),)](
+    kernels().scan2d_fwd_kernel[(maps * (t.n_chan_blocks // sets),)](
         u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, y, yacc,
         vcarry, hcarry if save_carries else vcarry, hstate, *grid[:5], t.n_chan_blocks // sets, sets, *grid[5:],
-        param_groups, SAVE_CARRIES=save_carries, **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
+        param_groups, SAVE_CARRIES=save_carries, **constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
         num_warps=warps, maxnreg=max_registers,
     )
     if not save_carries:
@@ -179,7 +325,7 @@ def launch_backward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D
     None). Inputs as ``launch_forward``; dy (maps, dim, H, W) contiguous."""
     maps, dim, height, width = u.shape
     num_routes, nstate = len(routes), A.shape[1]
-    acc = _acc_dtype(u, delta, B, C)
+    acc = acc_dtype(u, delta, B, C)
     expected = _carry_numels(maps, dim, nstate, height, width, num_routes, True)
     if (vcarry.numel(), hcarry.numel()) != expected:
         raise ValueError(f"the saved carries have {vcarry.numel()} / {hcarry.numel()} elements, expected "
@@ -198,13 +344,13 @@ def launch_backward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D
         vadj = torch.empty(blocks * t.block_d * t.block_n * t.n_tile_cols * t.tile_w, device=u.device, dtype=acc)
         hadj = torch.empty(blocks * t.block_d * t.block_n * t.tile_h, device=u.device, dtype=acc)
         duacc = du if du.dtype == acc or num_routes == 1 else torch.empty(u.shape, device=u.device, dtype=acc)
-        grid = _grid_args(u, A, t)
+        grid = grid_args(u, A, t)
         warps, max_registers = launch_config(t, "bwd", num_routes)
-        _kernels().scan2d_bwd_kernel[(maps * n_groups,)](
+        kernels().scan2d_bwd_kernel[(maps * n_groups,)](
             u, delta, A, B, C, D if D is not None else u, delta_bias if delta_bias is not None else u, dy,
             vcarry, hcarry, vadj, hadj, du, duacc, ddelta, dA_part, dB_part, dC_part, dD_part, dbias_part,
             *grid[:5], n_groups, sets, *grid[5:], param_groups,
-            **_constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
+            **constexprs(routes, D, delta_bias, delta_softplus, t, acc, width),
             num_warps=warps, maxnreg=max_registers,
         )
     else:
@@ -220,123 +366,3 @@ def launch_backward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D
     dbias = (dbias_part.view(maps // param_groups, rows).sum(dim=0).to(delta_bias.dtype) if delta_bias is not None
              else A.new_empty(0))
     return du, ddelta, dA, dB, dC, dD, dbias
-
-
-@torch.library.custom_op(CROSS_FWD_OP_NAME, mutates_args=())
-def cross_selective_scan_2d_triton_fwd(
-    u: Tensor,
-    delta: Tensor,
-    A: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Optional[Tensor],
-    delta_bias: Optional[Tensor],
-    delta_softplus: bool,
-    routes: List[int],
-    out_fp32: bool,
-    save_carries: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Kernel forward: (y, vcarry, hcarry). y (batch, dim, H, W), fp32 if ``out_fp32`` else u's
-    dtype; the carries are 1-D buffers for the backward (empty unless ``save_carries``).
-
-    Inputs contiguous: u (batch, dim, H, W), delta (batch, K, dim, H, W), A (K * dim, N), B / C
-    (batch, K, N, H, W), D / delta_bias (K * dim,) or None.
-    """
-    _check_op_inputs(u, A, B)
-    _check_routes(routes, delta)
-    return launch_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, save_carries, 1)
-
-
-@cross_selective_scan_2d_triton_fwd.register_fake
-def _fwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, save_carries):
-    batch, dim, height, width = u.shape
-    carries = empty_carries(batch, dim, A.shape[1], height, width, len(routes), save_carries,
-                            _acc_dtype(u, delta, B, C), u)
-    return (u.new_empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype), *carries)
-
-
-@torch.library.custom_op(CROSS_BWD_OP_NAME, mutates_args=())
-def cross_selective_scan_2d_triton_bwd(
-    u: Tensor,
-    delta: Tensor,
-    A: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Optional[Tensor],
-    delta_bias: Optional[Tensor],
-    delta_softplus: bool,
-    routes: List[int],
-    vcarry: Tensor,
-    hcarry: Tensor,
-    dy: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Kernel backward: (du, ddelta, dA, dB, dC, dD, ddelta_bias), each shaped and typed like its
-    input (dD / ddelta_bias empty when D / delta_bias is None). ``vcarry`` / ``hcarry``: what the
-    forward returned with ``save_carries``; dy (batch, dim, H, W) contiguous."""
-    _check_op_inputs(u, A, B)
-    _check_routes(routes, delta)
-    return launch_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, vcarry, hcarry, dy, 1)
-
-
-@cross_selective_scan_2d_triton_bwd.register_fake
-def _bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, vcarry, hcarry, dy):
-    optional = tuple(torch.empty_like(t) if t is not None else A.new_empty(0) for t in (D, delta_bias))
-    return tuple(torch.empty_like(t) for t in (u, delta, A, B, C)) + optional
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    u, delta, A, B, C, D, delta_bias, delta_softplus, routes, _, _ = inputs
-    _, vcarry, hcarry = output
-    ctx.mark_non_differentiable(vcarry, hcarry)
-    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias, vcarry, hcarry)
-    ctx.scan_args = (delta_softplus, routes)
-
-
-def _backward(ctx, dy: Tensor, _dvcarry: Tensor, _dhcarry: Tensor):
-    u, delta, A, B, C, D, delta_bias, vcarry, hcarry = ctx.saved_tensors
-    du, ddelta, dA, dB, dC, dD, dbias = cross_selective_scan_2d_triton_bwd(
-        u, delta, A, B, C, D, delta_bias, *ctx.scan_args, vcarry, hcarry, dy.contiguous()
-    )
-    return (
-        du, ddelta, dA, dB, dC,
-        dD if D is not None else None,
-        dbias if delta_bias is not None else None,
-        None, None, None, None,
-    )
-
-
-cross_selective_scan_2d_triton_fwd.register_autograd(_backward, setup_context=_setup_context)
-
-
-def cross_selective_scan_2d_triton(
-    u: Tensor,
-    delta: Tensor,
-    A: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Optional[Tensor],
-    delta_bias: Optional[Tensor],
-    delta_softplus: bool,
-    routes: List[int],
-    out_dtype: torch.dtype,
-) -> Tensor:
-    """Four-route scan on the Triton kernels (differentiable); shapes as
-    :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d` (inputs validated there), ``routes``
-    as route codes. The forward saves tile carries for the backward only when a gradient is
-    needed. Returns y (batch, dim, H, W) in ``out_dtype``."""
-    scan_dtype = u.dtype
-    param_dtype = torch.float64 if scan_dtype == torch.float64 else torch.float32
-
-    def prepare(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
-        return None if t is None else t.to(dtype).contiguous()
-
-    tensors = (u, delta, A, B, C, D, delta_bias)
-    save_carries = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
-    y, _, _ = cross_selective_scan_2d_triton_fwd(
-        prepare(u, scan_dtype), prepare(delta, scan_dtype), prepare(A, param_dtype), prepare(B, scan_dtype),
-        prepare(C, scan_dtype), prepare(D, param_dtype), prepare(delta_bias, param_dtype), bool(delta_softplus),
-        [int(c) for c in routes], out_fp32, save_carries,
-    )
-    return y.to(out_dtype)
-

@@ -23,32 +23,19 @@ the op, so autograd returns every gradient in its input's dtype.
 """
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Optional
 
 import torch
 
-from . import _extensions
-from .scan_autograd import backward_fake, register_single_route_autograd
+from ..autograd import backward_fake, register_single_route_autograd
+from .extensions import kernel_module
+from .inputs import contiguous_as, kernel_dtypes
 
 Tensor = torch.Tensor
 
 FWD_OP_NAME = "vmamba2d::selective_scan_2d_fwd"
 BWD_OP_NAME = "vmamba2d::selective_scan_2d_bwd"
-
-def _kernel_module(device: torch.device) -> ModuleType:
-    if device.type == "cuda":
-        module, kind = _extensions.cuda_extension(), "cuda"
-    elif device.type == "cpu":
-        module, kind = _extensions.cpu_extension(), "cpu"
-    else:
-        raise ValueError(f"the compiled 2D scan kernels take CPU or CUDA tensors, got {device}")
-    if module is None:
-        raise RuntimeError(f"the {kind} 2D scan kernel is unavailable: {_extensions.failure_reason(kind)}")
-    return module
-
-
-_TILE = 32
+_TILE = 32  # the CUDA kernel's tile side
 
 
 def cuda_carry_numel(batch: int, dim: int, nstate: int, height: int, width: int) -> int:
@@ -95,10 +82,10 @@ def selective_scan_2d_fwd(
     """
     args = (u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32)
     if u.device.type == "cuda":
-        y, carry_h, carry_v = _kernel_module(u.device).forward(*args, save_carries)
+        y, carry_h, carry_v = kernel_module(u.device).forward(*args, save_carries)
         return y, carry_h, carry_v
     empty = A.new_empty(0, dtype=torch.float32)
-    return _kernel_module(u.device).forward(*args), empty, empty.clone()
+    return kernel_module(u.device).forward(*args), empty, empty.clone()
 
 
 @selective_scan_2d_fwd.register_fake
@@ -133,7 +120,7 @@ def selective_scan_2d_bwd(
     or None / empty tensors (the CUDA kernel then records them itself). dD / ddelta_bias are empty (shape (0,)) when D / delta_bias is None.
     """
     args = (u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy)
-    module = _kernel_module(u.device)
+    module = kernel_module(u.device)
     if u.device.type == "cuda":
         none = A.new_empty(0, dtype=torch.float32)
         carries = tuple(none if t is None else t for t in (carry_h, carry_v))
@@ -157,29 +144,11 @@ def _selective_scan_2d_bwd_fake(u, delta, A, B, C, D, delta_bias, delta_softplus
 register_single_route_autograd(selective_scan_2d_fwd, selective_scan_2d_bwd)
 
 
-def _kernel_dtypes(u: Tensor, delta: Tensor, B: Tensor, C: Tensor) -> tuple[torch.dtype, torch.dtype]:
-    """(scan dtype for u / delta / B / C, dtype for A / D / delta_bias) that the kernel takes."""
-    common = torch.promote_types(torch.promote_types(u.dtype, delta.dtype), torch.promote_types(B.dtype, C.dtype))
-    if u.device.type == "cpu":
-        compute = torch.float64 if common == torch.float64 else torch.float32
-        return compute, compute
-    if common != torch.float32 and common != torch.float16 and common != torch.bfloat16:
-        raise TypeError(
-            f"the cuda 2D scan kernel takes float32, float16 or bfloat16 inputs, got {common}; "
-            "use backend='torch' for float64"
-        )
-    return common, torch.float32
-
-
-def _contiguous_as(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
-    return None if t is None else t.to(dtype).contiguous()
-
-
 def _requires_grad(t: Optional[Tensor]) -> bool:
     return t is not None and t.requires_grad
 
 
-def selective_scan_2d_fused(
+def selective_scan_2d_compiled(
     u: Tensor,
     delta: Tensor,
     A: Tensor,
@@ -199,10 +168,9 @@ def selective_scan_2d_fused(
     delta_bias (dim,) or None; L == height * width. Any strides and floating dtypes.
     Returns: y (batch, dim, L) in ``out_dtype``.
 
-    TorchScript compiles this function: scripted models call it (the compiled kernel of the
-    inputs' device) instead of the backend dispatch of :func:`vmamba2d.ops.selective_scan_2d`.
+    TorchScript compiles this function (it holds no backend dispatch).
     """
-    scan_dtype, param_dtype = _kernel_dtypes(u, delta, B, C)
+    scan_dtype, param_dtype = kernel_dtypes(u, delta, B, C)
     out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
     save_carries = torch.is_grad_enabled() and (
         u.requires_grad or delta.requires_grad or A.requires_grad or B.requires_grad or C.requires_grad
@@ -210,7 +178,7 @@ def selective_scan_2d_fused(
     )
     y = torch.ops.vmamba2d.selective_scan_2d_fwd(
         u.to(scan_dtype).contiguous(), delta.to(scan_dtype).contiguous(), A.to(param_dtype).contiguous(),
-        B.to(scan_dtype).contiguous(), C.to(scan_dtype).contiguous(), _contiguous_as(D, param_dtype),
-        _contiguous_as(delta_bias, param_dtype), delta_softplus, height, width, out_fp32, save_carries,
+        B.to(scan_dtype).contiguous(), C.to(scan_dtype).contiguous(), contiguous_as(D, param_dtype),
+        contiguous_as(delta_bias, param_dtype), delta_softplus, height, width, out_fp32, save_carries,
     )[0]
     return y.to(out_dtype)

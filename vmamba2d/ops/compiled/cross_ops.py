@@ -7,26 +7,22 @@
         -> (du, ddelta, dA, dB, dC, dD, ddelta_bias, ddelta_proj_weight)
 
 Implemented by the CPU and CUDA extensions (``cross_forward`` / ``cross_backward``), which scan
-every route in place on the map (shapes in :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`;
+every route in place on the map (shapes in :func:`vmamba2d.ops.cross_selective_scan_2d`;
 ``routes`` are :attr:`Route.code` values; the CUDA kernel runs one launch per route and reads a
 channels-last ``u`` through one contiguous copy, writing y / du back channels-last). With
 ``delta_proj_weight`` (K, dim, R), delta is the low-rank (batch, K, R, H, W): the CPU kernel
-projects each channel's step sizes where it reads them (no full-rank delta is stored), other
-devices' kernels get delta projected first (:func:`~vmamba2d.ops.delta_proj.project_delta`). The
-backward op returns the gradients of the low-rank delta and of the weight: the CPU kernel's
-channel-lane backward forms them from each route's full-rank ddelta while it is in cache, the other
-kernels' full-rank ddelta goes through :func:`~vmamba2d.ops.delta_proj.project_delta_grads`. On a device whose extension has no route
-kernel (a CUDA extension built from sources older than its route kernel) the ops run the device's
-single-route kernel once per route on route-order copies
-(``cross_forward_per_route`` / ``cross_backward_per_route``), so scripted and exported models
-run there too (projecting delta first when given the weight). Both ops have fake implementations, so
-``torch.compile(fullgraph=True)`` and ``torch.export`` trace through them; the forward's autograd
-formula calls the backward op, which recomputes from the inputs. The kernel computes in fp32
-(fp64 for fp64 inputs): other dtypes are cast outside the op, so autograd returns every gradient
-in its input's dtype. The backward returns empty tensors for ``dD`` / ``ddelta_bias`` /
-``ddelta_proj_weight`` when ``D`` / ``delta_bias`` / ``delta_proj_weight`` are None. ``u`` may be contiguous or channels-last (the models' maps are):
-y, du and the dy the backward takes are in u's layout (:func:`map_format`), so no layout copy is
-made around the op.
+projects each channel's step sizes where it reads them (no full-rank delta is stored), the CUDA
+kernel gets delta projected first (:func:`~vmamba2d.ops.delta_proj.project_delta`). The backward
+op returns the gradients of the low-rank delta and of the weight: the CPU kernel's channel-lane
+backward forms them from each route's full-rank ddelta while it is in cache, the CUDA kernel's
+full-rank ddelta goes through :func:`~vmamba2d.ops.delta_proj.project_delta_grads`. Both ops have
+fake implementations, so ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through
+them; the forward's autograd formula calls the backward op, which recomputes from the inputs. The
+kernel computes in fp32 (fp64 for fp64 inputs): other dtypes are cast outside the op, so autograd
+returns every gradient in its input's dtype. The backward returns empty tensors for ``dD`` /
+``ddelta_bias`` / ``ddelta_proj_weight`` when ``D`` / ``delta_bias`` / ``delta_proj_weight`` are
+None. ``u`` may be contiguous or channels-last (the models' maps are): y, du and the dy the
+backward takes are in u's layout (:func:`map_format`), so no layout copy is made around the op.
 """
 from __future__ import annotations
 
@@ -34,9 +30,9 @@ from typing import List, Optional
 
 import torch
 
-from .delta_proj import project_delta, project_delta_grads
-from .fused import _contiguous_as, _kernel_dtypes, _kernel_module
-from .routes import Route, from_route_order, to_route_order
+from ..delta_proj import project_delta, project_delta_grads
+from .extensions import kernel_module
+from .inputs import contiguous_as, kernel_dtypes
 
 Tensor = torch.Tensor
 
@@ -78,84 +74,19 @@ def cross_selective_scan_2d_fwd(
     u (batch, dim, H, W), delta (batch, K, dim, H, W), A (K * dim, N), B / C (batch, K, N, H, W),
     D / delta_bias (K * dim,); with delta_proj_weight (K, dim, R), delta is (batch, K, R, H, W).
     """
-    module = _kernel_module(u.device)
-    if delta_proj_weight is not None and not _kernel_projects(module, u):
-        delta, delta_proj_weight = project_delta(delta, delta_proj_weight), None
-    if not hasattr(module, "cross_forward"):
-        return cross_forward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
+    module = kernel_module(u.device)
     if delta_proj_weight is None:
+        return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
+    if not _kernel_projects(u):
+        delta = project_delta(delta, delta_proj_weight)
         return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
     return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, delta_proj_weight)
 
 
-def _kernel_projects(module, u: Tensor) -> bool:
-    """Whether the extension ``module`` of u's device has a route kernel that takes
-    ``delta_proj_weight`` (the CPU one); other kernels get the projected, full-rank delta."""
-    return u.device.type == "cpu" and hasattr(module, "cross_forward")
-
-
-def _route_inputs(u, delta, A, B, C, D, delta_bias, k: int, route: Route):
-    """Route k's single-route kernel inputs: contiguous route-order copies (batch, dim, L) /
-    (batch, 1, N, L) and its parameter rows."""
-    dim = u.shape[1]
-    rows = slice(k * dim, (k + 1) * dim)
-    return (
-        to_route_order(u, route).contiguous(),
-        to_route_order(delta[:, k], route).contiguous(),
-        A[rows].contiguous(),
-        to_route_order(B[:, k], route).unsqueeze(1).contiguous(),
-        to_route_order(C[:, k], route).unsqueeze(1).contiguous(),
-        None if D is None else D[rows].contiguous(),
-        None if delta_bias is None else delta_bias[rows].contiguous(),
-    )
-
-
-def cross_forward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32) -> Tensor:
-    """The four-route forward on a single-route kernel ``module`` (the extension's ``forward``):
-    one call per route on route-order copies, outputs mapped back and summed in route order in
-    fp32. Shapes and result as :func:`cross_selective_scan_2d_fwd`."""
-    batch, dim, height, width = u.shape
-    acc_dtype = torch.promote_types(u.dtype, torch.float32)
-    y = torch.zeros_like(u, dtype=acc_dtype, memory_format=map_format(u))
-    route_out_fp32 = acc_dtype != u.dtype  # half inputs: each route's y in fp32 for the sum
-    for k, code in enumerate(routes):
-        route = Route.from_code(code)
-        rows, cols = route.grid(height, width)
-        args = _route_inputs(u, delta, A, B, C, D, delta_bias, k, route) + (delta_softplus, rows, cols, route_out_fp32)
-        y_route = module.forward(*args, False)[0] if u.device.type == "cuda" else module.forward(*args)
-        y += from_route_order(y_route, route, height, width)
-    return y if out_fp32 else y.to(u.dtype)
-
-
-def cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy):
-    """The four-route backward on a single-route kernel ``module`` (the extension's
-    ``backward``, recomputing each route from its inputs): the route gradients mapped back to map
-    order. Returns [du, ddelta, dA, dB, dC, dD or None, ddelta_bias or None] in the compute dtype."""
-    batch, dim, height, width = u.shape
-    du = torch.zeros_like(u, memory_format=map_format(u))
-    ddelta, dA, dB, dC = (torch.empty_like(t) for t in (delta, A, B, C))
-    dD = None if D is None else torch.empty_like(D)
-    dbias = None if delta_bias is None else torch.empty_like(delta_bias)
-    no_carries = (A.new_empty(0, dtype=torch.float32),) * 2 if u.device.type == "cuda" else ()
-    for k, code in enumerate(routes):
-        route = Route.from_code(code)
-        rows, cols = route.grid(height, width)
-        args = _route_inputs(u, delta, A, B, C, D, delta_bias, k, route)
-        dy_route = to_route_order(dy, route).contiguous()
-        g_u, g_delta, g_A, g_B, g_C, g_D, g_bias = module.backward(
-            *args, delta_softplus, rows, cols, dy_route, *no_carries
-        )
-        to_map = lambda t: from_route_order(t, route, height, width)  # noqa: E731
-        du += to_map(g_u)
-        ddelta[:, k] = to_map(g_delta)
-        dA[k * dim : (k + 1) * dim] = g_A
-        dB[:, k] = to_map(g_B[:, 0])
-        dC[:, k] = to_map(g_C[:, 0])
-        if dD is not None:
-            dD[k * dim : (k + 1) * dim] = g_D
-        if dbias is not None:
-            dbias[k * dim : (k + 1) * dim] = g_bias
-    return [du, ddelta, dA, dB, dC, dD, dbias]
+def _kernel_projects(u: Tensor) -> bool:
+    """Whether the kernel of u's device takes ``delta_proj_weight`` (the CPU one); the CUDA kernel
+    gets the projected, full-rank delta."""
+    return u.device.type == "cpu"
 
 
 @cross_selective_scan_2d_fwd.register_fake
@@ -182,13 +113,11 @@ def cross_selective_scan_2d_bwd(
     and typed like its input (du in u's layout); dy (batch, dim, H, W) in u's layout. dD /
     ddelta_bias / ddelta_proj_weight are empty when D / delta_bias / delta_proj_weight is None. With
     delta_proj_weight (K, dim, R), ddelta is the gradient of the low-rank delta (batch, K, R, H, W)."""
-    module = _kernel_module(u.device)
+    module = kernel_module(u.device)
     low, weight = delta, delta_proj_weight
-    if weight is not None and not _kernel_projects(module, u):
+    if weight is not None and not _kernel_projects(u):
         delta, delta_proj_weight = project_delta(low, weight), None
-    if not hasattr(module, "cross_backward"):
-        grads = cross_backward_per_route(module, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
-    elif delta_proj_weight is None:
+    if delta_proj_weight is None:
         grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
     else:  # the kernel returns the low-rank delta's and the weight's gradients
         grads = module.cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy, delta_proj_weight)
@@ -236,7 +165,7 @@ def _backward(ctx, dy: Tensor):
 cross_selective_scan_2d_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def cross_selective_scan_2d_fused(
+def cross_selective_scan_2d_compiled(
     u: Tensor,
     delta: Tensor,
     A: Tensor,
@@ -250,19 +179,18 @@ def cross_selective_scan_2d_fused(
     delta_proj_weight: Optional[Tensor] = None,
 ) -> Tensor:
     """Four-route scan on the compiled kernel (differentiable); shapes as
-    :func:`vmamba2d.ops.cross_scan.cross_selective_scan_2d`, ``routes`` as route codes (with
+    :func:`vmamba2d.ops.cross_selective_scan_2d`, ``routes`` as route codes (with
     ``delta_proj_weight`` (K, dim, R), delta is the low-rank (batch, K, R, H, W)).
 
     Returns y (batch, dim, H, W) in ``out_dtype``, channels-last when u is (:func:`map_format`).
-    TorchScript compiles this function: scripted models call it directly (CPU tensors) instead of
-    the backend dispatch.
+    TorchScript compiles this function (it holds no backend dispatch): scripted models call it.
     """
-    scan_dtype, param_dtype = _kernel_dtypes(u, delta, B, C)
+    scan_dtype, param_dtype = kernel_dtypes(u, delta, B, C)
     out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
     y = torch.ops.vmamba2d.cross_selective_scan_2d_fwd(
         _as_map(u.to(scan_dtype)), delta.to(scan_dtype).contiguous(), A.to(param_dtype).contiguous(),
-        B.to(scan_dtype).contiguous(), C.to(scan_dtype).contiguous(), _contiguous_as(D, param_dtype),
-        _contiguous_as(delta_bias, param_dtype), delta_softplus, routes, out_fp32,
-        _contiguous_as(delta_proj_weight, scan_dtype),
+        B.to(scan_dtype).contiguous(), C.to(scan_dtype).contiguous(), contiguous_as(D, param_dtype),
+        contiguous_as(delta_bias, param_dtype), delta_softplus, routes, out_fp32,
+        contiguous_as(delta_proj_weight, scan_dtype),
     )
     return y.to(out_dtype)

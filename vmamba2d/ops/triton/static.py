@@ -17,7 +17,7 @@ The launch is mimicked as Triton's launcher specialises it: pointers 16-byte ali
 arguments divisible by 16 marked so and integers equal to 1 compiled as constants. These are
 static figures: no kernel is run and no time is measured.
 
-``python -m vmamba2d.ops._triton_static`` prints the table of :data:`REPORT_SHAPES`.
+``python -m vmamba2d.ops.triton.static`` prints the table of :data:`REPORT_SHAPES`.
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import _triton_cross_scan as cross
-from . import scan_triton
+from . import launch
+from .ops import SINGLE_ROUTE
 
 # Per-SM limits used by the occupancy rule.
 ARCH_LIMITS = {
@@ -157,20 +157,20 @@ def _figures(name: str, compiled, arch: int, num_warps: int, block_shapes: List[
 
 def kernel_figures(direction: str, dtype: torch.dtype, maps: int, dim: int, nstate: int, height: int, width: int,
                    routes: List[int], arch: int, param_groups: int = 1, out_fp32: bool = False) -> KernelFigures:
-    """Figures of the ``direction`` ("fwd" / "bwd") kernel as ``_triton_cross_scan`` launches it on
+    """Figures of the ``direction`` ("fwd" / "bwd") kernel as :mod:`~vmamba2d.ops.triton.launch` launches it on
     ``maps`` maps of ``dim`` channels with these routes and parameter groups."""
-    kernels = cross._kernels()
-    t = cross.cross_tiling(dim, nstate, height, width)
+    kernels = launch.kernels()
+    t = launch.cross_tiling(dim, nstate, height, width)
     acc = torch.float32
     grid = dict(zip(("dim", "nstate", "height", "width", "n_chan_blocks", "n_tile_rows", "n_tile_cols", "n_chunks"),
-                    cross._grid_args(torch.empty(maps, dim, height, width, device="meta"),
+                    launch.grid_args(torch.empty(maps, dim, height, width, device="meta"),
                                      torch.empty(1, nstate, device="meta"), t)))
-    constexprs = cross._constexprs(routes, torch.empty(0), torch.empty(0), True, t, acc, width)
+    constexprs = launch.constexprs(routes, torch.empty(0), torch.empty(0), True, t, acc, width)
     pointer_dtypes = {"y_ptr": torch.float32 if out_fp32 else dtype}
-    grid["sets"] = cross.program_sets(t.n_chan_blocks, maps)
+    grid["sets"] = launch.program_sets(t.n_chan_blocks, maps)
     grid["n_groups"] = t.n_chan_blocks // grid["sets"]
     grid["param_groups"] = param_groups
-    warps, max_registers = cross.launch_config(t, direction, len(routes))
+    warps, max_registers = launch.launch_config(t, direction, len(routes))
     if direction == "fwd":
         kernel = kernels.scan2d_fwd_kernel
         constexprs["SAVE_CARRIES"] = True
@@ -192,7 +192,7 @@ def single_route_kernel_figures(direction: str, dtype: torch.dtype, batch: int, 
     """Figures of the kernel the single-route ``direction`` op launches (u (batch, dim, L), ``groups``
     groups of B / C): its one route, each group of B / C a map with its own parameter rows."""
     return kernel_figures(direction, dtype, batch * groups, dim // groups, nstate, height, width,
-                          scan_triton.SINGLE_ROUTE, arch, param_groups=groups)
+                          SINGLE_ROUTE, arch, param_groups=groups)
 
 
 # (label, dtype, batch, dim, N, H, W): the model's stage shapes (VMamba / 2DVMamba tiny, batch 128,

@@ -1,4 +1,4 @@
-"""The autograd formula of the single-route scan kernel ops (compiled: fused.py; Triton: scan_triton.py).
+"""The autograd formula of the single-route scan kernel ops (compiled/ops.py and triton/ops.py).
 
 Both backends define a forward op ``(u, delta, A, B, C, D?, delta_bias?, delta_softplus, height,
 width, out_fp32, save_carries) -> (y, carry_1, carry_2)`` and a backward op taking the same inputs

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Iterator, Optional
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parents[2]
 # An installed wheel carries the sources inside the package (setup.py copies them there); a source
 # checkout and an editable install read the repository's csrc/cpu.
 CPU_SOURCE_DIRS = (PACKAGE_DIR / "csrc" / "cpu", PACKAGE_DIR.parent / "csrc" / "cpu")
@@ -244,3 +244,20 @@ def failure_reason(kind: str) -> str:
     else:
         parts = [_failure_reasons.get("vmamba2d._C_cuda", "")]
     return "; ".join(p for p in parts if p) or "unknown"
+
+
+def kernel_module(device) -> ModuleType:
+    """The extension module that runs the kernels on ``device`` (a torch.device of type cpu or cuda).
+
+    Raises ValueError for another device type, RuntimeError (with the reason) when the extension
+    is unavailable.
+    """
+    if device.type == "cuda":
+        module, kind = cuda_extension(), "cuda"
+    elif device.type == "cpu":
+        module, kind = cpu_extension(), "cpu"
+    else:
+        raise ValueError(f"the compiled 2D scan kernels take CPU or CUDA tensors, got {device}")
+    if module is None:
+        raise RuntimeError(f"the {kind} 2D scan kernel is unavailable: {failure_reason(kind)}")
+    return module
