@@ -272,7 +272,7 @@ SMALL_MODEL_KWARGS = {
     "mambamil2d": ["dim=16", "d_state=4"], "mambamil": ["dim=16", "d_state=4"], "abmil": ["dim=16"],
     "clam_sb": ["dim=16", "attn_hidden=8", "k_sample=4"], "dsmil": ["query_dim=8"],
     "transmil": ["dim=16", "heads=2", "landmarks=8"], "s4mil": ["dim=16", "d_state=4"],
-    "mambamil_sr": ["dim=16", "d_state=4"],
+    "mambamil_sr": ["dim=16", "d_state=4"], "dtfdmil": ["dim=16", "attn_hidden=8", "num_groups=2"],
 }
 
 
@@ -292,7 +292,7 @@ def test_every_model_trains_and_evaluates_on_the_same_data(dataset, tmp_path, ca
     assert summary["model"] == name and set(summary["metrics"]) == {"acc", "f1", "auc"}
     record = history(output / "seed3")[0]
     assert np.isfinite(record["train_loss"]) and {"acc", "f1", "auc"} <= set(record["test"])
-    if name in ("clam_sb", "dsmil"):  # the auxiliary terms are logged
+    if name in ("clam_sb", "dsmil", "dtfdmil"):  # the auxiliary terms are logged
         assert len([k for k in record if k.startswith("train_loss_")]) == 2
     capsys.readouterr()
     assert eval_main(["--checkpoint", str(output / "seed3" / "best.pth"), "--split", "test",

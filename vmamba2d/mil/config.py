@@ -16,7 +16,7 @@ from ..training.options import config_file_values, parse_key_values
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "mil"
 TASKS = ("classification", "survival")
-MODEL_NAMES = ("mambamil2d", "mambamil", "abmil", "clam_sb", "dsmil", "transmil", "s4mil", "mambamil_sr")
+MODEL_NAMES = ("mambamil2d", "mambamil", "abmil", "clam_sb", "dsmil", "dtfdmil", "transmil", "s4mil", "mambamil_sr")
 AMP_CHOICES = ("none", "bf16", "fp16")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 SCHEDULERS = ("cosine", "none")

@@ -22,7 +22,7 @@ Models (``MODELS``, by name):
                     ``order="file"`` keeps the file's row order, as the official baseline does.
     ``abmil``       ``ABMIL``: input projection -> attention pooling -> head (no sequence mixing).
     ``clam_sb``, ``dsmil``, ``transmil``, ``s4mil``, ``mambamil_sr``: the paper's other baselines
-                    (``vmamba2d.mil.baselines``).
+                    (``vmamba2d.mil.baselines``); ``dtfdmil`` (``vmamba2d.mil.dtfd``).
 
 Outputs besides ``logits``: ``embedding`` (1, dim) pooled slide vector, ``probabilities`` (1, C)
 softmax; with ``survival=True`` instead ``hazards`` (1, K) = sigmoid(logits), ``survival`` (1, K)
@@ -565,9 +565,10 @@ class ABMIL(_TokenMIL):
 
 # The baselines build on the classes above, so they are imported after them.
 from .baselines import CLAMSB, DSMIL, MambaMILSR, S4MIL, TransMIL  # noqa: E402
+from .dtfd import DTFDMIL  # noqa: E402
 
 MODELS: dict[str, type[_MILModel]] = {
-    cls.model_name: cls for cls in (MambaMIL2D, MambaMIL, ABMIL, CLAMSB, DSMIL, TransMIL, S4MIL, MambaMILSR)}
+    cls.model_name: cls for cls in (MambaMIL2D, MambaMIL, ABMIL, CLAMSB, DSMIL, DTFDMIL, TransMIL, S4MIL, MambaMILSR)}
 
 
 def build_model(name: str, **kwargs: Any) -> _MILModel:
