@@ -1,7 +1,7 @@
 """2DMambaMIL: whole-slide-image MIL on per-slide patch features (docs/mil.md).
 
 Models (``vmamba2d.mil.models``; the other baselines in ``vmamba2d.mil.baselines``): ``MambaMIL2D``,
-``MambaMIL``, ``ABMIL``, ``CLAMSB``, ``DSMIL``, ``DTFDMIL`` (``vmamba2d.mil.dtfd``), ``TransMIL``, ``S4MIL``, ``MambaMILSR``, ``MODELS``
+``MambaMIL``, ``ABMIL``, ``CLAMSB``, ``DSMIL``, ``DTFDMIL``, ``TransMIL``, ``S4MIL``, ``MambaMILSR``, ``MODELS``
 (by name), ``build_model``, ``model_from_checkpoint``. Data (``vmamba2d.mil.data``): slide files ->
 grid placement -> ``SlideDataset`` of ``SlideRecord``. Heatmaps: ``vmamba2d.mil.heatmap``. Training / metrics / survival modules are
 imported by their full paths (``vmamba2d.mil.<module>``).
@@ -17,8 +17,8 @@ from .data import (
     read_split_csv,
     read_survival_csv,
 )
-from .models import (ABMIL, CLAMSB, DSMIL, DTFDMIL, MODELS, S4MIL, MambaMIL, MambaMIL2D, MambaMILSR, TransMIL, build_model,
-                     model_from_checkpoint)
+from .models import (ABMIL, CLAMSB, DSMIL, DTFDMIL, MODELS, S4MIL, MambaMIL, MambaMIL2D, MambaMILSR, TransMIL,
+                     build_model, model_from_checkpoint)
 
 __all__ = [
     "ABMIL",

@@ -21,8 +21,8 @@ Models (``MODELS``, by name):
                     order and equals MambaMIL2D on fully occupied 1 x W / H x 1 grids;
                     ``order="file"`` keeps the file's row order, as the official baseline does.
     ``abmil``       ``ABMIL``: input projection -> attention pooling -> head (no sequence mixing).
-    ``clam_sb``, ``dsmil``, ``transmil``, ``s4mil``, ``mambamil_sr``: the paper's other baselines
-                    (``vmamba2d.mil.baselines``); ``dtfdmil`` (``vmamba2d.mil.dtfd``).
+    ``clam_sb``, ``dsmil``, ``transmil``, ``s4mil``, ``mambamil_sr``, ``dtfdmil``: the paper's other
+                    baselines (``vmamba2d.mil.baselines``).
 
 Outputs besides ``logits``: ``embedding`` (1, dim) pooled slide vector, ``probabilities`` (1, C)
 softmax; with ``survival=True`` instead ``hazards`` (1, K) = sigmoid(logits), ``survival`` (1, K)
@@ -564,8 +564,7 @@ class ABMIL(_TokenMIL):
 
 
 # The baselines build on the classes above, so they are imported after them.
-from .baselines import CLAMSB, DSMIL, MambaMILSR, S4MIL, TransMIL  # noqa: E402
-from .dtfd import DTFDMIL  # noqa: E402
+from .baselines import CLAMSB, DSMIL, DTFDMIL, MambaMILSR, S4MIL, TransMIL  # noqa: E402
 
 MODELS: dict[str, type[_MILModel]] = {
     cls.model_name: cls for cls in (MambaMIL2D, MambaMIL, ABMIL, CLAMSB, DSMIL, DTFDMIL, TransMIL, S4MIL, MambaMILSR)}
