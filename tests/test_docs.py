@@ -178,7 +178,8 @@ def test_no_tracked_file_points_outside_the_repository():
 
 
 @pytest.mark.parametrize("path", ["README.md", "docs/scan.md", "docs/kernels.md", "docs/models.md",
-                                  "docs/training.md", "docs/mil.md", "docs/benchmarks.md"])
+                                  "docs/training.md", "docs/mil.md", "docs/benchmarks.md",
+                                  "docs/install.md", "docs/usage.md", "benchmarks/README.md"])
 def test_documentation_page_is_tracked(path):
     assert path in tracked_files(), f"{path} is missing (or not added to git)"
 

@@ -109,3 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"eval.py: error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

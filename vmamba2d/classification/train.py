@@ -356,3 +356,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "--resume auto", file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

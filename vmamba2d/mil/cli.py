@@ -144,3 +144,22 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
                       "skipped_bad_slides": {"count": len(skipped), "slide_ids": skipped}},
                      indent=2))
     return 0
+
+
+COMMANDS = {"train": train_main, "eval": eval_main}
+USAGE = ("usage: python -m vmamba2d.mil.cli {train,eval} [options]   (installed: vmamba2d-mil-train, "
+         "vmamba2d-mil-eval; each with --help)")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m vmamba2d.mil.cli train|eval ...``: the two commands; usage for ``--help``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in COMMANDS:
+        return COMMANDS[args[0]](args[1:])
+    asked = args[:1] in (["-h"], ["--help"])
+    print(USAGE, file=sys.stdout if asked else sys.stderr)
+    return 0 if asked else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 # A first run in minutes on a CPU: UperNet + 2DVMamba-Tiny (the full model) on the ADE20K-layout
 # folder that `vmamba2d-tiny-data` writes to data/tiny/ade (8 training, 4 validation images):
-# 64x64 crops, batch 2, 20 iterations, validation and a checkpoint at the end, no worker processes.
+# 64x64 crops, batch 2, 10 iterations, validation and a checkpoint at the end, no worker processes.
 #   vmamba2d-tiny-data && vmamba2d-seg-train tiny-data_upernet_vmamba2d_tiny --from-scratch
 _base_ = ['./upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512.py']
 data_root = 'data/tiny/ade'
@@ -27,7 +27,7 @@ val_dataloader = dict(num_workers=0, persistent_workers=False,
 test_dataloader = val_dataloader
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=5),
-    dict(type='PolyLR', power=1.0, eta_min=0.0, by_epoch=False, begin=5, end=20),
+    dict(type='PolyLR', power=1.0, eta_min=0.0, by_epoch=False, begin=5, end=10),
 ]
-train_cfg = dict(max_iters=20, val_interval=20)
-default_hooks = dict(logger=dict(interval=5), checkpoint=dict(interval=20))
+train_cfg = dict(max_iters=10, val_interval=10)
+default_hooks = dict(logger=dict(interval=5), checkpoint=dict(interval=10))
