@@ -1,20 +1,12 @@
 // Backward kernel instantiations (fp32 / fp16 / bf16 inputs) and their launcher. No ATen: compiles
 // device-only with `nvcc -cubin -I csrc/cuda` for the resource check.
-#include "scan2d_device.cuh"
+#include "scan2d_kernels.cuh"
 #include "scan2d_launch.h"
 
 namespace vmamba2d {
 namespace scan2d {
 
 cudaError_t allow_forward_shared_memory(size_t smem_bytes);  // selective_scan_2d_fwd.cu
-
-template <class T, Variant V>
-__global__ void __launch_bounds__(kBlockThreads, backward_min_blocks_per_sm(V)) scan2d_backward_kernel(Params p) {
-  extern __shared__ __align__(16) char smem[];
-  DeviceCtx ctx;
-  backward_block<T, V>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                    static_cast<int>(blockIdx.z), smem);
-}
 
 template <class T>
 static cudaError_t launch_backward_typed(const Params& p, cudaStream_t stream) {

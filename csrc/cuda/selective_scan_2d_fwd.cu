@@ -1,24 +1,11 @@
 // Forward kernel instantiations (fp32 / fp16 / bf16 inputs) and their launcher. No ATen: compiles
 // device-only with `nvcc -cubin -I csrc/cuda` for the resource check.
-#include "scan2d_device.cuh"
+#define SS2D_DEFINE_CARRY_SCAN_KERNEL
+#include "scan2d_kernels.cuh"
 #include "scan2d_launch.h"
 
 namespace vmamba2d {
 namespace scan2d {
-
-template <class T, Variant V>
-__global__ void __launch_bounds__(kBlockThreads, forward_min_blocks_per_sm(V, kCompiledArch))
-    scan2d_forward_kernel(Params p) {
-  extern __shared__ __align__(16) char smem[];
-  DeviceCtx ctx;
-  forward_block<T, V>(ctx, p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                   static_cast<int>(blockIdx.z), smem);
-}
-
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm) scan2d_carry_scan_kernel(Params p, CarryScan scan) {
-  DeviceCtx ctx;
-  carry_scan_block(ctx, p, static_cast<int>(blockIdx.x), scan);
-}
 
 template <class T>
 static cudaError_t launch_forward_typed(const Params& p, cudaStream_t stream) {
