@@ -19,7 +19,7 @@ $(PY):
 # isolation, so pip never swaps the torch build or downloads a second one for the build.
 $(STAMP): $(PY) setup.py pyproject.toml constraints.txt $(wildcard csrc/*/*)
 	$(PIP) install -c constraints.txt torch torchvision "setuptools>=64" wheel ninja
-	$(PIP) install -c constraints.txt --no-build-isolation -e ".[dev,seg,det,mil,onnx]"
+	$(PIP) install -c constraints.txt --no-build-isolation -e ".[dev,seg,det,mil,onnx,slides]"
 	$(PY) -c "import vmamba2d.ops as o; print('vmamba2d backends:', o.backend_info())"
 	touch $(STAMP)
 
