@@ -121,20 +121,23 @@ def test_odd_widths_and_ragged_lanes(rows, dtype, shape):
 
 def test_plan_rule():
     assert rows_plan(4, 4, 56, 0) == layout(56, 4, 4)
-    assert astuple(rows_plan(4, 4, 56, 0)) == (4, 4, 2, 14, 2, 4)
-    assert astuple(rows_plan(2, 2, 56, 0)) == (8, 8, 1, 7, 4, 3)
-    assert rows_plan(2, 2, 28, 0).vec == 4 and rows_plan(2, 2, 14, 0).vec == 2 and rows_plan(4, 4, 7, 0).vec == 1
+    assert astuple(rows_plan(4, 4, 56, 0)) == (4, 4, 1, 14, 2, 4)
+    assert astuple(rows_plan(2, 2, 56, 0)) == (4, 4, 1, 14, 2, 4)
+    assert astuple(rows_plan(2, 2, 14, 0)) == (2, 2, 2, 7, 4, 3)
+    assert rows_plan(2, 2, 28, 0).vec == 4 and rows_plan(4, 4, 7, 0).vec == 1
+    assert astuple(rows_plan(2, 2, 200, 0)) == (8, 8, 1, 25, 1, 5)  # 4 columns need 50 lanes
     # Ragged: 33 has no divisor that fits 32 lanes; scalar accesses.
     assert astuple(rows_plan(4, 4, 33, 0)) == (2, 1, 2, 17, 1, 5)
-    # fp32 y of bf16 inputs needs 16-byte alignment for 8 columns; 8-byte alignment makes it scalar.
-    assert rows_plan(2, 4, 56, 0, 8).load == 1 and rows_plan(2, 4, 56, 0, 16).load == 8
+    # fp32 y of bf16 inputs needs 16-byte alignment for 4 columns; 8-byte alignment makes it scalar.
+    assert rows_plan(2, 4, 56, 0, 8).load == 1 and rows_plan(2, 4, 56, 0, 16).load == 4
+    assert rows_plan(2, 2, 56, 0, 8).load == 4 and rows_plan(2, 2, 56, 0, 4).load == 1
     assert rows_plan(4, 4, 129, 0) is None and rows_plan(2, 2, 257, 0) is None
     assert all(rows_plan(4, 4, 56, code) is None for code in (12, 13, 14, 15))
     assert [scan_steps(s) for s in (1, 2, 3, 7, 8, 14, 17, 32)] == [0, 1, 2, 3, 3, 4, 5, 5]
     plan = rows_plan(2, 2, 56, 7)
-    assert plan.defines(torch.bfloat16, 7) == dict(VMAMBA2D_RS_DTYPE=2, VMAMBA2D_RS_VEC=8, VMAMBA2D_RS_LOAD=8,
-                                                   VMAMBA2D_RS_ROUTE=5, VMAMBA2D_RS_PREFETCH=1, VMAMBA2D_RS_STEPS=3)
-    assert plan.blocks(128, 384) == 128 * 384 // 4 // 4
+    assert plan.defines(torch.bfloat16, 7) == dict(VMAMBA2D_RS_DTYPE=2, VMAMBA2D_RS_VEC=4, VMAMBA2D_RS_LOAD=4,
+                                                   VMAMBA2D_RS_ROUTE=5, VMAMBA2D_RS_PREFETCH=1, VMAMBA2D_RS_STEPS=4)
+    assert plan.blocks(128, 384) == 128 * 384 // 2 // 4
     with pytest.raises(ValueError, match="vec"):
         layout(100, 2, 2)
 
@@ -157,10 +160,12 @@ def _offset_by(t, elements):
 def test_vector_accesses_exactly_where_aligned(rows, dtype):
     batch, dim, height, width = 2, 4, 6, 56
     x = make_inputs(batch, dim, 1, height, width, dtype, seed=3)
-    vec = 4 if dtype == torch.float32 else 8
+    vec = 4
     check(run(rows, x, height, width), x, height, width)
-    # Every lane-row chunk: u, delta, B, C loaded and y stored as one vector each.
-    assert rows.rows_vector_accesses() == batch * dim * height * (width // vec) * 5
+    # Every lane of every warp loads u, delta, B, C as one vector a row (idle lanes too: vector plans
+    # load unconditionally), every lane of a map stores y as one.
+    warps = batch * dim // 2  # two maps of 14 lanes a warp
+    assert rows.rows_vector_accesses() == warps * 32 * height * 4 + batch * dim * height * (width // vec)
     x["delta"] = _offset_by(x["delta"], 1)  # misaligned base: the plan falls back to scalar accesses
     check(run(rows, x, height, width), x, height, width)
     assert rows.rows_vector_accesses() == 0
@@ -168,7 +173,8 @@ def test_vector_accesses_exactly_where_aligned(rows, dtype):
 
 @pytest.mark.parametrize("vec,load", [(1, 1), (2, 1), (2, 2), (4, 1), (8, 8), (8, 1)])
 def test_every_lane_width(rows, vec, load):
-    # bf16 at width 16: each compiled lane width with vector and scalar accesses, prefetch 2 and 1.
+    # bf16 at width 16: each compiled lane width with vector and scalar accesses (prefetch 2 rows
+    # below 4 columns, 1 from 4 on).
     height, width = 7, 16
     x = make_inputs(1, 5, 1, height, width, torch.bfloat16, seed=vec * 10 + load)
     for route in (0, 7, 8):

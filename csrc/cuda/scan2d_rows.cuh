@@ -59,10 +59,7 @@ struct RowsForward {
     bool active;        // a real map and a lane of its segment
     int s;              // position in the segment (route order)
     int last;           // the segment's last lane (flat routes' carry)
-    unsigned valid;     // bit j: chunk j is inside the row (and the lane is active)
-    long long at_u;     // u / y: plane start + memory column of chunk 0
-    long long at_d;     // delta
-    long long at_bc;    // B / C
+    unsigned valid;     // bit j: chunk j is inside the row and the lane is active (stored)
     float a2;           // A[d] * log2(e)
     float bias;
     float skip;         // D[d]
@@ -74,6 +71,7 @@ struct RowsForward {
     float carry;        // flat: h at the previous row's last cell
     float abar[kV];
     float x[kV];
+    float du[kV];       // D * u of the row being scanned
   };
 
   // Element k of a lane's columns in route order lives at this index of its load buffers (a
@@ -85,11 +83,12 @@ struct RowsForward {
   static SS2D_HD SS2D_INLINE constexpr int chunk_step(int j) { return kFromRight ? -j * kLoad : j * kLoad; }
 
   template <class Ctx, class View>
-  static SS2D_HD SS2D_INLINE void load_row(Ctx& ctx, const View& view, long long at_lane, int row_off,
+  static SS2D_HD SS2D_INLINE void load_row(Ctx& ctx, const View& view, int row_off,
                                            unsigned valid, Raw (&dst)[kV]) {
 SS2D_UNROLL
     for (int j = 0; j < kChunks; ++j) {
-      if ((valid >> j) & 1u) ctx.template load<kLoad>(view, at_lane + row_off + chunk_step(j), &dst[j * kLoad]);
+      // Vector plans (W % V == 0) load every chunk: an idle lane reads a real map's cells too.
+      if (kLoad == kV || ((valid >> j) & 1u)) ctx.template load<kLoad>(view, row_off + chunk_step(j), &dst[j * kLoad]);
     }
   }
 
@@ -105,8 +104,7 @@ SS2D_UNROLL
 
   // y of the lane's columns: fp32 (kF32) or the inputs' type.
   template <bool kF32, class Ctx, class YView>
-  static SS2D_HD SS2D_INLINE void store_row(Ctx& ctx, const YView& y, const Lane& l, int row_off,
-                                            const float (&out)[kV]) {
+  static SS2D_HD SS2D_INLINE void store_row(Ctx& ctx, const YView& y, const Lane& l, const float (&out)[kV]) {
     typename Pick<kF32, float, Raw>::type v[kV];
 SS2D_UNROLL
     for (int k = 0; k < kV; ++k) {
@@ -118,7 +116,7 @@ SS2D_UNROLL
     }
 SS2D_UNROLL
     for (int j = 0; j < kChunks; ++j) {
-      if ((l.valid >> j) & 1u) ctx.template store<kLoad>(y, l.at_u + row_off + chunk_step(j), &v[j * kLoad]);
+      if ((l.valid >> j) & 1u) ctx.template store<kLoad>(y, chunk_step(j), &v[j * kLoad]);
     }
   }
 
@@ -142,6 +140,13 @@ SS2D_UNROLL
     const auto C = ctx.global(static_cast<const Raw*>(p.C), bcount);
     const auto y_t = ctx.global(static_cast<Raw*>(p.y), p.y_fp32 ? 0 : maps * L);
     const auto y_f = ctx.global(static_cast<float*>(p.y), p.y_fp32 ? maps * L : 0);
+    // Each lane's views at its first column: of the inputs in the row loaded next (P rows ahead of
+    // the one being scanned; the first P rows are loaded relative to it), of y in the row being
+    // scanned; they move one row per row.
+    using InView = decltype(ctx.offset(u, 0LL));
+    InView lane_u[K], lane_d[K], lane_b[K], lane_c[K];
+    decltype(ctx.offset(y_t, 0LL)) lane_yt[K];
+    decltype(ctx.offset(y_f, 0LL)) lane_yf[K];
 
     Lane lanes[K];
     float sa[K], sb[K], ta[K], tb[K];
@@ -154,21 +159,30 @@ SS2D_UNROLL
       l.s = lane - m * S;
       l.last = m * S + S - 1 < kWarpLanes ? m * S + S - 1 : kWarpLanes - 1;
       l.active = m < M && map < maps;
-      const int b = l.active ? static_cast<int>(map / p.dim) : 0;
-      const int d = l.active ? static_cast<int>(map - static_cast<long long>(b) * p.dim) : 0;
+      // An idle lane loads (vector plans load unconditionally) the first cells of the warp's first map.
+      const long long at_map = l.active ? map : item * M;
+      const int b = static_cast<int>(at_map / p.dim);
+      const int d = static_cast<int>(at_map - static_cast<long long>(b) * p.dim);
       const int g = d / (p.dim / p.groups);
-      const int col = kFromRight ? W - l.s * kV - kLoad : l.s * kV;
+      const int s_at = l.active ? l.s : 0;
+      const int col = kFromRight ? W - s_at * kV - kLoad : s_at * kV;
       l.valid = 0;
 SS2D_UNROLL
       for (int j = 0; j < kChunks; ++j) {
         l.valid |= (l.active && l.s * kV + j * kLoad < W) ? 1u << j : 0u;
       }
-      l.at_u = map * L + col;
-      l.at_d = (static_cast<long long>(b) * p.delta_planes + d) * L + col;
-      l.at_bc = (static_cast<long long>(b) * p.bc_planes + g) * L + col;
-      l.a2 = l.active ? p.A[d] * kLog2e : 0.f;
-      l.bias = l.active && p.delta_bias != nullptr ? p.delta_bias[d] : 0.f;
-      l.skip = l.active && p.D != nullptr ? p.D[d] : 0.f;
+      const int q = ctx.slot(lane);
+      const long long at = at_map * L + first_row + col;
+      const long long ahead = kPrefetch * row_step;
+      lane_yt[q] = ctx.offset(y_t, at);
+      lane_yf[q] = ctx.offset(y_f, at);
+      lane_u[q] = ctx.offset(u, at + ahead);
+      lane_d[q] = ctx.offset(delta, (static_cast<long long>(b) * p.delta_planes + d) * L + first_row + col + ahead);
+      lane_b[q] = ctx.offset(B, (static_cast<long long>(b) * p.bc_planes + g) * L + first_row + col + ahead);
+      lane_c[q] = ctx.offset(C, (static_cast<long long>(b) * p.bc_planes + g) * L + first_row + col + ahead);
+      l.a2 = p.A[d] * kLog2e;
+      l.bias = p.delta_bias != nullptr ? p.delta_bias[d] : 0.f;
+      l.skip = p.D != nullptr ? p.D[d] : 0.f;
       l.carry = 0.f;
 SS2D_UNROLL
       for (int k = 0; k < kV; ++k) l.above[k] = 0.f;
@@ -177,27 +191,26 @@ SS2D_UNROLL
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) l.u[r][k] = l.d[r][k] = l.b[r][k] = l.c[r][k] = Raw();
         if (r < H) {
-          const int off = first_row + r * row_step;
-          load_row(ctx, u, l.at_u, off, l.valid, l.u[r]);
-          load_row(ctx, delta, l.at_d, off, l.valid, l.d[r]);
-          load_row(ctx, B, l.at_bc, off, l.valid, l.b[r]);
-          load_row(ctx, C, l.at_bc, off, l.valid, l.c[r]);
+          const int off = (r - kPrefetch) * row_step;
+          load_row(ctx, lane_u[q], off, l.valid, l.u[r]);
+          load_row(ctx, lane_d[q], off, l.valid, l.d[r]);
+          load_row(ctx, lane_b[q], off, l.valid, l.b[r]);
+          load_row(ctx, lane_c[q], off, l.valid, l.c[r]);
         }
       }
       last[ctx.slot(lane)] = l.last;
     });
 
-    int row_off = first_row;
     for (int i0 = 0; i0 < H; i0 += kPrefetch) {
 SS2D_UNROLL
       for (int r = 0; r < kPrefetch; ++r) {
         const int i = i0 + r;
         if (i >= H) break;
         const bool ahead = i + kPrefetch < H;
-        const int ahead_off = row_off + kPrefetch * row_step;
 
-        // Phase 1: discretise the row in slot r and refill its delta and B with row i + P (their
-        // last use), the columns-first vertical pass, the lane's aggregate of the row scan.
+        // Phase 1: discretise the row in slot r, keep D * u, refill the slot's delta, B and u with
+        // row i + P (their last use; C is refilled after phase 2), the columns-first vertical pass,
+        // the lane's aggregate of the row scan.
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
           Lane& l = lanes[q];
@@ -205,12 +218,15 @@ SS2D_UNROLL
           for (int k = 0; k < kV; ++k) {
             const float z = E::to_float(l.d[r][at(k)]) + l.bias;
             const float dt = p.softplus ? softplus(z) : z;
+            const float uk = E::to_float(l.u[r][at(k)]);
             l.abar[k] = exp2_flush(dt * l.a2);
-            l.x[k] = dt * E::to_float(l.b[r][at(k)]) * E::to_float(l.u[r][at(k)]);
+            l.x[k] = dt * E::to_float(l.b[r][at(k)]) * uk;
+            l.du[k] = l.skip * uk;
           }
           if (ahead) {
-            load_row(ctx, delta, l.at_d, ahead_off, l.valid, l.d[r]);
-            load_row(ctx, B, l.at_bc, ahead_off, l.valid, l.b[r]);
+            load_row(ctx, lane_d[q], 0, l.valid, l.d[r]);
+            load_row(ctx, lane_b[q], 0, l.valid, l.b[r]);
+            load_row(ctx, lane_u[q], 0, l.valid, l.u[r]);
           }
           if constexpr (kOrder == Order::kColumnsFirst) {
 SS2D_UNROLL
@@ -261,7 +277,7 @@ SS2D_UNROLL
         ctx.shfl_up(tb, sb, 1);
         if constexpr (kOrder == Order::kFlat) ctx.shfl_idx(ta, sb, last);
 
-        // Phase 2: the second in-lane pass, the vertical pass, y; refill u and C of slot r.
+        // Phase 2: the second in-lane pass, the vertical pass, y; refill C of slot r.
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
           Lane& l = lanes[q];
@@ -276,19 +292,23 @@ SS2D_UNROLL
               h = fmaf(l.abar[k], l.above[k], h);
               l.above[k] = h;
             }
-            out[k] = fmaf(E::to_float(l.c[r][at(k)]), h, l.skip * E::to_float(l.u[r][at(k)]));
+            out[k] = fmaf(E::to_float(l.c[r][at(k)]), h, l.du[k]);
           }
           if (p.y_fp32) {
-            store_row<true>(ctx, y_f, l, row_off, out);
+            store_row<true>(ctx, lane_yf[q], l, out);
           } else {
-            store_row<false>(ctx, y_t, l, row_off, out);
+            store_row<false>(ctx, lane_yt[q], l, out);
           }
           if (ahead) {
-            load_row(ctx, u, l.at_u, ahead_off, l.valid, l.u[r]);
-            load_row(ctx, C, l.at_bc, ahead_off, l.valid, l.c[r]);
+            load_row(ctx, lane_c[q], 0, l.valid, l.c[r]);
           }
+          lane_u[q] = ctx.offset(lane_u[q], row_step);
+          lane_d[q] = ctx.offset(lane_d[q], row_step);
+          lane_b[q] = ctx.offset(lane_b[q], row_step);
+          lane_c[q] = ctx.offset(lane_c[q], row_step);
+          lane_yt[q] = ctx.offset(lane_yt[q], row_step);
+          lane_yf[q] = ctx.offset(lane_yf[q], row_step);
         });
-        row_off += row_step;
       }
     }
   }

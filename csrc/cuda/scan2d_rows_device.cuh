@@ -66,11 +66,16 @@ struct RowsDeviceCtx {
   SS2D_HD SS2D_INLINE V* global(V* ptr, long long) const {
     return ptr;
   }
+  // The view of the elements from ptr + at on (negative indices reach back before it).
+  template <class V>
+  SS2D_HD SS2D_INLINE V* offset(V* ptr, long long at) const {
+    return ptr + at;
+  }
 
   // kCount consecutive elements from ptr + i, as 16-byte pieces (32 bytes: fp32 y of 8 bf16
   // columns) or one narrower access; the plan guarantees the alignment.
   template <int kCount, class V>
-  SS2D_HD SS2D_INLINE void load(const V* ptr, long long i, V* dst) const {
+  SS2D_HD SS2D_INLINE void load(const V* ptr, int i, V* dst) const {
     constexpr int kBytes = kCount * static_cast<int>(sizeof(V));
     constexpr int kPiece = kBytes > 16 ? 16 : kBytes;
 SS2D_UNROLL
@@ -83,7 +88,7 @@ SS2D_UNROLL
   // Stores go through st.global.v4 / .v2 / scalar PTX: a vector struct copy may be split into
   // scalar stores by the compiler.
   template <int kCount, class V>
-  SS2D_HD SS2D_INLINE void store(V* ptr, long long i, const V* src) const {
+  SS2D_HD SS2D_INLINE void store(V* ptr, int i, const V* src) const {
 #ifdef __CUDA_ARCH__
     constexpr int kBytes = kCount * static_cast<int>(sizeof(V));
     if constexpr (kBytes == 2) {

@@ -85,12 +85,14 @@ class GlobalShadow {
   std::vector<int64_t> reader_;
 };
 
-// A bounds-checked view of a global buffer; writable buffers carry a shadow.
+// A bounds-checked view of a global buffer from element `origin` on; writable buffers carry a
+// shadow.
 template <class V>
 struct HostView {
   V* base = nullptr;
   int64_t extent = 0;
   GlobalShadow* shadow = nullptr;
+  int64_t origin = 0;
 };
 
 // The visiting order of `count` warps / lanes.
@@ -140,8 +142,16 @@ class RowsHostCtx {
     return view;
   }
 
+  template <class V>
+  HostView<V> offset(const HostView<V>& view, int64_t at) const {
+    HostView<V> moved = view;
+    moved.origin += at;
+    return moved;
+  }
+
   template <int kCount, class V>
-  void load(const HostView<V>& view, int64_t i, std::remove_const_t<V>* dst) const {
+  void load(const HostView<V>& view, int64_t at, std::remove_const_t<V>* dst) const {
+    const int64_t i = view.origin + at;
     check(view, i, kCount, "load");
     if (view.shadow != nullptr) {
       for (int k = 0; k < kCount; ++k) view.shadow->read(i + k, thread());
@@ -149,7 +159,8 @@ class RowsHostCtx {
     std::memcpy(dst, view.base + i, kCount * sizeof(V));
   }
   template <int kCount, class V>
-  void store(const HostView<V>& view, int64_t i, const V* src) const {
+  void store(const HostView<V>& view, int64_t at, const V* src) const {
+    const int64_t i = view.origin + at;
     static_assert(!std::is_const_v<V>, "store into a read-only buffer");
     check(view, i, kCount, "store");
     for (int k = 0; k < kCount; ++k) view.shadow->write(i + k, thread());
@@ -199,7 +210,7 @@ class RowsHostCtx {
 
 template <class E, int kV, int kLoad, Order kOrder, bool kFromRight>
 void run_launch(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
-  constexpr int kPrefetch = kV >= 8 ? 1 : 2;  // the plan's rule (rows_plan.py)
+  constexpr int kPrefetch = kV >= 4 ? 1 : 2;  // the plan's rule (rows_plan.py, prefetch_rows)
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_items(p))) {
     RowsHostCtx ctx(item, schedule, shadow);

@@ -17,6 +17,7 @@ WARP_LANES = 32
 ROWS_THREADS = 128  # threads per block of the RS entry (kRowsThreads)
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _FROM_BOTTOM, _COLUMNS_FIRST, _FLAT = 2, 4, 8
+MAX_DIVIDING_VEC = 4  # widest lane of a width a vector divides (see rows_plan)
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class RowsPlan:
     """One RS launch's compiled configuration and lane layout.
 
     vec: columns per lane (V); load: elements per global access (V: one vector, or 1: scalars);
-    prefetch: rows of u, delta, B, C loaded ahead (P); seg_lanes: lanes per map (S = ceil(W / V));
+    prefetch: rows of u, delta, B, C loaded ahead (P, prefetch_rows); seg_lanes: lanes per map (S = ceil(W / V));
     maps_per_warp: M = 32 // S; scan_steps: ceil(log2 S), the segmented warp scan's steps.
     """
 
@@ -59,6 +60,11 @@ def route_streams_rows(route: int) -> bool:
     return 0 <= route < 16 and not (route & _FLAT and route & _COLUMNS_FIRST)
 
 
+def prefetch_rows(vec: int) -> int:
+    """P, the rows loaded ahead, for V columns per lane (the GPU entry's and the emulation's rule)."""
+    return 1 if vec >= 4 else 2
+
+
 def scan_steps(seg_lanes: int) -> int:
     """ceil(log2(seg_lanes)): the segmented warp scan's shuffle steps."""
     return max(seg_lanes - 1, 0).bit_length()
@@ -71,7 +77,7 @@ def layout(width: int, vec: int, load: int) -> RowsPlan:
     if load not in (1, vec) or (load > 1 and width % vec):
         raise ValueError(f"load: expected 1, or vec where vec divides the width {width}, got {load}")
     seg = -(-width // vec)
-    return RowsPlan(vec, load, 1 if vec >= 8 else 2, seg, WARP_LANES // seg, scan_steps(seg))
+    return RowsPlan(vec, load, prefetch_rows(vec), seg, WARP_LANES // seg, scan_steps(seg))
 
 
 def alignment(*tensors: torch.Tensor) -> int:
@@ -86,12 +92,14 @@ def rows_plan(elem_bytes: int, y_bytes: int, width: int, route: int, aligned_byt
     """The RS plan of a map width, or None where RS does not apply (route not a row stream, or W
     wider than 32 lanes of 16 bytes).
 
-    V: the widest power of two of at most 16 bytes (4 fp32, 8 fp16 / bf16) that divides W with
-    ceil(W / V) <= 32 lanes (fewer, wider lanes amortise the per-lane scan steps); where none divides,
-    the narrowest that fits W into 32 lanes (the last lane of a segment is then ragged). Vector
+    V: the widest power of two up to 4 that divides W with ceil(W / V) <= 32 lanes (fewer, wider lanes
+    amortise the per-lane scan steps; 8 bf16 / fp16 columns, a 16-byte vector, spill in 64 registers
+    on sm_90: benchmarks/scan_cuda_v4_static.md); where none divides, the narrowest that fits W into
+    32 lanes (the last lane of a segment is then ragged; up to 8 columns for 2-byte types). Vector
     accesses when V > 1 divides W and ``aligned_bytes`` (alignment of u, delta, B, C and y) holds a
-    vector of the inputs and of y (an fp32 y of 2-byte inputs needs up to 16 bytes), else scalar
-    ones. P = 2 rows ahead, 1 at 8 columns per lane (registers: at most 64).
+    vector of the inputs and of y, else scalar ones. P = 1 row ahead for V = 4 (delta, B and u of
+    the next row are loaded right after their last use, C after the row's y: a whole row of work
+    hides them), 2 for narrower lanes, whose rows are short work.
     """
     if elem_bytes not in (2, 4) or y_bytes not in (2, 4):
         raise ValueError(f"elem_bytes, y_bytes: expected 2 or 4, got {elem_bytes}, {y_bytes}")
@@ -99,7 +107,7 @@ def rows_plan(elem_bytes: int, y_bytes: int, width: int, route: int, aligned_byt
     if not route_streams_rows(route) or not 1 <= width <= WARP_LANES * max_vec:
         return None
     fits = [v for v in (8, 4, 2, 1) if v <= max_vec and -(-width // v) <= WARP_LANES]
-    vec = next((v for v in fits if width % v == 0), fits[-1])
+    vec = next((v for v in fits if v <= MAX_DIVIDING_VEC and width % v == 0), fits[-1])
     vector = vec > 1 and width % vec == 0 and aligned_bytes % (vec * elem_bytes) == 0 \
         and aligned_bytes % min(16, vec * y_bytes) == 0
     return layout(width, vec, vec if vector else 1)
