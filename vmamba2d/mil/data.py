@@ -59,6 +59,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from vmamba2d.extras import require_extra
+
 Tensor = torch.Tensor
 PathLike = Union[str, Path]
 
@@ -198,6 +200,7 @@ def _plain_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _read_h5(path: Path, slide_id: str) -> tuple[Any, Any, dict[str, Any]]:
+    require_extra("reading .h5 slide files", ("h5py",), "mil")
     import h5py
 
     try:

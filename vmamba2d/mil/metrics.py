@@ -12,7 +12,12 @@ import math
 from typing import Sequence
 
 import numpy as np
-from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
+
+from vmamba2d.extras import MissingExtraError, require_extra
+
+require_extra("the MIL metrics", ("sklearn",), "mil", "scikit-learn")
+
+from sklearn.metrics import accuracy_score, f1_score, roc_auc_score  # noqa: E402
 
 
 def _as_labels(labels: Sequence[int] | np.ndarray, name: str) -> np.ndarray:
@@ -82,8 +87,7 @@ def concordance_index(event: Sequence[bool] | np.ndarray, time: Sequence[float] 
         from sksurv.exceptions import NoComparablePairException
         from sksurv.metrics import concordance_index_censored
     except ImportError as error:  # pragma: no cover - depends on the installed extras
-        raise ImportError("the survival C-index needs scikit-survival: pip install "
-                          "scikit-survival (or pip install 'vmamba2d[mil]')") from error
+        raise MissingExtraError("the survival C-index", ("sksurv",), "mil", "scikit-survival") from error
     event = np.asarray(event, dtype=bool)
     time = np.asarray(time, dtype=np.float64)
     risk = np.asarray(risk, dtype=np.float64)
