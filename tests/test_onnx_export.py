@@ -42,7 +42,7 @@ def images(batch: int, height: int, width: int, seed: int = 1) -> torch.Tensor:
 FAMILIES = ("vmamba2d_tiny", "vmamba_tiny")  # the 2D-scan family and the 1D (flat) one
 BARE_EXPORT = """
 import sys, timm, torch
-import vmamba2d  # registers the scan ops' ONNX translations with torch's exporter
+import vmamba2d.export  # registers the scan ops' ONNX translations with torch's exporter
 
 for name in sys.argv[2:]:
     torch.manual_seed(0)
@@ -55,7 +55,7 @@ for name in sys.argv[2:]:
 
 @pytest.fixture(scope="module")
 def bare_exports(tmp_path_factory) -> Path:
-    """The issue's contract in a fresh process: ``import vmamba2d``, then the bare
+    """The documented contract in a fresh process: ``import vmamba2d.export``, then the bare
     ``torch.onnx.export(model, x, dynamo=True)`` (no translation table) of both families, batch,
     height and width dynamic. Returns the folder of ``<name>.onnx`` files."""
     folder = tmp_path_factory.mktemp("bare")
@@ -181,7 +181,7 @@ IMPORT_WITHOUT_ONNXSCRIPT = """
 import sys, warnings
 sys.modules["onnxscript"] = None  # as if the onnx extra were not installed
 warnings.simplefilter("error")
-import vmamba2d
+import vmamba2d.export
 assert "onnx" not in sys.modules
 try:
     vmamba2d.export.register_onnx_translations()
@@ -211,7 +211,7 @@ def test_registering_again_is_a_no_op_and_another_translation_is_refused(monkeyp
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        register_onnx_translations()  # already done by import vmamba2d
+        register_onnx_translations()  # already done by import vmamba2d.export
     name = "vmamba2d::selective_scan_2d_fwd"
     assert [f.func for f in registration.default_registry[name].overloads] == [selective_scan_2d_onnx]
     other = registration.OverloadedFunction(name)

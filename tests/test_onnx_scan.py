@@ -134,7 +134,7 @@ class TritonScanOps(nn.Module):
 
 
 def test_triton_ops_export_with_the_default_translations(tmp_path):
-    # no custom_translation_table: import vmamba2d registered every scan op's translation
+    # no custom_translation_table: import vmamba2d.export registered every scan op's translation
     path = tmp_path / "triton_ops.onnx"
     torch.onnx.export(TritonScanOps().eval(), _inputs(), str(path), dynamo=True, verbose=False)
     args = _inputs()

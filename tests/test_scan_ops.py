@@ -371,6 +371,31 @@ def test_bad_backend(backend, error):
         selective_scan_2d(**_valid(), height=3, width=4, backend=backend)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+@pytest.mark.parametrize("out_dtype", [torch.int64, torch.bool, "float32", float], ids=["int64", "bool", "str", "type"])
+def test_out_dtype_must_be_a_floating_torch_dtype(out_dtype, backend):
+    """Before: int64 truncated y silently, 'float32' failed with torch's 'Invalid device string'."""
+    from vmamba2d.ops import cross_selective_scan_2d
+
+    with pytest.raises(TypeError, match=r"out_dtype must be None or a floating torch.dtype"):
+        selective_scan_2d(**_valid(), height=3, width=4, backend=backend, out_dtype=out_dtype)
+    u = torch.randn(1, 2, 3, 4)
+    cross = dict(u=u, delta=torch.randn(1, 4, 2, 3, 4), A=-torch.ones(8, 1), B=torch.randn(1, 4, 1, 3, 4),
+                 C=torch.randn(1, 4, 1, 3, 4))
+    with pytest.raises(TypeError, match=r"out_dtype must be None or a floating torch.dtype"):
+        cross_selective_scan_2d(**cross, backend=backend, out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float64, torch.bfloat16])
+def test_out_dtype_floating_is_the_output_dtype(out_dtype):
+    inputs = _valid()
+    y = selective_scan_2d(**inputs, height=3, width=4, backend="cpu", out_dtype=out_dtype)
+    in_fp64 = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    expected = reference_scan(**in_fp64, height=3, width=4)
+    assert y.dtype == out_dtype
+    torch.testing.assert_close(y, expected.to(out_dtype), rtol=1e-2, atol=1e-2)
+
+
 # --------------------------------------------------------------------------------------------
 # torch.compile and the extension-loading paths
 # --------------------------------------------------------------------------------------------

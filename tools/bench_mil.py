@@ -178,7 +178,7 @@ def report_header(args: argparse.Namespace, device: torch.device) -> str:
         "- times: wall clock; \"CPU ms\" = CPU time of the process over the step, summed over its threads",
         "- peak memory: tensor memory alive at once during one step above the inputs and weights "
         + ("(torch.cuda.max_memory_allocated)" if device.type == "cuda" else "(torch profiler allocation events)"),
-        f"- CPU malloc: {'freed memory kept for reuse (vmamba2d.keep_freed_memory())' if args.malloc == 'keep' else 'the C library defaults'}",
+        f"- CPU malloc: {'freed memory kept for reuse (vmamba2d.cpu_malloc.keep_freed_memory())' if args.malloc == 'keep' else 'the C library defaults'}",
         f"- command: `python tools/bench_mil.py {' '.join(sys.argv[1:])}`",
     ])
 
@@ -199,7 +199,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--amp", action="store_true", help="bf16 autocast")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--malloc", choices=["keep", "default"], default="default",
-                        help="keep: vmamba2d.keep_freed_memory() first; default: glibc's own thresholds, as the "
+                        help="keep: vmamba2d.cpu_malloc.keep_freed_memory() first; default: glibc's own thresholds, as the "
                              "MIL CLI runs (default)")
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
     args = parser.parse_args(argv)

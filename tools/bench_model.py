@@ -24,7 +24,7 @@ four-route op >= 1.3x its inference and >= 1.2x its training throughput, with lo
 on CPU also vmamba2d_tiny >= 1.0x convnext_tiny at batch 8 and above.
 
 Each worker first makes glibc keep freed memory for reuse (``--malloc keep``, the default:
-:func:`vmamba2d.keep_freed_memory`, as the classification scripts do on CPU); ``--malloc
+:func:`vmamba2d.cpu_malloc.keep_freed_memory`, as the classification scripts do on CPU); ``--malloc
 default`` measures with glibc's own thresholds, where every large tensor is a fresh mapping.
 
 Rows of separate processes, minutes apart, carry a shared machine's drift into their ratios;
@@ -161,19 +161,19 @@ MALLOC_SETTINGS = ("keep", "default")
 
 
 def apply_malloc_setting(setting: str) -> None:
-    """``keep``: :func:`vmamba2d.keep_freed_memory` for this process; ``default``: glibc's own."""
+    """``keep``: :func:`vmamba2d.cpu_malloc.keep_freed_memory` for this process; ``default``: glibc's own."""
     if setting not in MALLOC_SETTINGS:
         raise ValueError(f"malloc setting must be one of {MALLOC_SETTINGS}, got {setting!r}")
     if setting == "keep":
-        import vmamba2d
+        from vmamba2d.cpu_malloc import keep_freed_memory
 
-        vmamba2d.keep_freed_memory()
+        keep_freed_memory()
 
 
 def describe_malloc(setting: str) -> str:
     """The header's words for a malloc setting of the workers."""
     if setting == "keep":
-        return "freed memory kept for reuse (vmamba2d.keep_freed_memory() in each worker; glibc only)"
+        return "freed memory kept for reuse (vmamba2d.cpu_malloc.keep_freed_memory() in each worker; glibc only)"
     return "the C library's defaults (glibc: large blocks mapped afresh and unmapped when freed)"
 
 

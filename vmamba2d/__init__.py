@@ -1,14 +1,15 @@
-"""vmamba2d: 2D selective state-space vision backbones (2DVMamba) for PyTorch and timm."""
+"""vmamba2d: 2D selective state-space vision backbones (2DVMamba) for PyTorch and timm.
+
+``import vmamba2d`` registers the models with timm and loads the scan ops; it prints nothing and
+loads none of the optional packages: ONNX export is :mod:`vmamba2d.export` (importing it registers
+the scan ops' ONNX translations for the bare ``torch.onnx.export``), the glibc allocator tuning
+the training scripts use is :mod:`vmamba2d.cpu_malloc`, and triton is imported only when its
+backend is considered.
+"""
 from . import ops
 from . import models
-from .cpu_malloc import cpu_malloc_info, keep_freed_memory
 from .flops import count_flops
-from .export.onnx_registry import register_if_onnx_installed
 
-# With the onnx extra installed, the bare torch.onnx.export(model, x, dynamo=True) finds the scan
-# ops' translations (costs ~0.2 s of import time: onnx and onnxscript get imported).
-register_if_onnx_installed()
-
-__all__ = ["count_flops", "cpu_malloc_info", "keep_freed_memory", "models", "ops"]
+__all__ = ["count_flops", "models", "ops"]
 
 __version__ = "0.1.0"  # the one place the version is set; setup.py reads it from here

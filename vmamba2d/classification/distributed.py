@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import vmamba2d
+from vmamba2d.cpu_malloc import keep_freed_memory
 
 from .errors import UsageError
 
@@ -62,7 +62,7 @@ def init_distributed(device: str) -> DistContext:
     torch_device = resolve_device(device, local_rank)
     if torch_device.type == "cpu":
         # Activations of 10-100 MB are otherwise a fresh, kernel-zeroed mapping per tensor per step.
-        vmamba2d.keep_freed_memory()
+        keep_freed_memory()
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if torch_device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30),

@@ -21,7 +21,7 @@ import torch
 
 import vmamba2d
 import vmamba2d.models  # noqa: F401  (registers the timm models)
-from vmamba2d import erf
+from vmamba2d import cpu_malloc, erf
 from vmamba2d.ops import backend_info, resolve_backend, selective_scan_2d
 
 MIXER_DECADES = 5.0
@@ -178,8 +178,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    vmamba2d.keep_freed_memory()  # as the training scripts do on CPU: no fresh mapping per tensor
-    print("cpu_malloc_info():", vmamba2d.cpu_malloc_info())
+    cpu_malloc.keep_freed_memory()  # as the training scripts do on CPU: no fresh mapping per tensor
+    print("cpu_malloc_info():", cpu_malloc.cpu_malloc_info())
     start = time.perf_counter()
     demo_op(args.repeats)
     model = demo_model(args.checkpoint)

@@ -1,7 +1,7 @@
 """Export of the models to other runtimes: ONNX (needs the ``onnx`` extra).
 
     export_onnx(model, "model.onnx", (224, 224))          # one self-contained, checked file
-    torch.onnx.export(model, (x,), dynamo=True)           # translations registered by import vmamba2d
+    torch.onnx.export(model, (x,), dynamo=True)           # after import vmamba2d.export
     torch.onnx.export(model, (x,), dynamo=True, custom_translation_table=translation_table())
     export_mil_onnx(mil_model, "slide.onnx")             # a 2DMambaMIL model: features, coords
 """
@@ -14,7 +14,16 @@ from .onnx_export import (
     require_onnx_extra,
 )
 from .mil_onnx import export_mil_onnx, mil_max_relative_error
-from .onnx_registry import TESTED_TORCH_SERIES, UntestedTorchError, register_onnx_translations
+from .onnx_registry import (
+    TESTED_TORCH_SERIES,
+    UntestedTorchError,
+    register_if_onnx_installed,
+    register_onnx_translations,
+)
+
+# With the onnx extra installed, the bare torch.onnx.export(model, x, dynamo=True) finds the scan
+# ops' translations once this package is imported (onnx and onnxscript get imported: ~0.2 s).
+register_if_onnx_installed()
 
 
 def translation_table() -> dict:

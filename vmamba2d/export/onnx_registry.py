@@ -7,7 +7,7 @@ which torch reads through onnxscript's framework API (``onnxscript._framework_ap
 package adds its translations to that registry with onnxscript's ``torch_op`` decorator. That
 torch reads it is an internal detail of torch, checked for the torch series in
 ``TESTED_TORCH_SERIES`` (tests/test_onnx_export.py runs the bare call); on other versions
-:func:`register_onnx_translations` raises and ``import vmamba2d`` warns instead of registering.
+:func:`register_onnx_translations` raises and ``import vmamba2d.export`` warns instead of registering.
 """
 from __future__ import annotations
 
@@ -79,13 +79,13 @@ def register_onnx_translations() -> None:
 
 
 def register_if_onnx_installed() -> None:
-    """Called by ``import vmamba2d``: register the translations when onnxscript is installed;
+    """Called by ``import vmamba2d.export``: register the translations when onnxscript is installed;
     warn (once) instead of failing the import when that is not possible."""
     if importlib.util.find_spec("onnxscript") is None:
         return
     try:
         register_onnx_translations()
-    except Exception as error:  # a broken optional install (onnx, protobuf, ...) must not break import vmamba2d
+    except Exception as error:  # a broken optional install (onnx, protobuf, ...) must not break import vmamba2d.export
         warnings.warn(
             f"vmamba2d: the bare torch.onnx.export(model, x, dynamo=True) will not find the scan ops' "
             f"ONNX translations: {error}", RuntimeWarning, stacklevel=3,
