@@ -63,7 +63,7 @@ def reference_cross_scan(routes, u, delta, A, B, C, D, delta_bias, delta_softplu
             to_route_order(u, route), to_route_order(delta[:, k], route), A[rows],
             to_route_order(B[:, k], route).unsqueeze(1), to_route_order(C[:, k], route).unsqueeze(1),
             None if D is None else D[rows], None if delta_bias is None else delta_bias[rows],
-            delta_softplus, *grid,
+            delta_softplus, height=grid[0], width=grid[1],
         )
         y = y + from_route_order(y_route, route, height, width)
     return y

@@ -54,7 +54,7 @@ def reference(x, height, width, route_code, softplus=True):
     d = x["D"].double() if x["D"] is not None else None
     bias = x["delta_bias"].double() if x["delta_bias"] is not None else None
     y = selective_scan_2d_reference(order(x["u"]), order(x["delta"]), x["A"].double(), order(x["B"]), order(x["C"]),
-                                    d, bias, softplus, rows_, cols)
+                                    d, bias, softplus, height=rows_, width=cols)
     return from_route_order(y, route, height, width).flatten(-2)
 
 

@@ -127,7 +127,7 @@ def _ss2d_core_reference(op: SS2D, x: torch.Tensor) -> torch.Tensor:
                 y = _scan_1d_loop(seq, dt, A[k], Bk, Ck, D[k])
             else:
                 y = selective_scan_2d_reference(
-                    seq[None], dt[None], A[k], Bk[None, None], Ck[None, None], D[k], None, False, grid_h, grid_w
+                    seq[None], dt[None], A[k], Bk[None, None], Ck[None, None], D[k], None, False, height=grid_h, width=grid_w
                 )[0]
             out[b] += back(y.reshape(di, grid_h, grid_w))
     return out

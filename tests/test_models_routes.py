@@ -13,8 +13,8 @@ from timm.layers import Mlp
 
 import vmamba2d  # noqa: F401  (registers the models)
 from vmamba2d.models import SS2D
-from vmamba2d.models import packed_conv
-from vmamba2d.models.packed_conv import PackedWeightConv2d
+from vmamba2d.models import cpu_inference
+from vmamba2d.models.cpu_inference import PackedWeightConv2d
 from vmamba2d.models.vmamba import PointwiseMlp
 from vmamba2d.cli import erf as erf_cli
 
@@ -207,13 +207,13 @@ def test_packed_weight_conv_equals_conv2d_and_repacks_when_the_weight_changes(ch
 
 def test_packed_weight_conv_is_conv2d_without_onednn(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    monkeypatch.setattr(packed_conv, "packed_convolution_available",
-                        packed_conv.packed_convolution_available.__wrapped__)  # uncached
+    monkeypatch.setattr(cpu_inference, "packed_convolution_available",
+                        cpu_inference.packed_convolution_available.__wrapped__)  # uncached
     conv = PackedWeightConv2d(6, 10, kernel_size=1).eval()
     x = torch.randn(2, 6, 5, 4).contiguous(memory_format=torch.channels_last)
     with torch.inference_mode():
         conv(x)
-    assert not packed_conv.packed_convolution_available() and conv._packed_weight is None
+    assert not cpu_inference.packed_convolution_available() and conv._packed_weight is None
 
 
 def test_a_model_can_stop_packing_its_conv_weights():

@@ -58,7 +58,7 @@ def _reference(args: tuple) -> list[np.ndarray]:
     y_all = cross_scan_per_route(u, delta, A, B, C, D, bias, True, ALL_ROUTES, "reference", torch.float64)
     y_plain = cross_scan_per_route(u, delta[:, :k].abs(), A[: k * DIM], B[:, :k], C[:, :k], None, None, False,
                                    CROSS_ROUTES, "reference", torch.float64)
-    y_single = selective_scan_2d_reference(u1, delta1, A1, B1, C1, D1, bias1, True, HEIGHT, WIDTH)
+    y_single = selective_scan_2d_reference(u1, delta1, A1, B1, C1, D1, bias1, True, height=HEIGHT, width=WIDTH)
     return [y.numpy() for y in (y_all, y_plain, y_single)]
 
 

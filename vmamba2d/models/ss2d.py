@@ -41,7 +41,7 @@ from ..ops import (
     selective_scan_2d,
     to_route_order,
 )
-from .packed_conv import PackedWeightConv2d
+from .cpu_inference import PackedWeightConv2d
 
 Tensor = torch.Tensor
 

@@ -23,7 +23,7 @@ from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_c
 from timm.models._builder import resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
 
-from .packed_conv import PackedWeightConv2d
+from .cpu_inference import PackedWeightConv2d, chunk_size, inference_chunk_limit, run_in_chunks, runs_in_chunks
 from .ss2d import LAYER_NORM_EPS, SS2D
 from .weights import checkpoint_filter_fn, official_checkpoint_loading
 
@@ -35,9 +35,6 @@ __all__ = [
 
 
 DEFAULT_DEPTHS = (2, 2, 8, 2)
-# Below glibc's largest mmap threshold (32 MiB): measured 1.12x / 1.17x inference img/s at batch
-# 8 / 16 for vmamba2d_tiny on CPU, outputs unchanged (benchmarks/model_cpu_routes.md).
-CPU_INFERENCE_CHUNK_MIB = 24
 
 
 def _norm(channels: int, **dd: Any) -> nn.Module:
@@ -190,25 +187,14 @@ class VSSBlock(nn.Module):
         return _add_residual(x, self.drop_path(self.mlp(self.norm2(x))), out)
 
 
-def _has_forward_hooks(module: nn.Module) -> bool:
-    """Whether calling ``module`` runs forward hooks or pre-hooks: its own or global module hooks
-    (``torch.nn.modules.module.register_module_forward_hook`` and its pre-hook twin)."""
-    hook_dicts = (
-        module._forward_hooks, module._forward_pre_hooks,
-        nn.modules.module._global_forward_hooks, nn.modules.module._global_forward_pre_hooks,
-    )
-    return any(len(hooks) > 0 for hooks in hook_dicts)
-
-
 class VMambaStage(nn.Module):
     """Optional downsample followed by ``depth`` VSS blocks; gradient checkpointing per block.
 
-    With a chunk limit (``inference_chunk_bytes > 0``, or ``None``: ``CPU_INFERENCE_CHUNK_MIB`` for
-    maps on the CPU and no limit on other devices), without autograd the blocks run on batch chunks
-    small enough that a block's widest buffer (the MLP's hidden map or SS2D's per-route step sizes)
-    stays within that many bytes; every block works per sample, so the result is the same. glibc's
-    malloc hands requests above its mmap threshold (at most 32 MiB) to a fresh mmap every time, so
-    such buffers are page-faulted anew on every call (benchmarks/model_cpu_routes.md). A stage
+    With a chunk limit (``inference_chunk_bytes > 0``, or ``None``: the CPU default of
+    :mod:`vmamba2d.models.cpu_inference` for maps on the CPU and no limit on other devices), without
+    autograd the blocks run on batch chunks small enough that a block's widest buffer (the MLP's
+    hidden map or SS2D's per-route step sizes) stays within that many bytes; every block works per
+    sample, so the result is the same (why: :mod:`vmamba2d.models.cpu_inference`). A stage
     whose ``blocks`` carry forward hooks or pre-hooks (or while global module forward hooks are
     registered) runs the whole batch through ``blocks`` at once, so those hooks fire as without
     chunking; hooks on the blocks themselves fire once per chunk.
@@ -245,20 +231,12 @@ class VMambaStage(nn.Module):
 
     @torch.jit.unused
     def _runs_in_chunks(self, x: Tensor) -> bool:
-        # Traced and compiled graphs keep one call on the whole batch (no shape-dependent loop).
-        if torch.is_grad_enabled() or torch.jit.is_tracing() or isinstance(x, torch.fx.Proxy):
-            return False
-        if torch.compiler.is_compiling() or self.inference_chunk_limit(x) <= 0:
-            return False
-        # Chunks call the blocks one by one, never self.blocks itself, so its hooks would not fire.
-        return not _has_forward_hooks(self.blocks)
+        return runs_in_chunks(self.blocks, x, self.inference_chunk_limit(x))
 
     @torch.jit.unused
     def inference_chunk_limit(self, x: Tensor) -> int:
         """Bytes a block's widest buffer may take for x in inference (0: no limit)."""
-        if self.inference_chunk_bytes is not None:
-            return self.inference_chunk_bytes
-        return CPU_INFERENCE_CHUNK_MIB * 2**20 if x.device.type == "cpu" else 0
+        return inference_chunk_limit(x, self.inference_chunk_bytes)
 
     @torch.jit.unused
     def inference_chunk_size(self, x: Tensor) -> int:
@@ -268,23 +246,11 @@ class VMambaStage(nn.Module):
         block = self.blocks[0]
         widest_channels = max(block.mlp.fc1.out_channels, block.op.widest_map_channels(x))
         per_sample = widest_channels * x.shape[2] * x.shape[3] * x.element_size()
-        most = max(1, self.inference_chunk_limit(x) // per_sample)
-        chunks = -(-x.shape[0] // most)
-        return -(-x.shape[0] // chunks)
+        return chunk_size(x.shape[0], per_sample, self.inference_chunk_limit(x))
 
     @torch.jit.unused
     def _blocks_in_chunks(self, x: Tensor) -> Tensor:
-        chunk = self.inference_chunk_size(x)
-        if chunk >= x.shape[0]:
-            return self.blocks(x)
-        # Each chunk's last block writes its residual sum straight into the output (no concatenation).
-        out = torch.empty_like(x)
-        *first_blocks, last_block = self.blocks
-        for part, out_part in zip(x.split(chunk), out.split(chunk)):
-            for block in first_blocks:
-                part = block(part)
-            last_block(part, out=out_part)
-        return out
+        return run_in_chunks(self.blocks, x, self.inference_chunk_size(x))
 
 
 class VMamba(nn.Module):
@@ -313,7 +279,7 @@ class VMamba(nn.Module):
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
         inference_chunk_mib: without autograd, run each stage on batch chunks whose widest buffer
             stays within this many MiB (0: the whole batch at once; same results either way).
-            "auto": ``CPU_INFERENCE_CHUNK_MIB`` (24, below glibc's mmap threshold) for inputs on
+            "auto": ``vmamba2d.models.cpu_inference.CPU_INFERENCE_CHUNK_MIB`` (24, below glibc's mmap threshold) for inputs on
             the CPU, the whole batch on other devices. Stages with forward hooks on their
             ``blocks`` run the whole batch, so those hooks fire (:class:`VMambaStage`).
         device, dtype: where and in which dtype to create the parameters (e.g. ``device="meta"``,

@@ -42,8 +42,8 @@ from .compiled import extensions
 from .compiled.cross_ops import cross_selective_scan_2d_compiled
 from .compiled.ops import selective_scan_2d_compiled
 from .delta_proj import project_delta
-from .reference import selective_scan_2d_reference, selective_scan_2d_torch
-from .routes import Route, RoutesArg, from_route_order, resolve_routes, to_route_order
+from .reference import scan_per_route, selective_scan_2d_reference, selective_scan_2d_torch
+from .routes import Route, RoutesArg, resolve_routes
 from .triton import launch as triton_launch
 from .triton.cross_ops import cross_selective_scan_2d_triton
 from .triton.ops import selective_scan_2d_triton
@@ -244,12 +244,13 @@ def selective_scan_2d(
         return selective_scan_2d_triton(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype)
     if name in ("cpu", "cuda"):
         return selective_scan_2d_compiled(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype)
+    if name == "reference":
+        return selective_scan_2d_reference(u, delta, A, B, C, D, delta_bias, delta_softplus, height=height,
+                                           width=width, out_dtype=out_dtype)
     compute_dtype = torch.promote_types(u.dtype, torch.float32)
     cast = lambda t: None if t is None else t.to(compute_dtype)  # noqa: E731
-    impl = selective_scan_2d_torch if name == "torch" else selective_scan_2d_reference
-    y = impl(
-        cast(u), cast(delta), cast(A), cast(B), cast(C), cast(D), cast(delta_bias),
-        delta_softplus, height, width,
+    y = selective_scan_2d_torch(
+        cast(u), cast(delta), cast(A), cast(B), cast(C), cast(D), cast(delta_bias), delta_softplus, height, width
     )
     return y.to(out_dtype)
 
@@ -258,10 +259,6 @@ def _check_nstate(backend: str, A: Tensor) -> None:
     nstate = A.shape[1]
     if backend in MAX_NSTATE and nstate > MAX_NSTATE[backend]:
         raise ValueError(f"A has N={nstate} states; backend {backend!r} supports at most N={MAX_NSTATE[backend]}")
-
-
-def _route_slice(tensor: Optional[Tensor], k: int, dim: int) -> Optional[Tensor]:
-    return None if tensor is None else tensor[k * dim : (k + 1) * dim]
 
 
 def cross_scan_per_route(
@@ -277,33 +274,15 @@ def cross_scan_per_route(
     backend: str,
     out_dtype: torch.dtype,
 ) -> Tensor:
-    """The four-route op as one single-route scan per route on route-order copies.
+    """The four-route op as one single-route scan per route on route-order copies
+    (:func:`vmamba2d.ops.reference.scan_per_route`), each by :func:`selective_scan_2d` with
+    ``backend``. Shapes as :func:`cross_selective_scan_2d` (full-rank delta); ``routes`` resolved."""
 
-    Shapes as :func:`cross_selective_scan_2d`. Each route's inputs are permuted into the order the
-    route visits the map, scanned on ``route.grid(H, W)`` by :func:`selective_scan_2d` with
-    ``backend``, permuted back and summed in route order in fp32 (fp64 for fp64 inputs).
-    """
-    batch, dim, height, width = u.shape
-    acc_dtype = torch.promote_types(u.dtype, torch.float32)
-    y = u.new_zeros((batch, dim, height, width), dtype=acc_dtype)
-    for k, route in enumerate(routes):
-        rows, cols = route.grid(height, width)
-        y_route = selective_scan_2d(
-            to_route_order(u, route),
-            to_route_order(delta[:, k], route),
-            A[k * dim : (k + 1) * dim],
-            to_route_order(B[:, k], route).unsqueeze(1),
-            to_route_order(C[:, k], route).unsqueeze(1),
-            _route_slice(D, k, dim),
-            _route_slice(delta_bias, k, dim),
-            delta_softplus,
-            height=int(rows),  # ints also when traced (torch.jit.trace makes sizes tensors)
-            width=int(cols),
-            backend=backend,
-            out_dtype=acc_dtype,
-        )
-        y = y + from_route_order(y_route, route, height, width)
-    return y.to(out_dtype)
+    def scan(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype):
+        return selective_scan_2d(u, delta, A, B, C, D, delta_bias, delta_softplus, height=height, width=width,
+                                 backend=backend, out_dtype=out_dtype)
+
+    return scan_per_route(scan, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_dtype)
 
 
 def cross_scan_mode(backend: str) -> str:

@@ -1,7 +1,17 @@
-"""Pure-PyTorch 2D selective scans: the literal loop and a vectorised, differentiable version.
+"""The pure-PyTorch 2D selective scans: the readable references of both public ops and the
+vectorised ``torch`` backend.
 
-Both take already-validated tensors (see :mod:`vmamba2d.ops.validation`) and compute, per batch b,
-channel d, state n and pixel (i, j) of an ``height x width`` map stored row-major in ``L``::
+    selective_scan_2d_reference        same arguments as vmamba2d.ops.selective_scan_2d (no backend):
+                                       the recurrence as loops over rows and columns
+    cross_selective_scan_2d_reference  same arguments as vmamba2d.ops.cross_selective_scan_2d (no
+                                       backend): the step-size projection as an einsum, then one
+                                       looped scan per route on route-order copies, summed
+    selective_scan_2d_torch            the ``torch`` backend: the recurrence as log-depth prefix
+                                       scans (differentiable, exportable), on validated tensors
+
+Every backend is tested against the references (tests/test_scan_reference.py holds the public ops
+against them with the same arguments). Per batch b, channel d, state n and pixel (i, j) of an
+``height x width`` map stored row-major in ``L``::
 
     dt[i, j]   = softplus(delta[i, j] + delta_bias[d])          (identity without softplus)
     Abar[i, j] = exp(dt[i, j] * A[d, n])
@@ -13,10 +23,13 @@ with ``g = d // (dim // groups)``.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from .routes import Route, RoutesArg, from_route_order, resolve_routes, to_route_order
+from .validation import check_cross_scan_inputs, check_out_dtype, check_scan_inputs
 
 Tensor = torch.Tensor
 
@@ -109,16 +122,26 @@ def selective_scan_2d_reference(
     A: Tensor,
     B: Tensor,
     C: Tensor,
-    D: Optional[Tensor],
-    delta_bias: Optional[Tensor],
-    delta_softplus: bool,
+    D: Optional[Tensor] = None,
+    delta_bias: Optional[Tensor] = None,
+    delta_softplus: bool = True,
+    *,
     height: int,
     width: int,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
-    """The recurrence written as loops over rows and columns (slow; for tests and reading).
+    """The single-route scan written as loops over rows and columns (slow; for tests and reading).
 
-    Same arguments and result as :func:`selective_scan_2d_torch`.
+    Arguments and result as :func:`vmamba2d.ops.selective_scan_2d` (without ``backend``): u, delta
+    (batch, dim, L), A (dim, N), B, C (batch, groups, N, L), D, delta_bias (dim,) or None,
+    L = height * width; computed in fp32 (fp64 for fp64 inputs); returns y (batch, dim, L) in
+    ``out_dtype`` (default u's dtype).
     """
+    check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width)
+    out_dtype = check_out_dtype(out_dtype, u.dtype)
+    compute_dtype = torch.promote_types(u.dtype, torch.float32)
+    u, delta, A, B, C, D, delta_bias = (None if t is None else t.to(compute_dtype)
+                                        for t in (u, delta, A, B, C, D, delta_bias))
     batch, dim, length = u.shape
     nstate = A.shape[1]
     abar, x = _discretize(u, delta, A, B, delta_bias, delta_softplus)
@@ -135,4 +158,87 @@ def selective_scan_2d_reference(
         rows.append(torch.stack(row, dim=-1))
         above = row
     h = torch.stack(rows, dim=-2)
-    return _readout(h.reshape(batch, dim, nstate, length), u, C, D)
+    return _readout(h.reshape(batch, dim, nstate, length), u, C, D).to(out_dtype)
+
+
+# A single-route scan as scan_per_route calls it: (u, delta, A, B, C, D, delta_bias, delta_softplus,
+# height, width, out_dtype) -> y, shapes as selective_scan_2d.
+SingleRouteScan = Callable[..., Tensor]
+
+
+def scan_per_route(
+    scan: SingleRouteScan,
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor],
+    delta_bias: Optional[Tensor],
+    delta_softplus: bool,
+    routes: Tuple[Route, ...],
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """The four-route op as one single-route ``scan`` per route on route-order copies.
+
+    Shapes as :func:`vmamba2d.ops.cross_selective_scan_2d` (full-rank delta). Each route's inputs
+    are permuted into the order the route visits the map, scanned on ``route.grid(H, W)``, permuted
+    back and summed in route order in fp32 (fp64 for fp64 inputs); returns y (batch, dim, H, W)
+    in ``out_dtype``.
+    """
+    batch, dim, height, width = u.shape
+    acc_dtype = torch.promote_types(u.dtype, torch.float32)
+    y = u.new_zeros((batch, dim, height, width), dtype=acc_dtype)
+    for k, route in enumerate(routes):
+        rows, cols = route.grid(height, width)
+        channels = slice(k * dim, (k + 1) * dim)
+        y_route = scan(
+            to_route_order(u, route),
+            to_route_order(delta[:, k], route),
+            A[channels],
+            to_route_order(B[:, k], route).unsqueeze(1),
+            to_route_order(C[:, k], route).unsqueeze(1),
+            None if D is None else D[channels],
+            None if delta_bias is None else delta_bias[channels],
+            delta_softplus,
+            int(rows),  # ints also when traced (torch.jit.trace makes sizes tensors)
+            int(cols),
+            acc_dtype,
+        )
+        y = y + from_route_order(y_route, route, height, width)
+    return y.to(out_dtype)
+
+
+def _looped_scan(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype) -> Tensor:
+    return selective_scan_2d_reference(u, delta, A, B, C, D, delta_bias, delta_softplus, height=height, width=width,
+                                       out_dtype=out_dtype)
+
+
+def cross_selective_scan_2d_reference(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Optional[Tensor] = None,
+    delta_bias: Optional[Tensor] = None,
+    delta_softplus: bool = True,
+    *,
+    routes: RoutesArg = "cross",
+    out_dtype: Optional[torch.dtype] = None,
+    delta_proj_weight: Optional[Tensor] = None,
+) -> Tensor:
+    """The four-route scan as the reference computes it (slow; for tests and reading).
+
+    Arguments and result as :func:`vmamba2d.ops.cross_selective_scan_2d` (without ``backend``):
+    u (batch, dim, H, W), delta (batch, K, dim, H, W) or, with delta_proj_weight (K, dim, R), the
+    low-rank (batch, K, R, H, W), A (K * dim, N), B, C (batch, K, N, H, W), D, delta_bias (K * dim,)
+    or None; returns y (batch, dim, H, W) in ``out_dtype`` (default u's dtype): the step sizes
+    projected with an einsum, then :func:`selective_scan_2d_reference` per route, summed.
+    """
+    route_tuple = resolve_routes(routes)
+    check_cross_scan_inputs(u, delta, A, B, C, D, delta_bias, len(route_tuple), delta_proj_weight)
+    out_dtype = check_out_dtype(out_dtype, u.dtype)
+    if delta_proj_weight is not None:
+        delta = torch.einsum("kdr,bkrhw->bkdhw", delta_proj_weight.to(delta.dtype), delta)
+    return scan_per_route(_looped_scan, u, delta, A, B, C, D, delta_bias, delta_softplus, route_tuple, out_dtype)

@@ -153,16 +153,21 @@ def open_slide(path: PathLike, *, mpp: Optional[float] = None, backend: str = "a
         handle = openslide.OpenSlide(str(path)) if chosen == "openslide" else tiffslide.TiffSlide(str(path))
     except Exception as error:  # each library raises its own errors for unreadable files
         raise SlideError(name, f"cannot be read by {chosen}: {_one_line(error)}") from error
-    found = _metadata_mpp(handle.properties)
+    try:  # both libraries parse the metadata and the levels lazily
+        found = _metadata_mpp(handle.properties)
+        slide = Slide(handle, path, chosen, found if found is not None else float(mpp or 0))
+    except Exception as error:
+        handle.close()
+        raise SlideError(name, f"cannot be read by {chosen}: {_one_line(error)}") from error
     if found is None and mpp is None:
         handle.close()
         raise SlideError(name, "its metadata has no pixel size (mpp): pass the slide's micrometres per pixel "
                                "(--slide-mpp)")
-    width, height = handle.level_dimensions[0]
+    width, height = slide.dimensions
     if width < 1 or height < 1:
         handle.close()
         raise SlideError(name, f"level 0 is empty ({width} x {height} pixels)")
-    return Slide(handle, path, chosen, found if found is not None else float(mpp))
+    return slide
 
 
 def _one_line(error: BaseException) -> str:

@@ -1,10 +1,21 @@
-"""A Conv2d that keeps its weight in oneDNN's blocked layout for CPU inference.
+"""The models' CPU-only inference tricks, in one place. Both apply by themselves to inference
+(no autograd) on CPU maps and leave every other call as plain PyTorch; results are unchanged.
 
-``F.conv2d`` on the CPU hands oneDNN the plain weight, which oneDNN reorders into its blocked
+* Packed convolution weights (:class:`PackedWeightConv2d`, every dense conv of the models).
+* Batch chunking (:func:`inference_chunk_limit`, :func:`runs_in_chunks`, :func:`chunk_size`,
+  :func:`run_in_chunks`, used by :class:`vmamba2d.models.vmamba.VMambaStage`).
+
+Packed weights: ``F.conv2d`` on the CPU hands oneDNN the plain weight, which oneDNN reorders into its blocked
 layout on every call: at batch 1 that reorder is a large part of a 1x1 convolution on a 7x7 or
 14x14 map (the tiny models' last stages) and of the 3x3 downsamples
 (benchmarks/model_cpu_routes.md). :class:`PackedWeightConv2d` reorders once per weight version
 and reuses the result where it gives ``F.conv2d``'s output bitwise.
+
+Batch chunking: glibc's malloc hands requests above its mmap threshold (at most 32 MiB) to a fresh
+mmap every time, so an inference buffer of a block larger than that is page-faulted anew on every
+call. Without autograd a stage runs its blocks on batch chunks small enough that a block's widest
+buffer stays within ``CPU_INFERENCE_CHUNK_MIB`` (every block works per sample, so the result is
+the same; benchmarks/model_cpu_routes.md).
 """
 
 import functools
@@ -16,9 +27,20 @@ import torch.nn as nn
 
 Tensor = torch.Tensor
 
-__all__ = ["PackedWeightConv2d", "packed_convolution_available"]
+__all__ = [
+    "CPU_INFERENCE_CHUNK_MIB",
+    "PackedWeightConv2d",
+    "chunk_size",
+    "inference_chunk_limit",
+    "packed_convolution_available",
+    "run_in_chunks",
+    "runs_in_chunks",
+]
 
 MAX_CHECKED_SHAPES = 16  # input shapes whose check result a conv keeps (then starts afresh)
+# Below glibc's largest mmap threshold (32 MiB): measured 1.12x / 1.17x inference img/s at batch
+# 8 / 16 for vmamba2d_tiny on CPU, outputs unchanged (benchmarks/model_cpu_routes.md).
+CPU_INFERENCE_CHUNK_MIB = 24
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,6 +73,9 @@ class PackedWeightConv2d(nn.Conv2d):
     it is ``nn.Conv2d``. So is a 1x1 stride-1 conv on one thread below batch 16, where PyTorch
     itself does not use oneDNN.
     """
+
+    # The packed copy is a cache of eager CPU inference: TorchScript neither reads nor types it.
+    __jit_ignored_attributes__ = ["_packed_weight"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -124,3 +149,56 @@ class PackedWeightConv2d(nn.Conv2d):
         return torch.ops.mkldnn._convolution_pointwise(
             x, packed, self.bias, list(self.padding), list(self.stride), list(self.dilation), self.groups,
             "none", [], "")
+
+
+def inference_chunk_limit(x: Tensor, chunk_bytes: Optional[int] = None) -> int:
+    """Bytes a block's widest buffer may take in inference on x (0: no limit): ``chunk_bytes`` when
+    given, else ``CPU_INFERENCE_CHUNK_MIB`` for maps on the CPU and no limit on other devices."""
+    if chunk_bytes is not None:
+        return chunk_bytes
+    return CPU_INFERENCE_CHUNK_MIB * 2**20 if x.device.type == "cpu" else 0
+
+
+def has_forward_hooks(module: nn.Module) -> bool:
+    """Whether calling ``module`` runs forward hooks or pre-hooks: its own or global module hooks
+    (``torch.nn.modules.module.register_module_forward_hook`` and its pre-hook twin)."""
+    hook_dicts = (
+        module._forward_hooks, module._forward_pre_hooks,
+        nn.modules.module._global_forward_hooks, nn.modules.module._global_forward_pre_hooks,
+    )
+    return any(len(hooks) > 0 for hooks in hook_dicts)
+
+
+def runs_in_chunks(blocks: nn.Module, x: Tensor, limit: int) -> bool:
+    """Whether ``blocks`` run on x in batch chunks: inference only, with a limit (> 0), in eager
+    mode (traced and compiled graphs keep one call on the whole batch, no shape-dependent loop),
+    and not while ``blocks`` carry forward hooks (the chunks call the blocks one by one, never
+    ``blocks`` itself, so its hooks would not fire)."""
+    if torch.is_grad_enabled() or torch.jit.is_tracing() or isinstance(x, torch.fx.Proxy):
+        return False
+    if torch.compiler.is_compiling() or limit <= 0:
+        return False
+    return not has_forward_hooks(blocks)
+
+
+def chunk_size(batch: int, per_sample_bytes: int, limit: int) -> int:
+    """Samples per chunk: the batch split into the fewest near-equal chunks that keep
+    ``per_sample_bytes`` x samples within ``limit`` (at least one sample per chunk)."""
+    most = max(1, limit // max(1, per_sample_bytes))
+    chunks = -(-batch // most)
+    return -(-batch // chunks)
+
+
+def run_in_chunks(blocks: nn.Sequential, x: Tensor, chunk: int) -> Tensor:
+    """``blocks(x)`` for x (B, C, H, W) computed ``chunk`` samples at a time; each chunk's last
+    block writes its residual sum straight into the output (its ``out=`` argument: no
+    concatenation)."""
+    if chunk >= x.shape[0]:
+        return blocks(x)
+    out = torch.empty_like(x)
+    *first_blocks, last_block = blocks
+    for part, out_part in zip(x.split(chunk), out.split(chunk)):
+        for block in first_blocks:
+            part = block(part)
+        last_block(part, out=out_part)
+    return out
