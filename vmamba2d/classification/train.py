@@ -47,7 +47,8 @@ from .engine import BadImages, TrainState, evaluate, train_one_epoch
 from .errors import BadImageError, DataTransformError, UsageError
 from .logging_utils import TensorBoardWriter, setup_logger
 from .models import check_model_input, check_model_name, create_classifier
-from vmamba2d.training import (RunFolder, RunFolderError, StartPlan, atomic_write,
+from vmamba2d.machine import available_cores
+from vmamba2d.training import (RunFolder, RunFolderError, RunFolderLock, StartPlan, atomic_write,
                                capture_rng_state, clamp_warmup, restore_rng_state)
 
 SCRIPT = "classification/train.py"
@@ -173,6 +174,36 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
     check_model_name(cfg.model)
     output = Path(cfg.output)
     check_output_writable(output)
+    lock = lock_run_folder(output, ctx)
+    try:
+        return _train_in_folder(cfg, ctx, logger, classes, output)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def lock_run_folder(output: Path, ctx: DistContext) -> Optional[RunFolderLock]:
+    """Rank 0 takes the exclusive lock of ``--output`` (the other ranks write nothing there);
+    UsageError on every rank when another run holds it or it cannot be taken."""
+    lock, problem = None, None
+    if ctx.is_main:
+        lock = RunFolderLock(output)
+        try:
+            lock.acquire()
+        except RunFolderError as error:
+            lock, problem = None, str(error)
+    problems = [p for p in gather_objects(problem, ctx) if p]
+    if problems:
+        if lock is not None:
+            lock.release()
+        raise UsageError(problems[0])
+    return lock
+
+
+def _train_in_folder(cfg: TrainConfig, ctx: DistContext, logger, classes: list[str],
+                     output: Path) -> dict[str, Any]:
+    """The run of :func:`train` once its inputs are checked and ``output`` is locked."""
+    data_dir = Path(cfg.data_dir)
     run = RunFolder(output, script=SCRIPT)
     plan = plan_start(run, cfg.resume)
     resume_path = plan.resume_from
@@ -246,9 +277,10 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
                 cfg.model, sum(p.numel() for p in model.parameters()) / 1e6, len(classes),
                 len(train_set), len(val_set))
     logger.info("%d process(es) on %s; total batch %d (lr scale %.4g: lr %.3g, warmup %.3g, "
-                "min %.3g); %d updates/epoch; amp %s", ctx.world_size, ctx.device.type,
+                "min %.3g); %d updates/epoch; amp %s; %d data worker(s) per process, %d core(s) "
+                "available", ctx.world_size, ctx.device.type,
                 cfg.total_batch(ctx.world_size), scale, cfg.lr * scale, cfg.warmup_lr * scale,
-                cfg.min_lr * scale, steps_per_epoch, cfg.amp)
+                cfg.min_lr * scale, steps_per_epoch, cfg.amp, cfg.workers, available_cores())
     if checkpoint is not None:
         logger.info("resumed from %s: %d epoch(s) done, step %d, best top-1 %.2f",
                     resume_path, start_epoch, state.global_step, best_top1)
@@ -295,7 +327,7 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
             kept = (f"{output / LAST_NAME} still holds the {epoch} finished epoch(s)" if epoch
                     else "no epoch was finished yet")
             raise BadImageError(
-                f"{error}. Training stopped in epoch {epoch + 1}/{cfg.epochs} before any of it "
+                f"{error}. Training stopped in epoch {epoch} ({epoch + 1} of {cfg.epochs}) before any of it "
                 f"was saved; {kept}. Fix or delete the file, or pass --skip-bad-images, then "
                 "continue with --resume auto") from error
         record = {"type": "epoch", "epoch": epoch, "step": state.global_step, **train_stats,
@@ -322,11 +354,12 @@ def train(cfg: TrainConfig, ctx: DistContext) -> dict[str, Any]:
                     if improved else None)
             run.commit(epoch=epoch, checkpoint=ckpt, records=[record], best=best)
             tensorboard.write(record, step=state.global_step)
-        logger.info("epoch %d/%d step %d: loss %.4f lr %.3g | val top-1 %.2f top-5 %.2f%s | best "
-                    "%.2f (epoch %d) | %.1f img/s", epoch + 1, cfg.epochs, state.global_step,
+        # epochs numbered from 0, as in metrics.jsonl, the checkpoints and the progress bar
+        logger.info("epoch %d (%d of %d) step %d: loss %.4f lr %.3g | val top-1 %.2f top-5 %.2f%s | "
+                    "best %.2f (epoch %d) | %.1f img/s", epoch, epoch + 1, cfg.epochs, state.global_step,
                     train_stats["train_loss"], train_stats["lr"], val["top1"], val["top5"],
                     f" | ema top-1 {record['ema_top1']:.2f}" if ema is not None else "",
-                    best_top1, best_epoch + 1, train_stats["train_img_per_s"])
+                    best_top1, best_epoch, train_stats["train_img_per_s"])
     tensorboard.close()
     barrier(ctx)
     return record

@@ -46,10 +46,11 @@ import numpy as np
 import torch
 import yaml
 
-from ..training import RunFolder, RunFolderError, StartPlan
+from ..training import RunFolder, RunFolderError, RunFolderLock, StartPlan
 from ..training.checkpoint import (atomic_write, capture_rng_state, is_temp_file,
                                    remove_stale_temp_files, restore_rng_state)
 from ..training.run_folder import MARKER_NAME
+from ..training.run_lock import is_lock_file
 from .config import RESUME_FREE_OPTIONS, TASKS, MILConfig, UsageError
 from .data import GridOptions, SlideDataError, SlideDataset
 from .engine import epoch_order, evaluate, resolve_loss_weights, select_epoch, train_one_epoch
@@ -251,7 +252,8 @@ def check_output(cfg: MILConfig, output: Path) -> None:
     was trained with other options. Temporary files of killed writes do not count."""
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output} exists and is not a folder")
-    entries = [e for e in output.iterdir() if not is_temp_file(e)] if output.is_dir() else []
+    entries = ([e for e in output.iterdir() if not (is_temp_file(e) or is_lock_file(e))]
+               if output.is_dir() else [])
     if not cfg.resume:
         if entries:
             raise UsageError(f"--output {output} is not empty; choose a new folder or pass "
@@ -443,6 +445,21 @@ def _train(cfg: MILConfig) -> dict[str, Any]:
     if cfg.amp != "none" and device.type != "cuda":
         raise UsageError(f"--amp {cfg.amp} needs a GPU; this run is on {device}")
     output = Path(cfg.output)
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {output} exists and is not a folder")
+    try:
+        lock = RunFolderLock(output)
+        lock.acquire()
+    except RunFolderError as error:
+        raise UsageError(str(error)) from error
+    try:
+        return _train_in_folder(cfg, output, device)
+    finally:
+        lock.release()
+
+
+def _train_in_folder(cfg: MILConfig, output: Path, device: torch.device) -> dict[str, Any]:
+    """The runs of :func:`train` once ``output`` is locked."""
     check_output(cfg, output)
     plans, in_dim, bad = plan_runs(cfg)
     # --- everything is checked; from here on files are written --------------------------------

@@ -58,6 +58,7 @@ LAST_NAME = "last.pth"
 BEST_NAME = "best.pth"
 METRICS_NAME = "metrics.jsonl"
 MARKER_NAME = "run.json"
+LOCK_NAME = ".run.lock"  # vmamba2d.training.run_lock: held while a run writes here
 _BEST_BACKUP = f".{BEST_NAME}.prev-"  # + epochs done after the commit that replaced best.pth
 _BEST_ABSENT = f".{BEST_NAME}.none-"  # + epochs done after the commit that created best.pth
 
@@ -161,8 +162,9 @@ class RunFolder:
         out, res = self.output_option, self.resume_option
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"{out} {self.path} exists and is not a folder")
-        # temporary files of killed writes do not count: start() deletes them
-        entries = (sorted(e for e in self.path.iterdir() if not is_temp_file(e))
+        # temporary files of killed writes do not count (start() deletes them), nor the lock
+        entries = (sorted(e for e in self.path.iterdir()
+                          if not is_temp_file(e) and e.name != LOCK_NAME)
                    if self.path.is_dir() else [])
         has_last = self.last_path.is_file()
         if resume is None:
