@@ -205,6 +205,20 @@ def test_packed_weight_conv_equals_conv2d_and_repacks_when_the_weight_changes(ch
         torch.testing.assert_close(conv(wider), reference(wider), rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not cpu_inference.packed_convolution_available(), reason="needs oneDNN's packed-weight ops")
+def test_a_conv_with_a_packed_weight_can_be_scripted():
+    """The packed copy is an eager-inference cache: scripting after a CPU inference call (which
+    fills it) works and gives nn.Conv2d's result (it failed on the cache's tuple-keyed dict)."""
+    torch.manual_seed(0)
+    conv = PackedWeightConv2d(6, 10, kernel_size=3, padding=1).eval()
+    x = torch.randn(2, 6, 5, 4).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        eager = conv(x)
+        assert conv._packed_weight is not None
+        scripted = torch.jit.script(conv)(x)
+    torch.testing.assert_close(scripted, eager, rtol=0, atol=0)
+
+
 def test_packed_weight_conv_is_conv2d_without_onednn(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     monkeypatch.setattr(cpu_inference, "packed_convolution_available",
