@@ -297,6 +297,33 @@ def test_train_refuses_a_work_dir_with_a_run_and_reports_missing_coco_in_one_lin
     assert line.startswith("train.py: error: train_dataloader: annotation file") and "COCO 2017 is expected" in line
 
 
+def test_a_second_run_into_a_locked_work_dir_is_refused_in_one_line(tiny_run, tmp_path, capsys):
+    from run_lock_holder import lock_held_by_another_process
+    from vmamba2d.training.run_lock import LOCK_NAME
+
+    work = tmp_path / "work"
+    with lock_held_by_another_process(work) as holder:
+        assert _load_script("train").main([str(tiny_run), "--work-dir", str(work), "--resume"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("train.py: error: --work-dir") and str(work) in line
+        assert f"process {holder.pid}" in line
+        assert [p.name for p in work.iterdir()] == [LOCK_NAME]
+
+
+def test_test_and_load_from_refuse_a_checkpoint_of_another_model_in_one_line(tiny_run, tmp_path, capsys):
+    classification = tmp_path / "last.pth"
+    torch.save({"model": {"stem.weight": torch.zeros(8, 3, 4, 4)}}, classification)
+    capsys.readouterr()
+    assert _load_script("test").main([str(tiny_run), str(classification), "--work-dir", str(tmp_path / "t")]) == 2
+    (line,) = [l for l in capsys.readouterr().err.splitlines() if l.startswith("test.py:")]
+    assert line.startswith(f"test.py: error: checkpoint {classification} holds 0 of the model's ")
+    assert "(0%; at least 90% needed)" in line
+    assert _load_script("train").main([str(tiny_run), "--work-dir", str(tmp_path / "w"), "--cfg-options",
+                                       f"load_from={classification}"]) == 2
+    (line,) = [l for l in capsys.readouterr().err.splitlines() if l.startswith("train.py:")]
+    assert line.startswith(f"train.py: error: load_from {classification} holds 0 of the model's ")
+
+
 # ---------------------------------------------------------------------------------------------
 # registration, backbone options, configs, FLOPs
 # ---------------------------------------------------------------------------------------------

@@ -98,3 +98,65 @@ def test_train_command_line_exits_2_without_a_traceback(ade_root, tmp_path):
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines()[-1] == f"train.py: error: checkpoint {missing} does not exist"
+
+
+def _tiny_segmentor_state(ade_root) -> dict:
+    """The state dict of the tiny segmentor the test options build (random init)."""
+    from mmengine.config import Config
+    from test_seg import _build
+
+    cfg = Config.fromfile(str(TINY_CONFIG))
+    cfg.merge_from_dict(_options_dict(_run_options(ade_root, max_iters=2)))
+    return _build(cfg.model).state_dict()
+
+
+def _options_dict(options: list) -> dict:
+    from mmengine.config import DictAction
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--o", nargs="+", action=DictAction)
+    return parser.parse_args(["--o", *options]).o
+
+
+def test_train_starts_from_load_from_through_the_safe_loader(ade_root, tmp_path, capsys):
+    train = _load_script("train")
+    state = _tiny_segmentor_state(ade_root)
+    state["decode_head.conv_seg.weight"] = torch.full_like(state["decode_head.conv_seg.weight"], 0.25)
+    weights = tmp_path / "start.pth"
+    torch.save({"state_dict": state}, weights)
+    work = tmp_path / "work"
+    assert train.main([str(TINY_CONFIG), "--work-dir", str(work), "--cfg-options",
+                       *_run_options(ade_root, max_iters=2), f"load_from={weights}",
+                       "optim_wrapper.optimizer.lr=0.0"]) == 0
+    trained = torch.load(work / "iter_2.pth", weights_only=True)["state_dict"]
+    # lr 0: the weights are load_from's, which are not what the random init draws
+    assert torch.equal(trained["decode_head.conv_seg.weight"], state["decode_head.conv_seg.weight"])
+    first_backbone_weight = next(key for key in state if key.startswith("backbone.") and key.endswith("weight"))
+    assert torch.equal(trained[first_backbone_weight], state[first_backbone_weight])
+    (dumped,) = work.glob("*/vis_data/config.py")
+    assert f"load_from = '{weights}'" in dumped.read_text()
+
+
+def test_train_and_test_refuse_a_checkpoint_of_another_model_in_one_line(ade_root, tmp_path, capsys):
+    classification = tmp_path / "last.pth"
+    torch.save({"model": {"stem.weight": torch.zeros(8, 3, 4, 4)}}, classification)
+    total = len(_tiny_segmentor_state(ade_root))
+    capsys.readouterr()
+    assert _load_script("test").main([str(TINY_CONFIG), str(classification), "--work-dir", str(tmp_path / "t"),
+                                      "--cfg-options", *_run_options(ade_root, max_iters=2)]) == 2
+    (line,) = _error_lines(capsys)
+    assert line == (f"test.py: error: checkpoint {classification} holds 0 of the model's {total} weights (0%; at "
+                    "least 90% needed): it is not a checkpoint of this model (an ImageNet classification "
+                    "checkpoint belongs in model.backbone.init_cfg.checkpoint)")
+    assert _load_script("train").main([str(TINY_CONFIG), "--work-dir", str(tmp_path / "w"), "--cfg-options",
+                                       *_run_options(ade_root, max_iters=2), f"load_from={classification}"]) == 2
+    (line,) = _error_lines(capsys)
+    assert line.startswith(f"train.py: error: load_from {classification} holds 0 of the model's {total} weights")
+    assert not list((tmp_path / "w").glob("iter_*.pth"))
+    missing = tmp_path / "none.pth"
+    assert _load_script("train").main([str(TINY_CONFIG), "--work-dir", str(tmp_path / "w2"), "--cfg-options",
+                                       *_run_options(ade_root, max_iters=2), f"load_from={missing}"]) == 2
+    assert _error_lines(capsys) == [f"train.py: error: load_from: checkpoint not found (only local files are "
+                                    f"loaded): {missing}"]
+    assert not (tmp_path / "w2").exists()

@@ -253,7 +253,10 @@ def test_truncated_or_corrupted_latest_checkpoint_is_reported_and_skipped(tmp_pa
     assert any(note.startswith("the latest checkpoint is unusable") and "iter_4.pth" in note and "truncated" in note
                for note in notes)
     assert (work / "last_checkpoint").read_text() == str(work / "iter_2.pth")
-    assert not latest.exists()  # ahead of the commit it fell back to
+    # set aside, not deleted: renamed, with its bytes, and reported
+    (aside,) = work.glob("iter_4.pth.corrupt-*")
+    assert not latest.exists() and aside.read_bytes() == data[: len(data) // 2]
+    assert any(f"aside as {aside.name}" in note for note in notes)
 
     # a flipped byte in the tensor data: the archive's CRC check names the member
     only = work / "iter_2.pth"
@@ -267,6 +270,25 @@ def test_truncated_or_corrupted_latest_checkpoint_is_reported_and_skipped(tmp_pa
     (work / "empty.pth").write_bytes(b"")
     with pytest.raises(UnreadableCheckpoint, match=r"empty\.pth \(0 bytes\)"):
         prepare_work_dir(_cfg(work), str(work / "empty.pth"))
+
+
+def test_an_intact_checkpoint_refused_by_the_allow_list_stops_the_resume_and_is_kept(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    _fake_checkpoint(work / "iter_2.pth", 2)
+    latest = work / "iter_4.pth"
+    torch.save({"meta": {"iter": 4, "epoch": 0, "experiment_name": "tiny_20261122_200000",
+                         "cfg_path": Path("/configs/tiny.py")},  # a PosixPath: outside the allow-list
+                "state_dict": {"w": torch.zeros(64)}, "message_hub": {}}, latest)
+    saved = latest.read_bytes()
+    (work / "last_checkpoint").write_text(str(latest))
+    with pytest.raises(UnreadableCheckpoint) as refused:
+        prepare_work_dir(_cfg(work), "auto")
+    message = str(refused.value)
+    assert "\n" not in message and "iter_4.pth is intact but weights-only loading refuses it" in message
+    assert "PosixPath" in message and "If you trust it" in message
+    assert latest.read_bytes() == saved and (work / "last_checkpoint").read_text() == str(latest)
+    assert sorted(p.name for p in work.iterdir()) == ["iter_2.pth", "iter_4.pth", "last_checkpoint"]
 
 
 def test_moved_work_dir_resumes_from_its_own_copy_of_the_latest_checkpoint(tmp_path):
@@ -399,3 +421,18 @@ def test_atomic_backend_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypa
         backend.put(b"new bytes that never land", target)
     assert target.read_bytes() == b"complete checkpoint"
     assert sorted(p.name for p in target.parent.iterdir()) == ["iter_2.pth"]
+
+
+def test_a_second_run_into_a_locked_work_dir_is_refused_in_one_line(ade_root, tmp_path, capsys):
+    from run_lock_holder import lock_held_by_another_process
+    from vmamba2d.training.run_lock import LOCK_NAME
+
+    work = tmp_path / "work"
+    argv = [str(TINY_CONFIG), "--work-dir", str(work), "--resume", "--cfg-options",
+            *_run_options(ade_root, max_iters=2)]
+    with lock_held_by_another_process(work) as holder:
+        assert _load_script("train").main(argv) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("train.py: error: --work-dir") and str(work) in line
+        assert f"process {holder.pid}" in line
+        assert [p.name for p in work.iterdir()] == [LOCK_NAME]  # no log folder, no config copy

@@ -11,6 +11,7 @@ reports bad input (:class:`~vmamba2d.openmmlab.errors.InputError`, and for train
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -27,8 +28,9 @@ from mmengine.logging import print_log
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from vmamba2d.training import RunFolderError
+from vmamba2d.training import RunFolderError, RunFolderLock
 
+from .checkpoint_match import MIN_LOAD_FROM_SHARE, MIN_TEST_SHARE, check_checkpoint_covers
 from .errors import InputError, MissingFileError
 from .runtime import (
     add_runner_arguments,
@@ -108,9 +110,18 @@ class TrainCommand:
             if cfg.get("auto_scale_lr") is None:
                 raise InputError("--auto-scale-lr: the config defines no auto_scale_lr=dict(base_batch_size=...)")
             cfg.auto_scale_lr.enable = True
-        for note in prepare_work_dir(cfg, args.resume):  # atomic checkpoints; resume checks and repair
-            print_log(note, logger="current", level=logging.WARNING)
-        _build_runner(cfg).train()
+        load_from = cfg.get("load_from")
+        if load_from and ("://" in str(load_from) or not os.path.isfile(os.path.expanduser(str(load_from)))):
+            raise MissingFileError(f"load_from: checkpoint not found (only local files are loaded): {load_from}")
+        # one run per work dir: rank 0 holds its lock until training ends (the kernel drops it on a kill)
+        lock = RunFolderLock(cfg.work_dir, "--work-dir") if int(os.environ.get("RANK", "0")) == 0 else None
+        with lock or contextlib.nullcontext():
+            for note in prepare_work_dir(cfg, args.resume):  # atomic checkpoints; resume checks and repair
+                print_log(note, logger="current", level=logging.WARNING)
+            runner = _build_runner(cfg)
+            if not cfg.resume and cfg.load_from:  # a new run starting from load_from's weights
+                check_checkpoint_covers(runner.model, cfg.load_from, MIN_LOAD_FROM_SHARE, "load_from")
+            runner.train()
 
     def main(self, argv: Argv = None) -> int:
         """CLI entry point; returns the exit code (2 for bad input, reported in one line on stderr)."""
@@ -166,7 +177,9 @@ class EvaluateCommand:
         cfg.load_from = args.checkpoint
         if tta:
             use_multiscale_flip_test(cfg)
-        metrics = _build_runner(cfg).test()
+        runner = _build_runner(cfg)
+        check_checkpoint_covers(runner.model, args.checkpoint, MIN_TEST_SHARE, "checkpoint")
+        metrics = runner.test()
         if get_rank() == 0:
             name = os.path.basename(args.config)
             if self.offers_tta:

@@ -9,9 +9,11 @@ before the Runner is built, then
 * without ``--resume``: refuses a work dir that already holds checkpoints or ``last_checkpoint``
   (the new run would overwrite them);
 * ``--resume`` (auto): resumes from ``last_checkpoint`` after checking that the checkpoint is a complete,
-  readable torch file; an unreadable one (truncated or corrupted, e.g. written by plain mmengine) is
-  skipped, with a warning naming it, for the newest readable older checkpoint, and the run is refused
-  when there is none. Without ``last_checkpoint``, the run starts from scratch when the work dir is
+  readable torch file; a damaged one (not a complete zip archive or failing a CRC check, e.g. truncated
+  by plain mmengine) is set aside as ``<name>.corrupt-<time>`` (renamed, never deleted), with a warning
+  naming it, for the newest readable older checkpoint, and the run is refused when there is none. An
+  intact checkpoint that weights-only loading refuses stops the run in one line saying how to trust
+  it; no checkpoint is ever deleted because it could not be loaded. Without ``last_checkpoint``, the run starts from scratch when the work dir is
   empty or holds only what a run that never committed left (see below); anything else is refused
   with the folder and its files named;
 * ``--resume PATH``: resumes from that checkpoint after the same check (refused when unreadable);
@@ -37,7 +39,9 @@ from __future__ import annotations
 import json
 import os
 import os.path as osp
+import pickle
 import re
+import time
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -47,6 +51,7 @@ from mmengine.config import Config
 
 from vmamba2d.training.checkpoint import atomic_write, is_temp_file, remove_stale_temp_files
 from vmamba2d.training.run_folder import RunFolderError
+from vmamba2d.training.run_lock import is_lock_file
 
 from .checkpoint_safety import load_error_reason
 from .safe_checkpoints import LAST_CHECKPOINT_NAME, write_last_checkpoint
@@ -55,7 +60,18 @@ _RUN_LOG_FOLDER = re.compile(r"^\d{8}_\d{6}$")  # mmengine's per-run timestamp f
 
 
 class UnreadableCheckpoint(RunFolderError):
-    """A checkpoint file is truncated, corrupted or not a torch checkpoint (message says which)."""
+    """A checkpoint file is missing, truncated, corrupted, refused or not an mmengine checkpoint
+    (message says which)."""
+
+
+class DamagedCheckpoint(UnreadableCheckpoint):
+    """The file is not a complete zip archive (truncated, empty) or fails a CRC check: the only kind
+    ``--resume`` sets aside (renamed, never deleted) to fall back to an older checkpoint."""
+
+
+class RefusedCheckpoint(UnreadableCheckpoint):
+    """An intact checkpoint that ``torch.load(weights_only=True)`` refuses (a Python object outside the
+    allow-list): kept, and the run stops."""
 
 
 def use_atomic_checkpoints(cfg: Config) -> None:
@@ -80,14 +96,19 @@ def read_checkpoint_state(path: Path) -> Dict[str, Any]:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as error:
-        raise UnreadableCheckpoint(
+        raise DamagedCheckpoint(
             f"checkpoint {path} ({size} bytes) is not a complete torch checkpoint ({error}); it was "
             "probably truncated by a killed write") from None
     if damaged is not None:
-        raise UnreadableCheckpoint(f"checkpoint {path} is corrupted: archive member {damaged} fails its CRC check")
+        raise DamagedCheckpoint(f"checkpoint {path} is corrupted: archive member {damaged} fails its CRC check")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:  # any unpickling problem: report it instead of failing inside the Runner
+    except pickle.UnpicklingError as error:
+        raise RefusedCheckpoint(
+            f"checkpoint {path} is intact but weights-only loading refuses it ({load_error_reason(error)}); it is "
+            "kept and nothing of it ran. If you trust it: load it with torch.load(..., weights_only=False), "
+            "turn that object into plain values (e.g. str() of a Path), save it back and resume again") from None
+    except Exception as error:  # any other reading problem: report it instead of failing inside the Runner
         raise UnreadableCheckpoint(f"checkpoint {path} cannot be loaded: {load_error_reason(error)}") from None
     if not isinstance(checkpoint, dict) or "meta" not in checkpoint:
         raise UnreadableCheckpoint(f"checkpoint {path} is not an mmengine training checkpoint (no 'meta')")
@@ -99,7 +120,8 @@ def prepare_work_dir(cfg: Config, resume: Optional[str]) -> List[str]:
     """Check, repair and configure ``cfg.work_dir`` for a training run; see the module docstring.
 
     Args:
-        cfg: the training config (``work_dir`` set); gets ``resume`` / ``load_from`` set and the
+        cfg: the training config (``work_dir`` set); gets ``resume`` / ``load_from`` set (a new run
+            keeps the config's ``load_from``, a resumed one loads the checkpoint it resumes) and the
             checkpoint hook switched to AtomicCheckpointHook.
         resume: None (new run), ``"auto"`` (continue the work dir's run) or a checkpoint path.
 
@@ -110,6 +132,7 @@ def prepare_work_dir(cfg: Config, resume: Optional[str]) -> List[str]:
         RunFolderError (a ValueError) naming the folder and files when the run cannot start as asked.
     """
     use_atomic_checkpoints(cfg)
+    requested = cfg.get("load_from")  # weights a new run starts from (a resumed run loads its own)
     work_dir = Path(cfg.work_dir)
     checkpoint_dir = _checkpoint_dir(cfg)
     pattern = _checkpoint_pattern(cfg)
@@ -127,17 +150,19 @@ def prepare_work_dir(cfg: Config, resume: Optional[str]) -> List[str]:
                 f"--work-dir {work_dir} already holds a training run ({LAST_CHECKPOINT_NAME if pointer else ''}"
                 f"{', ' if pointer and checkpoints else ''}{', '.join(p.name for _, p in checkpoints[-3:])}); "
                 "pass --resume to continue it, or choose another --work-dir")
-        cfg.resume, cfg.load_from = False, None
+        cfg.resume, cfg.load_from = False, requested
         return notes
     if resume == "auto":
         if pointer is None:
             uncommitted = _uncommitted_run_checkpoints(work_dir, checkpoint_dir, pattern)
-            cfg.resume, cfg.load_from = False, None
+            cfg.resume, cfg.load_from = False, requested
             if main:
                 notes += _discard_uncommitted_run(work_dir, uncommitted)
             return notes + ([f"{work_dir}: no committed checkpoint yet, starting from scratch"]
                             if work_dir.is_dir() else [])
-        chosen, state, skipped = _newest_readable(pointer, checkpoints, pattern)
+        chosen, state, skipped, damaged = _newest_readable(pointer, checkpoints, pattern)
+        if main:
+            notes += [_set_aside(path) for path in damaged]
         notes += skipped
         committed = True
     else:
@@ -208,12 +233,24 @@ def _same_file(a, b) -> bool:
 
 
 def _newest_readable(pointer: str, checkpoints: List[Tuple[int, Path]], pattern: re.Pattern
-                     ) -> Tuple[Path, Dict[str, Any], List[str]]:
-    """The checkpoint ``last_checkpoint`` names if readable, else the newest readable older one."""
+                     ) -> Tuple[Path, Dict[str, Any], List[str], List[Path]]:
+    """The checkpoint ``last_checkpoint`` names if readable, else the newest readable older one:
+    (path, state, notes, damaged files passed over, to be set aside).
+
+    Only missing and damaged files (:class:`DamagedCheckpoint`) are passed over; any other problem of a
+    file on the way (refused by the allow-list, not an mmengine checkpoint) is raised, so that nothing a
+    run saved is abandoned, and later removed as ahead of the commit, because it could not be loaded.
+    """
     target = Path(pointer)
+    damaged: List[Path] = []
     try:
-        return target, read_checkpoint_state(target), []
+        return target, read_checkpoint_state(target), [], damaged
+    except DamagedCheckpoint as error:
+        problem = str(error)
+        damaged.append(target)
     except UnreadableCheckpoint as error:
+        if target.exists():
+            raise
         problem = str(error)
     match = pattern.match(target.name)
     limit = int(match.group(1)) if match else None
@@ -224,12 +261,20 @@ def _newest_readable(pointer: str, checkpoints: List[Tuple[int, Path]], pattern:
             continue
         try:
             state = read_checkpoint_state(path)
-        except UnreadableCheckpoint as error:
+        except DamagedCheckpoint as error:
             reasons.append(str(error))
+            damaged.append(path)
             continue
-        return path, state, [f"the latest checkpoint is unusable ({problem}); resuming from {path} instead"]
+        return path, state, [f"the latest checkpoint is unusable ({problem}); resuming from {path} instead"], damaged
     raise UnreadableCheckpoint("--resume: no readable checkpoint to continue from: " + "; ".join(reasons)
                                + ". Resume from another file with --resume PATH, or start a new --work-dir")
+
+
+def _set_aside(path: Path) -> str:
+    """Rename a damaged checkpoint to ``<name>.corrupt-<time>`` (kept for inspection); returns a note."""
+    target = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(path, target)
+    return f"set the damaged checkpoint {path.name} aside as {target.name}"
 
 
 def _uncommitted_run_checkpoints(work_dir: Path, checkpoint_dir: Path, pattern: re.Pattern) -> List[Path]:
@@ -253,7 +298,7 @@ def _uncommitted_run_checkpoints(work_dir: Path, checkpoint_dir: Path, pattern: 
         for entry in sorted(folder.iterdir()):
             run_log = entry.is_dir() and _RUN_LOG_FOLDER.match(entry.name)
             config_copy = entry.is_file() and entry.suffix == ".py"  # mmengine's copy of the config
-            if run_log or config_copy or is_temp_file(entry):
+            if run_log or config_copy or is_temp_file(entry) or is_lock_file(entry):
                 continue
             if entry.is_file() and (pattern.match(entry.name) or best_pattern.match(entry.name)):
                 owner = _experiment_timestamp(entry)
