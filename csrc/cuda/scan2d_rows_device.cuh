@@ -3,6 +3,10 @@
 // (cuda_fp16.h / cuda_bf16.h are NVRTC-ready; no standard library, no torch).
 #pragma once
 
+#ifndef __CUDACC_RTC__
+#include <string.h>  // memcpy (a built-in under NVRTC)
+#endif
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -82,7 +86,7 @@ SS2D_UNROLL
     for (int b = 0; b < kBytes; b += kPiece) {
       using T = typename Word<kPiece>::type;
       const T w = *reinterpret_cast<const T*>(reinterpret_cast<const char*>(ptr + i) + b);
-      __builtin_memcpy(reinterpret_cast<char*>(dst) + b, &w, kPiece);
+      memcpy(reinterpret_cast<char*>(dst) + b, &w, kPiece);
     }
   }
   // Stores go through st.global.v4 / .v2 / scalar PTX: a vector struct copy may be split into
@@ -93,14 +97,14 @@ SS2D_UNROLL
     constexpr int kBytes = kCount * static_cast<int>(sizeof(V));
     if constexpr (kBytes == 2) {
       unsigned short w;
-      __builtin_memcpy(&w, src, 2);
+      memcpy(&w, src, 2);
       asm volatile("st.global.b16 [%0], %1;" ::"l"(ptr + i), "h"(w) : "memory");
     } else {
       constexpr int kPiece = kBytes > 16 ? 16 : kBytes;
 SS2D_UNROLL
       for (int b = 0; b < kBytes; b += kPiece) {
         unsigned w[4];
-        __builtin_memcpy(w, reinterpret_cast<const char*>(src) + b, kPiece);
+        memcpy(w, reinterpret_cast<const char*>(src) + b, kPiece);
         const char* at = reinterpret_cast<const char*>(ptr + i) + b;
         if constexpr (kPiece == 16) {
           asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(w[0]), "r"(w[1]), "r"(w[2]),

@@ -42,7 +42,7 @@ from .compiled import extensions
 from .compiled.cross_ops import cross_selective_scan_2d_compiled
 from .compiled.ops import selective_scan_2d_compiled
 from .delta_proj import project_delta
-from .reference import scan_per_route, selective_scan_2d_reference, selective_scan_2d_torch
+from .reference import SINGLE_ROUTE_SCANS, scan_per_route
 from .routes import Route, RoutesArg, resolve_routes
 from .triton import launch as triton_launch
 from .triton.cross_ops import cross_selective_scan_2d_triton
@@ -244,15 +244,7 @@ def selective_scan_2d(
         return selective_scan_2d_triton(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype)
     if name in ("cpu", "cuda"):
         return selective_scan_2d_compiled(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype)
-    if name == "reference":
-        return selective_scan_2d_reference(u, delta, A, B, C, D, delta_bias, delta_softplus, height=height,
-                                           width=width, out_dtype=out_dtype)
-    compute_dtype = torch.promote_types(u.dtype, torch.float32)
-    cast = lambda t: None if t is None else t.to(compute_dtype)  # noqa: E731
-    y = selective_scan_2d_torch(
-        cast(u), cast(delta), cast(A), cast(B), cast(C), cast(D), cast(delta_bias), delta_softplus, height, width
-    )
-    return y.to(out_dtype)
+    return SINGLE_ROUTE_SCANS[name](u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype)
 
 
 def _check_nstate(backend: str, A: Tensor) -> None:
@@ -275,12 +267,15 @@ def cross_scan_per_route(
     out_dtype: torch.dtype,
 ) -> Tensor:
     """The four-route op as one single-route scan per route on route-order copies
-    (:func:`vmamba2d.ops.reference.scan_per_route`), each by :func:`selective_scan_2d` with
-    ``backend``. Shapes as :func:`cross_selective_scan_2d` (full-rank delta); ``routes`` resolved."""
+    (:func:`vmamba2d.ops.reference.scan_per_route`): how ``torch`` and ``reference`` run it, and on
+    another backend its single-route op per route (for comparisons). Shapes as
+    :func:`cross_selective_scan_2d` (full-rank delta); ``routes`` resolved."""
+    scan = SINGLE_ROUTE_SCANS.get(backend)
+    if scan is None:
 
-    def scan(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype):
-        return selective_scan_2d(u, delta, A, B, C, D, delta_bias, delta_softplus, height=height, width=width,
-                                 backend=backend, out_dtype=out_dtype)
+        def scan(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype):
+            return selective_scan_2d(u, delta, A, B, C, D, delta_bias, delta_softplus, height=height, width=width,
+                                     backend=backend, out_dtype=out_dtype)
 
     return scan_per_route(scan, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_dtype)
 

@@ -214,6 +214,18 @@ def _looped_scan(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width
                                        out_dtype=out_dtype)
 
 
+def _vectorised_scan(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype) -> Tensor:
+    compute_dtype = torch.promote_types(u.dtype, torch.float32)
+    u, delta, A, B, C, D, delta_bias = (None if t is None else t.to(compute_dtype)
+                                        for t in (u, delta, A, B, C, D, delta_bias))
+    return selective_scan_2d_torch(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width).to(out_dtype)
+
+
+# The pure-PyTorch backends' single-route scans on validated inputs, as scan_per_route calls them
+# (computed in fp32 at least, y in out_dtype).
+SINGLE_ROUTE_SCANS: dict[str, SingleRouteScan] = {"torch": _vectorised_scan, "reference": _looped_scan}
+
+
 def cross_selective_scan_2d_reference(
     u: Tensor,
     delta: Tensor,
