@@ -541,7 +541,7 @@ def test_unreadable_image_stops_cleanly_or_is_skipped_with_a_count(tmp_path, mon
     monkeypatch.setattr(train_cli, "train_one_epoch", corrupt_before_second_epoch)
     message = expect_usage_error(capsys, quick_args(data, output, 2), str(bad),
                                  "--skip-bad-images", "--resume auto")
-    assert "epoch 2/2" in message and "the 1 finished epoch(s)" in message, message
+    assert "epoch 1 (2 of 2)" in message and "the 1 finished epoch(s)" in message, message
     saved = load_checkpoint_file(output / LAST_NAME)
     assert saved["epoch"] == 1  # the finished epoch is kept
     assert [r["epoch"] for r in epoch_records(output)] == [0]

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from vmamba2d.machine import fit_to_machine
 from vmamba2d.training.options import config_file_values, parse_key_values
 
 from .auto_augment import check_auto_augment
@@ -126,9 +128,11 @@ def build_train_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="run folder: checkpoints, metrics.jsonl, config.yaml, logs")
     p.add_argument("--resume", help="checkpoint path, or 'auto' for <output>/last.pth if present")
     p.add_argument("--device", choices=DEVICE_CHOICES)
-    p.add_argument("--amp", choices=AMP_CHOICES, help="autocast dtype (fp16 also uses a GradScaler)")
+    p.add_argument("--amp", choices=AMP_CHOICES, help="autocast dtype (fp16 also uses a GradScaler; "
+                   "default: the recipe's on a GPU, none on a CPU)")
     p.add_argument("--seed", type=int)
-    p.add_argument("--workers", type=int, help="data-loading processes per training process")
+    p.add_argument("--workers", type=int, help="data-loading processes per training process "
+                   "(default: the recipe's, at most the available cores)")
     p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, help="tqdm bar on rank 0")
     p.add_argument("--log-interval", type=int, help="progress-bar refresh interval in steps")
@@ -261,6 +265,10 @@ def resolve_train_config(argv: Optional[Sequence[str]] = None) -> TrainConfig:
         given["model_kwargs"] = {**values.get("model_kwargs", {}),
                                  **parse_model_kwargs(given["model_kwargs"])}
     values.update(given)
+    recipe = {**{f.name: f.default for f in dataclasses.fields(TrainConfig)}, **values}
+    values["amp"], values["workers"] = fit_to_machine(
+        recipe["device"], recipe["amp"], recipe["workers"], explicit=given,
+        processes_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:
         cfg = TrainConfig(**values)
     except TypeError as error:

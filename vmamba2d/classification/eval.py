@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from vmamba2d.machine import available_cores
+
+from .checkpoint import load_checkpoint_file
 from .config import AMP_CHOICES, DEVICE_CHOICES, parse_model_kwargs
 from .data import (eval_loader, eval_transform, list_classes, make_image_folder,
                    model_data_config, resolve_val_dir)
@@ -24,6 +27,22 @@ from .engine import BadImages, evaluate
 from .errors import DataTransformError, UsageError
 from .logging_utils import setup_logger
 from .models import check_model_name, load_model_for_eval
+
+
+DEFAULT_IMG_SIZE = 224
+DEFAULT_WORKERS = 8
+
+
+def trained_img_size(checkpoint_path: Path, trust: bool = False) -> int:
+    """The ``img_size`` of the run that wrote ``checkpoint_path`` (our training checkpoints record
+    their config), else :data:`DEFAULT_IMG_SIZE`; a missing file is left to the model loading that
+    follows, which reports it."""
+    if not checkpoint_path.is_file():
+        return DEFAULT_IMG_SIZE
+    checkpoint = load_checkpoint_file(checkpoint_path, trust=trust)
+    config = checkpoint.get("config") if isinstance(checkpoint, dict) else None
+    size = config.get("img_size") if isinstance(config, dict) else None
+    return size if isinstance(size, int) and size > 0 else DEFAULT_IMG_SIZE
 
 
 def build_eval_parser() -> argparse.ArgumentParser:
@@ -36,13 +55,15 @@ def build_eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-kwargs", nargs="+", metavar="KEY=VALUE", default=None,
                    help="extra model arguments (default: those stored in our training checkpoints)")
     p.add_argument("--use-ema", action="store_true", help="evaluate the EMA weights")
-    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--img-size", type=int, default=None,
+                   help=f"input size (default: the size the checkpoint's run trained at, else {DEFAULT_IMG_SIZE})")
     p.add_argument("--crop-pct", type=float, default=None,
                    help="eval crop fraction (default: the model's pretrained cfg)")
     p.add_argument("--interpolation", default=None, choices=("bilinear", "bicubic", "nearest"),
                    help="resize interpolation (default: the model's pretrained cfg)")
     p.add_argument("--batch-size", type=int, default=128, help="images per process")
-    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"data-loading processes (default: {DEFAULT_WORKERS}, at most the available cores)")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--amp", choices=AMP_CHOICES, default="none")
     p.add_argument("--skip-bad-images", action="store_true",
@@ -57,6 +78,10 @@ def build_eval_parser() -> argparse.ArgumentParser:
 def run_eval(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
     """Evaluate; returns top1, top5, loss, images, img_per_s (+ model, checkpoint, ema)."""
     logger = setup_logger(ctx.is_main)
+    if args.img_size is None:
+        args.img_size = trained_img_size(Path(args.checkpoint), args.trust_checkpoint)
+    if args.workers is None:
+        args.workers = min(DEFAULT_WORKERS, available_cores())
     if args.batch_size < 1 or args.img_size < 1 or args.workers < 0:
         raise UsageError("--batch-size and --img-size must be >= 1 and --workers >= 0")
     if args.crop_pct is not None and not 0 < args.crop_pct <= 1:
