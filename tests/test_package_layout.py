@@ -161,3 +161,40 @@ def test_import_vmamba2d_is_lean_and_silent():
     by_timm, _ = _loaded_after("import timm")
     assert loaded - by_timm == set(), f"import vmamba2d loads {sorted(loaded - by_timm)}"
     assert not loaded & {"onnx", "onnxscript", "matplotlib"}
+
+
+def test_ss2d_reaches_the_cpu_kernel_in_three_files_without_coming_back(monkeypatch):
+    """Following the data from SS2D to the compiled kernel: the package's files on the stack when
+    the extension's route kernel is called are ss2d.py -> ops/interface.py -> ops/compiled/cross_ops.py
+    (torch's dispatcher frames in between are not the package's), none entered twice."""
+    import traceback
+
+    import torch
+
+    from vmamba2d.models.ss2d import SS2D
+    from vmamba2d.ops import backend_info
+    from vmamba2d.ops.compiled import cross_ops
+
+    if not backend_info()["cpu_extension"]:
+        pytest.skip("needs the compiled CPU kernel")
+    stacks = []
+    real_module = cross_ops.kernel_module
+
+    class Recording:
+        def __init__(self, module):
+            self.module = module
+
+        def cross_forward(self, *args):
+            stacks.append([frame.filename for frame in traceback.extract_stack()])
+            return self.module.cross_forward(*args)
+
+    monkeypatch.setattr(cross_ops, "kernel_module", lambda device: Recording(real_module(device)))
+    torch.manual_seed(0)
+    mixer = SS2D(8, d_state=2, scan_backend="cpu").eval()
+    with torch.no_grad():
+        mixer(torch.randn(1, 8, 5, 6))
+    assert len(stacks) == 1
+    ours = [Path(f).resolve().relative_to(PACKAGE).as_posix() for f in stacks[0]
+            if Path(f).resolve().is_relative_to(PACKAGE)]
+    visited = [f for i, f in enumerate(ours) if i == 0 or f != ours[i - 1]]
+    assert visited == ["models/ss2d.py", "ops/interface.py", "ops/compiled/cross_ops.py"]
