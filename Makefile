@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 export MAX_JOBS ?= 2
 
-.PHONY: setup demo test bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare clean
+.PHONY: setup demo test bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare gpu-nvrtc clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,12 @@ cuda-baseline:
 
 gpu-compare:
 	$(PYTHON) tools/gpu_check.py --compare-baseline build/cuda-baseline $(GPU_CHECK_ARGS)
+
+# After gpu-check (which builds _C_cuda in place), on the same machine: the kernels compiled at
+# first use by NVRTC -- first-use and warm-start seconds, outputs bitwise against the nvcc build's,
+# vmamba2d_tiny batch-1 latency with each (tools/nvrtc_check.py; gpu-check's 10-minute budget is full).
+gpu-nvrtc:
+	$(PYTHON) tools/nvrtc_check.py
 
 clean:
 	rm -rf build *.egg-info vmamba2d/*.so $(STAMP)

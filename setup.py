@@ -3,11 +3,16 @@
 Extensions:
     vmamba2d._C_cpu   C++ CPU kernel from csrc/cpu (always, when torch is importable at build time)
     vmamba2d._C_cuda  CUDA kernel from csrc/cuda (when torch has CUDA and a CUDA toolkit is found)
+    vmamba2d._C_nvrtc host driver of the NVRTC-compiled CUDA kernels from csrc/nvrtc (C++ compiler
+                      only; when torch has CUDA)
 
 Build with the project's torch already installed: ``pip install --no-build-isolation -e .``.
 Every wheel also carries the CPU kernel's C++ sources (csrc/cpu/*.h, *.cpp) as package data under
 vmamba2d/csrc/cpu: an install built without torch (an isolated ``pip install .``, the wheel of
 ``python -m build``) JIT-compiles the kernel from them on first use (vmamba2d/ops/compiled/extensions.py).
+It carries the CUDA kernels' device sources (csrc/cuda/*.cuh, *.h, nvrtc_std/) and the NVRTC host
+driver (csrc/nvrtc) the same way: NVRTC compiles the kernels from them at first use on a GPU
+(vmamba2d/ops/compiled/nvrtc.py), no nvcc needed.
 
 Environment variables:
     TORCH_CUDA_ARCH_LIST        CUDA archs (default: 7.0, 7.5, 8.0, 8.6, 9.0 + PTX of 9.0, minus
@@ -15,6 +20,7 @@ Environment variables:
                                 vmamba2d/_cuda_archs.py)
     VMAMBA2D_SKIP_CUDA_BUILD=1  never build the CUDA extension
     VMAMBA2D_SKIP_CPU_BUILD=1   never build the CPU extension (it is then JIT-compiled on first use)
+    VMAMBA2D_SKIP_NVRTC_HOST_BUILD=1  never build vmamba2d._C_nvrtc (JIT-compiled on first use)
     MAX_JOBS                    parallel compile jobs (ninja)
 """
 from __future__ import annotations
@@ -35,8 +41,9 @@ CXX_FLAGS = ["-O3", "-std=c++20", "-fno-trapping-math"]
 OPENMP_FLAGS = ["-fopenmp"]
 
 
-# Where the wheel carries csrc/cpu's files; vmamba2d/ops/compiled/extensions.py looks there first.
-PACKAGED_CPU_SOURCES = Path("vmamba2d") / "csrc" / "cpu"
+# csrc/<folder> files the wheel carries under vmamba2d/csrc/<folder> (the CPU kernel's JIT build,
+# NVRTC's kernel sources and standard-header stand-ins, the NVRTC host driver's JIT build).
+PACKAGED_SOURCES = {"cpu": ("*.h", "*.cpp"), "cuda": ("*.cuh", "*.h"), "cuda/nvrtc_std": ("*",), "nvrtc": ("*.cpp",)}
 
 
 def _source_paths(folder: str, *patterns: str) -> list[Path]:
@@ -51,16 +58,19 @@ def _sources(folder: str, *patterns: str) -> list[str]:
 
 
 class BuildPyWithKernelSources(build_py):
-    """build_py that also copies the CPU kernel's sources into the package, for the JIT build."""
+    """build_py that also copies the kernels' sources into the package (PACKAGED_SOURCES), for the
+    CPU kernel's JIT build and the NVRTC path."""
 
     def run(self) -> None:
         super().run()
-        if self.editable_mode:  # an editable install JIT-compiles from the checkout's csrc/cpu
+        if self.editable_mode:  # an editable install compiles from the checkout's csrc
             return
-        target = Path(self.build_lib) / PACKAGED_CPU_SOURCES
-        self.mkpath(str(target))
-        for source in _source_paths("cpu", "*.h", "*.cpp"):
-            self.copy_file(str(source), str(target / source.name))
+        for folder, patterns in PACKAGED_SOURCES.items():
+            target = Path(self.build_lib) / "vmamba2d" / "csrc" / folder
+            self.mkpath(str(target))
+            for source in _source_paths(folder, *patterns):
+                if source.is_file():
+                    self.copy_file(str(source), str(target / source.name))
 
 
 def _flag(name: str) -> bool:
@@ -125,6 +135,12 @@ def _extensions() -> tuple[list, dict]:
         extensions.append(CppExtension(
             "vmamba2d._C_cpu", cpu_sources, extra_compile_args={"cxx": CXX_FLAGS + OPENMP_FLAGS},
             extra_link_args=OPENMP_FLAGS,
+        ))
+
+    if torch.version.cuda is not None and not _flag("VMAMBA2D_SKIP_NVRTC_HOST_BUILD"):
+        extensions.append(CppExtension(
+            "vmamba2d._C_nvrtc", _sources("nvrtc", "*.cpp"), include_dirs=[str(ROOT / "csrc" / "cuda")],
+            extra_compile_args={"cxx": ["-O2", "-std=c++20"]},
         ))
 
     cuda_sources = _sources("cuda", "*.cpp", "*.cu")

@@ -2,6 +2,7 @@
 // device-only with `nvcc -cubin -I csrc/cuda` for the resource check.
 #include "scan2d_kernels.cuh"
 #include "scan2d_launch.h"
+#include "scan2d_launch_shape.h"
 
 namespace vmamba2d {
 namespace scan2d {
@@ -10,16 +11,14 @@ cudaError_t allow_forward_shared_memory(size_t smem_bytes);  // selective_scan_2
 
 template <class T>
 static cudaError_t launch_backward_typed(const Params& p, cudaStream_t stream) {
-  const size_t smem = backward_layout(p.k.bwd_channels, p.k.bwd_wpc, p.g.nstate).total;
-  const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
-  const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
-                  static_cast<unsigned>(p.g.groups * p.k.slices), static_cast<unsigned>(tiles));
-  const Variant v = kernel_variant(p, p.k.bwd_wpc);
+  const LaunchShape shape = backward_shape(p);
+  const dim3 grid(shape.grid[0], shape.grid[1], shape.grid[2]);
+  const Variant v = shape.variant;
   const auto kernel = v == Variant::kOneStateSequential ? scan2d_backward_kernel<T, Variant::kOneStateSequential>
                       : v == Variant::kOneStateRoute   ? scan2d_backward_kernel<T, Variant::kOneStateRoute>
                       : v == Variant::kRoute           ? scan2d_backward_kernel<T, Variant::kRoute>
                                                        : scan2d_backward_kernel<T, Variant::kGeneral>;
-  kernel<<<grid, p.k.bwd_channels * p.k.bwd_wpc * kTile, smem, stream>>>(p);
+  kernel<<<grid, shape.threads, shape.smem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -3,24 +3,21 @@
 #define SS2D_DEFINE_CARRY_SCAN_KERNEL
 #include "scan2d_kernels.cuh"
 #include "scan2d_launch.h"
+#include "scan2d_launch_shape.h"
 
 namespace vmamba2d {
 namespace scan2d {
 
 template <class T>
 static cudaError_t launch_forward_typed(const Params& p, cudaStream_t stream) {
-  const int nwarps = p.k.fwd_channels * p.k.fwd_wpc;
-  const size_t smem =
-      forward_layout(p.k.fwd_channels, p.k.fwd_wpc, p.g.nstate, p.g.route.active, p.k.fwd_carry_in_registers).total;
-  const int tiles = p.pass == kSequential ? 1 : p.g.tiles_h * p.g.tiles_w;
-  const dim3 grid(static_cast<unsigned>(p.g.batch_blocks),
-                  static_cast<unsigned>(p.g.dim / p.k.fwd_channels), static_cast<unsigned>(tiles));
-  const Variant v = kernel_variant(p, p.k.fwd_wpc);
+  const LaunchShape shape = forward_shape(p);
+  const dim3 grid(shape.grid[0], shape.grid[1], shape.grid[2]);
+  const Variant v = shape.variant;
   auto kernel = scan2d_forward_kernel<T, Variant::kGeneral>;
   if (v == Variant::kOneStateSequential) kernel = scan2d_forward_kernel<T, Variant::kOneStateSequential>;
   if (v == Variant::kRoute) kernel = scan2d_forward_kernel<T, Variant::kRoute>;
   if (v == Variant::kOneStateRoute) kernel = scan2d_forward_kernel<T, Variant::kOneStateRoute>;
-  kernel<<<grid, nwarps * kTile, smem, stream>>>(p);
+  kernel<<<grid, shape.threads, shape.smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -33,8 +30,8 @@ cudaError_t forward_kernel_arch(int* arch) {
 }
 
 cudaError_t launch_carry_scan(const Params& p, const CarryScan& scan, cudaStream_t stream) {
-  const int64_t blocks = (carry_scan_lines(p.g, scan.rows) + kBlockThreads - 1) / kBlockThreads;
-  scan2d_carry_scan_kernel<<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(p, scan);
+  const LaunchShape shape = carry_scan_shape(p, scan);
+  scan2d_carry_scan_kernel<<<shape.grid[0], shape.threads, 0, stream>>>(p, scan);
   return cudaGetLastError();
 }
 

@@ -157,6 +157,21 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = tor
     return backend
 
 
+def _cuda_compiler_info(on_gpu: bool) -> dict:
+    """cuda_compiler ("nvcc": the built extension, "nvrtc": compiled at first use, None: neither),
+    nvrtc_version, kernel_cache (its folder) and kernels_cached (the current GPU's, or None)."""
+    from .compiled import kernel_cache, nvrtc, nvrtc_backend
+
+    source = extensions.extension_source("cuda")
+    try:
+        version = nvrtc.find_toolchain().version_text
+    except nvrtc.NvrtcUnavailable:
+        version = None
+    cached = nvrtc_backend.kernels_cached(torch.cuda.current_device()) if on_gpu and source == "nvrtc" else None
+    return {"cuda_compiler": {"built": "nvcc", "nvrtc": "nvrtc"}.get(source), "nvrtc_version": version,
+            "kernel_cache": str(kernel_cache.default_cache_dir()), "kernels_cached": cached}
+
+
 def backend_info() -> dict:
     """Which kernels are importable and what ``backend="auto"`` picks.
 
@@ -167,7 +182,10 @@ def backend_info() -> dict:
     GPU on whether the extension is built), ``env_override`` (the value of
     ``VMAMBA2D_SCAN_BACKEND`` or None), ``cuda_available`` (torch sees a GPU),
     ``cuda_kernel_arch`` (compute capability x 10 of the CUDA kernel code that runs on the current
-    GPU, e.g. 86 for the sm_86 code an RTX 3090 / 4090 runs; None without a usable kernel) and
+    GPU, e.g. 86 for the sm_86 code an RTX 3090 / 4090 runs; None without a usable kernel),
+    ``cuda_compiler`` (``"nvcc"``: the built extension, ``"nvrtc"``: compiled at first use, None),
+    ``nvrtc_version``, ``kernel_cache`` (the NVRTC kernel cache's folder), ``kernels_cached``
+    (every NVRTC kernel of the current GPU's arch is cached; None off the NVRTC path or a GPU) and
     ``cross_scan`` (how :func:`cross_selective_scan_2d` runs on the ``auto_cpu`` /
     ``auto_cuda`` backends: ``"native"``, routes scanned in place, or ``"per-route"``, one
     single-route scan per route on route-order copies), ``cpu_isa`` (the instruction-set build of
@@ -192,6 +210,7 @@ def backend_info() -> dict:
         "cuda_extension": cuda_ok,
         "cuda_available": gpu,
         "cuda_kernel_arch": extensions.cuda_kernel_arch(torch.cuda.current_device()) if gpu and cuda_runs else None,
+        **_cuda_compiler_info(gpu and cuda_ok),
         "triton": triton_ver is not None,
         "triton_version": triton_ver,
         "auto_cpu": auto_cpu,

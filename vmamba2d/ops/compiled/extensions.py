@@ -181,10 +181,20 @@ def cpu_extension() -> Optional[ModuleType]:
 
 @functools.lru_cache(maxsize=None)
 def cuda_extension() -> Optional[ModuleType]:
-    """The compiled CUDA kernel module, or None when it was not built."""
+    """The CUDA kernels: the nvcc-built extension where one was built, else the NVRTC path
+    (compiled at first use, vmamba2d/ops/compiled/nvrtc_backend.py), else None with the reason."""
     module = _import_built("vmamba2d._C_cuda")
     if module is not None:
         _sources["cuda"] = "built"
+        return module
+    from . import nvrtc, nvrtc_backend
+
+    try:
+        module = nvrtc_backend.nvrtc_kernels()
+    except nvrtc.NvrtcUnavailable as err:
+        _failure_reasons["vmamba2d._C_cuda"] = f"no nvcc-built extension and no NVRTC path: {err}"
+        return None
+    _sources["cuda"] = "nvrtc"
     return module
 
 
@@ -202,6 +212,10 @@ def _cuda_kernel_usable_on(device_index: int) -> bool:
     import torch
 
     major, minor = torch.cuda.get_device_capability(device_index)
+    if _sources.get("cuda") == "nvrtc":
+        _failure_reasons["vmamba2d._C_cuda"] = (
+            f"NVRTC targets no arch as old as {torch.cuda.get_device_name(device_index)} (sm_{major}{minor})")
+        return False
     _failure_reasons["vmamba2d._C_cuda"] = (
         f"vmamba2d._C_cuda has no kernel image for {torch.cuda.get_device_name(device_index)} "
         f"(sm_{major}{minor}); rebuild with TORCH_CUDA_ARCH_LIST including {major}.{minor}"

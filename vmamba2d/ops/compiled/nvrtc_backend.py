@@ -1,0 +1,135 @@
+"""The CUDA scan through NVRTC: the host driver extension plus the kernel launcher, as one object
+with the nvcc extension's functions (forward, backward, cross_forward, cross_backward,
+kernel_image_available, kernel_image_arch), so the ops call either the same way.
+
+The host driver ``vmamba2d._C_nvrtc`` (csrc/nvrtc/selective_scan_2d_nvrtc.cpp) needs only the C++
+compiler: setup.py builds it where torch is importable at build time, else it is JIT-compiled here
+on first use from the sources a wheel carries (vmamba2d/csrc) or a checkout has (csrc).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+from vmamba2d.ops.compiled import nvrtc
+from vmamba2d.ops.compiled.cuda_launch import KernelLauncher
+
+HOST_SOURCE = Path("nvrtc") / "selective_scan_2d_nvrtc.cpp"
+HOST_CXX_FLAGS = ["-O2", "-std=c++20"]
+
+
+def host_source_files(kernel_dir: Path) -> list[Path]:
+    """The host driver's source and every header of csrc/cuda it includes (for the JIT build's name)."""
+    source = kernel_dir.parent / HOST_SOURCE
+    closure = nvrtc.source_closure(str(Path("..") / HOST_SOURCE), kernel_dir)
+    return [source] + sorted(kernel_dir / name for name in closure if not name.startswith(".."))
+
+
+def _jit_name(kernel_dir: Path) -> str:
+    import torch
+
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in host_source_files(kernel_dir):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"vmamba2d_C_nvrtc_{digest.hexdigest()[:16]}"
+
+
+@functools.lru_cache(maxsize=None)
+def host_extension() -> ModuleType:
+    """``vmamba2d._C_nvrtc`` as built, else its JIT build (once per process; minutes the first time)."""
+    try:
+        return importlib.import_module("vmamba2d._C_nvrtc")
+    except ImportError:
+        pass
+    from torch.utils.cpp_extension import load
+
+    kernel_dir = nvrtc.find_toolchain().kernel_dir
+    print("vmamba2d: compiling the CUDA kernels' host driver (C++ compiler, no nvcc), about a minute, once")
+    return load(name=_jit_name(kernel_dir), sources=[str(kernel_dir.parent / HOST_SOURCE)],
+                extra_include_paths=[str(kernel_dir)], extra_cflags=HOST_CXX_FLAGS, verbose=False)
+
+
+class NvrtcKernels:
+    """The nvcc extension's interface over the host driver and the NVRTC kernel launcher.
+
+    ``host`` builds the host driver extension on first use (a kernel call), not before, so
+    asking whether the path is available compiles nothing.
+    """
+
+    def __init__(self, launcher: KernelLauncher, host=host_extension) -> None:
+        self._launcher = launcher
+        self._build_host = host
+        self._host: Optional[ModuleType] = None
+        self._limits_set: set[int] = set()
+
+    def _prepare(self, device_index: Optional[int]) -> ModuleType:
+        import torch
+
+        if self._host is None:
+            host = self._build_host()
+            host.set_launcher(self._launcher)
+            self._host = host
+        index = torch.cuda.current_device() if device_index is None else device_index
+        if index not in self._limits_set:
+            info = self._launcher.device_info(index)
+            self._host.set_device_limits(index, info.sm_count, info.smem_per_block, info.smem_per_sm,
+                                         info.code_arch, info.reserved_smem_per_block)
+            self._limits_set.add(index)
+        return self._host
+
+    def forward(self, u, *args):
+        return self._prepare(u.device.index).forward(u, *args)
+
+    def backward(self, u, *args):
+        return self._prepare(u.device.index).backward(u, *args)
+
+    def cross_forward(self, u, *args):
+        return self._prepare(u.device.index).cross_forward(u, *args)
+
+    def cross_backward(self, u, *args):
+        return self._prepare(u.device.index).cross_backward(u, *args)
+
+    def kernel_image_available(self, device_index: int) -> bool:
+        """True when NVRTC can produce code this GPU runs (a cubin, or PTX for a newer GPU)."""
+        try:
+            self._launcher.device_info(device_index)
+        except ValueError:  # older than every arch this NVRTC targets
+            return False
+        return True
+
+    def kernel_image_arch(self, device_index: int) -> int:
+        """Compute capability x 10 of the code that runs on the GPU (the cubin's or the PTX's arch)."""
+        return self._launcher.device_info(device_index).code_arch
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_kernels() -> NvrtcKernels:
+    """The NVRTC CUDA backend of this process.
+
+    Raises:
+        NvrtcUnavailable: no NVRTC / headers / kernel sources (the message says what to install).
+    """
+    return NvrtcKernels(KernelLauncher(toolchain=nvrtc.find_toolchain()))
+
+
+def kernels_cached(device_index: int, folder=None) -> Optional[bool]:
+    """Whether every kernel of the table is in the cache for the GPU's arch (None without a toolchain)."""
+    import torch
+
+    from vmamba2d.ops.compiled import kernel_cache
+    from vmamba2d.ops.compiled.cuda_kernels import KERNELS
+
+    try:
+        toolchain = nvrtc.find_toolchain()
+    except nvrtc.NvrtcUnavailable:
+        return None
+    major, minor = torch.cuda.get_device_capability(device_index)
+    arch = major * 10 + minor
+    try:
+        return all(kernel_cache.lookup(spec, arch, folder, toolchain)[0] is not None for spec in KERNELS.values())
+    except ValueError:
+        return False
