@@ -240,3 +240,42 @@ def test_weights_names_the_shipped_configs_for_an_unknown_one(capsys):
 
     assert weights.main(["no_such_config"]) == 2
     assert "upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512" in capsys.readouterr().err
+
+
+# --- quiet by default ---------------------------------------------------------------------------
+def test_openmmlab_import_prints_no_stand_in_warning():
+    pytest.importorskip("mmengine")
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-W", "always", "-c",
+                             "import vmamba2d.seg, vmamba2d.det; from vmamba2d.openmmlab.mmcv_compat import "
+                             "compat_layer_active, compiled_mmcv_ops_available; "
+                             "print(compat_layer_active() or compiled_mmcv_ops_available())"],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0 and result.stdout.split()[-1] == "True", result.stderr[-2000:]
+    assert "stand-in" not in result.stderr, result.stderr[-2000:]
+
+
+def test_mmengine_counters_support_the_scan_ops():
+    """mmengine's FLOP and activation passes (mmseg / mmdet get_flops) count our ops: none of them is
+    'unsupported'; the activations include the scans' outputs."""
+    pytest.importorskip("mmengine")
+    import timm
+
+    import vmamba2d.seg  # noqa: F401  (registers the handles)
+    from mmengine.analysis import ActivationAnalyzer, FlopAnalyzer
+
+    from vmamba2d.ops import backend_info
+
+    if backend_info().get("auto_cpu") != "cpu":
+        pytest.skip("needs the compiled CPU kernel (the traced scan op)")
+    model = timm.create_model("vmamba2d_tiny", dims=16, depths=(1, 1, 1, 1), num_classes=0).eval()
+    inputs = (torch.randn(1, 3, 64, 64),)
+    for analyzer in (FlopAnalyzer(model, inputs), ActivationAnalyzer(model, inputs)):
+        analyzer.total()
+        ours = [name for name in analyzer.unsupported_ops() if name.startswith("vmamba2d::")]
+        assert not ours, (type(analyzer).__name__, ours)
+    by_operator = ActivationAnalyzer(model, inputs).by_operator()
+    scans = sum(count for name, count in by_operator.items() if "selective_scan" in name)
+    assert scans > 0, dict(by_operator)

@@ -20,14 +20,19 @@ _warned_untraceable = False
 
 def register_mmengine_flop_handles() -> None:
     """Make mmengine's ``FlopAnalyzer`` (and so ``get_model_complexity_info`` and mmseg's
-    get_flops tool) count each selective scan by the convention of docs/scan.md.
+    get_flops tool) count each selective scan by the convention of docs/scan.md, and its
+    ``ActivationAnalyzer`` count the scan's output elements as activations (as it counts a linear
+    layer's), instead of reporting the scan ops as unsupported.
 
-    mmengine's counter is a copy of fvcore's; it builds every analyzer from the module-level table
-    ``_DEFAULT_SUPPORTED_FLOP_OPS`` (op name -> handle), so the scan's handle is added there.
+    mmengine's counter is a copy of fvcore's; it builds every analyzer from the module-level tables
+    ``_DEFAULT_SUPPORTED_FLOP_OPS`` / ``_DEFAULT_SUPPORTED_ACT_OPS`` (op name -> handle), so the
+    scan's handles are added there.
     """
     from mmengine.analysis import complexity_analysis
+    from mmengine.analysis.jit_handles import generic_activation_jit
 
     complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS.update(FVCORE_OP_HANDLES)
+    complexity_analysis._DEFAULT_SUPPORTED_ACT_OPS.update({name: generic_activation_jit() for name in FVCORE_OP_HANDLES})
 
 
 def warn_if_scans_untraceable(model: nn.Module, inputs: torch.Tensor) -> None:

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import logging
 import sys
 import types
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -43,6 +43,7 @@ from .mmcv_nms import batched_nms, nms, nms_match, soft_nms
 from .mmcv_point_ops import point_sample, rel_roi_point_to_rel_img_point
 from .mmcv_roi_ops import RoIAlign, RoIPool, roi_align, roi_pool
 
+LOGGER = logging.getLogger(__name__)
 _PACKAGE = "mmcv.ops"
 _MARKER = "__vmamba2d_compat__"
 _INSTALL_HINT = ("install a full mmcv build (e.g. `pip install mmcv==2.1.0`, compiled from source) "
@@ -183,11 +184,11 @@ def install_mmcv_ops_compat() -> bool:
     modules = _build_modules()
     sys.modules.update(modules)
     mmcv.ops = modules[_PACKAGE]
-    warnings.warn(
-        "vmamba2d: mmcv's compiled ops (mmcv._ext) are not installed; using a PyTorch stand-in for "
+    # Nothing for the user to act on (our models need no other op; the others raise when used), so
+    # a debug note, not a warning; compat_layer_active() reports it
+    LOGGER.debug(
+        "mmcv's compiled ops (mmcv._ext) are not installed; using a PyTorch stand-in for "
         "mmcv.ops (nms, batched_nms, RoIAlign, RoIPool, point_sample, sigmoid_focal_loss, merge "
         "cells, CornerPool). UperNet/FCN and Faster/Mask R-CNN need nothing else; ops that do "
-        "(deformable convolution, CARAFE, CCNet, PSANet, ...) raise "
-        "NotImplementedError.",
-        stacklevel=2)
+        "(deformable convolution, CARAFE, CCNet, PSANet, ...) raise NotImplementedError.")
     return True
