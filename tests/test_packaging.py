@@ -4,7 +4,9 @@ The wheel is built in isolation (no torch, as ``pip install .`` and ``pip instal
 it), so it has no compiled extension: it must carry the CPU kernel's sources and JIT-compile them
 on first use. The whole chain runs once: build, check the sdist's and the wheel's files, install
 the wheel into a fresh venv that reuses this environment's torch (a .pth file, no second torch
-download), scan on CPU there, then check that a second process reuses the cached build.
+download), scan on CPU there, then check that a second process reuses the cached build. The
+wheel declares every command of pyproject.toml's ``[project.scripts]``, carries every shipped config,
+and in the fresh venv the commands are on the venv's bin/ and find the configs by name.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import sys
 import sysconfig
 import tarfile
 import textwrap
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from vmamba2d.ops.compiled import extensions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Not part of a source tree: environments, build outputs, caches, compiled extensions.
+SCRIPTS = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 NOT_SOURCE = {".git", ".venv", "build", "dist", "out", "work_dirs", "__pycache__", ".pytest_cache"}
 
 USER_SCRIPT = """
@@ -88,11 +92,18 @@ def _check_wheel(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         metadata = archive.read(f"vmamba2d-{vmamba2d.__version__}.dist-info/METADATA").decode()
+        entry_points = archive.read(f"vmamba2d-{vmamba2d.__version__}.dist-info/entry_points.txt").decode()
     packaged = {n.rsplit("/", 1)[1] for n in names if n.startswith("vmamba2d/csrc/cpu/")}
     assert packaged == _kernel_source_names(REPO_ROOT / "csrc" / "cpu")
     assert f"vmamba2d-{vmamba2d.__version__}.dist-info/licenses/LICENSE" in names
     assert re.search(rf"^Version: {re.escape(vmamba2d.__version__)}$", metadata, re.M), metadata[:300]
-    assert re.search(r"^License: MIT$", metadata, re.M) and "Requires-Dist: ninja" in metadata
+    assert re.search(r"^License-Expression: MIT$", metadata, re.M) and "Requires-Dist: ninja" in metadata
+    assert re.search(r'^Requires-Dist: mmsegmentation==1.2.2; extra == "seg"$', metadata, re.M), metadata
+    declared = dict(re.findall(r"^([\w-]+) = (\S+)$", entry_points.split("[console_scripts]", 1)[1], re.M))
+    assert declared == SCRIPTS, declared
+    configs = {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "vmamba2d" / "configs").rglob("*")
+               if p.is_file() and p.suffix in (".py", ".yaml")}
+    assert configs and not configs - names, sorted(configs - names)
 
 
 def _fresh_venv_reusing_torch(folder: Path) -> Path:
