@@ -5,7 +5,6 @@ own (i, j) coordinates in the route's visiting order — no permutation helpers 
 """
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch

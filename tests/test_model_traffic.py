@@ -156,3 +156,29 @@ def test_tool_prints_and_writes_the_tables(tmp_path, capsys):
 def test_format_account_lists_every_stage():
     text = format_account(account("convnext_tiny", "bf16"), "convnext_tiny")
     assert all(f"| stages.{i} |" in text for i in range(4)) and "| stem |" in text
+
+
+# ---------------------------------------------------------------- the mixed-precision budget
+
+# Issue 41: in bf16 (weights and inputs) and in bf16 autocast, vmamba2d_tiny moves at most 1.2x
+# ConvNeXt-T's bytes per image, and dtype casts are at most 2% of its bytes. Measured at the H200
+# benchmark's setting (224 x 224, batch 128: weights and their casts are per batch).
+BUDGET_RATIO = 1.2
+BUDGET_CAST_SHARE = 0.02
+
+
+@pytest.mark.parametrize("mode", ["bf16", "autocast-bf16"])
+def test_traffic_budget_against_convnext(mode):
+    ours = account("vmamba2d_tiny", mode, 224, 128)
+    convnext = account("convnext_tiny", mode, 224, 128)
+    ratio = ours.per_image / convnext.per_image
+    assert ratio <= BUDGET_RATIO, f"{mode}: {ratio:.3f}x ConvNeXt-T's bytes per image"
+    assert ours.cast_share <= BUDGET_CAST_SHARE, f"{mode}: casts {100 * ours.cast_share:.2f}% of the bytes"
+
+
+def test_autocast_casts_no_map_but_the_image():
+    """Under CUDA autocast the norms return bf16 and the residual stream stays bf16, so no map is
+    cast: the cast bytes that grow with the batch (the weights' casts do not) are the image's
+    one cast to bf16 in the stem."""
+    one, two = (account("vmamba2d_tiny", "autocast-bf16", 64, batch) for batch in (1, 2))
+    assert two.cast_bytes - one.cast_bytes == 3 * 64 * 64 * (4 + 2)

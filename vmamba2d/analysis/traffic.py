@@ -16,6 +16,8 @@ Counting rules:
   and ops returning no tensor (``prim.device``, ``promote_types``) move nothing;
 - an argument an op only writes (``out=``; the destination of ``copy_`` / ``fill_`` / ``zero_``)
   counts as written, the ``self`` of any other in-place op as read and written;
+- a kernel's own contiguous copy of a strided input (``native_layer_norm`` on CPU and CUDA) is
+  counted as one more op, ``<op>:contiguous``;
 - dtype casts: ``aten._to_copy`` with a dtype change and ``aten.copy_`` between dtypes (autocast's
   own casts of inputs and weights included);
 - the scan ops (the ``vmamba2d::*selective_scan*`` custom ops) by their traffic formula,
@@ -59,6 +61,10 @@ _FREE_OPS = {
     aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.empty_permuted,
 }
 _WRITE_ONLY_SELF = {aten.copy_, aten.fill_, aten.zero_, aten.uniform_, aten.normal_, aten.bernoulli_}
+# Kernels that copy these (positional) tensor arguments to a contiguous tensor first when they are
+# not: CPU and CUDA layer_norm (input.expect_contiguous()). The copy runs inside the op, below the
+# dispatcher a mode sees, so the counter adds it.
+_CONTIGUOUS_INPUTS = {aten.native_layer_norm: (0,)}
 _CONVOLUTIONS = {aten.convolution, aten._convolution, aten.cudnn_convolution}
 _GEMMS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten._convolution, aten.cudnn_convolution}
 
@@ -171,6 +177,11 @@ class TrafficCounter(TorchDispatchMode):
             read, written = scan_op_traffic(func, args, kwargs, out)
             self.records.append(OpTraffic(f"scan:{func._schema.name.split('::')[-1]}", self._stage(), read, written, False))
             return out
+        for index in _CONTIGUOUS_INPUTS.get(packet, ()):
+            if not args[index].is_contiguous():
+                size = args[index].numel() * args[index].element_size()
+                self.records.append(OpTraffic(f"{packet.__name__}:contiguous", self._stage(), tensor_bytes(args[index]),
+                                              size, False))
         read, written = self._argument_traffic(func, args, kwargs, out)
         flops = _flops(func, args, kwargs, out) if packet in _GEMMS else 0
         compute = _compute_class(args[0].dtype, packet in _CONVOLUTIONS) if flops else ""

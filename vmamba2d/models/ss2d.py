@@ -27,7 +27,6 @@ from typing import List, Optional, Union
 
 import torch
 import torch.nn as nn
-from timm.layers import LayerNorm2d
 
 from ..ops import (
     BACKENDS,
@@ -42,6 +41,7 @@ from ..ops import (
     to_route_order,
 )
 from .cpu_inference import PackedWeightConv2d
+from .norm import LayerNorm2d
 
 Tensor = torch.Tensor
 
@@ -110,8 +110,11 @@ def cross_scan_fused(
     r = dt_projs_weight.shape[2]
     length = height * width
 
-    # All routes' (dt, B, C) projections in one batched matmul over the map in its own order.
-    x_dbl = torch.bmm(_batched(x_proj_weight.reshape(k * proj_rows, d_inner), batch), x.reshape(batch, d_inner, length))
+    # All routes' (dt, B, C) projections in one batched matmul over the map in its own order (a
+    # view of a channels-last x). The weight takes x's dtype before it is expanded over the batch:
+    # autocast would cast the expanded weight, writing a copy per sample.
+    weight = x_proj_weight.reshape(k * proj_rows, d_inner).to(x.dtype)
+    x_dbl = torch.bmm(_batched(weight, batch), x.reshape(batch, d_inner, length))
     x_dbl = x_dbl.view(batch, k, proj_rows, length)
     dts, Bs, Cs = torch.split(x_dbl, [r, n, n], dim=2)
     A, D, delta_bias = _scan_parameters(A_logs, Ds, dt_projs_bias)
