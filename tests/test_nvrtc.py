@@ -250,3 +250,19 @@ def test_four_processes_first_use_leave_one_valid_entry(toolchain, tmp_path):
     _, path, key = kernel_cache.lookup(SAXPY_SPEC, 90, folder, toolchain)
     image = kernel_cache.decode_entry(path.read_bytes(), key).image
     assert {out.split()[0] for out, _ in outputs} == {str(len(image))}
+
+
+@pytest.mark.slow
+def test_wheel_carries_what_nvrtc_and_the_host_driver_need(tmp_path):
+    """setup.py's build_py copies the kernel sources into the package; NVRTC compiles from that copy
+    alone (a wheel install has no csrc/), and the host driver's source is beside it."""
+    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=REPO,
+                   check=True, capture_output=True, timeout=300)
+    packaged = tmp_path / "vmamba2d" / "csrc" / "cuda"
+    assert (packaged.parent / "nvrtc" / "selective_scan_2d_nvrtc.cpp").is_file()
+    assert (packaged / "nvrtc_std" / "type_traits").is_file()
+    toolchain = dataclasses.replace(TOOLCHAIN, kernel_dir=packaged)
+    compiled = nvrtc.compile_kernel(kernel_spec("carry_scan"), 80, toolchain)
+    assert compiled.image[:4] == b"\x7fELF"
+    assert nvrtc.cache_key(toolchain, kernel_spec("carry_scan"), compiled.target) == nvrtc.cache_key(
+        TOOLCHAIN, kernel_spec("carry_scan"), compiled.target)  # same sources, same key: a moved install keeps its cache
