@@ -279,3 +279,23 @@ def test_mmengine_counters_support_the_scan_ops():
     by_operator = ActivationAnalyzer(model, inputs).by_operator()
     scans = sum(count for name, count in by_operator.items() if "selective_scan" in name)
     assert scans > 0, dict(by_operator)
+
+
+# --- COCO files with fewer categories than the config's classes ---------------------------------
+def test_coco_file_with_fewer_categories_stops_in_one_line(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("vmamba2d.det")
+    from vmamba2d.cli import openmmlab
+    from vmamba2d.det.runtime import coco_category_names
+
+    monkeypatch.chdir(tmp_path)
+    tiny_data.write_tiny_data(tmp_path / "data" / "tiny", only=["coco"])
+    train_json = tmp_path / "data" / "tiny" / "coco" / "annotations" / "instances_train2017.json"
+    assert coco_category_names(train_json) == list(tiny_data.COCO_CATEGORIES)
+    content = json.loads(train_json.read_text())
+    content["categories"] = [c for c in content["categories"] if c["name"] in tiny_data.COCO_USED]
+    train_json.write_text(json.dumps(content))
+    code = openmmlab.det_train(["tiny-data_mask-rcnn_vmamba2d-tiny_fpn", "--from-scratch",
+                                "--work-dir", str(tmp_path / "work")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "has 4 of the config's 80 classes" in err and "metainfo.classes" in err and "num_classes" in err

@@ -73,7 +73,7 @@ def check_dataset_paths(cfg: Config, dataloaders: Iterable[str], layout: str) ->
         loader = cfg.get(name)
         if not loader:
             continue
-        for dataset in _leaf_datasets(loader.get("dataset") or {}):
+        for dataset in leaf_datasets(loader.get("dataset") or {}):
             data_root = dataset.get("data_root") or ""
             for kind, folder in (dataset.get("data_prefix") or {}).items():
                 if kind not in _FOLDER_KINDS or not folder:
@@ -88,12 +88,12 @@ def check_dataset_paths(cfg: Config, dataloaders: Iterable[str], layout: str) ->
                                        f"(data_root={data_root!r}, ann_file={ann_file!r}). {layout}")
 
 
-def _leaf_datasets(dataset: Mapping) -> List[Mapping]:
+def leaf_datasets(dataset: Mapping) -> List[Mapping]:
     """The dataset configs inside wrappers (``dataset=`` of RepeatDataset, ``datasets=`` of ConcatDataset)."""
     if isinstance(dataset.get("dataset"), Mapping):
-        return _leaf_datasets(dataset["dataset"])
+        return leaf_datasets(dataset["dataset"])
     if isinstance(dataset.get("datasets"), (list, tuple)):
-        return [leaf for inner in dataset["datasets"] for leaf in _leaf_datasets(inner)]
+        return [leaf for inner in dataset["datasets"] for leaf in leaf_datasets(inner)]
     return [dataset]
 
 
