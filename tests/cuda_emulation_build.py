@@ -15,13 +15,14 @@ REPO = Path(__file__).resolve().parents[1]
 CUDA_SOURCES = REPO / "csrc" / "cuda"
 BUILD_ROOT = REPO / "build" / "emulation"
 
-# The v4 row-streaming kernels' emulation (csrc/cuda/scan2d_rows_emulate.cpp).
-ROWS_SOURCES = ("scan2d_rows_emulate.cpp",)
+# The v4 row-streaming kernels' emulation. Emulation sources live in csrc/cuda/emulation, outside
+# the folder setup.py globs for the nvcc-built extension.
+ROWS_SOURCES = ("emulation/scan2d_rows_emulate.cpp",)
 
 
 def build_emulation(name: str, sources: Sequence[str], extra_cflags: Sequence[str] = ("-O1",)):
-    """Compiles (or reuses) the extension ``name`` from ``sources`` (file names under csrc/cuda) with
-    the host C++ compiler and returns the loaded module."""
+    """Compiles (or reuses) the extension ``name`` from ``sources`` (paths relative to csrc/cuda, which
+    is the include path) with the host C++ compiler and returns the loaded module."""
     from torch.utils import cpp_extension
 
     if not sources:

@@ -69,7 +69,7 @@ def test_entry_compiles_with_nvrtc(dtype, width, route):
     err, prog = nvrtc.nvrtcCreateProgram(source, report.ENTRY.name.encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
     options = [b"--gpu-architecture=sm_90", b"-std=c++17", b"--ptxas-options=-v",
-               f"-I{report.ENTRY.parent}".encode(), f"-I{headers}".encode(),
+               f"-I{report.CUDA_SOURCES}".encode(), f"-I{headers}".encode(),
                *[f"-D{k}={v}".encode() for k, v in defines.items()]]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Static figures of the v4 row-streaming forward (RS, csrc/cuda/scan2d_rows_entry.cu), no GPU needed.
+"""Static figures of the v4 row-streaming forward (RS, csrc/cuda/entries/scan2d_rows_entry.cu), no GPU.
 
 For the model's map widths (56, 28, 14, 7) x input type (fp32, bf16, fp16) x arch (sm_90, sm_80,
 sm_75), the instance the plan picks (vmamba2d/ops/compiled/rows_plan.py; route 0, y in the input
@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
-ENTRY = REPO / "csrc" / "cuda" / "scan2d_rows_entry.cu"
+CUDA_SOURCES = REPO / "csrc" / "cuda"
+ENTRY = CUDA_SOURCES / "entries" / "scan2d_rows_entry.cu"
 ARCHS = ("sm_90", "sm_80", "sm_75")
 WIDTHS = (56, 28, 14, 7)
 DTYPES = ("fp32", "bf16", "fp16")
@@ -107,7 +108,7 @@ def plan_for(dtype: str, width: int):
 def compile_cubin(nvcc: str, arch: str, defines: dict[str, int], workdir: Path) -> tuple[Path, str]:
     name = "_".join(str(v) for v in defines.values())
     cubin = workdir / f"rs_{arch}_{name}.cubin"
-    cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-Xptxas", "-v", f"-I{ENTRY.parent}",
+    cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-Xptxas", "-v", f"-I{CUDA_SOURCES}",
            *[f"-D{k}={v}" for k, v in defines.items()], str(ENTRY), "-o", str(cubin)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

@@ -2,7 +2,7 @@
 // written once for two execution contexts like the v3 tiles (scan2d_tile.cuh):
 //   * RowsDeviceCtx (scan2d_rows_device.cuh): one CUDA thread per lane; each_lane runs the body for
 //     the calling lane, the shuffles are __shfl_*_sync over the full warp, views are raw pointers;
-//   * the host context (scan2d_rows_emulate.cpp): one CPU thread runs the 32 lanes of a warp one
+//   * the host context (emulation/scan2d_rows_emulate.cpp): one CPU thread runs the 32 lanes of a warp one
 //     after another in a chosen order, the shuffles move values between the lanes' slots, and
 //     every global access is bounds-, alignment- and race-checked.
 // Rules that keep the two equivalent: state that lives across each_lane calls is indexed by

@@ -1,5 +1,6 @@
 // Host emulation of the v4 row-streaming forward (scan2d_rows.cuh), built by the C++ compiler
-// alone as a test-only torch extension (tests/cuda_emulation_build.py). The kernel body runs
+// alone as a test-only torch extension (tests/cuda_emulation_build.py, include path csrc/cuda; this
+// folder is outside setup.py's glob of the nvcc-built extension's sources). The kernel body runs
 // warp by warp on the CPU: warps in a chosen order, the 32 lanes of a warp one after another in
 // every phase (forward, reversed or shuffled), the shuffles moving values between the lanes'
 // slots. Checks, each a RuntimeError naming what went wrong:

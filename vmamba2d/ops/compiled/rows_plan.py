@@ -37,7 +37,7 @@ class RowsPlan:
     scan_steps: int
 
     def defines(self, dtype: torch.dtype, route: int) -> dict[str, int]:
-        """The macros of csrc/cuda/scan2d_rows_entry.cu for this plan, input type and route code
+        """The macros of csrc/cuda/entries/scan2d_rows_entry.cu for this plan, input type and route code
         (its from_bottom bit is a run-time parameter and is dropped)."""
         return {
             "VMAMBA2D_RS_DTYPE": _DTYPE_CODES[dtype],
