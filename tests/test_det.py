@@ -324,6 +324,32 @@ def test_test_and_load_from_refuse_a_checkpoint_of_another_model_in_one_line(tin
     assert line.startswith(f"train.py: error: load_from {classification} holds 0 of the model's ")
 
 
+def test_a_truncated_coco_annotation_file_is_refused_before_anything_is_written(tmp_path, capsys):
+    import shutil
+
+    from vmamba2d.openmmlab import runtime
+
+    data_root = make_tiny_coco(tmp_path / "coco")
+    config = tmp_path / "tiny_det.py"
+    config.write_text(_TINY_RUN.format(base=str(TINY_DET_CONFIG), data_root=f"{data_root}/", classes=CLASSES,
+                                       epochs=1))
+    annotations = data_root / "annotations.json"
+    text = annotations.read_text()
+    annotations.write_text(text[: len(text) // 2])
+    capsys.readouterr()
+    assert _load_script("train").main([str(config), "--work-dir", str(tmp_path / "w")]) == 2
+    (line,) = [l for l in capsys.readouterr().err.splitlines() if l.startswith("train.py:")]
+    assert line.startswith(f"train.py: error: train_dataloader: annotation file {annotations} (") and \
+        "is not valid JSON" in line, line
+    assert not (tmp_path / "w").exists()
+    # above the full-parse limit only the ends are checked: the truncated copy is still caught
+    with pytest.raises(runtime.BadDataError, match="does not end its JSON object"):
+        runtime.check_json_file("train_dataloader", annotations, parse_limit=16)
+    shutil.copy(annotations, tmp_path / "copy.json")
+    (tmp_path / "copy.json").write_text(text)
+    runtime.check_json_file("train_dataloader", tmp_path / "copy.json", parse_limit=16)
+
+
 # ---------------------------------------------------------------------------------------------
 # registration, backbone options, configs, FLOPs
 # ---------------------------------------------------------------------------------------------

@@ -84,6 +84,12 @@ def negative_coords(slide, folder):
     _h5(folder / f"{slide.slide_id}.h5", slide.features, coords)
 
 
+def far_coords(slide, folder):
+    coords = slide.coords.copy()
+    coords[0] = (2**40, 2**40)  # a grid of ~2^64 cells: its cell index overflows int64
+    _h5(folder / f"{slide.slide_id}.h5", slide.features, coords)
+
+
 def empty_slide(slide, folder):
     _h5(folder / f"{slide.slide_id}.h5", np.zeros((0, IN_DIM), np.float32),
         np.zeros((0, 2), np.int64))
@@ -118,6 +124,7 @@ BREAKAGES = [  # (split, index in that split, breakage, words of the report)
     ("train", 7, negative_coords, "negative pixel positions"),
     ("val", 0, empty_slide, "empty slide"),
     ("val", 1, wrong_feature_size, "features have F=4, expected in_dim=8"),
+    ("val", 2, far_coords, "grid limit"),
     ("test", 0, one_d_features, "features must be 2-D"),
     ("test", 1, truncated_pt, "truncated or not a torch file"),
     ("test", 2, refused_pickle_pt, "not loaded for safety"),
@@ -127,7 +134,7 @@ SPLIT_SIZES = {"train": 16, "val": 6, "test": 6}
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict:
-    """Good slides in ``good/``; the same slides with 13 broken files in ``bad/``."""
+    """Good slides in ``good/``; the same slides with 14 broken files in ``bad/``."""
     root = tmp_path_factory.mktemp("mil_bad")
     good, bad = root / "good", root / "bad"
     good.mkdir()
@@ -163,7 +170,7 @@ def test_every_bad_slide_is_reported_at_once_and_nothing_is_written(data, tmp_pa
     assert train_main(train_args(data, data["bad"], output)) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert f"13 of {sum(SPLIT_SIZES.values())} slide(s) are unusable" in err
+    assert f"14 of {sum(SPLIT_SIZES.values())} slide(s) are unusable" in err
     assert "--skip-bad-slides" in err
     lines = err.splitlines()
     for slide_id, split, file, words in data["broken"]:
@@ -179,11 +186,11 @@ def test_skip_bad_slides_trains_without_them_and_counts_them(data, tmp_path, cap
     assert train_main(train_args(data, data["bad"], output, "--skip-bad-slides")) == 0
     broken = sorted(slide_id for slide_id, *_ in data["broken"])
     total = json.loads((output / "summary.json").read_text())
-    assert total["skipped_bad_slides"]["count"] == 13
+    assert total["skipped_bad_slides"]["count"] == 14
     assert sorted(s["slide_id"] for s in total["skipped_bad_slides"]["slides"]) == broken
     run = json.loads((output / "seed1" / "summary.json").read_text())
-    assert run["skipped_bad_slides"] == {"count": 13, "slide_ids": broken}
-    assert (run["train_slides"], run["val_slides"], run["test_slides"]) == (8, 4, 3)
+    assert run["skipped_bad_slides"] == {"count": 14, "slide_ids": broken}
+    assert (run["train_slides"], run["val_slides"], run["test_slides"]) == (8, 3, 3)
     with open(output / "seed1" / "predictions_test.csv") as handle:
         predicted = {row["slide_id"] for row in csv.DictReader(handle)}
     assert predicted == {s.slide_id for s in data["slides"]["test"][3:]}

@@ -160,3 +160,30 @@ def test_train_and_test_refuse_a_checkpoint_of_another_model_in_one_line(ade_roo
     assert _error_lines(capsys) == [f"train.py: error: load_from: checkpoint not found (only local files are "
                                     f"loaded): {missing}"]
     assert not (tmp_path / "w2").exists()
+
+
+@pytest.mark.parametrize("bad", ["annotations/training/im1.png", "images/training/im2.jpg"])
+def test_a_garbage_training_file_stops_training_in_one_line_naming_it(ade_root, tmp_path, capsys, bad):
+    import shutil
+
+    data = Path(shutil.copytree(ade_root, tmp_path / "ade"))
+    (data / bad).write_bytes(b"\x89PNG\r\n\x1a\n garbage, not an image" * 4)
+    capsys.readouterr()
+    assert _load_script("train").main([str(TINY_CONFIG), "--work-dir", str(tmp_path / "work"), "--cfg-options",
+                                       *_run_options(data, max_iters=2)]) == 2
+    (line,) = _error_lines(capsys)
+    assert line.startswith("train.py: error: bad sample ") and str(data / bad) in line, line
+    assert "Fix or remove the file" in line
+
+
+def test_an_empty_dataset_file_is_refused_before_anything_is_written(ade_root, tmp_path, capsys):
+    import shutil
+
+    data = Path(shutil.copytree(ade_root, tmp_path / "ade"))
+    (data / "annotations" / "validation" / "im0.png").write_bytes(b"")
+    capsys.readouterr()
+    assert _load_script("train").main([str(TINY_CONFIG), "--work-dir", str(tmp_path / "work"), "--cfg-options",
+                                       *_run_options(data, max_iters=2)]) == 2
+    assert _error_lines(capsys) == [f"train.py: error: val_dataloader: {data / 'annotations/validation/im0.png'} "
+                                    "is empty (0 bytes); restore or remove it"]
+    assert not (tmp_path / "work").exists()

@@ -68,6 +68,10 @@ PLACEMENTS = ("crop", "absolute")
 DUPLICATE_POLICIES = ("error", "mean", "last")
 CAPS = ("pool", "crop")
 SPLIT_NAMES = ("train", "val", "test")
+MAX_GRID_CELLS = 2**31
+"""Grid limit: a slide's patches may span at most this many cells (H * W). A whole-slide image at
+its patch step spans about 10^5 - 10^6; far beyond that the coordinates are wrong, and the cell index
+row * W + col would overflow int64 before the canvas could be allocated."""
 SLIDE_SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".mrxs", ".scn", ".h5", ".pt", ".png", ".jpg")
 
 
@@ -359,6 +363,12 @@ def place_on_grid(coords_px: Tensor, *, slide_id: str = "?", step: Union[int, tu
     else:
         origin = (0, 0)
     needed = (int(cells[:, 1].max()) + 1, int(cells[:, 0].max()) + 1)
+    if needed[0] * needed[1] > MAX_GRID_CELLS:
+        far = coords_px[cells.sum(dim=1).argmax()].tolist()
+        raise SlideDataError(
+            f"slide {slide_id!r}: patches span a grid of (H, W) = {needed} cells at step ({step_x}, {step_y}) px "
+            f"(e.g. a patch at (x, y) = ({far[0]}, {far[1]}) px), beyond the grid limit of {MAX_GRID_CELLS} cells; "
+            "the coordinates are wrong (or the patch step is)")
     grid = needed
     if canvas_size is not None:
         grid = (int(canvas_size[0]), int(canvas_size[1]))

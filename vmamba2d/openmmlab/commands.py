@@ -32,6 +32,7 @@ from vmamba2d.training import RunFolderError, RunFolderLock
 
 from .checkpoint_match import MIN_LOAD_FROM_SHARE, MIN_TEST_SHARE, check_checkpoint_covers
 from .errors import InputError, MissingFileError
+from .sample_errors import name_files_of_failing_samples
 from .runtime import (
     add_runner_arguments,
     check_backbone_weights,
@@ -101,6 +102,7 @@ class TrainCommand:
     def train(self, argv: Argv = None) -> None:
         """Check the inputs, prepare the work dir, build mmengine's Runner and train; raises on bad input."""
         args = self.parse_args(argv)
+        name_files_of_failing_samples()  # a bad image / annotation met in training: one line naming it
         cfg = load_config(args.config, args.cfg_options, args.launcher, args.work_dir)
         check_backbone_weights(cfg, from_scratch=args.from_scratch)
         self.check_dataset(cfg, ("train_dataloader", "val_dataloader"))
@@ -165,6 +167,7 @@ class EvaluateCommand:
     def evaluate(self, argv: Argv = None) -> Dict[str, object]:
         """Run the test loop; print (rank 0) and return the evaluator's metrics; raises on bad input."""
         args = self.parse_args(argv)
+        name_files_of_failing_samples()
         if not os.path.isfile(args.checkpoint):
             raise MissingFileError(f"checkpoint not found: {args.checkpoint}")
         tta = self.offers_tta and args.tta

@@ -11,3 +11,7 @@ class MissingFileError(InputError, FileNotFoundError):
 
 class RefusedCheckpointError(InputError):
     """A checkpoint holds pickled Python objects that weights-only loading does not allow."""
+
+
+class BadDataError(InputError):
+    """A dataset file that cannot be used (empty, truncated, not what it should be); names the file."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import numbers
 import os
 import os.path as osp
@@ -12,9 +13,11 @@ import torch
 from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
 
-from .errors import InputError, MissingFileError
+from .errors import BadDataError, InputError, MissingFileError
 
 _FOLDER_KINDS = ("img_path", "seg_map_path", "img", "seg")
+FULL_JSON_CHECK_BYTES = 64 << 20
+"""Annotation files up to this size are parsed before training; larger ones only have their ends checked."""
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser, cfg_options_example: str) -> None:
@@ -66,8 +69,12 @@ def check_dataset_paths(cfg: Config, dataloaders: Iterable[str], layout: str) ->
         dataloaders: names such as ``"train_dataloader"``.
         layout: the expected dataset layout and how to point elsewhere, appended to the message.
 
+    Also refuses, naming the file, an empty (0-byte) file in those folders and an annotation ``.json``
+    that is not JSON (:func:`check_json_file`): what can be checked before anything is written.
+
     Raises:
-        MissingFileError (a FileNotFoundError) naming the dataloader, the path and ``layout``.
+        MissingFileError (a FileNotFoundError) naming the dataloader, the path and ``layout``;
+        BadDataError naming an empty or truncated file.
     """
     for name in dataloaders:
         loader = cfg.get(name)
@@ -82,10 +89,42 @@ def check_dataset_paths(cfg: Config, dataloaders: Iterable[str], layout: str) ->
                 if not full.is_dir():
                     raise MissingFileError(f"{name}: dataset folder {full} does not exist (data_root={data_root!r}, "
                                            f"data_prefix.{kind}={folder!r}). {layout}")
+                _check_no_empty_files(name, full)
             ann_file = dataset.get("ann_file")
             if ann_file and not Path(data_root, ann_file).is_file():
                 raise MissingFileError(f"{name}: annotation file {Path(data_root, ann_file)} does not exist "
                                        f"(data_root={data_root!r}, ann_file={ann_file!r}). {layout}")
+            if ann_file and str(ann_file).endswith(".json"):
+                check_json_file(name, Path(data_root, ann_file))
+
+
+def _check_no_empty_files(name: str, folder: Path) -> None:
+    """BadDataError naming the first empty (0-byte) file of ``folder`` (sizes only: nothing is read)."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_file() and entry.stat().st_size == 0:
+                raise BadDataError(f"{name}: {entry.path} is empty (0 bytes); restore or remove it")
+
+
+def check_json_file(name: str, path: Path, parse_limit: int = FULL_JSON_CHECK_BYTES) -> None:
+    """BadDataError naming ``path`` when it is not JSON: parsed in full up to ``parse_limit`` bytes; a
+    larger file (COCO's train annotations: 450 MB) only has to start with ``{`` / ``[`` and end with the
+    matching bracket, which catches a truncated copy."""
+    size = path.stat().st_size
+    if size <= parse_limit:
+        try:
+            json.loads(path.read_bytes())
+        except (ValueError, UnicodeDecodeError) as error:
+            raise BadDataError(f"{name}: annotation file {path} ({size} bytes) is not valid JSON "
+                               f"({error}); restore it (a truncated copy?)") from None
+        return
+    with open(path, "rb") as handle:
+        head = handle.read(64).lstrip()[:1]
+        handle.seek(max(size - 64, 0))
+        tail = handle.read().rstrip()[-1:]
+    if (head, tail) not in ((b"{", b"}"), (b"[", b"]")):
+        raise BadDataError(f"{name}: annotation file {path} ({size} bytes) does not end its JSON "
+                           f"{'object' if head == b'{' else 'text'}; it is truncated or not JSON: restore it")
 
 
 def leaf_datasets(dataset: Mapping) -> List[Mapping]:
