@@ -216,3 +216,26 @@ def test_extract_usage_errors(slides, tmp_path, capsys):
         extract_main([str(slides / "s0.tif"), str(tmp_path), "--encoder", "resnet18_trunc"])
     assert extract_main([str(tmp_path / "none"), str(tmp_path), *EXTRACT]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_prediction_rows():
+    from vmamba2d.mil.predict import prediction_row
+
+    row = prediction_row("a", {"probabilities": torch.tensor([[0.2, 0.5, 0.3]])}, {"label_map": {"x": 0, "y": 1, "z": 2}})
+    assert row == {"slide_id": "a", "predicted": "y", "p_x": pytest.approx(0.2), "p_y": pytest.approx(0.5),
+                   "p_z": pytest.approx(0.3)}
+    hazards = torch.tensor([[0.1, 0.5]])
+    survival = torch.cumprod(1 - hazards, dim=1)
+    row = prediction_row("b", {"risk": -survival.sum(1), "survival": survival}, {"label_map": None})
+    assert row == {"slide_id": "b", "risk": pytest.approx(-(0.9 + 0.45)), "survival_0": pytest.approx(0.9),
+                   "survival_1": pytest.approx(0.45)}
+
+
+def test_predict_usage_errors(tmp_path, capsys):
+    from vmamba2d.mil.predict import main as predict_main
+
+    assert predict_main([str(tmp_path / "no_run"), str(tmp_path)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    assert predict_main([str(tmp_path / "run"), str(tmp_path)]) == 2
+    assert "no best.pth" in capsys.readouterr().err
