@@ -10,7 +10,8 @@ from matplotlib import colormaps
 from PIL import Image
 
 from vmamba2d.mil import MambaMIL2D
-from vmamba2d.mil.heatmap import grid_heatmap, normalise_attention, thumbnail_overlay
+from vmamba2d.mil.heatmap import (BAR_MARGIN_PX, grid_heatmap, normalise_attention, readable_cell_px,
+                                  thumbnail_overlay, with_colour_bar)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import mil_heatmap  # noqa: E402
@@ -67,8 +68,14 @@ def test_cli_grid_and_thumbnail(tmp_path, capsys):
         handle["coords"].attrs.update(patch_size=128, patch_level=1, downsample=np.array([2.0, 2.0]),
                                       level_dim=np.array([1024, 768]))
     mil_heatmap.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--slide", str(tmp_path / "S1.h5"),
-                      "--out", str(tmp_path / "grid.png"), "--cell-px", "3", "--save-array", str(tmp_path / "a.npy")])
+                      "--out", str(tmp_path / "grid.png"), "--cell-px", "3", "--save-array", str(tmp_path / "a.npy"),
+                      "--no-colour-bar"])
     assert Image.open(tmp_path / "grid.png").size == (15, 12)
+    # by default: readable (a 4 x 5 grid at >= 512 px wide) and with the colour bar beside it
+    mil_heatmap.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--slide", str(tmp_path / "S1.h5"),
+                      "--out", str(tmp_path / "readable.png")])
+    width, height = Image.open(tmp_path / "readable.png").size
+    assert width >= readable_cell_px((4, 5)) * 5 + BAR_MARGIN_PX and height >= readable_cell_px((4, 5)) * 4
     options = mil_heatmap.grid_options(mil_heatmap.parse_args(
         ["--checkpoint", str(tmp_path / "ckpt.pt"), "--slide", "x", "--out", "y", "--max-cells", "9"]))
     assert (options.duplicates, options.max_cells, options.placement) == ("mean", 9, "crop")
@@ -81,9 +88,35 @@ def test_cli_grid_and_thumbnail(tmp_path, capsys):
     assert "S1: grid 4x5" in capsys.readouterr().out
     Image.new("RGB", (128, 96), (10, 10, 10)).save(tmp_path / "thumb.png")
     args = ["--checkpoint", str(tmp_path / "ckpt.pt"), "--slide", str(tmp_path / "S1.h5"), "--out",
-            str(tmp_path / "over.png"), "--thumbnail", str(tmp_path / "thumb.png")]
+            str(tmp_path / "over.png"), "--thumbnail", str(tmp_path / "thumb.png"), "--no-colour-bar"]
     mil_heatmap.main(args)  # scale from level_dim 1024 * 2 / 128 = 16 level-0 px per thumbnail px
     over = np.asarray(Image.open(tmp_path / "over.png"))
     assert over.shape == (96, 128, 3)
     assert (over[:32, :] == 10).all() and (over[:, :32] == 10).all()  # left of / above the tissue origin (512 px)
     assert (over[32:36, 48:52] != 10).any()  # cell (col 1, row 0) is drawn
+
+
+def test_readable_cell_px_reaches_the_readable_size():
+    assert readable_cell_px((14, 16)) * 16 >= 512 and readable_cell_px((14, 16)) * 15 < 512
+    assert readable_cell_px((400, 300)) == 4  # large grids keep 4 px per cell
+
+
+def test_colour_bar_keeps_the_heatmap_and_runs_from_low_to_high():
+    from matplotlib import colormaps
+
+    attention = torch.arange(12.0).reshape(3, 4)
+    tissue = torch.ones(3, 4, dtype=torch.bool)
+    heatmap = grid_heatmap(attention, tissue, cell_px=40, scale="max", cmap="viridis")
+    framed = with_colour_bar(heatmap, scale="max", cmap="viridis", title="S1")
+    pixels, original = np.asarray(framed).astype(int), np.asarray(heatmap).astype(int)
+    width, height = heatmap.size
+    top = framed.size[1] - 10 - height
+    assert framed.size[0] == width + BAR_MARGIN_PX + 20
+    assert (pixels[top:top + height, 10:10 + width] == original).all()  # drawn pixel for pixel
+    # the bar's centre column, just inside its top and bottom ends: the colormap's ends
+    column = pixels[:, 10 + width + 12 + 7]
+    coloured = np.flatnonzero(np.abs(column - 255).sum(1) > 30)
+    high, low = column[coloured[2]], column[coloured[-3]]
+    viridis = colormaps["viridis"]
+    assert np.abs(high - np.array(viridis(1.0)[:3]) * 255).max() < 25
+    assert np.abs(low - np.array(viridis(0.0)[:3]) * 255).max() < 25

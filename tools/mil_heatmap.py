@@ -26,7 +26,9 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from vmamba2d.mil.data import CAPS, DUPLICATE_POLICIES, PLACEMENTS, GridOptions, SlideRecord, prepare_slide, read_slide_file  # noqa: E402
-from vmamba2d.mil.heatmap import SCALES, grid_heatmap, slide_attention, thumbnail_overlay  # noqa: E402
+from vmamba2d.mil.heatmap import (  # noqa: E402
+    READABLE_PX, SCALES, grid_heatmap, readable_cell_px, slide_attention, thumbnail_overlay, with_colour_bar,
+)
 from vmamba2d.mil.models import model_from_checkpoint  # noqa: E402
 
 
@@ -39,7 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--downsample", type=float, help="level-0 pixels per thumbnail pixel")
     parser.add_argument("--slide-size", type=int, nargs=2, metavar=("WIDTH", "HEIGHT"), help="level-0 slide size in pixels")
     parser.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity over the thumbnail")
-    parser.add_argument("--cell-px", type=int, default=8, help="pixels per grid cell in the grid view")
+    parser.add_argument("--cell-px", type=int, default=None,
+                        help=f"pixels per grid cell in the grid view (default: the longer side at least {READABLE_PX} px)")
+    parser.add_argument("--no-colour-bar", dest="colour_bar", action="store_false",
+                        help="save the heatmap alone (default: with a labelled colour bar and the prediction as title)")
     parser.add_argument("--scale", choices=SCALES, default="rank")
     parser.add_argument("--cmap", default="jet", help="matplotlib colormap")
     parser.add_argument("--patch-step", type=int, help="level-0 pixels between neighbouring patches (default: from the file)")
@@ -93,13 +98,16 @@ def main(argv=None) -> None:
                                   downsample=thumbnail_downsample(args, raw.attrs, thumbnail), alpha=args.alpha,
                                   scale=args.scale, cmap=args.cmap)
     else:
-        image = grid_heatmap(attention, tissue, cell_px=args.cell_px, scale=args.scale, cmap=args.cmap)
+        cell_px = args.cell_px if args.cell_px is not None else readable_cell_px(record.grid)
+        image = grid_heatmap(attention, tissue, cell_px=cell_px, scale=args.scale, cmap=args.cmap)
+    summary = ("risk {:.4f}".format(float(outputs["risk"][0])) if "risk" in outputs else
+               "class {} (p = {:.3f})".format(int(outputs["probabilities"].argmax()), float(outputs["probabilities"].max())))
+    if args.colour_bar:
+        image = with_colour_bar(image, scale=args.scale, cmap=args.cmap, title=f"{raw.slide_id}: {summary}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     image.save(args.out)
     if args.save_array is not None:
         np.save(args.save_array, attention.numpy())
-    summary = ("risk {:.4f}".format(float(outputs["risk"][0])) if "risk" in outputs else
-               "class {} (p = {:.3f})".format(int(outputs["probabilities"].argmax()), float(outputs["probabilities"].max())))
     print(f"{raw.slide_id}: grid {record.grid[0]}x{record.grid[1]}, {features.shape[0]} patches, {summary} -> {args.out}")
 
 

@@ -1,7 +1,8 @@
 """Attention heatmaps of a MIL model on a slide's grid, alone or over a slide thumbnail.
 
     attention, tissue = slide_attention(model, record)         # (H, W) float, (H, W) bool
-    image = grid_heatmap(attention, tissue, cell_px=8)         # PIL RGBA, one cell = cell_px pixels
+    image = grid_heatmap(attention, tissue, cell_px=8)         # PIL RGB, one cell = cell_px pixels
+    image = with_colour_bar(image, scale="rank", cmap="jet", title="slide S1: class 1 (p = 0.93)")
     image = thumbnail_overlay(attention, tissue, thumbnail, origin_px=record.origin_px,
                               step_px=record.step_px, downsample=64)
 
@@ -20,6 +21,10 @@ from PIL import Image
 from .data import SlideRecord
 
 SCALES = ("rank", "max")
+SCALE_LABELS = {"rank": "attention: percentile rank among the tissue patches",
+                "max": "attention / the slide's largest"}
+READABLE_PX = 512  # a grid view's longer side at least this many pixels (readable_cell_px)
+BAR_MARGIN_PX = 120  # room right of the heatmap for the colour bar and its labels
 
 
 def tissue_mask(coords: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -114,3 +119,38 @@ def thumbnail_overlay(attention: torch.Tensor, tissue: torch.Tensor, thumbnail: 
     layer = Image.new("RGBA", thumbnail.size, (0, 0, 0, 0))
     layer.paste(cells.resize(size, Image.NEAREST), (round(origin_px[0] / ds_x), round(origin_px[1] / ds_y)))
     return Image.alpha_composite(thumbnail.convert("RGBA"), layer).convert("RGB")
+
+
+def readable_cell_px(grid: tuple[int, int], minimum_px: int = READABLE_PX) -> int:
+    """Pixels per cell that draw a (H, W) grid with its longer side at least ``minimum_px`` (and at
+    least 4 pixels per cell)."""
+    return max(4, -(-minimum_px // max(grid)))
+
+
+def with_colour_bar(image: Image.Image, *, scale: str, cmap: str, title: str = "") -> Image.Image:
+    """``image`` (a heatmap, pixels unchanged) with a labelled colour bar on its right and an
+    optional title above: an RGB image of (W + BAR_MARGIN_PX, H + margins) pixels."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    width, height = image.size
+    pad, top = 10, (30 if title else 10)
+    bar_height = max(height, 160)
+    fig_w, fig_h = width + BAR_MARGIN_PX + 2 * pad, max(height, bar_height) + top + pad
+    dpi = 100
+    fig = Figure(figsize=(fig_w / dpi, fig_h / dpi), dpi=dpi, facecolor="white")
+    canvas = FigureCanvasAgg(fig)
+    fig.figimage(np.asarray(image.convert("RGB")), xo=pad, yo=pad, origin="upper")
+    bar = fig.add_axes(((pad + width + 12) / fig_w, pad / fig_h, 14 / fig_w, bar_height / fig_h))
+    colour_bar = fig.colorbar(ScalarMappable(norm=Normalize(0.0, 1.0), cmap=colormaps[cmap]), cax=bar)
+    colour_bar.set_label(SCALE_LABELS[scale], fontsize=8)
+    colour_bar.ax.tick_params(labelsize=8)
+    if title:
+        fig.text(pad / fig_w, 1 - 8 / fig_h, title, ha="left", va="top", fontsize=9)
+    canvas.draw()
+    return Image.fromarray(np.asarray(canvas.buffer_rgba())).convert("RGB")
