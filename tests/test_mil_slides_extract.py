@@ -209,6 +209,9 @@ def test_encoder_weights_from_files(tmp_path):
     with pytest.raises(ValueError, match="not a timm model"):
         build_encoder("no_such_net", random_init=True)
     assert build_encoder("resnet50_trunc", random_init=True, input_size=32).dim == 1024  # CLAM's preset
+    state = torch.random.get_rng_state()
+    build_encoder("resnet18_trunc", random_init=True, seed=5)
+    assert torch.equal(torch.random.get_rng_state(), state)
 
 
 def test_extract_usage_errors(slides, tmp_path, capsys):

@@ -104,8 +104,9 @@ def build_encoder(name: str, *, weights: Optional[Union[str, Path]] = None, rand
     if (weights is None) == (not random_init):
         raise ValueError("pass --weights FILE (the encoder's pretrained weights) or --random-init: nothing is "
                          "downloaded")
-    torch.manual_seed(seed)
-    loaded, module, unused = _create(name)
+    with torch.random.fork_rng(devices=[]):  # the caller's generator state is left as it was
+        torch.manual_seed(seed)
+        loaded, module, unused = _create(name)
     sha = None
     if weights is not None:
         path = Path(weights)
