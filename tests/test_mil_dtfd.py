@@ -234,3 +234,14 @@ def test_round_trips_through_its_config():
     model = build_model("dtfdmil", in_dim=5, num_classes=2, distill="maxmins", num_groups=3)
     copy = build_model(**model.config)
     assert isinstance(copy, DTFDMIL) and copy.config == model.config
+
+
+@pytest.mark.parametrize("distill", ["afs", "maxmins"])
+def test_runs_under_autocast(distill):
+    torch.manual_seed(0)
+    model = build_model("dtfdmil", in_dim=5, num_classes=3, dim=8, attn_hidden=6, num_groups=3, distill=distill)
+    features, coords = _slide(3, 4, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model.eval()(features, coords)
+    assert out["attention"].dtype == torch.float32 and torch.isfinite(out["logits"].float()).all()
+    torch.testing.assert_close(out["attention"].sum(), torch.tensor(1.0), atol=2e-2, rtol=0)

@@ -525,15 +525,16 @@ class DTFDMIL(_MILModel):
         tokens = self.reduce(features)  # (n, dim)
         groups = self.pseudo_bags(tokens.shape[0], tokens.device)
         group_logits, distilled, owners = [], [], []
-        scores = tokens.new_zeros(tokens.shape[0])
-        tier1_weights = tokens.new_zeros(tokens.shape[0])
+        dtype = torch.promote_types(tokens.dtype, torch.float32)  # under autocast: fp32 maps, as the softmax
+        scores = tokens.new_zeros(tokens.shape[0], dtype=dtype)
+        tier1_weights = tokens.new_zeros(tokens.shape[0], dtype=dtype)
         for group in groups:
             members = tokens[group]
             embedding, weights, group_scores = self.attention1(members)
             logits = self.classifier1(embedding)  # (1, C)
             group_logits.append(logits)
-            scores = scores.index_copy(0, group, group_scores)
-            tier1_weights = tier1_weights.index_copy(0, group, weights)
+            scores = scores.index_copy(0, group, group_scores.to(dtype))
+            tier1_weights = tier1_weights.index_copy(0, group, weights.to(dtype))
             if self.distill == "afs":
                 distilled.append(embedding)
                 owners.append(group)
@@ -544,11 +545,12 @@ class DTFDMIL(_MILModel):
             owners.extend(group[pick : pick + 1] for pick in picks)
         logits, bag_weights, embedding = self.tier2(torch.cat(distilled))
         if self.distill == "afs":
-            patch_weights = tokens.new_zeros(tokens.shape[0])
-            for group, weight in zip(owners, bag_weights):
+            patch_weights = tokens.new_zeros(tokens.shape[0], dtype=dtype)
+            for group, weight in zip(owners, bag_weights.to(dtype)):
                 patch_weights = patch_weights.index_copy(0, group, weight * tier1_weights[group])
         else:  # a patch picked twice (a one-patch pseudo-bag under maxmins) gets both weights
-            patch_weights = tokens.new_zeros(tokens.shape[0]).index_add(0, torch.cat(owners), bag_weights)
+            patch_weights = tokens.new_zeros(tokens.shape[0], dtype=dtype).index_add(0, torch.cat(owners),
+                                                                                   bag_weights.to(dtype))
         return self.head_outputs(logits, attention=scatter_to_grid(patch_weights, index, grid),
                                  attention_scores=scatter_to_grid(scores, index, grid), embedding=embedding,
                                  pseudo_bag_logits=torch.cat(group_logits))
