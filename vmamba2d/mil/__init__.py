@@ -4,7 +4,9 @@ Models (``vmamba2d.mil.models``; the other baselines in ``vmamba2d.mil.baselines
 ``MambaMIL``, ``ABMIL``, ``CLAMSB``, ``DSMIL``, ``DTFDMIL``, ``TransMIL``, ``S4MIL``, ``MambaMILSR``, ``MODELS``
 (by name), ``build_model``, ``model_from_checkpoint``. Data (``vmamba2d.mil.data``): slide files ->
 grid placement -> ``SlideDataset`` of ``SlideRecord``. Heatmaps: ``vmamba2d.mil.heatmap``. Training / metrics / survival modules are
-imported by their full paths (``vmamba2d.mil.<module>``).
+imported by their full paths (``vmamba2d.mil.<module>``). From slides (the ``slides`` extra):
+``vmamba2d.mil.slides`` (reading, tissue, patching, thumbnails), ``vmamba2d.mil.extract`` (features
+in CLAM's format), ``vmamba2d.mil.predict`` (predictions and heatmaps of a trained run).
 """
 from .data import (
     GridOptions,
