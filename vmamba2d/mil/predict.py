@@ -124,6 +124,8 @@ def extract_slides(slides: list[Path], out: Path, settings_file: Path, weights: 
     settings = json.loads(settings_file.read_text())
     if settings.get("weights_sha256") and weights is None:
         raise ValueError(f"the features were extracted with --weights {settings['weights']}: pass --weights FILE")
+    if not settings.get("weights_sha256") and weights is not None:
+        raise ValueError("the features were extracted with --random-init: drop --weights")
     encoder = build_encoder(settings["encoder"], weights=weights, random_init=weights is None,
                             seed=settings.get("random_init_seed") or 0, input_size=settings["input_size"])
     if encoder.weights_sha256 != settings.get("weights_sha256"):
