@@ -63,7 +63,7 @@ def precompile(specs: Sequence[KernelSpec], archs: Sequence[int], jobs: int = 1,
 
 def format_table(rows: Sequence[Row]) -> str:
     """Markdown table of precompile's rows."""
-    lines = ["| kernel | arch | image | bytes | registers | spill st / ld B | stack B | static smem B | compile s |",
+    lines = ["| kernel | arch | image | bytes | registers | spill st / ld B | stack B | static smem B | NVRTC s |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         if row.compiled is None:
@@ -71,7 +71,7 @@ def format_table(rows: Sequence[Row]) -> str:
             continue
         c, r = row.compiled, row.compiled.resources
         image = f"{c.target.kind} {c.target.option.split('=')[1]}"
-        seconds = "cached" if row.was_cached else f"{c.seconds:.1f}"
+        seconds = f"{c.seconds:.1f}" + (" (cached)" if row.was_cached else "")  # cached: its first compile's
         if c.target.kind == "cubin":
             figures = f"{r.registers} | {r.spill_stores} / {r.spill_loads} | {r.stack_bytes} | {r.static_smem}"
         else:
