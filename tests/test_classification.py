@@ -509,6 +509,47 @@ def test_arguments_are_validated_before_anything_is_written(data_root, tmp_path,
     assert not output.exists()
 
 
+def test_non_finite_learning_rates_are_refused_before_anything_is_written(data_root, tmp_path,
+                                                                          capsys):
+    output = tmp_path / "out"
+    for value in ("inf", "nan"):
+        expect_usage_error(capsys, quick_args(data_root, output, 2) + ["--lr", value],
+                           f"--lr must be a finite number, got {value}")
+    expect_usage_error(capsys, quick_args(data_root, output, 2) + ["--min-lr", "nan"],
+                       "--min-lr must be a finite number")
+    assert not output.exists()
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+def test_unloadable_checkpoints_are_described_by_what_is_wrong(data_root, tmp_path, capsys):
+    refused = tmp_path / "refused.pth"
+    torch.save({"model": {}, "where": Path("/somewhere")}, refused)
+    payload = tmp_path / "payload.pth"
+    torch.save({"model": _Payload()}, payload)
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(bytes(range(256)) * 8)
+    empty = tmp_path / "empty.pth"
+    empty.write_bytes(b"")
+    expected = {
+        refused: ["refuses (Unsupported global: GLOBAL pathlib.PosixPath",
+                  "If you trust the file, load it with torch.load(..., weights_only=False)"],
+        payload: ["refuses (Trying to load unsupported GLOBAL posix.getcwd"],
+        garbage: ["is not a torch checkpoint (unreadable pickle: Unsupported operand"],
+        empty: ["is empty (0 bytes)"],
+    }
+    for path, fragments in expected.items():
+        message = expect_usage_error(capsys, quick_args(data_root, tmp_path / "run", 2)
+                                     + ["--resume", str(path)], str(path), *fragments)
+        assert "--trust-checkpoint" not in message  # train.py has no such option
+        assert len(message.strip().splitlines()) == 1, message
+    with pytest.raises(UsageError, match="If you trust the file, pass --trust-checkpoint"):
+        load_checkpoint_file(refused)  # eval.py's default: it has the option
+
+
 def test_img_size_the_model_accepts_trains(data_root, tmp_path):
     """Sizes are checked against the model with one forward pass, not a fixed rule."""
     output = tmp_path / "odd"

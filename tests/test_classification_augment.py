@@ -227,3 +227,16 @@ def test_bad_aa_stops_the_cli_before_anything_is_written(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("train.py: error: --aa 'rand-zz'") and len(err.splitlines()) == 1
     assert not output.exists()
+
+
+@pytest.mark.parametrize("auto_augment, problem", [
+    ("rand-m99", "magnitude m99 is above timm's maximum 10 (timm would silently clip it to 10)"),
+    ("rand-m9-mmax5", "magnitude m9 is above its -mmax"),
+    ("augmix-m11", "magnitude m11 is above timm's maximum 10"),
+    ("rand-m9-p2", "p2 is a probability: it must be in [0, 1]"),
+])
+def test_aa_values_timm_would_clip_or_misread_are_rejected(auto_augment, problem):
+    with pytest.raises(UsageError) as caught:
+        resolve_with_aa(auto_augment)
+    assert str(caught.value).startswith(f"--aa {auto_augment!r}: ") and problem in str(caught.value)
+    resolve_with_aa("rand-m10-p0.5")  # the limits themselves are fine

@@ -119,7 +119,7 @@ def check_auto_augment(text: str) -> None:
     if (family != expected) if expected else (family not in AUTO_AUGMENT_POLICIES):
         raise UsageError(f"--aa {text!r}: unknown augmentation {family!r}; expected "
                          f"{AUTO_AUGMENT_GRAMMAR}")
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for section in options:
         key, problem = _parse_section(section, keys, transform_sets=family == "rand")
         if problem is None and key in seen:
@@ -127,7 +127,23 @@ def check_auto_augment(text: str) -> None:
         if problem is not None:
             raise UsageError(f"--aa {text!r}: section {section!r} {problem}; expected {grammar}, "
                              "sections separated by '-'")
-        seen.add(key)
+        seen[key] = section[len(key):]
+    _check_ranges(text, seen)
+
+
+_MAGNITUDE_MAX = 10  # timm's _LEVEL_DENOM: magnitudes above it are clipped to it
+
+
+def _check_ranges(text: str, values: dict[str, str]) -> None:
+    """UsageError for values timm would clip (magnitude above its maximum) or misread (a
+    probability above 1)."""
+    limit = int(values.get("mmax", _MAGNITUDE_MAX))
+    if "m" in values and int(values["m"]) > limit:
+        source = "its -mmax" if "mmax" in values else f"timm's maximum {_MAGNITUDE_MAX}"
+        raise UsageError(f"--aa {text!r}: magnitude m{values['m']} is above {source} (timm would "
+                         f"silently clip it to {limit}); use m0..m{limit}")
+    if "p" in values and float(values["p"]) > 1:
+        raise UsageError(f"--aa {text!r}: p{values['p']} is a probability: it must be in [0, 1]")
 
 
 def _parse_section(section: str, keys: dict[str, str], transform_sets: bool

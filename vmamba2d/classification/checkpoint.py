@@ -8,7 +8,7 @@ from __future__ import annotations
 import pickle
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -20,27 +20,53 @@ from .errors import UsageError
 CHECKPOINT_FORMAT = "vmamba2d.classification/1"
 
 
-def load_checkpoint_file(path: Path, *, trust: bool = False) -> Any:
+def load_checkpoint_file(path: Path, *, trust: bool = False,
+                         trust_option: Optional[str] = "--trust-checkpoint") -> Any:
     """Load a ``.pth``/``.pt``/``.safetensors`` file on CPU.
 
     ``torch.load`` runs with ``weights_only=True`` (tensors, containers, numbers, strings only)
-    unless ``trust`` is set, which the caller must have asked for explicitly.
+    unless ``trust`` is set, which the caller must have asked for explicitly. ``trust_option``:
+    the option of the calling script that sets it, named in the refusal (None: it has none).
     """
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"checkpoint not found: {path}")
+    if path.stat().st_size == 0:
+        raise UsageError(f"checkpoint {path} is empty (0 bytes)")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
         return load_file(str(path), device="cpu")
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as error:
+        cause = _weights_only_cause(error)
+        if "GLOBAL" not in cause:  # no refused object: the bytes are not a pickle torch reads
+            raise UsageError(f"checkpoint {path} is not a torch checkpoint (unreadable pickle: "
+                             f"{cause})") from error
+        how = (f"pass {trust_option} to load it with full unpickling" if trust_option else
+               "load it with torch.load(..., weights_only=False), keep its tensors and plain "
+               "values, and save those")
         raise UsageError(
             f"checkpoint {path} holds objects other than tensors and plain containers, which a "
-            f"weights_only load refuses ({str(error).splitlines()[0]}). If you trust the file, "
-            "pass --trust-checkpoint to load it with full unpickling.") from error
-    except (RuntimeError, EOFError) as error:
-        raise UsageError(f"checkpoint {path} cannot be read: {error}") from error
+            f"weights_only load refuses ({cause}). If you trust the file, {how}") from error
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
+        first = (str(error).strip().splitlines() or [""])[0]
+        raise UsageError(f"checkpoint {path} cannot be read ({type(error).__name__}"
+                         f"{': ' + first if first else ''}); a truncated or foreign "
+                         "file?") from error
+
+
+def _weights_only_cause(error: pickle.UnpicklingError) -> str:
+    """The cause in torch's multi-line weights_only message (``Unsupported global: GLOBAL
+    pathlib.PosixPath ...``, ``Trying to load unsupported GLOBAL posix.getcwd ...``,
+    ``Unsupported operand 0``) without the advice around it."""
+    advice = ("Weights only load failed", "Check the documentation", "Please file an issue",
+              "(1)", "(2)")
+    lines = [line.split("WeightsUnpickler error:", 1)[-1].strip()
+             for line in str(error).splitlines()]
+    causes = [line for line in lines if line and not line.startswith(advice)]
+    cause = causes[0] if causes else type(error).__name__
+    return re.split(r"\. Please ", cause, maxsplit=1)[0].rstrip(".")
 
 
 def is_training_checkpoint(obj: Any) -> bool:

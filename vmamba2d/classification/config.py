@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -234,6 +235,9 @@ def validate_config(cfg: TrainConfig) -> None:
         raise UsageError(f"--seed must be >= 0, got {cfg.seed}")
     for name in ("lr", "warmup_lr", "min_lr", "weight_decay", "drop_path", "smoothing", "mixup",
                  "cutmix", "reprob", "color_jitter"):
+        if not math.isfinite(float(getattr(cfg, name))):
+            raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got "
+                             f"{getattr(cfg, name)}")
         if float(getattr(cfg, name)) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
     for name in ("drop_path", "smoothing", "reprob", "mixup_prob", "mixup_switch_prob"):

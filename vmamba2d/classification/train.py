@@ -86,7 +86,7 @@ def plan_start(run: RunFolder, resume: Optional[str]) -> StartPlan:
 def load_resume_checkpoint(path: Path, cfg: TrainConfig, classes: list[str],
                            model: torch.nn.Module, logger) -> dict[str, Any]:
     """Read and validate a training checkpoint against the model, classes and recipe."""
-    checkpoint = load_checkpoint_file(path)
+    checkpoint = load_checkpoint_file(path, trust_option=None)
     if not is_training_checkpoint(checkpoint):
         raise UsageError(f"--resume {path} is not a checkpoint written by classification/train.py "
                          "(to start from pretrained weights, fine-tune from a fresh run instead)")
