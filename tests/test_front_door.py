@@ -299,3 +299,26 @@ def test_coco_file_with_fewer_categories_stops_in_one_line(tmp_path, monkeypatch
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "has 4 of the config's 80 classes" in err and "metainfo.classes" in err and "num_classes" in err
+
+
+def test_quiet_evaluation_logs_warnings_only_and_shows_a_progress_bar(capsys):
+    pytest.importorskip("mmengine")
+    from types import SimpleNamespace
+
+    from mmengine.config import Config
+    from mmengine.registry import HOOKS
+
+    from vmamba2d.openmmlab.progress import quiet_evaluation
+
+    cfg = Config(dict(log_level="INFO", custom_hooks=[dict(type="EMAHook")]))
+    quiet_evaluation(cfg)
+    assert cfg.log_level == "WARNING"
+    assert [hook["type"] for hook in cfg.custom_hooks] == ["EMAHook", "TestProgressBarHook"]
+    assert "TestProgressBarHook" in cfg.pretty_text  # the config still dumps (a class object would not)
+    hook = HOOKS.build(cfg.custom_hooks[1])
+    runner = SimpleNamespace(test_dataloader=[None] * 3)
+    hook.before_test_epoch(runner)
+    for batch in range(3):
+        hook.after_test_iter(runner, batch)
+    hook.after_test_epoch(runner)
+    assert "3/3" in capsys.readouterr().err

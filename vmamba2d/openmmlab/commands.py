@@ -32,6 +32,7 @@ from vmamba2d.training import RunFolderError, RunFolderLock
 
 from .checkpoint_match import MIN_LOAD_FROM_SHARE, MIN_TEST_SHARE, check_checkpoint_covers
 from .errors import InputError, MissingFileError
+from .progress import quiet_evaluation
 from .sample_errors import name_files_of_failing_samples
 from .runtime import (
     add_runner_arguments,
@@ -159,6 +160,9 @@ class EvaluateCommand:
         parser.add_argument("config", help="config file, or the name of a config this package ships (--list prints them)")
         parser.add_argument("checkpoint", help=self.checkpoint_help)
         parser.add_argument("--work-dir", help="folder for the evaluation log")
+        parser.add_argument("--verbose", action="store_true",
+                            help="print mmengine's whole log (environment, config, every logged iteration) "
+                                 "instead of a progress bar and the metrics")
         if self.offers_tta:
             parser.add_argument("--tta", action="store_true", help="multi-scale (0.5-1.75) + flip test")
         add_runner_arguments(parser, self.cfg_options_example)
@@ -178,6 +182,8 @@ class EvaluateCommand:
         cfg = load_config(args.config, args.cfg_options, args.launcher, work_dir)
         self.check_dataset(cfg, ("test_dataloader",))
         cfg.load_from = args.checkpoint
+        if not args.verbose:
+            quiet_evaluation(cfg)
         if tta:
             use_multiscale_flip_test(cfg)
         runner = _build_runner(cfg)
