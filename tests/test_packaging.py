@@ -140,6 +140,20 @@ def test_built_wheel_installs_and_jit_compiles_the_cpu_kernel(tmp_path):
     cached = _run([str(python), "-c", script], cwd=tmp_path, env=env)
     assert extensions.JIT_PROGRESS_LINE not in cached.stderr, cached.stderr
 
+    bin_dir = python.parent
+    assert sorted(p.name for p in bin_dir.glob("vmamba2d-*")) == sorted(SCRIPTS)
+    usage = _run([str(bin_dir / "vmamba2d-train"), "--help"], cwd=tmp_path, env=env)
+    assert usage.stdout.startswith("usage: vmamba2d-train"), usage.stdout[:200]
+    listed = _run([str(bin_dir / "vmamba2d-seg-train"), "--list"], cwd=tmp_path, env=env).stdout.split()
+    assert "upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512" in listed
+    assert all("site-packages" in path for path in listed[1::2]), listed  # the wheel's configs, not the checkout's
+    _run([str(bin_dir / "vmamba2d-tiny-data"), "data", "--only", "imagenet"], cwd=tmp_path, env=env)
+    assert (tmp_path / "data" / "imagenet" / "train").is_dir()
+    recipe = _run([str(python), "-c", "from vmamba2d.classification.config import resolve_train_config as r; "
+                   "print(r(['--config', 'vmamba2d_tiny', '--data-dir', 'data/imagenet', '--output', 'run']).drop_path)"],
+                  cwd=tmp_path, env=env)
+    assert recipe.stdout.strip() == "0.2", recipe.stdout
+
 
 def test_jit_build_finds_ninja_of_the_ninja_package_when_path_lacks_it(monkeypatch):
     monkeypatch.setattr(extensions.shutil, "which", lambda name: None)
