@@ -322,3 +322,15 @@ def test_quiet_evaluation_logs_warnings_only_and_shows_a_progress_bar(capsys):
         hook.after_test_iter(runner, batch)
     hook.after_test_epoch(runner)
     assert "3/3" in capsys.readouterr().err
+
+
+def test_missing_backbone_weights_name_both_ways_out(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("vmamba2d.seg")
+    from vmamba2d.cli import openmmlab
+
+    monkeypatch.chdir(tmp_path)
+    name = "upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512"
+    assert openmmlab.seg_train([name, "--work-dir", str(tmp_path / "work")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pretrained/vmamba2d_tiny_in1k.pth" in err
+    assert f"vmamba2d-weights {name}.py --from FILE" in err and "--from-scratch" in err

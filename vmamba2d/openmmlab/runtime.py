@@ -209,6 +209,7 @@ def check_backbone_weights(cfg: Config, from_scratch: bool = False) -> None:
     if checkpoint is not None and not osp.isfile(osp.expanduser(checkpoint)):
         raise MissingFileError(
             f"backbone ImageNet-1K weights not found: {checkpoint} (model.backbone.init_cfg.checkpoint, relative "
-            f"to {os.getcwd()}). Either put the checkpoint there (our vmamba2d / vmamba classification "
-            "checkpoints or official VMamba v2 ones), point to it with --cfg-options "
-            "model.backbone.init_cfg.checkpoint=PATH, or train the backbone from scratch with --from-scratch.")
+            f"to {os.getcwd()}). Either write it there from a downloaded VMamba v2 ImageNet checkpoint (or one of "
+            f"ours) with `vmamba2d-weights {osp.basename(cfg.filename or 'CONFIG')} --from FILE`, point to one "
+            "with --cfg-options model.backbone.init_cfg.checkpoint=PATH, or train the backbone from scratch with "
+            "--from-scratch.")
