@@ -123,11 +123,11 @@ def test_plan_rule():
     assert rows_plan(4, 4, 56, 0) == layout(56, 4, 4)
     assert astuple(rows_plan(4, 4, 56, 0)) == (4, 4, 1, 14, 2, 4)
     assert astuple(rows_plan(2, 2, 56, 0)) == (4, 4, 1, 14, 2, 4)
-    assert astuple(rows_plan(2, 2, 14, 0)) == (2, 2, 2, 7, 4, 3)
+    assert astuple(rows_plan(2, 2, 14, 0)) == (2, 2, 1, 7, 4, 3)
     assert rows_plan(2, 2, 28, 0).vec == 4 and rows_plan(4, 4, 7, 0).vec == 1
     assert astuple(rows_plan(2, 2, 200, 0)) == (8, 8, 1, 25, 1, 5)  # 4 columns need 50 lanes
     # Ragged: 33 has no divisor that fits 32 lanes; scalar accesses.
-    assert astuple(rows_plan(4, 4, 33, 0)) == (2, 1, 2, 17, 1, 5)
+    assert astuple(rows_plan(4, 4, 33, 0)) == (2, 1, 1, 17, 1, 5)
     # fp32 y of bf16 inputs needs 16-byte alignment for 4 columns; 8-byte alignment makes it scalar.
     assert rows_plan(2, 4, 56, 0, 8).load == 1 and rows_plan(2, 4, 56, 0, 16).load == 4
     assert rows_plan(2, 2, 56, 0, 8).load == 4 and rows_plan(2, 2, 56, 0, 4).load == 1
@@ -173,8 +173,8 @@ def test_vector_accesses_exactly_where_aligned(rows, dtype):
 
 @pytest.mark.parametrize("vec,load", [(1, 1), (2, 1), (2, 2), (4, 1), (8, 8), (8, 1)])
 def test_every_lane_width(rows, vec, load):
-    # bf16 at width 16: each compiled lane width with vector and scalar accesses (prefetch 2 rows
-    # below 4 columns, 1 from 4 on).
+    # bf16 at width 16: each compiled lane width with vector and scalar accesses (the emulation runs
+    # 2 rows ahead at one column per lane, 1 elsewhere).
     height, width = 7, 16
     x = make_inputs(1, 5, 1, height, width, torch.bfloat16, seed=vec * 10 + load)
     for route in (0, 7, 8):

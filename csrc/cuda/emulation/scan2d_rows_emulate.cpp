@@ -211,7 +211,9 @@ class RowsHostCtx {
 
 template <class E, int kV, int kLoad, Order kOrder, bool kFromRight>
 void run_launch(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
-  constexpr int kPrefetch = kV >= 4 ? 1 : 2;  // the plan's rule (rows_plan.py, prefetch_rows)
+  // The plan's P = 1 (rows_plan.py, prefetch_rows), except at one column per lane, where the P = 2
+  // form (a tuner's option) runs.
+  constexpr int kPrefetch = kV == 1 ? 2 : 1;
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_items(p))) {
     RowsHostCtx ctx(item, schedule, shadow);

@@ -61,8 +61,9 @@ def route_streams_rows(route: int) -> bool:
 
 
 def prefetch_rows(vec: int) -> int:
-    """P, the rows loaded ahead, for V columns per lane (the GPU entry's and the emulation's rule)."""
-    return 1 if vec >= 4 else 2
+    """P, the rows loaded ahead, for V columns per lane: 1 (see rows_plan). The kernel takes any P
+    (the emulation runs P = 2 at V = 1), a numerics-neutral knob for a tuner on a GPU."""
+    return 1
 
 
 def scan_steps(seg_lanes: int) -> int:
@@ -97,9 +98,9 @@ def rows_plan(elem_bytes: int, y_bytes: int, width: int, route: int, aligned_byt
     on sm_90: benchmarks/scan_cuda_v4_static.md); where none divides, the narrowest that fits W into
     32 lanes (the last lane of a segment is then ragged; up to 8 columns for 2-byte types). Vector
     accesses when V > 1 divides W and ``aligned_bytes`` (alignment of u, delta, B, C and y) holds a
-    vector of the inputs and of y, else scalar ones. P = 1 row ahead for V = 4 (delta, B and u of
-    the next row are loaded right after their last use, C after the row's y: a whole row of work
-    hides them), 2 for narrower lanes, whose rows are short work.
+    vector of the inputs and of y, else scalar ones. P = 1 row ahead: delta, B and u of the next row
+    are loaded right after their last use, C after the row's y, so a whole row of work hides them;
+    2 rows cost registers and 10-25% more instructions per cell (sm_90; at 4 columns they spill).
     """
     if elem_bytes not in (2, 4) or y_bytes not in (2, 4):
         raise ValueError(f"elem_bytes, y_bytes: expected 2 or 4, got {elem_bytes}, {y_bytes}")
