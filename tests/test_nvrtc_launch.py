@@ -195,3 +195,35 @@ def test_host_driver_launch_shapes_equal_the_nvcc_planner():
             assert threads == plan[f"{key}_threads"] and smem == plan[f"{key}_smem_bytes"], (shape, role)
             assert grid[0] * grid[1] * grid[2] == plan[f"{key}_blocks"], (shape, role)
             assert variant == plan[f"{key}_variant"], (shape, role)
+
+
+def test_host_driver_build_failure_is_a_reason_not_a_crash(setup):
+    from vmamba2d.ops.compiled.nvrtc_backend import NvrtcKernels
+
+    launcher, _, _, _ = setup
+
+    def no_compiler():
+        raise OSError("g++: command not found")
+
+    kernels = NvrtcKernels(launcher, host=no_compiler)
+    with pytest.raises(RuntimeError, match="host driver .* could not be built: g\\+\\+: command not found"):
+        kernels.kernel_image_available(0)
+    assert kernels.kernel_image_arch(1) == 86
+
+
+def test_host_driver_gets_launcher_and_device_limits_once(setup):
+    from vmamba2d.ops.compiled.nvrtc_backend import NvrtcKernels
+
+    launcher, _, _, _ = setup
+    calls = []
+
+    class Host:
+        def set_launcher(self, fn):
+            calls.append(("launcher", fn))
+
+        def set_device_limits(self, *limits):
+            calls.append(("limits", limits))
+
+    kernels = NvrtcKernels(launcher, host=Host)
+    assert kernels.kernel_image_available(0) and kernels.kernel_image_available(0)
+    assert calls == [("launcher", launcher), ("limits", (0, 132, 232448, 233472, 90, 1024))]

@@ -94,11 +94,21 @@ class NvrtcKernels:
         return self._prepare(u.device.index).cross_backward(u, *args)
 
     def kernel_image_available(self, device_index: int) -> bool:
-        """True when NVRTC can produce code this GPU runs (a cubin, or PTX for a newer GPU)."""
+        """True when NVRTC can produce code this GPU runs (a cubin, or PTX for a newer GPU) and the
+        host driver is built (built here on first ask, so that a failed build is a fallback with
+        its reason, not an error in the first op call).
+
+        Raises:
+            RuntimeError: the host driver could not be built (the message says why).
+        """
         try:
             self._launcher.device_info(device_index)
         except ValueError:  # older than every arch this NVRTC targets
             return False
+        try:
+            self._prepare(device_index)
+        except Exception as err:
+            raise RuntimeError(f"the NVRTC path's host driver (vmamba2d._C_nvrtc) could not be built: {err}") from err
         return True
 
     def kernel_image_arch(self, device_index: int) -> int:
