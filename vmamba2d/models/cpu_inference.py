@@ -169,14 +169,15 @@ def has_forward_hooks(module: nn.Module) -> bool:
     return any(len(hooks) > 0 for hooks in hook_dicts)
 
 
-def runs_in_chunks(blocks: nn.Module, x: Tensor, limit: int) -> bool:
-    """Whether ``blocks`` run on x in batch chunks: inference only, with a limit (> 0), in eager
+def runs_in_chunks(blocks: nn.Module, x: Tensor, chunk_bytes: Optional[int] = None) -> bool:
+    """Whether ``blocks`` run on x in batch chunks: inference only, with a limit
+    (:func:`inference_chunk_limit` of ``chunk_bytes`` > 0), in eager
     mode (traced and compiled graphs keep one call on the whole batch, no shape-dependent loop),
     and not while ``blocks`` carry forward hooks (the chunks call the blocks one by one, never
     ``blocks`` itself, so its hooks would not fire)."""
     if torch.is_grad_enabled() or torch.jit.is_tracing() or isinstance(x, torch.fx.Proxy):
         return False
-    if torch.compiler.is_compiling() or limit <= 0:
+    if torch.compiler.is_compiling() or inference_chunk_limit(x, chunk_bytes) <= 0:
         return False
     return not has_forward_hooks(blocks)
 
