@@ -125,7 +125,7 @@ def test_flags_override_the_config_and_survival_defaults():
 @pytest.mark.parametrize("change, message", [
     (lambda a: [x for i, x in enumerate(a) if i not in (0, 1)], "--feature-dir is required"),
     (lambda a: a + ["--label-csv", "/nonexistent/labels.csv"], "not found"),
-    (lambda a: a + ["--label-map", "negative=0"], "not in the label map"),
+    (lambda a: a + ["--label-map", "negative=0", "other=1"], "not in the label map"),
     (lambda a: a + ["--model-kwargs", "colour=3"], "options of mambamil2d"),
     (lambda a: a + ["--epochs", "0"], "--epochs must be >= 1"),
     (lambda a: a + ["--amp", "bf16"], "autocast is for GPUs"),
@@ -136,16 +136,22 @@ def test_flags_override_the_config_and_survival_defaults():
     (lambda a: a + ["--grid", "placement=diagonal"], "--grid"),
     (lambda a: a + ["--loss-weights", "instance=0.3"], "--loss-weights: loss term 'instance' is not one of"),
     (lambda a: a + ["--loss-weights", "slide=-1"], "must be a number >= 0"),
+    (lambda a: a + ["--lr", "nan"], "--lr must be a finite number, got nan"),
+    (lambda a: a + ["--lr", "inf"], "--lr must be a finite number, got inf"),
+    (lambda a: a + ["--label-map", "negative=0", "positive=0"], "a classifier needs at least 2 classes"),
+    (lambda a: a + ["--label-csv", "{data}/binary.csv"], "binary.csv: not a UTF-8 text CSV table"),
 ])
 def test_bad_input_is_named_before_anything_is_written(dataset, tmp_path, capsys, change,
                                                        message):
     rows = list(csv.reader(open(dataset / "labels.csv")))[1:]
     write_labels(dataset / "no_test.csv", [r for r in rows if r[2] != "test"])
     write_labels(dataset / "missing_slide.csv", rows + [["ghost", "positive", "train"]])
+    (dataset / "binary.csv").write_bytes(bytes(range(128, 256)) * 4)
     output = tmp_path / "run"
     args = [a.replace("{data}", str(dataset)) for a in change(train_args(dataset, output))]
     assert train_main(args) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
     assert not output.exists()
 
 
@@ -312,12 +318,32 @@ def test_config_model_kwargs_belong_to_the_config_model():
         "dim"] == 128
 
 
+class _Payload:
+    def __reduce__(self):
+        return (print, ("ran",))
+
+
 def test_eval_cli_bad_checkpoint(tmp_path, capsys):
     assert eval_main(["--checkpoint", str(tmp_path / "none.pth")]) == 2
     assert "not found" in capsys.readouterr().err
     torch.save({"model": {}}, tmp_path / "foreign.pth")
     assert eval_main(["--checkpoint", str(tmp_path / "foreign.pth")]) == 2
     assert "not written by mil/train.py" in capsys.readouterr().err
+    torch.save({"model": _Payload()}, tmp_path / "payload.pth")
+    assert eval_main(["--checkpoint", str(tmp_path / "payload.pth")]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert "Unsupported global: GLOBAL print" in line and "Please" not in line, line
+    assert "ran" not in captured.out
+
+
+def test_eval_predictions_path_is_checked_before_evaluating(reference_run, tmp_path, capsys):
+    checkpoint = str(reference_run / "seed3" / "best.pth")
+    for target, message in ((tmp_path / "no" / "p.csv", f"folder {tmp_path / 'no'} does not exist"),
+                            (tmp_path, "is a folder")):
+        assert eval_main(["--checkpoint", checkpoint, "--predictions", str(target), "--no-progress"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("mil/eval.py: error: --predictions") and message in line, line
 
 
 # --- exact resume ------------------------------------------------------------------------------
@@ -522,3 +548,12 @@ def test_threads_option_is_restored_after_the_run(dataset, tmp_path):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_predictions_csv_is_replaced_atomically(tmp_path):
+    path = tmp_path / "predictions.csv"
+    runner.write_predictions(path, [{"slide_id": "a", "prob": 0.5}])
+    before = path.read_text()
+    with pytest.raises(ValueError):  # a row that does not fit the columns fails the write
+        runner.write_predictions(path, [{"slide_id": "b", "prob": 0.1}, {"slide_id": "c", "x": 1}])
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["predictions.csv"]

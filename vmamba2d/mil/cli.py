@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -64,10 +65,31 @@ def _load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unreadable / truncated / foreign pickles
-        raise UsageError(f"--checkpoint {path} cannot be read: {error}") from error
+        raise UsageError(f"--checkpoint {path} cannot be read: {_load_error_cause(error)}; "
+                         "nothing of it was run") from error
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise UsageError(f"--checkpoint {path} was not written by mil/train.py")
     return checkpoint
+
+
+def _load_error_cause(error: Exception) -> str:
+    """One line of a failed ``torch.load``: the cause of a weights_only refusal (``Unsupported
+    global: ...``) without torch's advice around it, else the type and first line."""
+    advice = ("Weights only load failed", "Check the documentation", "Please file an issue",
+              "(1)", "(2)")
+    lines = [line.split("WeightsUnpickler error:", 1)[-1].strip()
+             for line in str(error).splitlines()]
+    causes = [line for line in lines if line and not line.startswith(advice)]
+    cause = re.split(r"\. Please ", causes[0], maxsplit=1)[0].rstrip(".") if causes else ""
+    return f"{type(error).__name__}: {cause}".rstrip(": ")
+
+
+def check_predictions_path(path: Path) -> None:
+    """UsageError, before anything is evaluated, when ``--predictions`` cannot be written."""
+    if path.is_dir():
+        raise UsageError(f"--predictions {path} is a folder; give a CSV file name")
+    if not path.parent.is_dir():
+        raise UsageError(f"--predictions {path}: folder {path.parent} does not exist")
 
 
 def _eval_entries(cfg: MILConfig, checkpoint: dict[str, Any], split: str):
@@ -111,6 +133,8 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
     setup_logging()
     args = build_eval_parser().parse_args(argv)
     try:
+        if args.predictions:
+            check_predictions_path(Path(args.predictions))
         checkpoint = _load_checkpoint(Path(args.checkpoint))
         saved = {k: v for k, v in checkpoint["config"].items() if k in FIELD_NAMES}
         overrides = {k: getattr(args, k) for k in ("feature_dir", "label_csv", "split_csv")

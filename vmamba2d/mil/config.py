@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -187,6 +188,8 @@ def validate_config(cfg: MILConfig) -> None:
     if cfg.threads is not None and cfg.threads < 1:
         raise bad("threads", f"must be >= 1, got {cfg.threads}")
     for name in ("lr", "weight_decay", "min_lr"):
+        if not math.isfinite(float(getattr(cfg, name))):
+            raise bad(name, f"must be a finite number, got {getattr(cfg, name)}")
         if float(getattr(cfg, name)) < 0:
             raise bad(name, f"must be >= 0, got {getattr(cfg, name)}")
     if not 0.0 <= cfg.alpha <= 1.0:
@@ -214,6 +217,9 @@ def validate_config(cfg: MILConfig) -> None:
                     cfg.label_map.values()))))):
             raise bad("label_map", f"must map labels to class indices 0..C-1 (each used), got "
                                    f"{cfg.label_map!r}")
+        if len(set(cfg.label_map.values())) < 2:
+            raise bad("label_map", f"maps every label to one class ({cfg.label_map!r}): a "
+                                   "classifier needs at least 2 classes")
     if cfg.drop_unmapped_labels and cfg.label_map is None:
         raise bad("drop_unmapped_labels", "needs --label-map (which labels to keep)")
     if cfg.split_fractions is not None:

@@ -493,13 +493,17 @@ def _read_rows(path: PathLike, required: Sequence[str]) -> list[dict[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"table not found: {path}")
-    with path.open(newline="", encoding="utf-8-sig") as handle:
-        reader = csv.DictReader(handle)
-        columns = reader.fieldnames or []
-        missing = [c for c in required if c not in columns]
-        if missing:
-            raise SlideDataError(f"{path}: missing column(s) {missing}; found {columns}")
-        return list(reader)
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle)
+            columns = reader.fieldnames or []
+            missing = [c for c in required if c not in columns]
+            if missing:
+                raise SlideDataError(f"{path}: missing column(s) {missing}; found {columns}")
+            return list(reader)
+    except UnicodeDecodeError as error:
+        raise SlideDataError(f"{path}: not a UTF-8 text CSV table (byte {error.start}: "
+                             f"{error.reason})") from None
 
 
 def _normalise_split(value: Optional[str], path: Path, line: int) -> Optional[str]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import inspect
+import io
 import json
 import logging
 import math
@@ -285,11 +286,12 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_predictions(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Per-slide predictions as CSV (columns = the keys of the first row)."""
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    """Per-slide predictions as CSV (columns = the keys of the first row), written atomically."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    _atomic_write_text(path, text.getvalue())
 
 
 def build_optimisation(cfg: MILConfig, model: torch.nn.Module, device: torch.device):

@@ -46,11 +46,15 @@ class RunSplits:
 
 
 def _label_texts(path: Path, column: str) -> list[str]:
-    with open(path, newline="", encoding="utf-8-sig") as handle:
-        reader = csv.DictReader(handle)
-        if column not in (reader.fieldnames or []):
-            raise SlideDataError(f"{path}: missing column {column!r}; found {reader.fieldnames}")
-        return [row[column].strip() for row in reader]
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle)
+            if column not in (reader.fieldnames or []):
+                raise SlideDataError(f"{path}: missing column {column!r}; found {reader.fieldnames}")
+            return [row[column].strip() for row in reader]
+    except UnicodeDecodeError as error:
+        raise SlideDataError(f"{path}: not a UTF-8 text CSV table (byte {error.start}: "
+                             f"{error.reason})") from None
 
 
 def classification_entries(cfg: MILConfig) -> tuple[list[SlideEntry], dict[str, int], list[str]]:
