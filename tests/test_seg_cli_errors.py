@@ -187,3 +187,33 @@ def test_an_empty_dataset_file_is_refused_before_anything_is_written(ade_root, t
     assert _error_lines(capsys) == [f"train.py: error: val_dataloader: {data / 'annotations/validation/im0.png'} "
                                     "is empty (0 bytes); restore or remove it"]
     assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("option, message", [
+    ("train_dataloader.batch_size=0", "train_dataloader.batch_size must be a positive int, got 0"),
+    ("optim_wrapper.optimizer.lr=nan", "optim_wrapper.optimizer.lr must be a finite number >= 0, got nan"),
+    ("train_cfg.max_iters=-1", "train_cfg.max_iters must be a positive int, got -1"),
+    ("model.backbone.colour=3", "model.backbone: VMamba2DBackbone takes no colour (it takes "),
+])
+def test_train_options_mmengine_would_fail_on_are_refused_in_one_line(ade_root, tmp_path, capsys, option, message):
+    capsys.readouterr()
+    assert _load_script("train").main([str(TINY_CONFIG), "--work-dir", str(tmp_path / "work"), "--cfg-options",
+                                       *_run_options(ade_root, max_iters=2), option]) == 2
+    (line,) = _error_lines(capsys)
+    assert line.startswith(f"train.py: error: {message}"), line
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_config_syntax_error_and_a_file_as_work_dir_are_one_line(ade_root, tmp_path, capsys):
+    broken = tmp_path / "broken.py"
+    broken.write_text(f"_base_ = [{str(TINY_CONFIG)!r}]\nmodel = dict(\n")
+    capsys.readouterr()
+    assert _load_script("train").main([str(broken), "--work-dir", str(tmp_path / "work")]) == 2
+    (line,) = _error_lines(capsys)
+    assert line.startswith(f"train.py: error: config file {broken} is not valid Python: "), line
+    in_the_way = tmp_path / "file"
+    in_the_way.write_text("not a folder")
+    assert _load_script("train").main([str(TINY_CONFIG), "--work-dir", str(in_the_way), "--cfg-options",
+                                       *_run_options(ade_root, max_iters=2)]) == 2
+    assert _error_lines(capsys) == [f"train.py: error: --work-dir {in_the_way}: a file is in the way (a folder "
+                                    "is needed)"]

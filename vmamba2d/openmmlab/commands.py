@@ -37,6 +37,7 @@ from .sample_errors import name_files_of_failing_samples
 from .runtime import (
     add_runner_arguments,
     check_backbone_weights,
+    check_training_options,
     enable_amp,
     load_config,
     metrics_summary,
@@ -105,6 +106,7 @@ class TrainCommand:
         args = self.parse_args(argv)
         name_files_of_failing_samples()  # a bad image / annotation met in training: one line naming it
         cfg = load_config(args.config, args.cfg_options, args.launcher, args.work_dir)
+        check_training_options(cfg)
         check_backbone_weights(cfg, from_scratch=args.from_scratch)
         self.check_dataset(cfg, ("train_dataloader", "val_dataloader"))
         if args.amp:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import math
 import numbers
 import os
 import os.path as osp
@@ -45,7 +47,11 @@ def load_config(path: str, cfg_options: Optional[dict] = None, launcher: str = "
     if not osp.isfile(path):
         raise MissingFileError(f"config file not found: {path}")
     # yapf formatting of the config text (for logs and the dumped copy) is cosmetic and costs seconds
-    cfg = Config.fromfile(path, format_python_code=False)
+    try:
+        cfg = Config.fromfile(path, format_python_code=False)
+    except SyntaxError as error:
+        detail = " ".join(str(error).split())
+        raise InputError(f"config file {path} is not valid Python: {detail}") from None
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     cfg.launcher = launcher
@@ -125,6 +131,36 @@ def check_json_file(name: str, path: Path, parse_limit: int = FULL_JSON_CHECK_BY
     if (head, tail) not in ((b"{", b"}"), (b"[", b"]")):
         raise BadDataError(f"{name}: annotation file {path} ({size} bytes) does not end its JSON "
                            f"{'object' if head == b'{' else 'text'}; it is truncated or not JSON: restore it")
+
+
+def check_training_options(cfg: Config) -> None:
+    """InputError in one line, before anything is built or written, for training options mmengine
+    would fail on with a traceback (batch size 0, a NaN learning rate) or silently run without
+    training (``max_iters=-1``), and for backbone arguments VMamba2DBackbone does not take."""
+    batch_size = (cfg.get("train_dataloader") or {}).get("batch_size")
+    if batch_size is not None and not _positive_int(batch_size):
+        raise InputError(f"train_dataloader.batch_size must be a positive int, got {batch_size!r}")
+    lr = ((cfg.get("optim_wrapper") or {}).get("optimizer") or {}).get("lr")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, numbers.Real)
+                           or not math.isfinite(lr) or lr < 0):
+        raise InputError(f"optim_wrapper.optimizer.lr must be a finite number >= 0, got {lr!r}")
+    train_cfg = cfg.get("train_cfg") or {}
+    for key in ("max_iters", "max_epochs"):
+        if key in train_cfg and not _positive_int(train_cfg[key]):
+            raise InputError(f"train_cfg.{key} must be a positive int, got {train_cfg[key]!r}")
+    backbone = (cfg.get("model") or {}).get("backbone") or {}
+    if str(backbone.get("type", "")).split(".")[-1] == "VMamba2DBackbone":
+        from .backbone import VMamba2DBackbone
+
+        accepted = set(inspect.signature(VMamba2DBackbone).parameters)
+        unknown = sorted(set(backbone) - accepted - {"type"})
+        if unknown:
+            raise InputError(f"model.backbone: VMamba2DBackbone takes no {', '.join(unknown)} (it takes "
+                             f"{', '.join(sorted(accepted))}; timm model options go in model_kwargs)")
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def leaf_datasets(dataset: Mapping) -> List[Mapping]:
