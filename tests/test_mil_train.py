@@ -557,3 +557,30 @@ def test_predictions_csv_is_replaced_atomically(tmp_path):
     with pytest.raises(ValueError):  # a row that does not fit the columns fails the write
         runner.write_predictions(path, [{"slide_id": "b", "prob": 0.1}, {"slide_id": "c", "x": 1}])
     assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["predictions.csv"]
+
+
+def test_a_full_disk_stops_training_in_one_line_and_keeps_the_last_commit(dataset, tmp_path, capsys,
+                                                                         monkeypatch):
+    import errno
+
+    from vmamba2d.training import run_folder
+
+    output = tmp_path / "run"
+    save = run_folder.atomic_torch_save
+    calls = []
+
+    def full_after_the_first_epoch(obj, path):
+        calls.append(path)
+        if obj.get("epoch", 0) >= 1:  # the second epoch's best / last
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        save(obj, path)
+
+    monkeypatch.setattr(run_folder, "atomic_torch_save", full_after_the_first_epoch)
+    assert train_main(train_args(dataset, output, epochs=3)) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith(f"mil/train.py: error: cannot write into {output}: No space left on device"), line
+    assert "intact" in line
+    monkeypatch.undo()
+    kept = torch.load(output / "seed3" / "last.pth", weights_only=True)
+    assert kept["epoch"] == 0
+    assert train_main(train_args(dataset, output, epochs=3) + ["--resume"]) == 0  # continues once there is room

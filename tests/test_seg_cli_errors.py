@@ -217,3 +217,21 @@ def test_a_config_syntax_error_and_a_file_as_work_dir_are_one_line(ade_root, tmp
                                        *_run_options(ade_root, max_iters=2)]) == 2
     assert _error_lines(capsys) == [f"train.py: error: --work-dir {in_the_way}: a file is in the way (a folder "
                                     "is needed)"]
+
+
+def test_a_full_disk_while_checkpointing_is_one_line(ade_root, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend
+
+    def full(self, obj, filepath):
+        raise OSError(errno.ENOSPC, "No space left on device", f"{filepath}")
+
+    monkeypatch.setattr(AtomicLocalBackend, "put", full)
+    work = tmp_path / "work"
+    capsys.readouterr()
+    assert _load_script("train").main([str(TINY_CONFIG), "--work-dir", str(work), "--cfg-options",
+                                       *_run_options(ade_root, max_iters=2)]) == 2
+    (line,) = _error_lines(capsys)
+    assert line.startswith(f"train.py: error: cannot write into {work}: No space left on device ("), line
+    assert not (work / "last_checkpoint").exists()

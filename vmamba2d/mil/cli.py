@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ..training.checkpoint import storage_error_message
 from .config import FIELD_NAMES, MILConfig, UsageError, resolve_train_config
 from .data import SlideDataError, SlideDataset, SlideEntry, read_survival_csv
 from .engine import evaluate
@@ -26,10 +27,18 @@ def train_main(argv: Optional[Sequence[str]] = None) -> int:
     """``mil/train.py``: returns the exit code (2 for bad input, nothing written then; 1 for a
     diverged run, whose last checkpoint stays intact)."""
     setup_logging()
+    cfg = None
     try:
-        train(resolve_train_config(argv))
+        cfg = resolve_train_config(argv)
+        train(cfg)
     except UsageError as error:
         print(f"mil/train.py: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        message = storage_error_message(error, cfg.output) if cfg is not None else None
+        if message is None:
+            raise
+        print(f"mil/train.py: error: {message} (--resume)", file=sys.stderr)
         return 2
     except FloatingPointError as error:
         print(f"mil/train.py: error: {error}. Lower --lr or train with --amp none, then continue "

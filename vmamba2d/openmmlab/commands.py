@@ -15,6 +15,7 @@ import contextlib
 import importlib
 import logging
 import os
+import os.path as osp
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from vmamba2d.training import RunFolderError, RunFolderLock
+from vmamba2d.training.checkpoint import storage_error_message
 
 from .checkpoint_match import MIN_LOAD_FROM_SHARE, MIN_TEST_SHARE, check_checkpoint_covers
 from .errors import InputError, MissingFileError
@@ -64,6 +66,12 @@ def _exit_code(program: str, run: Callable[[], object], reported: Tuple[Type[Bas
         run()
     except reported as error:
         print(f"{program}: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # disk full / read-only: one line when the storage is the cause
+        message = storage_error_message(error, osp.dirname(error.filename or "") or "the work dir")
+        if message is None:
+            raise
+        print(f"{program}: error: {message} (--resume)", file=sys.stderr)
         return 2
     return 0
 

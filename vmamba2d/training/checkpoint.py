@@ -7,11 +7,12 @@ deletes those on the next start.
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Optional
 
 import numpy as np
 import torch
@@ -82,6 +83,22 @@ def atomic_second_name(source: Path, target: Path) -> None:
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """``torch.save`` to ``path`` via a temp file in the same folder + fsync + ``os.replace``."""
     atomic_write(Path(path), lambda handle: torch.save(obj, handle))
+
+
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""Write failures of the storage itself (disk full, quota, read-only file system)."""
+
+
+def storage_error_message(error: OSError, folder: Path | str) -> Optional[str]:
+    """One line for a write that failed because of the storage (:data:`STORAGE_ERRNOS`), naming
+    ``folder`` and the file; None for any other error. Atomic writes leave the previous files as
+    they were, so the run continues from its last commit once there is room."""
+    if error.errno not in STORAGE_ERRNOS:
+        return None
+    where = f" ({error.filename})" if error.filename else ""
+    return (f"cannot write into {folder}: {error.strerror or os.strerror(error.errno)}{where}; "
+            "what was saved before is intact: make room (or make the folder writable), then "
+            "continue the run with its resume option")
 
 
 def remove_stale_temp_files(folder: Path) -> list[Path]:
