@@ -140,6 +140,9 @@ SS2D_UNROLL
     const auto C = ctx.global(static_cast<const Raw*>(p.C), bcount);
     const auto y_t = ctx.global(static_cast<Raw*>(p.y), p.y_fp32 ? 0 : maps * L);
     const auto y_f = ctx.global(static_cast<float*>(p.y), p.y_fp32 ? maps * L : 0);
+    const auto A = ctx.global(p.A, p.dim);
+    const auto bias = ctx.global(p.delta_bias, p.delta_bias != nullptr ? p.dim : 0);
+    const auto skip = ctx.global(p.D, p.D != nullptr ? p.dim : 0);
     // Each lane's views at its first column: of the inputs in the row loaded next (P rows ahead of
     // the one being scanned; the first P rows are loaded relative to it), of y in the row being
     // scanned; they move one row per row.
@@ -180,9 +183,9 @@ SS2D_UNROLL
       lane_d[q] = ctx.offset(delta, (static_cast<long long>(b) * p.delta_planes + d) * L + first_row + col + ahead);
       lane_b[q] = ctx.offset(B, (static_cast<long long>(b) * p.bc_planes + g) * L + first_row + col + ahead);
       lane_c[q] = ctx.offset(C, (static_cast<long long>(b) * p.bc_planes + g) * L + first_row + col + ahead);
-      l.a2 = p.A[d] * kLog2e;
-      l.bias = p.delta_bias != nullptr ? p.delta_bias[d] : 0.f;
-      l.skip = p.D != nullptr ? p.D[d] : 0.f;
+      l.a2 = ctx.read(A, d) * kLog2e;
+      l.bias = p.delta_bias != nullptr ? ctx.read(bias, d) : 0.f;
+      l.skip = p.D != nullptr ? ctx.read(skip, d) : 0.f;
       l.carry = 0.f;
 SS2D_UNROLL
       for (int k = 0; k < kV; ++k) l.above[k] = 0.f;

@@ -70,6 +70,10 @@ struct RowsDeviceCtx {
   SS2D_HD SS2D_INLINE V* global(V* ptr, long long) const {
     return ptr;
   }
+  template <class V>
+  SS2D_HD SS2D_INLINE V read(const V* ptr, int i) const {
+    return ptr[i];
+  }
   // The view of the elements from ptr + at on (negative indices reach back before it).
   template <class V>
   SS2D_HD SS2D_INLINE V* offset(V* ptr, long long at) const {

@@ -150,6 +150,13 @@ class RowsHostCtx {
     return moved;
   }
 
+  template <class V>
+  std::remove_const_t<V> read(const HostView<V>& view, int64_t at) const {
+    std::remove_const_t<V> v;
+    load<1>(view, at, &v);
+    return v;
+  }
+
   template <int kCount, class V>
   void load(const HostView<V>& view, int64_t at, std::remove_const_t<V>* dst) const {
     const int64_t i = view.origin + at;
@@ -301,6 +308,9 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   TORCH_CHECK(A.size(0) == dim && A.size(1) == 1, "A: expected (dim, 1), got ", A.sizes());
   if (D) check_input(*D, "D", at::kFloat, 1);
   if (delta_bias) check_input(*delta_bias, "delta_bias", at::kFloat, 1);
+  TORCH_CHECK(!D || D->size(0) == dim, "D: expected (dim,) = (", dim, ",), got ", D->sizes());
+  TORCH_CHECK(!delta_bias || delta_bias->size(0) == dim, "delta_bias: expected (", dim, ",), got ",
+              delta_bias->sizes());
 
   at::Tensor y = at::full({batch, dim, length}, std::numeric_limits<float>::quiet_NaN(),
                           u.options().dtype(y_fp32 ? at::kFloat : type));
