@@ -18,6 +18,9 @@ BUILD_ROOT = REPO / "build" / "emulation"
 # The v4 row-streaming kernels' emulation. Emulation sources live in csrc/cuda/emulation, outside
 # the folder setup.py globs for the nvcc-built extension.
 ROWS_SOURCES = ("emulation/scan2d_rows_emulate.cpp",)
+# The v3 kernels' emulation, race detector and launch planner (_emulate_*, _launch_plan, ...: the
+# bindings vmamba2d._C_cuda has too, csrc/cuda/scan2d_emulation_bindings.h).
+V3_SOURCES = ("emulation/scan2d_v3_emulation_module.cpp", "selective_scan_2d_emulate.cpp")
 
 
 def build_emulation(name: str, sources: Sequence[str], extra_cflags: Sequence[str] = ("-O1",)):
@@ -54,3 +57,9 @@ def build_emulation(name: str, sources: Sequence[str], extra_cflags: Sequence[st
 def rows_emulation():
     """The RS emulation module (rows_forward, rows_plan, rows_vector_accesses, rows_self_check)."""
     return build_emulation("vmamba2d_rows_emulation", ROWS_SOURCES)
+
+
+@functools.lru_cache(maxsize=None)
+def v3_emulation():
+    """The v3 emulation module (the _emulate_* / _launch_plan / _softplus ... functions of _C_cuda)."""
+    return build_emulation("vmamba2d_v3_emulation", V3_SOURCES)
