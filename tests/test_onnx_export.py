@@ -261,3 +261,42 @@ def test_cli_exports_a_mil_checkpoint_that_matches_eager_on_bags(tmp_path, capsy
     for features, coords in (random_bag(8, 2, (1, 2)), random_bag(8, 9, (9, 1), seed=1),
                              random_bag(8, 23, (4, 7), seed=2), one_patch):
         assert mil_max_relative_error(model, None, features, coords, session) <= TOLERANCE
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("ran",))
+
+
+def test_cli_reports_bad_checkpoints_and_model_arguments_in_one_line(tmp_path, capsys):
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(bytes(range(256)) * 8)
+    payload = tmp_path / "payload.pth"
+    torch.save({"model": _Payload()}, payload)
+    wrong_dims = tmp_path / "wrong_dims.pth"
+    torch.save(create("vmamba_tiny", dims=8).state_dict(), wrong_dims)
+    small = ["--model-kwargs", "depths=[1,1]", "dims=16"]
+    cases = [
+        (["vmamba_tiny", "m.onnx", "--checkpoint", str(garbage), *small], "RuntimeError|UnpicklingError"),
+        (["vmamba_tiny", "m.onnx", "--checkpoint", str(payload), *small], "Unsupported globals?: (GLOBAL )?(builtins\\.)?print"),
+        (["vmamba_tiny", "m.onnx", "--checkpoint", str(wrong_dims), *small], "size mismatch|shape"),
+        (["vmamba_tiny", "m.onnx", "--model-kwargs", "colour=3"], "colour"),
+        (["mambamil2d", "m.onnx", "--model-kwargs", "in_dim=0", "num_classes=2"], "in_dim"),
+    ]
+    for argv, message in cases:
+        argv[1] = str(tmp_path / argv[1])
+        assert export_onnx_cli.main(argv) == 2, argv
+        captured = capsys.readouterr()
+        (line,) = captured.err.strip().splitlines()
+        assert line.startswith(f"error: {argv[0]}") and re.search(message, line), line
+        assert "ran" not in captured.out
+    assert not (tmp_path / "m.onnx").exists()
+    assert export_onnx_cli.main(["vmamba2d_tiny", str(tmp_path / "m.onnx"), "--opset", "99"]) == 2
+    assert capsys.readouterr().err.startswith("error: --opset 99: the installed onnx knows opsets up to ")
+
+
+def test_cli_refuses_an_output_path_it_cannot_write(tmp_path, capsys):
+    for out, message in ((tmp_path, "(a folder)"), (tmp_path / "no" / "m.onnx", f"(no folder {tmp_path / 'no'})")):
+        with pytest.raises(SystemExit) as exit_info:
+            export_onnx_cli.parse_args(["vmamba2d_tiny", str(out)])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -84,6 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--bench batch sizes, --iters and --threads must be positive")
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():
         parser.error(f"--checkpoint must be an existing file, got {args.checkpoint!r}")
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        parser.error(f"out must be a file in an existing folder, got {args.out!r}"
+                     + (" (a folder)" if out.is_dir() else f" (no folder {out.parent})"))
     try:
         args.model_kwargs = parse_key_values(args.model_kwargs, "--model-kwargs")
     except ValueError as error:
@@ -199,6 +203,17 @@ def bench_mil(model: torch.nn.Module, path: Path, bags: list[int], threads: int 
               f"eager PyTorch {eager * 1e3:.1f} ms per slide (onnxruntime / eager = {eager / onnx:.2f}x)")
 
 
+def _one_line(error: BaseException) -> str:
+    """``'<Type>: <cause>'`` of a model-building error, without torch's multi-line advice."""
+    advice = ("Weights only load failed", "Check the documentation", "Please file an issue", "(1)", "(2)")
+    lines = [line.split("WeightsUnpickler error:", 1)[-1].strip() for line in str(error).splitlines()]
+    causes = [line for line in lines if line and not line.startswith(advice)]
+    cause = causes[0] if causes else ""
+    if len(causes) > 1 and cause.endswith(":"):  # e.g. 'Error(s) in loading state_dict for VMamba:'
+        cause = f"{cause} {causes[1]}"
+    return f"{type(error).__name__}: {cause}".rstrip(": ")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -206,7 +221,19 @@ def main(argv: list[str] | None = None) -> int:
     except MissingOnnxExtraError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    model = create_model(args)
+    import onnx
+
+    if args.opset is not None and args.opset > onnx.defs.onnx_opset_version():
+        print(f"error: --opset {args.opset}: the installed onnx knows opsets up to "
+              f"{onnx.defs.onnx_opset_version()}", file=sys.stderr)
+        return 2
+    try:
+        model = create_model(args)
+    except (RuntimeError, TypeError, ValueError, KeyError, EOFError, OSError) as error:
+        # unreadable, refused or foreign checkpoints, wrong shapes, unknown or bad model arguments
+        print(f"error: {args.model}{' --checkpoint ' + args.checkpoint if args.checkpoint else ''}: "
+              f"{_one_line(error)}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     if args.model == MIL_MODEL:
         path = export_mil_onnx(model, args.out, opset=args.opset)
