@@ -35,6 +35,16 @@ def test_model_widths_hold_the_budgets(dtype):
     assert report.budget_failures(rows) == []
 
 
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("route", [1, 4, 8])  # from_right, columns first, flat
+def test_other_routes_fit_the_registers(route):
+    rows = report.run(NVCC, DISASSEMBLER, ["sm_90"], ["fp32", "bf16"], [56], route)
+    for r in rows:
+        assert r.registers <= report.MAX_REGISTERS and r.spill_bytes == 0 and r.stack_bytes == 0, r
+        assert r.barriers == 0 and r.per_cell_channel is not None, r
+
+
 def test_budgets_catch_what_they_hold():
     row = report.Row("sm_90", "fp32", 56, 4, 1, 2, registers=72, spill_bytes=8, stack_bytes=8, barriers=1,
                      loop_instructions=200.0, per_cell_channel=57.1, resident_warps=24, in_flight_kib=40.0)

@@ -96,13 +96,13 @@ def _elem_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
-def plan_for(dtype: str, width: int):
+def plan_for(dtype: str, width: int, route: int = 0):
     import torch
 
     size = _elem_bytes(dtype)
-    plan = rows_plan_module.rows_plan(size, size, width, 0, 16)
+    plan = rows_plan_module.rows_plan(size, size, width, route, 16)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    return plan, plan.defines(torch_dtype, 0)
+    return plan, plan.defines(torch_dtype, route)
 
 
 def compile_cubin(nvcc: str, arch: str, defines: dict[str, int], workdir: Path) -> tuple[Path, str]:
@@ -139,8 +139,8 @@ def streaming_loop(instructions, labels):
     return blocks, body, fallback
 
 
-def analyse(nvcc: str, disassembler: str, arch: str, dtype: str, width: int, workdir: Path) -> Row:
-    plan, defines = plan_for(dtype, width)
+def analyse(nvcc: str, disassembler: str, arch: str, dtype: str, width: int, workdir: Path, route: int = 0) -> Row:
+    plan, defines = plan_for(dtype, width, route)
     cubin, log = compile_cubin(nvcc, arch, defines, workdir)
     kernels = [k for k in ptxas_report.parse_ptxas(log, ENTRY.name, arch) if k.entry]
     if len(kernels) != 1:
@@ -170,9 +170,10 @@ def analyse(nvcc: str, disassembler: str, arch: str, dtype: str, width: int, wor
                res.spill_stores + res.spill_loads, res.stack_bytes, barriers, loop, per_cell, warps, in_flight)
 
 
-def run(nvcc: str, disassembler: str, archs, dtypes, widths) -> list[Row]:
+def run(nvcc: str, disassembler: str, archs, dtypes, widths, route: int = 0) -> list[Row]:
+    """One Row per (arch, dtype, width) for the route code's instance (budgets: route 0's)."""
     with tempfile.TemporaryDirectory() as tmp:
-        return [analyse(nvcc, disassembler, a, d, w, Path(tmp)) for a in archs for d in dtypes for w in widths]
+        return [analyse(nvcc, disassembler, a, d, w, Path(tmp), route) for a in archs for d in dtypes for w in widths]
 
 
 def budget_failures(rows: list[Row]) -> list[str]:
