@@ -30,8 +30,10 @@ class Driver:
         from cuda.bindings import driver
 
         self._driver = driver
+        self._check(driver.cuInit(0), "cuInit")  # idempotent; torch's runtime has usually done it
 
-    def _check(self, result, what: str):
+    @staticmethod
+    def _check(result, what: str):
         status, *values = result if isinstance(result, tuple) else (result,)
         if int(status) != 0:
             raise RuntimeError(f"vmamba2d: {what} failed: {status!r}")
@@ -39,7 +41,8 @@ class Driver:
 
     def device_attribute(self, device: int, name: str) -> int:
         attribute = getattr(self._driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
-        return int(self._check(self._driver.cuDeviceGetAttribute(attribute, device), f"cuDeviceGetAttribute({name})"))
+        value = self._driver.cuDeviceGetAttribute(attribute, self._driver.CUdevice(device))
+        return int(self._check(value, f"cuDeviceGetAttribute({name})"))
 
     def load_module(self, image: bytes):
         return self._check(self._driver.cuModuleLoadData(image), "cuModuleLoadData")
