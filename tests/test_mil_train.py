@@ -136,6 +136,7 @@ def test_flags_override_the_config_and_survival_defaults():
     (lambda a: a + ["--grid", "placement=diagonal"], "--grid"),
     (lambda a: a + ["--loss-weights", "instance=0.3"], "--loss-weights: loss term 'instance' is not one of"),
     (lambda a: a + ["--loss-weights", "slide=-1"], "must be a number >= 0"),
+    (lambda a: a + ["--model-kwargs", "dim=16", "d_state=100000"], "the model fails on a test bag: A has N=100000"),
     (lambda a: a + ["--lr", "nan"], "--lr must be a finite number, got nan"),
     (lambda a: a + ["--lr", "inf"], "--lr must be a finite number, got inf"),
     (lambda a: a + ["--label-map", "negative=0", "positive=0"], "a classifier needs at least 2 classes"),

@@ -221,8 +221,24 @@ def plan_runs(cfg: MILConfig) -> tuple[list[RunPlan], int, list[BadSlide]]:
             if start.continues:
                 check_resumable(plan)
             plans.append(plan)
-    loss_weights(cfg, make_model(cfg, in_dim, plans[0].splits.num_classes))  # bad options fail here
+    model = make_model(cfg, in_dim, plans[0].splits.num_classes)
+    loss_weights(cfg, model)  # bad options fail here
+    probe_model(cfg, model, in_dim)
     return plans, in_dim, bad
+
+
+def probe_model(cfg: MILConfig, model: torch.nn.Module, in_dim: int) -> None:
+    """Run the model once on a 2 x 2 bag of zeros (CPU) before anything is written, so that
+    ``model_kwargs`` the layers accept but cannot run with (e.g. a ``d_state`` above what the scan
+    supports) fail as a UsageError instead of after config.yaml and run.json are written."""
+    features = torch.zeros(4, in_dim)
+    coords = torch.tensor([[0, 0], [1, 0], [0, 1], [1, 1]])
+    try:
+        with torch.no_grad():
+            model.eval()(features, coords, grid_size=(2, 2))
+    except (ValueError, RuntimeError) as error:
+        raise UsageError(f"--model {cfg.model} --model-kwargs {cfg.model_kwargs}: the model fails on a "
+                         f"test bag: {(str(error).strip().splitlines() or [''])[0]}") from error
 
 
 def foreign_run_kind(output: Path) -> Optional[str]:
