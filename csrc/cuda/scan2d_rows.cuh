@@ -56,9 +56,7 @@ struct RowsForward {
 
   // A lane's registers that live across the phases of a row and from row to row.
   struct Lane {
-    bool active;        // a real map and a lane of its segment
     int s;              // position in the segment (route order)
-    int last;           // the segment's last lane (flat routes' carry)
     unsigned valid;     // bit j: chunk j is inside the row and the lane is active (stored)
     float a2;           // A[d] * log2(e)
     float bias;
@@ -160,19 +158,20 @@ SS2D_UNROLL
       const int m = lane / S;
       const long long map = item * M + m;
       l.s = lane - m * S;
-      l.last = m * S + S - 1 < kWarpLanes ? m * S + S - 1 : kWarpLanes - 1;
-      l.active = m < M && map < maps;
+      // The segment's last lane (flat routes' carry comes from it).
+      last[ctx.slot(lane)] = m * S + S - 1 < kWarpLanes ? m * S + S - 1 : kWarpLanes - 1;
+      const bool active = m < M && map < maps;  // a real map and a lane of its segment
       // An idle lane loads (vector plans load unconditionally) the first cells of the warp's first map.
-      const long long at_map = l.active ? map : item * M;
+      const long long at_map = active ? map : item * M;
       const int b = static_cast<int>(at_map / p.dim);
       const int d = static_cast<int>(at_map - static_cast<long long>(b) * p.dim);
       const int g = d / (p.dim / p.groups);
-      const int s_at = l.active ? l.s : 0;
+      const int s_at = active ? l.s : 0;
       const int col = kFromRight ? W - s_at * kV - kLoad : s_at * kV;
       l.valid = 0;
 SS2D_UNROLL
       for (int j = 0; j < kChunks; ++j) {
-        l.valid |= (l.active && l.s * kV + j * kLoad < W) ? 1u << j : 0u;
+        l.valid |= (active && l.s * kV + j * kLoad < W) ? 1u << j : 0u;
       }
       const int q = ctx.slot(lane);
       const long long at = at_map * L + first_row + col;
@@ -201,7 +200,6 @@ SS2D_UNROLL
           load_row(ctx, lane_c[q], off, l.valid, l.c[r]);
         }
       }
-      last[ctx.slot(lane)] = l.last;
     });
 
     for (int i0 = 0; i0 < H; i0 += kPrefetch) {
