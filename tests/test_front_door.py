@@ -334,3 +334,36 @@ def test_missing_backbone_weights_name_both_ways_out(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pretrained/vmamba2d_tiny_in1k.pth" in err
     assert f"vmamba2d-weights {name}.py --from FILE" in err and "--from-scratch" in err
+
+
+# --- every `python -m vmamba2d....` entry point answers --help -----------------------------------
+MAIN_MODULES = sorted(
+    ".".join(path.relative_to(REPO).with_suffix("").parts)
+    for path in (REPO / "vmamba2d").rglob("*.py") if 'if __name__ == "__main__":' in path.read_text())
+HELP_RUNNER = """
+import contextlib, io, json, runpy, sys
+found = {}
+for module in sys.argv[1:]:
+    out, code = io.StringIO(), "returned without exiting"
+    sys.argv = [module, "--help"]
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as stop:
+            code = stop.code
+    found[module] = [code, out.getvalue()]
+print(json.dumps(found))
+"""
+
+
+def test_every_module_entry_point_prints_its_usage_for_help():
+    import subprocess
+    import sys
+
+    assert "vmamba2d.classification.train" in MAIN_MODULES and "vmamba2d.mil.cli" in MAIN_MODULES
+    result = subprocess.run([sys.executable, "-c", HELP_RUNNER, *MAIN_MODULES], capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    silent = {m: code for m, (code, text) in found.items() if code not in (0, None) or "usage:" not in text}
+    assert not silent, silent

@@ -15,6 +15,8 @@ command                     what it runs
 ``vmamba2d-weights``        the backbone file seg / det configs expect, from a local checkpoint
 ``vmamba2d-mil-train``      2DMambaMIL (or a baseline) on per-slide features
 ``vmamba2d-mil-eval``       a MIL checkpoint on a split
+``vmamba2d-mil-extract``    patch features of whole-slide images (:mod:`vmamba2d.mil.extract`)
+``vmamba2d-mil-predict``    a trained MIL model on new slides (:mod:`vmamba2d.mil.predict`)
 ``vmamba2d-export-onnx``    a model to a standard ONNX file (:mod:`vmamba2d.cli.export_onnx`)
 ``vmamba2d-erf``            effective receptive fields (:mod:`vmamba2d.cli.erf`)
 ``vmamba2d-flops``          parameters and FLOPs of timm models (:mod:`vmamba2d.cli.flops`)

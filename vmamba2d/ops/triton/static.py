@@ -21,6 +21,7 @@ static figures: no kernel is run and no time is measured.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
@@ -238,6 +239,8 @@ def markdown_table(rows: List[Dict[str, object]]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    argparse.ArgumentParser(prog="python -m vmamba2d.ops.triton.static",
+                            description=__doc__.splitlines()[0]).parse_args(argv)  # no options; --help
     import triton
 
     print(f"triton {triton.__version__}, compiled without a GPU (static figures, nothing timed)\n")
