@@ -18,12 +18,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import ClassifierHead, DropPath, LayerNorm2d, get_device_dtype, trunc_normal_
+from timm.layers import ClassifierHead, DropPath, get_device_dtype, trunc_normal_
 from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs, register_model
 from timm.models._builder import resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
 
 from .cpu_inference import PackedWeightConv2d, chunk_size, inference_chunk_limit, run_in_chunks, runs_in_chunks
+from .norm import LayerNorm2d
 from .ss2d import LAYER_NORM_EPS, SS2D
 from .weights import checkpoint_filter_fn, official_checkpoint_loading
 
@@ -138,12 +139,33 @@ class Stem(nn.Module):
         self.norm2 = _norm(dim, **dd)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = check_image_input(x, self.in_chans)
-        # A channels-last image makes conv1 write channels-last, the layout LayerNorm2d normalises
-        # in without a copy (an NCHW conv1 output would be copied there, 4x the image's size).
-        x = x.contiguous(memory_format=torch.channels_last)
+        x = _channels_last_image(check_image_input(x, self.in_chans))
         x = _gelu_reusing_input(self.norm1(self.conv1(x)))
         return self.norm2(self.conv2(x))
+
+
+def _channels_last_image(x: Tensor) -> Tensor:
+    """The image x (B, C, H, W) channels-last, so that the stem's first conv writes channels-last,
+    the layout LayerNorm2d normalises in without a copy (an NCHW conv output would be copied
+    there, 4x the image's size). Under autocast also in the autocast dtype, which the conv would
+    cast it to: one pass over the image instead of a layout copy and then autocast's cast.
+
+    A plain function so that FX symbolic tracing records it as one call (``torch.fx.wrap`` below).
+    """
+    if torch.jit.is_scripting():
+        return x.contiguous(memory_format=torch.channels_last)
+    return _channels_last_image_eager(x)
+
+
+torch.fx.wrap("_channels_last_image")
+
+
+@torch.jit.unused
+def _channels_last_image_eager(x: Tensor) -> Tensor:
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return x.to(dtype=torch.get_autocast_dtype(device), memory_format=torch.channels_last)
+    return x.contiguous(memory_format=torch.channels_last)
 
 
 class Downsample(nn.Module):
