@@ -181,6 +181,24 @@ def test_every_lane_width(rows, vec, load):
         check(run(rows, x, height, width, route=route, vec=vec, load=load), x, height, width, route)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_route_planes_of_the_four_route_layout(rows, dtype):
+    # delta with 4 routes x dim planes and B / C with 4 routes x groups planes per batch entry (the
+    # four-route op's layout): each launch reads its route's planes through the plane strides.
+    batch, dim, groups, routes, height, width = 2, 4, 2, 4, 6, 12
+    x = make_inputs(batch, routes * dim, routes * groups, height, width, dtype, seed=21)
+    x["u"] = x["u"][:, :dim].contiguous()
+    for index, code in enumerate((0, 4, 3, 7)):
+        part = dict(x, delta=x["delta"][:, index * dim:(index + 1) * dim], A=x["A"][index * dim:(index + 1) * dim],
+                    B=x["B"][:, index * groups:(index + 1) * groups], C=x["C"][:, index * groups:(index + 1) * groups],
+                    D=x["D"][:dim], delta_bias=x["delta_bias"][index * dim:(index + 1) * dim])
+        plan = rows_plan(dtype.itemsize, dtype.itemsize, width, code)
+        y = rows.rows_forward(x["u"], x["delta"], part["A"].contiguous(), x["B"], x["C"], part["D"].contiguous(),
+                              part["delta_bias"].contiguous(), True, height, width, code, False, index + 2, plan.vec,
+                              plan.load, routes, index)
+        check(y, part, height, width, code)
+
+
 def test_without_softplus_d_and_bias(rows):
     height, width = 10, 12
     x = make_inputs(1, 4, 2, height, width, torch.float32, seed=11, use_d=False, use_bias=False, softplus=False)

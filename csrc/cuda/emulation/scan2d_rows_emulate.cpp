@@ -277,13 +277,17 @@ void check_input(const at::Tensor& t, const char* name, at::ScalarType type, int
 
 // y = the route's 2D selective scan (N = 1) of the inputs, run on the emulated RS kernel with vec
 // columns per lane and load elements per access (a RowsPlan of vmamba2d/ops/compiled/rows_plan.py;
-// the layout follows from them). u: (batch, dim, L); delta: (batch, dim, L); B, C: (batch, groups,
-// 1, L); A: (dim, 1); D, delta_bias: (dim,) or None. Returns y (batch, dim, L) in u's type, or fp32
-// with y_fp32.
+// the layout follows from them). u: (batch, dim, L); delta: (batch, routes * dim, L); B, C: (batch,
+// routes * groups, 1, L); A: (dim, 1); D, delta_bias: (dim,) or None. With routes > 1 (the four-route
+// op's layout) the launch reads route route_index's planes of delta, B and C (RowsParams'
+// delta_planes / bc_planes strides). Returns y (batch, dim, L) in u's type, or fp32 with y_fp32.
 at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
                         const at::Tensor& C, const std::optional<at::Tensor>& D,
                         const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height, int64_t width,
-                        int64_t route, bool y_fp32, int64_t order, int64_t vec, int64_t load) {
+                        int64_t route, bool y_fp32, int64_t order, int64_t vec, int64_t load, int64_t routes,
+                        int64_t route_index) {
+  TORCH_CHECK(routes >= 1 && route_index >= 0 && route_index < routes, "route_index: expected 0 <= it < routes = ",
+              routes, ", got ", route_index);
   TORCH_CHECK(rows_route_supported(static_cast<int>(route)), "route ", route, ": not a row stream (use v3)");
   TORCH_CHECK(vec == 1 || vec == 2 || vec == 4 || (vec == 8 && u.element_size() == 2),
               "vec: expected 1, 2, 4 (or 8 for 2-byte types), got ", vec);
@@ -300,10 +304,13 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   const int64_t batch = u.size(0), dim = u.size(1), length = u.size(2);
   TORCH_CHECK(height >= 1 && width >= 1 && height * width == length, "height, width: expected H * W = ", length,
               ", got ", height, " x ", width);
-  TORCH_CHECK(delta.sizes() == u.sizes(), "delta: expected the shape of u ", u.sizes(), ", got ", delta.sizes());
-  TORCH_CHECK(B.size(0) == batch && B.size(2) == 1 && B.size(3) == length && B.sizes() == C.sizes(),
-              "B, C: expected (batch, groups, 1, L) each, got ", B.sizes(), " and ", C.sizes());
-  const int64_t groups = B.size(1);
+  TORCH_CHECK(delta.size(0) == batch && delta.size(1) == routes * dim && delta.size(2) == length,
+              "delta: expected (batch, routes * dim, L) = (", batch, ", ", routes * dim, ", ", length, "), got ",
+              delta.sizes());
+  TORCH_CHECK(B.size(0) == batch && B.size(1) % routes == 0 && B.size(2) == 1 && B.size(3) == length &&
+                  B.sizes() == C.sizes(),
+              "B, C: expected (batch, routes * groups, 1, L) each, got ", B.sizes(), " and ", C.sizes());
+  const int64_t groups = B.size(1) / routes;
   TORCH_CHECK(groups >= 1 && dim % groups == 0, "B: groups ", groups, " must divide dim ", dim);
   TORCH_CHECK(A.size(0) == dim && A.size(1) == 1, "A: expected (dim, 1), got ", A.sizes());
   if (D) check_input(*D, "D", at::kFloat, 1);
@@ -316,15 +323,16 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
                           u.options().dtype(y_fp32 ? at::kFloat : type));
   RowsParams p{};
   p.u = u.data_ptr();
-  p.delta = delta.data_ptr();
-  p.B = B.data_ptr();
-  p.C = C.data_ptr();
+  const int64_t elem = u.element_size();
+  p.delta = static_cast<const char*>(delta.data_ptr()) + route_index * dim * length * elem;
+  p.B = static_cast<const char*>(B.data_ptr()) + route_index * groups * length * elem;
+  p.C = static_cast<const char*>(C.data_ptr()) + route_index * groups * length * elem;
   p.A = A.data_ptr<float>();
   p.D = D ? D->data_ptr<float>() : nullptr;
   p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
   p.y = y.data_ptr();
-  p.delta_planes = dim;
-  p.bc_planes = groups;
+  p.delta_planes = routes * dim;
+  p.bc_planes = routes * groups;
   p.batch = static_cast<int>(batch);
   p.dim = static_cast<int>(dim);
   p.groups = static_cast<int>(groups);
@@ -399,7 +407,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"), pybind11::arg("D"),
         pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
         pybind11::arg("route"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
-        pybind11::arg("load"));
+        pybind11::arg("load"), pybind11::arg("routes") = 1, pybind11::arg("route_index") = 0);
   m.def("rows_vector_accesses", [] { return g_vector_accesses; },
         "vector global accesses of the last rows_forward call on this thread");
   m.def("rows_self_check", &rows_self_check, "run one checker scenario", pybind11::arg("scenario"));
