@@ -367,3 +367,53 @@ def test_every_module_entry_point_prints_its_usage_for_help():
     found = json.loads(result.stdout.strip().splitlines()[-1])
     silent = {m: code for m, (code, text) in found.items() if code not in (0, None) or "usage:" not in text}
     assert not silent, silent
+
+
+def test_version_names_the_toolkit_and_what_runs_mmcv_ops(capsys):
+    pytest.importorskip("vmamba2d.seg")
+    import importlib.metadata as metadata
+
+    import vmamba2d
+    from vmamba2d.cli import openmmlab
+    from vmamba2d.openmmlab.mmcv_compat import compat_layer_active
+
+    assert openmmlab.seg_test(["--version"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"vmamba2d {vmamba2d.__version__}, torch {metadata.version('torch')}, ")
+    assert f"mmseg {metadata.version('mmsegmentation')}" in line
+    assert line.endswith("PyTorch stand-in (mmcv-lite has no compiled ops)" if compat_layer_active() else "compiled")
+
+
+def test_every_installed_command_shows_examples_in_its_help():
+    import subprocess
+    import sys
+
+    collector = """
+import contextlib, io, json, sys
+found = {}
+for name, entry in json.loads(sys.argv[1]).items():
+    module, attr = entry.split(":")
+    out = io.StringIO()
+    sys.argv = [name, "--help"]
+    with contextlib.redirect_stdout(out):
+        try:
+            getattr(__import__(module, fromlist=["_"]), attr)(["--help"])
+        except SystemExit:
+            pass
+    found[name] = out.getvalue()
+print(json.dumps(found))
+"""
+    scripts = {name: entry for name, entry in SCRIPTS.items()
+               if not ("openmmlab" in entry or "weights" in entry) or importlib_available("mmengine")}
+    result = subprocess.run([sys.executable, "-c", collector, json.dumps(scripts)], capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    helps = json.loads(result.stdout.strip().splitlines()[-1])
+    without = [name for name, text in helps.items() if "usage:" not in text or "example" not in text.lower()]
+    assert not without, without
+
+
+def importlib_available(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

@@ -1,5 +1,7 @@
 """Small datasets in the layouts the quick starts read, written in seconds (``vmamba2d-tiny-data``).
 
+Examples:
+
     vmamba2d-tiny-data                      # all four under data/tiny
     vmamba2d-tiny-data out/tiny --only coco mil
 

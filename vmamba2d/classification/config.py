@@ -120,6 +120,14 @@ def build_train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Train an image classifier (any timm model; vmamba2d models registered) on an "
                     "ImageNet-layout folder: <data-dir>/train/<class>/*, <data-dir>/val/<class>/*.",
+        epilog="examples:\n"
+               "  vmamba2d-train --config vmamba2d_tiny --data-dir data/tiny/imagenet --output runs/tiny "
+               "--epochs 2 --img-size 64\n"
+               "  torchrun --nproc_per_node 8 -m vmamba2d.classification.train --config vmamba2d_tiny "
+               "--data-dir /data/imagenet --output runs/vmamba2d_tiny\n"
+               "  vmamba2d-train ... --resume auto      # continue a killed run\n"
+               "configs shipped: vmamba2d_{tiny,small,base}, vmamba_{tiny,small,base}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=argparse.SUPPRESS)
     p.add_argument("--config", help="recipe YAML, or a name under vmamba2d/configs/classification/")
     p.add_argument("--model", help="timm model name, e.g. vmamba2d_tiny")

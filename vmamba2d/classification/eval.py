@@ -47,7 +47,11 @@ def trained_img_size(checkpoint_path: Path, trust: bool = False) -> int:
 
 def build_eval_parser() -> argparse.ArgumentParser:
     """CLI of classification/eval.py."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="example:\n  vmamba2d-eval --model vmamba2d_tiny --checkpoint runs/tiny/best.pth "
+               "--data-dir data/tiny/imagenet --use-ema",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="timm model name, e.g. vmamba2d_tiny")
     p.add_argument("--checkpoint", required=True, help=".pth / .safetensors weights")
     p.add_argument("--data-dir", required=True,

@@ -1,5 +1,7 @@
 """vmamba2d in a few minutes on a CPU: the op, the model, an image, and the ERF figure in miniature.
 
+Examples:
+
     vmamba2d-demo                        # random init (what `make demo` runs)
     vmamba2d-demo --checkpoint w.pth     # ImageNet top-5 on the bundled image
 

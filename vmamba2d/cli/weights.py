@@ -3,7 +3,7 @@ a local ImageNet-1K checkpoint. Fetches nothing.
 
 No 2DVMamba ImageNet weights are published; VMamba v2's (github.com/MzeroMiko/VMamba, the ``vssm1``
 tiny / small / base classification checkpoints) have the same parameters as the 2DVMamba model of
-the same size and initialise it. Download one, then:
+the same size and initialise it. Examples (after downloading one):
 
     vmamba2d-weights upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512            # where the file goes
     vmamba2d-weights upernet_vmamba2d_tiny_4xb4-160k_ade20k-512x512 --from vssm_tiny.pth

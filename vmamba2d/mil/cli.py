@@ -51,7 +51,10 @@ def build_eval_parser() -> argparse.ArgumentParser:
     """CLI of mil/eval.py."""
     p = argparse.ArgumentParser(
         description="Evaluate a MIL checkpoint (best.pth / last.pth of a mil/train.py run) on a "
-                    "split of its data, or on every row of another label table.")
+                    "split of its data, or on every row of another label table.",
+        epilog="example:\n  vmamba2d-mil-eval --checkpoint runs/mil/seed0/best.pth --split test "
+               "--predictions preds.csv",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="best.pth or last.pth of a run folder")
     p.add_argument("--split", default="test", choices=(*SPLITS, "all"),
                    help="split of the run's tables, or 'all' rows of --label-csv")

@@ -106,6 +106,12 @@ def build_train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Train 2DMambaMIL (or a baseline: --model) on per-slide feature "
                     "files: classification or survival, seeds x folds, with checkpoints and resume.",
+        epilog="examples:\n"
+               "  vmamba2d-mil-train --config synthetic --feature-dir data/tiny/mil/features "
+               "--label-csv data/tiny/mil/labels.csv --output runs/mil --epochs 3\n"
+               "  vmamba2d-mil-train --config bracs --feature-dir FEATURES --label-csv labels.csv --output runs/bracs\n"
+               "  vmamba2d-mil-train ... --resume      # continue a killed run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=argparse.SUPPRESS)
     p.add_argument("--config", help="YAML file, or a name under vmamba2d/configs/mil/ (e.g. bracs)")
     p.add_argument("--task", choices=TASKS)
