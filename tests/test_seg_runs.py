@@ -436,3 +436,20 @@ def test_a_second_run_into_a_locked_work_dir_is_refused_in_one_line(ade_root, tm
         assert line.startswith("train.py: error: --work-dir") and str(work) in line
         assert f"process {holder.pid}" in line
         assert [p.name for p in work.iterdir()] == [LOCK_NAME]  # no log folder, no config copy
+
+
+def test_a_legacy_non_zip_checkpoint_is_read_not_called_truncated(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    legacy = work / "iter_2.pth"
+    torch.save({"meta": {"iter": 2, "epoch": 0, "experiment_name": "tiny_20261122_200000"},
+                "state_dict": {"w": torch.zeros(4)}, "message_hub": {}}, legacy,
+               _use_new_zipfile_serialization=False)
+    (work / "last_checkpoint").write_text(str(legacy))
+    cfg = _cfg(work)
+    prepare_work_dir(cfg, "auto")
+    assert cfg.resume is True and cfg.load_from == str(legacy)
+    data = legacy.read_bytes()
+    legacy.write_bytes(data[: len(data) // 2])
+    with pytest.raises(UnreadableCheckpoint, match=r"is a legacy \(non-zip\) torch file that cannot be read"):
+        prepare_work_dir(_cfg(work), str(legacy))

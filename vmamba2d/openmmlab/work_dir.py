@@ -13,9 +13,10 @@ before the Runner is built, then
   by plain mmengine) is set aside as ``<name>.corrupt-<time>`` (renamed, never deleted), with a warning
   naming it, for the newest readable older checkpoint, and the run is refused when there is none. An
   intact checkpoint that weights-only loading refuses stops the run in one line saying how to trust
-  it; no checkpoint is ever deleted because it could not be loaded. Without ``last_checkpoint``, the run starts from scratch when the work dir is
-  empty or holds only what a run that never committed left (see below); anything else is refused
-  with the folder and its files named;
+  it; no checkpoint is ever deleted because it could not be loaded. A legacy (non-zip) torch file is
+  read as such. Without ``last_checkpoint``, the run starts from scratch when the work dir is empty or
+  holds only what a run that never committed left (see below); anything else is refused with the
+  folder and its files named;
 * ``--resume PATH``: resumes from that checkpoint after the same check (refused when unreadable);
   refused when the work dir holds another run (a ``last_checkpoint`` elsewhere) or, without
   ``last_checkpoint``, anything but what a never-committed run left (unless PATH is in that folder);
@@ -92,28 +93,43 @@ def read_checkpoint_state(path: Path) -> Dict[str, Any]:
     if not path.is_file():
         raise UnreadableCheckpoint(f"checkpoint {path} does not exist")
     size = path.stat().st_size
+    legacy = _is_legacy_torch_file(path)
+    if not legacy:
+        try:
+            with zipfile.ZipFile(path) as archive:
+                damaged = archive.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError) as error:
+            raise DamagedCheckpoint(
+                f"checkpoint {path} ({size} bytes) is not a complete torch checkpoint ({error}); it was "
+                "probably truncated by a killed write") from None
+        if damaged is not None:
+            raise DamagedCheckpoint(f"checkpoint {path} is corrupted: archive member {damaged} fails its CRC check")
     try:
-        with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as error:
-        raise DamagedCheckpoint(
-            f"checkpoint {path} ({size} bytes) is not a complete torch checkpoint ({error}); it was "
-            "probably truncated by a killed write") from None
-    if damaged is not None:
-        raise DamagedCheckpoint(f"checkpoint {path} is corrupted: archive member {damaged} fails its CRC check")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        # a legacy file (torch.save(..., _use_new_zipfile_serialization=False)) cannot be memory-mapped
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=not legacy)
     except pickle.UnpicklingError as error:
         raise RefusedCheckpoint(
             f"checkpoint {path} is intact but weights-only loading refuses it ({load_error_reason(error)}); it is "
             "kept and nothing of it ran. If you trust it: load it with torch.load(..., weights_only=False), "
             "turn that object into plain values (e.g. str() of a Path), save it back and resume again") from None
     except Exception as error:  # any other reading problem: report it instead of failing inside the Runner
+        if legacy:  # no archive to check: an unreadable legacy file counts as damaged
+            raise DamagedCheckpoint(f"checkpoint {path} ({size} bytes) is a legacy (non-zip) torch file that "
+                                    f"cannot be read ({load_error_reason(error)}); truncated?") from None
         raise UnreadableCheckpoint(f"checkpoint {path} cannot be loaded: {load_error_reason(error)}") from None
     if not isinstance(checkpoint, dict) or "meta" not in checkpoint:
         raise UnreadableCheckpoint(f"checkpoint {path} is not an mmengine training checkpoint (no 'meta')")
     message_hub = checkpoint.get("message_hub") or {}
     return {"meta": checkpoint["meta"], "runtime_info": dict(message_hub.get("runtime_info") or {})}
+
+
+_LEGACY_TORCH_HEADER = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"  # pickle 2 + torch's magic
+
+
+def _is_legacy_torch_file(path: Path) -> bool:
+    """Whether ``path`` starts like a pre-1.6 (non-zip) ``torch.save`` file."""
+    with open(path, "rb") as handle:
+        return handle.read(len(_LEGACY_TORCH_HEADER)) == _LEGACY_TORCH_HEADER
 
 
 def prepare_work_dir(cfg: Config, resume: Optional[str]) -> List[str]:
