@@ -1,6 +1,4 @@
-"""Attention heatmaps (vmamba2d.mil.heatmap) and tools/mil_heatmap.py."""
-import sys
-from pathlib import Path
+"""Attention heatmaps (vmamba2d.mil.heatmap) and vmamba2d-mil-heatmap (vmamba2d.cli.mil_heatmap)."""
 
 import h5py
 import numpy as np
@@ -9,12 +7,11 @@ import torch
 from matplotlib import colormaps
 from PIL import Image
 
+from vmamba2d.cli import mil_heatmap
 from vmamba2d.mil import MambaMIL2D
 from vmamba2d.mil.heatmap import (BAR_MARGIN_PX, grid_heatmap, normalise_attention, readable_cell_px,
                                   thumbnail_overlay, with_colour_bar)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import mil_heatmap  # noqa: E402
 
 
 def _map():

@@ -17,6 +17,7 @@ command                     what it runs
 ``vmamba2d-mil-eval``       a MIL checkpoint on a split
 ``vmamba2d-mil-extract``    patch features of whole-slide images (:mod:`vmamba2d.mil.extract`)
 ``vmamba2d-mil-predict``    a trained MIL model on new slides (:mod:`vmamba2d.mil.predict`)
+``vmamba2d-mil-heatmap``    a MIL model's attention over one slide, with a colour bar
 ``vmamba2d-export-onnx``    a model to a standard ONNX file (:mod:`vmamba2d.cli.export_onnx`)
 ``vmamba2d-erf``            effective receptive fields (:mod:`vmamba2d.cli.erf`)
 ``vmamba2d-flops``          parameters and FLOPs of timm models (:mod:`vmamba2d.cli.flops`)

@@ -1,13 +1,14 @@
-#!/usr/bin/env python
 """Draw a MIL model's attention over one slide as a PNG (grid view, or over a thumbnail).
 
-    python tools/mil_heatmap.py --checkpoint run/best.pt --slide feats/h5_files/S1.h5 --out S1.png
-    python tools/mil_heatmap.py --checkpoint run/best.pt --slide feats/h5_files/S1.h5 --out S1.png \
+Examples:
+
+    vmamba2d-mil-heatmap --checkpoint run/best.pt --slide feats/h5_files/S1.h5 --out S1.png
+    vmamba2d-mil-heatmap --checkpoint run/best.pt --slide feats/h5_files/S1.h5 --out S1.png \
         --thumbnail S1_thumb.png --downsample 64
 
 The checkpoint is a dict with ``model_config`` and ``model`` (``vmamba2d.mil.models.model_from_checkpoint``)
 and optionally the training ``GridOptions`` as a dict (``grid_options``, or ``config["grid"]`` as
-``mil/train.py`` saves it), used unless overridden by
+``vmamba2d-mil-train`` saves it), used unless overridden by
 --patch-step, --placement, --duplicates, --max-cells, --cap.
 Without --downsample, the thumbnail scale comes from --slide-size (level-0 width height) or the
 file's CLAM attributes (``level_dim`` x ``downsample``).
@@ -15,21 +16,17 @@ file's CLAM attributes (``level_dim`` x ``downsample``).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a source checkout without installing
+import numpy as np
+import torch
+from PIL import Image
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-
-from vmamba2d.mil.data import CAPS, DUPLICATE_POLICIES, PLACEMENTS, GridOptions, SlideRecord, prepare_slide, read_slide_file  # noqa: E402
-from vmamba2d.mil.heatmap import (  # noqa: E402
+from vmamba2d.mil.data import CAPS, DUPLICATE_POLICIES, PLACEMENTS, GridOptions, SlideRecord, prepare_slide, read_slide_file
+from vmamba2d.mil.heatmap import (
     READABLE_PX, SCALES, grid_heatmap, readable_cell_px, slide_attention, thumbnail_overlay, with_colour_bar,
 )
-from vmamba2d.mil.models import model_from_checkpoint  # noqa: E402
+from vmamba2d.mil.models import model_from_checkpoint
 
 
 def parse_args(argv=None) -> argparse.Namespace:
