@@ -327,3 +327,25 @@ def test_torch_export_keeps_the_scan_as_one_op_and_matches_eager(name, cross_sca
 def test_features_only_rejects_out_indices_outside_the_stages(out_indices):
     with pytest.raises(ValueError, match=r"out_indices must hold stage indices in \[-4, 3\]"):
         timm.create_model("vmamba2d_tiny", features_only=True, out_indices=out_indices)
+
+
+def test_pretrained_without_network_or_with_a_bad_overlay_file_says_what_is_wrong(tmp_path, monkeypatch):
+    from urllib.error import URLError
+
+    import timm.models._hub as hub
+
+    def offline(*args, **kwargs):
+        raise URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(hub, "download_url_to_file", offline)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))  # nothing cached
+    with pytest.raises(RuntimeError, match=r"vmamba_tiny: pretrained=True could not download https://.*"
+                                           r"Name or service not known.*pretrained_cfg_overlay=dict\(file=PATH\)"):
+        timm.create_model("vmamba_tiny", pretrained=True)
+    missing = tmp_path / "none.pth"
+    with pytest.raises(RuntimeError, match=f"pretrained_cfg_overlay file {missing} does not exist"):
+        timm.create_model("vmamba2d_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(missing)))
+    empty = tmp_path / "empty.pth"
+    empty.write_bytes(b"")
+    with pytest.raises(RuntimeError, match=r"empty\.pth is empty \(0 bytes\)"):
+        timm.create_model("vmamba2d_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(empty)))

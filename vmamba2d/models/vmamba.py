@@ -26,7 +26,7 @@ from timm.models._features import feature_take_indices
 from .cpu_inference import PackedWeightConv2d, chunk_size, inference_chunk_limit, run_in_chunks, runs_in_chunks
 from .norm import LayerNorm2d
 from .ss2d import LAYER_NORM_EPS, SS2D
-from .weights import checkpoint_filter_fn, official_checkpoint_loading
+from .weights import checkpoint_filter_fn, clear_pretrained_errors, official_checkpoint_loading
 
 Tensor = torch.Tensor
 
@@ -530,12 +530,12 @@ class VMamba(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def _require_weight_source(variant: str, pretrained_cfg: Any, pretrained_cfg_overlay: Optional[Dict]) -> None:
-    """Raise RuntimeError, quoting the cfg's notes (how to get weights), when ``pretrained=True``
-    has nothing to load: no url, file, state dict or hub id in the resolved pretrained cfg."""
+def _require_weight_source(variant: str, pretrained_cfg: Any, pretrained_cfg_overlay: Optional[Dict]) -> Any:
+    """The resolved pretrained cfg; RuntimeError, quoting the cfg's notes (how to get weights), when
+    ``pretrained=True`` has nothing to load: no url, file, state dict or hub id in it."""
     cfg = resolve_pretrained_cfg(variant, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=pretrained_cfg_overlay)
     if cfg.state_dict or cfg.file or cfg.url or cfg.hf_hub_id:
-        return
+        return cfg
     name = f"{variant}.{cfg.tag}" if cfg.tag else variant
     raise RuntimeError(f"pretrained=True but {name} has no pretrained weights. " + " ".join(cfg.notes or ()))
 
@@ -557,9 +557,11 @@ def _create_vmamba(variant: str, pretrained: bool = False, **kwargs: Any) -> VMa
         _check_out_indices(out_indices, len(kwargs.get("depths", DEFAULT_DEPTHS)))
     # the caller's feature_cfg (e.g. {"feature_cls": "fx"}) on top of the family's defaults
     feature_cfg = {"flatten_sequential": True, "out_indices": out_indices, **(kwargs.pop("feature_cfg", None) or {})}
+    guard = contextlib.nullcontext()
     if pretrained:
-        _require_weight_source(variant, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"))
-    with official_checkpoint_loading() if pretrained else contextlib.nullcontext():
+        source = _require_weight_source(variant, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"))
+        guard = clear_pretrained_errors(variant, source.url or "", source.file or "")
+    with guard, official_checkpoint_loading() if pretrained else contextlib.nullcontext():
         return build_model_with_cfg(
             VMamba,
             variant,

@@ -19,11 +19,13 @@ plain ``OrderedDict`` (no yacs import, no code run), keeping ``weights_only`` on
 """
 from __future__ import annotations
 
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Sequence
+from urllib.error import URLError
 
 import torch
 import torch.nn as nn
@@ -48,6 +50,34 @@ class _ConfigNodeAsDict:
 
 # The pickle name an official checkpoint stores its training config under, and its stand-in.
 OFFICIAL_CHECKPOINT_GLOBALS = [(_ConfigNodeAsDict, "yacs.config.CfgNode")]
+
+
+@contextmanager
+def clear_pretrained_errors(variant: str, url: str, file: str) -> Iterator[None]:
+    """Within this context a failed ``pretrained=True`` load raises RuntimeError saying what is
+    wrong instead of timm's raw ``URLError`` (no network) or a message-less FileNotFoundError /
+    EOFError (a missing or empty ``pretrained_cfg_overlay`` file).
+
+    Args:
+        variant: the model name (for the message).
+        url: the resolved pretrained cfg's url ('' when none).
+        file: the resolved pretrained cfg's file ('' when none).
+    """
+    if file:
+        path = os.path.expanduser(file)
+        if not os.path.isfile(path):
+            raise RuntimeError(f"{variant}: pretrained_cfg_overlay file {file} does not exist")
+        if os.path.getsize(path) == 0:
+            raise RuntimeError(f"{variant}: pretrained_cfg_overlay file {file} is empty (0 bytes)")
+    try:
+        yield
+    except URLError as error:
+        raise RuntimeError(
+            f"{variant}: pretrained=True could not download {url} ({error.reason}). Without network, "
+            "download the file elsewhere and pass pretrained_cfg_overlay=dict(file=PATH)") from None
+    except EOFError as error:
+        raise RuntimeError(f"{variant}: pretrained file {file or url} ends early (truncated): "
+                           f"{type(error).__name__} {error}".rstrip()) from None
 
 
 @contextmanager
