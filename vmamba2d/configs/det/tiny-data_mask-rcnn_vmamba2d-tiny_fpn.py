@@ -5,6 +5,8 @@
 #   vmamba2d-tiny-data && vmamba2d-det-train tiny-data_mask-rcnn_vmamba2d-tiny_fpn --from-scratch
 _base_ = ['./mask-rcnn_vmamba2d-tiny_fpn_1x_coco.py']
 data_root = 'data/tiny/coco/'
+# score_thr 0: a model this briefly trained scores below mmdet's 0.05, and the COCO metric needs detections
+model = dict(test_cfg=dict(rcnn=dict(score_thr=0.0, max_per_img=20)))
 train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
