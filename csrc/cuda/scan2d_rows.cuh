@@ -315,5 +315,282 @@ SS2D_UNROLL
   }
 };
 
+
+// The four-route forward of VMamba's cross scan in one kernel (CrossRowsForward, docs/kernels.md,
+// "four routes"): routes 0 (rows first) and 1 (columns first) of CROSS_ROUTES start top-left and
+// share a top-down sweep; routes 2 and 3 (their reverses) start bottom-right and share a bottom-up
+// sweep that the same warp runs next. Per row of a sweep a lane reads u once and both routes' delta,
+// B, C; the rows-first route runs the row scan then h = Abar * h_above + hh; the columns-first route
+// runs v = Abar * v_above + x then the row scan of v; both row scans share the shuffle phases. The
+// top-down sweep writes y = (C0 h0 + (C1 h1 + (D0 + D1) u)); the bottom-up sweep reads those cells
+// back (the same lane wrote them: in both sweeps lane s of a segment owns memory columns s * V ..
+// s * V + V - 1, the bottom-up sweep's route position being S - 1 - s) and writes y + that sum of
+// routes 2 and 3 -- in y's type, so a y in a 2-byte type is rounded once between the sweeps. The
+// plan needs V | W (no ragged lane; load is V or 1 as for RS).
+// Layout (RowsParams): u, y [batch][dim][L]; delta [batch][4 * dim][L] (delta_planes = 4 * dim),
+// B, C [batch][4 * groups][L] (bc_planes = 4 * groups); route k's planes start at k * dim / k * groups;
+// A, D, delta_bias fp32 [4 * dim] (route k at k * dim); from_bottom is not read.
+template <class E, int kV, int kLoad, int kSteps>
+struct CrossRowsForward {
+  using Raw = typename E::Raw;
+  static constexpr int kChunks = kV / kLoad;
+  static_assert(kLoad == kV || kLoad == 1, "a lane's columns load as one vector or one by one");
+
+  // Per lane: index 0 the sweep's rows-first route, 1 its columns-first route.
+  struct Lane {
+    int s;            // position in the segment, in the sweep's route order
+    unsigned valid;   // bit j: chunk j belongs to a real map (active lane)
+    float a2[2];
+    float bias[2];
+    float skip;       // D of both routes
+    Raw u[kV];
+    Raw d[2][kV];
+    Raw b[2][kV];
+    Raw c[2][kV];
+    float above[2][kV];
+    float abar[2][kV];
+    float x[2][kV];
+    float du[kV];
+  };
+
+  // Element k (route order) of a lane's load buffers, and chunk j's memory offset, per sweep.
+  template <bool kRev>
+  static SS2D_HD SS2D_INLINE constexpr int at(int k) {
+    return kRev ? (k / kLoad) * kLoad + (kLoad - 1 - k % kLoad) : k;
+  }
+  template <bool kRev>
+  static SS2D_HD SS2D_INLINE constexpr int chunk_step(int j) {
+    return kRev ? -j * kLoad : j * kLoad;
+  }
+
+  template <bool kRev, class Ctx, class View, class T>
+  static SS2D_HD SS2D_INLINE void load_row(Ctx& ctx, const View& view, int row_off, unsigned valid, T (&dst)[kV]) {
+SS2D_UNROLL
+    for (int j = 0; j < kChunks; ++j) {
+      if (kLoad == kV || ((valid >> j) & 1u)) ctx.template load<kLoad>(view, row_off + chunk_step<kRev>(j), &dst[j * kLoad]);
+    }
+  }
+
+  // Shuffle towards higher route positions: up the lanes top-down, down the lanes bottom-up.
+  template <bool kRev, class Ctx, class Arr>
+  static SS2D_HD SS2D_INLINE void shift(Ctx& ctx, Arr& out, const Arr& in, int o) {
+    if constexpr (kRev) {
+      ctx.shfl_down(out, in, o);
+    } else {
+      ctx.shfl_up(out, in, o);
+    }
+  }
+
+  // One sweep over the warp item's maps: routes 2 * kRev and 2 * kRev + 1.
+  template <bool kRev, bool kF32, class Ctx>
+  static SS2D_HD void sweep(Ctx& ctx, const RowsParams& p, long long item) {
+    constexpr int K = Ctx::kLanes;
+    using Out = typename Pick<kF32, float, Raw>::type;
+    const int H = p.height;
+    const int W = p.width;
+    const long long L = static_cast<long long>(H) * W;
+    const long long maps = static_cast<long long>(p.batch) * p.dim;
+    const int S = p.seg_lanes;
+    const int M = p.maps_per_warp;
+    const int steps = kSteps >= 0 ? kSteps : rows_scan_steps(S);
+    const int row_step = kRev ? -W : W;
+    const int first_row = kRev ? (H - 1) * W : 0;
+    const auto u = ctx.global(static_cast<const Raw*>(p.u), maps * L);
+    const auto delta = ctx.global(static_cast<const Raw*>(p.delta), (p.batch - 1) * p.delta_planes * L + 4LL * p.dim * L);
+    const auto bcount = (p.batch - 1) * p.bc_planes * L + 4LL * p.groups * L;
+    const auto B = ctx.global(static_cast<const Raw*>(p.B), bcount);
+    const auto C = ctx.global(static_cast<const Raw*>(p.C), bcount);
+    const auto y = ctx.global(static_cast<Out*>(p.y), maps * L);
+    const auto A = ctx.global(p.A, 4 * p.dim);
+    const auto bias = ctx.global(p.delta_bias, p.delta_bias != nullptr ? 4 * p.dim : 0);
+    const auto skip = ctx.global(p.D, p.D != nullptr ? 4 * p.dim : 0);
+    using InView = decltype(ctx.offset(u, 0LL));
+    InView lane_u[K], lane_d[2][K], lane_b[2][K], lane_c[2][K];
+    decltype(ctx.offset(y, 0LL)) lane_y[K];
+
+    Lane lanes[K];
+    float sa[2][K], sb[2][K], ta[2][K], tb[2][K];
+
+    ctx.each_lane([&](int lane) {
+      const int q = ctx.slot(lane);
+      Lane& l = lanes[q];
+      const int m = lane / S;
+      const long long map = item * M + m;
+      const int s_mem = lane - m * S;
+      l.s = kRev ? S - 1 - s_mem : s_mem;
+      const bool active = m < M && map < maps;
+      const long long at_map = active ? map : item * M;
+      const int bi = static_cast<int>(at_map / p.dim);
+      const int d = static_cast<int>(at_map - static_cast<long long>(bi) * p.dim);
+      const int g = d / (p.dim / p.groups);
+      const int s_at = active ? s_mem : 0;
+      // The lane's first memory column in route order (W % V == 0: the same columns both sweeps).
+      const int col = kRev ? s_at * kV + kV - kLoad : s_at * kV;
+      l.valid = active ? (1u << kChunks) - 1u : 0u;
+      const long long cell = first_row + col;
+      lane_y[q] = ctx.offset(y, at_map * L + cell);
+      lane_u[q] = ctx.offset(u, at_map * L + cell);
+      l.skip = 0.f;
+SS2D_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int route = 2 * (kRev ? 1 : 0) + r;
+        const int ch = route * p.dim + d;
+        lane_d[r][q] = ctx.offset(delta, (static_cast<long long>(bi) * p.delta_planes + route * p.dim + d) * L + cell);
+        const long long bc = (static_cast<long long>(bi) * p.bc_planes + route * p.groups + g) * L + cell;
+        lane_b[r][q] = ctx.offset(B, bc);
+        lane_c[r][q] = ctx.offset(C, bc);
+        l.a2[r] = ctx.read(A, ch) * kLog2e;
+        l.bias[r] = p.delta_bias != nullptr ? ctx.read(bias, ch) : 0.f;
+        l.skip += p.D != nullptr ? ctx.read(skip, ch) : 0.f;
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) l.above[r][k] = 0.f;
+        load_row<kRev>(ctx, lane_d[r][q], 0, l.valid, l.d[r]);
+        load_row<kRev>(ctx, lane_b[r][q], 0, l.valid, l.b[r]);
+        load_row<kRev>(ctx, lane_c[r][q], 0, l.valid, l.c[r]);
+      }
+      load_row<kRev>(ctx, lane_u[q], 0, l.valid, l.u);
+    });
+
+    for (int i = 0; i < H; ++i) {
+      const bool ahead = i + 1 < H;
+      // Phase 1: discretise both routes, refill u, delta, B with the next row, the columns-first
+      // route's vertical pass, each route's lane aggregate.
+      ctx.each_lane([&](int lane) {
+        const int q = ctx.slot(lane);
+        Lane& l = lanes[q];
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) {
+          const float uk = E::to_float(l.u[at<kRev>(k)]);
+          l.du[k] = l.skip * uk;
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            const float z = E::to_float(l.d[r][at<kRev>(k)]) + l.bias[r];
+            const float dt = p.softplus ? softplus(z) : z;
+            l.abar[r][k] = exp2_flush(dt * l.a2[r]);
+            l.x[r][k] = dt * E::to_float(l.b[r][at<kRev>(k)]) * uk;
+          }
+        }
+        if (ahead) {
+          load_row<kRev>(ctx, lane_u[q], row_step, l.valid, l.u);
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            load_row<kRev>(ctx, lane_d[r][q], row_step, l.valid, l.d[r]);
+            load_row<kRev>(ctx, lane_b[r][q], row_step, l.valid, l.b[r]);
+          }
+        }
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) {
+          l.x[1][k] = fmaf(l.abar[1][k], l.above[1][k], l.x[1][k]);
+          l.above[1][k] = l.x[1][k];
+        }
+SS2D_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          float a = l.abar[r][0];
+          float h = l.x[r][0];
+SS2D_UNROLL
+          for (int k = 1; k < kV; ++k) {
+            h = fmaf(l.abar[r][k], h, l.x[r][k]);
+            a *= l.abar[r][k];
+          }
+          sa[r][q] = a;
+          sb[r][q] = h;
+        }
+      });
+
+      // Both routes' segmented scans of the lane aggregates, in route positions.
+SS2D_UNROLL
+      for (int step = 0; step < kScanSteps; ++step) {
+        const int o = 1 << step;
+        if (step >= steps) break;
+SS2D_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          shift<kRev>(ctx, ta[r], sa[r], o);
+          shift<kRev>(ctx, tb[r], sb[r], o);
+        }
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          if (lanes[q].s >= o) {
+SS2D_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              sb[r][q] = fmaf(sa[r][q], tb[r][q], sb[r][q]);
+              sa[r][q] *= ta[r][q];
+            }
+          }
+        });
+      }
+SS2D_UNROLL
+      for (int r = 0; r < 2; ++r) shift<kRev>(ctx, tb[r], sb[r], 1);
+
+      // Phase 2: second in-lane passes, the rows-first vertical pass, y of both routes summed on
+      // chip (plus the top-down sweep's sum in the bottom-up sweep), one store; refill C.
+      ctx.each_lane([&](int lane) {
+        const int q = ctx.slot(lane);
+        Lane& l = lanes[q];
+        float h[2];
+SS2D_UNROLL
+        for (int r = 0; r < 2; ++r) h[r] = l.s == 0 ? 0.f : tb[r][q];
+        Out prev[kV];
+        // Only an active lane reads y back: the cells it wrote in the top-down sweep.
+        if constexpr (kRev) {
+SS2D_UNROLL
+          for (int j = 0; j < kChunks; ++j) {
+            if ((l.valid >> j) & 1u) ctx.template load<kLoad>(lane_y[q], chunk_step<kRev>(j), &prev[j * kLoad]);
+          }
+        }
+        Out v[kV];
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) {
+          h[0] = fmaf(l.abar[0][k], h[0], l.x[0][k]);
+          h[1] = fmaf(l.abar[1][k], h[1], l.x[1][k]);
+          const float h0 = fmaf(l.abar[0][k], l.above[0][k], h[0]);
+          l.above[0][k] = h0;
+          float out = fmaf(E::to_float(l.c[0][at<kRev>(k)]), h0,
+                           fmaf(E::to_float(l.c[1][at<kRev>(k)]), h[1], l.du[k]));
+          if constexpr (kRev) {
+            if constexpr (kF32) {
+              out += prev[at<kRev>(k)];
+            } else {
+              out += E::to_float(prev[at<kRev>(k)]);
+            }
+          }
+          if constexpr (kF32) {
+            v[at<kRev>(k)] = out;
+          } else {
+            v[at<kRev>(k)] = E::from_float(out);
+          }
+        }
+SS2D_UNROLL
+        for (int j = 0; j < kChunks; ++j) {
+          if ((l.valid >> j) & 1u) ctx.template store<kLoad>(lane_y[q], chunk_step<kRev>(j), &v[j * kLoad]);
+        }
+        if (ahead) {
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) load_row<kRev>(ctx, lane_c[r][q], row_step, l.valid, l.c[r]);
+        }
+        lane_u[q] = ctx.offset(lane_u[q], row_step);
+        lane_y[q] = ctx.offset(lane_y[q], row_step);
+SS2D_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          lane_d[r][q] = ctx.offset(lane_d[r][q], row_step);
+          lane_b[r][q] = ctx.offset(lane_b[r][q], row_step);
+          lane_c[r][q] = ctx.offset(lane_c[r][q], row_step);
+        }
+      });
+    }
+  }
+
+  // One warp item: the top-down sweep, then the bottom-up one over the same maps.
+  template <class Ctx>
+  static SS2D_HD void run(Ctx& ctx, const RowsParams& p, long long item) {
+    if (p.y_fp32) {
+      sweep<false, true>(ctx, p, item);
+      sweep<true, true>(ctx, p, item);
+    } else {
+      sweep<false, false>(ctx, p, item);
+      sweep<true, false>(ctx, p, item);
+    }
+  }
+};
+
 }  // namespace rows
 }  // namespace vmamba2d

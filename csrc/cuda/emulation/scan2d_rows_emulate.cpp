@@ -54,22 +54,32 @@ struct HostBF16 {
 // Vector accesses (more than one element) of the last emulation call on this thread.
 thread_local int64_t g_vector_accesses = 0;
 
-// Who wrote / read each element of a writable buffer (global lane ids; -1 none).
+// Who wrote / read each element of a writable buffer (global lane ids; -1 none). `writes`: how
+// often each element must be written, all by one lane (2: the four-route kernel's read-modify-write
+// of y by the lane that wrote it in the first sweep).
 class GlobalShadow {
  public:
-  explicit GlobalShadow(int64_t extent) : writer_(extent, -1), reader_(extent, -1) {}
+  explicit GlobalShadow(int64_t extent, int writes = 1)
+      : writer_(extent, -1), reader_(extent, -1), count_(extent, 0), writes_(writes) {}
 
   void read(int64_t i, int64_t lane) {
     if (writer_[i] >= 0 && writer_[i] != lane) fail(race("read after write", i, writer_[i], lane));
     reader_[i] = reader_[i] == -1 || reader_[i] == lane ? lane : kMany;
   }
   void write(int64_t i, int64_t lane) {
-    if (writer_[i] == lane) fail("global element " + std::to_string(i) + " written twice by lane " + describe(lane));
-    if (writer_[i] >= 0) fail(race("write after write", i, writer_[i], lane));
+    if (writer_[i] == lane && count_[i] >= writes_) {
+      fail("global element " + std::to_string(i) + " written " + (writes_ == 1 ? std::string("twice") : std::to_string(count_[i] + 1) + " times") +
+           " by lane " + describe(lane));
+    }
+    if (writer_[i] >= 0 && writer_[i] != lane) fail(race("write after write", i, writer_[i], lane));
     if (reader_[i] != -1 && reader_[i] != lane) fail(race("write after read", i, reader_[i], lane));
     writer_[i] = lane;
+    ++count_[i];
   }
-  int64_t unwritten() const { return std::count(writer_.begin(), writer_.end(), int64_t{-1}); }
+  // Elements written fewer than `writes` times.
+  int64_t unwritten() const {
+    return std::count_if(count_.begin(), count_.end(), [&](int c) { return c < writes_; });
+  }
 
  private:
   static constexpr int64_t kMany = -2;
@@ -84,6 +94,8 @@ class GlobalShadow {
   }
   std::vector<int64_t> writer_;
   std::vector<int64_t> reader_;
+  std::vector<int> count_;
+  int writes_;
 };
 
 // A bounds-checked view of a global buffer from element `origin` on; writable buffers carry a
@@ -178,6 +190,10 @@ class RowsHostCtx {
   void shfl_up(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
     warp_phase("__shfl_up_sync");
     for (int l = 0; l < kLanes; ++l) out[l] = l >= delta ? in[l - delta] : in[l];
+  }
+  void shfl_down(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
+    warp_phase("__shfl_down_sync");
+    for (int l = 0; l < kLanes; ++l) out[l] = l + delta < kLanes ? in[l + delta] : in[l];
   }
   void shfl_idx(float (&out)[kLanes], const float (&in)[kLanes], const int (&src)[kLanes]) const {
     warp_phase("__shfl_sync");
@@ -360,6 +376,106 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   return y;
 }
 
+template <class E, int kV, int kLoad>
+void run_cross(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
+  Schedule schedule(order);
+  for (int64_t item : schedule.permutation(rows_items(p))) {
+    RowsHostCtx ctx(item, schedule, shadow);
+    CrossRowsForward<E, kV, kLoad, -1>::run(ctx, p, item);
+  }
+}
+
+template <class E>
+void cross_by_vec(const RowsParams& p, int vec, int load, int64_t order, GlobalShadow* shadow) {
+  const bool vector = load == vec && vec > 1;
+  switch (vec) {
+    case 1:
+      return run_cross<E, 1, 1>(p, order, shadow);
+    case 2:
+      return vector ? run_cross<E, 2, 2>(p, order, shadow) : run_cross<E, 2, 1>(p, order, shadow);
+    case 4:
+      return vector ? run_cross<E, 4, 4>(p, order, shadow) : run_cross<E, 4, 1>(p, order, shadow);
+    default:
+      fail("no four-route kernel with " + std::to_string(vec) + " columns per lane");
+  }
+}
+
+// y = the four-route (CROSS_ROUTES) 2D selective scan at N = 1, summed over the routes, on the
+// emulated four-route kernel (CrossRowsForward) with vec columns per lane (vec | W) and load
+// elements per access. u: (batch, dim, L); delta: (batch, 4 * dim, L); B, C: (batch, 4 * groups, 1,
+// L); A: (4 * dim, 1); D, delta_bias: (4 * dim,) or None. Each cell of y must be written exactly
+// twice, both times by one lane. Returns y (batch, dim, L) in u's type, or fp32 with y_fp32.
+at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
+                              const at::Tensor& C, const std::optional<at::Tensor>& D,
+                              const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height,
+                              int64_t width, bool y_fp32, int64_t order, int64_t vec, int64_t load) {
+  const at::ScalarType type = u.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
+              "u: expected float32, float16 or bfloat16, got ", type);
+  TORCH_CHECK(vec == 1 || vec == 2 || vec == 4, "vec: expected 1, 2 or 4, got ", vec);
+  TORCH_CHECK(width % vec == 0 && width / vec <= kWarpLanes, "vec ", vec, ": must divide W = ", width,
+              " with W / vec <= 32 lanes");
+  TORCH_CHECK(load == 1 || load == vec, "load ", load, ": 1 or vec");
+  check_input(u, "u", type, 3);
+  check_input(delta, "delta", type, 3);
+  check_input(B, "B", type, 4);
+  check_input(C, "C", type, 4);
+  check_input(A, "A", at::kFloat, 2);
+  const int64_t batch = u.size(0), dim = u.size(1), length = u.size(2);
+  TORCH_CHECK(height >= 1 && width >= 1 && height * width == length, "height, width: expected H * W = ", length,
+              ", got ", height, " x ", width);
+  TORCH_CHECK(delta.size(0) == batch && delta.size(1) == 4 * dim && delta.size(2) == length,
+              "delta: expected (batch, 4 * dim, L), got ", delta.sizes());
+  TORCH_CHECK(B.size(0) == batch && B.size(1) % 4 == 0 && B.size(2) == 1 && B.size(3) == length &&
+                  B.sizes() == C.sizes(),
+              "B, C: expected (batch, 4 * groups, 1, L) each, got ", B.sizes(), " and ", C.sizes());
+  const int64_t groups = B.size(1) / 4;
+  TORCH_CHECK(groups >= 1 && dim % groups == 0, "B: groups ", groups, " must divide dim ", dim);
+  TORCH_CHECK(A.size(0) == 4 * dim && A.size(1) == 1, "A: expected (4 * dim, 1), got ", A.sizes());
+  if (D) check_input(*D, "D", at::kFloat, 1);
+  if (delta_bias) check_input(*delta_bias, "delta_bias", at::kFloat, 1);
+  TORCH_CHECK(!D || D->size(0) == 4 * dim, "D: expected (4 * dim,), got ", D->sizes());
+  TORCH_CHECK(!delta_bias || delta_bias->size(0) == 4 * dim, "delta_bias: expected (4 * dim,), got ",
+              delta_bias->sizes());
+
+  at::Tensor y = at::full({batch, dim, length}, std::numeric_limits<float>::quiet_NaN(),
+                          u.options().dtype(y_fp32 ? at::kFloat : type));
+  RowsParams p{};
+  p.u = u.data_ptr();
+  p.delta = delta.data_ptr();
+  p.B = B.data_ptr();
+  p.C = C.data_ptr();
+  p.A = A.data_ptr<float>();
+  p.D = D ? D->data_ptr<float>() : nullptr;
+  p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
+  p.y = y.data_ptr();
+  p.delta_planes = 4 * dim;
+  p.bc_planes = 4 * groups;
+  p.batch = static_cast<int>(batch);
+  p.dim = static_cast<int>(dim);
+  p.groups = static_cast<int>(groups);
+  p.height = static_cast<int>(height);
+  p.width = static_cast<int>(width);
+  p.seg_lanes = static_cast<int>(width / vec);
+  p.maps_per_warp = kWarpLanes / p.seg_lanes;
+  p.softplus = softplus ? 1 : 0;
+  p.y_fp32 = y_fp32 ? 1 : 0;
+
+  g_vector_accesses = 0;
+  GlobalShadow shadow(y.numel(), 2);
+  if (type == at::kFloat) {
+    cross_by_vec<HostF32>(p, static_cast<int>(vec), static_cast<int>(load), order, &shadow);
+  } else if (type == at::kHalf) {
+    cross_by_vec<HostF16>(p, static_cast<int>(vec), static_cast<int>(load), order, &shadow);
+  } else {
+    cross_by_vec<HostBF16>(p, static_cast<int>(vec), static_cast<int>(load), order, &shadow);
+  }
+  if (const int64_t missing = shadow.unwritten()) {
+    fail(std::to_string(missing) + " cells of y were not written twice (once per sweep)");
+  }
+  return y;
+}
+
 // One synthetic warp that breaks (or keeps) a rule of the checker; throws when the checker objects.
 // Scenarios: two_lanes_store_one_cell, store_twice, shuffle_inside_lane_phase, nested_lane_phase,
 // out_of_bounds_load, misaligned_vector_load, store_outside_lane_phase (throw); one_store_per_lane
@@ -408,6 +524,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
         pybind11::arg("route"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
         pybind11::arg("load"), pybind11::arg("routes") = 1, pybind11::arg("route_index") = 0);
+  m.def("rows_cross_forward", &rows_cross_forward, "four-route RS forward on the host emulation",
+        pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
+        pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"),
+        pybind11::arg("width"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
+        pybind11::arg("load"));
   m.def("rows_vector_accesses", [] { return g_vector_accesses; },
         "vector global accesses of the last rows_forward call on this thread");
   m.def("rows_self_check", &rows_self_check, "run one checker scenario", pybind11::arg("scenario"));
