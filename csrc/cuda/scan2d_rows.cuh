@@ -364,10 +364,11 @@ struct CrossRowsForward {
   }
 
   template <bool kRev, class Ctx, class View, class T>
-  static SS2D_HD SS2D_INLINE void load_row(Ctx& ctx, const View& view, int row_off, unsigned valid, T (&dst)[kV]) {
+  static SS2D_HD SS2D_INLINE void load_row(Ctx& ctx, const View& view, long long off, unsigned valid, T (&dst)[kV]) {
+    const auto at = ctx.offset(view, off);
 SS2D_UNROLL
     for (int j = 0; j < kChunks; ++j) {
-      if (kLoad == kV || ((valid >> j) & 1u)) ctx.template load<kLoad>(view, row_off + chunk_step<kRev>(j), &dst[j * kLoad]);
+      if (kLoad == kV || ((valid >> j) & 1u)) ctx.template load<kLoad>(at, chunk_step<kRev>(j), &dst[j * kLoad]);
     }
   }
 
@@ -405,7 +406,11 @@ SS2D_UNROLL
     const auto bias = ctx.global(p.delta_bias, p.delta_bias != nullptr ? 4 * p.dim : 0);
     const auto skip = ctx.global(p.D, p.D != nullptr ? 4 * p.dim : 0);
     using InView = decltype(ctx.offset(u, 0LL));
-    InView lane_u[K], lane_d[2][K], lane_b[2][K], lane_c[2][K];
+    // Route 0 of the sweep's views; route 1's planes lie a constant distance further on (dim planes
+    // of delta, groups planes of B / C): no pointer registers of their own.
+    InView lane_u[K], lane_d[K], lane_b[K], lane_c[K];
+    const long long d_next = static_cast<long long>(p.dim) * L;
+    const long long bc_next = static_cast<long long>(p.groups) * L;
     decltype(ctx.offset(y, 0LL)) lane_y[K];
 
     Lane lanes[K];
@@ -431,22 +436,22 @@ SS2D_UNROLL
       lane_y[q] = ctx.offset(y, at_map * L + cell);
       lane_u[q] = ctx.offset(u, at_map * L + cell);
       l.skip = 0.f;
+      const int route0 = kRev ? 2 : 0;
+      lane_d[q] = ctx.offset(delta, (static_cast<long long>(bi) * p.delta_planes + route0 * p.dim + d) * L + cell);
+      const long long bc = (static_cast<long long>(bi) * p.bc_planes + route0 * p.groups + g) * L + cell;
+      lane_b[q] = ctx.offset(B, bc);
+      lane_c[q] = ctx.offset(C, bc);
 SS2D_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const int route = 2 * (kRev ? 1 : 0) + r;
-        const int ch = route * p.dim + d;
-        lane_d[r][q] = ctx.offset(delta, (static_cast<long long>(bi) * p.delta_planes + route * p.dim + d) * L + cell);
-        const long long bc = (static_cast<long long>(bi) * p.bc_planes + route * p.groups + g) * L + cell;
-        lane_b[r][q] = ctx.offset(B, bc);
-        lane_c[r][q] = ctx.offset(C, bc);
+        const int ch = (route0 + r) * p.dim + d;
         l.a2[r] = ctx.read(A, ch) * kLog2e;
         l.bias[r] = p.delta_bias != nullptr ? ctx.read(bias, ch) : 0.f;
         l.skip += p.D != nullptr ? ctx.read(skip, ch) : 0.f;
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) l.above[r][k] = 0.f;
-        load_row<kRev>(ctx, lane_d[r][q], 0, l.valid, l.d[r]);
-        load_row<kRev>(ctx, lane_b[r][q], 0, l.valid, l.b[r]);
-        load_row<kRev>(ctx, lane_c[r][q], 0, l.valid, l.c[r]);
+        load_row<kRev>(ctx, lane_d[q], r * d_next, l.valid, l.d[r]);
+        load_row<kRev>(ctx, lane_b[q], r * bc_next, l.valid, l.b[r]);
+        load_row<kRev>(ctx, lane_c[q], r * bc_next, l.valid, l.c[r]);
       }
       load_row<kRev>(ctx, lane_u[q], 0, l.valid, l.u);
     });
@@ -474,8 +479,8 @@ SS2D_UNROLL
           load_row<kRev>(ctx, lane_u[q], row_step, l.valid, l.u);
 SS2D_UNROLL
           for (int r = 0; r < 2; ++r) {
-            load_row<kRev>(ctx, lane_d[r][q], row_step, l.valid, l.d[r]);
-            load_row<kRev>(ctx, lane_b[r][q], row_step, l.valid, l.b[r]);
+            load_row<kRev>(ctx, lane_d[q], r * d_next + row_step, l.valid, l.d[r]);
+            load_row<kRev>(ctx, lane_b[q], r * bc_next + row_step, l.valid, l.b[r]);
           }
         }
 SS2D_UNROLL
@@ -565,16 +570,13 @@ SS2D_UNROLL
         }
         if (ahead) {
 SS2D_UNROLL
-          for (int r = 0; r < 2; ++r) load_row<kRev>(ctx, lane_c[r][q], row_step, l.valid, l.c[r]);
+          for (int r = 0; r < 2; ++r) load_row<kRev>(ctx, lane_c[q], r * bc_next + row_step, l.valid, l.c[r]);
         }
         lane_u[q] = ctx.offset(lane_u[q], row_step);
         lane_y[q] = ctx.offset(lane_y[q], row_step);
-SS2D_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          lane_d[r][q] = ctx.offset(lane_d[r][q], row_step);
-          lane_b[r][q] = ctx.offset(lane_b[r][q], row_step);
-          lane_c[r][q] = ctx.offset(lane_c[r][q], row_step);
-        }
+        lane_d[q] = ctx.offset(lane_d[q], row_step);
+        lane_b[q] = ctx.offset(lane_b[q], row_step);
+        lane_c[q] = ctx.offset(lane_c[q], row_step);
       });
     }
   }

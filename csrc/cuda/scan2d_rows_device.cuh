@@ -130,6 +130,11 @@ SS2D_UNROLL
     out[0] = __shfl_up_sync(0xffffffffu, in[0], delta);
 #endif
   }
+  SS2D_HD SS2D_INLINE void shfl_down(float (&out)[1], const float (&in)[1], int delta) const {
+#ifdef __CUDA_ARCH__
+    out[0] = __shfl_down_sync(0xffffffffu, in[0], delta);
+#endif
+  }
   SS2D_HD SS2D_INLINE void shfl_idx(float (&out)[1], const float (&in)[1], const int (&src)[1]) const {
 #ifdef __CUDA_ARCH__
     out[0] = __shfl_sync(0xffffffffu, in[0], src[0]);
@@ -151,6 +156,18 @@ __device__ SS2D_INLINE void rows_forward_kernel(const RowsParams& p) {
   const long long item = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
   if (item >= rows_items(p)) return;
   RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch, kSteps>::run(ctx, p, item);
+}
+
+// The four-route kernel body (CrossRowsForward): the same grid rule, RowsParams in the four-route
+// layout.
+template <class E, int kV, int kLoad, int kSteps>
+__device__ SS2D_INLINE void rows_cross_forward_kernel(const RowsParams& p) {
+  static_assert(kSteps >= 0 && kSteps <= kScanSteps, "kSteps: rows_scan_steps of the plan");
+  if ((1 << kSteps) < p.seg_lanes) __trap();
+  RowsDeviceCtx ctx;
+  const long long item = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
+  if (item >= rows_items(p)) return;
+  CrossRowsForward<E, kV, kLoad, kSteps>::run(ctx, p, item);
 }
 
 }  // namespace rows

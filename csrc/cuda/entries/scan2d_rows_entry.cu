@@ -9,6 +9,9 @@
 //   VMAMBA2D_RS_ROUTE     the route code with bit 2 (from_bottom, RowsParams::from_bottom) clear
 //   VMAMBA2D_RS_PREFETCH  RowsPlan::prefetch
 //   VMAMBA2D_RS_STEPS     RowsPlan::scan_steps (rows_scan_steps of the launch's seg_lanes)
+//   VMAMBA2D_RS_CROSS     1: the entry is vmamba2d_rows_cross_forward instead, the four-route kernel
+//                         (CrossRowsForward: VMamba's cross routes, RowsParams in the four-route
+//                         layout; VEC must divide W; ROUTE and PREFETCH are not read)
 // (RowsPlan: vmamba2d/ops/compiled/rows_plan.py, whose defines() gives these.)
 // Launch: vmamba2d_rows_forward(RowsParams) with kRowsThreads (128) threads per block and
 // ceil(rows_items / 4) blocks, no dynamic shared memory.
@@ -63,6 +66,14 @@ static_assert(!((VMAMBA2D_RS_ROUTE & kRouteFlat) && (VMAMBA2D_RS_ROUTE & kRouteC
 }  // namespace rows
 }  // namespace vmamba2d
 
+#if defined(VMAMBA2D_RS_CROSS) && VMAMBA2D_RS_CROSS
+extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RS_MIN_BLOCKS)
+    vmamba2d_rows_cross_forward(const vmamba2d::rows::RowsParams p) {
+  using namespace vmamba2d::rows;
+  rows_cross_forward_kernel<DeviceElement<VMAMBA2D_RS_DTYPE>::type, VMAMBA2D_RS_VEC, VMAMBA2D_RS_LOAD,
+                            VMAMBA2D_RS_STEPS>(p);
+}
+#else
 extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RS_MIN_BLOCKS)
     vmamba2d_rows_forward(const vmamba2d::rows::RowsParams p) {
   using namespace vmamba2d::rows;
@@ -73,3 +84,4 @@ extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMB
                       (VMAMBA2D_RS_ROUTE & kRouteFromRight) != 0, VMAMBA2D_RS_PREFETCH,
                       VMAMBA2D_RS_STEPS>(p);
 }
+#endif
