@@ -45,6 +45,7 @@ from .delta_proj import project_delta
 from .reference import SINGLE_ROUTE_SCANS, scan_per_route
 from .routes import Route, RoutesArg, resolve_routes
 from .triton import launch as triton_launch
+from .triton import rows_plan as triton_rows_plan
 from .triton.cross_ops import cross_selective_scan_2d_triton
 from .triton.ops import selective_scan_2d_triton
 from .validation import check_cross_scan_inputs, check_out_dtype, check_scan_inputs
@@ -183,6 +184,8 @@ def backend_info() -> dict:
     ``VMAMBA2D_SCAN_BACKEND`` or None), ``cuda_available`` (torch sees a GPU),
     ``cuda_kernel_arch`` (compute capability x 10 of the CUDA kernel code that runs on the current
     GPU, e.g. 86 for the sm_86 code an RTX 3090 / 4090 runs; None without a usable kernel),
+    ``triton_forward`` (the rule choosing the Triton single-route forward, row-streaming or
+    tiled, and the ``VMAMBA2D_TRITON_PLAN`` pin or None),
     ``cuda_compiler`` (``"nvcc"``: the built extension, ``"nvrtc"``: compiled at first use, None),
     ``nvrtc_version``, ``kernel_cache`` (the NVRTC kernel cache's folder), ``kernels_cached``
     (every NVRTC kernel of the current GPU's arch is cached; None off the NVRTC path or a GPU) and
@@ -213,6 +216,7 @@ def backend_info() -> dict:
         **_cuda_compiler_info(gpu and cuda_ok),
         "triton": triton_ver is not None,
         "triton_version": triton_ver,
+        "triton_forward": triton_rows_plan.describe(),
         "auto_cpu": auto_cpu,
         "auto_cuda": auto_cuda,
         "env_override": override,

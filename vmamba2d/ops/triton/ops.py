@@ -12,7 +12,9 @@ launched by :mod:`~vmamba2d.ops.triton.launch`) as one configuration of them: on
 rows first, from the top left) and each of the G groups of B / C its own map (u (batch, dim, L) is
 read as (batch * G, dim / G, H, W); map b * G + g takes the parameter rows of group g). With
 ``save_carries`` the forward also returns the states entering each tile, and the backward
-rebuilds every tile's states from them (no second forward sweep). Both ops have fake
+rebuilds every tile's states from them (no second forward sweep). A forward that saves no carries runs the
+row-streaming kernel (:mod:`~vmamba2d.ops.triton.rows`) where the rule of
+:mod:`~vmamba2d.ops.triton.rows_plan` allows it (d_state 1, rows up to 256 wide). Both ops have fake
 implementations (``torch.compile(fullgraph=True)`` traces them); the forward op's autograd
 formula calls the backward op.
 
@@ -29,6 +31,7 @@ import torch
 
 from ..autograd import backward_fake, register_single_route_autograd
 from .launch import acc_dtype, check_op_inputs, empty_carries, launch_backward, launch_forward
+from .rows_plan import forward_design, launch_rows_forward
 
 Tensor = torch.Tensor
 
@@ -72,6 +75,9 @@ def selective_scan_2d_triton_fwd(
     """
     check_op_inputs(u, A, B)
     maps = _as_maps(u, delta, B, C, height, width)
+    if forward_design(B.shape[2], height, width, u.dtype, save_carries) == "rows":
+        y = launch_rows_forward(*maps[:2], A, *maps[2:], D, delta_bias, delta_softplus, out_fp32, B.shape[1])
+        return y.view(u.shape), *empty_carries(0, 0, 0, 0, 0, 1, False, acc_dtype(u, delta, B, C), u)
     y, vcarry, hcarry = launch_forward(*maps[:2], A, *maps[2:], D, delta_bias, delta_softplus,
                                                    SINGLE_ROUTE, out_fp32, save_carries, B.shape[1])
     return y.view(u.shape), vcarry, hcarry

@@ -1,0 +1,92 @@
+"""The Triton row-streaming forward (RS) of the single-route 2D scan at N = 1 (the models' path).
+
+One program scans ``BLOCK_M`` consecutive channels of one map (a (batch, group of B / C) pair, so
+the channels share B and C) and walks the map's rows top-down. Per row it loads u, delta and the
+row of B / C as ``[BLOCK_M, BLOCK_W]`` tiles (``BLOCK_W`` the power of two >= W; columns past W
+are masked and scan as the identity step), and in fp32:
+
+    dt   = softplus(delta + delta_bias)          (or delta + delta_bias)
+    Abar = exp(dt * A)
+    hh   = scan of (Abar, dt * B * u) along the row   (tl.associative_scan, combine below)
+    h    = Abar * h_prev + hh                     (h_prev: the previous row's h, carried in the loop)
+    y    = C * h + D * u                          (stored in y's dtype)
+
+so nothing but u, delta, B, C in and y out touches memory: no tile carries, no scratch, no barrier
+in the loop. Imported (triton with it) on the first launch by :mod:`~vmamba2d.ops.triton.rows_plan`,
+which holds the rule choosing this kernel and its launch.
+
+``tuned_rows_kernel(block_w)`` autotunes ``rows_fwd_kernel`` over ``rows_plan.tuning_configs``
+(warps per program with BLOCK_M tied to them so that the row layout stays the same; see there) on
+the first call per (channels, height, width, dtypes) key.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from functools import lru_cache
+
+from .rows_plan import TUNING_KEY, tuning_configs
+
+
+@triton.jit
+def _row_combine(decay_left, value_left, decay_right, value_right):
+    # Two steps h -> decay * h + value composed, the left one (earlier along the row) first.
+    return decay_left * decay_right, decay_right * value_left + value_right
+
+
+@triton.jit
+def rows_fwd_kernel(
+    u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, y_ptr,
+    chans, param_groups, height, width,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """Grid (maps, cdiv(chans, BLOCK_M)). u, delta, y (maps, chans, H, W); B, C (maps, H, W);
+    A, D, delta_bias (param_groups * chans,): map m reads the rows of group m % param_groups."""
+    map_index = tl.program_id(0)
+    chan = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    col = tl.arange(0, BLOCK_W)
+    chan_ok = chan < chans
+    col_ok = col < width
+    mask = chan_ok[:, None] & col_ok[None, :]
+    length = height * width
+    # int64 offsets: maps * chans * L exceeds 2**31 at batch 128 on the largest maps.
+    plane = (map_index * chans + chan).to(tl.int64) * length
+    param = (map_index % param_groups) * chans + chan
+    A = tl.load(A_ptr + param, mask=chan_ok, other=0.0).to(tl.float32)[:, None]
+    if HAS_D:
+        skip = tl.load(D_ptr + param, mask=chan_ok, other=0.0).to(tl.float32)[:, None]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + param, mask=chan_ok, other=0.0).to(tl.float32)[:, None]
+    bc_row = B_ptr + map_index.to(tl.int64) * length
+    cc_row = C_ptr + map_index.to(tl.int64) * length
+    offsets = plane[:, None] + col[None, :]
+    h = tl.zeros((BLOCK_M, BLOCK_W), dtype=tl.float32)
+    for row in range(height):
+        cells = offsets + row * width
+        u = tl.load(u_ptr + cells, mask=mask, other=0.0).to(tl.float32)
+        z = tl.load(delta_ptr + cells, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            z = z + bias
+        if SOFTPLUS:
+            # softplus(z) = max(z, 0) + log(1 + exp(-|z|)), as the tiled kernels compute it.
+            dt = tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))
+        else:
+            dt = z
+        Bv = tl.load(bc_row + row * width + col, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        Cv = tl.load(cc_row + row * width + col, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        decay = tl.where(mask, tl.exp(dt * A), 1.0)
+        _, hh = tl.associative_scan((decay, dt * Bv * u), 1, _row_combine)
+        h = decay * h + hh
+        y = Cv * h
+        if HAS_D:
+            y = y + skip * u
+        tl.store(y_ptr + cells, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@lru_cache(maxsize=None)
+def tuned_rows_kernel(block_w: int):
+    """``rows_fwd_kernel`` autotuned over the bit-neutral configurations of rows ``block_w`` wide."""
+    return triton.autotune(configs=[triton.Config({"BLOCK_M": m}, num_warps=w) for m, w in tuning_configs(block_w)],
+                           key=TUNING_KEY)(rows_fwd_kernel)

@@ -1,0 +1,136 @@
+"""The rule that picks the Triton forward of the single-route op, and the launch of the
+row-streaming kernel (RS, :mod:`vmamba2d.ops.triton.rows`, imported with triton on first use).
+
+Rule (``forward_design``, by the call's shape and dtype, never by timing):
+
+* ``"rows"`` -- the row-streaming kernel -- when N (d_state) == 1, W <= ``MAX_ROWS_WIDTH``, the
+  scan inputs are fp32 / fp16 / bf16, and the forward need not save tile carries (no gradient is
+  taken: the backward kernel rebuilds its states from the tiled forward's carries, which RS does
+  not write);
+* ``"tiles"`` -- the tiled kernels of :mod:`~vmamba2d.ops.triton.kernels` -- otherwise.
+
+``VMAMBA2D_TRITON_PLAN`` pins it: ``tiles`` always takes the tiled kernels, ``rows`` takes RS and
+raises where RS cannot run the call, ``auto`` (or unset) applies the rule. Each new decision is
+logged at DEBUG level on the ``vmamba2d.ops.triton`` logger; ``backend_info()["triton_forward"]``
+states the rule and the pin.
+
+Tuning: on CUDA tensors the launch autotunes only warps per program (``num_warps``) and channels
+per program (``BLOCK_M``), tied so that every candidate keeps the same elements per thread and at
+least ``BLOCK_W / 32`` warps: Triton then lays a row out over the same lanes and warps in every
+candidate, so ``tl.associative_scan`` combines a row in the same order and no output bit depends
+on the choice. (This follows from Triton's default blocked layout; it is not checked on compiled
+code here.) Under the interpreter the first candidate runs untimed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import List, Optional, Tuple
+
+import torch
+
+Tensor = torch.Tensor
+
+PLAN_ENV_VAR = "VMAMBA2D_TRITON_PLAN"
+PLAN_CHOICES = ("auto", "rows", "tiles")
+MAX_ROWS_WIDTH = 256
+ROWS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ROWS_MODULE = "vmamba2d.ops.triton.rows"
+TUNING_KEY = ["chans", "height", "width"]
+# Elements of each [BLOCK_M, BLOCK_W] tile per thread in every tuning candidate.
+ELEMENTS_PER_THREAD = 2
+MAX_WARPS = 8
+
+_log = logging.getLogger("vmamba2d.ops.triton")
+_logged: set = set()
+
+
+def block_width(width: int) -> int:
+    """The power of two >= ``width`` a row tile spans."""
+    return 1 << max(0, (width - 1).bit_length())
+
+
+def tuning_configs(block_w: int) -> List[Tuple[int, int]]:
+    """(BLOCK_M, num_warps) candidates for rows ``block_w`` wide, the untuned default first: warps
+    w >= block_w / 32 (up to ``MAX_WARPS``) and BLOCK_M = ELEMENTS_PER_THREAD * 32 * w / block_w."""
+    configs = []
+    for warps in (4, 1, 2, 8):
+        if warps * 32 < block_w or warps > MAX_WARPS:
+            continue
+        configs.append((ELEMENTS_PER_THREAD * 32 * warps // block_w, warps))
+    if not configs:  # only reached for block_w > 32 * MAX_WARPS, which the rule excludes
+        raise ValueError(f"no row-streaming configuration for rows {block_w} wide")
+    return configs
+
+
+def _pinned() -> str:
+    value = os.environ.get(PLAN_ENV_VAR, "auto").strip().lower() or "auto"
+    if value not in PLAN_CHOICES:
+        raise ValueError(f"{PLAN_ENV_VAR} must be one of {', '.join(PLAN_CHOICES)}, got {value!r}")
+    return value
+
+
+def rows_problem(nstate: int, width: int, dtype: torch.dtype, save_carries: bool) -> Optional[str]:
+    """Why the row-streaming kernel cannot run a call (None when it can)."""
+    if nstate != 1:
+        return f"it runs d_state 1 only, got {nstate}"
+    if width > MAX_ROWS_WIDTH:
+        return f"it runs widths up to {MAX_ROWS_WIDTH}, got {width}"
+    if dtype not in ROWS_DTYPES:
+        return f"it runs fp32 / fp16 / bf16 inputs, got {dtype}"
+    if save_carries:
+        return "a gradient is needed and the backward reads the tiled forward's carries"
+    return None
+
+
+def forward_design(nstate: int, height: int, width: int, dtype: torch.dtype, save_carries: bool) -> str:
+    """``"rows"`` or ``"tiles"``: the Triton forward that runs a single-route call (rule above)."""
+    pin = _pinned()
+    problem = rows_problem(nstate, width, dtype, save_carries)
+    if pin == "rows" and problem is not None:
+        raise ValueError(f"{PLAN_ENV_VAR}=rows but the row-streaming kernel cannot run this call: {problem}")
+    design = "tiles" if pin == "tiles" or problem is not None else "rows"
+    key = (design, nstate, height, width, dtype, save_carries)
+    if key not in _logged and _log.isEnabledFor(logging.DEBUG):
+        _logged.add(key)
+        _log.debug("triton forward %s for N=%d %dx%d %s%s (%s)", design, nstate, height, width, dtype,
+                   " with carries" if save_carries else "", problem or f"{PLAN_ENV_VAR}={pin}")
+    return design
+
+
+def describe() -> dict:
+    """The rule and the pin, for ``backend_info()``."""
+    return {"rule": f"rows (row-streaming) for d_state 1, width <= {MAX_ROWS_WIDTH}, fp32/fp16/bf16, "
+                    "no gradient; else tiles",
+            "pin": os.environ.get(PLAN_ENV_VAR) or None}
+
+
+def launch_rows_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
+                        delta_bias: Optional[Tensor], delta_softplus: bool, out_fp32: bool,
+                        param_groups: int) -> Tensor:
+    """Run the row-streaming kernel: y (maps, chans, H, W), fp32 if ``out_fp32`` else u's dtype.
+
+    Inputs contiguous, validated, N = 1: u (maps, chans, H, W); delta (maps, 1, chans, H, W); A
+    (param_groups * chans, 1); B / C (maps, 1, 1, H, W); D / delta_bias (param_groups * chans,) or
+    None; map m reads the parameter rows of group m % param_groups.
+    """
+    import importlib
+
+    from .launch import _interpreted
+
+    rows = importlib.import_module(ROWS_MODULE)
+    maps, chans, height, width = u.shape
+    y = torch.empty(u.shape, device=u.device, dtype=torch.float32 if out_fp32 else u.dtype)
+    if u.numel() == 0:
+        return y
+    block_w = block_width(width)
+    args = (u, delta, A, B, C, D if D is not None else A, delta_bias if delta_bias is not None else A, y,
+            chans, param_groups, height, width)
+    flags = dict(HAS_D=D is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
+                 BLOCK_W=block_w)
+    if _interpreted(rows.rows_fwd_kernel):
+        block_m, warps = tuning_configs(block_w)[0]
+        rows.rows_fwd_kernel[(maps, -(-chans // block_m))](*args, **flags, BLOCK_M=block_m, num_warps=warps)
+    else:
+        rows.tuned_rows_kernel(block_w)[lambda meta: (maps, -(-chans // meta["BLOCK_M"]))](*args, **flags)
+    return y
