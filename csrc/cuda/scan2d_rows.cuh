@@ -350,7 +350,6 @@ struct CrossRowsForward {
     float above[2][kV];
     float abar[2][kV];
     float x[2][kV];
-    float du[kV];
   };
 
   // Element k (route order) of a lane's load buffers, and chunk j's memory offset, per sweep.
@@ -458,7 +457,7 @@ SS2D_UNROLL
 
     for (int i = 0; i < H; ++i) {
       const bool ahead = i + 1 < H;
-      // Phase 1: discretise both routes, refill u, delta, B with the next row, the columns-first
+      // Phase 1: discretise both routes, refill delta, B with the next row, the columns-first
       // route's vertical pass, each route's lane aggregate.
       ctx.each_lane([&](int lane) {
         const int q = ctx.slot(lane);
@@ -466,7 +465,6 @@ SS2D_UNROLL
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) {
           const float uk = E::to_float(l.u[at<kRev>(k)]);
-          l.du[k] = l.skip * uk;
 SS2D_UNROLL
           for (int r = 0; r < 2; ++r) {
             const float z = E::to_float(l.d[r][at<kRev>(k)]) + l.bias[r];
@@ -476,7 +474,6 @@ SS2D_UNROLL
           }
         }
         if (ahead) {
-          load_row<kRev>(ctx, lane_u[q], row_step, l.valid, l.u);
 SS2D_UNROLL
           for (int r = 0; r < 2; ++r) {
             load_row<kRev>(ctx, lane_d[q], r * d_next + row_step, l.valid, l.d[r]);
@@ -550,7 +547,7 @@ SS2D_UNROLL
           const float h0 = fmaf(l.abar[0][k], l.above[0][k], h[0]);
           l.above[0][k] = h0;
           float out = fmaf(E::to_float(l.c[0][at<kRev>(k)]), h0,
-                           fmaf(E::to_float(l.c[1][at<kRev>(k)]), h[1], l.du[k]));
+                           fmaf(E::to_float(l.c[1][at<kRev>(k)]), h[1], l.skip * E::to_float(l.u[at<kRev>(k)])));
           if constexpr (kRev) {
             if constexpr (kF32) {
               out += prev[at<kRev>(k)];
@@ -568,7 +565,9 @@ SS2D_UNROLL
         for (int j = 0; j < kChunks; ++j) {
           if ((l.valid >> j) & 1u) ctx.template store<kLoad>(lane_y[q], chunk_step<kRev>(j), &v[j * kLoad]);
         }
+        // u and C of the next row after their last use (u's D * u is taken here, not kept).
         if (ahead) {
+          load_row<kRev>(ctx, lane_u[q], row_step, l.valid, l.u);
 SS2D_UNROLL
           for (int r = 0; r < 2; ++r) load_row<kRev>(ctx, lane_c[q], r * bc_next + row_step, l.valid, l.c[r]);
         }
