@@ -7,8 +7,10 @@ against each other, the rule and its pin). The rule itself needs no Triton and i
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +50,44 @@ def test_backend_info_states_the_rule(monkeypatch):
     monkeypatch.setenv(rows_plan.PLAN_ENV_VAR, "tiles")
     info = backend_info()["triton_forward"]
     assert info["pin"] == "tiles" and "d_state 1" in info["rule"]
+
+
+def _row_layout(ttgir: str) -> tuple:
+    """(sizePerThread, threadsPerWarp, warpsPerCTA) along W of the layout the row scan runs in."""
+    scan = re.search(r'"tt\.scan"\(.*?\) <\{axis = 1.*?\}> \(\{.*?\}\) : \(tensor<\d+x\d+xf32, #(\w+)>', ttgir, re.S)
+    assert scan, "no tt.scan along axis 1 in the kernel"
+    layout = re.search(rf"#{scan.group(1)} = #ttg\.blocked<\{{(.*?)\}}>", ttgir).group(1)
+    fields = dict((name, int(along_w)) for name, _, along_w in re.findall(r"(\w+) = \[(\d+), (\d+)\]", layout))
+    return fields["sizePerThread"], fields["threadsPerWarp"], fields["warpsPerCTA"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_tuning_candidates_scan_a_row_in_one_layout(dtype, monkeypatch):
+    """Compiled for sm_90 without a GPU: every autotune candidate lays a row over the same threads
+    and warps, so the row scan combines in the same order and no output bit depends on the choice."""
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    previous = sys.modules.pop(rows_plan.ROWS_MODULE, None)
+    try:
+        static = importlib.import_module("vmamba2d.ops.triton.static")
+        if not static._cuobjdump().exists():
+            pytest.skip("triton's cuobjdump is missing")
+        rows = importlib.import_module(rows_plan.ROWS_MODULE)
+        pointers = {name: dtype for name in ("u_ptr", "delta_ptr", "B_ptr", "C_ptr", "y_ptr")}
+        for width in (7, 14, 16, 56):
+            block_w = rows_plan.block_width(width)
+            layouts = set()
+            for block_m, warps in rows_plan.tuning_configs(block_w):
+                compiled = static.compile_for(
+                    rows.rows_fwd_kernel, dict(chans=96, param_groups=2, height=width, width=width),
+                    dict(HAS_D=True, HAS_BIAS=True, SOFTPLUS=True, BLOCK_M=block_m, BLOCK_W=block_w),
+                    dtype, pointers, 90, warps)
+                assert compiled.spill_store_bytes == 0, (width, block_m, warps)
+                layouts.add(_row_layout(compiled.asm["ttgir"]))
+            assert len(layouts) == 1, (width, layouts)
+    finally:
+        sys.modules.pop(rows_plan.ROWS_MODULE, None)
+        if previous is not None:
+            sys.modules[rows_plan.ROWS_MODULE] = previous
