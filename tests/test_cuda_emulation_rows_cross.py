@@ -11,8 +11,8 @@ import torch
 
 from cuda_emulation_build import rows_emulation
 from vmamba2d.ops import CROSS_ROUTES, cross_selective_scan_2d_reference
+from vmamba2d.ops import selective_scan_2d_reference
 from vmamba2d.ops.routes import from_route_order, to_route_order
-from vmamba2d.ops import Route, selective_scan_2d_reference
 
 # Largest |y - reference| / max |reference| per y type (a 2-byte y is rounded once more between the
 # two sweeps than the reference's single cast).
@@ -25,8 +25,9 @@ def rows():
 
 
 def cross_vec(width: int) -> int:
-    """Columns per lane of the four-route kernel: the widest of 4, 2, 1 that divides W with W / V <= 32."""
-    for vec in (4, 2, 1):
+    """Columns per lane of the four-route kernel's plan (tools/v4_static_report.py, cross_vec): the
+    narrowest of 1, 2, 4 that divides W with W / V <= 32 (two routes' state per column: fewest registers)."""
+    for vec in (1, 2, 4):
         if width % vec == 0 and width // vec <= 32:
             return vec
     raise ValueError(f"width {width}: no lane width divides it within 32 lanes")

@@ -45,6 +45,26 @@ def test_other_routes_fit_the_registers(route):
         assert r.barriers == 0 and r.per_cell_channel is not None, r
 
 
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_four_route_kernel_holds_its_budgets(dtype):
+    rows = report.run_cross(NVCC, DISASSEMBLER, ["sm_90"], [dtype], list(report.WIDTHS))
+    assert [r.vec for r in rows] == [report.cross_vec(w) for w in report.WIDTHS] == [2, 1, 1, 1][:len(rows)]
+    assert all(r.per_cell_channel is not None and r.loop_instructions > 50 for r in rows)
+    assert report.cross_budget_failures(rows) == []
+
+
+def test_cross_budgets_catch_unknown_and_stale_spills():
+    spilling = report.Row("sm_90", "bf16", 28, 1, 1, 1, registers=64, spill_bytes=8, stack_bytes=8, barriers=0,
+                          loop_instructions=160.0, per_cell_channel=300.0, resident_warps=32, in_flight_kib=12.0)
+    clean = report.Row("sm_90", "fp32", 56, 2, 1, 1, registers=64, spill_bytes=0, stack_bytes=0, barriers=0,
+                       loop_instructions=200.0, per_cell_channel=229.0, resident_warps=32, in_flight_kib=24.0)
+    failures = report.cross_budget_failures([spilling, clean])
+    assert len(failures) == 2
+    assert "bf16 W=28" in failures[0] and "spills" in failures[0] and "CROSS_SPILLS" in failures[1]
+
+
 def test_budgets_catch_what_they_hold():
     row = report.Row("sm_90", "fp32", 56, 4, 1, 2, registers=72, spill_bytes=8, stack_bytes=8, barriers=1,
                      loop_instructions=200.0, per_cell_channel=57.1, resident_warps=24, in_flight_kib=40.0)
@@ -66,15 +86,22 @@ def _nvrtc_headers() -> Path | None:
     return None
 
 
-@pytest.mark.parametrize("dtype,width,route", [("bf16", 56, 0), ("fp32", 7, 11), ("fp16", 14, 6)])
+@pytest.mark.parametrize("dtype,width,route", [("bf16", 56, 0), ("fp32", 7, 11), ("fp16", 14, 6), ("bf16", 56, -1)])
 def test_entry_compiles_with_nvrtc(dtype, width, route):
+    # route -1: the four-route entry (VMAMBA2D_RS_CROSS=1) at cross_vec's lane width.
     # The launcher's path: NVRTC (no nvcc), the plan's macros, the CUDA headers torch's wheels bring.
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
     headers = _nvrtc_headers()
     if headers is None:
         pytest.skip("no CUDA headers from the nvidia wheels")
     plan, defines = report.plan_for(dtype, width)
-    defines["VMAMBA2D_RS_ROUTE"] = route & ~2
+    defines["VMAMBA2D_RS_ROUTE"] = max(route, 0) & ~2
+    entry = "vmamba2d_rows_forward"
+    if route < 0:
+        vec = report.cross_vec(width)
+        defines.update(VMAMBA2D_RS_CROSS=1, VMAMBA2D_RS_VEC=vec, VMAMBA2D_RS_LOAD=vec,
+                       VMAMBA2D_RS_STEPS=report.rows_plan_module.scan_steps(width // vec))
+        entry = "vmamba2d_rows_cross_forward"
     source = report.ENTRY.read_bytes()
     err, prog = nvrtc.nvrtcCreateProgram(source, report.ENTRY.name.encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
@@ -89,5 +116,5 @@ def test_entry_compiles_with_nvrtc(dtype, width, route):
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, text
     _, cubin = nvrtc.nvrtcGetCUBINSize(prog)
     assert cubin > 0
-    assert "0 bytes spill stores" in text and "vmamba2d_rows_forward" in text
+    assert "0 bytes spill stores" in text and entry in text
     nvrtc.nvrtcDestroyProgram(prog)
