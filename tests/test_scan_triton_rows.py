@@ -76,13 +76,13 @@ def test_tuning_candidates_scan_a_row_in_one_layout(dtype, monkeypatch):
             pytest.skip("triton's cuobjdump is missing")
         rows = importlib.import_module(rows_plan.ROWS_MODULE)
         pointers = {name: dtype for name in ("u_ptr", "delta_ptr", "B_ptr", "C_ptr", "y_ptr")}
-        for width in (7, 14, 16, 56):
+        for width, route in ((7, 0), (14, 0), (16, 5), (56, 0)):
             block_w = rows_plan.block_width(width)
             layouts = set()
             for block_m, warps in rows_plan.tuning_configs(block_w):
                 compiled = static.compile_for(
                     rows.rows_fwd_kernel, dict(chans=96, param_groups=2, height=width, width=width),
-                    dict(HAS_D=True, HAS_BIAS=True, SOFTPLUS=True, BLOCK_M=block_m, BLOCK_W=block_w),
+                    dict(HAS_D=True, HAS_BIAS=True, SOFTPLUS=True, ROUTE=route, BLOCK_M=block_m, BLOCK_W=block_w),
                     dtype, pointers, 90, warps)
                 assert compiled.spill_store_bytes == 0, (width, block_m, warps)
                 layouts.add(_row_layout(compiled.asm["ttgir"]))

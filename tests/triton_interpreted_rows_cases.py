@@ -24,7 +24,8 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 import triton_interpreted_cases  # noqa: E402,F401  (installs the interpreter shortcuts)
 from test_scan_ops import make_inputs  # noqa: E402
-from vmamba2d.ops import selective_scan_2d, selective_scan_2d_reference  # noqa: E402
+from vmamba2d.ops import cross_selective_scan_2d_reference, selective_scan_2d, selective_scan_2d_reference  # noqa: E402
+from vmamba2d.ops.routes import Route  # noqa: E402
 from vmamba2d.ops.triton import rows_plan  # noqa: E402
 
 # Tolerances against the fp64 reference on the rounded inputs: fp32 arithmetic throughout, y
@@ -147,3 +148,29 @@ def test_tuning_candidates_keep_the_row_layout(block_w):
     for block_m, warps in configs:
         assert block_m * block_w == rows_plan.ELEMENTS_PER_THREAD * 32 * warps
         assert warps * 32 >= block_w
+
+
+@pytest.mark.parametrize("route", range(8))
+@pytest.mark.parametrize("shape", [(5, 9), (7, 3)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_rows_kernel_on_every_2d_route(route, shape):
+    """The kernel launched with each 2D route code against the reference of that one route."""
+    height, width = shape
+    batch, dim = 2, 3
+    inputs = make_inputs(batch, dim, 1, 1, height, width, seed=route * 10 + height)
+    u = inputs["u"].float().view(batch, dim, height, width)
+    delta = inputs["delta"].float().view(batch, 1, dim, height, width)
+    B, C = (inputs[k].float().view(batch, 1, 1, height, width) for k in ("B", "C"))
+    A, D, bias = inputs["A"].float(), inputs["D"].float(), inputs["delta_bias"].float()
+    y = rows_plan.launch_rows_forward(u, delta, A, B, C, D, bias, True, False, 1, route=route)
+    expected = cross_selective_scan_2d_reference(u.double(), delta.double(), A.double(), B.double(), C.double(),
+                                                 D.double(), bias.double(), True, routes=[Route.from_code(route)])
+    torch.testing.assert_close(y.double(), expected, rtol=2e-5, atol=2e-5 * expected.abs().max().item())
+
+
+def test_rows_kernel_rejects_what_it_cannot_scan():
+    u = torch.zeros(1, 1, rows_plan.MAX_ROWS_WIDTH + 1, 2)
+    delta, B = u.view(1, 1, 1, *u.shape[2:]), u.view(1, 1, 1, *u.shape[2:])
+    with pytest.raises(ValueError, match="lines up to"):
+        rows_plan.launch_rows_forward(u, delta, torch.zeros(1, 1), B, B, None, None, True, False, 1, route=4)
+    with pytest.raises(ValueError, match="2D route code"):
+        rows_plan.launch_rows_forward(u, delta, torch.zeros(1, 1), B, B, None, None, True, False, 1, route=8)

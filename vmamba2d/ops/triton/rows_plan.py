@@ -107,8 +107,10 @@ def describe() -> dict:
 
 def launch_rows_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
                         delta_bias: Optional[Tensor], delta_softplus: bool, out_fp32: bool,
-                        param_groups: int) -> Tensor:
-    """Run the row-streaming kernel: y (maps, chans, H, W), fp32 if ``out_fp32`` else u's dtype.
+                        param_groups: int, route: int = 0) -> Tensor:
+    """Run the row-streaming kernel: y (maps, chans, H, W), fp32 if ``out_fp32`` else u's dtype,
+    scanned along the 2D route with code ``route`` (0-7; the scanned lines -- rows, or columns
+    for columns-first codes -- at most ``MAX_ROWS_WIDTH`` long).
 
     Inputs contiguous, validated, N = 1: u (maps, chans, H, W); delta (maps, 1, chans, H, W); A
     (param_groups * chans, 1); B / C (maps, 1, 1, H, W); D / delta_bias (param_groups * chans,) or
@@ -123,11 +125,16 @@ def launch_rows_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tenso
     y = torch.empty(u.shape, device=u.device, dtype=torch.float32 if out_fp32 else u.dtype)
     if u.numel() == 0:
         return y
-    block_w = block_width(width)
+    if not 0 <= route < 8:
+        raise ValueError(f"route must be a 2D route code in [0, 8), got {route}")
+    line_len = height if route & 4 else width
+    if line_len > MAX_ROWS_WIDTH:
+        raise ValueError(f"the row-streaming kernel scans lines up to {MAX_ROWS_WIDTH} long, got {line_len}")
+    block_w = block_width(line_len)
     args = (u, delta, A, B, C, D if D is not None else A, delta_bias if delta_bias is not None else A, y,
             chans, param_groups, height, width)
     flags = dict(HAS_D=D is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
-                 BLOCK_W=block_w)
+                 ROUTE=route, BLOCK_W=block_w)
     if _interpreted(rows.rows_fwd_kernel):
         block_m, warps = tuning_configs(block_w)[0]
         rows.rows_fwd_kernel[(maps, -(-chans // block_m))](*args, **flags, BLOCK_M=block_m, num_warps=warps)
