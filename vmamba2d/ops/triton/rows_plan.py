@@ -118,7 +118,7 @@ def launch_rows_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tenso
     """
     import importlib
 
-    from .launch import _interpreted
+    from triton.runtime.interpreter import InterpretedFunction
 
     rows = importlib.import_module(ROWS_MODULE)
     maps, chans, height, width = u.shape
@@ -135,7 +135,7 @@ def launch_rows_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tenso
             chans, param_groups, height, width)
     flags = dict(HAS_D=D is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
                  ROUTE=route, BLOCK_W=block_w)
-    if _interpreted(rows.rows_fwd_kernel):
+    if isinstance(rows.rows_fwd_kernel, InterpretedFunction):
         block_m, warps = tuning_configs(block_w)[0]
         rows.rows_fwd_kernel[(maps, -(-chans // block_m))](*args, **flags, BLOCK_M=block_m, num_warps=warps)
     else:
