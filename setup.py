@@ -43,7 +43,8 @@ OPENMP_FLAGS = ["-fopenmp"]
 
 # csrc/<folder> files the wheel carries under vmamba2d/csrc/<folder> (the CPU kernel's JIT build,
 # NVRTC's kernel sources and standard-header stand-ins, the NVRTC host driver's JIT build).
-PACKAGED_SOURCES = {"cpu": ("*.h", "*.cpp"), "cuda": ("*.cuh", "*.h"), "cuda/nvrtc_std": ("*",), "nvrtc": ("*.cpp",)}
+PACKAGED_SOURCES = {"cpu": ("*.h", "*.cpp"), "cuda": ("*.cuh", "*.h"), "cuda/nvrtc_std": ("*",), "cuda/entries": ("*.cu",),
+                     "nvrtc": ("*.cpp",)}
 
 
 def _source_paths(folder: str, *patterns: str) -> list[Path]:

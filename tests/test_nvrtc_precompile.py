@@ -103,3 +103,17 @@ def test_every_kernel_compiles_within_budget(arch: int, tmp_path: Path):
     assert all(row.compiled.target == nvrtc.Target(arch, "cubin") for row in rows)
     problems = {f"{row.kernel} sm_{row.arch}": budget_problems(row) for row in rows}
     assert {name: p for name, p in problems.items() if p} == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", precompile.DEFAULT_ARCHS)
+def test_rows_forward_entries_compile_without_spills(arch: int, tmp_path: Path):
+    """The v4 RS entries (one per model-width plan and dtype) fit kRowsMinBlocks' 64 registers, no spill."""
+    specs = [spec for name, spec in KERNELS.items() if name.startswith("rows_forward.")]
+    assert len(specs) == 12
+    rows = precompile.precompile(specs, [arch], jobs=2, folder=tmp_path)
+    assert [row.error for row in rows if row.compiled is None] == []
+    figures = {row.kernel: (row.compiled.resources.spill_stores + row.compiled.resources.spill_loads,
+                            row.compiled.resources.stack_bytes) for row in rows}
+    assert figures == {spec.name: (0, 0) for spec in specs}
+    assert max(row.compiled.resources.registers for row in rows) <= 64

@@ -45,6 +45,25 @@ def _scan_kernel(role: str, dtype: str, variant: str) -> KernelSpec:
     )
 
 
+ROWS_SOURCE = "entries/scan2d_rows_entry.cu"
+ROWS_SYMBOL = "vmamba2d_rows_forward"
+# csrc/cuda/entries/scan2d_rows_entry.cu's VMAMBA2D_RS_DTYPE codes.
+ROWS_DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
+# The (vec, load, prefetch, scan steps) plans of the model's map widths 56 / 28 / 14 / 7 with aligned
+# tensors (vmamba2d/ops/compiled/rows_plan.py: rows_plan), in every dtype: the instances precompiled.
+MODEL_ROWS_PLANS = ((4, 4, 1, 4), (4, 4, 1, 3), (2, 2, 1, 3), (1, 1, 1, 3))
+
+
+def rows_kernel(dtype: str, vec: int, load: int, prefetch: int, steps: int, route: int = 0) -> KernelSpec:
+    """The v4 row-streaming forward (RS) entry compiled for one plan: dtype "fp32" / "fp16" / "bf16",
+    the RowsPlan's vec / load / prefetch / scan_steps and the route code without its from_bottom bit."""
+    defines = (("VMAMBA2D_RS_DTYPE", ROWS_DTYPE_CODES[dtype]), ("VMAMBA2D_RS_VEC", vec), ("VMAMBA2D_RS_LOAD", load),
+               ("VMAMBA2D_RS_ROUTE", route), ("VMAMBA2D_RS_PREFETCH", prefetch), ("VMAMBA2D_RS_STEPS", steps))
+    return KernelSpec(name=f"rows_forward.{dtype}.r{route}v{vec}l{load}p{prefetch}s{steps}", source=ROWS_SOURCE,
+                      symbol=ROWS_SYMBOL, name_expression=False,
+                      defines=tuple((name, str(value)) for name, value in defines))
+
+
 KERNELS: dict[str, KernelSpec] = {
     spec.name: spec
     for spec in [
@@ -52,6 +71,7 @@ KERNELS: dict[str, KernelSpec] = {
           for role in ("forward", "backward") for dtype in ELEMENT_TYPES for variant in VARIANTS),
         KernelSpec(name="carry_scan", source="scan2d_kernels.cuh", symbol=f"{NAMESPACE}scan2d_carry_scan_kernel",
                    defines=(("SS2D_DEFINE_CARRY_SCAN_KERNEL", ""),)),
+        *(rows_kernel(dtype, *plan) for dtype in ELEMENT_TYPES for plan in MODEL_ROWS_PLANS),
     ]
 }
 

@@ -139,8 +139,13 @@ class KernelLauncher:
     def __call__(self, kind: str, dtype: str, variant: str, grid: Sequence[int], threads: int, smem: int,
                  args: Sequence[bytes]) -> None:
         """Launch one kernel on the current device's current stream (the host driver's call)."""
+        self.launch(spec_for_launch(kind, dtype, variant), grid, threads, smem, args)
+
+    def launch(self, spec: KernelSpec, grid: Sequence[int], threads: int, smem: int, args: Sequence[bytes]) -> None:
+        """Launch the table entry ``spec`` (any KernelSpec: the v4 entries are built per plan) on the
+        current device's current stream; ``args`` are the kernel's parameters as bytes, in order."""
         device = self._current_device()
-        function = self.function(device, spec_for_launch(kind, dtype, variant))
+        function = self.function(device, spec)
         buffers = [ctypes.create_string_buffer(bytes(arg), len(arg)) for arg in args]
         pointers = (ctypes.c_void_p * len(buffers))(*(ctypes.addressof(b) for b in buffers))
         self.driver.launch(function, tuple(grid), threads, smem, self._stream_of(device), ctypes.addressof(pointers))

@@ -15,7 +15,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from vmamba2d.ops.compiled import nvrtc
+import torch
+
+from vmamba2d.ops.compiled import nvrtc, rows_launch
 from vmamba2d.ops.compiled.cuda_launch import KernelLauncher
 
 HOST_SOURCE = Path("nvrtc") / "selective_scan_2d_nvrtc.cpp"
@@ -81,8 +83,18 @@ class NvrtcKernels:
             self._limits_set.add(index)
         return self._host
 
-    def forward(self, u, *args):
-        return self._prepare(u.device.index).forward(u, *args)
+    def forward(self, u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32, save_carries):
+        """The single-route forward: the v4 RS kernel where rows_launch.forward_design picks it (N = 1,
+        no gradient, widths the plan covers), else the v3 kernel through the host driver."""
+        design, plan, _ = rows_launch.forward_design(u, delta, A, B, C, D, delta_bias, width, out_fp32, save_carries)
+        if design == "rs" and u.is_cuda:
+            with torch.cuda.device(u.device):
+                y = rows_launch.launch_rows_forward(self._launcher, u, delta, A, B, C, D, delta_bias,
+                                                    delta_softplus, height, width, out_fp32, plan)
+            empty = A.new_empty(0, dtype=torch.float32)
+            return y, empty, empty.clone()
+        return self._prepare(u.device.index).forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height,
+                                                     width, out_fp32, save_carries)
 
     def backward(self, u, *args):
         return self._prepare(u.device.index).backward(u, *args)

@@ -1,0 +1,110 @@
+"""Launching the v4 row-streaming forward (RS) through the NVRTC launcher, and the choice between it
+and the v3 kernel for one call of the single-route CUDA op.
+
+The choice is a fixed rule of the call (never a timing): RS when rows_plan.choose_design says so for
+route 0 (the op's route), N = 1, fp32 / fp16 / bf16 inputs of one type and no gradient is needed
+(the v3 backward reads the v3 forward's saved tile carries, so a forward that saves them stays v3).
+``VMAMBA2D_SCAN_PLAN=v3`` pins the v3 kernel for every call; ``auto`` (or unset) applies the rule.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional
+
+import torch
+
+from vmamba2d.ops.compiled import rows_plan
+from vmamba2d.ops.compiled.cuda_kernels import KernelSpec, rows_kernel
+
+PLAN_ENV = "VMAMBA2D_SCAN_PLAN"
+_PLAN_CHOICES = ("auto", "v3")
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+OP_ROUTE = 0  # the single-route op scans from the top-left corner, rows first (Route code 0)
+
+
+class RowsParams(ctypes.Structure):
+    """csrc/cuda/scan2d_rows_common.h ``struct RowsParams``, field for field (the kernel's parameter)."""
+
+    _fields_ = [
+        ("u", ctypes.c_void_p), ("delta", ctypes.c_void_p), ("B", ctypes.c_void_p), ("C", ctypes.c_void_p),
+        ("A", ctypes.c_void_p), ("D", ctypes.c_void_p), ("delta_bias", ctypes.c_void_p), ("y", ctypes.c_void_p),
+        ("delta_planes", ctypes.c_longlong), ("bc_planes", ctypes.c_longlong),
+        ("batch", ctypes.c_int), ("dim", ctypes.c_int), ("groups", ctypes.c_int), ("height", ctypes.c_int),
+        ("width", ctypes.c_int), ("seg_lanes", ctypes.c_int), ("maps_per_warp", ctypes.c_int),
+        ("softplus", ctypes.c_int), ("y_fp32", ctypes.c_int), ("from_bottom", ctypes.c_int),
+    ]
+
+
+def pinned_plan() -> str:
+    """The VMAMBA2D_SCAN_PLAN setting: "auto" (unset) or "v3".
+
+    Raises:
+        ValueError: any other value.
+    """
+    value = os.environ.get(PLAN_ENV, "auto").strip().lower() or "auto"
+    if value not in _PLAN_CHOICES:
+        raise ValueError(f"{PLAN_ENV}: expected one of {', '.join(_PLAN_CHOICES)}, got {value!r}")
+    return value
+
+
+def _float32_or_none(t: Optional[torch.Tensor]) -> bool:
+    return t is None or (t.dtype == torch.float32 and t.is_contiguous())
+
+
+def forward_design(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                   D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], width: int, out_fp32: bool,
+                   save_carries: bool) -> tuple[str, Optional[rows_plan.RowsPlan], str]:
+    """The design of one single-route forward: ("rs", plan, why) or ("v3", None, why).
+
+    u, delta (batch, dim, L); A (dim, N); B, C (batch, groups, N, L); D, delta_bias (dim,) or None.
+    """
+    if pinned_plan() == "v3":
+        return "v3", None, f"{PLAN_ENV}=v3"
+    if save_carries:
+        return "v3", None, "gradients needed: the v3 backward reads the v3 forward's tile carries"
+    if u.dtype not in _DTYPE_NAMES or any(t.dtype != u.dtype for t in (delta, B, C)):
+        return "v3", None, f"input types {u.dtype}, {delta.dtype}, {B.dtype}, {C.dtype}: RS takes one of fp32/fp16/bf16"
+    if not (A.dtype == torch.float32 and _float32_or_none(D) and _float32_or_none(delta_bias)
+            and all(t.is_contiguous() for t in (u, delta, A, B, C))):
+        return "v3", None, "A, D, delta_bias not contiguous fp32 or inputs not contiguous"
+    y_bytes = 4 if out_fp32 else u.element_size()
+    design, why = rows_plan.choose_design(B.shape[2], u.shape[2] // max(width, 1), width, OP_ROUTE,
+                                          u.element_size(), y_bytes, rows_plan.alignment(u, delta, B, C))
+    if design != "rs":
+        return "v3", None, why
+    plan = rows_plan.rows_plan(u.element_size(), y_bytes, width, OP_ROUTE, rows_plan.alignment(u, delta, B, C))
+    return "rs", plan, why
+
+
+def plan_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
+    """The NVRTC table entry of a plan and input type (the RS entry with the plan's macros)."""
+    return rows_kernel(_DTYPE_NAMES[dtype], plan.vec, plan.load, plan.prefetch, plan.scan_steps, OP_ROUTE)
+
+
+def rows_params(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], y: torch.Tensor, softplus: bool,
+                height: int, width: int, plan: rows_plan.RowsPlan) -> RowsParams:
+    """The kernel's parameter block for one single-route launch (shapes as in :func:`forward_design`)."""
+    batch, dim, _ = u.shape
+    groups = B.shape[1]
+    return RowsParams(
+        u.data_ptr(), delta.data_ptr(), B.data_ptr(), C.data_ptr(), A.data_ptr(),
+        None if D is None else D.data_ptr(), None if delta_bias is None else delta_bias.data_ptr(), y.data_ptr(),
+        dim, groups, batch, dim, groups, height, width, plan.seg_lanes, plan.maps_per_warp,
+        int(bool(softplus)), int(y.dtype == torch.float32), int(bool(OP_ROUTE & 2)))
+
+
+def launch_rows_forward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                        C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
+                        softplus: bool, height: int, width: int, out_fp32: bool,
+                        plan: rows_plan.RowsPlan) -> torch.Tensor:
+    """y (batch, dim, L), fp32 if ``out_fp32`` else u's type: the RS forward launched with the plan's
+    grid and block on the current stream (``launcher``: cuda_launch.KernelLauncher)."""
+    y = torch.empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device)
+    if y.numel() == 0:
+        return y
+    params = rows_params(u, delta, A, B, C, D, delta_bias, y, softplus, height, width, plan)
+    grid = (plan.blocks(u.shape[0], u.shape[1]), 1, 1)
+    launcher.launch(plan_spec(plan, u.dtype), grid, rows_plan.ROWS_THREADS, 0, [bytes(params)])
+    return y
