@@ -91,7 +91,8 @@ def test_fp32_output_of_half_inputs(rows, dtype):
     x = make_inputs(2, 3, 14, 28, dtype, seed=5)
     y = run(rows, x, y_fp32=True)
     assert y.dtype == torch.float32
-    check(y, reference(x), torch.float32 if dtype == torch.float32 else dtype)
+    # The reference takes the same rounded inputs: an fp32 y is as close as the fp32 kernel's.
+    check(y, reference(x), torch.float32)
 
 
 @pytest.mark.parametrize("vec,load", [(1, 1), (2, 1), (2, 2), (4, 1), (4, 4)])
