@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from cuda_emulation_build import rows_emulation
-from vmamba2d.ops import CROSS_ROUTES, cross_selective_scan_2d_reference
-from vmamba2d.ops import selective_scan_2d_reference
+from vmamba2d.ops import CROSS_ROUTES, cross_selective_scan_2d_reference, selective_scan_2d_reference
 from vmamba2d.ops.routes import from_route_order, to_route_order
 
 # Largest |y - reference| / max |reference| per y type (a 2-byte y is rounded once more between the
