@@ -320,8 +320,9 @@ SS2D_UNROLL
 // "four routes"): routes 0 (rows first) and 1 (columns first) of CROSS_ROUTES start top-left and
 // share a top-down sweep; routes 2 and 3 (their reverses) start bottom-right and share a bottom-up
 // sweep that the same warp runs next. Per row of a sweep a lane reads u once and both routes' delta,
-// B, C; the rows-first route runs the row scan then h = Abar * h_above + hh; the columns-first route
-// runs v = Abar * v_above + x then the row scan of v; both row scans share the shuffle phases. The
+// B (one row ahead) and C (before the row's shuffles); the rows-first route runs the row scan then
+// h = Abar * h_above + hh; the columns-first route runs v = Abar * v_above + x then the row scan of
+// v; both row scans share the shuffle phases. The
 // top-down sweep writes y = (C0 h0 + (C1 h1 + (D0 + D1) u)); the bottom-up sweep reads those cells
 // back (the same lane wrote them: in both sweeps lane s of a segment owns memory columns s * V ..
 // s * V + V - 1, the bottom-up sweep's route position being S - 1 - s) and writes y + that sum of
@@ -450,7 +451,6 @@ SS2D_UNROLL
         for (int k = 0; k < kV; ++k) l.above[r][k] = 0.f;
         load_row<kRev>(ctx, lane_d[q], r * d_next, l.valid, l.d[r]);
         load_row<kRev>(ctx, lane_b[q], r * bc_next, l.valid, l.b[r]);
-        load_row<kRev>(ctx, lane_c[q], r * bc_next, l.valid, l.c[r]);
       }
       load_row<kRev>(ctx, lane_u[q], 0, l.valid, l.u);
     });
@@ -497,6 +497,10 @@ SS2D_UNROLL
           sa[r][q] = a;
           sb[r][q] = h;
         }
+        // C of this row, issued before the shuffle phases that hide it (a row ahead, as for RS, two
+        // routes' C spill fp32 at V = 2).
+SS2D_UNROLL
+        for (int r = 0; r < 2; ++r) load_row<kRev>(ctx, lane_c[q], r * bc_next, l.valid, l.c[r]);
       });
 
       // Both routes' segmented scans of the lane aggregates, in route positions.
@@ -524,7 +528,7 @@ SS2D_UNROLL
       for (int r = 0; r < 2; ++r) shift<kRev>(ctx, tb[r], sb[r], 1);
 
       // Phase 2: second in-lane passes, the rows-first vertical pass, y of both routes summed on
-      // chip (plus the top-down sweep's sum in the bottom-up sweep), one store; refill C.
+      // chip (plus the top-down sweep's sum in the bottom-up sweep), one store; refill u.
       ctx.each_lane([&](int lane) {
         const int q = ctx.slot(lane);
         Lane& l = lanes[q];
@@ -565,11 +569,9 @@ SS2D_UNROLL
         for (int j = 0; j < kChunks; ++j) {
           if ((l.valid >> j) & 1u) ctx.template store<kLoad>(lane_y[q], chunk_step<kRev>(j), &v[j * kLoad]);
         }
-        // u and C of the next row after their last use (u's D * u is taken here, not kept).
+        // u of the next row after its last use (D * u is taken here, not kept).
         if (ahead) {
           load_row<kRev>(ctx, lane_u[q], row_step, l.valid, l.u);
-SS2D_UNROLL
-          for (int r = 0; r < 2; ++r) load_row<kRev>(ctx, lane_c[q], r * bc_next + row_step, l.valid, l.c[r]);
         }
         lane_u[q] = ctx.offset(lane_u[q], row_step);
         lane_y[q] = ctx.offset(lane_y[q], row_step);
