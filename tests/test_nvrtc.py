@@ -85,8 +85,11 @@ def test_parse_resources_reads_the_named_entry_only():
 
 def test_kernel_table_names_every_v3_instantiation_once():
     roles = {name.split(".")[0] for name in KERNELS}
-    assert roles == {"forward", "backward", "carry_scan"}
-    assert len(KERNELS) == 2 * 3 * 4 + 1
+    assert roles == {"forward", "backward", "carry_scan", "rows_forward"}
+    rows = [spec for name, spec in KERNELS.items() if name.startswith("rows_forward.")]
+    assert len(KERNELS) == 2 * 3 * 4 + 1 + len(rows) and len(rows) == 3 * 4  # v4 RS: 3 dtypes x 4 model plans
+    assert {(spec.source, spec.symbol, spec.name_expression) for spec in rows} == {
+        ("entries/scan2d_rows_entry.cu", "vmamba2d_rows_forward", False)}
     assert kernel_spec("backward.bf16.kRoute").symbol == (
         "vmamba2d::scan2d::scan2d_backward_kernel<__nv_bfloat16, vmamba2d::scan2d::Variant::kRoute>")
     with pytest.raises(KeyError, match="kernel must be one of"):
