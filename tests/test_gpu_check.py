@@ -257,3 +257,17 @@ def test_unknown_step_names_are_refused(gpu_check, monkeypatch, capsys):
     assert "no-such-step" in capsys.readouterr().out
     assert gpu_check.main(["--skip", "bench-scan", "--dry-run"]) == 0
     assert "bench-scan" not in capsys.readouterr().out.split("budget", 1)[1]
+
+
+def test_bench_v4_table_and_no_gpu_exit(tmp_path):
+    bench_v4 = load_script("tools/bench_v4.py", "bench_v4")
+    rows = [{"shape": "128x192x56x56", "dtype": "float32", "rs ms": "0.5"}, {"shape": "copy", "plan": "4000 GB/s"}]
+    assert bench_v4.format_table(rows).splitlines() == [
+        "| shape | dtype | rs ms | plan |", "|---|---|---|---|", "| 128x192x56x56 | float32 | 0.5 |  |",
+        "| copy |  |  | 4000 GB/s |"]
+    # vmamba2d_tiny's stages: channels double while the map's side halves
+    assert [dim * side * side for dim, side in bench_v4.SHAPES] == [192 * 56 * 56 // 2 ** i for i in range(4)]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, str(TOOL.with_name("bench_v4.py")), "--out", str(tmp_path / "t.md")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2 and "needs a GPU" in run.stdout
