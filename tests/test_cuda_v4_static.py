@@ -56,7 +56,7 @@ def test_four_route_kernel_holds_its_budgets(dtype):
 
 
 def test_cross_budgets_catch_unknown_and_stale_spills(monkeypatch):
-    monkeypatch.setattr(report, "CROSS_SPILLS", {("fp32", 56)})
+    monkeypatch.setattr(report, "CROSS_SPILLS", {("sm_90", "fp32", 56)})
     spilling = report.Row("sm_90", "bf16", 28, 1, 1, 1, registers=64, spill_bytes=8, stack_bytes=8, barriers=0,
                           loop_instructions=160.0, per_cell_channel=300.0, resident_warps=32, in_flight_kib=12.0)
     clean = report.Row("sm_90", "fp32", 56, 2, 1, 1, registers=64, spill_bytes=0, stack_bytes=0, barriers=0,

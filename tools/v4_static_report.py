@@ -241,9 +241,10 @@ def run_cross(nvcc: str, disassembler: str, archs, dtypes, widths, vec: Optional
                 for a in archs for d in dtypes for w in widths]
 
 
-# Four-route instances allowed to spill (none: fp32 at V = 2 spilled while C was loaded a row
-# ahead); cross_budget_failures reports any other spill, and an entry here that no longer spills.
-CROSS_SPILLS: set[tuple[str, int]] = set()
+# Four-route instances (arch, dtype, W) that spill today: fp32 at V = 2 on sm_80 (12 bytes; sm_90 and
+# sm_75 fit 64 registers since C is loaded before the row's shuffles, not a row ahead);
+# cross_budget_failures reports any other spill, and an entry here that no longer spills.
+CROSS_SPILLS = {("sm_80", "fp32", 56)}
 
 
 def cross_budget_failures(rows: list[Row]) -> list[str]:
@@ -257,7 +258,7 @@ def cross_budget_failures(rows: list[Row]) -> list[str]:
             out.append(f"four-route {r.label}: {r.barriers} block barriers")
         if r.per_cell_channel is None:
             out.append(f"four-route {r.label}: no streaming loop found")
-        known = (r.dtype, r.width) in CROSS_SPILLS
+        known = (r.arch, r.dtype, r.width) in CROSS_SPILLS
         spills = bool(r.spill_bytes or r.stack_bytes)
         if spills and not known:
             out.append(f"four-route {r.label}: {r.spill_bytes} bytes of spills, {r.stack_bytes} bytes of stack")
