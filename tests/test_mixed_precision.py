@@ -143,7 +143,8 @@ def _train_losses(dtype, data_root, steps: int = 6) -> list[float]:
     from torchvision import transforms
 
     torch.manual_seed(0)
-    model = timm.create_model("vmamba2d_tiny", num_classes=3).train()
+    # vmamba2d_tiny's blocks at a quarter of its width and depth: the same layers, a minute less in CI
+    model = timm.create_model("vmamba2d_tiny", num_classes=3, dims=24, depths=(1, 1, 2, 1)).train()
     folder = torchvision.datasets.ImageFolder(
         data_root / "train", transforms.Compose([transforms.Resize((32, 32)), transforms.ToTensor(),
                                                  transforms.Normalize((0.5,) * 3, (0.25,) * 3)]))
@@ -165,7 +166,7 @@ def _train_losses(dtype, data_root, steps: int = 6) -> list[float]:
 
 @pytest.mark.slow
 def test_bf16_training_losses_follow_fp32(tmp_path):
-    """Six AdamW steps (lr 1e-4) of vmamba2d_tiny on the tiny ImageFolder (32 x 32, batch 8), from the same
+    """Six AdamW steps (lr 1e-4) of a narrow vmamba2d_tiny on the tiny ImageFolder (32 x 32, batch 8), from the same
     weights and batches: bf16 autocast's loss at every step within 5% (+0.02) of fp32's, and both
     learn (last loss below the first)."""
     data = make_tiny_imagefolder(tmp_path / "data")
