@@ -17,7 +17,7 @@ import torch
 
 import vmamba2d.models  # noqa: F401  (registers the models with timm)
 from vmamba2d.export import UntestedTorchError, register_onnx_translations
-from vmamba2d.export.mil_onnx import export_mil_onnx, mil_max_relative_error, random_bag
+from vmamba2d.export.mil_onnx import export_mil_onnx, mil_max_relative_error, random_bag, run_mil_onnx
 from vmamba2d.export.onnx_export import INPUT_NAME, export_onnx, max_relative_error, onnx_session
 from vmamba2d.export.onnx_registry import register_if_onnx_installed
 from vmamba2d.export.onnx_scan import selective_scan_2d_onnx
@@ -261,6 +261,9 @@ def test_cli_exports_a_mil_checkpoint_that_matches_eager_on_bags(tmp_path, capsy
     for features, coords in (random_bag(8, 2, (1, 2)), random_bag(8, 9, (9, 1), seed=1),
                              random_bag(8, 23, (4, 7), seed=2), one_patch):
         assert mil_max_relative_error(model, None, features, coords, session) <= TOLERANCE
+    # an empty bag: the eager model's one-line error, not onnxruntime's Reshape failure
+    with pytest.raises(ValueError, match="features is empty"):
+        run_mil_onnx(session, torch.zeros(0, 8), torch.zeros(0, 2, dtype=torch.long))
 
 
 class _Payload:

@@ -7,7 +7,8 @@ unless it sets a fixed ``canvas_size``). Its outputs are the model's output dict
 ``attention``, ``attention_scores``, ``embedding``, then ``probabilities`` or ``hazards`` /
 ``survival`` / ``risk``). The eager model's value checks on the coords (non-negative, distinct)
 are not in the graph (ONNX has no assertions): validate slides with
-``vmamba2d.mil.models.check_slide_inputs`` before running the file.
+``vmamba2d.mil.models.check_slide_inputs`` before running the file, or run it through
+:func:`run_mil_onnx`, which does (an empty bag otherwise ends in an onnxruntime Reshape error).
 """
 from __future__ import annotations
 
@@ -64,12 +65,24 @@ def export_mil_onnx(model: torch.nn.Module, path: Union[str, Path], *, opset: Op
     return save_checked(program, path)
 
 
+def run_mil_onnx(session, features: torch.Tensor, coords: torch.Tensor) -> list:
+    """One slide through an exported file's onnxruntime ``session`` (see :func:`onnx_session`),
+    after the eager model's checks: features (n, in_dim) float with n >= 1, coords (n, 2) integer,
+    non-negative, distinct. Returns the file's outputs as numpy arrays, in the model's order."""
+    from ..mil.models import check_slide_inputs
+
+    in_dim = session.get_inputs()[0].shape[1]
+    check_slide_inputs(features, coords, in_dim, None)
+    feeds = {FEATURES_NAME: features.float().numpy(), COORDS_NAME: coords.long().numpy()}
+    return session.run(None, feeds)
+
+
 def mil_max_relative_error(model: torch.nn.Module, path: Union[str, Path], features: torch.Tensor,
                            coords: torch.Tensor, session=None) -> float:
     """Run one slide (features (n, in_dim), coords (n, 2)) through the ONNX file in onnxruntime and
     through ``model`` in eager PyTorch; return max |onnx - eager| / max |eager| over every output."""
     session = session or onnx_session(path)
-    got = session.run(None, {FEATURES_NAME: features.numpy(), COORDS_NAME: coords.long().numpy()})
+    got = run_mil_onnx(session, features, coords)
     with torch.no_grad():
         want = [t.numpy() for t in model.eval()(features, coords).values()]
     return max_relative_difference(got, want)
