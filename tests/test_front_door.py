@@ -85,6 +85,23 @@ def test_mil_set_reads_with_the_mil_loaders(tiny):
     assert slide.features.shape[1] == 32 and slide.coords_px.shape == (slide.features.shape[0], 2)
 
 
+def test_slides_read_as_whole_slide_images_with_tissue_and_the_labels_split(tmp_path):
+    pytest.importorskip("tifffile")
+    pytest.importorskip("tiffslide")
+    from vmamba2d.mil.data import read_label_csv
+    from vmamba2d.mil.slides import open_slide
+
+    root = tiny_data.write_tiny_data(tmp_path, only=["slides"])["slides"]
+    entries, _ = read_label_csv(root / "labels.csv", label_map={"normal": 0, "tumour": 1})
+    assert [e.split for e in entries] == list(tiny_data.SLIDE_SPLITS)
+    assert {e.label for e in entries} == {0, 1}
+    for entry in entries:
+        with open_slide(root / "images" / f"{entry.slide_id}.tif") as slide:
+            assert slide.dimensions == tiny_data.SLIDE_SIZE and slide.mpp == pytest.approx(0.5)
+            assert len(slide.level_dimensions) >= 2
+    assert "slides" not in tiny_data.write_tiny_data(tmp_path / "default", only=["mil"])
+
+
 def test_same_seed_same_files_and_existing_folders_kept(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     tiny_data.write_tiny_data(first, only=["coco"], seed=3)

@@ -2,8 +2,9 @@
 
 Examples:
 
-    vmamba2d-tiny-data                      # all four under data/tiny
+    vmamba2d-tiny-data                      # imagenet, ade, coco, mil under data/tiny
     vmamba2d-tiny-data out/tiny --only coco mil
+    vmamba2d-tiny-data --only slides        # 8 small whole-slide images + labels.csv
 
 Under the output folder (default ``data/tiny``, where the shipped ``tiny-data_*`` configs look):
 
@@ -17,6 +18,10 @@ Under the output folder (default ``data/tiny``, where the shipped ``tiny-data_*`
 * ``mil/features/<slide_id>.pt`` and ``mil/labels.csv`` (``slide_id,label,split``): per-slide
   patch features and coordinates of the synthetic 2D-arrangement task
   (:mod:`vmamba2d.mil.synthetic`, docs/mil.md#synthetic-task), 24 / 8 / 8 slides.
+* ``slides/images/s<i>.tif`` and ``slides/labels.csv``: 8 small pyramidal TIFF slides (768 x 640
+  px at 0.5 um/px, 3 levels, tissue-coloured ellipses on white) for the from-slides quick start
+  (``vmamba2d-mil-extract`` -> ``vmamba2d-mil-train`` -> ``vmamba2d-mil-predict``), 4 / 2 / 2
+  slides; only with ``--only slides`` (it needs the ``slides`` extra).
 
 Everything is drawn from one seeded generator per dataset: the same seed writes the same files.
 """
@@ -149,15 +154,47 @@ def write_mil(root: Path, seed: int = 0) -> Path:
     return root
 
 
+SLIDE_SPLITS = ("train",) * 4 + ("val",) * 2 + ("test",) * 2
+SLIDE_SIZE = (768, 640)  # (width, height) at level 0
+
+
+def write_slides(root: Path, seed: int = 0) -> Path:
+    """``root/images/s<i>.tif`` (pyramidal TIFFs, 0.5 um/px) and ``root/labels.csv`` (``slide_id,
+    label,split``): one tissue ellipse per slide, labels alternating ``normal`` / ``tumour``."""
+    import csv
+
+    import numpy as np
+
+    from vmamba2d.mil.slides.synthetic import Blob, write_synthetic_slide
+
+    rng = np.random.default_rng(seed)
+    images = root / "images"
+    images.mkdir(parents=True)
+    rows = []
+    for index, split in enumerate(SLIDE_SPLITS):
+        blob = Blob(*(float(v) for v in (rng.uniform(180, 560), rng.uniform(180, 450),
+                                          rng.uniform(110, 170), rng.uniform(110, 170))))
+        write_synthetic_slide(images / f"s{index}.tif", SLIDE_SIZE, [blob], mpp=0.5, seed=seed + index)
+        rows.append((f"s{index}", "tumour" if index % 2 else "normal", split))
+    with open(root / "labels.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("slide_id", "label", "split"))
+        writer.writerows(rows)
+    return root
+
+
 WRITERS: dict[str, tuple[str, Callable[[Path, int], Path]]] = {
     "imagenet": ("imagenet", write_imagenet),
     "ade": ("ade", write_ade),
     "coco": ("coco", write_coco),
     "mil": ("mil", write_mil),
+    "slides": ("slides", write_slides),
 }
+# Written when no --only is given (the slides need the `slides` extra: asked for by name)
+DEFAULT_DATASETS = ("imagenet", "ade", "coco", "mil")
 
 
-def write_tiny_data(out: Path, only: Sequence[str] = tuple(WRITERS), seed: int = 0,
+def write_tiny_data(out: Path, only: Sequence[str] = DEFAULT_DATASETS, seed: int = 0,
                     overwrite: bool = False) -> dict[str, Path]:
     """Write the datasets named in ``only`` under ``out``; returns ``{name: folder}``.
 
@@ -183,8 +220,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT,
                         help=f"output folder (default: {DEFAULT_OUT})")
-    parser.add_argument("--only", nargs="+", choices=list(WRITERS), default=list(WRITERS),
-                        help="write only these datasets")
+    parser.add_argument("--only", nargs="+", choices=list(WRITERS), default=list(DEFAULT_DATASETS),
+                        help=f"write only these datasets (default: {' '.join(DEFAULT_DATASETS)}; "
+                             "slides needs the slides extra)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace datasets that exist")
     return parser.parse_args(argv)
