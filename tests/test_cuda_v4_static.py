@@ -111,9 +111,9 @@ def test_entry_compiles_with_nvrtc(dtype, width, route):
                *[f"-D{k}={v}".encode() for k, v in defines.items()]]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-    log = b" " * size
+    log = bytearray(size)  # NVRTC writes into it: never a (possibly shared) bytes object
     nvrtc.nvrtcGetProgramLog(prog, log)
-    text = log.decode(errors="replace")
+    text = bytes(log).decode(errors="replace")
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, text
     _, cubin = nvrtc.nvrtcGetCUBINSize(prog)
     assert cubin > 0

@@ -269,3 +269,19 @@ def test_wheel_carries_what_nvrtc_and_the_host_driver_need(tmp_path):
     assert compiled.image[:4] == b"\x7fELF"
     assert nvrtc.cache_key(toolchain, kernel_spec("carry_scan"), compiled.target) == nvrtc.cache_key(
         TOOLCHAIN, kernel_spec("carry_scan"), compiled.target)  # same sources, same key: a moved install keeps its cache
+
+
+def test_compiling_leaves_the_process_shared_bytes_objects_alone(toolchain):
+    """NVRTC fills the log / image buffers in place; a PTX compile has an empty log (size 1), and
+    filling CPython's shared one-byte b" " made torch.save write unreadable checkpoints afterwards."""
+    import io
+
+    import torch
+
+    nvrtc.compile_kernel(SAXPY_SPEC, max(toolchain.archs) + 10, toolchain)
+    nvrtc.compile_kernel(SAXPY_SPEC, 80, toolchain)
+    assert bytes([32]) == b" " and b" " * 1 == b"\x20"
+    buffer = io.BytesIO()
+    torch.save({"w": torch.arange(32.0)}, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer, weights_only=True)["w"], torch.arange(32.0))

@@ -291,19 +291,21 @@ def parse_resources(log: str, symbol: str) -> Resources:
 
 def _program_log(nvrtc, program) -> str:
     (size,) = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-    buffer = b" " * size
+    buffer = bytearray(size)  # mutable: see _image
     _check(nvrtc.nvrtcGetProgramLog(program, buffer), "nvrtcGetProgramLog")
-    return buffer.rstrip(b"\0 ").decode("utf-8", errors="replace")
+    return bytes(buffer).rstrip(b"\0 ").decode("utf-8", errors="replace")
 
 
 def _image(nvrtc, program, kind: str) -> bytes:
+    # NVRTC writes into the buffer, so it must be mutable: an empty log has size 1, b" " * 1 is
+    # CPython's shared one-byte object, and overwriting it broke torch.save for the whole process
     if kind == "cubin":
         (size,) = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-        buffer = b" " * size
+        buffer = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(program, buffer), "nvrtcGetCUBIN")
     else:
         (size,) = _check(nvrtc.nvrtcGetPTXSize(program), "nvrtcGetPTXSize")
-        buffer = b" " * size
+        buffer = bytearray(size)
         _check(nvrtc.nvrtcGetPTX(program, buffer), "nvrtcGetPTX")
     return bytes(buffer)
 
