@@ -89,6 +89,17 @@ def test_model_maps(rows, dtype, size):
     check(run(rows, x, size, size, order=size + 2), x, size, size)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("size", [56, 28, 14, 7])
+def test_model_maps_with_the_shipped_and_the_deeper_prefetch(rows, dtype, size):
+    # Even orders run the plan's P = 1 (what the GPU entry is compiled with), odd orders P = 2: both
+    # match the reference, and to the bit each other (every V of the model widths: 4, 4, 2, 1)
+    x = make_inputs(1, 4, 2, size, size, dtype, seed=40 + size)
+    shipped, deeper = run(rows, x, size, size, order=0), run(rows, x, size, size, order=3)
+    check(shipped, x, size, size)
+    assert torch.equal(shipped, deeper)
+
+
 @pytest.mark.parametrize("route", SUPPORTED_ROUTES)
 @pytest.mark.parametrize("shape", [(9, 14), (5, 28), (6, 7)], ids=str)
 def test_every_route(rows, route, shape):

@@ -234,13 +234,17 @@ class RowsHostCtx {
 
 template <class E, int kV, int kLoad, Order kOrder, bool kFromRight>
 void run_launch(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
-  // The plan's P = 1 (rows_plan.py, prefetch_rows), except at one column per lane, where the P = 2
-  // form (a tuner's option) runs.
-  constexpr int kPrefetch = kV == 1 ? 2 : 1;
+  // Even orders run the plan's P = 1 (rows_plan.py, prefetch_rows: what the GPU entry is compiled
+  // with), odd orders P = 2 (a tuner's option), at every V: the tests' runs across orders thereby
+  // also hold the prefetch depth numerics-neutral.
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_items(p))) {
     RowsHostCtx ctx(item, schedule, shadow);
-    RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch, -1>::run(ctx, p, item);
+    if (order % 2 == 0) {
+      RowsForward<E, kV, kLoad, kOrder, kFromRight, 1, -1>::run(ctx, p, item);
+    } else {
+      RowsForward<E, kV, kLoad, kOrder, kFromRight, 2, -1>::run(ctx, p, item);
+    }
   }
 }
 
