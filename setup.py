@@ -2,9 +2,13 @@
 
 Extensions:
     vmamba2d._C_cpu   C++ CPU kernel from csrc/cpu (always, when torch is importable at build time)
-    vmamba2d._C_cuda  CUDA kernel from csrc/cuda (when torch has CUDA and a CUDA toolkit is found)
     vmamba2d._C_nvrtc host driver of the NVRTC-compiled CUDA kernels from csrc/nvrtc (C++ compiler
                       only; when torch has CUDA)
+    vmamba2d._C_cuda  the same CUDA kernels compiled ahead of time by nvcc from csrc/cuda: only with
+                      VMAMBA2D_NVCC_BUILD=1 (a CUDA toolkit matching torch's CUDA is then needed).
+                      Users never need it: the kernels are compiled by NVRTC at first use on a GPU.
+                      It exists for kernel developers (ptxas / SASS reports of the nvcc build, the
+                      GPU check's nvcc-vs-NVRTC comparison).
 
 Build with the project's torch already installed: ``pip install --no-build-isolation -e .``.
 Every wheel also carries the CPU kernel's C++ sources (csrc/cpu/*.h, *.cpp) as package data under
@@ -15,10 +19,10 @@ driver (csrc/nvrtc) the same way: NVRTC compiles the kernels from them at first 
 (vmamba2d/ops/compiled/nvrtc.py), no nvcc needed.
 
 Environment variables:
-    TORCH_CUDA_ARCH_LIST        CUDA archs (default: 7.0, 7.5, 8.0, 8.6, 9.0 + PTX of 9.0, minus
-                                the archs the toolkit's nvcc no longer supports; see
+    TORCH_CUDA_ARCH_LIST        archs of the nvcc build (default: 7.0, 7.5, 8.0, 8.6, 9.0 + PTX of
+                                9.0, minus the archs the toolkit's nvcc no longer supports; see
                                 vmamba2d/_cuda_archs.py)
-    VMAMBA2D_SKIP_CUDA_BUILD=1  never build the CUDA extension
+    VMAMBA2D_NVCC_BUILD=1       also build vmamba2d._C_cuda with nvcc (off by default)
     VMAMBA2D_SKIP_CPU_BUILD=1   never build the CPU extension (it is then JIT-compiled on first use)
     VMAMBA2D_SKIP_NVRTC_HOST_BUILD=1  never build vmamba2d._C_nvrtc (JIT-compiled on first use)
     MAX_JOBS                    parallel compile jobs (ninja)
@@ -54,6 +58,12 @@ def _source_paths(folder: str, *patterns: str) -> list[Path]:
     return found
 
 
+def _is_test_only(source: Path) -> bool:
+    """The CUDA kernels' host emulation (scan2d_emulate.h, scan2d_emulation_bindings.h): tests build
+    it from the checkout (tests/cuda_emulation_build.py); the wheel does not carry it."""
+    return "emulat" in source.name
+
+
 def _sources(folder: str, *patterns: str) -> list[str]:
     return [str(p.relative_to(ROOT)) for p in _source_paths(folder, *patterns)]
 
@@ -70,7 +80,7 @@ class BuildPyWithKernelSources(build_py):
             target = Path(self.build_lib) / "vmamba2d" / "csrc" / folder
             self.mkpath(str(target))
             for source in _source_paths(folder, *patterns):
-                if source.is_file():
+                if source.is_file() and not _is_test_only(source):
                     self.copy_file(str(source), str(target / source.name))
 
 
@@ -145,8 +155,9 @@ def _extensions() -> tuple[list, dict]:
         ))
 
     cuda_sources = _sources("cuda", "*.cpp", "*.cu")
-    if _flag("VMAMBA2D_SKIP_CUDA_BUILD"):
-        print("vmamba2d: VMAMBA2D_SKIP_CUDA_BUILD=1, not building the CUDA extension.")
+    if not _flag("VMAMBA2D_NVCC_BUILD"):
+        print("vmamba2d: not building the nvcc CUDA extension (NVRTC compiles the CUDA kernels at first "
+              "use on a GPU; VMAMBA2D_NVCC_BUILD=1 builds vmamba2d._C_cuda too).")
     elif not cuda_sources:
         print("vmamba2d: no CUDA sources under csrc/cuda; not building the CUDA extension.")
     elif torch.version.cuda is None:

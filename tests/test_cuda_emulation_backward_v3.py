@@ -12,13 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_scan_cuda import (CUDA_MODULE, ORDER, _offset_by_one, assert_close, emulated_bwd, emulated_fwd,
-                            make_inputs, needs_module, reference)
+from test_scan_cuda import (EMULATION, ORDER, _offset_by_one, assert_close, emulated_bwd, emulated_fwd,
+                            make_inputs, reference)
 
 SIDE = 32  # one tile per map: with aligned planes every quad would be one vector access
 
 
-@needs_module
 @pytest.mark.parametrize("dtype, dy_dtype", [
     (torch.float32, torch.float32),
     (torch.bfloat16, torch.bfloat16),
@@ -30,19 +29,18 @@ def test_backward_takes_the_per_cell_path_when_only_dy_is_misaligned(dtype, dy_d
     args = [inputs[k] for k in ORDER]
     options = dict(order=2, race_check=True, sm_count=1)
     y, carry_h, carry_v = emulated_fwd(*args, True, SIDE, SIDE, False, True, **options)
-    assert CUDA_MODULE._emulation_vector_accesses() > 0  # aligned inputs: the forward's quads are vectors
+    assert EMULATION._emulation_vector_accesses() > 0  # aligned inputs: the forward's quads are vectors
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(42)).to(dy_dtype)
     dy_off = _offset_by_one(dy)
     assert dy_off.is_contiguous() and dy_off.storage_offset() == 1 and torch.equal(dy_off, dy)
     grads = emulated_bwd(*args, True, SIDE, SIDE, dy_off, carry_h, carry_v, **options)
-    assert CUDA_MODULE._emulation_vector_accesses() == 0
+    assert EMULATION._emulation_vector_accesses() == 0
     _, grads_ref = reference(inputs, dy, SIDE, SIDE)
     rtol = 5e-5 if dtype == torch.float32 else 6e-2
     for name, got, ref in zip(ORDER, grads, grads_ref):
         assert_close("d" + name, got, ref, rtol)
 
 
-@needs_module
 @pytest.mark.parametrize("dtype, dy_dtype", [
     (torch.float32, torch.float32),
     (torch.bfloat16, torch.bfloat16),
@@ -54,7 +52,7 @@ def test_tile_parallel_backward_passes_take_vector_quads(dtype, dy_dtype):
     # final one (which make no gradients, only carries) take the vector decision too.
     height, width = 40, 64
     h100 = dict(sm_count=132, smem_per_sm=228 * 1024, smem_per_block=227 * 1024)
-    plan = CUDA_MODULE._launch_plan(1, 1, 1, 2, height, width, **h100)
+    plan = EMULATION._launch_plan(1, 1, 1, 2, height, width, **h100)
     assert plan["bwd_tile_parallel"] and plan["bwd_variant"] == "kGeneral"
     inputs = make_inputs(1, 1, 1, 2, height, width, dtype=dtype, seed=43)
     args = [inputs[k] for k in ORDER]
@@ -62,7 +60,7 @@ def test_tile_parallel_backward_passes_take_vector_quads(dtype, dy_dtype):
     y, carry_h, carry_v = emulated_fwd(*args, True, height, width, False, True, **options)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(44)).to(dy_dtype)
     grads = emulated_bwd(*args, True, height, width, dy, carry_h, carry_v, **options)
-    assert CUDA_MODULE._emulation_vector_accesses() > 0
+    assert EMULATION._emulation_vector_accesses() > 0
     _, grads_ref = reference(inputs, dy, height, width)
     rtol = 5e-5 if dtype == torch.float32 else 6e-2
     for name, got, ref in zip(ORDER, grads, grads_ref):

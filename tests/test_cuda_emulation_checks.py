@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_scan_cuda import CUDA_MODULE, ORDER, make_inputs, needs_module
+from test_scan_cuda import EMULATION, ORDER, make_inputs
 from vmamba2d.ops.compiled import ops as compiled_ops
 
 PASSING_SCENARIOS = ["ordered_by_barrier", "ordered_by_syncwarp", "aligned_vector_access", "offset_view"]
@@ -41,17 +41,15 @@ FAILING_SCENARIOS = {
 }
 
 
-@needs_module
 @pytest.mark.parametrize("scenario", PASSING_SCENARIOS)
 def test_checker_accepts_synchronised_blocks(scenario):
-    CUDA_MODULE._emulation_self_check(scenario)
+    EMULATION._emulation_self_check(scenario)
 
 
-@needs_module
 @pytest.mark.parametrize("scenario", sorted(FAILING_SCENARIOS))
 def test_checker_rejects_broken_blocks(scenario):
     with pytest.raises(RuntimeError, match=FAILING_SCENARIOS[scenario]):
-        CUDA_MODULE._emulation_self_check(scenario)
+        EMULATION._emulation_self_check(scenario)
 
 
 def _run(height=40, width=40, *, batch=2, dim=2, groups=1, nstate=2, seed=3, **options):
@@ -60,9 +58,9 @@ def _run(height=40, width=40, *, batch=2, dim=2, groups=1, nstate=2, seed=3, **o
     inputs = make_inputs(batch, dim, groups, nstate, height, width, seed=seed)
     args = [inputs[k] for k in ORDER]
     options.setdefault("sm_count", 1)
-    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, height, width, False, True, **options)
+    y, carry_h, carry_v = EMULATION._emulate_forward(*args, True, height, width, False, True, **options)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1))
-    grads = CUDA_MODULE._emulate_backward(*args, True, height, width, dy, carry_h, carry_v, **options)
+    grads = EMULATION._emulate_backward(*args, True, height, width, dy, carry_h, carry_v, **options)
     return y, carry_h, carry_v, grads
 
 
@@ -77,42 +75,40 @@ BACKWARD_BARRIERS = range(22)
 BACKWARD_DEVICE = dict(sm_count=1, smem_per_sm=64 * 1024, smem_per_block=64 * 1024)
 
 
-@needs_module
 def test_every_barrier_is_necessary():
     _run()  # intact: no race
     inputs = make_inputs(2, 2, 1, 2, 40, 40, seed=3)
     args = [inputs[k] for k in ORDER]
-    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, sm_count=1)
+    y, carry_h, carry_v = EMULATION._emulate_forward(*args, True, 40, 40, False, True, sm_count=1)
     dy = torch.randn_like(y)
     for index in FORWARD_BARRIERS:
         with pytest.raises(RuntimeError, match="race"):
-            CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, drop_barrier=index,
+            EMULATION._emulate_forward(*args, True, 40, 40, False, True, drop_barrier=index,
                                          sm_count=1)
     for index in BACKWARD_BARRIERS:
         with pytest.raises(RuntimeError, match="race"):
-            CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
+            EMULATION._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
                                           drop_barrier=index, **BACKWARD_DEVICE)
 
 
-@needs_module
 def test_every_barrier_is_necessary_at_one_state():
     # N = 1, the group's 4 channels in one block (one warp each) in both passes. 2x2 tiles:
     # forward 2 barriers per tile; backward 1 after the channel constants, 2 per tile, 2 around
     # the reduction: 11.
     inputs = make_inputs(2, 4, 1, 1, 40, 40, seed=4)
     args = [inputs[k] for k in ORDER]
-    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True,
+    y, carry_h, carry_v = EMULATION._emulate_forward(*args, True, 40, 40, False, True,
                                                        drop_barrier=8, sm_count=1)
     for index in range(8):
         with pytest.raises(RuntimeError, match="race"):
-            CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, drop_barrier=index,
+            EMULATION._emulate_forward(*args, True, 40, 40, False, True, drop_barrier=index,
                                          sm_count=1)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5))
-    CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v, drop_barrier=11,
+    EMULATION._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v, drop_barrier=11,
                                   sm_count=1)
     for index in range(11):
         with pytest.raises(RuntimeError, match="race"):
-            CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
+            EMULATION._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
                                           drop_barrier=index, sm_count=1)
 
 
@@ -124,7 +120,6 @@ DEVICES = {  # shared memory per SM / per block (opt-in) of real GPUs
 }
 
 
-@needs_module
 @pytest.mark.parametrize("device, channels_per_block", [("T4", 4), ("A100", 4), ("H100", 4)])
 def test_one_state_backward_blocks_hold_four_channels_where_they_fit(device, channels_per_block):
     # N = 1 backward blocks take ~13 KB of shared memory per channel (3 warp tiles; with one state
@@ -136,30 +131,28 @@ def test_one_state_backward_blocks_hold_four_channels_where_they_fit(device, cha
     inputs = make_inputs(2, 4, 1, 1, 40, 40, seed=9)  # 2 maps per channel: 1 slice per group
     args = [inputs[k] for k in ORDER]
     options = dict(sm_count=1, **DEVICES[device])
-    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True, **options)
+    y, carry_h, carry_v = EMULATION._emulate_forward(*args, True, 40, 40, False, True, **options)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(10))
     sets = 4 // channels_per_block
     barriers = sets * 11
-    CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
+    EMULATION._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
                                   drop_barrier=barriers, **options)
     with pytest.raises(RuntimeError, match="race"):
-        CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
+        EMULATION._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v,
                                       drop_barrier=barriers - 1, **options)
 
 
-@needs_module
 def test_dropping_a_barrier_past_the_last_one_changes_nothing():
     # The drop index counts the barriers a block really executes: the first index past them
     # leaves the run intact, so the ranges above are the kernels' exact barrier counts.
     inputs = make_inputs(2, 2, 1, 2, 40, 40, seed=3)
     args = [inputs[k] for k in ORDER]
-    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(
+    y, carry_h, carry_v = EMULATION._emulate_forward(
         *args, True, 40, 40, False, True, drop_barrier=len(FORWARD_BARRIERS), sm_count=1)
-    CUDA_MODULE._emulate_backward(*args, True, 40, 40, torch.randn_like(y), carry_h, carry_v,
+    EMULATION._emulate_backward(*args, True, 40, 40, torch.randn_like(y), carry_h, carry_v,
                                   drop_barrier=len(BACKWARD_BARRIERS), **BACKWARD_DEVICE)
 
 
-@needs_module
 @pytest.mark.parametrize("shape", [(40, 40, 2, 4, 2, 2), (14, 14, 5, 8, 2, 1), (1, 90, 37, 2, 1, 4)],
                          ids=["tiles", "packed-4ch", "1xL"])
 def test_results_are_bitwise_identical_in_every_execution_order(shape):
@@ -177,7 +170,6 @@ def test_results_are_bitwise_identical_in_every_execution_order(shape):
             assert (a is None and b is None) or torch.equal(a, b)
 
 
-@needs_module
 def test_tile_parallel_barriers_are_necessary():
     # 70x70 maps = 3x3 tiles, one block per tile, N = 4, 5 channels (a prime group size: one
     # channel per block, on 4 warps, one state round). Forward: the edge passes have 1 barrier
@@ -189,24 +181,23 @@ def test_tile_parallel_barriers_are_necessary():
     # sequential backward: test_every_barrier_is_necessary.)
     inputs = make_inputs(1, 5, 1, 4, 70, 70, seed=6)
     args = [inputs[k] for k in ORDER]
-    plan = CUDA_MODULE._launch_plan(1, 5, 1, 4, 70, 70, 1000, 164 * 1024, 163 * 1024)
+    plan = EMULATION._launch_plan(1, 5, 1, 4, 70, 70, 1000, 164 * 1024, 163 * 1024)
     assert plan["fwd_tile_parallel"] and plan["bwd_tile_parallel"] and plan["bwd_slices"] == 5
     for index in (0, 1):
         with pytest.raises(RuntimeError, match="race"):
-            CUDA_MODULE._emulate_forward(*args, True, 70, 70, False, True, drop_barrier=index,
+            EMULATION._emulate_forward(*args, True, 70, 70, False, True, drop_barrier=index,
                                          sm_count=1000)
-    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 70, 70, False, True,
+    y, carry_h, carry_v = EMULATION._emulate_forward(*args, True, 70, 70, False, True,
                                                        drop_barrier=2, sm_count=1000)
     dy = torch.randn_like(y)
     for index in range(5):
         with pytest.raises(RuntimeError, match="race"):
-            CUDA_MODULE._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v,
+            EMULATION._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v,
                                           drop_barrier=index, sm_count=1000)
-    CUDA_MODULE._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v, drop_barrier=5,
+    EMULATION._emulate_backward(*args, True, 70, 70, dy, carry_h, carry_v, drop_barrier=5,
                                   sm_count=1000)
 
 
-@needs_module
 @pytest.mark.parametrize("shape", [(1, 1, 16, 70, 90), (2, 2, 4, 40, 70), (1, 2, 2, 1, 300),
                                    (1, 2, 3, 200, 1), (3, 2, 2, 33, 65)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -214,8 +205,8 @@ def test_tile_parallel_forward_matches_sequential_forward(shape):
     batch, dim, nstate, height, width = shape
     inputs = make_inputs(batch, dim, 1, nstate, height, width, seed=sum(shape))
     args = [inputs[k] for k in ORDER]
-    seq = CUDA_MODULE._emulate_forward(*args, True, height, width, False, True, sm_count=1)
-    par = CUDA_MODULE._emulate_forward(*args, True, height, width, False, True, sm_count=1000,
+    seq = EMULATION._emulate_forward(*args, True, height, width, False, True, sm_count=1)
+    par = EMULATION._emulate_forward(*args, True, height, width, False, True, sm_count=1000,
                                        order=5)
     # Same carries and y up to the rounding of the regrouped sums (edge + decay * carry).
     for name, a, b in zip(("y", "carry_h", "carry_v"), seq, par):
@@ -225,7 +216,6 @@ def test_tile_parallel_forward_matches_sequential_forward(shape):
             assert (a - b).abs().max().item() <= 1e-5 * scale, name
 
 
-@needs_module
 @pytest.mark.parametrize("shape", [(1, 1, 16, 70, 90), (2, 2, 2, 40, 70), (1, 2, 3, 200, 1),
                                    (1, 4, 1, 40, 70)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -233,65 +223,61 @@ def test_tile_parallel_backward_matches_sequential_backward(shape):
     batch, dim, nstate, height, width = shape
     inputs = make_inputs(batch, dim, 1, nstate, height, width, seed=sum(shape))
     args = [inputs[k] for k in ORDER]
-    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, height, width, False, True)
+    y, carry_h, carry_v = EMULATION._emulate_forward(*args, True, height, width, False, True)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3))
-    seq = CUDA_MODULE._emulate_backward(*args, True, height, width, dy, carry_h, carry_v, sm_count=1)
-    par = CUDA_MODULE._emulate_backward(*args, True, height, width, dy, carry_h, carry_v,
+    seq = EMULATION._emulate_backward(*args, True, height, width, dy, carry_h, carry_v, sm_count=1)
+    par = EMULATION._emulate_backward(*args, True, height, width, dy, carry_h, carry_v,
                                         sm_count=1000, order=6)
     for name, a, b in zip(ORDER, seq, par):
         scale = a.abs().max().item() + 1e-12
         assert (a - b).abs().max().item() <= 2e-5 * scale, name
 
 
-@needs_module
 def test_backward_from_saved_carries_equals_backward_that_records_them():
     inputs = make_inputs(2, 4, 2, 3, 45, 70, seed=8)
     args = [inputs[k] for k in ORDER]
-    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 45, 70, False, True)
-    y_plain, none_h, none_v = CUDA_MODULE._emulate_forward(*args, True, 45, 70, False, False)
+    y, carry_h, carry_v = EMULATION._emulate_forward(*args, True, 45, 70, False, True)
+    y_plain, none_h, none_v = EMULATION._emulate_forward(*args, True, 45, 70, False, False)
     assert torch.equal(y, y_plain)
     assert none_h.numel() == 0 and none_v.numel() == 0
     dy = torch.randn_like(y)
-    saved = CUDA_MODULE._emulate_backward(*args, True, 45, 70, dy, carry_h, carry_v, order=4)
+    saved = EMULATION._emulate_backward(*args, True, 45, 70, dy, carry_h, carry_v, order=4)
     empty = torch.empty(0)
-    recorded = CUDA_MODULE._emulate_backward(*args, True, 45, 70, dy, empty, empty, order=5)
+    recorded = EMULATION._emulate_backward(*args, True, 45, 70, dy, empty, empty, order=5)
     for a, b in zip(saved, recorded):
         assert torch.equal(a, b)
 
 
-@needs_module
 def test_backward_rejects_carries_of_the_wrong_size():
     inputs = make_inputs(1, 2, 1, 2, 40, 40, seed=2)
     args = [inputs[k] for k in ORDER]
     dy = torch.randn(1, 2, 1600)
     bad = torch.zeros(7)
     with pytest.raises(ValueError, match="carry_h / carry_v must hold"):
-        CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, bad, bad)
+        EMULATION._emulate_backward(*args, True, 40, 40, dy, bad, bad)
 
 
-@needs_module
 @pytest.mark.parametrize("batch,dim", [(0, 4), (2, 0), (0, 0)])
 def test_empty_shapes_return_empty_outputs_and_zero_gradients(batch, dim):
     groups = 2 if dim else 1
     inputs = make_inputs(batch, dim, groups, 3, 40, 40, seed=1)
     args = [inputs[k] for k in ORDER]
-    y, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, 40, 40, False, True)
+    y, carry_h, carry_v = EMULATION._emulate_forward(*args, True, 40, 40, False, True)
     assert y.shape == (batch, dim, 1600) and carry_h.numel() == 0 and carry_v.numel() == 0
     dy = torch.zeros(batch, dim, 1600)
-    grads = CUDA_MODULE._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v)
+    grads = EMULATION._emulate_backward(*args, True, 40, 40, dy, carry_h, carry_v)
     for name, grad, given in zip(ORDER, grads, args):
         assert grad.shape == given.shape, name
         assert not grad.any(), name
 
 
-@needs_module
 @pytest.mark.parametrize("shape", [(3, 2, 4, 40, 70), (37, 2, 2, 1, 100), (5, 3, 1, 7, 7),
                                    (2, 1, 16, 33, 65), (3, 2, 3, 100, 1), (1, 1, 1, 32, 33)])
 def test_python_carry_size_mirrors_the_kernel_plan(shape):
     batch, dim, nstate, height, width = shape
     inputs = make_inputs(batch, dim, 1, nstate, height, width, seed=0)
     args = [inputs[k] for k in ORDER]
-    _, carry_h, carry_v = CUDA_MODULE._emulate_forward(*args, True, height, width, False, True,
+    _, carry_h, carry_v = EMULATION._emulate_forward(*args, True, height, width, False, True,
                                                        race_check=False)
     expected = compiled_ops.cuda_carry_numel(batch, dim, nstate, height, width)
     assert carry_h.numel() == expected and carry_v.numel() == expected

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_scan_cuda import _emulated_vector_accesses, make_inputs, needs_module
+from test_scan_cuda import _emulated_vector_accesses, make_inputs
 
 
 def _offset_by(t: torch.Tensor, elements: int) -> torch.Tensor:
@@ -16,7 +16,6 @@ def _offset_by(t: torch.Tensor, elements: int) -> torch.Tensor:
     return flat[elements:].view(t.shape)
 
 
-@needs_module
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_one_state_forward_loads_every_aligned_whole_quad_as_vectors(dtype):
     # One 32 x 34 map, N = 1, the group's 4 channels in one block (the one-state variant). Rows of

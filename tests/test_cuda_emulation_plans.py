@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_scan_cuda import (CUDA_MODULE, ORDER, assert_close, check_all, emulated_bwd,
-                            emulated_fwd, make_inputs, needs_module, reference)
+from test_scan_cuda import (EMULATION, ORDER, assert_close, check_all, emulated_bwd,
+                            emulated_fwd, make_inputs, reference)
 
 KIB = 1024
 # Opt-in shared memory per block and shared memory per SM, as the devices report them
@@ -60,7 +60,6 @@ def _shape_id(shape) -> str:
     return "x".join(map(str, shape[:-1])) + "-" + str(shape[-1]).replace("torch.", "")
 
 
-@needs_module
 @pytest.mark.parametrize("dim, use_d, use_bias", [(8, False, False), (8, False, True), (6, True, True)])
 def test_register_carry_form_without_skip_or_bias(dim, use_d, use_bias):
     # The one-state forward compiled for sm_86 .. sm_89 (horizontal carries in registers, no carry
@@ -68,14 +67,13 @@ def test_register_carry_form_without_skip_or_bias(dim, use_d, use_bias):
     # channels leave a channel slot empty.
     inputs = make_inputs(1, dim, 2, 1, 40, 45, use_d=use_d, use_bias=use_bias, softplus=False, seed=41)
     options = _options("sm86-RTX3090", "sequential", order=3)
-    plan = CUDA_MODULE._launch_plan(1, dim, 2, 1, 40, 45, 1, options["smem_per_sm"], options["smem_per_block"],
+    plan = EMULATION._launch_plan(1, dim, 2, 1, 40, 45, 1, options["smem_per_sm"], options["smem_per_block"],
                                     arch=86)
     assert plan["fwd_variant"] == "kOneStateSequential"
     assert plan["fwd_smem_bytes"] == plan["fwd_channels"] * 2 * 4096  # x and Abar tiles only
     check_all(emulated_fwd, emulated_bwd, inputs, 40, 45, rtol=5e-5, softplus=False, **options)
 
 
-@needs_module
 @pytest.mark.parametrize("softplus", [True, False], ids=["softplus", "no-softplus"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", [(5, 6, 2, 1, 5, 7), (2, 6, 2, 1, 40, 48)], ids=["packed-5x7", "aligned-40x48"])
@@ -89,7 +87,7 @@ def test_one_state_forms_on_three_channel_blocks(device, shape, dtype, softplus)
     batch, dim, groups, nstate, height, width = shape
     inputs = make_inputs(*shape, dtype=dtype, use_d=False, softplus=softplus, seed=43)
     options = _options(device, "sequential", order=2)
-    plan = CUDA_MODULE._launch_plan(*shape, 1, options["smem_per_sm"], options["smem_per_block"],
+    plan = EMULATION._launch_plan(*shape, 1, options["smem_per_sm"], options["smem_per_block"],
                                     arch=options["arch"])
     assert (plan["fwd_variant"], plan["fwd_channels"]) == ("kOneStateSequential", dim // groups)
     half = dtype != torch.float32
@@ -97,7 +95,6 @@ def test_one_state_forms_on_three_channel_blocks(device, shape, dtype, softplus)
               out_fp32=half and softplus, **options)
 
 
-@needs_module
 @pytest.mark.parametrize("softplus", [True, False], ids=["softplus", "no-softplus"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("dim, height, width", [(4, 8, 12), (1, 8, 12), (3, 37, 41)],
@@ -114,7 +111,7 @@ def test_register_carry_forms_of_the_route_op(device, dim, height, width, dtype,
     options = _options(device, "sequential", order=5)
     del options["order"]
     for code in CROSS_2D:
-        launch = CUDA_MODULE._launch_plan(2, dim, 1, 1, height, width, 1, options["smem_per_sm"],
+        launch = EMULATION._launch_plan(2, dim, 1, 1, height, width, 1, options["smem_per_sm"],
                                           options["smem_per_block"], route=code, arch=options["arch"])
         # No carry rows: 64 B of per-block constants and the x / Abar tiles (T4: 2-channel blocks
         # for dim 4, as 4 channels and the constants exceed 32 KiB).
@@ -125,8 +122,8 @@ def test_register_carry_forms_of_the_route_op(device, dim, height, width, dtype,
         inputs["delta"] = (inputs["delta"].float().abs() * 0.2 + 0.02).to(dtype)
     args = [None if n in ("D", "delta_bias") and not softplus else inputs[n] for n in NAMES]
     dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(6)).to(dtype)
-    y = CUDA_MODULE._emulate_cross_forward(*args, softplus, CROSS_2D, False, order=3, **options)
-    grads = CUDA_MODULE._emulate_cross_backward(*args, softplus, CROSS_2D, dy, order=4, **options)
+    y = EMULATION._emulate_cross_forward(*args, softplus, CROSS_2D, False, order=3, **options)
+    grads = EMULATION._emulate_cross_backward(*args, softplus, CROSS_2D, dy, order=4, **options)
     leaves = [None if t is None else t.double().requires_grad_() for t in args]
     y_ref = cross_scan_per_route(*leaves, softplus, tuple(Route.from_code(c) for c in CROSS_2D), "torch",
                                  torch.float64)
@@ -139,7 +136,6 @@ def test_register_carry_forms_of_the_route_op(device, dim, height, width, dtype,
             assert_close("d" + name, got, leaf.grad, rtol)
 
 
-@needs_module
 @pytest.mark.parametrize("device", ["sm75-T4", "sm86-RTX3090"])
 def test_register_carries_are_bitwise_equal_across_thread_orders(device):
     # The register carry is per thread (thread slot w * 32 + r in the emulation), outside the race
@@ -153,13 +149,12 @@ def test_register_carries_are_bitwise_equal_across_thread_orders(device):
     args = [inputs[k] for k in ORDER]
     singles = [emulated_fwd(*args, True, 40, 45, False, False, order=order, **options)[0] for order in (1, 2, 17)]
     routes = route_inputs(2, 4, CROSS_2D, 1, 37, 41, seed=52)
-    crosses = [CUDA_MODULE._emulate_cross_forward(*(routes[n] for n in NAMES), True, CROSS_2D, False, order=order,
+    crosses = [EMULATION._emulate_cross_forward(*(routes[n] for n in NAMES), True, CROSS_2D, False, order=order,
                                                   **options) for order in (1, 2, 17)]
     for runs in (singles, crosses):
         assert all(torch.equal(runs[0], other) for other in runs[1:])
 
 
-@needs_module
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("device", ["sm75-T4", "sm86-RTX3090"])
 def test_tile_parallel_route_forward_in_the_layout_without_carry_rows(device, dtype):
@@ -172,7 +167,7 @@ def test_tile_parallel_route_forward_in_the_layout_without_carry_rows(device, dt
     options = _options(device, "tile-parallel", order=0)
     del options["order"]
     for code in CROSS_2D:
-        launch = CUDA_MODULE._launch_plan(1, 2, 1, 1, 37, 41, options["sm_count"], options["smem_per_sm"],
+        launch = EMULATION._launch_plan(1, 2, 1, 1, 37, 41, options["sm_count"], options["smem_per_sm"],
                                           options["smem_per_block"], route=code, arch=options["arch"])
         assert (launch["fwd_variant"], launch["fwd_tile_parallel"]) == ("kRoute", True)
         assert launch["fwd_smem_bytes"] == 64 + launch["fwd_channels"] * 2 * 4096
@@ -181,7 +176,6 @@ def test_tile_parallel_route_forward_in_the_layout_without_carry_rows(device, dt
                  rtol=3e-2 if half else 5e-5, seed=3, **options)
 
 
-@needs_module
 @pytest.mark.parametrize("dtype, dy_fp32", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True),
                                            (torch.float16, False), (torch.float16, True)])
 def test_tile_parallel_one_state_backward_on_the_vector_path(dtype, dy_fp32):
@@ -190,7 +184,7 @@ def test_tile_parallel_one_state_backward_on_the_vector_path(dtype, dy_fp32):
     # vector accesses of the recorded anchors, with dy in the inputs' type or in fp32.
     inputs = make_inputs(1, 8, 2, 1, 40, 48, dtype=dtype, seed=45)
     options = _options("sm90-H100", "tile-parallel", order=4)
-    plan = CUDA_MODULE._launch_plan(1, 8, 2, 1, 40, 48, options["sm_count"], options["smem_per_sm"],
+    plan = EMULATION._launch_plan(1, 8, 2, 1, 40, 48, options["sm_count"], options["smem_per_sm"],
                                     options["smem_per_block"], arch=options["arch"])
     assert plan["bwd_tile_parallel"] and plan["bwd_variant"] == "kGeneral"
     half = dtype != torch.float32
@@ -198,7 +192,6 @@ def test_tile_parallel_one_state_backward_on_the_vector_path(dtype, dy_fp32):
               dy_fp32=dy_fp32, **options)
 
 
-@needs_module
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("device", list(DEVICES))
@@ -230,7 +223,6 @@ def test_every_device_plan_matches_reference(device, plan, shape):
     assert torch.equal(y_infer, y_train.to(y_infer.dtype))
 
 
-@needs_module
 @pytest.mark.parametrize("limits, message", [
     (dict(smem_per_block=32 * KIB), "smem_per_block must be >= 48 KiB"),
     (dict(smem_per_block=100 * KIB, smem_per_sm=64 * KIB), r"smem_per_sm \(65536\) must be >= smem_per_block"),
@@ -239,15 +231,14 @@ def test_every_device_plan_matches_reference(device, plan, shape):
 def test_emulated_device_limits_are_validated(limits, message):
     inputs = make_inputs(1, 1, 1, 1, 4, 4)
     with pytest.raises(ValueError, match=message):
-        CUDA_MODULE._emulate_forward(*(inputs[k] for k in ORDER), True, 4, 4, False, False, **limits)
+        EMULATION._emulate_forward(*(inputs[k] for k in ORDER), True, 4, 4, False, False, **limits)
 
 
-@needs_module
 def test_kernel_rejects_unsupported_dtypes_by_name():
     inputs = {k: (v.double() if v is not None else None)
               for k, v in make_inputs(1, 1, 1, 1, 4, 4).items()}
     with pytest.raises(TypeError, match="float32, float16 or bfloat16, got Double"):
-        CUDA_MODULE._emulate_forward(*(inputs[k] for k in ORDER), True, 4, 4, False, False)
+        EMULATION._emulate_forward(*(inputs[k] for k in ORDER), True, 4, 4, False, False)
 
 
 PLAN_SHAPES = [  # (batch, dim, groups, N, height, width)
@@ -257,12 +248,11 @@ PLAN_SHAPES = [  # (batch, dim, groups, N, height, width)
 ]
 
 
-@needs_module
 @pytest.mark.parametrize("device", sorted(DEVICES))
 def test_launch_plans_respect_the_device_and_the_group_layout(device):
     limits = DEVICES[device]
     for batch, dim, groups, nstate, height, width in PLAN_SHAPES:
-        plan = CUDA_MODULE._launch_plan(batch, dim, groups, nstate, height, width, limits["sm_count"],
+        plan = EMULATION._launch_plan(batch, dim, groups, nstate, height, width, limits["sm_count"],
                                         limits["smem_per_sm"], limits["smem_per_block"], arch=limits["arch"])
         for pass_ in ("fwd", "bwd"):
             channels, wpc = plan[f"{pass_}_channels"], plan[f"{pass_}_warps_per_channel"]
@@ -274,7 +264,6 @@ def test_launch_plans_respect_the_device_and_the_group_layout(device):
         assert (dim // groups // plan["bwd_channels"]) % plan["bwd_slices"] == 0
 
 
-@needs_module
 def test_one_state_blocks_are_128_threads_on_h100_in_both_passes():
     # vmamba2d_tiny's scan calls (N = 1, 96 channels per group) on an H100 / H200: 4 channels of a
     # group per block, one warp each; the backward's 4-channel blocks (one-state variant: dt, u and
@@ -282,7 +271,7 @@ def test_one_state_blocks_are_128_threads_on_h100_in_both_passes():
     # first version).
     limits = DEVICES["sm90-H100"]
     for side, dim in ((56, 384), (28, 768), (14, 1536), (7, 3072)):
-        plan = CUDA_MODULE._launch_plan(128, dim, 4, 1, side, side, limits["sm_count"],
+        plan = EMULATION._launch_plan(128, dim, 4, 1, side, side, limits["sm_count"],
                                         limits["smem_per_sm"], limits["smem_per_block"], arch=90)
         assert plan["fwd_threads"] == plan["bwd_threads"] == 128
         assert plan["fwd_channels"] == plan["bwd_channels"] == 4
@@ -290,7 +279,6 @@ def test_one_state_blocks_are_128_threads_on_h100_in_both_passes():
         assert plan["bwd_variant"] == "kOneStateSequential" and plan["bwd_registers"] == 128
 
 
-@needs_module
 @pytest.mark.parametrize("device, arch, smem, warps", [
     ("sm90-H100", 90, 33280, 24), ("sm80-A100", 80, 33280, 16), ("sm75-T4", 75, 32768, 8),
     ("sm86-RTX3090", 86, 32768, 12),
@@ -303,13 +291,12 @@ def test_model_forward_blocks_per_device(device, arch, smem, warps):
     # T4's 64 KiB (one with the rows: it took 3-channel blocks, 6 warps). The planner sizes the
     # blocks for the code that runs there (arch), not for the GPU's own.
     limits = DEVICES[device]
-    plan = CUDA_MODULE._launch_plan(128, 384, 4, 1, 56, 56, limits["sm_count"], limits["smem_per_sm"],
+    plan = EMULATION._launch_plan(128, 384, 4, 1, 56, 56, limits["sm_count"], limits["smem_per_sm"],
                                     limits["smem_per_block"], arch=arch)
     assert plan["fwd_variant"] == "kOneStateSequential"
     assert (plan["fwd_smem_bytes"], plan["fwd_resident_warps"]) == (smem, warps)
 
 
-@needs_module
 @pytest.mark.parametrize("args, message", [
     ((2, 6, 4, 1, 8, 8), "groups dividing dim"),
     ((2, 4, 1, 65, 8, 8), "N must be in 1..64"),
@@ -317,13 +304,12 @@ def test_model_forward_blocks_per_device(device, arch, smem, warps):
 ])
 def test_launch_plan_rejects_bad_shapes(args, message):
     with pytest.raises(ValueError, match=message):
-        CUDA_MODULE._launch_plan(*args, 8, 164 * KIB, 163 * KIB)
+        EMULATION._launch_plan(*args, 8, 164 * KIB, 163 * KIB)
 
 
-@needs_module
 def test_launch_plan_rejects_an_arch_that_is_no_compute_capability():
     with pytest.raises(ValueError, match="arch must be a compute capability x 10"):
-        CUDA_MODULE._launch_plan(2, 4, 1, 1, 8, 8, 8, 164 * KIB, 163 * KIB, arch=8)
+        EMULATION._launch_plan(2, 4, 1, 1, 8, 8, 8, 164 * KIB, 163 * KIB, arch=8)
 
 
 MODEL_SHAPES = [(128, dim, 4, 1, side, side) for side, dim in ((56, 384), (28, 768), (14, 1536), (7, 3072))]
@@ -334,7 +320,6 @@ def _lost_slots(blocks: int, slots: int) -> float:
     return 1 - blocks / (waves * slots)
 
 
-@needs_module
 @pytest.mark.parametrize("device", ["sm80-A100", "sm90-H100"])
 def test_model_shape_grids_fill_their_waves_of_resident_slots(device):
     # vmamba2d_tiny's scan calls: at most 10% of the resident block slots of the last wave stay
@@ -342,7 +327,7 @@ def test_model_shape_grids_fill_their_waves_of_resident_slots(device):
     # an H100's 264 backward slots at 14x14, losing 27%).
     limits = DEVICES[device]
     for shape in MODEL_SHAPES:
-        plan = CUDA_MODULE._launch_plan(*shape, limits["sm_count"], limits["smem_per_sm"], limits["smem_per_block"],
+        plan = EMULATION._launch_plan(*shape, limits["sm_count"], limits["smem_per_sm"], limits["smem_per_block"],
                                         arch=limits["arch"])
         for pass_ in ("fwd", "bwd"):
             slots = limits["sm_count"] * plan[f"{pass_}_resident_blocks"]
@@ -352,10 +337,9 @@ def test_model_shape_grids_fill_their_waves_of_resident_slots(device):
             assert plan[f"{pass_}_lost_slots"] <= 0.10, (device, shape, pass_, plan)
 
 
-@needs_module
 def test_main_grids_count_their_blocks():
     limits = DEVICES["sm90-H100"]
-    plan = CUDA_MODULE._launch_plan(128, 1536, 4, 1, 14, 14, limits["sm_count"], limits["smem_per_sm"],
+    plan = EMULATION._launch_plan(128, 1536, 4, 1, 14, 14, limits["sm_count"], limits["smem_per_sm"],
                                     limits["smem_per_block"], arch=90)
     # 14x14 maps: 2 x 2 per tile, so 32 batch blocks; 4 channels per block.
     assert plan["fwd_blocks"] == 32 * 1536 // 4
@@ -363,22 +347,20 @@ def test_main_grids_count_their_blocks():
     assert plan["bwd_slices"] == 4  # 512 blocks on 528 slots: 3% lost (3 slices: 384 blocks, 27%)
 
 
-@needs_module
 def test_tile_parallel_switch_weighs_waves_of_resident_slots():
     # 200 maps of 64 x 64 (2 x 2 tiles) at N = 1, one channel: 200 sequential blocks. An H100 has
     # more SMs than 200 / 2 but 24 one-warp blocks fit per SM: 3168 slots hold all 800 tile blocks
     # in one wave, so three tile-parallel passes beat four sequential tile steps.
     limits = DEVICES["sm90-H100"]
-    plan = CUDA_MODULE._launch_plan(200, 1, 1, 1, 64, 64, limits["sm_count"], limits["smem_per_sm"],
+    plan = EMULATION._launch_plan(200, 1, 1, 1, 64, 64, limits["sm_count"], limits["smem_per_sm"],
                                     limits["smem_per_block"], arch=90)
     assert plan["fwd_resident_blocks"] == 24 and plan["fwd_tile_parallel"] and plan["fwd_blocks"] == 800
     # One SM (6 slots of 4-channel blocks): 2 sequential blocks walk 4 tiles in one wave (4 steps);
     # tile-parallel would take 3 passes x 2 waves.
-    plan = CUDA_MODULE._launch_plan(1, 8, 2, 1, 40, 45, 1, limits["smem_per_sm"], limits["smem_per_block"], arch=90)
+    plan = EMULATION._launch_plan(1, 8, 2, 1, 40, 45, 1, limits["smem_per_sm"], limits["smem_per_block"], arch=90)
     assert plan["fwd_resident_blocks"] == 6 and not plan["fwd_tile_parallel"]
 
 
-@needs_module
 @pytest.mark.parametrize("device", list(DEVICES))
 def test_the_plan_matrix_reaches_every_plan_of_every_pass(device):
     """test_every_device_plan_matches_reference labels runs "sequential" / "tile-parallel" by the
@@ -389,13 +371,12 @@ def test_the_plan_matrix_reaches_every_plan_of_every_pass(device):
     for shape in SHAPES:
         for plan in PLANS:
             limits = _options(device, plan, order=0)
-            launch = CUDA_MODULE._launch_plan(*shape[:6], limits["sm_count"], limits["smem_per_sm"],
+            launch = EMULATION._launch_plan(*shape[:6], limits["sm_count"], limits["smem_per_sm"],
                                               limits["smem_per_block"], arch=limits["arch"])
             reached |= {(p, launch[f"{p}_tile_parallel"]) for p in ("fwd", "bwd")}
     assert reached == {("fwd", False), ("fwd", True), ("bwd", False), ("bwd", True)}
 
 
-@needs_module
 @pytest.mark.parametrize("device", list(DEVICES))
 def test_the_plan_matrix_runs_every_kernel_variant_of_every_pass(device):
     """Each pass has a general kernel and one specialised for N = 1 in the sequential pass (the model
@@ -407,7 +388,7 @@ def test_the_plan_matrix_runs_every_kernel_variant_of_every_pass(device):
     for shape in SHAPES:
         for plan in PLANS:
             limits = _options(device, plan, order=0)
-            launch = CUDA_MODULE._launch_plan(*shape[:6], limits["sm_count"], limits["smem_per_sm"],
+            launch = EMULATION._launch_plan(*shape[:6], limits["sm_count"], limits["smem_per_sm"],
                                               limits["smem_per_block"], arch=limits["arch"])
             for p in ("fwd", "bwd"):
                 one_state = (shape[3] == 1 and launch[f"{p}_warps_per_channel"] == 1
@@ -433,7 +414,6 @@ OPTIONAL_INPUTS = [  # (use_d, use_bias, softplus)
 ]
 
 
-@needs_module
 @pytest.mark.parametrize("dim, groups, height, width", [(8, 2, 36, 40), (8, 2, 37, 41), (8, 4, 20, 30)])
 @pytest.mark.parametrize("use_d, use_bias, softplus", OPTIONAL_INPUTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -442,7 +422,7 @@ def test_kernel_variants_without_optional_inputs_match_reference(plan, variant, 
                                                                  softplus, dim, groups, height, width):
     batch, nstate = 2, 1
     options = _options("sm90-H100", plan, order=7)
-    launch = CUDA_MODULE._launch_plan(batch, dim, groups, nstate, height, width, options["sm_count"],
+    launch = EMULATION._launch_plan(batch, dim, groups, nstate, height, width, options["sm_count"],
                                       options["smem_per_sm"], options["smem_per_block"], arch=options["arch"])
     single_tile = height <= 32 and width <= 32  # one tile: nothing to run in parallel
     expected = "kOneStateSequential" if single_tile else variant
@@ -475,7 +455,7 @@ def _route_launches(device: str, plan: str, shape) -> list:
     """_launch_plan of each route launch of a ROUTE_SHAPES entry under _options(device, plan)."""
     batch, dim, nstate, height, width, _, routes = shape
     limits = _options(device, plan, order=0)
-    return [CUDA_MODULE._launch_plan(batch, dim, 1, nstate, height, width, limits["sm_count"],
+    return [EMULATION._launch_plan(batch, dim, 1, nstate, height, width, limits["sm_count"],
                                      limits["smem_per_sm"], limits["smem_per_block"], route=code,
                                      arch=limits["arch"])
             for code in routes]
@@ -486,7 +466,6 @@ def _route_shape_id(shape) -> str:
     return "x".join(map(str, sizes)) + "-" + str(dtype).replace("torch.", "") + "-r" + "".join(map(str, routes))
 
 
-@needs_module
 @pytest.mark.parametrize("shape", ROUTE_SHAPES, ids=_route_shape_id)
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("device", list(DEVICES))
@@ -512,7 +491,7 @@ def _planned_route_kinds(device: str) -> set:
         for batch, dim, height, width in ((1, 1, 8, 8), (2, 4, 40, 40), (64, 96, 56, 56), (1, 8, 200, 7)):
             for nstate in (1, 2, 3, 16, 64):
                 for code in (0, 4, 3, 8):
-                    launch = CUDA_MODULE._launch_plan(batch, dim, 1, nstate, height, width, sm_count,
+                    launch = EMULATION._launch_plan(batch, dim, 1, nstate, height, width, sm_count,
                                                       DEVICES[device]["smem_per_sm"],
                                                       DEVICES[device]["smem_per_block"], route=code,
                                                       arch=DEVICES[device]["arch"])
@@ -520,7 +499,6 @@ def _planned_route_kinds(device: str) -> set:
     return kinds
 
 
-@needs_module
 @pytest.mark.parametrize("device", list(DEVICES))
 def test_the_route_matrix_runs_every_planned_route_kernel(device):
     """Every (pass, sequential / tile-parallel, kernel variant) the planner can choose for a route

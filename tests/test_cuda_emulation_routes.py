@@ -19,12 +19,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_scan_cuda import CUDA_MODULE, assert_close, needs_gpu, needs_module
+from test_scan_cuda import EMULATION, assert_close, needs_gpu
 from vmamba2d.ops import backend_info
 from vmamba2d.ops.interface import cross_scan_mode, cross_scan_per_route, cross_selective_scan_2d
 from vmamba2d.ops.routes import Route
 
-pytestmark = needs_module
 
 NAMES = ("u", "delta", "A", "B", "C", "D", "delta_bias")
 CROSS_2D, CORNERS_2D = [0, 4, 3, 7], [0, 5, 3, 6]
@@ -63,15 +62,15 @@ def reference(inputs, routes, dy):
 
 def run(inputs, routes, dy, *, order=2, out_fp32=False, **device):
     args = [inputs[n] for n in NAMES]
-    y = CUDA_MODULE._emulate_cross_forward(*args, True, routes, out_fp32, order=order, **device)
-    grads = CUDA_MODULE._emulate_cross_backward(*args, True, routes, dy, order=order + 1, **device)
+    y = EMULATION._emulate_cross_forward(*args, True, routes, out_fp32, order=order, **device)
+    grads = EMULATION._emulate_cross_backward(*args, True, routes, dy, order=order + 1, **device)
     return y, grads
 
 
 def forward_variants(inputs, routes, **device):
     """The kernel variants the forward blocks of cross_forward ran (enum order)."""
-    CUDA_MODULE._emulate_cross_forward(*(inputs[n] for n in NAMES), True, routes, False, **device)
-    return CUDA_MODULE._emulation_forward_variants()
+    EMULATION._emulate_cross_forward(*(inputs[n] for n in NAMES), True, routes, False, **device)
+    return EMULATION._emulation_forward_variants()
 
 
 def check(inputs, routes, *, rtol, seed=1, dy_fp32=False, out_fp32=False, **device):
@@ -104,7 +103,7 @@ def test_map_of_several_tiles(plan):
     # 37 x 41: 2 x 2 tiles (3 x 2 on the columns-first routes), partial edges; N = 1 with two channels.
     device = SEQUENTIAL if plan == "sequential" else H100
     for code in CROSS_2D:
-        launch = CUDA_MODULE._launch_plan(2, 2, 1, 1, 37, 41, **device, route=code)
+        launch = EMULATION._launch_plan(2, 2, 1, 1, 37, 41, **device, route=code)
         assert launch["fwd_tile_parallel"] == (plan == "tile-parallel")
         # N = 1, sequential: the one-state route forward and backward; tile-parallel: the route variant.
         assert launch["fwd_variant"] == ("kOneStateRoute" if plan == "sequential" else "kRoute")
@@ -128,7 +127,7 @@ def test_channel_slices_and_mixed_plans(dtype):
     # ones (1 x 240) run tile-parallel.
     routes = [0, 4, 8, 12]
     for code, tile_parallel in zip(routes, (False, False, True, True)):
-        launch = CUDA_MODULE._launch_plan(2, 8, 1, 1, 6, 40, **H100, route=code)
+        launch = EMULATION._launch_plan(2, 8, 1, 1, 6, 40, **H100, route=code)
         assert launch["bwd_slices"] == 2 and launch["fwd_tile_parallel"] == tile_parallel
         assert launch["fwd_variant"] == ("kRoute" if tile_parallel else "kOneStateRoute")
     inputs = make_inputs(2, 8, routes, 1, 6, 40, dtype=dtype, seed=13)
@@ -157,7 +156,7 @@ def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype, dim):
     rtol = 5e-5 if dtype == torch.float32 else 3e-2
     inputs = make_inputs(2, dim, CROSS_2D, 1, 8, 12, dtype=dtype, seed=5)
     for code in CROSS_2D:
-        launch = CUDA_MODULE._launch_plan(2, dim, 1, 1, 8, 12, **H100, route=code)
+        launch = EMULATION._launch_plan(2, dim, 1, 1, 8, 12, **H100, route=code)
         assert (launch["fwd_variant"], launch["fwd_channels"]) == ("kOneStateRoute", dim)
     assert forward_variants(inputs, CROSS_2D, **H100) == ["kOneStateRoute"]
     check(inputs, CROSS_2D, rtol=rtol, **H100)
@@ -167,10 +166,10 @@ def test_vector_path_on_aligned_maps_incl_reversed_routes(dtype, dim):
     dy = torch.randn(one["u"].shape, generator=torch.Generator().manual_seed(9)).to(dtype)
     args = [one[n] for n in NAMES]
     for code, vector in ((3, True), (11, True), (4, False)):
-        CUDA_MODULE._emulate_cross_forward(*args, True, [code], False, **H100)
-        forward = CUDA_MODULE._emulation_vector_accesses()
-        CUDA_MODULE._emulate_cross_backward(*args, True, [code], dy, **H100)
-        backward = CUDA_MODULE._emulation_vector_accesses()
+        EMULATION._emulate_cross_forward(*args, True, [code], False, **H100)
+        forward = EMULATION._emulation_vector_accesses()
+        EMULATION._emulate_cross_backward(*args, True, [code], dy, **H100)
+        backward = EMULATION._emulation_vector_accesses()
         assert (forward > 0 and backward > 0) == vector, (code, forward, backward)
     y, grads = run(one, [3], dy, **H100)
     y_ref, grads_ref = reference(one, [3], dy)
@@ -185,25 +184,25 @@ def test_general_route_kernels_take_the_vector_path_with_half_types(dtype):
     # quads) the identity route and the reversed one (its vector quads mirrored in the backward)
     # take 16-byte accesses with 2-byte inputs too.
     for code, seed in ((0, 31), (3, 32)):
-        launch = CUDA_MODULE._launch_plan(2, 4, 1, 2, 8, 12, **H100, route=code)
+        launch = EMULATION._launch_plan(2, 4, 1, 2, 8, 12, **H100, route=code)
         assert (launch["fwd_variant"], launch["bwd_variant"]) == ("kRoute", "kRoute")
         inputs = make_inputs(2, 4, [code], 2, 8, 12, dtype=dtype, seed=seed)
         args = [inputs[n] for n in NAMES]
         dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
-        CUDA_MODULE._emulate_cross_forward(*args, True, [code], False, **H100)
-        assert CUDA_MODULE._emulation_vector_accesses() > 0, code
-        CUDA_MODULE._emulate_cross_backward(*args, True, [code], dy, **H100)
-        assert CUDA_MODULE._emulation_vector_accesses() > 0, code
+        EMULATION._emulate_cross_forward(*args, True, [code], False, **H100)
+        assert EMULATION._emulation_vector_accesses() > 0, code
+        EMULATION._emulate_cross_backward(*args, True, [code], dy, **H100)
+        assert EMULATION._emulation_vector_accesses() > 0, code
         check(inputs, [code], rtol=3e-2, seed=seed, **H100)
     # Several tiles walked by one block (sequential plan): the backward's later phases find the
     # vector quads by the anchors its first phase recorded.
     one_sm = dict(H100, sm_count=1)
-    assert not CUDA_MODULE._launch_plan(1, 4, 1, 2, 36, 40, **one_sm, route=3)["bwd_tile_parallel"]
+    assert not EMULATION._launch_plan(1, 4, 1, 2, 36, 40, **one_sm, route=3)["bwd_tile_parallel"]
     check(make_inputs(1, 4, [3], 2, 36, 40, dtype=dtype, seed=33), [3], rtol=3e-2, seed=33, **one_sm)
     # N = 1 in the tile-parallel plan: kRoute with no dt tile, its last phase finds the vector quads
     # by the anchors its first phase recorded (a reversed route's mirrored); dy in both dtypes.
     for code, dy_fp32 in ((0, True), (3, False), (3, True)):
-        launch = CUDA_MODULE._launch_plan(1, 4, 1, 1, 36, 40, **H100, route=code)
+        launch = EMULATION._launch_plan(1, 4, 1, 1, 36, 40, **H100, route=code)
         assert launch["bwd_tile_parallel"] and launch["bwd_variant"] == "kRoute"
         check(make_inputs(1, 4, [code], 1, 36, 40, dtype=dtype, seed=34 + code), [code], rtol=3e-2, seed=34,
               dy_fp32=dy_fp32, **H100)
@@ -218,7 +217,7 @@ def test_one_state_route_forward_on_whole_quads_off_the_vector_path(dtype, heigh
     # whole map rows still test y's own alignment for their store / add (the first route stores,
     # the later ones add; y is fp32), and the backward sees quads that are not whole rows.
     for code in CROSS_2D:
-        launch = CUDA_MODULE._launch_plan(2, 4, 1, 1, height, width, **H100, route=code)
+        launch = EMULATION._launch_plan(2, 4, 1, 1, height, width, **H100, route=code)
         assert launch["fwd_variant"] == "kOneStateRoute"
     check(make_inputs(2, 4, CROSS_2D, 1, height, width, dtype=dtype, seed=15), CROSS_2D, rtol=3e-2, **H100)
 
@@ -228,7 +227,7 @@ def test_last_state_round_with_fewer_states_than_warps(dtype):
     # N = 5 on one channel: in both passes a number of warps per channel that does not divide 5 (four
     # on an H100), so the last state round has fewer states than warps.
     for code in CORNERS_2D:
-        launch = CUDA_MODULE._launch_plan(1, 1, 1, 5, 9, 13, **H100, route=code)
+        launch = EMULATION._launch_plan(1, 1, 1, 5, 9, 13, **H100, route=code)
         assert 5 % launch["fwd_warps_per_channel"] != 0 and 5 % launch["bwd_warps_per_channel"] != 0, launch
     half = dtype != torch.float32
     check(make_inputs(1, 1, CORNERS_2D, 5, 9, 13, dtype=dtype, seed=16), CORNERS_2D, rtol=3e-2 if half else 5e-5,
@@ -245,7 +244,7 @@ def test_line_and_single_cell_maps(height, width, plan):
     device = SEQUENTIAL if plan == "sequential" else H100
     for nstate, dtype, rtol in ((1, torch.bfloat16, 3e-2), (3, torch.float32, 5e-5)):
         for code in routes:
-            launch = CUDA_MODULE._launch_plan(3, 2, 1, nstate, height, width, **device, route=code)
+            launch = EMULATION._launch_plan(3, 2, 1, nstate, height, width, **device, route=code)
             parallel = height * width > 1 and plan == "tile-parallel"
             assert launch["fwd_tile_parallel"] == launch["bwd_tile_parallel"] == parallel, (code, launch)
         check(make_inputs(3, 2, routes, nstate, height, width, dtype=dtype, seed=17 + nstate), routes, rtol=rtol,
@@ -262,7 +261,7 @@ def test_one_state_route_backward_every_route_code(dtype):
     # types). All 16 route codes as one op on packed odd 5 x 7 maps (per-cell path; the flat routes'
     # 1 x 35 maps take two tiles each).
     for code in ALL_CODES:
-        launch = CUDA_MODULE._launch_plan(3, 4, 1, 1, 5, 7, **H100, route=code)
+        launch = EMULATION._launch_plan(3, 4, 1, 1, 5, 7, **H100, route=code)
         assert (launch["bwd_variant"], launch["bwd_channels"], launch["bwd_tile_parallel"]) == (
             "kOneStateRoute", 4, False), code
     rtol = 5e-5 if dtype == torch.float32 else 3e-2
@@ -276,7 +275,7 @@ def test_one_state_route_backward_vector_path_and_thread_orders(dtype):
     routes = CROSS_2D + CROSS_1D
     inputs = make_inputs(2, 4, routes, 1, 8, 12, dtype=dtype, seed=22)
     for code in routes:
-        assert CUDA_MODULE._launch_plan(2, 4, 1, 1, 8, 12, **H100, route=code)["bwd_variant"] == "kOneStateRoute"
+        assert EMULATION._launch_plan(2, 4, 1, 1, 8, 12, **H100, route=code)["bwd_variant"] == "kOneStateRoute"
     rtol = 5e-5 if dtype == torch.float32 else 3e-2
     check(inputs, routes, rtol=rtol, **H100)
     # The reversed route (code 3, route 2 of the op) alone: its backward takes the vector path.
@@ -284,11 +283,11 @@ def test_one_state_route_backward_vector_path_and_thread_orders(dtype):
     for n in ("A", "D", "delta_bias"):
         reversed_only[n] = inputs[n][8:12].contiguous()
     check(reversed_only, [3], rtol=rtol, **H100)
-    assert CUDA_MODULE._emulation_vector_accesses() > 0
+    assert EMULATION._emulation_vector_accesses() > 0
     args = [inputs[n] for n in NAMES]
     dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(4)).to(dtype)
-    first = CUDA_MODULE._emulate_cross_backward(*args, True, routes, dy, order=1, **H100)
-    second = CUDA_MODULE._emulate_cross_backward(*args, True, routes, dy, order=23, **H100)
+    first = EMULATION._emulate_cross_backward(*args, True, routes, dy, order=1, **H100)
+    second = EMULATION._emulate_cross_backward(*args, True, routes, dy, order=23, **H100)
     for name, a, b in zip(NAMES, first, second):
         assert torch.equal(a, b), name
 
@@ -311,7 +310,7 @@ def test_misaligned_inputs_take_the_scalar_path():
         flat[1:] = t.flatten()
         shifted[name] = flat[1:].view(t.shape)
     check(shifted, CORNERS_2D, rtol=3e-2, **H100)
-    assert CUDA_MODULE._emulation_vector_accesses() == 0
+    assert EMULATION._emulation_vector_accesses() == 0
 
 
 def test_channels_last_map():
@@ -348,14 +347,14 @@ def test_without_skip_and_bias_and_softplus(nstate, height, width, dtype, varian
     # channels per block (fewer than the block's channel slots).
     routes = CORNERS_2D
     for code in routes:
-        launch = CUDA_MODULE._launch_plan(2, 2, 1, nstate, height, width, **H100, route=code)
+        launch = EMULATION._launch_plan(2, 2, 1, nstate, height, width, **H100, route=code)
         assert (launch["fwd_variant"], launch["bwd_variant"]) == variants
     inputs = make_inputs(2, 2, routes, nstate, height, width, dtype=dtype, seed=14)
     inputs["delta"] = (inputs["delta"].float().abs() * 0.2 + 0.02).to(dtype)
     args = [None if n in ("D", "delta_bias") else inputs[n] for n in NAMES]
     dy = torch.randn(inputs["u"].shape, generator=torch.Generator().manual_seed(5)).to(dtype)
-    y = CUDA_MODULE._emulate_cross_forward(*args, False, routes, False, order=3, **H100)
-    grads = CUDA_MODULE._emulate_cross_backward(*args, False, routes, dy, order=4, **H100)
+    y = EMULATION._emulate_cross_forward(*args, False, routes, False, order=3, **H100)
+    grads = EMULATION._emulate_cross_backward(*args, False, routes, dy, order=4, **H100)
     leaves = [None if t is None else t.double().requires_grad_() for t in args]
     y_ref = cross_scan_per_route(*leaves, False, tuple(Route.from_code(c) for c in routes), "torch", torch.float64)
     y_ref.backward(dy.double())
@@ -372,9 +371,9 @@ def test_bad_routes_are_rejected():
     inputs = make_inputs(1, 1, [0, 4], 1, 4, 4)
     args = [inputs[n] for n in NAMES]
     with pytest.raises(ValueError, match="route codes"):
-        CUDA_MODULE._emulate_cross_forward(*args, True, [0, 16], False)
+        EMULATION._emulate_cross_forward(*args, True, [0, 16], False)
     with pytest.raises(ValueError, match="delta"):
-        CUDA_MODULE._emulate_cross_forward(*args, True, [0, 4, 3], False)
+        EMULATION._emulate_cross_forward(*args, True, [0, 4, 3], False)
 
 
 def _empty_inputs(batch, dim, routes, nstate, height, width):
@@ -453,9 +452,9 @@ def test_bad_inputs_are_rejected_by_name(entry, case, error, message):
     args = [inputs[n] for n in NAMES]
     with pytest.raises(error, match=message):
         if entry == "forward":
-            CUDA_MODULE._emulate_cross_forward(*args, True, inputs["routes"], False, **H100)
+            EMULATION._emulate_cross_forward(*args, True, inputs["routes"], False, **H100)
         else:
-            CUDA_MODULE._emulate_cross_backward(*args, True, inputs["routes"], inputs["dy"], **H100)
+            EMULATION._emulate_cross_backward(*args, True, inputs["routes"], inputs["dy"], **H100)
 
 
 @needs_gpu

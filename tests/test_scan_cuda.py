@@ -1,10 +1,11 @@
-"""The CUDA 2D selective-scan kernel (vmamba2d._C_cuda).
+"""The CUDA 2D selective-scan kernels (compiled by NVRTC at first use, or the nvcc-built
+vmamba2d._C_cuda where VMAMBA2D_NVCC_BUILD=1 built it).
 
 Three layers:
-  * build: the extension is importable wherever it was built (needs a CUDA torch and a toolkit,
-    no GPU);
+  * availability: a CUDA build of torch finds the kernels without nvcc (no GPU needed);
   * emulation (CPU, no GPU): the kernel's own block code (csrc/cuda/scan2d_kernel.cuh) run thread
-    by thread on the CPU through ``_C_cuda._emulate_forward/_backward`` in forward, reversed and
+    by thread on the CPU through the test-only host emulation built by the C++ compiler alone
+    (tests/cuda_emulation_build.py: ``_emulate_forward/_backward``) in forward, reversed and
     shuffled thread / warp / lane / block order, under the shared-memory race detector and bounds
     checks, with shared memory and scratch poisoned with NaN, against an independent fp64
     reference (the vectorised PyTorch scan and its autograd); tests/test_cuda_emulation_checks.py
@@ -15,32 +16,35 @@ Three layers:
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 import torch
 
+from cuda_emulation_build import v3_emulation
+
 from vmamba2d.ops import backend_info, selective_scan_2d
+from vmamba2d.ops.compiled import extensions
 
 HAS_GPU = torch.cuda.is_available()
 
 
-def _cuda_toolkit_present() -> bool:
-    from torch.utils.cpp_extension import CUDA_HOME
+class _LazyEmulation:
+    """The v3 kernels' host emulation module (``_emulate_*``, ``_launch_plan``, ``_softplus`` ...),
+    built by the C++ compiler on first attribute access and reused while its sources are unchanged."""
 
-    return CUDA_HOME is not None
-
-
-def _cuda_module():
-    try:
-        return importlib.import_module("vmamba2d._C_cuda")
-    except ImportError:
-        return None
+    def __getattr__(self, name):
+        return getattr(v3_emulation(), name)
 
 
-CUDA_MODULE = _cuda_module()
-needs_module = pytest.mark.skipif(CUDA_MODULE is None, reason="vmamba2d._C_cuda is not built")
-needs_gpu = pytest.mark.skipif(not HAS_GPU or CUDA_MODULE is None, reason="needs a GPU and _C_cuda")
+EMULATION = _LazyEmulation()
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+
+
+def gpu_kernels():
+    """The module that runs the CUDA kernels on this GPU (NVRTC, or the nvcc build where one exists)."""
+    module = extensions.cuda_extension()
+    assert module is not None, extensions.failure_reason("cuda")
+    return module
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,22 +141,25 @@ def check_all(kernel_fwd, kernel_bwd, inputs, height, width, *, rtol, softplus=T
 # build / import (no GPU needed)
 
 
-@pytest.mark.skipif(torch.version.cuda is None, reason="CPU-only torch: the CUDA extension is not built")
-@pytest.mark.skipif(os.environ.get("VMAMBA2D_SKIP_CUDA_BUILD") == "1", reason="CUDA build skipped")
-def test_cuda_extension_is_built_and_importable():
-    if not _cuda_toolkit_present():
-        pytest.skip("no CUDA toolkit: setup.py does not build the CUDA extension")
-    module = importlib.import_module("vmamba2d._C_cuda")
-    for name in ("forward", "backward"):
-        assert "delta_softplus" in getattr(module, name).__doc__
-    assert backend_info()["cuda_extension"] is True
+@pytest.mark.skipif(torch.version.cuda is None, reason="CPU-only torch: no CUDA kernels")
+def test_cuda_kernels_are_available_without_nvcc():
+    try:
+        importlib.import_module("vmamba2d._C_cuda")
+        expected = "nvcc"  # a developer build with VMAMBA2D_NVCC_BUILD=1
+    except ImportError:
+        expected = "nvrtc"
+    info = backend_info()
+    assert info["cuda_extension"] is True and info["cuda_compiler"] == expected, info
+    assert info["nvrtc_version"] is not None, info
+    for name in ("forward", "backward", "cross_forward", "cross_backward"):
+        assert callable(getattr(extensions.cuda_extension(), name))
 
 
-@needs_module
+@pytest.mark.skipif(torch.version.cuda is None, reason="CPU-only torch: no CUDA kernels")
 def test_cuda_entry_points_reject_cpu_tensors():
     x = make_inputs(1, 2, 1, 2, 3, 4)
     with pytest.raises(RuntimeError, match="CUDA tensor"):
-        CUDA_MODULE.forward(*(x[k] for k in ORDER), True, 3, 4, False, False)
+        extensions.cuda_extension().forward(*(x[k] for k in ORDER), True, 3, 4, False, False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,11 +195,11 @@ ORDERS = (0, 1, 2, 7)
 
 
 def emulated_fwd(*args, **options):
-    return CUDA_MODULE._emulate_forward(*args, **options)
+    return EMULATION._emulate_forward(*args, **options)
 
 
 def emulated_bwd(*args, **options):
-    return CUDA_MODULE._emulate_backward(*args, **options)
+    return EMULATION._emulate_backward(*args, **options)
 
 
 def shape_id(shape):
@@ -203,7 +210,6 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 RTOL = {torch.float32: 5e-5, torch.float16: 3e-2, torch.bfloat16: 6e-2}
 
 
-@needs_module
 @pytest.mark.parametrize("index", range(len(EMULATED_SHAPES)),
                          ids=[shape_id(s) for s in EMULATED_SHAPES])
 def test_emulated_kernel_matches_reference(index):
@@ -222,7 +228,6 @@ def test_emulated_kernel_matches_reference(index):
               smem_per_sm=(228 if index % 3 == 0 else 164) * 1024)
 
 
-@needs_module
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_emulated_kernel_without_optional_inputs_and_softplus(dtype):
     # N = 3 on 2 channels per group: 2 warps per channel, so 2 state rounds, the last one half full.
@@ -231,7 +236,6 @@ def test_emulated_kernel_without_optional_inputs_and_softplus(dtype):
     check_all(emulated_fwd, emulated_bwd, inputs, 35, 20, rtol=RTOL[dtype], softplus=False, order=3)
 
 
-@needs_module
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(2, 4, 1, 5, 40, 45), (3, 2, 1, 3, 20, 20)],
                          ids=lambda shape: "x".join(map(str, shape)))
@@ -245,7 +249,6 @@ def test_emulated_kernel_state_rounds_in_every_dtype(shape, dtype):
               dy_fp32=half and nstate == 5, out_fp32=half and nstate == 3)
 
 
-@needs_module
 def test_kernel_softplus_is_within_its_error_bound():
     # The kernels' fast softplus (exp2 / log2 and a short series, scan2d_tile.cuh) against
     # log1p(exp(z)) in float64: relative error <= 1e-5 wherever the result is a normal float
@@ -253,27 +256,25 @@ def test_kernel_softplus_is_within_its_error_bound():
     z = torch.cat([torch.linspace(-87.0, 30.0, 200_001), torch.linspace(-3.6, -3.3, 20_001),
                    torch.linspace(-1e-3, 1e-3, 2_001), torch.linspace(19.99, 20.01, 2_001),
                    torch.tensor([-0.0, 0.0, 1e-30, -1e-30])])
-    got = CUDA_MODULE._softplus(z).double()
+    got = EMULATION._softplus(z).double()
     exact = torch.where(z.double() > 20, z.double(), torch.log1p(torch.exp(z.double())))
     relative = ((got - exact).abs() / exact).max().item()
     assert relative <= 1e-5, relative
-    assert torch.equal(CUDA_MODULE._softplus(torch.tensor([20.5, 1e4])), torch.tensor([20.5, 1e4]))
+    assert torch.equal(EMULATION._softplus(torch.tensor([20.5, 1e4])), torch.tensor([20.5, 1e4]))
 
 
-@needs_module
 def test_kernel_softplus_gradient_is_within_its_error_bound():
     # sigmoid(z) from dt = softplus(z) (the backward's ddelta factor): series below dt = 2^-5,
     # 1 - exp(-dt) above, against -expm1(-dt) in float64: relative error <= 1e-5 from dt = 1e-30
     # to where sigmoid rounds to 1, dense around the switch; 0 on padding cells (dt = 0).
     dt = torch.cat([torch.logspace(-30, 1.5, 200_001), torch.linspace(0.030, 0.033, 20_001)])
-    got = CUDA_MODULE._softplus_grad_from_value(dt).double()
+    got = EMULATION._softplus_grad_from_value(dt).double()
     exact = -torch.expm1(-dt.double())
     relative = ((got - exact).abs() / exact).max().item()
     assert relative <= 1e-5, relative
-    assert CUDA_MODULE._softplus_grad_from_value(torch.zeros(1)).item() == 0.0
+    assert EMULATION._softplus_grad_from_value(torch.zeros(1)).item() == 0.0
 
 
-@needs_module
 def test_kernel_sigmoid_from_softplus_is_within_its_error_bound():
     # The N = 1 backward's ddelta factor sigmoid(z) = exp(z - softplus(z)) (no dt tile: dt is
     # recomputed from delta) against torch.sigmoid in float64: relative error <= 1e-5 wherever
@@ -281,13 +282,12 @@ def test_kernel_sigmoid_from_softplus_is_within_its_error_bound():
     z = torch.cat([torch.linspace(-87.0, 40.0, 200_001), torch.linspace(-3.6, -3.3, 20_001),
                    torch.linspace(-1e-3, 1e-3, 2_001), torch.linspace(19.99, 20.01, 2_001),
                    torch.tensor([-0.0, 0.0, 1e-30, -1e-30])])
-    got = CUDA_MODULE._sigmoid_from_softplus(z).double()
+    got = EMULATION._sigmoid_from_softplus(z).double()
     exact = torch.sigmoid(z.double())
     relative = ((got - exact).abs() / exact).max().item()
     assert relative <= 1e-5, relative
 
 
-@needs_module
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_emulated_kernel_softplus_passes_large_arguments_through(dtype):
     # torch's softplus returns z itself above its threshold 20: delta + bias on both sides of it.
@@ -296,7 +296,6 @@ def test_emulated_kernel_softplus_passes_large_arguments_through(dtype):
     check_all(emulated_fwd, emulated_bwd, inputs, 20, 40, rtol=RTOL[dtype])
 
 
-@needs_module
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_emulated_tile_parallel_passes_with_several_state_rounds(dtype):
     # One 70x70 map (3x3 tiles) and N = 6 on 4 channels: both passes run tile-parallel (1000 SMs),
@@ -305,7 +304,6 @@ def test_emulated_tile_parallel_passes_with_several_state_rounds(dtype):
     check_all(emulated_fwd, emulated_bwd, inputs, 70, 70, rtol=RTOL[dtype], order=6, sm_count=1000)
 
 
-@needs_module
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_emulated_kernel_half_outputs_in_input_dtype(dtype):
     # y and dy in the inputs' half dtype (no fp32 upcast): the kernel's rounding on store.
@@ -334,7 +332,7 @@ def _emulated_vector_accesses(inputs, height, width, rtol=5e-5, **options):
     def counting(run):
         def wrapped(*args, **kw):
             out = run(*args, **kw)
-            counts.append(CUDA_MODULE._emulation_vector_accesses())
+            counts.append(EMULATION._emulation_vector_accesses())
             return out
         return wrapped
 
@@ -343,7 +341,6 @@ def _emulated_vector_accesses(inputs, height, width, rtol=5e-5, **options):
     return counts
 
 
-@needs_module
 def test_emulated_aligned_tiles_move_every_quad_as_one_vector():
     # 32x32 fp32 maps, N = 1, the group's 4 channels in one block: every row starts 16-byte
     # aligned, so every quad is one vector access, and B / C quads are loaded once per block, not
@@ -360,7 +357,6 @@ def test_emulated_aligned_tiles_move_every_quad_as_one_vector():
     assert bwd == batch * (dim * 10 + 3 + 4) * QUADS_PER_TILE
 
 
-@needs_module
 def test_emulated_blocks_share_b_and_c_quads_between_channels_at_many_states():
     # N = 16, 4 channels, on an H100's shared memory: the plan puts 2 channels in a block (2 warps
     # each) in both passes, so each B / C quad is loaded once per 2 channels. Forward per block:
@@ -374,7 +370,6 @@ def test_emulated_blocks_share_b_and_c_quads_between_channels_at_many_states():
     assert bwd == (dim * 5 + blocks * nstate * (2 + 4)) * QUADS_PER_TILE
 
 
-@needs_module
 def test_emulated_misaligned_inputs_take_the_scalar_path():
     # The same maps with u, delta, B, C one element off 16-byte alignment: no input quad may be
     # vector-loaded (the emulation fails on a misaligned vector access); the forward's fresh y stays
@@ -390,7 +385,6 @@ def test_emulated_misaligned_inputs_take_the_scalar_path():
     assert bwd == 0
 
 
-@needs_module
 @pytest.mark.parametrize("shape", [
     (2, 4, 1, 1, 33, 65, torch.float16),   # rows of odd width: aligned only every fourth row
     (7, 4, 2, 1, 5, 6, torch.bfloat16),    # packed 5x6 maps: quads straddle map boundaries
@@ -414,11 +408,11 @@ def test_emulated_mixed_vector_and_scalar_quads(shape):
 
 
 def cuda_fwd(*args):
-    return CUDA_MODULE.forward(*args)
+    return gpu_kernels().forward(*args)
 
 
 def cuda_bwd(*args):
-    return CUDA_MODULE.backward(*args)
+    return gpu_kernels().backward(*args)
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-2, torch.bfloat16: 6e-2}
@@ -517,9 +511,9 @@ def test_gpu_backward_is_bitwise_reproducible():
     inputs = make_inputs(3, 8, 2, 16, 40, 40, device="cuda", seed=23)
     args = [inputs[k] for k in ORDER]
     dy = torch.randn(3, 8, 1600, generator=torch.Generator().manual_seed(4)).cuda()
-    _, carry_h, carry_v = CUDA_MODULE.forward(*args, True, 40, 40, False, True)
-    first = CUDA_MODULE.backward(*args, True, 40, 40, dy, carry_h, carry_v)
-    second = CUDA_MODULE.backward(*args, True, 40, 40, dy, carry_h, carry_v)
+    _, carry_h, carry_v = gpu_kernels().forward(*args, True, 40, 40, False, True)
+    first = gpu_kernels().backward(*args, True, 40, 40, dy, carry_h, carry_v)
+    second = gpu_kernels().backward(*args, True, 40, 40, dy, carry_h, carry_v)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
 
@@ -529,13 +523,13 @@ def test_gpu_backward_is_bitwise_reproducible():
 def test_gpu_backward_from_saved_carries_equals_recording_backward():
     inputs = make_inputs(2, 4, 2, 4, 70, 45, device="cuda", seed=31)
     args = [inputs[k] for k in ORDER]
-    y, carry_h, carry_v = CUDA_MODULE.forward(*args, True, 70, 45, False, True)
-    y_plain, none_h, none_v = CUDA_MODULE.forward(*args, True, 70, 45, False, False)
+    y, carry_h, carry_v = gpu_kernels().forward(*args, True, 70, 45, False, True)
+    y_plain, none_h, none_v = gpu_kernels().forward(*args, True, 70, 45, False, False)
     assert torch.equal(y, y_plain) and none_h.numel() == 0 and none_v.numel() == 0
     dy = torch.randn_like(y)
     empty = torch.empty(0, device="cuda")
-    saved = CUDA_MODULE.backward(*args, True, 70, 45, dy, carry_h, carry_v)
-    recorded = CUDA_MODULE.backward(*args, True, 70, 45, dy, empty, empty)
+    saved = gpu_kernels().backward(*args, True, 70, 45, dy, carry_h, carry_v)
+    recorded = gpu_kernels().backward(*args, True, 70, 45, dy, empty, empty)
     for a, b in zip(saved, recorded):
         assert torch.equal(a, b)
 
@@ -545,10 +539,10 @@ def test_gpu_backward_from_saved_carries_equals_recording_backward():
 def test_gpu_respects_current_stream():
     inputs = make_inputs(4, 4, 1, 16, 64, 64, device="cuda", seed=29)
     args = [inputs[k] for k in ORDER]
-    expected = CUDA_MODULE.forward(*args, True, 64, 64, False, False)[0]
+    expected = gpu_kernels().forward(*args, True, 64, 64, False, False)[0]
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        y = CUDA_MODULE.forward(*args, True, 64, 64, False, False)[0]
+        y = gpu_kernels().forward(*args, True, 64, 64, False, False)[0]
     torch.cuda.current_stream().wait_stream(stream)
     assert torch.equal(y, expected)
