@@ -7,7 +7,8 @@ budget (seconds) so that the whole run ends within --budget-s (default 585, insi
 limit); a step that would start with less time left than it needs is skipped, one that runs past
 its budget is stopped, and the report says so:
 
-    build                python3 setup.py build_ext --inplace, TORCH_CUDA_ARCH_LIST = this GPU's arch
+    build                VMAMBA2D_NVCC_BUILD=1 python3 setup.py build_ext --inplace (the nvcc build beside
+                         the NVRTC path, for make gpu-nvrtc), TORCH_CUDA_ARCH_LIST = this GPU's arch
     tests                pytest -m cuda on the scan / CUDA test files (files whose imports fail, e.g.
                          for a package missing here, are reported as collection errors, not run)
     triton-reverse-scan  tools/triton_reverse_scan_smoke.py: Triton's reverse associative scan on
@@ -223,7 +224,7 @@ def plan(python: str, env: Environment, work: Path, jobs: int, baseline: Optiona
     a step times the two against each other."""
     steps = [
         Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=BUDGETS_S["build"], min_s=60,
-             env={"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs)},
+             env={"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs), "VMAMBA2D_NVCC_BUILD": "1"},
              # the earlier kernel with a quarter of the jobs, so this checkout's build finishes first
              companion=_baseline_build(python, baseline, max(1, jobs // 4)) if baseline is not None else None),
         # first after the build: the v4 forward is what the next GPU run must measure (its table is
@@ -270,7 +271,7 @@ def compare_plan(python: str, env: Environment, work: Path, jobs: int, baseline:
     """The comparison run: build this checkout's kernel and the exported earlier one
     (tools/cuda_baseline.py) for this GPU, then time both on the model shapes
     (tools/bench_cuda_versions.py)."""
-    arch = {"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs)}
+    arch = {"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs), "VMAMBA2D_NVCC_BUILD": "1"}
     out = work / "bench_cuda_versions.md"
     return [
         Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=COMPARE_BUDGETS_S["build"], min_s=60,
