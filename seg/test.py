@@ -3,7 +3,7 @@
 Single process:   python seg/test.py CONFIG CHECKPOINT [--tta] [--work-dir DIR]
 Multi-GPU:        torchrun --nproc_per_node=4 seg/test.py CONFIG CHECKPOINT --launcher pytorch
 
-The checkpoint is loaded with ``weights_only=True`` on every torch (vmamba2d.seg.checkpoint_safety).
+The checkpoint is loaded with ``weights_only=True`` on every torch (vmamba2d.openmmlab.checkpoint_safety).
 Bad input (missing files, a refused or unreadable checkpoint) is reported in one line on stderr,
 exit code 2.
 """

@@ -1,4 +1,4 @@
-"""A second, real process holding a run folder's lock (vmamba2d.training.run_lock) for tests."""
+"""A second, real process holding a run folder's lock (vmamba2d.runs.run_lock) for tests."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _HOLDER = """
 import sys, time
 sys.path.insert(0, {root!r})
-from vmamba2d.training.run_lock import RunFolderLock
+from vmamba2d.runs.run_lock import RunFolderLock
 RunFolderLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(600)

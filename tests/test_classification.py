@@ -21,7 +21,7 @@ from vmamba2d.classification.checkpoint import BEST_NAME, LAST_NAME, load_checkp
 from vmamba2d.classification.config import resolve_train_config
 from vmamba2d.classification.errors import UsageError
 from tiny_imagefolder import make_tiny_imagefolder
-from vmamba2d.training import read_metrics
+from vmamba2d.runs import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -432,7 +432,7 @@ def test_kill_and_resume_with_loader_workers_reproduces_the_run_bitwise(
 def test_kill_around_the_commit_point_is_repaired_on_resume(
         data_root, reference_run, tmp_path, monkeypatch, kill):
     """The process dies just before / just after last.pth of the last epoch is replaced."""
-    import vmamba2d.training.checkpoint as checkpoint_module
+    import vmamba2d.runs.checkpoint as checkpoint_module
     output = tmp_path / "run"
     real_replace = os.replace
     evaluations = []

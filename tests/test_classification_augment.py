@@ -20,7 +20,7 @@ from vmamba2d.classification.config import resolve_train_config
 from vmamba2d.classification.data import TransformSteps, make_image_folder, train_loader, train_transform
 from vmamba2d.classification.errors import DataTransformError, UsageError
 from tiny_imagefolder import make_tiny_imagefolder
-from vmamba2d.training.seeding import sample_seed_words, seeded_global_rngs
+from vmamba2d.runs.seeding import sample_seed_words, seeded_global_rngs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -299,7 +299,7 @@ def test_train_refuses_a_work_dir_with_a_run_and_reports_missing_coco_in_one_lin
 
 def test_a_second_run_into_a_locked_work_dir_is_refused_in_one_line(tiny_run, tmp_path, capsys):
     from run_lock_holder import lock_held_by_another_process
-    from vmamba2d.training.run_lock import LOCK_NAME
+    from vmamba2d.runs.run_lock import LOCK_NAME
 
     work = tmp_path / "work"
     with lock_held_by_another_process(work) as holder:
@@ -494,17 +494,6 @@ def test_mmdet_tools_run_after_import_and_get_flops_counts_the_scan(tiny_run, ca
     assert _format_size(reference["flops"] - scan) != _format_size(reference["flops"])
     assert f"Flops: {_format_size(reference['flops'])}\n" in printed
     assert f"Input shape: {IMAGE_SIZE}" in printed
-
-
-def test_shared_modules_are_reexported_under_vmamba2d_seg():
-    pytest.importorskip("mmseg")
-    import vmamba2d.openmmlab.work_dir
-    import vmamba2d.seg.errors
-    import vmamba2d.seg.work_dir
-
-    assert vmamba2d.seg.work_dir.prepare_work_dir is vmamba2d.openmmlab.work_dir.prepare_work_dir
-    assert issubclass(vmamba2d.seg.errors.SegMissingFileError, FileNotFoundError)
-    assert os.path.basename(vmamba2d.seg.errors.__file__) == "errors.py"
 
 
 def test_get_flops_is_reproducible_on_a_random_detector(capsys):

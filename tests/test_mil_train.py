@@ -198,7 +198,7 @@ def test_resume_from_a_truncated_last_checkpoint_names_the_file(dataset, referen
 
 
 def test_resume_into_another_kind_of_run_folder_says_so(dataset, tmp_path, capsys):
-    from vmamba2d.training import RunFolder, StartPlan
+    from vmamba2d.runs import RunFolder, StartPlan
 
     classification = tmp_path / "imagenet"
     RunFolder(classification, script="classification/train.py").start(StartPlan(None, False), 0)
@@ -564,7 +564,7 @@ def test_a_full_disk_stops_training_in_one_line_and_keeps_the_last_commit(datase
                                                                          monkeypatch):
     import errno
 
-    from vmamba2d.training import run_folder
+    from vmamba2d.runs import run_folder
 
     output = tmp_path / "run"
     save = run_folder.atomic_torch_save

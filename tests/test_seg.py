@@ -335,7 +335,7 @@ def test_configs_follow_the_recipe_and_build():
 def test_upernet_2dvmamba_tiny_flops_at_512x2048_match_the_paper():
     """fvcore trace of the whole segmentor at 512x2048 (~40 s of CPU): 950G in the paper."""
     from vmamba2d.ops import backend_info
-    from vmamba2d.seg.complexity import segmentor_complexity
+    from vmamba2d.openmmlab.complexity import segmentor_complexity
 
     if not backend_info()["cpu_extension"]:
         pytest.skip("the compiled CPU scan kernel is not available: the scan op cannot be traced")
@@ -384,7 +384,7 @@ def _options_to_dict(options: list) -> dict:
 # ---------------------------------------------------------------------------------------------
 def test_train_validate_resume_and_test(ade_root, tmp_path, capsys, monkeypatch):
     # torch.load without weights_only unpickles anything (torch < 2.6): the resume and the test still
-    # load these genuine checkpoints, with weights_only=True (vmamba2d.seg.checkpoint_safety)
+    # load these genuine checkpoints, with weights_only=True (vmamba2d.openmmlab.checkpoint_safety)
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     train = _load_script("train")
     test = _load_script("test")
@@ -437,7 +437,7 @@ def test_inference_on_a_non_square_ade20k_sized_image():
 
 
 def test_metrics_summary_takes_numpy_scalars():
-    from vmamba2d.seg.runtime import metrics_summary, scalar_metrics
+    from vmamba2d.openmmlab.runtime import metrics_summary, scalar_metrics
 
     metrics = {"aAcc": np.float32(81.2), "mIoU": np.float64(40.054), "mAcc": np.round(np.float32(52.1), 2),
                "count": 3, "flag": True, "per_class": {"wall": 70.0}}

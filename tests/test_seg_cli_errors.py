@@ -222,7 +222,7 @@ def test_a_config_syntax_error_and_a_file_as_work_dir_are_one_line(ade_root, tmp
 def test_a_full_disk_while_checkpointing_is_one_line(ade_root, tmp_path, capsys, monkeypatch):
     import errno
 
-    from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend
+    from vmamba2d.openmmlab.safe_checkpoints import AtomicLocalBackend
 
     def full(self, obj, filepath):
         raise OSError(errno.ENOSPC, "No space left on device", f"{filepath}")

@@ -17,9 +17,9 @@ import vmamba2d.seg  # noqa: E402,F401  (registers the hook, the atomic backend 
 from mmengine.config import Config  # noqa: E402
 from test_seg import TINY_CONFIG, _load_script, _run_options, ade_root  # noqa: E402,F401  (fixture)
 from vmamba2d.openmmlab import safe_checkpoints  # noqa: E402
-from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend  # noqa: E402
-from vmamba2d.seg.work_dir import UnreadableCheckpoint, prepare_work_dir  # noqa: E402
-from vmamba2d.training import RunFolderError  # noqa: E402
+from vmamba2d.openmmlab.safe_checkpoints import AtomicLocalBackend  # noqa: E402
+from vmamba2d.openmmlab.work_dir import UnreadableCheckpoint, prepare_work_dir  # noqa: E402
+from vmamba2d.runs import RunFolderError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +38,8 @@ torch.set_num_threads({threads})
 sys.path.insert(0, {root!r})
 import vmamba2d.seg
 from vmamba2d.openmmlab import safe_checkpoints
-from vmamba2d.seg.safe_checkpoints import AtomicLocalBackend
-from vmamba2d.training.checkpoint import temp_path_for
+from vmamba2d.openmmlab.safe_checkpoints import AtomicLocalBackend
+from vmamba2d.runs.checkpoint import temp_path_for
 
 write = AtomicLocalBackend.put
 def dying_put(self, obj, filepath):
@@ -425,7 +425,7 @@ def test_atomic_backend_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypa
 
 def test_a_second_run_into_a_locked_work_dir_is_refused_in_one_line(ade_root, tmp_path, capsys):
     from run_lock_holder import lock_held_by_another_process
-    from vmamba2d.training.run_lock import LOCK_NAME
+    from vmamba2d.runs.run_lock import LOCK_NAME
 
     work = tmp_path / "work"
     argv = [str(TINY_CONFIG), "--work-dir", str(work), "--resume", "--cfg-options",

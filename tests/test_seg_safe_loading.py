@@ -1,4 +1,4 @@
-"""mmengine loads local checkpoints with weights_only=True on every torch (vmamba2d.seg.checkpoint_safety):
+"""mmengine loads local checkpoints with weights_only=True on every torch (vmamba2d.openmmlab.checkpoint_safety):
 seg/test.py refuses a malicious checkpoint even under torch's pre-2.6 default, emulated with
 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import vmamba2d.seg  # noqa: E402,F401  (registers the weights-only local loader
 from mmengine.logging import HistoryBuffer  # noqa: E402
 from mmengine.runner import CheckpointLoader  # noqa: E402
 from test_seg import TINY_CONFIG, _load_script, _run_options, ade_root  # noqa: E402,F401  (fixture)
-from vmamba2d.seg.errors import RefusedCheckpointError, SegInputError  # noqa: E402
+from vmamba2d.openmmlab.errors import InputError, RefusedCheckpointError  # noqa: E402
 
 
 class _MakesFolder:
@@ -72,7 +72,7 @@ def test_genuine_mmengine_checkpoint_loads_and_unreadable_files_are_named(tmp_pa
 
     truncated = tmp_path / "truncated.pth"
     truncated.write_bytes(genuine.read_bytes()[:100])
-    with pytest.raises(SegInputError, match=rf"^checkpoint {truncated} cannot be read: RuntimeError: [^\n]*$"):
+    with pytest.raises(InputError, match=rf"^checkpoint {truncated} cannot be read: RuntimeError: [^\n]*$"):
         CheckpointLoader.load_checkpoint(str(truncated))
     with pytest.raises(FileNotFoundError, match="checkpoint not found: .*missing.pth"):
         CheckpointLoader.load_checkpoint(str(tmp_path / "missing.pth"))

@@ -100,7 +100,7 @@ def _format_size(flops: int) -> str:
 @pytest.mark.slow
 def test_get_flops_tool_counts_the_scan_like_seg_get_flops(tmp_path, monkeypatch, capsys):
     from vmamba2d.ops import backend_info
-    from vmamba2d.seg.complexity import segmentor_complexity
+    from vmamba2d.openmmlab.complexity import segmentor_complexity
 
     if not backend_info()["cpu_extension"]:
         pytest.skip("the compiled CPU scan kernel is not available: the scan op cannot be traced")

@@ -1,7 +1,7 @@
 """Classification checkpoints: safe (weights_only) loads, format tag, key / shape checks.
 
 The run folder protocol (``last.pth`` as the commit point, ``best.pth``, ``metrics.jsonl``,
-repair on resume) lives in ``vmamba2d.training.run_folder``.
+repair on resume) lives in ``vmamba2d.runs.run_folder``.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 
 from vmamba2d.models.weights import key_mismatch_parts
-from vmamba2d.training import BEST_NAME, LAST_NAME  # noqa: F401  (re-exported for the scripts)
+from vmamba2d.runs import BEST_NAME, LAST_NAME  # noqa: F401  (re-exported for the scripts)
 
 from .errors import UsageError
 

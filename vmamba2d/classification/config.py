@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from vmamba2d.machine import fit_to_machine
-from vmamba2d.training.options import config_file_values, parse_key_values
+from vmamba2d.runs.options import config_file_values, parse_key_values
 
 from .auto_augment import check_auto_augment
 from .errors import UsageError

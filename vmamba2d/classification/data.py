@@ -16,7 +16,7 @@ from timm.data import create_transform, resolve_data_config
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, default_collate
 from torchvision.datasets import ImageFolder
 
-from vmamba2d.training import EpochSampler, SeededSamples, loader_generator
+from vmamba2d.runs import EpochSampler, SeededSamples, loader_generator
 
 from .auto_augment import is_auto_augment, use_safe_posterize
 from .errors import BadImageError, DataTransformError, UsageError
@@ -257,7 +257,7 @@ def train_loader(dataset: ImageFolder, *, batch_size: int, rank: int, world_size
     """Shuffled loader of ``(images, targets, problems)`` batches; call ``sampler.set_epoch``.
 
     Order: DistributedSampler seeded with (seed, epoch), even for 1 process. Augmentation:
-    seeded per sample from (seed, epoch, index) (``vmamba2d.training.seeding``), so a resumed
+    seeded per sample from (seed, epoch, index) (``vmamba2d.runs.seeding``), so a resumed
     run loads exactly what the uninterrupted run loaded, with any number of ``workers``.
     Full batches only (mixup needs even, equal batches); each rank sees len/world images per
     epoch.

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from vmamba2d.training.options import autocast
+from vmamba2d.runs.options import autocast
 
 from .distributed import DistContext, all_reduce_sum
 from .errors import BadImageError

@@ -31,7 +31,7 @@ def setup_logger(is_main: bool, log_file: Optional[Path] = None) -> logging.Logg
 class TensorBoardWriter:
     """Mirrors numeric metrics to TensorBoard (``<output>/tensorboard``) when the ``tensorboard``
     package is installed; rank 0 only. ``metrics.jsonl`` itself is written by the run folder's
-    commit (``vmamba2d.training.RunFolder``).
+    commit (``vmamba2d.runs.RunFolder``).
 
     ``purge_step``: when resuming, events at or after this step (written by an epoch that was
     killed before it was committed) are hidden by TensorBoard.

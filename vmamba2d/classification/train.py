@@ -5,7 +5,7 @@ Several GPUs:     torchrun --nproc_per_node 8 classification/train.py --config v
 Continue a run:   add --resume auto (continues RUN/last.pth; see below for a folder without one)
 
 Every epoch ends with a validation pass (model and EMA) and one commit of the run folder
-(``vmamba2d.training.RunFolder``): ``RUN/best.pth`` (weights of the best validation top-1 so
+(``vmamba2d.runs.RunFolder``): ``RUN/best.pth`` (weights of the best validation top-1 so
 far) and the epoch's line of ``RUN/metrics.jsonl`` are written first, then ``RUN/last.pth`` is
 replaced atomically - the commit point. A kill at any moment therefore never leaves best.pth or
 metrics.jsonl behind last.pth, and the next start (``--resume auto``) repairs what the kill
@@ -48,7 +48,7 @@ from .errors import BadImageError, DataTransformError, UsageError
 from .logging_utils import TensorBoardWriter, setup_logger
 from .models import check_model_input, check_model_name, create_classifier
 from vmamba2d.machine import available_cores
-from vmamba2d.training import (RunFolder, RunFolderError, RunFolderLock, StartPlan, atomic_write,
+from vmamba2d.runs import (RunFolder, RunFolderError, RunFolderLock, StartPlan, atomic_write,
                                capture_rng_state, clamp_warmup, restore_rng_state)
 
 SCRIPT = "classification/train.py"

@@ -33,7 +33,7 @@ from vmamba2d.export.mil_onnx import (
 from vmamba2d.export.onnx_export import (
     INPUT_NAME, MIN_OPSET, MissingOnnxExtraError, export_onnx, max_relative_error, onnx_session, require_onnx_extra,
 )
-from vmamba2d.training.options import parse_key_values
+from vmamba2d.runs.options import parse_key_values
 
 TOLERANCE = 1e-4  # max relative error of --check (fp32)
 MODEL_PREFIXES = ("vmamba2d_", "vmamba_")

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> Path:
         return target
     if target.exists() and not args.overwrite:
         raise WeightsError(f"{target} exists; pass --overwrite to replace it")
-    from vmamba2d.training import atomic_torch_save
+    from vmamba2d.runs import atomic_torch_save
 
     weights = convert(args.source, model_name, model_kwargs, trusted=args.trusted)
     target.parent.mkdir(parents=True, exist_ok=True)

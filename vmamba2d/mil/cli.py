@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..training.checkpoint import storage_error_message
+from ..runs.checkpoint import storage_error_message
 from .config import FIELD_NAMES, MILConfig, UsageError, resolve_train_config
 from .data import SlideDataError, SlideDataset, SlideEntry, read_survival_csv
 from .engine import evaluate

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..training.options import config_file_values, parse_key_values
+from ..runs.options import config_file_values, parse_key_values
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "mil"
 TASKS = ("classification", "survival")

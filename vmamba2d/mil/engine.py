@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from ..training import loader_generator
-from ..training.options import autocast
+from ..runs import loader_generator
+from ..runs.options import autocast
 from .metrics import classification_metrics, concordance_index
 from .survival import survival_nll_loss, survival_risk
 

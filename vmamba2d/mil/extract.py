@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from ..training.options import autocast
+from ..runs.options import autocast
 from .encoders import Encoder, build_encoder
 from .slides.patching import PatchGrid, PatchOptions, patch_grid, read_patch
 from .slides.reader import Slide, SlideError, find_slides, open_slide, slide_id_of

@@ -6,7 +6,7 @@ Layout of ``--output``::
     summary.json           per-run results and their mean / std (written when all runs finish),
                            and the unusable slides left out (``--skip-bad-slides``)
     <run>/                 one folder per run: "seed<s>" or "fold<f>-seed<s>", kept with the
-                           run-folder protocol of ``vmamba2d.training.run_folder``
+                           run-folder protocol of ``vmamba2d.runs.run_folder``
         run.json           marker of the run folder
         last.pth           everything needed to continue after the last finished epoch
         best.pth           weights of the selected epoch (``model_config`` + ``model``: loads
@@ -47,11 +47,11 @@ import numpy as np
 import torch
 import yaml
 
-from ..training import RunFolder, RunFolderError, RunFolderLock, StartPlan
-from ..training.checkpoint import (atomic_write, capture_rng_state, is_temp_file,
+from ..runs import RunFolder, RunFolderError, RunFolderLock, StartPlan
+from ..runs.checkpoint import (atomic_write, capture_rng_state, is_temp_file,
                                    remove_stale_temp_files, restore_rng_state)
-from ..training.run_folder import MARKER_NAME
-from ..training.run_lock import is_lock_file
+from ..runs.run_folder import MARKER_NAME
+from ..runs.run_lock import is_lock_file
 from .config import RESUME_FREE_OPTIONS, TASKS, MILConfig, UsageError
 from .data import GridOptions, SlideDataError, SlideDataset
 from .engine import epoch_order, evaluate, resolve_loss_weights, select_epoch, train_one_epoch

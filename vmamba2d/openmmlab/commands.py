@@ -6,7 +6,7 @@ complexity count.
 A toolkit package declares one command per entry point (:mod:`vmamba2d.seg.commands`,
 :mod:`vmamba2d.det.commands`); the scripts only bind its methods. ``main`` of train and test
 reports bad input (:class:`~vmamba2d.openmmlab.errors.InputError`, and for training
-:class:`~vmamba2d.training.RunFolderError`) in one line on stderr and returns exit code 2.
+:class:`~vmamba2d.runs.RunFolderError`) in one line on stderr and returns exit code 2.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from mmengine.logging import print_log
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from vmamba2d.training import RunFolderError, RunFolderLock
-from vmamba2d.training.checkpoint import storage_error_message
+from vmamba2d.runs import RunFolderError, RunFolderLock
+from vmamba2d.runs.checkpoint import storage_error_message
 
 from .checkpoint_match import MIN_LOAD_FROM_SHARE, MIN_TEST_SHARE, check_checkpoint_covers
 from .errors import InputError, MissingFileError

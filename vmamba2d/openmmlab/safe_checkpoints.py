@@ -44,7 +44,7 @@ from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 
-from vmamba2d.training.checkpoint import atomic_write
+from vmamba2d.runs.checkpoint import atomic_write
 
 ATOMIC_BACKEND = "vmamba2d_atomic_local"
 RNG_STATE_KEY = "torch_rng_state"

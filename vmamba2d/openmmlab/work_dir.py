@@ -1,4 +1,4 @@
-"""Start, resume and repair an mmengine work dir the way :mod:`vmamba2d.training.run_folder` does
+"""Start, resume and repair an mmengine work dir the way :mod:`vmamba2d.runs.run_folder` does
 for classification and MIL runs.
 
 With :class:`~vmamba2d.openmmlab.safe_checkpoints.AtomicCheckpointHook`, ``work_dir/last_checkpoint`` is the
@@ -50,9 +50,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from mmengine.config import Config
 
-from vmamba2d.training.checkpoint import atomic_write, is_temp_file, remove_stale_temp_files
-from vmamba2d.training.run_folder import RunFolderError
-from vmamba2d.training.run_lock import is_lock_file
+from vmamba2d.runs.checkpoint import atomic_write, is_temp_file, remove_stale_temp_files
+from vmamba2d.runs.run_folder import RunFolderError
+from vmamba2d.runs.run_lock import is_lock_file
 
 from .checkpoint_safety import load_error_reason
 from .safe_checkpoints import LAST_CHECKPOINT_NAME, write_last_checkpoint

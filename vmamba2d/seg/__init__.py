@@ -5,7 +5,7 @@ registers the crash-safe ``AtomicCheckpointHook`` (:mod:`vmamba2d.openmmlab.safe
 seg/train.py uses it, with :mod:`vmamba2d.openmmlab.work_dir` for start / resume / repair), gives
 mmengine's FLOP counter the scan's FLOP handle and registers :class:`VMamba2DBackbone` in mmseg's
 MODELS registry. The toolkit-neutral code lives in :mod:`vmamba2d.openmmlab` (shared with
-:mod:`vmamba2d.det`); the ``vmamba2d.seg.*`` modules re-export it. mmseg's own tools import
+:mod:`vmamba2d.det`); this package holds only what is mmseg's. mmseg's own tools import
 ``mmseg.models`` before a config's ``custom_imports`` run: start them through
 :mod:`vmamba2d.seg.mmseg_tools`.
 """
@@ -18,15 +18,9 @@ prepare_openmmlab()
 from mmseg.registry import MODELS  # noqa: E402
 
 from vmamba2d.openmmlab.backbone import VMamba2DBackbone  # noqa: E402
-from vmamba2d.openmmlab.checkpoint_safety import (  # noqa: E402
-    allow_mmengine_checkpoint_globals,
-    use_weights_only_local_loader,
-)
-from vmamba2d.openmmlab.complexity import register_mmengine_flop_handles  # noqa: E402
-from vmamba2d.openmmlab.mmcv_compat import compat_layer_active, install_mmcv_ops_compat  # noqa: E402
+from vmamba2d.openmmlab.mmcv_compat import compat_layer_active  # noqa: E402
 from vmamba2d.openmmlab.safe_checkpoints import AtomicCheckpointHook  # noqa: E402
 
 MODELS.register_module(module=VMamba2DBackbone, force=True)  # force: the same class again on a reload
 
-__all__ = ["AtomicCheckpointHook", "VMamba2DBackbone", "allow_mmengine_checkpoint_globals", "compat_layer_active",
-           "install_mmcv_ops_compat", "register_mmengine_flop_handles", "use_weights_only_local_loader"]
+__all__ = ["AtomicCheckpointHook", "VMamba2DBackbone", "compat_layer_active"]

@@ -1,4 +1,5 @@
-"""Utilities shared by the training scripts (classification, segmentation, MIL).
+"""What a training run keeps on disk and how it restarts, shared by the training scripts
+(classification, segmentation, detection, MIL); the training loops themselves live with each task.
 
 * :mod:`.checkpoint` - atomic file writes, stale temporary file cleanup, RNG state capture.
 * :mod:`.run_folder` - the run-folder protocol: ``last.pth`` as the one commit point per epoch,

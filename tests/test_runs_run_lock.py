@@ -1,4 +1,4 @@
-"""vmamba2d.training.run_lock: one run per folder, refused in one line while another process holds
+"""vmamba2d.runs.run_lock: one run per folder, refused in one line while another process holds
 it; the lock dies with its process. The CLIs' own use of it: here classification and MIL, seg and
 det in tests/test_seg_runs.py and tests/test_det.py."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from tiny_imagefolder import make_tiny_imagefolder
 from vmamba2d.classification import train as train_cli
 from vmamba2d.mil.cli import train_main as mil_train_main
 from vmamba2d.mil.synthetic import LABEL_NAMES, make_synthetic_slides, write_slide_file
-from vmamba2d.training import RunFolder, RunFolderBusy, RunFolderError, RunFolderLock
-from vmamba2d.training.run_lock import LOCK_NAME
+from vmamba2d.runs import RunFolder, RunFolderBusy, RunFolderError, RunFolderLock
+from vmamba2d.runs.run_lock import LOCK_NAME
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,4 +1,4 @@
-"""vmamba2d.training.run_folder: hard kills between every write of a commit, then repair.
+"""vmamba2d.runs.run_folder: hard kills between every write of a commit, then repair.
 
 A kill is simulated in a forked child: every os.replace / os.fsync / os.unlink call (each file
 write of the protocol is followed by one of them) counts as a step, and the child dies with
@@ -15,9 +15,9 @@ from typing import Callable
 import pytest
 import torch
 
-from vmamba2d.training import RunFolder, RunFolderError
-from vmamba2d.training.checkpoint import remove_stale_temp_files
-from vmamba2d.training.run_folder import StartPlan
+from vmamba2d.runs import RunFolder, RunFolderError
+from vmamba2d.runs.checkpoint import remove_stale_temp_files
+from vmamba2d.runs.run_folder import StartPlan
 
 SCRIPT = "tests/train.py"
 PROTOCOL_FILES = {"last.pth", "best.pth", "metrics.jsonl", "run.json"}

@@ -4,7 +4,7 @@ A run folder holds
 
 * ``run.json`` - marker written when the run starts: format, script, starting checkpoint;
 * ``last.pth`` - everything needed to continue after the last finished epoch. Replacing it
-  (atomically, :func:`~vmamba2d.training.checkpoint.atomic_torch_save`) is the *commit point*:
+  (atomically, :func:`~vmamba2d.runs.checkpoint.atomic_torch_save`) is the *commit point*:
   an epoch is done exactly when ``last.pth`` says so;
 * ``best.pth`` - the best epoch's weights so far, as recorded in ``last.pth``;
 * ``metrics.jsonl`` - one JSON object per line, each with the ``epoch`` (0-based) it belongs to;
@@ -58,7 +58,7 @@ LAST_NAME = "last.pth"
 BEST_NAME = "best.pth"
 METRICS_NAME = "metrics.jsonl"
 MARKER_NAME = "run.json"
-LOCK_NAME = ".run.lock"  # vmamba2d.training.run_lock: held while a run writes here
+LOCK_NAME = ".run.lock"  # vmamba2d.runs.run_lock: held while a run writes here
 _BEST_BACKUP = f".{BEST_NAME}.prev-"  # + epochs done after the commit that replaced best.pth
 _BEST_ABSENT = f".{BEST_NAME}.none-"  # + epochs done after the commit that created best.pth
 

@@ -1,4 +1,4 @@
-"""vmamba2d.training.seeding / schedule: loader randomness as a function of (seed, epoch, index)."""
+"""vmamba2d.runs.seeding / schedule: loader randomness as a function of (seed, epoch, index)."""
 from __future__ import annotations
 
 import random
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from vmamba2d.training import (EpochSampler, SeededSamples, capture_rng_state, clamp_warmup,
+from vmamba2d.runs import (EpochSampler, SeededSamples, capture_rng_state, clamp_warmup,
                                loader_generator)
 
 
