@@ -55,6 +55,13 @@ USER_SCRIPT = """
     assert info["cpu_extension_source"] == "jit" and info["auto_cpu"] == "cpu", info
     assert extensions.cpu_sources_dir().is_relative_to(sys.prefix), extensions.cpu_sources_dir()
     assert extensions.cpu_extension().openmp(), "the JIT build must parallelise with OpenMP"
+    if torch.version.cuda is not None:  # a CUDA torch: the kernels come from NVRTC, no nvcc anywhere
+        from vmamba2d.ops.compiled import cuda_kernels, nvrtc
+
+        assert info["cuda_extension"] and info["cuda_compiler"] == "nvrtc" and info["nvrtc_version"], info
+        assert nvrtc.kernel_source_dir().is_relative_to(sys.prefix), nvrtc.kernel_source_dir()
+        image = nvrtc.compile_kernel(cuda_kernels.kernel_spec("carry_scan"), 90)
+        assert image.target.arch == 90 and image.resources.registers > 0, image.resources
     print("ok", vmamba2d.__version__)
 """
 
@@ -95,6 +102,12 @@ def _check_wheel(wheel: Path) -> None:
         entry_points = archive.read(f"vmamba2d-{vmamba2d.__version__}.dist-info/entry_points.txt").decode()
     packaged = {n.rsplit("/", 1)[1] for n in names if n.startswith("vmamba2d/csrc/cpu/")}
     assert packaged == _kernel_source_names(REPO_ROOT / "csrc" / "cpu")
+    # NVRTC's kernel sources and the host driver's; never the test-only host emulation
+    for required in ("cuda/scan2d_kernels.cuh", "cuda/scan2d_rows.cuh", "cuda/entries/scan2d_rows_entry.cu",
+                     "nvrtc/selective_scan_2d_nvrtc.cpp"):
+        assert f"vmamba2d/csrc/{required}" in names, required
+    assert any(n.startswith("vmamba2d/csrc/cuda/nvrtc_std/") for n in names)
+    assert not [n for n in names if "emulat" in n.rsplit("/", 1)[-1]], sorted(n for n in names if "emulat" in n)
     assert f"vmamba2d-{vmamba2d.__version__}.dist-info/licenses/LICENSE" in names
     assert re.search(rf"^Version: {re.escape(vmamba2d.__version__)}$", metadata, re.M), metadata[:300]
     assert re.search(r"^License-Expression: MIT$", metadata, re.M) and "Requires-Dist: ninja" in metadata
