@@ -14,8 +14,8 @@ forward (no grad) and forward + backward, median of --repeats runs after a warm-
 interleaved. Prints a markdown table (fused / per-route time ratio: below 1 means the fused op is
 faster); ``--out FILE`` also writes it with the machine, date, commit and settings.
 
-    python tools/bench_cross_scan.py                                  # CPU, cpu backend, batch 8
-    python tools/bench_cross_scan.py --device cuda --backends cuda triton --batch 128
+    python benchmarks/bench_cross_scan.py                                  # CPU, cpu backend, batch 8
+    python benchmarks/bench_cross_scan.py --device cuda --backends cuda triton --batch 128
 """
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ runs, the two models' runs interleaved so that load from other processes hits th
 = 1 / median. Peak memory: tensor memory alive at once during one step above the inputs and
 weights (CUDA: torch.cuda.max_memory_allocated; CPU: torch profiler allocation events).
 
-    python tools/bench_mil.py                                  # CPU, prints a markdown table
-    python tools/bench_mil.py --sizes 14 56 --repeats 5 --out benchmarks/mil_speed_cpu.md
-    python tools/bench_mil.py --device cuda --out benchmarks/mil_speed_cuda.md
+    python benchmarks/bench_mil.py                                  # CPU, prints a markdown table
+    python benchmarks/bench_mil.py --sizes 14 56 --repeats 5 --out benchmarks/mil_speed_cpu.md
+    python benchmarks/bench_mil.py --device cuda --out benchmarks/mil_speed_cuda.md
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from bench_scan import git_commit, machine_description, peak_bytes, timed  # noqa: E402  (tools/ is on sys.path)
+from bench_scan import git_commit, machine_description, peak_bytes, timed  # noqa: E402  (this script's folder is on sys.path)
 from vmamba2d.cpu_malloc import keep_freed_memory  # noqa: E402
 from vmamba2d.mil.models import build_model  # noqa: E402
 from vmamba2d.ops import backend_info  # noqa: E402
@@ -159,7 +159,7 @@ def format_table(cases: list[Case]) -> str:
 
 
 # What this benchmark measures: uncommitted changes there mark the commit line.
-MEASURED_PATHS = ("csrc", "vmamba2d", "tools/bench_mil.py")
+MEASURED_PATHS = ("csrc", "vmamba2d", "benchmarks/bench_mil.py")
 
 
 def report_header(args: argparse.Namespace, device: torch.device) -> str:
@@ -179,7 +179,7 @@ def report_header(args: argparse.Namespace, device: torch.device) -> str:
         "- peak memory: tensor memory alive at once during one step above the inputs and weights "
         + ("(torch.cuda.max_memory_allocated)" if device.type == "cuda" else "(torch profiler allocation events)"),
         f"- CPU malloc: {'freed memory kept for reuse (vmamba2d.cpu_malloc.keep_freed_memory())' if args.malloc == 'keep' else 'the C library defaults'}",
-        f"- command: `python tools/bench_mil.py {' '.join(sys.argv[1:])}`",
+        f"- command: `python benchmarks/bench_mil.py {' '.join(sys.argv[1:])}`",
     ])
 
 

@@ -6,11 +6,11 @@ For each model and batch size a fresh worker process builds the model, times inf
 step), and reports images per second and peak memory (CPU: the worker's peak resident set size;
 GPU: ``torch.cuda.max_memory_allocated``). Prints a markdown table; ``--out FILE`` also writes it.
 
-    python tools/bench_model.py                          # CPU, batch 1 and 16
-    python tools/bench_model.py --device cuda            # GPU, batch 128, fp32 and bf16 autocast
-    python tools/bench_model.py --device cuda --models vmamba2d_tiny vmamba_tiny convnext_tiny
-    python tools/bench_model.py --batch-sizes 1 --iters 5 --out benchmarks/model_cpu.md
-    python tools/bench_model.py --models vmamba2d_tiny vmamba2d_tiny:cross_scan=per_route --profile
+    python benchmarks/bench_model.py                          # CPU, batch 1 and 16
+    python benchmarks/bench_model.py --device cuda            # GPU, batch 128, fp32 and bf16 autocast
+    python benchmarks/bench_model.py --device cuda --models vmamba2d_tiny vmamba_tiny convnext_tiny
+    python benchmarks/bench_model.py --batch-sizes 1 --iters 5 --out benchmarks/model_cpu.md
+    python benchmarks/bench_model.py --models vmamba2d_tiny vmamba2d_tiny:cross_scan=per_route --profile
 
 A model is a timm name, optionally with ``:key=value,...`` model arguments (e.g.
 ``vmamba2d_tiny:cross_scan=per_route`` for the per-route SS2D path). ``--profile`` adds, per
@@ -28,7 +28,7 @@ Each worker first makes glibc keep freed memory for reuse (``--malloc keep``, th
 default`` measures with glibc's own thresholds, where every large tensor is a fresh mapping.
 
 Rows of separate processes, minutes apart, carry a shared machine's drift into their ratios;
-``tools/bench_model_ab.py`` measures two models in alternating turns instead.
+``benchmarks/bench_model_ab.py`` measures two models in alternating turns instead.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Paired A/B throughput of two models, each held in its own worker process, turns alternating.
 
-``tools/bench_model.py`` measures each (model, batch) in a fresh process, one after the other, so
+``benchmarks/bench_model.py`` measures each (model, batch) in a fresh process, one after the other, so
 the slow drift of a shared machine (other jobs, clock changes) lands on one model and not on the
 other: the ratios of its rows move by 10-20% between runs. Here both models stay loaded, each in
 its own worker process (a model measured in the process of another measures slower), and the
@@ -9,24 +9,24 @@ parent alternates turns between them: A then B in even rounds, B then A in odd o
 ``--rewarm`` unmeasured calls and one measured call: the first call after the other model ran is
 slower, by more for the model that allocates more (on CPU the per-route path's first call is ~8%
 slower at batch 8, the fused op's ~1%), so the measured call runs in the state a model has when
-called repeatedly, as in ``tools/bench_model.py``. Each round gives one ratio time(B) / time(A) of
+called repeatedly, as in ``benchmarks/bench_model.py``. Each round gives one ratio time(B) / time(A) of
 two calls a few seconds apart, so drift slower than a round cancels; the table reports the median
 of the rounds' ratios and their quartiles. The idle worker waits on its pipe: the two never run at
 the same time. The worker started second has measured faster (two workers of the same model: 0.92x,
 CPU training at batch 8), so by default (``--start-order both``) half of the rounds run in a pair
 whose A worker started first and half in a fresh pair whose B worker did, each with its warm-up.
 
-    python tools/bench_model_ab.py              # vmamba2d_tiny, fused vs per-route op, batch 1 8 16
-    python tools/bench_model_ab.py vmamba_tiny vmamba_tiny:cross_scan=per_route --phases infer train \\
+    python benchmarks/bench_model_ab.py              # vmamba2d_tiny, fused vs per-route op, batch 1 8 16
+    python benchmarks/bench_model_ab.py vmamba_tiny vmamba_tiny:cross_scan=per_route --phases infer train \\
         --batch-sizes 8 --target 1.3 --train-target 1.2 --out benchmarks/model_cpu_ab.md
 
-Both workers keep freed memory for reuse (``--malloc keep``, as in ``tools/bench_model.py``);
+Both workers keep freed memory for reuse (``--malloc keep``, as in ``benchmarks/bench_model.py``);
 ``--malloc-b default`` gives B glibc's own thresholds, so ``A A --malloc-b default`` measures what
 the setting is worth to one model.
 
-A model is a ``tools/bench_model.py`` spec (a timm name, optionally ``:key=value,...``). Phases:
+A model is a ``benchmarks/bench_model.py`` spec (a timm name, optionally ``:key=value,...``). Phases:
 ``infer`` (one inference call under ``torch.inference_mode``) and ``train`` (forward,
-cross-entropy, backward, AdamW step), as in ``tools/bench_model.py``; a fresh pair of workers per
+cross-entropy, backward, AdamW step), as in ``benchmarks/bench_model.py``; a fresh pair of workers per
 (phase, batch), whose peak memory (CPU: peak RSS of the worker) is reported too.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ PROTOCOL = "AB "  # prefix of the worker's protocol lines on stdout; other outpu
 
 
 def _load_bench_model():
-    spec = importlib.util.spec_from_file_location("vmamba2d_bench_model", REPO / "tools" / "bench_model.py")
+    spec = importlib.util.spec_from_file_location("vmamba2d_bench_model", REPO / "benchmarks" / "bench_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 16])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precision", choices=["fp32", "bf16", "amp"], default="fp32",
-                        help="as in tools/bench_model.py")
+                        help="as in benchmarks/bench_model.py")
     parser.add_argument("--rounds", type=int, default=15, help="measured rounds (one call of each model)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first")
     parser.add_argument("--rewarm", type=int, default=1,

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Benchmark the 2D selective scan: forward and forward+backward time and peak memory per backend.
 
-``--device cuda`` runs the GPU benchmark instead (tools/bench_scan_cuda.py: the shapes of
+``--device cuda`` runs the GPU benchmark instead (dev/gpu/bench_scan_cuda.py: the shapes of
 docs/benchmarks.md, bandwidth against the measured copy bandwidth, 2D vs 1D, targets); its options
-are listed by ``python tools/bench_scan.py --device cuda --help``. The rest of this text is the CPU benchmark.
+are listed by ``python benchmarks/bench_scan.py --device cuda --help``. The rest of this text is the CPU benchmark.
 
 Two settings (issue #2, docs/benchmarks.md):
     table3  the paper's Table 3 operator setting: N=16 states, one channel per map, a batch of maps
@@ -28,9 +28,9 @@ kernel's per-thread workspaces, which it allocates as tensors); memory not alloc
 Cases whose estimated peak exceeds --memory-limit-gb are skipped and listed as such.
 
 Usage:
-    python tools/bench_scan.py                                   # CPU, everything, prints a table
-    python tools/bench_scan.py --out benchmarks/scan_cpu.md      # also writes it (with metadata)
-    python tools/bench_scan.py --device cuda --out out/bench_scan_cuda.md   # GPU mode
+    python benchmarks/bench_scan.py                                   # CPU, everything, prints a table
+    python benchmarks/bench_scan.py --out benchmarks/scan_cpu.md      # also writes it (with metadata)
+    python benchmarks/bench_scan.py --device cuda --out out/bench_scan_cuda.md   # GPU mode
 """
 from __future__ import annotations
 
@@ -295,7 +295,8 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def git_commit(paths: tuple[str, ...] = ("csrc", "vmamba2d/ops", "tools")) -> str:
+def git_commit(paths: tuple[str, ...] = ("csrc", "vmamba2d/ops", "benchmarks/bench_scan.py",
+                                         "dev/gpu/bench_scan_cuda.py")) -> str:
     """Short HEAD commit, marked when ``paths`` (what a benchmark measures) have uncommitted changes."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
@@ -343,14 +344,14 @@ def report_header(args, settings: dict[str, Setting], device: torch.device) -> s
         "its threads (less sensitive to other processes competing for the cores)",
         "- peak memory: max tensor memory alive during one step above the inputs "
         "(from torch profiler allocation events; includes the kernel's workspaces)",
-        f"- command: `python tools/bench_scan.py {' '.join(sys.argv[1:])}`",
+        f"- command: `python benchmarks/bench_scan.py {' '.join(sys.argv[1:])}`",
     ]
     return "\n".join(lines)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu", choices=["cpu"], help="cuda: see tools/bench_scan_cuda.py")
+    parser.add_argument("--device", default="cpu", choices=["cpu"], help="cuda: see dev/gpu/bench_scan_cuda.py")
     parser.add_argument("--sizes", type=int, nargs="+", default=[14, 56, 200], help="square map sides")
     parser.add_argument("--settings", nargs="+", default=["table3", "model"], choices=["table3", "model"])
     parser.add_argument("--backends", nargs="+", default=None,
@@ -368,7 +369,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def _load_gpu_benchmark():
-    path = Path(__file__).resolve().with_name("bench_scan_cuda.py")
+    path = REPO_ROOT / "dev" / "gpu" / "bench_scan_cuda.py"
     spec = importlib.util.spec_from_file_location("bench_scan_cuda", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

@@ -7,8 +7,8 @@ SRMamba) on it through the real training CLI (``mil/train.py`` options of
 vmamba2d/configs/mil/synthetic.yaml), and writes a Markdown table: test AUC at the epoch chosen on val, the per-epoch test AUC curve,
 the first epoch reaching 0.95 and the time per epoch.
 
-    python tools/mil_synthetic.py --out benchmarks/mil_synthetic.md --work out/mil_synthetic
-    python tools/mil_synthetic.py --min-size 8 --max-size 16 --out out/mil_synthetic_small.md
+    python benchmarks/mil_synthetic.py --out benchmarks/mil_synthetic.md --work out/mil_synthetic
+    python benchmarks/mil_synthetic.py --min-size 8 --max-size 16 --out out/mil_synthetic_small.md
 """
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def write_table(args, rows, curves) -> None:
     lines = [
         "# Synthetic MIL benchmark: stacked vs. scattered tumour runs (docs/mil.md#synthetic-task)",
         "",
-        f"Written by `python tools/mil_synthetic.py {' '.join(sys.argv[1:])}` on "
+        f"Written by `python benchmarks/mil_synthetic.py {' '.join(sys.argv[1:])}` on "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}.",
         "",
         f"Data: H, W ~ U{{{args.min_size}..{args.max_size}}}, {args.train} train / {args.val} val / "
@@ -143,7 +143,7 @@ def write_table(args, rows, curves) -> None:
             " CONTROL: every patch moved to a random cell of its slide (`--shuffled-cells`), so "
             "the labels carry no signal." if args.shuffled_cells else ""),
         f"Training: `vmamba2d/configs/mil/synthetic.yaml` (Mamba rows: D = 32, N = 8, E = 64, 1 block; the "
-        f"other baselines 32 wide, options in `tools/mil_synthetic.py`; AdamW lr 1e-3, "
+        f"other baselines 32 wide, options in `benchmarks/mil_synthetic.py`; AdamW lr 1e-3, "
         f"wd 1e-5, cosine, {args.epochs} epochs, one slide per step, shuffled), seed {args.seed}, "
         f"device {args.device}, {args.threads} torch thread(s), {platform.processor() or 'CPU'} "
         f"(shared machine: times are indicative). torch {torch.__version__}.",

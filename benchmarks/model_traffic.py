@@ -7,9 +7,9 @@ share of dtype casts, and a roofline estimate at a bandwidth and GEMM peak rates
 H200's measured 4.2 TB/s copy; the datasheet's GEMM peaks, estimates). Rules:
 ``vmamba2d.analysis.traffic`` and docs/benchmarks.md ("Byte account").
 
-    python tools/model_traffic.py --model vmamba2d_tiny --dtype autocast-bf16
-    python tools/model_traffic.py --model convnext_tiny --dtype bf16 --img-size 224 --batch 128
-    python tools/model_traffic.py --model vmamba2d_tiny --dtype fp32 --bandwidth-tbs 3.0 --out out/traffic.md
+    python benchmarks/model_traffic.py --model vmamba2d_tiny --dtype autocast-bf16
+    python benchmarks/model_traffic.py --model convnext_tiny --dtype bf16 --img-size 224 --batch 128
+    python benchmarks/model_traffic.py --model vmamba2d_tiny --dtype fp32 --bandwidth-tbs 3.0 --out out/traffic.md
 
 ``--dtype``: fp32 / bf16 / fp16 (weights and inputs in that dtype) or autocast-bf16 /
 autocast-fp16 (fp32 weights and inputs under CUDA autocast). A model is a timm name, optionally

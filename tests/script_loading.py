@@ -1,4 +1,4 @@
-"""Loading the repository's scripts (tools/, seg/, det/) in tests: they are files, not modules of
+"""Loading the repository's scripts (benchmarks/, dev/gpu/, seg/, det/) in tests: they are files, not modules of
 an installed package, so each is loaded by path under a module name of its own."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def load_script(relative_path: str, module_name: str | None = None) -> types.ModuleType:
-    """Execute the script at REPO / relative_path (e.g. "tools/bench_model.py") as a fresh module
+    """Execute the script at REPO / relative_path (e.g. "benchmarks/bench_model.py") as a fresh module
     registered in sys.modules under module_name (default: "script_" + its path's stem), where the
     dataclasses it defines look their module up."""
     path = REPO / relative_path
@@ -23,6 +23,6 @@ def load_script(relative_path: str, module_name: str | None = None) -> types.Mod
     return module
 
 
-def load_tool(name: str) -> types.ModuleType:
-    """tools/<name>.py as module "tool_<name>"."""
-    return load_script(f"tools/{name}.py", f"tool_{name}")
+def load_benchmark(name: str) -> types.ModuleType:
+    """benchmarks/<name>.py as module "benchmark_<name>"."""
+    return load_script(f"benchmarks/{name}.py", f"benchmark_{name}")

@@ -1,11 +1,11 @@
-"""tools/bench_cross_scan.py runs both paths on real inputs and writes its table."""
+"""benchmarks/bench_cross_scan.py runs both paths on real inputs and writes its table."""
 from __future__ import annotations
 
-from script_loading import load_tool
+from script_loading import load_benchmark
 
 
 def test_cross_scan_benchmark_writes_a_row_per_backend_scan_and_stage(tmp_path):
-    tool = load_tool("bench_cross_scan")
+    tool = load_benchmark("bench_cross_scan")
     out = tmp_path / "cross.md"
     assert tool.main(["--backends", "cpu", "torch", "--stages", "3", "--batch", "1", "--repeats", "1",
                       "--out", str(out)]) == 0

@@ -1,13 +1,13 @@
-"""tools/bench_model.py: model specs, the fused-route targets and a real (tiny) profiled run."""
+"""benchmarks/bench_model.py: model specs, the fused-route targets and a real (tiny) profiled run."""
 from __future__ import annotations
 
 import pytest
 
-from script_loading import load_tool
+from script_loading import load_benchmark
 
 
 def _tool():
-    return load_tool("bench_model")
+    return load_benchmark("bench_model")
 
 
 def test_model_specs():

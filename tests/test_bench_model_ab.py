@@ -1,14 +1,14 @@
-"""tools/bench_model_ab.py: paired statistics, the alternating call order, a real (tiny) run and a
+"""benchmarks/bench_model_ab.py: paired statistics, the alternating call order, a real (tiny) run and a
 failing worker."""
 from __future__ import annotations
 
 import pytest
 
-from script_loading import load_tool
+from script_loading import load_benchmark
 
 
 def _tool():
-    return load_tool("bench_model_ab")
+    return load_benchmark("bench_model_ab")
 
 
 def test_summary_is_the_median_of_per_round_ratios():

@@ -16,7 +16,6 @@ from vmamba2d.ops.compiled import extensions
 from vmamba2d.ops.interface import cross_scan_per_route
 from vmamba2d.ops.routes import resolve_routes
 
-from script_loading import load_tool
 
 LANE_CHANNELS = 16  # channels per kernel call (kLaneChannels)
 
@@ -237,16 +236,3 @@ def test_fewer_lane_tasks_than_threads_take_the_per_channel_kernel(monkeypatch):
     torch.set_num_threads(2)
     lanes = _lanes(inputs, True, "cross")
     torch.testing.assert_close(lanes.double(), _reference(inputs, True, "cross"), rtol=2e-5, atol=2e-5)
-
-
-def test_bench_lanes_tool_prints_a_table(tmp_path):
-    tool = load_tool("bench_lanes")
-    out = tmp_path / "lanes.md"
-    argv = ["bench_lanes.py", "--batch", "1", "--rounds", "1", "--warmup", "0", "--model", "none", "--threads", "1",
-            "--backward", "--out", str(out)]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("sys.argv", argv)
-        assert tool.main() == 0
-    table = out.read_text()
-    assert "| op 7x7 x 768 ch, R=48 | 1 |" in table and "speed-up (CPU time)" in table
-    assert table.count("| op ") == 8 and "| op backward 56x56 x 96 ch, R=6 | 1 |" in table

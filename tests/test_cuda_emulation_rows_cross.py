@@ -24,7 +24,7 @@ def rows():
 
 
 def cross_vec(width: int) -> int:
-    """Columns per lane of the four-route kernel's plan (tools/v4_static_report.py, cross_vec): the
+    """Columns per lane of the four-route kernel's plan (dev/gpu/v4_static_report.py, cross_vec): the
     narrowest of 1, 2, 4 that divides W with W / V <= 32 (two routes' state per column: fewest registers)."""
     for vec in (1, 2, 4):
         if width % vec == 0 and width // vec <= 32:

@@ -4,7 +4,7 @@
 * the per-device kernel-image check (``extensions.cuda_kernel_usable``) against a stand-in
   extension module, and the real extension's entry point where it is built;
 * the ptxas resource report of every kernel instantiation on every default build arch nvcc supports
-  (tools/ptxas_report.py): zero spills, registers / shared memory / stack within the budgets stated
+  (dev/gpu/ptxas_report.py): zero spills, registers / shared memory / stack within the budgets stated
   in the tool (skipped without nvcc).
 """
 from __future__ import annotations
@@ -186,7 +186,7 @@ def test_built_probe_on_the_gpu():
 # --------------------------------------------------------------------------------------------
 # ptxas resource report
 
-ptxas_report = load_script("tools/ptxas_report.py", "ptxas_report_under_test")
+ptxas_report = load_script("dev/gpu/ptxas_report.py", "ptxas_report_under_test")
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH")
 

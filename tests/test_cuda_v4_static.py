@@ -1,4 +1,4 @@
-"""Static budgets of the v4 row-streaming forward (tools/v4_static_report.py): compiled for sm_90 with
+"""Static budgets of the v4 row-streaming forward (dev/gpu/v4_static_report.py): compiled for sm_90 with
 nvcc (no GPU), the model widths' instances keep <= 64 registers, no spills or stack, no block
 barrier, and their streaming loop within the SASS-per-cell·channel ratchet. Skipped without nvcc."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("vmamba2d_v4_static_report", REPO / "tools" / "v4_static_report.py")
+    spec = importlib.util.spec_from_file_location("vmamba2d_v4_static_report", REPO / "dev" / "gpu" / "v4_static_report.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

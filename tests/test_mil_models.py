@@ -294,7 +294,7 @@ def test_bench_mil_runs(tmp_path):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_mil
 
     out = tmp_path / "bench.md"

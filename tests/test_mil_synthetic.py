@@ -11,7 +11,7 @@ import yaml
 from vmamba2d.mil.synthetic import (NEGATIVE_KINDS, POSITIVE_KIND, ellipse_tissue,
                                     horizontal_runs, make_synthetic_slides, slide_grid,
                                     tumour_prototypes, write_synthetic_dataset)
-from script_loading import load_tool
+from script_loading import load_benchmark
 
 PATCH = 512
 
@@ -135,12 +135,12 @@ def test_shuffled_cells_control_keeps_patches_and_cells_but_breaks_the_motif(sli
     assert broken >= 0.9 * len(slides)
 
 
-def _load_tool():
-    return load_tool("mil_synthetic")
+def _load_benchmark():
+    return load_benchmark("mil_synthetic")
 
 
 def test_benchmark_tool_trains_every_row_and_writes_the_table(tmp_path):
-    tool = _load_tool()
+    tool = _load_benchmark()
     out = tmp_path / "table.md"
     argv = ["--min-size", "12", "--max-size", "14", "--train", "6", "--val", "4", "--test", "4",
             "--epochs", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
@@ -154,13 +154,13 @@ def test_benchmark_tool_trains_every_row_and_writes_the_table(tmp_path):
 
 
 def test_benchmark_tool_names_grids_too_small_for_the_motifs(tmp_path, capsys):
-    tool = _load_tool()
+    tool = _load_benchmark()
     assert tool.main(["--min-size", "8", "--max-size", "10", "--work", str(tmp_path)]) == 2
     assert "too small to hold the motifs" in capsys.readouterr().err
 
 
 def test_benchmark_tool_reference_settings_reach_the_model_config(tmp_path):
-    tool = _load_tool()
+    tool = _load_benchmark()
     argv = ["--min-size", "12", "--max-size", "14", "--train", "4", "--val", "2", "--test", "2",
             "--epochs", "1", "--models", "raster", "abmil", "mambamil_sr", "--reference-settings",
             "--work", str(tmp_path / "work"), "--out", str(tmp_path / "table.md")]

@@ -501,7 +501,7 @@ def test_survival_holdout_selects_on_training_patients_and_reports_the_fold(surv
 def test_2d_model_learns_a_tiny_easy_set():
     """Tumour square present (positive) or absent (negative: its cells turned normal) on tiny
     grids: through the training engine the 2D model's AUC rises from chance to ~1 in a few
-    epochs. (The relational task itself is tools/mil_synthetic.py's job: it needs ~1000 steps.)"""
+    epochs. (The relational task itself is benchmarks/mil_synthetic.py's job: it needs ~1000 steps.)"""
     from vmamba2d.mil import MambaMIL2D, SlideRecord
     from vmamba2d.mil.engine import evaluate, train_one_epoch
     from vmamba2d.mil.synthetic import tumour_prototypes

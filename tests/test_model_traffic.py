@@ -1,4 +1,4 @@
-"""The byte account (vmamba2d.analysis.traffic, tools/model_traffic.py): hand-computed counts on
+"""The byte account (vmamba2d.analysis.traffic, benchmarks/model_traffic.py): hand-computed counts on
 small modules, properties of the models' accounts, and the mixed-precision traffic budget."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import vmamba2d  # noqa: F401  (registers the models)
-from script_loading import load_tool
+from script_loading import load_benchmark
 from vmamba2d.analysis.traffic import (
     TrafficAccount,
     TrafficCounter,
@@ -138,7 +138,7 @@ def test_casts_counted_only_where_dtypes_change(name):
 
 
 def test_tool_prints_and_writes_the_tables(tmp_path, capsys):
-    tool = load_tool("model_traffic")
+    tool = load_benchmark("model_traffic")
     out = tmp_path / "traffic.md"
     assert tool.main(["--model", "vmamba2d_tiny", "--dtype", "autocast-bf16", "--img-size", "64", "--batch", "1",
                       "--out", str(out)]) == 0

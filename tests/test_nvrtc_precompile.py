@@ -1,5 +1,5 @@
 """`python -m vmamba2d.ops.precompile`: every CUDA kernel compiles with NVRTC for every default arch,
-without a GPU, within the ptxas budgets of tools/ptxas_report.py (the nvcc build's)."""
+without a GPU, within the ptxas budgets of dev/gpu/ptxas_report.py (the nvcc build's)."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +17,7 @@ try:
 except nvrtc.NvrtcUnavailable as err:
     pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
 
-ptxas_report = load_script("tools/ptxas_report.py", "ptxas_report_for_nvrtc")
+ptxas_report = load_script("dev/gpu/ptxas_report.py", "ptxas_report_for_nvrtc")
 
 # (kernel, arch) -> spill bytes (stores + loads) measured with NVRTC 13.0 (benchmarks/nvrtc_precompile.md).
 # sm_90's: nvcc 13.0's code has none; NVRTC's NVVM addresses shared memory with 64-bit pointers

@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """This checkout's CUDA scan kernel against an earlier version of it, on the same tensors and GPU.
 
-The earlier version is a module built by ``tools/cuda_baseline.py`` (by default kernel v2, the
+The earlier version is a module built by ``dev/gpu/cuda_baseline.py`` (by default kernel v2, the
 last commit before the v3 work). Both are called the same way, through their Python bindings
 (``forward`` / ``backward``, no autograd, no dispatch), so the times differ only by the kernels:
 
     fwd      forward(save_carries=False)
     fwd+bwd  forward(save_carries=True) + backward(dy, carries)
 
-per shape of ``tools/bench_scan_cuda.py`` (model shapes first) and dtype: median milliseconds of
+per shape of ``dev/gpu/bench_scan_cuda.py`` (model shapes first) and dtype: median milliseconds of
 each (CUDA events; the two versions alternate, each its warm-up first), speedup = baseline time /
 this checkout's time, and the largest difference between the two versions' y (both must agree
 with the fp64 reference within the tested bounds; a large difference means one of them is wrong).
 
-    python tools/cuda_baseline.py export && python tools/cuda_baseline.py build
-    python tools/bench_cuda_versions.py --families model --out benchmarks/scan_cuda_versions.md
+    python dev/gpu/cuda_baseline.py export && python dev/gpu/cuda_baseline.py build
+    python dev/gpu/bench_cuda_versions.py --families model --out benchmarks/scan_cuda_versions.md
 """
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def format_table(rows: list[Comparison], label: str) -> str:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", type=Path, default=cuda_baseline.DEFAULT_DIR,
-                        help="the baseline's folder (tools/cuda_baseline.py build) or module file")
+                        help="the baseline's folder (dev/gpu/cuda_baseline.py build) or module file")
     parser.add_argument("--families", nargs="+", default=["model"], choices=["table3", "model"])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(scan_bench.DTYPES))
     parser.add_argument("--warmup", type=int, default=3)
@@ -177,14 +177,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"  {shape.label} {dtype_name}: fwd {_num(row.fwd_ms)} vs {_num(row.base_fwd_ms)} ms, "
                   f"fwd+bwd {_num(row.train_ms)} vs {_num(row.base_train_ms)} ms {row.note}".rstrip(), flush=True)
     header = "\n".join([
-        "# CUDA scan kernel: this checkout against an earlier version (tools/bench_cuda_versions.py)",
+        "# CUDA scan kernel: this checkout against an earlier version (dev/gpu/bench_cuda_versions.py)",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- this checkout: {scan_bench._git_commit()}; baseline: {label} ({info.get('subject', '')})",
         f"- device: {torch.cuda.get_device_name(device)}; torch {torch.__version__} (CUDA {torch.version.cuda})",
         f"- time: CUDA events, median of {args.repeats} alternating calls after {args.warmup} warm-up calls each; "
         "both through their bindings (no autograd); speedup = baseline ms / this checkout's ms",
-        f"- command: `python tools/bench_cuda_versions.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        f"- command: `python dev/gpu/bench_cuda_versions.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
     ])
     table = format_table(rows, label)
     print("\n" + table)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """GPU benchmark of the 2D selective scan against the memory-bandwidth floor (docs/benchmarks.md).
 
-Run as ``python tools/bench_scan.py --device cuda [options]`` (or this file directly).
+Run as ``python benchmarks/bench_scan.py --device cuda [options]`` (or this file directly).
 
 Shapes:
     table3  the paper's Table 3 operator setting: 1-channel maps, N = 16, 14x14 / 56x56 / 200x200,
@@ -41,7 +41,7 @@ from typing import Callable, Optional
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from vmamba2d.ops import backend_info, selective_scan_2d
@@ -427,7 +427,8 @@ def _git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "vmamba2d/ops", "tools"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "vmamba2d/ops",
+                                 "benchmarks/bench_scan.py", "dev/gpu/bench_scan_cuda.py"],
                                cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
         return out + (" (+ uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -460,7 +461,7 @@ def report_header(args, device: torch.device, copy_bytes_per_s: float, notes: li
         "(throughput ratio); vs mamba_ssm = mamba_ssm selective_scan_fn (1D) fwd time / ours (2D)",
         "- targets (marks, not assertions): T1 fwd >= 70% of copy bandwidth (model shapes); "
         "T2 fwd+bwd <= 3.5x fwd; T3 2D/1D >= 0.9 for fwd and fwd+bwd; T4 peak extra memory <= 1.2x 1D",
-        f"- command: `python tools/bench_scan.py {' '.join(sys.argv[1:])}`",
+        f"- command: `python benchmarks/bench_scan.py {' '.join(sys.argv[1:])}`",
     ]
     lines += [f"- {note}" for note in notes]
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The v4 row-streaming forward (RS) against the v3 forward on a GPU, same tensors, same process.
 
-    python tools/bench_v4.py --out v4.md [--max-seconds 45]    # run by `make gpu-check` (step bench-v4)
+    python dev/gpu/bench_v4.py --out v4.md [--max-seconds 45]    # run by `make gpu-check` (step bench-v4)
 
 For the model's scan shapes (batch 128; Di = 192 / 384 / 768 / 1536 at 56 / 28 / 14 / 7; one group;
 N = 1) in fp32 and bf16: the single-route forward through the NVRTC path with the RS plan and with
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 SHAPES = ((192, 56), (384, 28), (768, 14), (1536, 7))  # (Di, H = W) of vmamba2d_tiny's four stages

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """An earlier version of the CUDA scan kernel, built next to this checkout's, so that one GPU run
-times both on the same tensors (``tools/bench_cuda_versions.py``).
+times both on the same tensors (``dev/gpu/bench_cuda_versions.py``).
 
 Two steps, because the GPU machine has no git history and its own torch:
 
-    python tools/cuda_baseline.py export   # here: csrc/cuda at BASELINE_COMMIT -> build/cuda-baseline
-    python tools/cuda_baseline.py build    # on the GPU machine: compiles it there as one module
+    python dev/gpu/cuda_baseline.py export   # here: csrc/cuda at BASELINE_COMMIT -> build/cuda-baseline
+    python dev/gpu/cuda_baseline.py build    # on the GPU machine: compiles it there as one module
 
 ``export`` needs git; ``build`` needs torch with CUDA and nvcc (``TORCH_CUDA_ARCH_LIST`` picks the
 archs, as for ``setup.py``). The module keeps the kernel's own Python binding (``forward`` /
@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Kernel v2: the last commit before the v3 work of issue 19 (launch planner by resident slots).
 BASELINE_COMMIT = "7bdd96f"
 DEFAULT_DIR = REPO / "build" / "cuda-baseline"
@@ -89,7 +89,7 @@ def built_module(folder: Path) -> Optional[Path]:
 def build(folder: Path, jobs: int) -> Path:
     """Compile the export in ``folder`` with this checkout's nvcc / C++ flags; returns the module."""
     if read_info(folder) is None:
-        raise SystemExit(f"cuda_baseline: {folder} holds no export; run `python tools/cuda_baseline.py export` "
+        raise SystemExit(f"cuda_baseline: {folder} holds no export; run `python dev/gpu/cuda_baseline.py export` "
                          "first (on a machine with git)")
     files = sources(folder)
     if not files:

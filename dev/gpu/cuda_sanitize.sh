@@ -9,12 +9,12 @@
 # Triton's reductions store replicated partials to one shared-memory word, triton-lang/triton#7264),
 # every other tool clean.
 #
-#   tools/cuda_sanitize.sh                          # all four tools, cuda and triton backends
-#   TOOLS="memcheck racecheck" BACKENDS=cuda tools/cuda_sanitize.sh
-#   KERNEL_FILTER= tools/cuda_sanitize.sh           # check every kernel, torch's too (slower)
+#   dev/gpu/cuda_sanitize.sh                          # all four tools, cuda and triton backends
+#   TOOLS="memcheck racecheck" BACKENDS=cuda dev/gpu/cuda_sanitize.sh
+#   KERNEL_FILTER= dev/gpu/cuda_sanitize.sh           # check every kernel, torch's too (slower)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 if [ -z "${PYTHON:-}" ]; then
   PYTHON="$ROOT/.venv/bin/python"
   [ -x "$PYTHON" ] || PYTHON=python3

@@ -11,19 +11,19 @@ its budget is stopped, and the report says so:
                          the NVRTC path, for make gpu-nvrtc), TORCH_CUDA_ARCH_LIST = this GPU's arch
     tests                pytest -m cuda on the scan / CUDA test files (files whose imports fail, e.g.
                          for a package missing here, are reported as collection errors, not run)
-    triton-reverse-scan  tools/triton_reverse_scan_smoke.py: Triton's reverse associative scan on
+    triton-reverse-scan  dev/gpu/triton_reverse_scan_smoke.py: Triton's reverse associative scan on
                          a 4-D block with 4 and 8 warps against a Python loop (open upstream bug
                          report; the Triton backward depends on it)
-    bench-scan           tools/bench_scan.py --device cuda (shapes and targets: docs/benchmarks.md)
-    bench-cross-scan     tools/bench_cross_scan.py --device cuda: the four-route op vs per-route
+    bench-scan           benchmarks/bench_scan.py --device cuda (shapes and targets: docs/benchmarks.md)
+    bench-cross-scan     benchmarks/bench_cross_scan.py --device cuda: the four-route op vs per-route
                          copies on the cuda and triton backends
-    bench-model-*        tools/bench_model.py --device cuda, fp32 and bf16 autocast, batch 128:
+    bench-model-*        benchmarks/bench_model.py --device cuda, fp32 and bf16 autocast, batch 128:
                          vmamba2d_tiny vs vmamba_tiny and convnext_tiny
     bench-versions       only when build/cuda-baseline (--baseline) holds an earlier kernel exported
-                         by tools/cuda_baseline.py (make cuda-baseline): that kernel builds beside
-                         this checkout's during the build step, and tools/bench_cuda_versions.py
+                         by dev/gpu/cuda_baseline.py (make cuda-baseline): that kernel builds beside
+                         this checkout's during the build step, and dev/gpu/bench_cuda_versions.py
                          times both on the model shapes (the v3-vs-v2 ratio)
-    sanitize-<tool>      tools/cuda_sanitize.sh with memcheck, racecheck, synccheck, initcheck, last
+    sanitize-<tool>      dev/gpu/cuda_sanitize.sh with memcheck, racecheck, synccheck, initcheck, last
                          (slowest, and a hang there must not cost the measurements); memcheck and
                          initcheck with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so they see every allocation;
                          initcheck on the CUDA kernel only (both backends take minutes); racecheck
@@ -35,15 +35,15 @@ The report (benchmarks/gpu-check-<date>-<gpu>-<commit>.md) holds the GPU name, d
 triton, commit and date, each step's result, time and output tail, and the benchmark tables. It is
 rewritten after every step, so a run that is cut off still leaves what it measured.
 
-    python3 tools/gpu_check.py                      # everything
-    python3 tools/gpu_check.py --dry-run            # print the plan (steps, budgets, commands)
-    python3 tools/gpu_check.py --copy-to DIR        # also copy the report into DIR
+    python3 dev/gpu/gpu_check.py                      # everything
+    python3 dev/gpu/gpu_check.py --dry-run            # print the plan (steps, budgets, commands)
+    python3 dev/gpu/gpu_check.py --copy-to DIR        # also copy the report into DIR
 
 A second, separate run (``make gpu-compare``, its own 10-minute call) times this checkout's CUDA
 kernel against an earlier version on the same tensors: ``--compare-baseline DIR`` builds the
-kernel that ``tools/cuda_baseline.py export`` wrote to DIR (by default kernel v2; export where git
+kernel that ``dev/gpu/cuda_baseline.py export`` wrote to DIR (by default kernel v2; export where git
 works, e.g. ``make cuda-baseline``, and carry ``build/cuda-baseline`` to the GPU machine) and runs
-``tools/bench_cuda_versions.py``; its report is ``benchmarks/gpu-compare-<date>-<gpu>-<commit>.md``
+``dev/gpu/bench_cuda_versions.py``; its report is ``benchmarks/gpu-compare-<date>-<gpu>-<commit>.md``
 with the speedup per model shape and dtype.
 """
 from __future__ import annotations
@@ -64,14 +64,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 TEST_FILE_PATTERNS = ("test_scan*.py", "test_cuda*.py")
 MODEL_BENCH_MODELS = ("vmamba2d_tiny", "vmamba_tiny", "convnext_tiny")
 OUTPUT_TAIL_LINES = 40
 REPORT_RESERVE_S = 10  # kept back from the last step for writing the report
 DEFAULT_BASELINE = REPO / "build" / "cuda-baseline"  # where `make cuda-baseline` exports kernel v2
-BASELINE_INFO = "BASELINE.json"  # the file an export holds (tools/cuda_baseline.py INFO_FILE)
+BASELINE_INFO = "BASELINE.json"  # the file an export holds (dev/gpu/cuda_baseline.py INFO_FILE)
 
 
 @dataclass
@@ -191,12 +191,12 @@ UNCACHED_SANITIZERS = ("memcheck", "initcheck")
 # it), the Triton smoke test 6 s, bench-scan 50 s, cross-scan 27 s, each model benchmark 55-60 s,
 # the v3-vs-v2 timing 20 s, memcheck 26 s, racecheck 20 s, synccheck 14 s; initcheck on both
 # backends did not finish in 125 s, so it checks the CUDA kernel alone.
-# bench-v4 (v4 RS vs v3 forward, tools/bench_v4.py) is not measured yet; its 45 s come from build (to
+# bench-v4 (v4 RS vs v3 forward, dev/gpu/bench_v4.py) is not measured yet; its 45 s come from build (to
 # 110), bench-scan (to 45) and bench-versions (to 20), which cut their own rows to their --max-seconds.
 BUDGETS_S = {"build": 110, "tests": 110, "bench-v4": 45, "triton-reverse-scan": 10, "bench-scan": 45,
              "bench-cross-scan": 30, "bench-model-fp32": 60, "bench-model-bf16": 60, "bench-versions": 20,
              "sanitize-memcheck": 30, "sanitize-racecheck": 20, "sanitize-synccheck": 15, "sanitize-initcheck": 20}
-# Backends each sanitizer checks (tools/cuda_sanitize.sh's BACKENDS).
+# Backends each sanitizer checks (dev/gpu/cuda_sanitize.sh's BACKENDS).
 SANITIZER_BACKENDS = {"memcheck": "cuda triton", "racecheck": "cuda triton", "synccheck": "cuda triton",
                       "initcheck": "cuda"}
 SANITIZER_MEANINGS = {2: "not run (no GPU backend or no compute-sanitizer)",
@@ -206,11 +206,11 @@ COMPARE_BUDGETS_S = {"build": 140, "build-baseline": 200, "bench-versions": 180}
 
 
 def _baseline_build(python: str, baseline: Path, jobs: int) -> list[str]:
-    return [python, "tools/cuda_baseline.py", "build", "--dir", str(baseline), "--jobs", str(jobs)]
+    return [python, "dev/gpu/cuda_baseline.py", "build", "--dir", str(baseline), "--jobs", str(jobs)]
 
 
 def _versions_bench(python: str, baseline: Path, out: Path) -> list[str]:
-    return [python, "tools/bench_cuda_versions.py", "--baseline", str(baseline), "--families", "model",
+    return [python, "dev/gpu/bench_cuda_versions.py", "--baseline", str(baseline), "--families", "model",
             "--dtypes", "fp32", "bf16", "--out", str(out)]
 
 
@@ -220,7 +220,7 @@ VERSIONS_MEANINGS = {2: "not run (no GPU, or a kernel without an image for it)"}
 def plan(python: str, env: Environment, work: Path, jobs: int, baseline: Optional[Path] = None) -> list[Step]:
     """The steps for this machine, in first-run order (what must work before what is worth timing;
     the slow sanitizers last), with their budgets (seconds). With ``baseline`` (a folder that
-    ``tools/cuda_baseline.py export`` wrote) the earlier kernel builds beside this checkout's and
+    ``dev/gpu/cuda_baseline.py export`` wrote) the earlier kernel builds beside this checkout's and
     a step times the two against each other."""
     steps = [
         Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=BUDGETS_S["build"], min_s=60,
@@ -229,20 +229,20 @@ def plan(python: str, env: Environment, work: Path, jobs: int, baseline: Optiona
              companion=_baseline_build(python, baseline, max(1, jobs // 4)) if baseline is not None else None),
         # first after the build: the v4 forward is what the next GPU run must measure (its table is
         # written after every row, so it keeps only a 7 s margin of its budget)
-        Step("bench-v4", [python, "tools/bench_v4.py", "--out", str(work / "bench_v4.md"),
+        Step("bench-v4", [python, "dev/gpu/bench_v4.py", "--out", str(work / "bench_v4.md"),
                           "--max-seconds", str(BUDGETS_S["bench-v4"] - 7)],
              budget_s=BUDGETS_S["bench-v4"], min_s=20, table=work / "bench_v4.md",
              meanings={2: "not run (no GPU or no NVRTC)"}),
         Step("tests", [python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
                        "--continue-on-collection-errors", *scan_test_files()], budget_s=BUDGETS_S["tests"],
              min_s=30, meanings={5: "no cuda-marked tests collected"}),
-        Step("triton-reverse-scan", [python, "tools/triton_reverse_scan_smoke.py"],
+        Step("triton-reverse-scan", [python, "dev/gpu/triton_reverse_scan_smoke.py"],
              budget_s=BUDGETS_S["triton-reverse-scan"], min_s=5, meanings={2: "not run (no GPU or no Triton)"}),
-        Step("bench-scan", [python, "tools/bench_scan.py", "--device", "cuda", "--warmup", "2", "--repeats", "5",
+        Step("bench-scan", [python, "benchmarks/bench_scan.py", "--device", "cuda", "--warmup", "2", "--repeats", "5",
                             "--out", str(work / "bench_scan.md")], budget_s=BUDGETS_S["bench-scan"], min_s=40,
              table=work / "bench_scan.md", time_option="--max-seconds"),
         # the four-route op vs its routes one by one on copies (cuda, triton), stages 1 and 3 of the tiny model
-        Step("bench-cross-scan", [python, "tools/bench_cross_scan.py", "--device", "cuda", "--backends", "cuda",
+        Step("bench-cross-scan", [python, "benchmarks/bench_cross_scan.py", "--device", "cuda", "--backends", "cuda",
                                   "triton", "--scans", "2d", "--stages", "0", "2", "--repeats", "3",
                                   "--out", str(work / "bench_cross_scan.md")],
              budget_s=BUDGETS_S["bench-cross-scan"], min_s=15, table=work / "bench_cross_scan.md"),
@@ -250,7 +250,7 @@ def plan(python: str, env: Environment, work: Path, jobs: int, baseline: Optiona
     for precision in ("fp32", "bf16"):
         out = work / f"bench_model_{precision}.md"
         name = f"bench-model-{precision}"
-        steps.append(Step(name, [python, "tools/bench_model.py", "--device", "cuda", "--models", *MODEL_BENCH_MODELS,
+        steps.append(Step(name, [python, "benchmarks/bench_model.py", "--device", "cuda", "--models", *MODEL_BENCH_MODELS,
                                  "--precisions", precision, "--batch-sizes", "128", "--iters", "5", "--warmup", "2",
                                  "--out", str(out)], budget_s=BUDGETS_S[name], min_s=30, table=out))
     if baseline is not None:
@@ -262,15 +262,15 @@ def plan(python: str, env: Environment, work: Path, jobs: int, baseline: Optiona
         tool_env = {"TOOLS": tool, "PYTHON": python, "BACKENDS": SANITIZER_BACKENDS[tool]}
         if tool in UNCACHED_SANITIZERS:
             tool_env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
-        steps.append(Step(name, ["bash", "tools/cuda_sanitize.sh"], budget_s=BUDGETS_S[name], min_s=10, env=tool_env,
+        steps.append(Step(name, ["bash", "dev/gpu/cuda_sanitize.sh"], budget_s=BUDGETS_S[name], min_s=10, env=tool_env,
                           meanings=SANITIZER_MEANINGS))
     return steps
 
 
 def compare_plan(python: str, env: Environment, work: Path, jobs: int, baseline: Path) -> list[Step]:
     """The comparison run: build this checkout's kernel and the exported earlier one
-    (tools/cuda_baseline.py) for this GPU, then time both on the model shapes
-    (tools/bench_cuda_versions.py)."""
+    (dev/gpu/cuda_baseline.py) for this GPU, then time both on the model shapes
+    (dev/gpu/bench_cuda_versions.py)."""
     arch = {"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs), "VMAMBA2D_NVCC_BUILD": "1"}
     out = work / "bench_cuda_versions.md"
     return [
@@ -444,12 +444,12 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--skip", nargs="+", default=[], help="step names to leave out (e.g. bench-model-bf16)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="parallel compile jobs")
     parser.add_argument("--baseline", type=Path, metavar="DIR", default=DEFAULT_BASELINE,
-                        help="an earlier kernel exported by `tools/cuda_baseline.py export` (make cuda-baseline): "
+                        help="an earlier kernel exported by `dev/gpu/cuda_baseline.py export` (make cuda-baseline): "
                              "when DIR holds one, it builds beside this checkout's and bench-versions times both "
                              "(default: %(default)s)")
     parser.add_argument("--compare-baseline", type=Path, metavar="DIR",
                         help="instead of the check: time this checkout's CUDA kernel against the earlier one "
-                             "exported to DIR by `tools/cuda_baseline.py export` (make gpu-compare)")
+                             "exported to DIR by `dev/gpu/cuda_baseline.py export` (make gpu-compare)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     return parser.parse_args(argv)
 
@@ -486,7 +486,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"gpu_check: no GPU visible to {python} (torch {env.torch}); nothing to check, no report written.")
             return 2
         path = report_path(args.out_dir, env, "gpu-compare" if args.compare_baseline is not None else "gpu-check")
-        command = "python3 tools/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python3 dev/gpu/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
 
         def save(finished: bool = False) -> None:
             write_report(path, format_report(env, steps, args.budget_s, started, finished, command.strip()),

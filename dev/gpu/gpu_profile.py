@@ -14,8 +14,8 @@ the bytes read from and written to DRAM with the L2 hit rate, and the largest wa
 
 Needs a GPU, ncu and the built extension (``make gpu-check`` builds it)::
 
-    python3 tools/gpu_profile.py --out benchmarks/gpu-profile.md --csv-dir /tmp/ncu
-    python3 tools/gpu_profile.py --cases 56:fp32 14:bf16    # map side : dtype (model shapes)
+    python3 dev/gpu/gpu_profile.py --out benchmarks/gpu-profile.md --csv-dir /tmp/ncu
+    python3 dev/gpu/gpu_profile.py --cases 56:fp32 14:bf16    # map side : dtype (model shapes)
 
 Exit status: 0 profiled, 1 ncu failed on a case, 2 nothing could be profiled (no GPU, no ncu,
 no CUDA kernel).
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Optional
 
 TOOLS = Path(__file__).resolve().parent
-REPO = TOOLS.parent
+REPO = TOOLS.parents[1]
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats")
 KERNEL_FILTER = "regex:scan2d"
 DEFAULT_CASES = ("56:fp32", "56:bf16", "14:bf16")
@@ -77,7 +77,7 @@ class Case:
 
 
 def parse_case(text: str) -> Case:
-    """"56:fp32" -> Case(56, "fp32"); the side picks the model shape (tools/bench_scan_cuda.py)."""
+    """"56:fp32" -> Case(56, "fp32"); the side picks the model shape (dev/gpu/bench_scan_cuda.py)."""
     import bench_scan_cuda as scan_bench
 
     side, _, dtype = text.partition(":")
@@ -264,7 +264,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             errors.append(f"- {case.label}: {error}")
         print(f"{case.label}: {len(rows)} launches profiled" + (" (errors)" if error else ""), flush=True)
     report = "\n".join([
-        "# Nsight Compute profile of the CUDA scan kernels (tools/gpu_profile.py)",
+        "# Nsight Compute profile of the CUDA scan kernels (dev/gpu/gpu_profile.py)",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}",

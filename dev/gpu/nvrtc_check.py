@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The NVRTC path of the CUDA scan on a GPU, against the nvcc build of the same sources.
 
-    python tools/nvrtc_check.py            # run by `make gpu-check` after its in-place build
+    python dev/gpu/nvrtc_check.py            # run by `make gpu-check` after its in-place build
 
 Prints, for the current GPU:
 
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 MODEL_SHAPE = (2, 192, 1, 1, 28, 28)  # batch, dim, groups, N, height, width (a vmamba2d_tiny stage)

@@ -28,9 +28,9 @@ sm_86 .. sm_89, two on sm_75) the forward is compiled for those blocks
 frame or spill means local-memory traffic (an array indexed at run time, or register pressure).
 Dynamic shared memory is sized at launch and is not in ptxas's report.
 
-    python tools/ptxas_report.py                     # all archs, prints the table, exit 1 on a breach
-    python tools/ptxas_report.py --archs 9.0 --out out/ptxas.md
-    python tools/ptxas_report.py --binary vmamba2d/_C_cuda*.so   # the kernels as built, no compile
+    python dev/gpu/ptxas_report.py                     # all archs, prints the table, exit 1 on a breach
+    python dev/gpu/ptxas_report.py --archs 9.0 --out out/ptxas.md
+    python dev/gpu/ptxas_report.py --binary vmamba2d/_C_cuda*.so   # the kernels as built, no compile
 
 ``--binary`` reads the same figures off a built library (``cuobjdump -res-usage``, well under a
 second, against minutes of compiling) for the archs of its machine code. cuobjdump gives no spill
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CUDA_SOURCES = REPO / "csrc" / "cuda"
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where the executed-instruction estimate of one CUDA scan kernel goes, by source line.
 
-tools/sass_report.py estimates the instructions a lane issues per tile cell x channel in one trip of
+dev/gpu/sass_report.py estimates the instructions a lane issues per tile cell x channel in one trip of
 a kernel's tile loop (its docstring, 6.): the longest path through the loop, block phases' quad
 loops and rolled channel loops weighted by their trips, scalar fallbacks left out. This tool takes
 the same path and weights (sass_report.executed_estimate with ``weights``) and charges every
@@ -12,9 +12,9 @@ phase. Inlined code is charged to its innermost line, or with ``--frame FILE`` t
 of the inline chain in a file whose name ends with FILE (e.g. scan2d_forward.cuh: the lines of
 the kernel body that called the helpers). The rows sum to the estimate. Nothing runs on a GPU.
 
-    python tools/sass_lines.py --extension /tmp/build/_C_cuda_emu*.so               # fwd fp32 sm_90
-    python tools/sass_lines.py --role backward --dtype bf16 --frame scan2d_backward.cuh --top 40
-    python tools/sass_lines.py --threads 128 --channels 4                           # no extension
+    python dev/gpu/sass_lines.py --extension /tmp/build/_C_cuda_emu*.so               # fwd fp32 sm_90
+    python dev/gpu/sass_lines.py --role backward --dtype bf16 --frame scan2d_backward.cuh --top 40
+    python dev/gpu/sass_lines.py --threads 128 --channels 4                           # no extension
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _load_tool(name: str, path: Path):
@@ -40,7 +40,7 @@ def _load_tool(name: str, path: Path):
     return module
 
 
-sass_report = _load_tool("vmamba2d_sass_report", REPO / "tools" / "sass_report.py")
+sass_report = _load_tool("vmamba2d_sass_report", REPO / "dev" / "gpu" / "sass_report.py")
 
 PHASES = ("load", "scan", "store")
 

@@ -5,7 +5,7 @@ load batching and launch waves, checked against the static targets of the GPU ke
 Per kernel instantiation (forward / backward x fp32 / fp16 / bf16) and arch (T4 sm_75, A100 sm_80,
 RTX 3090 sm_86, H100 sm_90):
 
-* registers, spills, stack (``nvcc -cubin -Xptxas -v``, parsed by tools/ptxas_report.py);
+* registers, spills, stack (``nvcc -cubin -Xptxas -v``, parsed by dev/gpu/ptxas_report.py);
 * dynamic shared memory and threads of the block the launch planner picks for the model shape
   (``_C_cuda._launch_plan``, batch 128, 56x56 x 384 channels, 4 groups, N = 1) on that GPU;
 * resident warps / SM, computed like CUDA's occupancy calculator from those registers, that shared
@@ -85,9 +85,9 @@ cell·channel and the registers of that variant on sm_90 -- may not grow;
 tests/test_cuda_static_report.py requires them in CI. Nothing is run on a GPU: none of these
 figures is a measurement of speed.
 
-    python tools/sass_report.py                         # all four archs, prints the tables
-    python tools/sass_report.py --archs 9.0 --out out/sass.md
-    python tools/sass_report.py --extension /tmp/build/_C_cuda.so   # planner of a scratch build
+    python dev/gpu/sass_report.py                         # all four archs, prints the tables
+    python dev/gpu/sass_report.py --archs 9.0 --out out/sass.md
+    python dev/gpu/sass_report.py --extension /tmp/build/_C_cuda.so   # planner of a scratch build
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CUDA_SOURCES = REPO / "csrc" / "cuda"
 KERNEL_SOURCES = ("selective_scan_2d_fwd.cu", "selective_scan_2d_bwd.cu")
 KIB = 1024
@@ -119,7 +119,7 @@ def _load_tool(name: str, path: Path):
     return module
 
 
-ptxas_report = _load_tool("vmamba2d_ptxas_report", REPO / "tools" / "ptxas_report.py")
+ptxas_report = _load_tool("vmamba2d_ptxas_report", REPO / "dev" / "gpu" / "ptxas_report.py")
 cuda_archs = ptxas_report.cuda_archs
 
 
@@ -487,7 +487,7 @@ def iteration_instructions(instructions: list[Instruction], blocks: list[Block],
     block that branches back to the head or out of the loop: every optional block on it runs (a
     bound on the optional work), a two-sided branch takes its longer side. None when every path
     meets an excluded block. With ``weights``, adds ``scale`` x how often each block runs on that
-    path (inner loops' blocks x their trips) to ``weights[block]`` (tools/sass_lines.py)."""
+    path (inner loops' blocks x their trips) to ``weights[block]`` (dev/gpu/sass_lines.py)."""
     head = min(body)  # natural_loops' heads are their lowest blocks (checked on the kernels' SASS)
     children = [(b, t) for b, t in inner if b < body and not any(b < o < body for o, _ in inner)]
     node = {n: n for n in body}
@@ -646,7 +646,7 @@ class Shape:
 
 
 # vmamba2d_tiny's SS2D calls at batch 128, and the paper's Table-3 operator shapes (1-channel maps,
-# N = 16; as many maps as tools/bench_scan_cuda.py uses to fill a GPU).
+# N = 16; as many maps as dev/gpu/bench_scan_cuda.py uses to fill a GPU).
 MODEL_SHAPES = [Shape("model", 128, dim, 4, 1, side) for side, dim in ((56, 384), (28, 768), (14, 1536), (7, 3072))]
 TABLE3_SHAPES = [Shape("table3", maps, 1, 1, 16, side) for side, maps in ((14, 8192), (56, 1024), (200, 128))]
 PLAN_SHAPE = MODEL_SHAPES[0]
@@ -949,7 +949,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"\n{len(rows)} kernel instantiations x arch in {seconds:.1f} s")
     if args.out:
         header = [
-            "# Static report of the CUDA scan kernels (tools/sass_report.py)", "",
+            "# Static report of the CUDA scan kernels (dev/gpu/sass_report.py)", "",
             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {_git_commit()}",
             f"- nvcc {cuda_archs.nvcc_release(args.nvcc)}, flags `{' '.join(cuda_archs.NVCC_FLAGS)}` + torch's "
             f"defines, `-cubin -arch=sm_XX`; SASS by `{Path(disassembler).name} -c -gi` "

@@ -7,7 +7,7 @@ A 4-D block (2 x 2 x 8 x 32) of first-order linear recurrences h[i] = a[i] * h[i
 scanned backwards along each axis with 4 and 8 warps and compared with a float64 Python loop.
 Exit status: 0 all agree, 1 a mismatch (printed), 2 no GPU or no Triton here.
 
-    python3 tools/triton_reverse_scan_smoke.py
+    python3 dev/gpu/triton_reverse_scan_smoke.py
 """
 from __future__ import annotations
 

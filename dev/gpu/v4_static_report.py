@@ -7,7 +7,7 @@ type) is compiled with ``nvcc -cubin -Xptxas -v`` and disassembled with ``nvdisa
 
 * registers, spills and stack (ptxas), resident warps per SM from the registers (128-thread blocks,
   no shared memory), block barriers anywhere in the kernel (BAR);
-* the streaming loop: the natural loop holding the warp shuffles (tools/sass_report.py's basic
+* the streaming loop: the natural loop holding the warp shuffles (dev/gpu/sass_report.py's basic
   blocks and loops). One trip streams some rows of the warp's M maps (P, by which the source unrolls
   it, or more where ptxas unrolls further), counted by its shuffles up by one lane (3 a row: the
   scan's first step for a and b, the carry-in; fewer with one scan step or none). "SASS / cell·ch" = warp instructions along the longest path of one trip (every
@@ -17,9 +17,9 @@ type) is compiled with ``nvcc -cubin -Xptxas -v`` and disassembled with ``nvdisa
 * bytes in flight per SM (an estimate from the plan, not a measurement): resident warps x the loads
   a warp has outstanding during one row (P rows x 4 tensors x M x W x element size).
 
-    python tools/v4_static_report.py                 # print the table
-    python tools/v4_static_report.py --write benchmarks/scan_cuda_v4_static.md
-    python tools/v4_static_report.py --check         # exit 1 when a budget below is broken
+    python dev/gpu/v4_static_report.py                 # print the table
+    python dev/gpu/v4_static_report.py --write benchmarks/scan_cuda_v4_static.md
+    python dev/gpu/v4_static_report.py --check         # exit 1 when a budget below is broken
 
 The four-route kernel (CrossRowsForward, entry vmamba2d_rows_cross_forward under
 VMAMBA2D_RS_CROSS=1) gets the same table at cross_vec(W) columns per lane; its budgets:
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CUDA_SOURCES = REPO / "csrc" / "cuda"
 ENTRY = CUDA_SOURCES / "entries" / "scan2d_rows_entry.cu"
 ARCHS = ("sm_90", "sm_80", "sm_75")
@@ -69,7 +69,7 @@ def _load(name: str, path: Path):
     return module
 
 
-sass_report = _load("vmamba2d_sass_report", REPO / "tools" / "sass_report.py")
+sass_report = _load("vmamba2d_sass_report", REPO / "dev" / "gpu" / "sass_report.py")
 ptxas_report = sass_report.ptxas_report
 rows_plan_module = _load("vmamba2d_rows_plan", REPO / "vmamba2d" / "ops" / "compiled" / "rows_plan.py")
 
@@ -345,7 +345,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         args.write.write_text(
             "# v4 row-streaming forward (RS): static figures\n\n"
-            f"Written by `tools/v4_static_report.py --write` on {platform.node()} ({platform.machine()}, "
+            f"Written by `dev/gpu/v4_static_report.py --write` on {platform.node()} ({platform.machine()}, "
             f"{version}), {stamp}, commit {_git_commit()}. No GPU ran: these are compiler figures, and the "
             "bytes in flight are an estimate from the plan. Route 0, y in the input type, N = 1.\n\n"
             + table + "\n\n## Four-route kernel (CrossRowsForward)\n\n"

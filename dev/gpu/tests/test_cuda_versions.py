@@ -1,5 +1,5 @@
-"""The v3-vs-earlier CUDA kernel comparison on the CPU: tools/cuda_baseline.py (export of an earlier
-kernel from git, module lookup), tools/bench_cuda_versions.py (the calls it times, the table) and
+"""The v3-vs-earlier CUDA kernel comparison on the CPU: dev/gpu/cuda_baseline.py (export of an earlier
+kernel from git, module lookup), dev/gpu/bench_cuda_versions.py (the calls it times, the table) and
 gpu_check's comparison plan. Nothing is timed and no GPU result is made here."""
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import pytest
 
 from script_loading import load_script
 
-REPO = Path(__file__).resolve().parents[1]
-TOOLS = REPO / "tools"
+REPO = Path(__file__).resolve().parents[3]
+TOOLS = REPO / "dev" / "gpu"
 
 
 def _load(name: str):
-    """tools/<name>.py under its own name, with tools/ importable: the tools import each other."""
+    """dev/gpu/<name>.py under its own name, with dev/gpu/ importable: the tools import each other."""
     if str(TOOLS) not in sys.path:
         sys.path.insert(0, str(TOOLS))
-    return load_script(f"tools/{name}.py", name)
+    return load_script(f"dev/gpu/{name}.py", name)
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +146,9 @@ def test_comparison_plan_builds_both_kernels_for_this_gpu_and_fits_the_run(gpu_c
     env = gpu_check.Environment(capability="9.0")
     steps = gpu_check.compare_plan("python3", env, tmp_path, 16, tmp_path / "base")
     assert [s.name for s in steps] == ["build", "build-baseline", "bench-versions"]
-    assert all(s.env == {"TORCH_CUDA_ARCH_LIST": "9.0", "MAX_JOBS": "16"} for s in steps[:2])
-    assert steps[1].command[1:5] == ["tools/cuda_baseline.py", "build", "--dir", str(tmp_path / "base")]
-    assert steps[2].command[1] == "tools/bench_cuda_versions.py" and steps[2].table is not None
+    assert all(s.env == {"TORCH_CUDA_ARCH_LIST": "9.0", "MAX_JOBS": "16", "VMAMBA2D_NVCC_BUILD": "1"} for s in steps[:2])
+    assert steps[1].command[1:5] == ["dev/gpu/cuda_baseline.py", "build", "--dir", str(tmp_path / "base")]
+    assert steps[2].command[1] == "dev/gpu/bench_cuda_versions.py" and steps[2].table is not None
     assert all(Path(gpu_check.REPO, s.command[1]).is_file() for s in steps)
     default_budget = gpu_check.parse_args([]).budget_s
     assert sum(s.budget_s for s in steps) <= default_budget - gpu_check.REPORT_RESERVE_S

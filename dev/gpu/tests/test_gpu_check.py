@@ -1,4 +1,4 @@
-"""tools/gpu_check.py orchestration on the CPU: step runner (pass, fail, time-outs, budget skips),
+"""dev/gpu/gpu_check.py orchestration on the CPU: step runner (pass, fail, time-outs, budget skips),
 report writer and plan, with stand-in steps; no GPU result is produced or faked in a report
 outside the test's temporary folder."""
 from __future__ import annotations
@@ -14,12 +14,12 @@ import torch
 
 from script_loading import load_script
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_check.py"
+TOOL = Path(__file__).resolve().parents[1] / "gpu_check.py"
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    return load_script("tools/gpu_check.py", "gpu_check")
+    return load_script("dev/gpu/gpu_check.py", "gpu_check")
 
 
 def _running(pid: int) -> bool:
@@ -97,7 +97,7 @@ def test_report_holds_environment_steps_and_tables(gpu_check, tmp_path):
         gpu_check.Step("later", ["true"], budget_s=10, min_s=1, env={"TOOLS": "memcheck"}),
     ]
     text = gpu_check.format_report(env, steps, budget_s=560, started=time.monotonic(), finished=False,
-                                   command="python3 tools/gpu_check.py")
+                                   command="python3 dev/gpu/gpu_check.py")
     assert "Test GPU 80GB (compute capability 9.0, 80 GiB), driver 1.2" in text
     assert "torch 2.11.0 (CUDA 13.0), triton 3.6.0" in text and "commit: abc1234" in text
     assert "| bench | pass | 3 | 10 |" in text and "| later | not run | 0 | 10 |" in text
@@ -118,7 +118,7 @@ def test_plan_builds_for_this_gpus_arch_and_runs_every_sanitizer_tool(gpu_check,
     assert names == ["build", "bench-v4", "tests", "triton-reverse-scan", "bench-scan", "bench-cross-scan", "bench-model-fp32",
                      "bench-model-bf16", "sanitize-memcheck", "sanitize-racecheck", "sanitize-synccheck", "sanitize-initcheck"]
     build, tests = steps[0], steps[2]
-    assert build.env == {"TORCH_CUDA_ARCH_LIST": "8.6", "MAX_JOBS": "16"}
+    assert build.env == {"TORCH_CUDA_ARCH_LIST": "8.6", "MAX_JOBS": "16", "VMAMBA2D_NVCC_BUILD": "1"}
     assert "tests/test_scan_cuda.py" in tests.command and "-m" in tests.command
     assert all(Path(gpu_check.REPO, f).is_file() for f in tests.command if f.startswith("tests/"))
     assert all(Path(gpu_check.REPO, steps[i].command[1]).is_file() for i in (1, 3))  # bench_v4, the Triton smoke
@@ -133,9 +133,9 @@ def test_with_an_exported_baseline_it_builds_beside_and_times_both(gpu_check, tm
                            baseline=tmp_path / "base")
     names = [s.name for s in steps]
     assert names.index("bench-model-bf16") < names.index("bench-versions") < names.index("sanitize-memcheck")
-    assert steps[0].companion[1:5] == ["tools/cuda_baseline.py", "build", "--dir", str(tmp_path / "base")]
+    assert steps[0].companion[1:5] == ["dev/gpu/cuda_baseline.py", "build", "--dir", str(tmp_path / "base")]
     versions = steps[names.index("bench-versions")]
-    assert versions.command[1] == "tools/bench_cuda_versions.py" and versions.time_option == "--max-seconds"
+    assert versions.command[1] == "dev/gpu/bench_cuda_versions.py" and versions.time_option == "--max-seconds"
     assert "--baseline" in versions.command and str(tmp_path / "base") in versions.command
 
 
@@ -260,7 +260,7 @@ def test_unknown_step_names_are_refused(gpu_check, monkeypatch, capsys):
 
 
 def test_bench_v4_table_and_no_gpu_exit(tmp_path):
-    bench_v4 = load_script("tools/bench_v4.py", "bench_v4")
+    bench_v4 = load_script("dev/gpu/bench_v4.py", "bench_v4")
     rows = [{"shape": "128x192x56x56", "dtype": "float32", "rs ms": "0.5"}, {"shape": "copy", "plan": "4000 GB/s"}]
     assert bench_v4.format_table(rows).splitlines() == [
         "| shape | dtype | rs ms | plan |", "|---|---|---|---|", "| 128x192x56x56 | float32 | 0.5 |  |",

@@ -1,4 +1,4 @@
-"""tools/gpu_profile.py without a GPU: reading ncu's raw csv, the stall ranking, the cases, the
+"""dev/gpu/gpu_profile.py without a GPU: reading ncu's raw csv, the stall ranking, the cases, the
 answer where nothing can be profiled."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from script_loading import REPO, load_tool
+from script_loading import REPO, load_script
 
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 
@@ -28,8 +28,8 @@ RAW = "\n".join([
 
 @pytest.fixture(scope="module")
 def gpu_profile():
-    sys.path.insert(0, str(REPO / "tools"))  # the tool's cases read bench_scan_cuda's shapes
-    return load_tool("gpu_profile")
+    sys.path.insert(0, str(REPO / "dev" / "gpu"))  # the tool's cases read bench_scan_cuda's shapes
+    return load_script("dev/gpu/gpu_profile.py", "gpu_profile")
 
 
 def test_raw_csv_rows_skip_ncu_messages_and_the_units_row(gpu_profile):

@@ -1,4 +1,4 @@
-"""tools/sass_lines.py: the executed-instruction estimate of tools/sass_report.py split by source
+"""dev/gpu/sass_lines.py: the executed-instruction estimate of dev/gpu/sass_report.py split by source
 line and tile-loop phase, on a hand-written ``nvdisasm -c -gi`` listing with known loops, trip
 counts and inline chains (no nvcc needed)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from script_loading import load_script
 
 
-sass_lines = load_script("tools/sass_lines.py", "sass_lines_under_test")
+sass_lines = load_script("dev/gpu/sass_lines.py", "sass_lines_under_test")
 
 # Tile loop .L_x_1 .. 0x80 with two barriers (load phase up to the first, scan, store after the
 # second) and a quad loop .L_x_2 .. 0x40 in the load phase; the load at 0x10 comes from a helper
