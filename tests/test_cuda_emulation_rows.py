@@ -11,7 +11,7 @@ import torch
 
 from cuda_emulation_build import rows_emulation
 from vmamba2d.ops import Route, selective_scan_2d_reference
-from vmamba2d.ops.compiled.rows_plan import alignment, choose_design, layout, rows_plan, scan_steps
+from vmamba2d.ops.compiled.rows_plan import alignment, layout, rows_plan, scan_steps
 from vmamba2d.ops.routes import from_route_order, to_route_order
 
 SUPPORTED_ROUTES = [code for code in range(16) if not (code & 8 and code & 4)]
@@ -151,14 +151,6 @@ def test_plan_rule():
     assert plan.blocks(128, 384) == 128 * 384 // 2 // 4
     with pytest.raises(ValueError, match="vec"):
         layout(100, 2, 2)
-
-
-def test_design_rule():
-    assert choose_design(1, 56, 56, 0, 2, 2)[0] == "rs"
-    assert choose_design(1, 7, 7, 5, 4, 4)[0] == "rs"
-    assert choose_design(16, 56, 56, 0, 4, 4)[0] == "v3"
-    assert choose_design(1, 56, 56, 12, 4, 4)[0] == "v3"
-    assert choose_design(1, 200, 200, 0, 4, 4)[0] == "v3"
 
 
 def _offset_by(t, elements):

@@ -1,19 +1,24 @@
 """Launching the v4 row-streaming forward (RS) through the NVRTC launcher, and the choice between it
 and the v3 kernel for one call of the single-route CUDA op.
 
-The choice is a fixed rule of the call (never a timing): RS when rows_plan.choose_design says so for
-route 0 (the op's route), N = 1, fp32 / fp16 / bf16 inputs of one type and no gradient is needed
-(the v3 backward reads the v3 forward's saved tile carries, so a forward that saves them stays v3).
+The choice is a fixed rule of the call (never a timing): vmamba2d.ops.plan's rule for route 0 (the
+op's route) among the designs this path launches (``BUILT``: RS and v3), after the RS entry's
+preconditions on the tensors (A, D, delta_bias fp32, everything contiguous).
 ``VMAMBA2D_SCAN_PLAN=v3`` pins the v3 kernel for every call; ``auto`` (or unset) applies the rule.
+The launch knobs that leave every output bit unchanged (rows_plan.tuning_candidates: prefetch
+depth, warps per block) are chosen by vmamba2d.ops.tuning on the first call per key.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 from typing import Optional
 
 import torch
 
+from vmamba2d.ops import plan as scan_plan
+from vmamba2d.ops import tuning
 from vmamba2d.ops.compiled import rows_plan
 from vmamba2d.ops.compiled.cuda_kernels import KernelSpec, rows_kernel
 
@@ -21,6 +26,8 @@ PLAN_ENV = "VMAMBA2D_SCAN_PLAN"
 _PLAN_CHOICES = ("auto", "v3")
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 OP_ROUTE = 0  # the single-route op scans from the top-left corner, rows first (Route code 0)
+BUILT = ("rs", "v3")  # the designs this path launches (vmamba2d.ops.plan.DESIGNS)
+TUNED_KERNEL = "cuda-rs"
 
 
 class RowsParams(ctypes.Structure):
@@ -61,20 +68,18 @@ def forward_design(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     """
     if pinned_plan() == "v3":
         return "v3", None, f"{PLAN_ENV}=v3"
-    if save_carries:
-        return "v3", None, "gradients needed: the v3 backward reads the v3 forward's tile carries"
-    if u.dtype not in _DTYPE_NAMES or any(t.dtype != u.dtype for t in (delta, B, C)):
-        return "v3", None, f"input types {u.dtype}, {delta.dtype}, {B.dtype}, {C.dtype}: RS takes one of fp32/fp16/bf16"
+    dtype = u.dtype if all(t.dtype == u.dtype for t in (delta, B, C)) else None
+    call = scan_plan.ScanCall(B.shape[2], u.shape[2] // max(width, 1), width, dtype, (OP_ROUTE,), "forward",
+                              save_carries)
+    design = scan_plan.choose_design(call, "cuda", BUILT)
+    if design.name != "rs":
+        return "v3", None, design.reason
     if not (A.dtype == torch.float32 and _float32_or_none(D) and _float32_or_none(delta_bias)
             and all(t.is_contiguous() for t in (u, delta, A, B, C))):
-        return "v3", None, "A, D, delta_bias not contiguous fp32 or inputs not contiguous"
+        return "v3", None, "A, D, delta_bias not contiguous fp32 or inputs not contiguous: the RS entry's preconditions"
     y_bytes = 4 if out_fp32 else u.element_size()
-    design, why = rows_plan.choose_design(B.shape[2], u.shape[2] // max(width, 1), width, OP_ROUTE,
-                                          u.element_size(), y_bytes, rows_plan.alignment(u, delta, B, C))
-    if design != "rs":
-        return "v3", None, why
     plan = rows_plan.rows_plan(u.element_size(), y_bytes, width, OP_ROUTE, rows_plan.alignment(u, delta, B, C))
-    return "rs", plan, why
+    return "rs", plan, design.reason
 
 
 def plan_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
@@ -95,16 +100,45 @@ def rows_params(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.
         int(bool(softplus)), int(y.dtype == torch.float32), int(bool(OP_ROUTE & 2)))
 
 
+def tuning_key(u: torch.Tensor, y: torch.Tensor, B: torch.Tensor, softplus: bool, height: int, width: int,
+               plan: rows_plan.RowsPlan) -> dict:
+    """The tuner's key of a launch (GPU name and SM count -- the device type and 0 off a GPU --, types,
+    shape, N, route, direction, the plan's V and load width)."""
+    gpu, sms = u.device.type, 0
+    if u.is_cuda:
+        properties = torch.cuda.get_device_properties(u.device)
+        gpu, sms = properties.name, properties.multi_processor_count
+    return {"gpu": gpu, "sms": sms, "dtype": _DTYPE_NAMES[u.dtype],
+            "y": _DTYPE_NAMES[y.dtype], "batch": u.shape[0], "dim": u.shape[1], "groups": B.shape[1],
+            "nstate": B.shape[2], "height": height, "width": width, "routes": [OP_ROUTE], "direction": "forward",
+            "softplus": bool(softplus), "vec": plan.vec, "load": plan.load}
+
+
 def launch_rows_forward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                         C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
                         softplus: bool, height: int, width: int, out_fp32: bool,
-                        plan: rows_plan.RowsPlan) -> torch.Tensor:
-    """y (batch, dim, L), fp32 if ``out_fp32`` else u's type: the RS forward launched with the plan's
-    grid and block on the current stream (``launcher``: cuda_launch.KernelLauncher)."""
+                        plan: rows_plan.RowsPlan, tuner: Optional[tuning.Tuner] = None) -> torch.Tensor:
+    """y (batch, dim, L), fp32 if ``out_fp32`` else u's type: the RS forward launched on the current
+    stream (``launcher``: cuda_launch.KernelLauncher) with the plan's layout and the prefetch depth and
+    warps per block that ``tuner`` picks among rows_plan.tuning_candidates: tuning.default_tuner()
+    for CUDA tensors; other tensors (a recording launcher's tests) take the plan's own unless a
+    tuner is given."""
     y = torch.empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device)
     if y.numel() == 0:
         return y
-    params = rows_params(u, delta, A, B, C, D, delta_bias, y, softplus, height, width, plan)
-    grid = (plan.blocks(u.shape[0], u.shape[1]), 1, 1)
-    launcher.launch(plan_spec(plan, u.dtype), grid, rows_plan.ROWS_THREADS, 0, [bytes(params)])
+    params = bytes(rows_params(u, delta, A, B, C, D, delta_bias, y, softplus, height, width, plan))
+
+    def run(knobs) -> None:
+        warps = knobs["warps"]
+        spec = plan_spec(dataclasses.replace(plan, prefetch=knobs["prefetch"]), u.dtype)
+        launcher.launch(spec, (plan.blocks(u.shape[0], u.shape[1], warps), 1, 1), warps * rows_plan.WARP_LANES, 0,
+                        [params])
+
+    candidates = rows_plan.tuning_candidates(plan)
+    if u.is_cuda or tuner is not None:
+        knobs = (tuner or tuning.default_tuner()).choose(
+            TUNED_KERNEL, tuning_key(u, y, B, softplus, height, width, plan), candidates, run).knobs
+    else:
+        knobs = candidates[0]
+    run(knobs)
     return y

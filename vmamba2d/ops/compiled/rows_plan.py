@@ -1,5 +1,5 @@
-"""Plan of the v4 row-streaming forward (RS, csrc/cuda/scan2d_rows.cuh) and the rule that picks the
-GPU scan design for a call.
+"""Plan of the v4 row-streaming forward (RS, csrc/cuda/scan2d_rows.cuh) and its tuning candidates
+(the rule that picks RS for a call: vmamba2d/ops/plan.py).
 
 RS runs the N = 1 scan with one warp per M maps, each map a segment of S lanes, each lane owning V
 consecutive columns of every row (docs/kernels.md, "v4"). The plan fixes what the kernel compiles in
@@ -48,10 +48,11 @@ class RowsPlan:
             "VMAMBA2D_RS_STEPS": self.scan_steps,
         }
 
-    def blocks(self, batch: int, dim: int) -> int:
-        """Grid size of a launch over batch x dim maps (one warp per maps_per_warp maps)."""
+    def blocks(self, batch: int, dim: int, warps: int = ROWS_THREADS // WARP_LANES) -> int:
+        """Grid size of a launch over batch x dim maps (one warp per maps_per_warp maps) with
+        ``warps`` warps per block."""
         items = -(-batch * dim // self.maps_per_warp)
-        return -(-items // (ROWS_THREADS // WARP_LANES))
+        return -(-items // warps)
 
 
 def route_streams_rows(route: int) -> bool:
@@ -62,8 +63,23 @@ def route_streams_rows(route: int) -> bool:
 
 def prefetch_rows(vec: int) -> int:
     """P, the rows loaded ahead, for V columns per lane: 1 (see rows_plan). The kernel takes any P
-    (the emulation runs P = 2 at V = 1), a numerics-neutral knob for a tuner on a GPU."""
+    >= 1 with the same arithmetic (only where loads are issued moves): a tuning knob."""
     return 1
+
+
+def tuning_candidates(plan: RowsPlan) -> list[dict[str, int]]:
+    """The launch settings a tuner may pick for a plan, the plan's own (P, 4 warps per block) first.
+
+    Both knobs leave every output bit unchanged: ``prefetch`` (P) only moves the loads of a row
+    earlier, the arithmetic and its order per cell are the same (the host emulation runs P = 1 and
+    P = 2 and the tests hold them bit-equal); ``warps`` per block (4, 2, 1; the entry is compiled for
+    at most ROWS_THREADS threads) only groups warps into blocks: warp k of the grid runs item k
+    whatever the block size. P = 2 is offered for V <= 2 only: at 4 columns it spills on sm_90
+    (rows_plan below). V, the load width and the scan steps are not tuned: V
+    changes the order of the row scan's products, and the rule fixes the load width and steps.
+    """
+    prefetch = (plan.prefetch, 2) if plan.vec <= 2 and plan.prefetch != 2 else (plan.prefetch,)
+    return [{"prefetch": p, "warps": w} for p in prefetch for w in (ROWS_THREADS // WARP_LANES, 2, 1)]
 
 
 def scan_steps(seg_lanes: int) -> int:
@@ -113,17 +129,3 @@ def rows_plan(elem_bytes: int, y_bytes: int, width: int, route: int, aligned_byt
         and aligned_bytes % min(16, vec * y_bytes) == 0
     return layout(width, vec, vec if vector else 1)
 
-
-def choose_design(nstate: int, height: int, width: int, route: int, elem_bytes: int, y_bytes: int,
-                  aligned_bytes: int = 16) -> tuple[str, str]:
-    """The GPU scan design for a call, by a fixed rule of the shape (never by timing): ("rs", why)
-    for N = 1 on a row-streamable route with W <= 32 lanes x 16 bytes; ("v3", why) otherwise (N > 1,
-    flat column-major routes, wider maps). PL (one plane per lane for H * W <= 64) is not built yet,
-    so the small maps take RS too."""
-    if nstate != 1:
-        return "v3", f"N = {nstate}: RS holds one state per cell"
-    if not route_streams_rows(route):
-        return "v3", f"route {route}: a flat column-major route is not a row stream"
-    if rows_plan(elem_bytes, y_bytes, width, route, aligned_bytes) is None:
-        return "v3", f"width {width}: wider than 32 lanes of {16 // elem_bytes} columns"
-    return "rs", f"N = 1, route {route}, width {width} <= {32 * 16 // elem_bytes}"

@@ -16,18 +16,13 @@ so nothing but u, delta, B, C in and y out touches memory: no tile carries, no s
 in the loop. Imported (triton with it) on the first launch by :mod:`~vmamba2d.ops.triton.rows_plan`,
 which holds the rule choosing this kernel and its launch.
 
-``tuned_rows_kernel(block_w)`` autotunes ``rows_fwd_kernel`` over ``rows_plan.tuning_configs``
-(warps per program with BLOCK_M tied to them so that the row layout stays the same; see there) on
-the first call per (channels, height, width, dtypes) key.
+The launch picks ``BLOCK_M`` and ``num_warps`` among ``rows_plan.tuning_configs`` (tied so that the
+row layout stays the same) with vmamba2d.ops.tuning on the first call per key.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from functools import lru_cache
-
-from .rows_plan import TUNING_KEY, tuning_configs
 
 
 @triton.jit
@@ -106,9 +101,3 @@ def rows_fwd_kernel(
             y = y + skip * u
         tl.store(y_ptr + cells, y.to(y_ptr.dtype.element_ty), mask=mask)
 
-
-@lru_cache(maxsize=None)
-def tuned_rows_kernel(block_w: int):
-    """``rows_fwd_kernel`` autotuned over the bit-neutral configurations of rows ``block_w`` wide."""
-    return triton.autotune(configs=[triton.Config({"BLOCK_M": m}, num_warps=w) for m, w in tuning_configs(block_w)],
-                           key=TUNING_KEY)(rows_fwd_kernel)

@@ -1,25 +1,26 @@
 """The rule that picks the Triton forward of the single-route op, and the launch of the
 row-streaming kernel (RS, :mod:`vmamba2d.ops.triton.rows`, imported with triton on first use).
 
-Rule (``forward_design``, by the call's shape and dtype, never by timing):
-
-* ``"rows"`` -- the row-streaming kernel -- when N (d_state) == 1, W <= ``MAX_ROWS_WIDTH``, the
-  scan inputs are fp32 / fp16 / bf16, and the forward need not save tile carries (no gradient is
-  taken: the backward kernel rebuilds its states from the tiled forward's carries, which RS does
-  not write);
-* ``"tiles"`` -- the tiled kernels of :mod:`~vmamba2d.ops.triton.kernels` -- otherwise.
+Rule (``forward_design``): :mod:`vmamba2d.ops.plan`'s rule for route 0 among the designs Triton
+has (``BUILT``: RS, which this module calls ``"rows"``, and v3, the tiled kernels of
+:mod:`~vmamba2d.ops.triton.kernels`, ``"tiles"``): rows when N (d_state) == 1, W <=
+``MAX_ROWS_WIDTH``, the scan inputs are fp32 / fp16 / bf16, and the forward need not save tile
+carries (no gradient is taken: the backward kernel rebuilds its states from the tiled forward's
+carries, which RS does not write); tiles otherwise.
 
 ``VMAMBA2D_TRITON_PLAN`` pins it: ``tiles`` always takes the tiled kernels, ``rows`` takes RS and
 raises where RS cannot run the call, ``auto`` (or unset) applies the rule. Each new decision is
 logged at DEBUG level on the ``vmamba2d.ops.triton`` logger; ``backend_info()["triton_forward"]``
 states the rule and the pin.
 
-Tuning: on CUDA tensors the launch autotunes only warps per program (``num_warps``) and channels
-per program (``BLOCK_M``), tied so that every candidate keeps the same elements per thread and at
-least ``BLOCK_W / 32`` warps: Triton then lays a row out over the same lanes and warps in every
-candidate, so ``tl.associative_scan`` combines a row in the same order and no output bit depends
-on the choice. (This follows from Triton's default blocked layout; it is not checked on compiled
-code here.) Under the interpreter the first candidate runs untimed.
+Tuning: on CUDA tensors :mod:`vmamba2d.ops.tuning` (the CUDA RS kernel's tuner: the same key, disk
+cache, capture / compile skip, ``VMAMBA2D_TUNE`` pin and DDP rule; ``triton.autotune`` has none of
+these and times many calls) picks among ``tuning_configs``: warps per program (``num_warps``) and
+channels per program (``BLOCK_M``), tied so that every candidate keeps the same elements per
+thread and at least ``BLOCK_W / 32`` warps. Triton then lays a row out over the same lanes and
+warps in every candidate, so ``tl.associative_scan`` combines a row in the same order and no output
+bit depends on the choice (tests/test_scan_triton_rows.py compiles every candidate for sm_90 and
+compares the scan's layout). Under the interpreter the first candidate runs untimed.
 """
 from __future__ import annotations
 
@@ -29,14 +30,17 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from .. import plan as scan_plan
+from .. import tuning
+
 Tensor = torch.Tensor
 
 PLAN_ENV_VAR = "VMAMBA2D_TRITON_PLAN"
 PLAN_CHOICES = ("auto", "rows", "tiles")
-MAX_ROWS_WIDTH = 256
-ROWS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_ROWS_WIDTH = scan_plan.TRITON_RS_MAX_WIDTH
 ROWS_MODULE = "vmamba2d.ops.triton.rows"
-TUNING_KEY = ["chans", "height", "width"]
+BUILT = ("rs", "v3")  # the designs Triton has (vmamba2d.ops.plan.DESIGNS)
+TUNED_KERNEL = "triton-rs"
 # Elements of each [BLOCK_M, BLOCK_W] tile per thread in every tuning candidate.
 ELEMENTS_PER_THREAD = 2
 MAX_WARPS = 8
@@ -70,23 +74,17 @@ def _pinned() -> str:
     return value
 
 
-def rows_problem(nstate: int, width: int, dtype: torch.dtype, save_carries: bool) -> Optional[str]:
-    """Why the row-streaming kernel cannot run a call (None when it can)."""
-    if nstate != 1:
-        return f"it runs d_state 1 only, got {nstate}"
-    if width > MAX_ROWS_WIDTH:
-        return f"it runs widths up to {MAX_ROWS_WIDTH}, got {width}"
-    if dtype not in ROWS_DTYPES:
-        return f"it runs fp32 / fp16 / bf16 inputs, got {dtype}"
-    if save_carries:
-        return "a gradient is needed and the backward reads the tiled forward's carries"
-    return None
+def rows_problem(nstate: int, height: int, width: int, dtype: torch.dtype, save_carries: bool) -> Optional[str]:
+    """Why the rule does not give the row-streaming kernel a call (None when it does)."""
+    call = scan_plan.ScanCall(nstate, height, width, dtype, (0,), "forward", save_carries)
+    design = scan_plan.choose_design(call, "triton", BUILT)
+    return None if design.name == "rs" else design.reason
 
 
 def forward_design(nstate: int, height: int, width: int, dtype: torch.dtype, save_carries: bool) -> str:
     """``"rows"`` or ``"tiles"``: the Triton forward that runs a single-route call (rule above)."""
     pin = _pinned()
-    problem = rows_problem(nstate, width, dtype, save_carries)
+    problem = rows_problem(nstate, height, width, dtype, save_carries)
     if pin == "rows" and problem is not None:
         raise ValueError(f"{PLAN_ENV_VAR}=rows but the row-streaming kernel cannot run this call: {problem}")
     design = "tiles" if pin == "tiles" or problem is not None else "rows"
@@ -107,7 +105,7 @@ def describe() -> dict:
 
 def launch_rows_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
                         delta_bias: Optional[Tensor], delta_softplus: bool, out_fp32: bool,
-                        param_groups: int, route: int = 0) -> Tensor:
+                        param_groups: int, route: int = 0, tuner: Optional[tuning.Tuner] = None) -> Tensor:
     """Run the row-streaming kernel: y (maps, chans, H, W), fp32 if ``out_fp32`` else u's dtype,
     scanned along the 2D route with code ``route`` (0-7; the scanned lines -- rows, or columns
     for columns-first codes -- at most ``MAX_ROWS_WIDTH`` long).
@@ -135,9 +133,20 @@ def launch_rows_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tenso
             chans, param_groups, height, width)
     flags = dict(HAS_D=D is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
                  ROUTE=route, BLOCK_W=block_w)
-    if isinstance(rows.rows_fwd_kernel, InterpretedFunction):
-        block_m, warps = tuning_configs(block_w)[0]
-        rows.rows_fwd_kernel[(maps, -(-chans // block_m))](*args, **flags, BLOCK_M=block_m, num_warps=warps)
+    def run(knobs) -> None:
+        block_m = knobs["block_m"]
+        rows.rows_fwd_kernel[(maps, -(-chans // block_m))](*args, **flags, BLOCK_M=block_m, num_warps=knobs["warps"])
+
+    candidates = [{"block_m": m, "warps": w} for m, w in tuning_configs(block_w)]
+    if u.is_cuda and not isinstance(rows.rows_fwd_kernel, InterpretedFunction):
+        key = {"gpu": torch.cuda.get_device_name(u.device),
+               "sms": torch.cuda.get_device_properties(u.device).multi_processor_count,
+               "dtype": str(u.dtype).replace("torch.", ""), "y": str(y.dtype).replace("torch.", ""), "maps": maps,
+               "chans": chans, "groups": param_groups, "nstate": 1, "height": height, "width": width,
+               "routes": [route], "direction": "forward", "softplus": bool(delta_softplus),
+               "has_d": D is not None, "has_bias": delta_bias is not None}
+        knobs = (tuner or tuning.default_tuner()).choose(TUNED_KERNEL, key, candidates, run).knobs
     else:
-        rows.tuned_rows_kernel(block_w)[lambda meta: (maps, -(-chans // meta["BLOCK_M"]))](*args, **flags)
+        knobs = candidates[0]
+    run(knobs)
     return y

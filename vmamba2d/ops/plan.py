@@ -1,0 +1,141 @@
+"""The rule that picks the GPU scan design of a call, for the CUDA and the Triton backends alike.
+
+A design is picked from the call's shape alone -- N (d_state), H, W, the input type, the routes,
+the direction and whether a gradient is needed -- never by timing (docs/kernels.md, "Planner and
+tuner"). The rows below are tried in order; the first that matches names the designs the call may
+take, in order of preference:
+
+  1. backward, or a forward that saves what a backward reads      -> v3
+  2. N != 1                                                        -> v3
+  3. inputs not all of one type among fp32 / fp16 / bf16           -> v3
+  4. a route that the backend's RS kernel does not stream          -> v3
+  5. L = H * W <= 64                                               -> PL, RS, v3
+  6. W <= the backend's RS width (CUDA: 32 lanes x 16 bytes,
+     i.e. 128 fp32 / 256 fp16 and bf16 columns; Triton: 256)       -> RS, v3
+  7. otherwise                                                     -> v3
+
+v3 is the tiled kernels (the CUDA v3 scan, Triton's tiled kernels). A backend runs the first
+design of the row that it has a kernel for (``built``); a design passed over for want of a kernel
+is named in the plan's reason ("PL (...): not built for cuda").
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Collection, Optional
+
+import torch
+
+from .compiled.rows_plan import WARP_LANES, route_streams_rows
+
+DESIGNS = ("pl", "rs", "v3")
+BACKENDS = ("cuda", "triton")
+PL_MAX_CELLS = 64
+TRITON_RS_MAX_WIDTH = 256
+RS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DEBUG_ENV = "VMAMBA2D_DEBUG_PLAN"
+_printed: set = set()
+_printed_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ScanCall:
+    """What the rule reads of one scan call.
+
+    dtype: the type of u, delta, B and C, or None when they differ; routes: the route codes
+    (vmamba2d.ops.Route.code) the call scans; direction: "forward" or "backward"; grad: a
+    forward that must save what the backward reads (a gradient will be taken).
+    """
+
+    nstate: int
+    height: int
+    width: int
+    dtype: Optional[torch.dtype]
+    routes: tuple[int, ...] = (0,)
+    direction: str = "forward"
+    grad: bool = False
+
+
+@dataclass(frozen=True)
+class Design:
+    """The design a backend runs for a call (one of DESIGNS) and why."""
+
+    name: str
+    reason: str
+
+
+def rs_max_width(backend: str, dtype: torch.dtype) -> int:
+    """The widest map the backend's RS kernel takes: CUDA 32 lanes of 16 bytes (128 fp32 columns,
+    256 fp16 / bf16), Triton ``TRITON_RS_MAX_WIDTH`` (a row is one tile)."""
+    if backend == "cuda":
+        return WARP_LANES * 16 // torch.empty((), dtype=dtype).element_size()
+    return TRITON_RS_MAX_WIDTH
+
+
+def _streams(backend: str, route: int) -> bool:
+    # CUDA RS streams every 2D route and the flat row-major ones; Triton RS the 2D routes 0-7.
+    return route_streams_rows(route) if backend == "cuda" else 0 <= route < 8
+
+
+def preferred(call: ScanCall, backend: str) -> list[tuple[str, str]]:
+    """The designs the rule names for a call on ``backend``, best first, each with its reason."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if call.direction not in ("forward", "backward"):
+        raise ValueError(f"direction: expected 'forward' or 'backward', got {call.direction!r}")
+    if call.direction == "backward":
+        return [("v3", "backward: only v3 has one")]
+    if call.grad:
+        return [("v3", "gradients needed: the v3 backward reads the v3 forward's tile carries")]
+    if call.nstate != 1:
+        return [("v3", f"N = {call.nstate}: PL and RS run d_state 1 only")]
+    if call.dtype not in RS_DTYPES:
+        return [("v3", f"inputs {call.dtype or 'of mixed types'}: PL and RS take one of fp32 / fp16 / bf16")]
+    unstreamed = [r for r in call.routes if not _streams(backend, r)]
+    if unstreamed:
+        return [("v3", f"route {unstreamed[0]}: not a row stream of the {backend} RS kernel")]
+    limit = rs_max_width(backend, call.dtype)
+    rs = [("rs", f"N = 1, width {call.width} <= {limit}")] if call.width <= limit else []
+    cells = call.height * call.width
+    pl = [("pl", f"L = {cells} <= {PL_MAX_CELLS}")] if cells <= PL_MAX_CELLS else []
+    return pl + rs + [("v3", f"width {call.width} > {limit}" if not rs else "the fallback")]
+
+
+def choose_design(call: ScanCall, backend: str, built: Collection[str]) -> Design:
+    """The design ``backend`` runs for ``call``: the rule's first design in ``built`` (the designs
+    the backend has kernels for; "v3" always), the ones passed over named in the reason."""
+    if "v3" not in built:
+        raise ValueError(f"built: every backend has v3, got {sorted(built)}")
+    skipped = []
+    for name, why in preferred(call, backend):
+        if name in built:
+            reason = "; ".join(skipped + [f"{name.upper()}: {why}"])
+            design = Design(name, reason)
+            _debug_print(call, backend, design)
+            return design
+        skipped.append(f"{name.upper()} ({why}): not built for {backend}")
+    raise AssertionError("the rule always ends in v3")
+
+
+def _debug_print(call: ScanCall, backend: str, design: Design) -> None:
+    if os.environ.get(DEBUG_ENV, "") not in ("1", "true", "yes"):
+        return
+    key = (call, backend, design)
+    with _printed_lock:
+        if key in _printed:
+            return
+        _printed.add(key)
+    dtype = str(call.dtype).replace("torch.", "") if call.dtype is not None else "mixed"
+    print(f"vmamba2d plan: {backend} {call.direction} N={call.nstate} {call.height}x{call.width} {dtype} "
+          f"routes={list(call.routes)}{' grad' if call.grad else ''} -> {design.name} ({design.reason})",
+          file=sys.stderr)
+
+
+def describe() -> dict:
+    """The rule, for ``backend_info()``."""
+    return {"rule": "backward / gradient / N != 1 / other input types / a route RS does not stream: v3; "
+                    f"L <= {PL_MAX_CELLS}: PL; W <= the backend's RS width (CUDA 32 lanes x 16 bytes, "
+                    f"Triton {TRITON_RS_MAX_WIDTH}): RS; else v3 (a design without a kernel falls to the next)",
+            "debug_env": DEBUG_ENV}
