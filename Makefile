@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 export MAX_JOBS ?= 2
 
-.PHONY: setup demo test bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare gpu-nvrtc clean
+.PHONY: setup demo test bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare gpu-nvrtc test-gpu-tools clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,50 +33,56 @@ test: setup
 
 # Writes to out/ so a run never overwrites the committed, annotated tables in benchmarks/.
 bench: setup
-	$(PY) tools/bench_scan.py --threads 1 --out out/bench_scan_cpu.md
-	$(PY) tools/bench_model.py --batch-sizes 1 16 --train-batch-sizes 1 --out out/bench_model_cpu.md
+	$(PY) benchmarks/bench_scan.py --threads 1 --out out/bench_scan_cpu.md
+	$(PY) benchmarks/bench_model.py --batch-sizes 1 16 --train-batch-sizes 1 --out out/bench_model_cpu.md
 
 # Registers / spills / stack / static shared memory of every CUDA kernel instantiation for every
-# default arch nvcc supports, checked against the budgets in tools/ptxas_report.py (needs nvcc;
+# default arch nvcc supports, checked against the budgets in dev/gpu/ptxas_report.py (needs nvcc;
 # no rebuild: uses the venv's python for torch's include dirs when the venv exists).
 ptxas-check:
-	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tools/ptxas_report.py --jobs $(MAX_JOBS) --out out/ptxas.md
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) dev/gpu/ptxas_report.py --jobs $(MAX_JOBS) --out out/ptxas.md
 
 # Static report of the CUDA kernels for T4 / A100 / RTX 3090 / H100 (no GPU): registers, spills, resident warps
 # per SM, SASS instructions of the tile loop per cell, load batching, and the launch planner's waves
-# on the model and Table-3 shapes, against the GPU kernels' static targets (tools/sass_report.py;
+# on the model and Table-3 shapes, against the GPU kernels' static targets (dev/gpu/sass_report.py;
 # needs nvcc and the built extension, whose planner sizes the blocks).
 sass-report: setup
-	$(PY) tools/sass_report.py --jobs $(MAX_JOBS) --out out/sass_report.md
+	$(PY) dev/gpu/sass_report.py --jobs $(MAX_JOBS) --out out/sass_report.md
 
 # For a GPU machine: no venv, no network. Builds the extensions in place against that machine's
 # python3 / torch, runs the CUDA tests, compute-sanitizer and the benchmarks within one 10-minute
-# budget and writes one report to benchmarks/ (see tools/gpu_check.py; GPU_CHECK_ARGS passes options).
+# budget and writes one report to benchmarks/ (see dev/gpu/gpu_check.py; GPU_CHECK_ARGS passes options).
 GPU_CHECK_ARGS ?=
 gpu-check:
-	$(PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
+	$(PYTHON) dev/gpu/gpu_check.py $(GPU_CHECK_ARGS)
 
 # After gpu-check (which builds the extension), on the same machine: Nsight Compute counters of
 # the CUDA scan kernels on the model shapes (occupancy, throughput, warp-stall reasons), one report.
 gpu-profile:
-	$(PYTHON) tools/gpu_profile.py --out benchmarks/gpu-profile.md
+	$(PYTHON) dev/gpu/gpu_profile.py --out benchmarks/gpu-profile.md
 
 # The v3-vs-v2 timing: `make cuda-baseline` here (needs git; CUDA_BASELINE_COMMIT overrides the
-# kernel version, default in tools/cuda_baseline.py) exports the earlier kernel to build/cuda-baseline;
+# kernel version, default in dev/gpu/cuda_baseline.py) exports the earlier kernel to build/cuda-baseline;
 # on the GPU machine (with that folder carried along) `make gpu-check` builds it beside this
 # checkout's kernel and times both in its report; `make gpu-compare` does only that.
 CUDA_BASELINE_COMMIT ?=
 cuda-baseline:
-	$(PYTHON) tools/cuda_baseline.py export $(if $(CUDA_BASELINE_COMMIT),--commit $(CUDA_BASELINE_COMMIT))
+	$(PYTHON) dev/gpu/cuda_baseline.py export $(if $(CUDA_BASELINE_COMMIT),--commit $(CUDA_BASELINE_COMMIT))
 
 gpu-compare:
-	$(PYTHON) tools/gpu_check.py --compare-baseline build/cuda-baseline $(GPU_CHECK_ARGS)
+	$(PYTHON) dev/gpu/gpu_check.py --compare-baseline build/cuda-baseline $(GPU_CHECK_ARGS)
 
 # After gpu-check (which builds _C_cuda in place), on the same machine: the kernels compiled at
 # first use by NVRTC -- first-use and warm-start seconds, outputs bitwise against the nvcc build's,
-# vmamba2d_tiny batch-1 latency with each (tools/nvrtc_check.py; gpu-check's 10-minute budget is full).
+# vmamba2d_tiny batch-1 latency with each (dev/gpu/nvrtc_check.py; gpu-check's 10-minute budget is full).
 gpu-nvrtc:
-	$(PYTHON) tools/nvrtc_check.py
+	$(PYTHON) dev/gpu/nvrtc_check.py
+
+# The GPU instruments' own tests (dev/gpu/tests: their parsers, report arithmetic and gpu-check's plan,
+# run on the CPU), kept out of `make test`; the checks that guard the kernels (host emulation,
+# ptxas / NVRTC budgets, static targets) are in tests/ and run there.
+test-gpu-tools: setup
+	$(PY) -m pytest dev/gpu/tests $(PYTEST_ARGS)
 
 clean:
 	rm -rf build *.egg-info vmamba2d/*.so $(STAMP)

@@ -1,6 +1,6 @@
 """CUDA build settings: the default architectures (and which of them nvcc supports), nvcc flags.
 
-Standard library only: ``setup.py`` and ``tools/ptxas_report.py`` load this file by path, before
+Standard library only: ``setup.py`` and ``dev/gpu/ptxas_report.py`` load this file by path, before
 (or without) torch and the rest of the package.
 
 Arch strings use torch's ``TORCH_CUDA_ARCH_LIST`` notation: ``"8.6"`` is sm_86; a ``+PTX`` suffix
