@@ -207,7 +207,7 @@ def test_readme_links_every_documentation_page():
     ("`cross_scan_merge` and copies", "cross_scan_merge-and-copies"),
     ("Train, evaluate, draw.", "train-evaluate-draw"),
     ("Whole-slide images (2DMambaMIL)", "whole-slide-images-2dmambamil"),
-    ("Effective receptive fields (`tools/erf.py`)", "effective-receptive-fields-toolserfpy"),
+    ("Effective receptive fields (`vmamba2d/cli/erf.py`)", "effective-receptive-fields-vmamba2dclierfpy"),
     ("VMamba's routes: k0 & k1", "vmambas-routes-k0--k1"),
 ])
 def test_github_slug(heading, slug):
@@ -221,7 +221,7 @@ def test_anchors_number_duplicates_and_skip_code_blocks():
 
 @pytest.mark.parametrize("path, line, bad", [
     ("README.md", "see " + "DESIGN" + ".md section 7", True),
-    ("tools/x.py", "# " + "MIL" + ".md §7", True),
+    ("benchmarks/x.py", "# " + "MIL" + ".md §7", True),
     ("docs/mil.md", "the file docs/mil.md", False),
     ("README.md", "cat /work/" + "shared" + "/notes.txt", True),
     ("README.md", "shared memory per SM", False),
