@@ -76,7 +76,8 @@ def test_coco_category_names_are_mmdets():
 
 
 def test_mil_set_reads_with_the_mil_loaders(tiny):
-    from vmamba2d.mil.data import read_label_csv, read_slide_file
+    from vmamba2d.mil.data.slide_files import read_slide_file
+    from vmamba2d.mil.data.tables import read_label_csv
 
     entries, _ = read_label_csv(tiny / "mil" / "labels.csv", label_map={"negative": 0, "positive": 1})
     assert len(entries) == sum(tiny_data.MIL_SPLITS.values())
@@ -88,7 +89,7 @@ def test_mil_set_reads_with_the_mil_loaders(tiny):
 def test_slides_read_as_whole_slide_images_with_tissue_and_the_labels_split(tmp_path):
     pytest.importorskip("tifffile")
     pytest.importorskip("tiffslide")
-    from vmamba2d.mil.data import read_label_csv
+    from vmamba2d.mil.data.tables import read_label_csv
     from vmamba2d.mil.slides import open_slide
 
     root = tiny_data.write_tiny_data(tmp_path, only=["slides"])["slides"]

@@ -1,4 +1,4 @@
-"""The paper's MIL baselines (vmamba2d.mil.baselines, ABMIL): sizes at the official defaults,
+"""The paper's MIL baselines (vmamba2d.mil.models.baselines): sizes at the official defaults,
 outputs, survival heads, one training step, order (in)variance, the loss terms, bad input, and
 the layers (Nyström attention, S4D, SRMamba reordering, DSMIL's bag stream) against independent
 references."""
@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from vmamba2d.mil import MODELS, SlideRecord, build_model
-from vmamba2d.mil.baselines import (CLAMSB, DSMIL, S4D, NystromAttention, SRMambaMixer, stride_reorder,
-                                    stride_restore)
 from vmamba2d.mil.engine import resolve_loss_weights, train_one_epoch, training_loss
-from vmamba2d.mil.models import MambaMixer
-from vmamba2d.mil.nystrom import iterative_pinv
+from vmamba2d.mil.models.baselines import CLAMSB, DSMIL, SRMambaMixer, stride_reorder, stride_restore
+from vmamba2d.mil.models.mamba import MambaMixer
+from vmamba2d.mil.models.nystrom import NystromAttention, iterative_pinv
+from vmamba2d.mil.models.s4d import S4D
 
 
 def linear(n_in, n_out, bias=True):

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from vmamba2d.mil import MambaMIL2D
-from vmamba2d.mil.data import (
-    GridOptions, SlideDataError, SlideDataset, SlideEntry, grid_to_pixels, infer_patch_step, place_on_grid,
-    pool_2x2, prepare_slide, read_label_csv, read_slide_file, read_split_csv, read_survival_csv, select_split,
-)
+from vmamba2d.mil.data.dataset import SlideDataset
+from vmamba2d.mil.data.errors import SlideDataError
+from vmamba2d.mil.data.grid import GridOptions, grid_to_pixels, infer_patch_step, place_on_grid, pool_2x2, prepare_slide
+from vmamba2d.mil.data.slide_files import read_slide_file
+from vmamba2d.mil.data.tables import SlideEntry, read_label_csv, read_split_csv, read_survival_csv, select_split
 
 STEP = 512
 
@@ -128,7 +129,7 @@ def test_cap_pool_and_crop():
 
 
 def _raw(features, coords_px):
-    from vmamba2d.mil.data import RawSlide
+    from vmamba2d.mil.data.slide_files import RawSlide
 
     return RawSlide("s", features, coords_px)
 

@@ -1,4 +1,4 @@
-"""DTFD-MIL (vmamba2d.mil.baselines.DTFDMIL): size at the code's defaults, outputs, the two tiers and the three
+"""DTFD-MIL (vmamba2d.mil.models.baselines.DTFDMIL): size at the code's defaults, outputs, the two tiers and the three
 distillations against a per-pseudo-bag loop written from the paper, pseudo-bag splits, the loss
 terms, order claims, one training step and bad options."""
 import math
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from vmamba2d.mil import SlideRecord, build_model
-from vmamba2d.mil.baselines import DTFDMIL
+from vmamba2d.mil.models import DTFDMIL
 from vmamba2d.mil.engine import train_one_epoch, training_loss
 
 

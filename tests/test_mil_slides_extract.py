@@ -70,7 +70,8 @@ def test_bad_slides_are_reported_and_skipped(extracted, capsys):
 def test_h5_files_are_in_clams_format(extracted):
     settings = json.loads((extracted / "extract.json").read_text())
     assert settings["feature_dim"] == 256 and settings["patches"]["mpp"] == 2.0
-    from vmamba2d.mil.data import patch_step_from_attrs, read_slide_file
+    from vmamba2d.mil.data.grid import patch_step_from_attrs
+    from vmamba2d.mil.data.slide_files import read_slide_file
 
     for index in range(8):
         path = extracted / "h5_files" / f"s{index}.h5"

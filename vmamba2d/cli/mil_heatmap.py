@@ -22,7 +22,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vmamba2d.mil.data import CAPS, DUPLICATE_POLICIES, PLACEMENTS, GridOptions, SlideRecord, prepare_slide, read_slide_file
+from vmamba2d.mil.data.dataset import SlideRecord
+from vmamba2d.mil.data.grid import CAPS, DUPLICATE_POLICIES, PLACEMENTS, GridOptions, prepare_slide
+from vmamba2d.mil.data.slide_files import read_slide_file
 from vmamba2d.mil.heatmap import (
     READABLE_PX, SCALES, grid_heatmap, readable_cell_px, slide_attention, thumbnail_overlay, with_colour_bar,
 )

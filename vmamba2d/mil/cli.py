@@ -13,7 +13,9 @@ import torch
 
 from ..runs.checkpoint import storage_error_message
 from .config import FIELD_NAMES, MILConfig, UsageError, resolve_train_config
-from .data import SlideDataError, SlideDataset, SlideEntry, read_survival_csv
+from .data.dataset import SlideDataset
+from .data.errors import SlideDataError
+from .data.tables import SlideEntry, read_survival_csv
 from .engine import evaluate
 from .models import model_from_checkpoint
 from .runner import (CHECKPOINT_FORMAT, LOGGER, grid_options, resolve_device, setup_logging,

@@ -50,7 +50,7 @@ class MILConfig:
     split_column: Optional[str] = "split"
     split_fractions: Optional[list] = None  # [train, val, test]: stratified split of the table
     split_seed: int = 0
-    grid: dict = field(default_factory=dict)  # vmamba2d.mil.data.GridOptions fields
+    grid: dict = field(default_factory=dict)  # vmamba2d.mil.data.grid.GridOptions fields
     skip_bad_slides: bool = False  # train without unusable slides (listed in summary.json)
     # survival
     n_bins: int = 4

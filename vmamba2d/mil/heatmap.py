@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .data import SlideRecord
+from .data.dataset import SlideRecord
 
 SCALES = ("rank", "max")
 SCALE_LABELS = {"rank": "attention: percentile rank among the tissue patches",

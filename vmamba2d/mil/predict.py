@@ -26,7 +26,10 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .config import FIELD_NAMES, MILConfig
-from .data import RawSlide, SlideDataError, SlideRecord, prepare_slide, read_slide_file
+from .data.dataset import SlideRecord
+from .data.errors import SlideDataError
+from .data.grid import prepare_slide
+from .data.slide_files import RawSlide, read_slide_file
 from .heatmap import grid_heatmap, slide_attention, thumbnail_overlay
 from .models import model_from_checkpoint
 from .runner import grid_options

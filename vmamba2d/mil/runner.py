@@ -53,7 +53,9 @@ from ..runs.checkpoint import (atomic_write, capture_rng_state, is_temp_file,
 from ..runs.run_folder import MARKER_NAME
 from ..runs.run_lock import is_lock_file
 from .config import RESUME_FREE_OPTIONS, TASKS, MILConfig, UsageError
-from .data import GridOptions, SlideDataError, SlideDataset
+from .data.dataset import SlideDataset
+from .data.errors import SlideDataError
+from .data.grid import GridOptions
 from .engine import epoch_order, evaluate, resolve_loss_weights, select_epoch, train_one_epoch
 from .models import MODELS, build_model
 from .slide_check import BadSlide, check_slides, describe_bad_slides

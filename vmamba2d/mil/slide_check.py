@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from .data import GridOptions, SlideDataError, find_slide_file, prepare_slide, read_slide_file
+from .data.errors import SlideDataError
+from .data.grid import GridOptions, prepare_slide
+from .data.slide_files import find_slide_file, read_slide_file
 
 PathLike = Union[str, Path]
 
@@ -50,7 +52,7 @@ def check_slides(uses: Mapping[str, Sequence[str]], feature_dir: PathLike, grid:
 
     Args:
         uses: slide id -> where it is used (split names), in the order to check.
-        feature_dir: folder of the slide files (see ``vmamba2d.mil.data.find_slide_file``).
+        feature_dir: folder of the slide files (see ``vmamba2d.mil.data.slide_files.find_slide_file``).
         grid: the run's placement options (duplicates, patch step, canvas).
         in_dim: expected feature size F; None = the most common F among the readable slides
             (the first slide's on ties).

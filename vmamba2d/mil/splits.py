@@ -20,7 +20,8 @@ from typing import AbstractSet, Optional
 import numpy as np
 
 from .config import MILConfig, UsageError
-from .data import SlideDataError, SlideEntry, read_label_csv, read_split_csv, read_survival_csv
+from .data.errors import SlideDataError
+from .data.tables import SlideEntry, read_label_csv, read_split_csv, read_survival_csv
 from .survival import assign_survival_bins, survival_bin_edges
 
 SPLITS = ("train", "val", "test")

@@ -1,9 +1,11 @@
-"""The paper's other MIL baselines under the MIL API of ``vmamba2d.mil.models`` (docs/mil.md#baselines).
+"""The paper's MIL baselines under the MIL API of :mod:`vmamba2d.mil.models.base` (docs/mil.md#baselines).
 
 Default sizes: the 2DMamba code's (MambaMIL), the MambaMIL repository trainer's, which the 2DMamba
 trainer descends from (TransMIL, S4MIL), and the authors' own code's (CLAM-SB, DSMIL); the
 parameter counts at in_dim 1024 and 3 classes are stated (and derived) in tests/test_mil_baselines.py.
 
+    ``MambaMIL``    the MambaMIL2D block (:mod:`.mamba`) on the tissue tokens as a 1 x n sequence.
+    ``ABMIL``       ABMIL (Ilse et al., ICML 2018): attention pooling of the projected patches.
     ``CLAMSB``      CLAM-SB (Lu et al., Nat. Biomed. Eng. 2021): gated attention pooling plus an
                     instance-level clustering loss on the top / bottom-k attended patches.
     ``DSMIL``       DSMIL (Li et al., CVPR 2021): a max-instance stream and a bag stream whose
@@ -31,13 +33,79 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .models import (BASELINE_INITS, INITS, ORDERS, MambaMixer, TaskLoss, _activation, _init_mamba_dt,
-                     _MILModel, _require_choice, _require_dropout, _require_positive, _TokenMIL, ordered_instances,
-                     scatter_to_grid)
+from .base import (BASELINE_INITS, ORDERS, MILModel, TaskLoss, TokenMIL, activation_layer, ordered_instances,
+                   require_choice, require_dropout, require_positive, scatter_to_grid)
+from .mamba import INITS, MambaMixer, SSMMIL, init_mamba_dt
 from .nystrom import NystromAttention
 from .s4d import S4D
 
 Tensor = torch.Tensor
+
+
+# --- MambaMIL (1D) ----------------------------------------------------------------------------
+
+class MambaMIL(TokenMIL, SSMMIL):
+    """1D MambaMIL baseline: the MambaMIL2D block (same options and parameters except the pad token)
+    run on the slide's tissue tokens as a 1 x n sequence.
+
+    Args: as ``MambaMIL2D`` (no ``mask_pad`` / ``pad_token``: there are no pad cells), plus
+        order: ``"raster"`` (tokens sorted row-major by grid position; default) or ``"file"`` (the
+            file's row order, as the official baseline; then the output depends on the row order).
+    ``conv="2d"`` is not available (the sequence has no grid).
+    """
+
+    model_name = "mambamil"
+
+    def __init__(self, *, in_dim: int, num_classes: int, dim: int = 128, d_state: int = 16, expand: int = 2,
+                 d_conv: int = 4, num_blocks: int = 1, dropout: float = 0.25, order: str = "raster",
+                 attn_hidden: int = 128, init: str = "official", survival: bool = False,
+                 scan_backend: str = "auto") -> None:
+        SSMMIL.__init__(self, in_dim, num_classes, dim=dim, d_state=d_state, expand=expand, d_conv=d_conv,
+                         num_blocks=num_blocks, dropout=dropout, conv="1d", attn_hidden=attn_hidden, init=init,
+                         survival=survival, scan_backend=scan_backend)
+        self.order = require_choice("order", order, ORDERS)
+        del self._config["conv"]
+        self._config["order"] = order
+        self._apply_init(init)
+
+    def forward(self, features: Tensor, coords: Tensor,
+                grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
+        """features (n, in_dim), coords (n, 2) grid (x, y) -> dict (see the module docstring)."""
+        tokens, index, grid = self._tokens(features, coords, grid_size, self.order)
+        return self._finish(self._mix(tokens, 1, tokens.shape[0]), index, grid)
+
+
+# --- ABMIL ----------------------------------------------------------------------------------------
+
+class ABMIL(TokenMIL):
+    """Attention-based MIL (bag model): projection -> attention pooling -> head; no token mixing.
+
+    Defaults = the official 2DMamba repository's ``DAttention`` (``act='relu'``): Linear(in_dim, 512)
+    -> ReLU -> Dropout(0.25), attention 512 -> 128 -> 1 (tanh), classifier 512 -> C, PyTorch's
+    default init (592,132 parameters at in_dim 1024, 3 classes).
+
+    Args: in_dim, num_classes, dim (512), dropout (0.25), attn_hidden (128), act (``"relu"`` or
+    ``"gelu"``), init (``"torch"``: PyTorch's default init; ``"xavier"``: Xavier-normal Linear
+    weights, zero biases), survival. ``ABMIL(dim=128, act="gelu", init="xavier")`` is the smaller
+    variant this package shipped before (148,228 parameters at in_dim 1024, 3 classes).
+    """
+
+    model_name = "abmil"
+    permutation_invariant = True
+
+    def __init__(self, *, in_dim: int, num_classes: int, dim: int = 512, dropout: float = 0.25,
+                 attn_hidden: int = 128, act: str = "relu", init: str = "torch", survival: bool = False) -> None:
+        super().__init__(in_dim, num_classes, dim, dropout, attn_hidden, survival, act=act)
+        if require_choice("init", init, BASELINE_INITS) == "xavier":
+            self._init_xavier()
+        self._config = dict(in_dim=in_dim, num_classes=num_classes, dim=dim, dropout=dropout,
+                            attn_hidden=attn_hidden, act=act, init=init, survival=survival)
+
+    def forward(self, features: Tensor, coords: Tensor,
+                grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
+        """features (n, in_dim), coords (n, 2) grid (x, y) -> dict (see the module docstring)."""
+        tokens, index, grid = self._tokens(features, coords, grid_size, "raster")
+        return self._finish(tokens, index, grid)
 
 
 # --- CLAM-SB --------------------------------------------------------------------------------------
@@ -58,7 +126,7 @@ class GatedAttentionPool(nn.Module):
         return weights.unsqueeze(0) @ tokens, weights, scores
 
 
-class CLAMSB(_TokenMIL):
+class CLAMSB(TokenMIL):
     """CLAM-SB: projection -> gated attention pooling -> head, plus the instance clustering loss.
 
     Defaults = CLAM's ``CLAM_SB`` (size "small", gated, k_sample 8, bag_weight 0.7 in
@@ -84,13 +152,13 @@ class CLAMSB(_TokenMIL):
     def __init__(self, *, in_dim: int, num_classes: int, dim: int = 512, attn_hidden: int = 256,
                  dropout: float = 0.25, k_sample: int = 8, subtyping: bool = False, init: str = "torch",
                  survival: bool = False) -> None:
-        _require_positive("attn_hidden", attn_hidden)
-        pool = GatedAttentionPool(dim, attn_hidden, _require_dropout("dropout", dropout))
+        require_positive("attn_hidden", attn_hidden)
+        pool = GatedAttentionPool(dim, attn_hidden, require_dropout("dropout", dropout))
         super().__init__(in_dim, num_classes, dim, dropout, attn_hidden, survival, act="relu", pool=pool)
-        self.k_sample = _require_positive("k_sample", k_sample)
+        self.k_sample = require_positive("k_sample", k_sample)
         self.subtyping = subtyping
         self.instance_classifiers = nn.ModuleList(nn.Linear(dim, 2) for _ in range(num_classes))
-        if _require_choice("init", init, BASELINE_INITS) == "xavier":
+        if require_choice("init", init, BASELINE_INITS) == "xavier":
             self._init_xavier()
         self._config = dict(in_dim=in_dim, num_classes=num_classes, dim=dim, attn_hidden=attn_hidden,
                             dropout=dropout, k_sample=k_sample, subtyping=subtyping, init=init, survival=survival)
@@ -128,7 +196,7 @@ class CLAMSB(_TokenMIL):
 
 # --- DSMIL ----------------------------------------------------------------------------------------
 
-class DSMIL(_MILModel):
+class DSMIL(MILModel):
     """DSMIL: an instance classifier (max-instance stream) and a bag classifier whose attention is
     the query similarity of every patch to each class's critical patch.
 
@@ -154,8 +222,8 @@ class DSMIL(_MILModel):
     def __init__(self, *, in_dim: int, num_classes: int, query_dim: int = 128, nonlinear: bool = True,
                  passing_v: bool = False, dropout_v: float = 0.0, init: str = "torch", survival: bool = False) -> None:
         super().__init__(in_dim, num_classes, survival)
-        _require_positive("query_dim", query_dim)
-        _require_dropout("dropout_v", dropout_v)
+        require_positive("query_dim", query_dim)
+        require_dropout("dropout_v", dropout_v)
         self.instance_classifier = nn.Linear(in_dim, num_classes)
         if nonlinear:
             self.query = nn.Sequential(nn.Linear(in_dim, query_dim), nn.ReLU(), nn.Linear(query_dim, query_dim),
@@ -165,7 +233,7 @@ class DSMIL(_MILModel):
         self.value = (nn.Sequential(nn.Dropout(dropout_v), nn.Linear(in_dim, in_dim), nn.ReLU())
                       if passing_v else nn.Identity())
         self.bag_classifier = nn.Conv1d(num_classes, num_classes, kernel_size=in_dim)
-        if _require_choice("init", init, BASELINE_INITS) == "xavier":
+        if require_choice("init", init, BASELINE_INITS) == "xavier":
             self._init_xavier()
         self._config = dict(in_dim=in_dim, num_classes=num_classes, query_dim=query_dim, nonlinear=nonlinear,
                             passing_v=passing_v, dropout_v=dropout_v, init=init, survival=survival)
@@ -223,7 +291,7 @@ class PPEG(nn.Module):
         return torch.cat([x[:1], mixed.flatten(2)[0].t()])
 
 
-class TransMIL(_MILModel):
+class TransMIL(MILModel):
     """TransMIL: projection -> square padding -> class token -> Nyström layer -> PPEG -> Nyström
     layer -> LayerNorm -> the class token's head.
 
@@ -247,21 +315,21 @@ class TransMIL(_MILModel):
                  dropout: float = 0.25, act: str = "relu", order: str = "raster", init: str = "xavier",
                  survival: bool = False) -> None:
         super().__init__(in_dim, num_classes, survival)
-        _require_positive("dim", dim)
-        if _require_positive("heads", heads) and dim % heads:
+        require_positive("dim", dim)
+        if require_positive("heads", heads) and dim % heads:
             raise ValueError(f"dim ({dim}) must be a multiple of heads ({heads})")
-        self.order = _require_choice("order", order, ORDERS)
-        self.proj = nn.Sequential(nn.Linear(in_dim, dim), _activation(act), nn.Dropout(_require_dropout("dropout", dropout)))
+        self.order = require_choice("order", order, ORDERS)
+        self.proj = nn.Sequential(nn.Linear(in_dim, dim), activation_layer(act), nn.Dropout(require_dropout("dropout", dropout)))
         self.cls_token = nn.Parameter(torch.randn(1, dim) * 1e-6)
-        attention = dict(heads=heads, head_dim=dim // heads, landmarks=_require_positive("landmarks", landmarks),
+        attention = dict(heads=heads, head_dim=dim // heads, landmarks=require_positive("landmarks", landmarks),
                          pinv_iterations=pinv_iterations, residual_kernel=residual_kernel,
-                         dropout=_require_dropout("attn_dropout", attn_dropout))
+                         dropout=require_dropout("attn_dropout", attn_dropout))
         self.layer1 = TransLayer(dim, **attention)
         self.pos_layer = PPEG(dim)
         self.layer2 = TransLayer(dim, **attention)
         self.norm = nn.LayerNorm(dim)
         self.classifier = nn.Linear(dim, num_classes)
-        if _require_choice("init", init, BASELINE_INITS) == "xavier":
+        if require_choice("init", init, BASELINE_INITS) == "xavier":
             self._init_xavier()
         self._config = dict(in_dim=in_dim, num_classes=num_classes, dim=dim, heads=heads, landmarks=landmarks,
                             pinv_iterations=pinv_iterations, residual_kernel=residual_kernel,
@@ -282,7 +350,7 @@ class TransMIL(_MILModel):
 
 # --- S4MIL ----------------------------------------------------------------------------------------
 
-class S4MIL(_MILModel):
+class S4MIL(MILModel):
     """S4MIL: projection -> LayerNorm -> S4D over the patch sequence -> max over patches -> head.
 
     Defaults = S4MIL as the MambaMIL / 2DMamba trainers build it (``act='gelu'``, dropout 0.25):
@@ -299,9 +367,9 @@ class S4MIL(_MILModel):
     def __init__(self, *, in_dim: int, num_classes: int, dim: int = 512, d_state: int = 32, dropout: float = 0.25,
                  act: str = "gelu", order: str = "raster", survival: bool = False) -> None:
         super().__init__(in_dim, num_classes, survival)
-        _require_positive("dim", dim)
-        self.order = _require_choice("order", order, ORDERS)
-        self.proj = nn.Sequential(nn.Linear(in_dim, dim), _activation(act), nn.Dropout(_require_dropout("dropout", dropout)))
+        require_positive("dim", dim)
+        self.order = require_choice("order", order, ORDERS)
+        self.proj = nn.Sequential(nn.Linear(in_dim, dim), activation_layer(act), nn.Dropout(require_dropout("dropout", dropout)))
         self.norm = nn.LayerNorm(dim)
         self.s4 = S4D(dim, d_state)
         self.classifier = nn.Linear(dim, num_classes)
@@ -342,7 +410,7 @@ class SRMambaMixer(MambaMixer):
     def __init__(self, dim: int, rate: int = 10, d_state: int = 16, expand: int = 2, d_conv: int = 4,
                  scan_backend: str = "auto") -> None:
         super().__init__(dim, d_state=d_state, expand=expand, d_conv=d_conv, conv="1d", scan_backend=scan_backend)
-        self.rate = _require_positive("rate", rate)
+        self.rate = require_positive("rate", rate)
         inner = expand * dim
         self.conv_b = nn.Conv1d(inner, inner, d_conv, groups=inner, padding=d_conv - 1)
         self.x_proj_b = nn.Linear(inner, self.dt_rank + 2 * d_state, bias=False)
@@ -374,7 +442,7 @@ class SRMambaBlock(nn.Module):
         return x + self.mixer(self.norm(x))
 
 
-class MambaMILSR(_TokenMIL):
+class MambaMILSR(TokenMIL):
     """MambaMIL with SRMamba blocks: projection -> U x [LayerNorm -> SRMamba, residual] -> LayerNorm
     -> attention pooling -> head.
 
@@ -394,20 +462,20 @@ class MambaMILSR(_TokenMIL):
                  order: str = "raster", init: str = "official", survival: bool = False,
                  scan_backend: str = "auto") -> None:
         super().__init__(in_dim, num_classes, dim, dropout, attn_hidden, survival, act="gelu")
-        _require_positive("num_blocks", num_blocks)
-        _require_positive("d_state", d_state)
-        _require_positive("expand", expand)
-        self.order = _require_choice("order", order, ORDERS)
+        require_positive("num_blocks", num_blocks)
+        require_positive("d_state", d_state)
+        require_positive("expand", expand)
+        self.order = require_choice("order", order, ORDERS)
         self.blocks = nn.ModuleList(
             SRMambaBlock(dim, rate=rate, d_state=d_state, expand=expand, d_conv=d_conv, scan_backend=scan_backend)
             for _ in range(num_blocks))
         self.norm = nn.LayerNorm(dim)
-        if _require_choice("init", init, INITS) == "official":
+        if require_choice("init", init, INITS) == "official":
             self._init_xavier()
         else:
             for block in self.blocks:
-                _init_mamba_dt(block.mixer.dt_proj, block.mixer.dt_rank)
-                _init_mamba_dt(block.mixer.dt_proj_b, block.mixer.dt_rank)
+                init_mamba_dt(block.mixer.dt_proj, block.mixer.dt_rank)
+                init_mamba_dt(block.mixer.dt_proj_b, block.mixer.dt_rank)
         self._config = dict(in_dim=in_dim, num_classes=num_classes, dim=dim, d_state=d_state, expand=expand,
                             d_conv=d_conv, num_blocks=num_blocks, rate=rate, dropout=dropout,
                             attn_hidden=attn_hidden, order=order, init=init, survival=survival,
@@ -452,7 +520,7 @@ class MambaMILSR(_TokenMIL):
 DISTILLATIONS = ("afs", "maxs", "maxmins")
 
 
-class DTFDMIL(_MILModel):
+class DTFDMIL(MILModel):
     """DTFD-MIL: shared reduction -> tier 1 (gated attention MIL per pseudo-bag) -> distillation ->
     tier 2 (gated attention MIL over the distilled vectors) -> head.
 
@@ -479,10 +547,10 @@ class DTFDMIL(_MILModel):
     def __init__(self, *, in_dim: int, num_classes: int, dim: int = 512, attn_hidden: int = 128, num_groups: int = 4,
                  distill: str = "afs", eval_seed: int = 0, init: str = "torch", survival: bool = False) -> None:
         super().__init__(in_dim, num_classes, survival)
-        _require_positive("dim", dim)
-        _require_positive("attn_hidden", attn_hidden)
-        self.num_groups = _require_positive("num_groups", num_groups)
-        self.distill = _require_choice("distill", distill, DISTILLATIONS)
+        require_positive("dim", dim)
+        require_positive("attn_hidden", attn_hidden)
+        self.num_groups = require_positive("num_groups", num_groups)
+        self.distill = require_choice("distill", distill, DISTILLATIONS)
         if isinstance(eval_seed, bool) or not isinstance(eval_seed, int):
             raise ValueError(f"eval_seed must be an int, got {eval_seed!r}")
         self.eval_seed = eval_seed
@@ -491,7 +559,7 @@ class DTFDMIL(_MILModel):
         self.classifier1 = nn.Linear(dim, num_classes)
         self.attention2 = GatedAttentionPool(dim, attn_hidden, 0.0)
         self.classifier = nn.Linear(dim, num_classes)
-        if _require_choice("init", init, BASELINE_INITS) == "xavier":
+        if require_choice("init", init, BASELINE_INITS) == "xavier":
             self._init_xavier()
         self._config = dict(in_dim=in_dim, num_classes=num_classes, dim=dim, attn_hidden=attn_hidden,
                             num_groups=num_groups, distill=distill, eval_seed=eval_seed, init=init, survival=survival)
