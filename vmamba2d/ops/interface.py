@@ -41,6 +41,8 @@ import torch
 from .compiled import extensions
 from .compiled.cross_ops import cross_selective_scan_2d_compiled
 from .compiled.ops import selective_scan_2d_compiled
+from . import plan as scan_plan
+from . import tuning
 from .delta_proj import project_delta
 from .reference import SINGLE_ROUTE_SCANS, scan_per_route
 from .routes import Route, RoutesArg, resolve_routes
@@ -185,7 +187,9 @@ def backend_info() -> dict:
     ``cuda_kernel_arch`` (compute capability x 10 of the CUDA kernel code that runs on the current
     GPU, e.g. 86 for the sm_86 code an RTX 3090 / 4090 runs; None without a usable kernel),
     ``triton_forward`` (the rule choosing the Triton single-route forward, row-streaming or
-    tiled, and the ``VMAMBA2D_TRITON_PLAN`` pin or None),
+    tiled, and the ``VMAMBA2D_TRITON_PLAN`` pin or None), ``scan_plan`` (the rule choosing the GPU
+    scan design, PL / RS / v3, vmamba2d.ops.plan) and ``scan_tuning`` (the launch-knob tuner's
+    ``VMAMBA2D_TUNE`` setting, its cache folder and the choices made so far in this process),
     ``cuda_compiler`` (``"nvcc"``: the built extension, ``"nvrtc"``: compiled at first use, None),
     ``nvrtc_version``, ``kernel_cache`` (the NVRTC kernel cache's folder), ``kernels_cached``
     (every NVRTC kernel of the current GPU's arch is cached; None off the NVRTC path or a GPU) and
@@ -217,6 +221,8 @@ def backend_info() -> dict:
         "triton": triton_ver is not None,
         "triton_version": triton_ver,
         "triton_forward": triton_rows_plan.describe(),
+        "scan_plan": scan_plan.describe(),
+        "scan_tuning": tuning.describe(),
         "auto_cpu": auto_cpu,
         "auto_cuda": auto_cuda,
         "env_override": override,

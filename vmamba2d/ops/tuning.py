@@ -197,9 +197,9 @@ class Tuner:
     def _read(self, path: Path, key_text: str, candidates: Sequence[Knobs]) -> Optional[Choice]:
         try:
             entry = json.loads(path.read_text())
-        except FileNotFoundError:
+        except OSError:  # absent, or a folder that cannot be read: a miss (a failed write warns)
             return None
-        except (OSError, ValueError) as err:
+        except ValueError as err:
             return self._unusable(path, f"unreadable: {err}")
         if not isinstance(entry, dict) or entry.get("format") != CACHE_FORMAT or entry.get("key") != key_text:
             return self._unusable(path, "written for another key or format")
