@@ -18,6 +18,8 @@ BUILD_ROOT = REPO / "build" / "emulation"
 # The v4 row-streaming kernels' emulation. Emulation sources live in csrc/cuda/emulation, outside
 # the folder setup.py globs for the nvcc-built extension.
 ROWS_SOURCES = ("emulation/scan2d_rows_emulate.cpp",)
+# The v4 one-plane-per-lane kernel's emulation (PL).
+PLANES_SOURCES = ("emulation/scan2d_planes_emulate.cpp",)
 # The v3 kernels' emulation, race detector and launch planner (_emulate_*, _launch_plan, ...: the
 # bindings vmamba2d._C_cuda has too, csrc/cuda/scan2d_emulation_bindings.h).
 V3_SOURCES = ("emulation/scan2d_v3_emulation_module.cpp", "selective_scan_2d_emulate.cpp")
@@ -63,3 +65,9 @@ def rows_emulation():
 def v3_emulation():
     """The v3 emulation module (the _emulate_* / _launch_plan / _softplus ... functions of _C_cuda)."""
     return build_emulation("vmamba2d_v3_emulation", V3_SOURCES)
+
+
+@functools.lru_cache(maxsize=None)
+def planes_emulation():
+    """The PL emulation module (planes_forward, planes_smem_bytes, planes_counters)."""
+    return build_emulation("vmamba2d_planes_emulation", PLANES_SOURCES)
