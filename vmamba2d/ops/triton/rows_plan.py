@@ -112,7 +112,9 @@ def launch_rows_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tenso
 
     Inputs contiguous, validated, N = 1: u (maps, chans, H, W); delta (maps, 1, chans, H, W); A
     (param_groups * chans, 1); B / C (maps, 1, 1, H, W); D / delta_bias (param_groups * chans,) or
-    None; map m reads the parameter rows of group m % param_groups.
+    None; map m reads the parameter rows of group m % param_groups. ``BLOCK_M`` and ``num_warps``:
+    ``tuner``'s pick among ``tuning_configs`` (tuning.default_tuner() for CUDA tensors, compiled);
+    the first config under the interpreter unless a tuner is given.
     """
     import importlib
 
@@ -138,15 +140,23 @@ def launch_rows_forward(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tenso
         rows.rows_fwd_kernel[(maps, -(-chans // block_m))](*args, **flags, BLOCK_M=block_m, num_warps=knobs["warps"])
 
     candidates = [{"block_m": m, "warps": w} for m, w in tuning_configs(block_w)]
-    if u.is_cuda and not isinstance(rows.rows_fwd_kernel, InterpretedFunction):
-        key = {"gpu": torch.cuda.get_device_name(u.device),
-               "sms": torch.cuda.get_device_properties(u.device).multi_processor_count,
-               "dtype": str(u.dtype).replace("torch.", ""), "y": str(y.dtype).replace("torch.", ""), "maps": maps,
-               "chans": chans, "groups": param_groups, "nstate": 1, "height": height, "width": width,
-               "routes": [route], "direction": "forward", "softplus": bool(delta_softplus),
-               "has_d": D is not None, "has_bias": delta_bias is not None}
+    if tuner is not None or (u.is_cuda and not isinstance(rows.rows_fwd_kernel, InterpretedFunction)):
+        key = _tuning_key(u, y, param_groups, route, delta_softplus, D is not None, delta_bias is not None)
         knobs = (tuner or tuning.default_tuner()).choose(TUNED_KERNEL, key, candidates, run).knobs
     else:
         knobs = candidates[0]
     run(knobs)
     return y
+
+
+def _tuning_key(u: Tensor, y: Tensor, param_groups: int, route: int, softplus: bool, has_d: bool,
+                has_bias: bool) -> dict:
+    # GPU name and SM count (the device type and 0 off a GPU), types, shape, N, route, direction.
+    gpu, sms = u.device.type, 0
+    if u.is_cuda:
+        properties = torch.cuda.get_device_properties(u.device)
+        gpu, sms = properties.name, properties.multi_processor_count
+    maps, chans, height, width = u.shape
+    return {"gpu": gpu, "sms": sms, "dtype": str(u.dtype).replace("torch.", ""), "y": str(y.dtype).replace("torch.", ""),
+            "maps": maps, "chans": chans, "groups": param_groups, "nstate": 1, "height": height, "width": width,
+            "routes": [route], "direction": "forward", "softplus": bool(softplus), "has_d": has_d, "has_bias": has_bias}
