@@ -42,6 +42,16 @@ struct Pick<false, A, B> {
   using type = B;
 };
 
+// Whether a storage type is fp32 (y in the inputs' type is then y in fp32).
+template <class T>
+struct IsFloat {
+  static constexpr bool value = false;
+};
+template <>
+struct IsFloat<float> {
+  static constexpr bool value = true;
+};
+
 // E: the element type's traits (Raw, the storage type; to_float / from_float, round to nearest
 // even), from the device or the host file. kV columns per lane, kLoad elements per global access
 // (kV or 1), kOrder and kFromRight: the route's passes (Order); kPrefetch rows loaded ahead;
@@ -69,7 +79,6 @@ struct RowsForward {
     float carry;        // flat: h at the previous row's last cell
     float abar[kV];
     float x[kV];
-    float du[kV];       // D * u of the row being scanned
   };
 
   // Element k of a lane's columns in route order lives at this index of its load buffers (a
@@ -100,28 +109,21 @@ SS2D_UNROLL
     }
   }
 
-  // y of the lane's columns: fp32 (kF32) or the inputs' type.
-  template <bool kF32, class Ctx, class YView>
-  static SS2D_HD SS2D_INLINE void store_row(Ctx& ctx, const YView& y, const Lane& l, const float (&out)[kV]) {
-    typename Pick<kF32, float, Raw>::type v[kV];
-SS2D_UNROLL
-    for (int k = 0; k < kV; ++k) {
-      if constexpr (kF32) {
-        v[at(k)] = out[k];
-      } else {
-        v[at(k)] = E::from_float(out[k]);
-      }
-    }
-SS2D_UNROLL
-    for (int j = 0; j < kChunks; ++j) {
-      if ((l.valid >> j) & 1u) ctx.template store<kLoad>(y, chunk_step(j), &v[j * kLoad]);
+  // One warp item: maps item * M .. item * M + M - 1 (RowsParams). y in the inputs' type or fp32
+  // is a loop of its own (the same loop where the inputs are fp32).
+  template <class Ctx>
+  static SS2D_HD void run(Ctx& ctx, const RowsParams& p, long long item) {
+    if (!IsFloat<Raw>::value && p.y_fp32) {
+      stream<true>(ctx, p, item);
+    } else {
+      stream<false>(ctx, p, item);
     }
   }
 
-  // One warp item: maps item * M .. item * M + M - 1 (RowsParams).
-  template <class Ctx>
-  static SS2D_HD void run(Ctx& ctx, const RowsParams& p, long long item) {
+  template <bool kF32, class Ctx>
+  static SS2D_HD void stream(Ctx& ctx, const RowsParams& p, long long item) {
     constexpr int K = Ctx::kLanes;
+    using Out = typename Pick<kF32, float, Raw>::type;
     const int H = p.height;
     const int W = p.width;
     const long long L = static_cast<long long>(H) * W;
@@ -136,18 +138,16 @@ SS2D_UNROLL
     const auto bcount = (p.batch - 1) * p.bc_planes * L + p.groups * L;
     const auto B = ctx.global(static_cast<const Raw*>(p.B), bcount);
     const auto C = ctx.global(static_cast<const Raw*>(p.C), bcount);
-    const auto y_t = ctx.global(static_cast<Raw*>(p.y), p.y_fp32 ? 0 : maps * L);
-    const auto y_f = ctx.global(static_cast<float*>(p.y), p.y_fp32 ? maps * L : 0);
+    const auto y = ctx.global(static_cast<Out*>(p.y), maps * L);
     const auto A = ctx.global(p.A, p.dim);
     const auto bias = ctx.global(p.delta_bias, p.delta_bias != nullptr ? p.dim : 0);
     const auto skip = ctx.global(p.D, p.D != nullptr ? p.dim : 0);
-    // Each lane's views at its first column: of the inputs in the row loaded next (P rows ahead of
-    // the one being scanned; the first P rows are loaded relative to it), of y in the row being
-    // scanned; they move one row per row.
+    // Each lane's views at its first column of the first row; the row being scanned is `row` (the
+    // same for every lane: a 32-bit element offset, one multiply-add of the address per tensor and
+    // row), the inputs are loaded P rows ahead of it.
     using InView = decltype(ctx.offset(u, 0LL));
     InView lane_u[K], lane_d[K], lane_b[K], lane_c[K];
-    decltype(ctx.offset(y_t, 0LL)) lane_yt[K];
-    decltype(ctx.offset(y_f, 0LL)) lane_yf[K];
+    decltype(ctx.offset(y, 0LL)) lane_y[K];
 
     Lane lanes[K];
     float sa[K], sb[K], ta[K], tb[K];
@@ -174,14 +174,12 @@ SS2D_UNROLL
         l.valid |= (active && l.s * kV + j * kLoad < W) ? 1u << j : 0u;
       }
       const int q = ctx.slot(lane);
-      const long long at = at_map * L + first_row + col;
-      const long long ahead = kPrefetch * row_step;
-      lane_yt[q] = ctx.offset(y_t, at);
-      lane_yf[q] = ctx.offset(y_f, at);
-      lane_u[q] = ctx.offset(u, at + ahead);
-      lane_d[q] = ctx.offset(delta, (static_cast<long long>(b) * p.delta_planes + d) * L + first_row + col + ahead);
-      lane_b[q] = ctx.offset(B, (static_cast<long long>(b) * p.bc_planes + g) * L + first_row + col + ahead);
-      lane_c[q] = ctx.offset(C, (static_cast<long long>(b) * p.bc_planes + g) * L + first_row + col + ahead);
+      const long long cell = first_row + col;
+      lane_y[q] = ctx.pin(ctx.offset(y, at_map * L + cell));
+      lane_u[q] = ctx.pin(ctx.offset(u, at_map * L + cell));
+      lane_d[q] = ctx.pin(ctx.offset(delta, (static_cast<long long>(b) * p.delta_planes + d) * L + cell));
+      lane_b[q] = ctx.pin(ctx.offset(B, (static_cast<long long>(b) * p.bc_planes + g) * L + cell));
+      lane_c[q] = ctx.pin(ctx.offset(C, (static_cast<long long>(b) * p.bc_planes + g) * L + cell));
       l.a2 = ctx.read(A, d) * kLog2e;
       l.bias = p.delta_bias != nullptr ? ctx.read(bias, d) : 0.f;
       l.skip = p.D != nullptr ? ctx.read(skip, d) : 0.f;
@@ -193,7 +191,7 @@ SS2D_UNROLL
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) l.u[r][k] = l.d[r][k] = l.b[r][k] = l.c[r][k] = Raw();
         if (r < H) {
-          const int off = (r - kPrefetch) * row_step;
+          const int off = r * row_step;
           load_row(ctx, lane_u[q], off, l.valid, l.u[r]);
           load_row(ctx, lane_d[q], off, l.valid, l.d[r]);
           load_row(ctx, lane_b[q], off, l.valid, l.b[r]);
@@ -202,15 +200,17 @@ SS2D_UNROLL
       }
     });
 
+    int row = 0;  // element offset of the row being scanned from the first row
     for (int i0 = 0; i0 < H; i0 += kPrefetch) {
 SS2D_UNROLL
       for (int r = 0; r < kPrefetch; ++r) {
         const int i = i0 + r;
         if (i >= H) break;
         const bool ahead = i + kPrefetch < H;
+        const int next = row + kPrefetch * row_step;
 
-        // Phase 1: discretise the row in slot r, keep D * u, refill the slot's delta, B and u with
-        // row i + P (their last use; C is refilled after phase 2), the columns-first vertical pass,
+        // Phase 1: discretise the row in slot r, refill the slot's delta and B with row i + P
+        // (their last use; u and C are refilled after phase 2), the columns-first vertical pass,
         // the lane's aggregate of the row scan.
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
@@ -219,15 +219,12 @@ SS2D_UNROLL
           for (int k = 0; k < kV; ++k) {
             const float z = E::to_float(l.d[r][at(k)]) + l.bias;
             const float dt = p.softplus ? softplus(z) : z;
-            const float uk = E::to_float(l.u[r][at(k)]);
             l.abar[k] = exp2_flush(dt * l.a2);
-            l.x[k] = dt * E::to_float(l.b[r][at(k)]) * uk;
-            l.du[k] = l.skip * uk;
+            l.x[k] = dt * E::to_float(l.b[r][at(k)]) * E::to_float(l.u[r][at(k)]);
           }
           if (ahead) {
-            load_row(ctx, lane_d[q], 0, l.valid, l.d[r]);
-            load_row(ctx, lane_b[q], 0, l.valid, l.b[r]);
-            load_row(ctx, lane_u[q], 0, l.valid, l.u[r]);
+            load_row(ctx, lane_d[q], next, l.valid, l.d[r]);
+            load_row(ctx, lane_b[q], next, l.valid, l.b[r]);
           }
           if constexpr (kOrder == Order::kColumnsFirst) {
 SS2D_UNROLL
@@ -264,13 +261,14 @@ SS2D_UNROLL
         for (int step = 0; step < kScanSteps; ++step) {
           const int o = 1 << step;
           if (step >= steps) break;
-          ctx.shfl_up(ta, sa, o);
+          const bool last_step = step + 1 == steps;
+          if (!last_step) ctx.shfl_up(ta, sa, o);
           ctx.shfl_up(tb, sb, o);
           ctx.each_lane([&](int lane) {
             const int q = ctx.slot(lane);
             if (lanes[q].s >= o) {
               sb[q] = fmaf(sa[q], tb[q], sb[q]);
-              sa[q] *= ta[q];
+              if (!last_step) sa[q] *= ta[q];
             }
           });
         }
@@ -278,14 +276,14 @@ SS2D_UNROLL
         ctx.shfl_up(tb, sb, 1);
         if constexpr (kOrder == Order::kFlat) ctx.shfl_idx(ta, sb, last);
 
-        // Phase 2: the second in-lane pass, the vertical pass, y; refill C of slot r.
+        // Phase 2: the second in-lane pass, the vertical pass, y; refill u and C of slot r.
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
           Lane& l = lanes[q];
           const float cin = l.s == 0 ? (kOrder == Order::kFlat ? l.carry : 0.f) : tb[q];
           lane_scan(l, cin);
           if constexpr (kOrder == Order::kFlat) l.carry = ta[q];
-          float out[kV];
+          Out v[kV];
 SS2D_UNROLL
           for (int k = 0; k < kV; ++k) {
             float h = l.x[k];
@@ -293,23 +291,23 @@ SS2D_UNROLL
               h = fmaf(l.abar[k], l.above[k], h);
               l.above[k] = h;
             }
-            out[k] = fmaf(E::to_float(l.c[r][at(k)]), h, l.du[k]);
+            const float out = fmaf(E::to_float(l.c[r][at(k)]), h, l.skip * E::to_float(l.u[r][at(k)]));
+            if constexpr (kF32) {
+              v[at(k)] = out;
+            } else {
+              v[at(k)] = E::from_float(out);
+            }
           }
-          if (p.y_fp32) {
-            store_row<true>(ctx, lane_yf[q], l, out);
-          } else {
-            store_row<false>(ctx, lane_yt[q], l, out);
+SS2D_UNROLL
+          for (int j = 0; j < kChunks; ++j) {
+            ctx.template store_if<kLoad>((l.valid >> j) & 1u, lane_y[q], row + chunk_step(j), &v[j * kLoad]);
           }
           if (ahead) {
-            load_row(ctx, lane_c[q], 0, l.valid, l.c[r]);
+            load_row(ctx, lane_u[q], next, l.valid, l.u[r]);
+            load_row(ctx, lane_c[q], next, l.valid, l.c[r]);
           }
-          lane_u[q] = ctx.offset(lane_u[q], row_step);
-          lane_d[q] = ctx.offset(lane_d[q], row_step);
-          lane_b[q] = ctx.offset(lane_b[q], row_step);
-          lane_c[q] = ctx.offset(lane_c[q], row_step);
-          lane_yt[q] = ctx.offset(lane_yt[q], row_step);
-          lane_yf[q] = ctx.offset(lane_yf[q], row_step);
         });
+        row += row_step;
       }
     }
   }

@@ -80,6 +80,16 @@ struct RowsDeviceCtx {
     return ptr + at;
   }
 
+  // A lane's view as a register of its own: the compiler may not fold it back into base + index
+  // arithmetic (it would rebuild the 64-bit address from the index every row).
+  template <class V>
+  SS2D_HD SS2D_INLINE V* pin(V* ptr) const {
+#ifdef __CUDA_ARCH__
+    asm("" : "+l"(ptr));
+#endif
+    return ptr;
+  }
+
   // kCount consecutive elements from ptr + i, as 16-byte pieces (32 bytes: fp32 y of 8 bf16
   // columns) or one narrower access; the plan guarantees the alignment.
   template <int kCount, class V>
@@ -94,15 +104,23 @@ SS2D_UNROLL
     }
   }
   // Stores go through st.global.v4 / .v2 / scalar PTX: a vector struct copy may be split into
-  // scalar stores by the compiler.
+  // scalar stores by the compiler. store_if stores where `pred` holds, as one predicated instruction
+  // (no branch around it).
   template <int kCount, class V>
   SS2D_HD SS2D_INLINE void store(V* ptr, int i, const V* src) const {
+    store_if<kCount>(true, ptr, i, src);
+  }
+  template <int kCount, class V>
+  SS2D_HD SS2D_INLINE void store_if(bool pred, V* ptr, int i, const V* src) const {
 #ifdef __CUDA_ARCH__
     constexpr int kBytes = kCount * static_cast<int>(sizeof(V));
+    const unsigned p = pred ? 1u : 0u;
     if constexpr (kBytes == 2) {
       unsigned short w;
       memcpy(&w, src, 2);
-      asm volatile("st.global.b16 [%0], %1;" ::"l"(ptr + i), "h"(w) : "memory");
+      asm volatile("{ .reg .pred p; setp.ne.u32 p, %2, 0; @p st.global.b16 [%0], %1; }" ::"l"(ptr + i), "h"(w),
+                   "r"(p)
+                   : "memory");
     } else {
       constexpr int kPiece = kBytes > 16 ? 16 : kBytes;
 SS2D_UNROLL
@@ -111,13 +129,17 @@ SS2D_UNROLL
         memcpy(w, reinterpret_cast<const char*>(src) + b, kPiece);
         const char* at = reinterpret_cast<const char*>(ptr + i) + b;
         if constexpr (kPiece == 16) {
-          asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(w[0]), "r"(w[1]), "r"(w[2]),
-                       "r"(w[3])
+          asm volatile("{ .reg .pred p; setp.ne.u32 p, %5, 0; @p st.global.v4.b32 [%0], {%1, %2, %3, %4}; }" ::"l"(at),
+                       "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "r"(p)
                        : "memory");
         } else if constexpr (kPiece == 8) {
-          asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(at), "r"(w[0]), "r"(w[1]) : "memory");
+          asm volatile("{ .reg .pred p; setp.ne.u32 p, %3, 0; @p st.global.v2.b32 [%0], {%1, %2}; }" ::"l"(at),
+                       "r"(w[0]), "r"(w[1]), "r"(p)
+                       : "memory");
         } else {
-          asm volatile("st.global.b32 [%0], %1;" ::"l"(at), "r"(w[0]) : "memory");
+          asm volatile("{ .reg .pred p; setp.ne.u32 p, %2, 0; @p st.global.b32 [%0], %1; }" ::"l"(at), "r"(w[0]),
+                       "r"(p)
+                       : "memory");
         }
       }
     }

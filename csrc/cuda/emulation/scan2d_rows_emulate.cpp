@@ -163,6 +163,11 @@ class RowsHostCtx {
   }
 
   template <class V>
+  HostView<V> pin(const HostView<V>& view) const {
+    return view;
+  }
+
+  template <class V>
   std::remove_const_t<V> read(const HostView<V>& view, int64_t at) const {
     std::remove_const_t<V> v;
     load<1>(view, at, &v);
@@ -185,6 +190,10 @@ class RowsHostCtx {
     check(view, i, kCount, "store");
     for (int k = 0; k < kCount; ++k) view.shadow->write(i + k, thread());
     std::memcpy(view.base + i, src, kCount * sizeof(V));
+  }
+  template <int kCount, class V>
+  void store_if(bool pred, const HostView<V>& view, int64_t at, const V* src) const {
+    if (pred) store<kCount>(view, at, src);
   }
 
   void shfl_up(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
