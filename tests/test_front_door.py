@@ -267,7 +267,7 @@ def test_openmmlab_import_prints_no_stand_in_warning():
     import sys
 
     result = subprocess.run([sys.executable, "-W", "always", "-c",
-                             "import vmamba2d.seg, vmamba2d.det; from vmamba2d.openmmlab.mmcv_compat import "
+                             "import vmamba2d.seg, vmamba2d.det; from vmamba2d.openmmlab.mmcv_standin.install import "
                              "compat_layer_active, compiled_mmcv_ops_available; "
                              "print(compat_layer_active() or compiled_mmcv_ops_available())"],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -393,7 +393,7 @@ def test_version_names_the_toolkit_and_what_runs_mmcv_ops(capsys):
 
     import vmamba2d
     from vmamba2d.cli import openmmlab
-    from vmamba2d.openmmlab.mmcv_compat import compat_layer_active
+    from vmamba2d.openmmlab.mmcv_standin.install import compat_layer_active
 
     assert openmmlab.seg_test(["--version"]) == 0
     line = capsys.readouterr().out.strip()

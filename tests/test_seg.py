@@ -19,7 +19,7 @@ from mmengine.logging import HistoryBuffer  # noqa: E402
 from mmengine.model import revert_sync_batchnorm  # noqa: E402
 from mmseg.registry import MODELS  # noqa: E402
 from mmseg.utils import register_all_modules  # noqa: E402
-from vmamba2d.openmmlab.mmcv_compat import compiled_mmcv_ops_available  # noqa: E402
+from vmamba2d.openmmlab.mmcv_standin.install import compiled_mmcv_ops_available  # noqa: E402
 
 from script_loading import load_script  # noqa: E402
 
@@ -111,52 +111,26 @@ needs_compat = pytest.mark.skipif(compiled_mmcv_ops_available(),
 
 @needs_compat
 def test_compat_layer_is_active_and_mmseg_models_import():
-    import mmcv.ops
     import mmseg.models  # noqa: F401  (fails on mmcv-lite without the stand-in)
 
     assert vmamba2d.seg.compat_layer_active()
-    assert mmcv.ops.point_sample is vmamba2d.openmmlab.mmcv_compat.point_sample
     assert MODELS.get("VMamba2DBackbone") is vmamba2d.seg.VMamba2DBackbone
 
 
 @needs_compat
-def test_compat_point_sample_is_bilinear():
-    from mmcv.ops import point_sample
+def test_compat_ops_mmseg_imports_but_upernet_never_calls_raise_clearly():
+    """point_sample (point heads) and sigmoid_focal_loss (focal loss) import for mmseg's modules;
+    called, they name the op and how to get it."""
+    from mmseg.models.decode_heads import point_head
+    from mmseg.models.losses import focal_loss
 
     torch.manual_seed(0)
-    feature = torch.randn(2, 3, 5, 7)
-    # pixel (row 2, col 4) has its centre at ((4 + 0.5) / 7, (2 + 0.5) / 5); halfway between
-    # columns 1 and 2 of row 3 the value is their mean
-    points = torch.tensor([[(4.5 / 7, 2.5 / 5), (2.0 / 7, 3.5 / 5)]]).repeat(2, 1, 1)
-    sampled = point_sample(feature, points)
-    assert sampled.shape == (2, 3, 2)
-    torch.testing.assert_close(sampled[..., 0], feature[:, :, 2, 4])
-    torch.testing.assert_close(sampled[..., 1], (feature[:, :, 3, 1] + feature[:, :, 3, 2]) / 2)
-    grid = points.view(2, 1, 2, 2)
-    assert point_sample(feature, grid).shape == (2, 3, 1, 2)
-
-
-@needs_compat
-def test_compat_sigmoid_focal_loss_matches_mmseg_python_version():
-    from mmcv.ops import sigmoid_focal_loss
-    from mmseg.models.losses.focal_loss import py_sigmoid_focal_loss
-
-    torch.manual_seed(0)
-    logits = torch.randn(6, 4, requires_grad=True)
-    target = torch.tensor([0, 3, 1, 4, 2, 3])  # 4 == background: every class negative
-    one_hot = torch.nn.functional.one_hot(target, 5)[:, :4]
-    ours = sigmoid_focal_loss(logits, target, 2.0, 0.25, None, "none")
-    reference = py_sigmoid_focal_loss(logits, one_hot, gamma=2.0, alpha=0.25, reduction="none")
-    torch.testing.assert_close(ours, reference)
-    torch.testing.assert_close(sigmoid_focal_loss(logits, target, 2.0, 0.25), reference.sum() / 6)
-    class_weight = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    weighted = sigmoid_focal_loss(logits, target, 2.0, 0.25, class_weight, "none")
-    per_row = torch.tensor([1.0, 4.0, 2.0, 1.0, 3.0, 4.0]).unsqueeze(1)  # weight[target], 1 for bg
-    torch.testing.assert_close(weighted, reference * per_row)
-    weighted.sum().backward()
-    assert torch.isfinite(logits.grad).all()
-    with pytest.raises(ValueError, match="target"):
-        sigmoid_focal_loss(logits, target.float())
+    with pytest.raises(NotImplementedError,
+                       match=r"^mmcv\.ops\.point_sample is not available without full mmcv \(pip install mmcv"):
+        point_head.point_sample(torch.randn(1, 3, 5, 7), torch.rand(1, 2, 2))
+    with pytest.raises(NotImplementedError,
+                       match=r"^mmcv\.ops\.sigmoid_focal_loss is not available without full mmcv \(pip install mmcv"):
+        focal_loss._sigmoid_focal_loss(torch.randn(6, 4), torch.tensor([0, 3, 1, 4, 2, 3]), 2.0, 0.25, None, "none")
 
 
 @needs_compat

@@ -21,7 +21,7 @@ def version_report(kind: str) -> str:
     import importlib.metadata as metadata
 
     import vmamba2d
-    from vmamba2d.openmmlab.mmcv_compat import compat_layer_active
+    from vmamba2d.openmmlab.mmcv_standin.install import compat_layer_active
 
     packages = {"torch": "torch", "mmengine": "mmengine", TOOLKITS[kind]: "mmsegmentation" if kind == "seg" else "mmdet"}
     versions = [f"vmamba2d {vmamba2d.__version__}"]

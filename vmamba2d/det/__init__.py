@@ -1,6 +1,6 @@
 """mmdetection integration: ``import vmamba2d.det`` (or ``custom_imports=dict(imports=['vmamba2d.det'])``
 in an mmdet config) makes mmdet importable with mmcv-lite (the ``mmcv.ops`` stand-in of
-:mod:`vmamba2d.openmmlab.mmcv_compat`: nms, batched_nms, RoIAlign ... on torchvision), lets torch's
+:mod:`vmamba2d.openmmlab.mmcv_standin.install`: nms, batched_nms, RoIAlign ... on torchvision), lets torch's
 ``weights_only`` loading read mmengine checkpoints (and makes mmengine load local checkpoint files
 that way on every torch), registers the crash-safe ``AtomicCheckpointHook``
 (:mod:`vmamba2d.openmmlab.safe_checkpoints`; det/train.py uses it, with
@@ -19,7 +19,7 @@ prepare_openmmlab()
 from mmdet.registry import MODELS  # noqa: E402
 
 from vmamba2d.openmmlab.backbone import VMamba2DBackbone  # noqa: E402
-from vmamba2d.openmmlab.mmcv_compat import compat_layer_active  # noqa: E402
+from vmamba2d.openmmlab.mmcv_standin.install import compat_layer_active  # noqa: E402
 from vmamba2d.openmmlab.safe_checkpoints import AtomicCheckpointHook  # noqa: E402
 
 MODELS.register_module(module=VMamba2DBackbone, force=True)  # force: the same class again on a reload

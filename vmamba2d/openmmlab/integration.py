@@ -23,13 +23,13 @@ def prepare_openmmlab() -> None:
     """Make mmengine / mmcv-lite ready for our models; call it before importing mmseg or mmdet.
 
     In order: installs the ``mmcv.ops`` stand-in when mmcv's compiled extension is missing
-    (:mod:`.mmcv_compat`), lets ``torch.load(weights_only=True)`` read mmengine checkpoints and makes
+    (:mod:`.mmcv_standin.install`), lets ``torch.load(weights_only=True)`` read mmengine checkpoints and makes
     mmengine load local checkpoint files that way on every torch (:mod:`.checkpoint_safety`),
     registers the atomic local file backend and ``AtomicCheckpointHook`` in mmengine's HOOKS
     (:mod:`.safe_checkpoints`; toolkit registries inherit it) and gives mmengine's FLOP counter the
     scan's FLOP handles (:mod:`.complexity`). Each step may run again without harm.
     """
-    from .mmcv_compat import install_mmcv_ops_compat
+    from .mmcv_standin.install import install_mmcv_ops_compat
 
     install_mmcv_ops_compat()  # before anything imports mmseg.models / mmdet.models
 

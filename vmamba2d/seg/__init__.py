@@ -18,7 +18,7 @@ prepare_openmmlab()
 from mmseg.registry import MODELS  # noqa: E402
 
 from vmamba2d.openmmlab.backbone import VMamba2DBackbone  # noqa: E402
-from vmamba2d.openmmlab.mmcv_compat import compat_layer_active  # noqa: E402
+from vmamba2d.openmmlab.mmcv_standin.install import compat_layer_active  # noqa: E402
 from vmamba2d.openmmlab.safe_checkpoints import AtomicCheckpointHook  # noqa: E402
 
 MODELS.register_module(module=VMamba2DBackbone, force=True)  # force: the same class again on a reload

@@ -1,7 +1,7 @@
-"""Non-maximum suppression with mmcv's interface: ``nms``, ``batched_nms``, ``nms_match``,
-``soft_nms`` (``mmcv.ops.nms``); ``nms`` runs ``torchvision.ops.nms``.
+"""Non-maximum suppression with mmcv's interface: ``nms`` and ``batched_nms`` (``mmcv.ops.nms``);
+``nms`` runs ``torchvision.ops.nms``.
 
-Part of vmamba2d's stand-in for ``mmcv.ops`` (see :mod:`vmamba2d.openmmlab.mmcv_compat`). The
+Part of vmamba2d's stand-in for ``mmcv.ops`` (see :mod:`vmamba2d.openmmlab.mmcv_standin.install`). The
 semantics follow mmcv 2.1.0: greedy NMS in descending score order, a box is suppressed when its
 IoU with a kept box is strictly greater than ``iou_threshold``, box sides are ``x2 - x1 + offset``.
 Where mmcv leaves the order of equal scores to an unstable sort, these functions keep equal-score
@@ -14,6 +14,8 @@ from typing import Callable, Union
 import numpy as np
 import torch
 import torchvision
+
+from .unavailable import unavailable_op
 
 ArrayLike = Union[torch.Tensor, np.ndarray]
 
@@ -90,71 +92,7 @@ def nms(boxes: ArrayLike, scores: ArrayLike, iou_threshold: float, offset: int =
     return dets, inds
 
 
-def soft_nms(boxes: ArrayLike, scores: ArrayLike, iou_threshold: float = 0.3, sigma: float = 0.5,
-             min_score: float = 1e-3, method: str = "linear", offset: int = 0
-             ) -> tuple[ArrayLike, ArrayLike]:
-    """Soft-NMS: decay the scores of overlapping boxes instead of dropping them (mmcv.ops.soft_nms).
-
-    Repeatedly keeps the highest-scored remaining box (ties: input order) and multiplies the score
-    of every other remaining box by ``w(IoU)``: 'linear' ``1 - IoU`` and 'naive' ``0`` where
-    ``IoU >= iou_threshold`` (else 1), 'gaussian' ``exp(-IoU^2 / sigma)``; boxes whose score falls
-    below ``min_score`` are dropped. Runs on the CPU (as mmcv's), one Python step per kept box.
-
-    Args:
-        boxes: (N, 4) boxes [x1, y1, x2, y2], a tensor or a numpy array.
-        scores: (N,) scores, same kind as ``boxes``.
-        iou_threshold: IoU from which 'linear' / 'naive' decay applies.
-        sigma: width of the 'gaussian' decay.
-        min_score: boxes whose decayed score is below this are dropped.
-        method: 'linear', 'gaussian' or 'naive'.
-        offset: 0 or 1; box width is ``x2 - x1 + offset``.
-
-    Returns:
-        ``(dets, inds)``: (K, 5) kept boxes with their decayed score as last column, and (K,)
-        int64 indices into ``boxes``, in the order they were kept; numpy for numpy input.
-    """
-    is_numpy = isinstance(boxes, np.ndarray)
-    boxes_t = torch.from_numpy(boxes) if is_numpy else boxes
-    scores_t = torch.from_numpy(scores) if isinstance(scores, np.ndarray) else scores
-    _check_boxes("soft_nms", boxes_t, scores_t)
-    if method not in ("linear", "gaussian", "naive"):
-        raise ValueError(f"soft_nms: method must be 'linear', 'gaussian' or 'naive', got "
-                         f"{method!r}")
-    if offset not in (0, 1):
-        raise ValueError(f"soft_nms: offset must be 0 or 1, got {offset!r}")
-
-    table = boxes_t.detach().cpu().double()
-    decayed = scores_t.detach().cpu().double().clone()
-    areas = (table[:, 2] - table[:, 0] + offset) * (table[:, 3] - table[:, 1] + offset)
-    remaining = torch.arange(len(decayed))
-    kept, kept_scores = [], []
-    while len(remaining):
-        best = remaining[torch.argmax(decayed[remaining])]  # argmax: first of equal maxima
-        kept.append(int(best))
-        kept_scores.append(float(decayed[best]))
-        remaining = remaining[remaining != best]
-        top_left = torch.maximum(table[remaining, :2], table[best, :2])
-        bottom_right = torch.minimum(table[remaining, 2:], table[best, 2:])
-        inter = (bottom_right - top_left + offset).clamp(min=0).prod(dim=1)
-        iou = inter / (areas[best] + areas[remaining] - inter)
-        if method == "gaussian":
-            weight = torch.exp(-(iou * iou) / sigma)
-        else:
-            overlapping = iou >= iou_threshold
-            decay = 1 - iou if method == "linear" else torch.zeros_like(iou)
-            weight = torch.where(overlapping, decay, torch.ones_like(iou))
-        decayed[remaining] *= weight
-        remaining = remaining[decayed[remaining] >= min_score]
-
-    inds = torch.tensor(kept, dtype=torch.long)
-    dets = torch.cat([boxes_t.detach().cpu()[inds],
-                      torch.tensor(kept_scores, dtype=boxes_t.dtype).reshape(-1, 1)], dim=1)
-    if is_numpy:
-        return dets.numpy(), inds.numpy()
-    return dets.to(boxes_t.device), inds.to(boxes_t.device)
-
-
-_NMS_TYPES: dict[str, Callable] = {"nms": nms, "soft_nms": soft_nms}
+_NMS_TYPES: dict[str, Callable] = {"nms": nms, "soft_nms": unavailable_op("soft_nms")}
 
 
 def _resolve_nms_type(nms_type) -> Callable:
@@ -177,7 +115,8 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor,
         idxs: (N,) group (class / level) of each box; boxes of different groups never suppress
             each other unless ``class_agnostic``.
         nms_cfg: None to skip NMS (only sort by score), else a dict with ``iou_threshold`` and
-            optionally ``type`` ('nms', 'soft_nms' or a callable returning ``(dets, inds)``),
+            optionally ``type`` ('nms' or a callable returning ``(dets, inds)``; 'soft_nms'
+            raises the "not available without full mmcv" error),
             ``class_agnostic``, ``split_thr`` (default 10000: from that many boxes on, NMS runs
             group by group, and ``max_num`` is applied after merging the groups), ``max_num``,
             ``offset``, ``score_threshold``.
@@ -230,43 +169,3 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor,
     if max_num > 0:
         keep = keep[:max_num]
     return torch.cat([boxes[keep], scores_after_nms[keep, None].to(boxes.dtype)], dim=1), keep
-
-
-def nms_match(dets: ArrayLike, iou_threshold: float) -> list[ArrayLike]:
-    """Group boxes by greedy NMS: each kept box with the boxes it suppresses (mmcv.ops.nms_match).
-
-    A box joins the group of the first (highest scored) kept box whose IoU with it is at least
-    ``iou_threshold`` (mmcv uses ``>=`` here, and no offset).
-
-    Args:
-        dets: (N, 5) boxes [x1, y1, x2, y2, score], a tensor or a numpy array.
-        iou_threshold: IoU at or above which a box is matched to a kept box.
-
-    Returns:
-        One int64 index array / tensor per kept box (same kind as ``dets``), in descending score
-        order of the kept boxes; each starts with the kept box, then its matches by score.
-    """
-    is_numpy = isinstance(dets, np.ndarray)
-    if dets.ndim != 2 or dets.shape[1] != 5:
-        raise ValueError(f"nms_match: dets must be (N, 5) [x1, y1, x2, y2, score], got shape "
-                         f"{tuple(dets.shape)}")
-    table = torch.from_numpy(dets) if is_numpy else dets.detach().cpu()
-    boxes, scores = table[:, :4], table[:, 4]
-    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    order = _descending_order(scores)
-    suppressed = torch.zeros(len(order), dtype=torch.bool)
-    groups = []
-    for rank, i in enumerate(order.tolist()):
-        if suppressed[i]:
-            continue
-        later = order[rank + 1:]
-        later = later[~suppressed[later]]
-        top_left = torch.maximum(boxes[later, :2], boxes[i, :2])
-        bottom_right = torch.minimum(boxes[later, 2:], boxes[i, 2:])
-        inter = (bottom_right - top_left).clamp(min=0).prod(dim=1)
-        matched = later[inter / (areas[i] + areas[later] - inter) >= iou_threshold]
-        suppressed[matched] = True
-        groups.append(torch.cat([order.new_tensor([i]), matched]))
-    if is_numpy:
-        return [group.numpy().astype(int) for group in groups]
-    return [group.to(dets.device) for group in groups]

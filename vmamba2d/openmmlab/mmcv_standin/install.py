@@ -1,4 +1,4 @@
-"""A stand-in for ``mmcv.ops`` when mmcv's compiled extension is missing (mmcv-lite).
+"""Installs the stand-in for ``mmcv.ops`` when mmcv's compiled extension is missing (mmcv-lite).
 
 mmsegmentation 1.2.2 and mmdetection 3.3.0 import names from ``mmcv.ops`` and its submodules at
 module level (``point_sample``, ``sigmoid_focal_loss``, ``batched_nms`` from ``mmcv.ops.nms``,
@@ -8,18 +8,15 @@ convolutions, ...), and mmdetection's RoI extractors look their layer up with
 its ``mmcv.ops`` package needs the compiled ``mmcv._ext``. The stand-in is a package-like module
 tree (``mmcv.ops`` plus the submodules that the two toolkits import) with:
 
-* PyTorch implementations, same semantics as mmcv's: ``nms``, ``batched_nms``, ``nms_match``,
-  ``soft_nms`` (:mod:`.mmcv_nms`; ``nms`` runs ``torchvision.ops.nms``), ``roi_align`` /
-  ``RoIAlign`` (on ``torchvision.ops.roi_align``; ``pool_mode='avg'`` only) and ``roi_pool`` /
-  ``RoIPool`` (:mod:`.mmcv_roi_ops`), ``point_sample`` and ``rel_roi_point_to_rel_img_point``
-  (:mod:`.mmcv_point_ops`), ``sigmoid_focal_loss`` (:mod:`.mmcv_focal_loss`), the NAS-FPN merge
-  cells (:mod:`.mmcv_merge_cells`) and ``CornerPool`` (:mod:`.mmcv_corner_pool`). That covers
-  UperNet / FCN in mmseg and Faster / Mask R-CNN (FPN, RPN, RoIAlign heads, mask targets) in
-  mmdet; ``get_compiler_version`` / ``get_compiling_cuda_version`` report "n/a" (so
-  ``mmcv.utils.collect_env`` works);
-* placeholders for compiled-only ops (deformable convolution, CARAFE, masked convolution,
-  multi-scale deformable attention, criss-cross attention, PSA mask) that import fine and raise
-  ``NotImplementedError`` naming the op when they are built or called;
+* PyTorch implementations, same semantics as mmcv's, of the ops UperNet / FCN (none) and Faster /
+  Mask R-CNN (FPN, RPN, RoIAlign heads, mask targets) run: ``nms`` and ``batched_nms``
+  (:mod:`.nms`, on ``torchvision.ops.nms``), ``roi_align`` / ``RoIAlign`` (:mod:`.roi_align`, on
+  ``torchvision.ops.roi_align``; ``pool_mode='avg'`` only); ``get_compiler_version`` /
+  ``get_compiling_cuda_version`` report "n/a" (so ``mmcv.utils.collect_env`` works);
+* placeholders for every other name the toolkits import (:mod:`.unavailable`: soft_nms,
+  nms_match, RoIPool, point_sample, sigmoid_focal_loss, the merge cells, CornerPool, deformable
+  convolution, CARAFE, ...) that import fine and raise "mmcv.ops.X is not available without full
+  mmcv (pip install mmcv ...)" when built or called;
 * every other name raises ``AttributeError`` (so ``from mmcv.ops import X`` fails clearly), and
   every other submodule is missing (``ModuleNotFoundError``).
 
@@ -35,53 +32,12 @@ import sys
 import types
 from typing import Any, Callable
 
-import torch
-
-from .mmcv_corner_pool import CornerPool
-from .mmcv_focal_loss import sigmoid_focal_loss
-from .mmcv_nms import batched_nms, nms, nms_match, soft_nms
-from .mmcv_point_ops import point_sample, rel_roi_point_to_rel_img_point
-from .mmcv_roi_ops import RoIAlign, RoIPool, roi_align, roi_pool
+from .nms import batched_nms, nms
+from .roi_align import RoIAlign, roi_align
+from .unavailable import INSTALL_HINT, PACKAGE, UNAVAILABLE_OPS, unavailable_op
 
 LOGGER = logging.getLogger(__name__)
-_PACKAGE = "mmcv.ops"
 _MARKER = "__vmamba2d_compat__"
-_INSTALL_HINT = ("install a full mmcv build (e.g. `pip install mmcv==2.1.0`, compiled from source) "
-                 "to use it")
-
-# compiled-only ops, by the mmcv.ops submodule that defines them: class placeholders (CamelCase)
-# fail when built, function placeholders when called
-_UNAVAILABLE_OPS = {
-    "carafe": ("CARAFE", "CARAFENaive", "CARAFEPack", "carafe", "carafe_naive"),
-    "cc_attention": ("CrissCrossAttention",),
-    "deform_conv": ("DeformConv2d", "DeformConv2dPack", "deform_conv2d"),
-    "masked_conv": ("MaskedConv2d", "masked_conv2d"),
-    "modulated_deform_conv": ("ModulatedDeformConv2d", "ModulatedDeformConv2dPack",
-                              "modulated_deform_conv2d"),
-    "multi_scale_deform_attn": ("MultiScaleDeformableAttention",),
-    "psa_mask": ("PSAMask",),
-}
-
-
-def _unavailable_message(name: str) -> str:
-    return (f"mmcv.ops.{name} is a compiled mmcv op and mmcv's compiled extension (mmcv._ext) is "
-            f"not installed (vmamba2d's mmcv-lite compatibility layer is active); {_INSTALL_HINT}.")
-
-
-def _unavailable_op(name: str) -> Callable:
-    """A placeholder for a compiled mmcv op: a Module class failing when built, or a function."""
-    if name[0].isupper():
-        def __init__(self, *args, **kwargs):
-            raise NotImplementedError(_unavailable_message(name))
-
-        return type(name, (torch.nn.Module,), {"__init__": __init__, "__module__": _PACKAGE})
-
-    def unavailable(*args, **kwargs):
-        raise NotImplementedError(_unavailable_message(name))
-
-    unavailable.__name__ = unavailable.__qualname__ = name
-    unavailable.__module__ = _PACKAGE
-    return unavailable
 
 
 def get_compiler_version() -> str:
@@ -96,22 +52,12 @@ def get_compiling_cuda_version() -> str:
 
 def _implemented_ops() -> dict[str, dict[str, Any]]:
     """The PyTorch ops, by the mmcv.ops submodule that defines them in mmcv."""
-    from . import mmcv_merge_cells  # imports mmcv.cnn, so only once mmcv is known to be there
-
     return {
-        "corner_pool": {"CornerPool": CornerPool},
-        "focal_loss": {"sigmoid_focal_loss": sigmoid_focal_loss},
         # mmcv.utils.collect_env reads these
         "info": {"get_compiler_version": get_compiler_version,
                  "get_compiling_cuda_version": get_compiling_cuda_version},
-        "merge_cells": {name: getattr(mmcv_merge_cells, name) for name in
-                        ("BaseMergeCell", "ConcatCell", "GlobalPoolingCell", "SumCell")},
-        "nms": {"batched_nms": batched_nms, "nms": nms, "nms_match": nms_match,
-                "soft_nms": soft_nms},
-        "point_sample": {"point_sample": point_sample,
-                         "rel_roi_point_to_rel_img_point": rel_roi_point_to_rel_img_point},
+        "nms": {"batched_nms": batched_nms, "nms": nms},
         "roi_align": {"RoIAlign": RoIAlign, "roi_align": roi_align},
-        "roi_pool": {"RoIPool": RoIPool, "roi_pool": roi_pool},
     }
 
 
@@ -120,7 +66,7 @@ def _missing_name(module: str, provided: list[str]) -> Callable[[str], Any]:
         raise AttributeError(
             f"module {module!r} has no attribute {name!r}: mmcv's compiled extension (mmcv._ext) "
             f"is not installed and vmamba2d's mmcv-lite compatibility layer provides only "
-            f"{', '.join(provided)}; {_INSTALL_HINT}.")
+            f"{', '.join(provided)}; to use it: {INSTALL_HINT}.")
 
     return __getattr__
 
@@ -142,18 +88,18 @@ def _new_module(name: str, contents: dict[str, Any], is_package: bool) -> types.
 def _build_modules() -> dict[str, types.ModuleType]:
     """The stand-in modules, by full name (``mmcv.ops`` and ``mmcv.ops.<submodule>``)."""
     submodules = _implemented_ops()
-    for submodule, names in _UNAVAILABLE_OPS.items():
-        submodules[submodule] = {name: _unavailable_op(name) for name in names}
-    modules = {f"{_PACKAGE}.{submodule}": _new_module(f"{_PACKAGE}.{submodule}", contents, False)
+    for submodule, names in UNAVAILABLE_OPS.items():
+        submodules.setdefault(submodule, {}).update({name: unavailable_op(name) for name in names})
+    modules = {f"{PACKAGE}.{submodule}": _new_module(f"{PACKAGE}.{submodule}", contents, False)
                for submodule, contents in sorted(submodules.items())}
     everything = {name: value for contents in submodules.values()
                   for name, value in contents.items()}
-    package = _new_module(_PACKAGE, everything, True)
+    package = _new_module(PACKAGE, everything, True)
     for full_name, module in modules.items():
         # as in mmcv, an op named like its submodule (nms, roi_align, ...) shadows the submodule
         if not hasattr(package, full_name.rsplit(".", 1)[1]):
             setattr(package, full_name.rsplit(".", 1)[1], module)
-    return {_PACKAGE: package, **modules}
+    return {PACKAGE: package, **modules}
 
 
 def compiled_mmcv_ops_available() -> bool:
@@ -166,7 +112,7 @@ def compiled_mmcv_ops_available() -> bool:
 
 def compat_layer_active() -> bool:
     """True when the stand-in ``mmcv.ops`` module of this file is the one in use."""
-    return getattr(sys.modules.get(_PACKAGE), _MARKER, False)
+    return getattr(sys.modules.get(PACKAGE), _MARKER, False)
 
 
 def install_mmcv_ops_compat() -> bool:
@@ -183,12 +129,11 @@ def install_mmcv_ops_compat() -> bool:
 
     modules = _build_modules()
     sys.modules.update(modules)
-    mmcv.ops = modules[_PACKAGE]
+    mmcv.ops = modules[PACKAGE]
     # Nothing for the user to act on (our models need no other op; the others raise when used), so
     # a debug note, not a warning; compat_layer_active() reports it
     LOGGER.debug(
         "mmcv's compiled ops (mmcv._ext) are not installed; using a PyTorch stand-in for "
-        "mmcv.ops (nms, batched_nms, RoIAlign, RoIPool, point_sample, sigmoid_focal_loss, merge "
-        "cells, CornerPool). UperNet/FCN and Faster/Mask R-CNN need nothing else; ops that do "
-        "(deformable convolution, CARAFE, CCNet, PSANet, ...) raise NotImplementedError.")
+        "mmcv.ops (nms, batched_nms, roi_align, RoIAlign). UperNet/FCN and Faster/Mask R-CNN need "
+        "nothing else; the other ops mmseg / mmdet import raise NotImplementedError when used.")
     return True
