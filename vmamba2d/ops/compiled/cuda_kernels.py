@@ -64,6 +64,20 @@ def rows_kernel(dtype: str, vec: int, load: int, prefetch: int, steps: int, rout
                       defines=tuple((name, str(value)) for name, value in defines))
 
 
+PLANES_SOURCE = "entries/scan2d_planes_entry.cu"
+PLANES_SYMBOL = "vmamba2d_planes_forward"
+
+
+def planes_kernel(dtype: str, height: int, width: int, route: int = 0, copy_bytes: int = 16) -> KernelSpec:
+    """The v4 one-plane-per-lane forward (PL) entry compiled for one plane shape (H * W <= 64), route code
+    (0-15) and copy width (16, 8 or 4 bytes) in dtype "fp32" / "fp16" / "bf16"."""
+    defines = (("VMAMBA2D_PL_DTYPE", ROWS_DTYPE_CODES[dtype]), ("VMAMBA2D_PL_HEIGHT", height),
+               ("VMAMBA2D_PL_WIDTH", width), ("VMAMBA2D_PL_ROUTE", route), ("VMAMBA2D_PL_COPY", copy_bytes))
+    return KernelSpec(name=f"planes_forward.{dtype}.h{height}w{width}r{route}c{copy_bytes}", source=PLANES_SOURCE,
+                      symbol=PLANES_SYMBOL, name_expression=False,
+                      defines=tuple((name, str(value)) for name, value in defines))
+
+
 KERNELS: dict[str, KernelSpec] = {
     spec.name: spec
     for spec in [
