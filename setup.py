@@ -122,7 +122,7 @@ def _choose_cuda_arch_list(cuda_home: str) -> str:
     return choice.arch_list
 
 
-# Shared with tools/ptxas_report.py, which compiles the kernels the same way.
+# Shared with dev/gpu/ptxas_report.py, which compiles the kernels the same way.
 NVCC_FLAGS = list(_load_cuda_archs().NVCC_FLAGS)
 
 

@@ -98,6 +98,7 @@ def fake_cuda_extension(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"Tesla V100 #{index}")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     monkeypatch.setitem(extensions._failure_reasons, "vmamba2d._C_cuda", "")
+    monkeypatch.setitem(extensions._sources, "cuda", "built")  # the nvcc build; a test switches to "nvrtc"
     extensions._cuda_kernel_usable_on.cache_clear()
     extensions.cuda_kernel_arch.cache_clear()
     yield module
@@ -130,6 +131,13 @@ def test_device_without_a_kernel_image_is_refused_with_the_arch_to_build(fake_cu
     assert fake_cuda_extension.calls == [1]
     reason = extensions.failure_reason("cuda")
     assert "Tesla V100 #1" in reason and "sm_70" in reason and "TORCH_CUDA_ARCH_LIST" in reason
+
+
+def test_device_older_than_nvrtc_targets_is_refused_naming_it(fake_cuda_extension, monkeypatch):
+    monkeypatch.setitem(extensions._sources, "cuda", "nvrtc")
+    assert not extensions.cuda_kernel_usable(torch.device("cuda", 0))
+    reason = extensions.failure_reason("cuda")
+    assert reason == "NVRTC targets no arch as old as Tesla V100 #0 (sm_70)", reason
 
 
 def test_a_failing_runtime_query_makes_the_kernel_unusable_with_its_reason(fake_cuda_extension):
