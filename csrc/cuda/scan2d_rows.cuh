@@ -176,10 +176,10 @@ SS2D_UNROLL
       const int q = ctx.slot(lane);
       const long long cell = first_row + col;
       lane_y[q] = ctx.pin(ctx.offset(y, at_map * L + cell));
-      lane_u[q] = ctx.pin(ctx.offset(u, at_map * L + cell));
-      lane_d[q] = ctx.pin(ctx.offset(delta, (static_cast<long long>(b) * p.delta_planes + d) * L + cell));
-      lane_b[q] = ctx.pin(ctx.offset(B, (static_cast<long long>(b) * p.bc_planes + g) * L + cell));
-      lane_c[q] = ctx.pin(ctx.offset(C, (static_cast<long long>(b) * p.bc_planes + g) * L + cell));
+      lane_u[q] = ctx.offset(u, at_map * L + cell);
+      lane_d[q] = ctx.offset(delta, (static_cast<long long>(b) * p.delta_planes + d) * L + cell);
+      lane_b[q] = ctx.offset(B, (static_cast<long long>(b) * p.bc_planes + g) * L + cell);
+      lane_c[q] = ctx.offset(C, (static_cast<long long>(b) * p.bc_planes + g) * L + cell);
       l.a2 = ctx.read(A, d) * kLog2e;
       l.bias = p.delta_bias != nullptr ? ctx.read(bias, d) : 0.f;
       l.skip = p.D != nullptr ? ctx.read(skip, d) : 0.f;
@@ -251,12 +251,18 @@ SS2D_UNROLL
             h = fmaf(l.abar[k], h, l.x[k]);
             a *= l.abar[k];
           }
-          sa[q] = a;
+          // The segment's first lane enters the scan with the product 0: nothing from the lanes
+          // before it (another map, or itself below lane o) gets past it.
+          sa[q] = l.s == 0 ? 0.f : a;
           sb[q] = h;
         });
 
-        // Segmented inclusive scan of the lanes' (Abar product, hh) pairs: lane s combines with lane
-        // s - o of its segment.
+        // Segmented inclusive scan of the lanes' (Abar product, hh) pairs as a plain warp scan:
+        // lane s combines with lane s - o, sb += sa * tb. Where lane s - o lies before the segment
+        // (or the warp), the lane's own product spans the segment's first lane and is 0, so it adds
+        // 0 * tb: finite values come out bit-identical to a scan that skips those lanes (the
+        // emulation holds it against the fp64 reference); a non-finite tb of another map gives NaN
+        // (0 * inf), never a finite wrong value.
 SS2D_UNROLL
         for (int step = 0; step < kScanSteps; ++step) {
           const int o = 1 << step;
@@ -266,10 +272,8 @@ SS2D_UNROLL
           ctx.shfl_up(tb, sb, o);
           ctx.each_lane([&](int lane) {
             const int q = ctx.slot(lane);
-            if (lanes[q].s >= o) {
-              sb[q] = fmaf(sa[q], tb[q], sb[q]);
-              if (!last_step) sa[q] *= ta[q];
-            }
+            sb[q] = fmaf(sa[q], tb[q], sb[q]);
+            if (!last_step) sa[q] *= ta[q];
           });
         }
         // The carry into each lane: the inclusive value of the lane before it in the segment.
@@ -307,7 +311,7 @@ SS2D_UNROLL
             load_row(ctx, lane_c[q], next, l.valid, l.c[r]);
           }
         });
-        row += row_step;
+        row = ctx.pin(row + row_step);
       }
     }
   }

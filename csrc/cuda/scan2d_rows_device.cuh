@@ -89,6 +89,14 @@ struct RowsDeviceCtx {
 #endif
     return ptr;
   }
+  // The same for a row offset: each access then takes view + offset in one multiply-add, where the
+  // compiler would otherwise step a pointer per tensor and shuffle the pointers between registers.
+  SS2D_HD SS2D_INLINE int pin(int v) const {
+#ifdef __CUDA_ARCH__
+    asm("" : "+r"(v));
+#endif
+    return v;
+  }
 
   // kCount consecutive elements from ptr + i, as 16-byte pieces (32 bytes: fp32 y of 8 bf16
   // columns) or one narrower access; the plan guarantees the alignment.

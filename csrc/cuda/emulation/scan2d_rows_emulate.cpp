@@ -166,6 +166,7 @@ class RowsHostCtx {
   HostView<V> pin(const HostView<V>& view) const {
     return view;
   }
+  int pin(int v) const { return v; }
 
   template <class V>
   std::remove_const_t<V> read(const HostView<V>& view, int64_t at) const {
