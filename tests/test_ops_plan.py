@@ -87,7 +87,8 @@ def _inputs(batch, dim, height, width, dtype, nstate=1):
     L = height * width
     u, delta = (torch.randn(batch, dim, L, generator=g).to(dtype) for _ in range(2))
     B, C = (torch.randn(batch, 1, nstate, L, generator=g).to(dtype) for _ in range(2))
-    return u, delta, -torch.rand(dim, nstate, generator=g), B, C, torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+    A = -torch.rand(dim, nstate, generator=g)
+    return u, delta, A, B, C, torch.randn(dim, generator=g), torch.randn(dim, generator=g)
 
 
 SHAPES = [(1, 7, 7), (1, 14, 14), (1, 56, 56), (4, 14, 14), (1, 3, 129), (1, 2, 300)]
@@ -130,8 +131,8 @@ def test_rs_precondition_on_the_tensors_keeps_v3():
 def test_rule_is_a_function_of_the_shape_only():
     """Every call of a grid gets one answer, whatever was asked before (no state, no timing)."""
     calls = [plan.ScanCall(n, h, w, t, (r,), d, g) for n, h, w, t, r, d, g in itertools.product(
-        (1, 4), (1, 7, 30), (1, 8, 129, 257), (torch.float32, torch.bfloat16, None), (0, 5, 9, 13), ("forward", "backward"),
-        (False, True))]
+        (1, 4), (1, 7, 30), (1, 8, 129, 257), (torch.float32, torch.bfloat16, None), (0, 5, 9, 13),
+        ("forward", "backward"), (False, True))]
     first = [plan.choose_design(c, "cuda", ALL).name for c in calls]
     again = [plan.choose_design(c, "cuda", ALL).name for c in reversed(calls)][::-1]
     assert first == again and set(first) == set(ALL)

@@ -65,7 +65,8 @@ def test_rs_candidates_are_the_neutral_knobs_default_first():
         plan = rows_plan.rows_plan(dtype_bytes, dtype_bytes, width, 0)
         candidates = rows_plan.tuning_candidates(plan)
         assert candidates[0] == {"prefetch": plan.prefetch, "warps": rows_plan.ROWS_THREADS // 32}
-        assert 1 <= len(candidates) <= tuning.MAX_CANDIDATES and len({tuple(c.items()) for c in candidates}) == len(candidates)
+        assert 1 <= len(candidates) <= tuning.MAX_CANDIDATES
+        assert len({tuple(c.items()) for c in candidates}) == len(candidates)
         assert {c["warps"] for c in candidates} == {4, 2, 1}
         assert {c["prefetch"] for c in candidates} == ({1, 2} if plan.vec <= 2 else {1})
 
@@ -408,8 +409,8 @@ def test_triton_candidates_are_bit_identical_in_the_interpreter(tmp_path):
         pytest.skip("triton is not installed")
     env = dict(os.environ, TRITON_INTERPRET="1")
     env.pop(tuning.TUNE_ENV, None)
-    result = subprocess.run([sys.executable, "-c", TRITON_CANDIDATES_SCRIPT, str(tmp_path)], env=env, capture_output=True,
-                            text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-c", TRITON_CANDIDATES_SCRIPT, str(tmp_path)], env=env,
+                            capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["bit_equal"] == [True, True] and report["configs"] == 4

@@ -160,7 +160,8 @@ class Tuner:
         ``key`` (JSON-able values: GPU, dtype, shape, ...), among ``candidates`` (at most
         MAX_CANDIDATES, the heuristic default first, all bitwise-equivalent); ``run(knobs)`` launches
         the call's kernel with a setting (it is timed on the first call per key)."""
-        if not 1 <= len(candidates) <= MAX_CANDIDATES or len({tuple(sorted(c.items())) for c in candidates}) != len(candidates):
+        distinct = {tuple(sorted(c.items())) for c in candidates}
+        if not 1 <= len(candidates) <= MAX_CANDIDATES or len(distinct) != len(candidates):
             raise ValueError(f"candidates: expected 1 to {MAX_CANDIDATES} distinct settings, got {list(candidates)}")
         key_text = json.dumps({"kernel": kernel, "format": CACHE_FORMAT, **key}, sort_keys=True)
         mode, pins = tune_setting()
@@ -206,7 +207,9 @@ class Tuner:
         knobs = entry.get("knobs")
         if not any(knobs == dict(c) for c in candidates):
             return self._unusable(path, f"{knobs} is not a candidate")
-        return Choice(dict(knobs), "disk", tuple(entry["medians"]) if isinstance(entry.get("medians"), list) else None)
+        medians = entry.get("medians")
+        numbers = isinstance(medians, list) and all(isinstance(m, (int, float)) for m in medians)
+        return Choice(dict(knobs), "disk", tuple(medians) if numbers else None)
 
     @staticmethod
     def _unusable(path: Path, why: str) -> None:

@@ -157,6 +157,6 @@ def _tuning_key(u: Tensor, y: Tensor, param_groups: int, route: int, softplus: b
         properties = torch.cuda.get_device_properties(u.device)
         gpu, sms = properties.name, properties.multi_processor_count
     maps, chans, height, width = u.shape
-    return {"gpu": gpu, "sms": sms, "dtype": str(u.dtype).replace("torch.", ""), "y": str(y.dtype).replace("torch.", ""),
-            "maps": maps, "chans": chans, "groups": param_groups, "nstate": 1, "height": height, "width": width,
+    return {"gpu": gpu, "sms": sms, "dtype": str(u.dtype).replace("torch.", ""),
+            "y": str(y.dtype).replace("torch.", ""), "maps": maps, "chans": chans, "groups": param_groups, "nstate": 1, "height": height, "width": width,
             "routes": [route], "direction": "forward", "softplus": bool(softplus), "has_d": has_d, "has_bias": has_bias}
