@@ -1,18 +1,18 @@
-"""The MIL dataset: table entries -> slide files read and placed on their grids -> one record per slide.
+"""The MIL dataset: table entries -> slides read and placed on their grids, one record each.
 
-    ``SlideDataset(entries, feature_dir, grid=GridOptions(), in_dim=None, train=False, seed=0)``;
-    ``dataset[i]`` -> ``SlideRecord`` with
-        slide_id: str                features: (n, F) float32       coords: (n, 2) int64 grid (x=col, y=row)
-        grid: (H, W) tuple            origin_px: (x0, y0) level-0 pixels of cell (0, 0)
-        step_px: (sx, sy) pixels per cell (times 2**k after k poolings)
-        label: int | None (class index, or the survival time bin when the entry carries one)
-        case_id, time, censorship: survival fields (None for classification)
-    Feed a record to a model as ``model(record.features, record.coords, grid_size=record.grid)``
-    (with ``placement="crop"`` the grid is the coords' extent anyway; with a fixed ``canvas_size`` it
-    is not). Use it with ``DataLoader(dataset, batch_size=None, shuffle=True)``; ``record.to(device)``
-    moves the tensors; ``dataset.check_all()`` reads every slide once and reports all unusable ones.
-    Survival time bins come from the training patients (``vmamba2d.mil.survival``); put them into
-    the entries with ``dataclasses.replace(entry, label=bin)``.
+``SlideDataset(entries, feature_dir, grid=GridOptions(), in_dim=None, train=False, seed=0)``;
+``dataset[i]`` -> ``SlideRecord`` with
+    slide_id: str                features: (n, F) float32       coords: (n, 2) int64 grid (x=col, y=row)
+    grid: (H, W) tuple            origin_px: (x0, y0) level-0 pixels of cell (0, 0)
+    step_px: (sx, sy) pixels per cell (times 2**k after k poolings)
+    label: int | None (class index, or the survival time bin when the entry carries one)
+    case_id, time, censorship: survival fields (None for classification)
+Feed a record to a model as ``model(record.features, record.coords, grid_size=record.grid)``
+(with ``placement="crop"`` the grid is the coords' extent anyway; with a fixed ``canvas_size`` it
+is not). Use it with ``DataLoader(dataset, batch_size=None, shuffle=True)``; ``record.to(device)``
+moves the tensors; ``dataset.check_all()`` reads every slide once and reports all unusable ones.
+Survival time bins come from the training patients (``vmamba2d.mil.survival``); put them into
+the entries with ``dataclasses.replace(entry, label=bin)``.
 
 Every error names the slide.
 """

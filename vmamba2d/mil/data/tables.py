@@ -9,7 +9,6 @@ Labels:
     ``read_split_csv(path)`` -> {"train": [...], "val": [...], "test": [...]} from ``,train,val,test``
         columns of ids (``splits_k.csv``, HIPT-style splits); ``select_split(entries, ids, by=...)``.
 
-
 Every error names the CSV row.
 """
 from __future__ import annotations
