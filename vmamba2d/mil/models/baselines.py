@@ -70,7 +70,7 @@ class MambaMIL(TokenMIL, SSMMIL):
 
     def forward(self, features: Tensor, coords: Tensor,
                 grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
-        """features (n, in_dim), coords (n, 2) grid (x, y) -> dict (see the module docstring)."""
+        """features (n, in_dim), coords (n, 2) grid (x, y) -> dict (see :mod:`vmamba2d.mil.models`)."""
         tokens, index, grid = self._tokens(features, coords, grid_size, self.order)
         return self._finish(self._mix(tokens, 1, tokens.shape[0]), index, grid)
 
@@ -103,7 +103,7 @@ class ABMIL(TokenMIL):
 
     def forward(self, features: Tensor, coords: Tensor,
                 grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
-        """features (n, in_dim), coords (n, 2) grid (x, y) -> dict (see the module docstring)."""
+        """features (n, in_dim), coords (n, 2) grid (x, y) -> dict (see :mod:`vmamba2d.mil.models`)."""
         tokens, index, grid = self._tokens(features, coords, grid_size, "raster")
         return self._finish(tokens, index, grid)
 

@@ -79,7 +79,7 @@ class MambaMIL2D(SSMMIL):
 
     def forward(self, features: Tensor, coords: Tensor,
                 grid_size: Optional[tuple[int, int]] = None) -> dict[str, Tensor]:
-        """features (n, in_dim), coords (n, 2) grid (x, y) -> dict (see the module docstring)."""
+        """features (n, in_dim), coords (n, 2) grid (x, y) -> dict (see :mod:`vmamba2d.mil.models`)."""
         tokens, tissue, grid = self.encode(features, coords, grid_size)
         embedding, weights, scores = self.pool(tokens, tissue if self.mask_pad else None)
         return self._outputs(embedding, weights, scores, grid)
