@@ -181,25 +181,25 @@ def test_full_mmcv_is_left_alone_and_mmdet_imports_with_the_standin():
     script = textwrap.dedent("""
         import importlib.machinery, logging, sys, types, warnings
         import mmcv
-        from vmamba2d.openmmlab.mmcv_standin import install as mmcv_compat
+        from vmamba2d.openmmlab.mmcv_standin import install as standin
 
         fake_ext = types.ModuleType("mmcv._ext")  # what a full mmcv build provides
         fake_ext.__spec__ = importlib.machinery.ModuleSpec("mmcv._ext", None)
         sys.modules["mmcv._ext"] = fake_ext
-        assert mmcv_compat.install_mmcv_ops_compat() is False
-        assert "mmcv.ops" not in sys.modules and not mmcv_compat.compat_layer_active()
+        assert standin.install_mmcv_ops_compat() is False
+        assert "mmcv.ops" not in sys.modules and not standin.compat_layer_active()
         del sys.modules["mmcv._ext"]
 
         notes = []
         handler = logging.Handler(logging.DEBUG)
         handler.emit = lambda record: notes.append(record.getMessage())
-        mmcv_compat.LOGGER.addHandler(handler)
-        mmcv_compat.LOGGER.setLevel(logging.DEBUG)
+        standin.LOGGER.addHandler(handler)
+        standin.LOGGER.setLevel(logging.DEBUG)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            assert mmcv_compat.install_mmcv_ops_compat() is True
+            assert standin.install_mmcv_ops_compat() is True
         assert not [w for w in caught if "stand-in" in str(w.message)]  # a debug note, not a warning
-        assert any("stand-in" in note for note in notes) and mmcv_compat.compat_layer_active()
+        assert any("stand-in" in note for note in notes) and standin.compat_layer_active()
         import mmdet.apis, mmdet.models  # noqa: F401
         from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
         extractor = SingleRoIExtractor(dict(type="RoIAlign", output_size=7, sampling_ratio=0),
