@@ -136,11 +136,21 @@ def test_unusable_entry_is_tuned_again_with_one_warning(tmp_path, damage):
     assert json.loads(path.read_text())["knobs"] == {"prefetch": 1, "warps": 2}  # rewritten
 
 
-def test_unwritable_folder_keeps_the_choice_in_the_process(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("a file where the cache folder should be")  # fails for root too, unlike chmod
+@pytest.mark.parametrize("how", ["read-only", "not-a-folder"])
+def test_unwritable_folder_keeps_the_choice_in_the_process(tmp_path, how, request):
+    root = tmp_path / "root"
+    if how == "read-only":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders")
+        folders = (root / "tuning" / "cuda-rs", root / "tuning", root)
+        folders[0].mkdir(parents=True)
+        for folder in folders:
+            folder.chmod(0o555)
+        request.addfinalizer(lambda: [folder.chmod(0o755) for folder in folders])
+    else:
+        root.write_text("a file where the cache folder should be")  # fails for root too
     gpu = FakeGpu({cost(2, 4): [0.1]})
-    tuner = make(blocker, gpu)
+    tuner = make(root, gpu)
     with pytest.warns(RuntimeWarning, match="cannot write the tuning cache") as caught:
         choice = tuner.choose("cuda-rs", KEY, CANDIDATES, gpu.run)
         tuner.choose("cuda-rs", {**KEY, "width": 28}, CANDIDATES, gpu.run)
