@@ -99,6 +99,14 @@ SS2D_UNROLL
     }
   }
 
+  // A lane's elements of one row as floats, in route order.
+  static SS2D_HD SS2D_INLINE void widen(const Raw (&in)[kV], float (&out)[kV]) {
+    float m[kV];
+    E::template widen<kV>(in, m);
+SS2D_UNROLL
+    for (int k = 0; k < kV; ++k) out[k] = m[at(k)];
+  }
+
   // The in-lane row scan from carry-in h0: x[k] becomes hh[k].
   static SS2D_HD SS2D_INLINE void lane_scan(Lane& l, float h0) {
     float h = h0;
@@ -215,12 +223,16 @@ SS2D_UNROLL
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
           Lane& l = lanes[q];
+          float dv[kV], bv[kV], uv[kV];
+          widen(l.d[r], dv);
+          widen(l.b[r], bv);
+          widen(l.u[r], uv);
 SS2D_UNROLL
           for (int k = 0; k < kV; ++k) {
-            const float z = E::to_float(l.d[r][at(k)]) + l.bias;
+            const float z = dv[k] + l.bias;
             const float dt = p.softplus ? softplus(z) : z;
             l.abar[k] = exp2_flush(dt * l.a2);
-            l.x[k] = dt * E::to_float(l.b[r][at(k)]) * E::to_float(l.u[r][at(k)]);
+            l.x[k] = dt * bv[k] * uv[k];
           }
           if (ahead) {
             load_row(ctx, lane_d[q], next, l.valid, l.d[r]);
@@ -288,6 +300,9 @@ SS2D_UNROLL
           lane_scan(l, cin);
           if constexpr (kOrder == Order::kFlat) l.carry = ta[q];
           Out v[kV];
+          float cv[kV], uv[kV];
+          widen(l.c[r], cv);
+          widen(l.u[r], uv);
 SS2D_UNROLL
           for (int k = 0; k < kV; ++k) {
             float h = l.x[k];
@@ -295,7 +310,7 @@ SS2D_UNROLL
               h = fmaf(l.abar[k], l.above[k], h);
               l.above[k] = h;
             }
-            const float out = fmaf(E::to_float(l.c[r][at(k)]), h, l.skip * E::to_float(l.u[r][at(k)]));
+            const float out = fmaf(cv[k], h, l.skip * uv[k]);
             if constexpr (kF32) {
               v[at(k)] = out;
             } else {

@@ -15,16 +15,27 @@
 namespace vmamba2d {
 namespace rows {
 
+// Element traits: to_float / from_float one element (round to nearest even), widen kN elements.
 struct DeviceF32 {
   using Raw = float;
   static __device__ SS2D_INLINE float to_float(float v) { return v; }
   static __device__ SS2D_INLINE float from_float(float v) { return v; }
+  template <int kN>
+  static __device__ SS2D_INLINE void widen(const float (&in)[kN], float (&out)[kN]) {
+SS2D_UNROLL
+    for (int k = 0; k < kN; ++k) out[k] = in[k];
+  }
 };
 
 struct DeviceF16 {
   using Raw = unsigned short;
   static __device__ SS2D_INLINE float to_float(unsigned short v) { return __half2float(__ushort_as_half(v)); }
   static __device__ SS2D_INLINE unsigned short from_float(float v) { return __half_as_ushort(__float2half_rn(v)); }
+  template <int kN>
+  static __device__ SS2D_INLINE void widen(const unsigned short (&in)[kN], float (&out)[kN]) {
+SS2D_UNROLL
+    for (int k = 0; k < kN; ++k) out[k] = to_float(in[k]);
+  }
 };
 
 struct DeviceBF16 {
@@ -32,6 +43,19 @@ struct DeviceBF16 {
   // bf16 is the upper half of an fp32: widening is a shift.
   static __device__ SS2D_INLINE float to_float(unsigned short v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }
   static __device__ SS2D_INLINE unsigned short from_float(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+  // kN elements in memory order, widened a 32-bit word (two elements) at a time: the low one by a
+  // shift, the high one by a byte permute that clears the low half (one instruction each; a mask
+  // would be rewritten into a shift pair).
+  template <int kN>
+  static __device__ SS2D_INLINE void widen(const unsigned short (&in)[kN], float (&out)[kN]) {
+SS2D_UNROLL
+    for (int k = 0; k + 1 < kN; k += 2) {
+      const unsigned w = static_cast<unsigned>(in[k]) | (static_cast<unsigned>(in[k + 1]) << 16);
+      out[k] = __uint_as_float(w << 16);
+      out[k + 1] = __uint_as_float(__byte_perm(w, 0u, 0x3244));
+    }
+    if constexpr (kN % 2 != 0) out[kN - 1] = to_float(in[kN - 1]);
+  }
 };
 
 // One global access of kBytes bytes as a single load / store instruction.

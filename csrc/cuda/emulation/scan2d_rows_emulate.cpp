@@ -33,19 +33,29 @@ namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("RS emulation: " + what); }
 
-struct HostF32 {
+// The element traits of the device file (scan2d_rows_device.cuh): widen is exact in every type, so
+// element by element here.
+template <class Traits, class Raw>
+struct HostWiden {
+  template <int kN>
+  static void widen(const Raw (&in)[kN], float (&out)[kN]) {
+    for (int k = 0; k < kN; ++k) out[k] = Traits::to_float(in[k]);
+  }
+};
+
+struct HostF32 : HostWiden<HostF32, float> {
   using Raw = float;
   static float to_float(float v) { return v; }
   static float from_float(float v) { return v; }
 };
 
-struct HostF16 {
+struct HostF16 : HostWiden<HostF16, uint16_t> {
   using Raw = uint16_t;
   static float to_float(uint16_t v) { return static_cast<float>(c10::Half(v, c10::Half::from_bits())); }
   static uint16_t from_float(float v) { return c10::Half(v).x; }
 };
 
-struct HostBF16 {
+struct HostBF16 : HostWiden<HostBF16, uint16_t> {
   using Raw = uint16_t;
   static float to_float(uint16_t v) { return static_cast<float>(c10::BFloat16(v, c10::BFloat16::from_bits())); }
   static uint16_t from_float(float v) { return c10::BFloat16(v).x; }
