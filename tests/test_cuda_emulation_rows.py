@@ -216,6 +216,25 @@ def test_warp_and_lane_order_do_not_change_a_bit(rows):
         assert torch.equal(run(rows, x, 14, 14, route=4, order=order), first)
 
 
+@pytest.mark.parametrize("route", [0, 9], ids=lambda r: f"route{r}")
+def test_a_non_finite_map_never_changes_another_map_to_a_finite_wrong_value(rows, route):
+    # The row scan runs as a plain warp scan whose segments start with the product 0 (0 * tb for
+    # another map's tb): a NaN or an inf in one map may turn the maps sharing its warp to NaN, but
+    # every other map is bit-equal to the clean run or NaN -- never a different finite value.
+    height, width = 6, 14  # two lanes a map at V = 4 ... 7 lanes at V = 2: several maps a warp
+    x = make_inputs(2, 6, 2, height, width, torch.float32, seed=31)
+    clean = run(rows, x, height, width, route=route)
+    for bad, value in ((1, float("nan")), (4, float("inf"))):
+        spoiled = dict(x, u=x["u"].clone())
+        spoiled["u"][bad // 6, bad % 6, 5] = value
+        y = run(rows, spoiled, height, width, route=route, order=bad)
+        for m in range(12):
+            got, want = y[m // 6, m % 6], clean[m // 6, m % 6]
+            if m != bad:
+                assert ((got == want) | got.isnan()).all(), m
+        assert not torch.equal(y, clean)
+
+
 def test_rejects_what_it_cannot_run(rows):
     x = make_inputs(1, 2, 1, 4, 4, torch.float32, seed=0)
     with pytest.raises(RuntimeError, match="not a row stream"):

@@ -131,6 +131,24 @@ def test_warp_and_lane_order_do_not_change_a_bit(rows, dtype):
         assert torch.equal(run(rows, x, order=order), first)
 
 
+@pytest.mark.parametrize("vec,load", [(1, 1), (2, 1)])
+def test_a_non_finite_map_never_changes_another_map_to_a_finite_wrong_value(rows, vec, load):
+    # Both sweeps' row scans are plain warp scans (up the lanes top-down, down the lanes bottom-up)
+    # whose segments start with the product 0: a NaN or inf in one map may turn the maps of its warp
+    # to NaN, never to another finite value (and idle lanes of a scalar plan hold zeros, not garbage).
+    x = make_inputs(2, 5, 6, 12, torch.float32, seed=13)
+    clean = run(rows, x, vec=vec, load=load)
+    for bad, value in ((3, float("nan")), (6, float("-inf"))):
+        spoiled = dict(x, u=x["u"].clone())
+        spoiled["u"][bad // 5, bad % 5, 2, 7] = value
+        y = run(rows, spoiled, vec=vec, load=load, order=bad)
+        for m in range(10):
+            got, want = y[m // 5, m % 5], clean[m // 5, m % 5]
+            if m != bad:
+                assert ((got == want) | got.isnan()).all(), m
+        assert not torch.equal(y, clean)
+
+
 def test_misaligned_vector_access_is_caught(rows):
     # A base off the 16-byte boundary with a vector plan: the emulation's alignment check objects.
     x = make_inputs(1, 2, 4, 8, torch.float32, seed=1)

@@ -380,6 +380,15 @@ struct CrossRowsForward {
     return kRev ? -j * kLoad : j * kLoad;
   }
 
+  // A lane's elements of one row as floats, in the sweep's route order.
+  template <bool kRev>
+  static SS2D_HD SS2D_INLINE void widen(const Raw (&in)[kV], float (&out)[kV]) {
+    float m[kV];
+    E::template widen<kV>(in, m);
+SS2D_UNROLL
+    for (int k = 0; k < kV; ++k) out[k] = m[at<kRev>(k)];
+  }
+
   template <bool kRev, class Ctx, class View, class T>
   static SS2D_HD SS2D_INLINE void load_row(Ctx& ctx, const View& view, long long off, unsigned valid, T (&dst)[kV]) {
     const auto at = ctx.offset(view, off);
@@ -449,6 +458,14 @@ SS2D_UNROLL
       // The lane's first memory column in route order (W % V == 0: the same columns both sweeps).
       const int col = kRev ? s_at * kV + kV - kLoad : s_at * kV;
       l.valid = active ? (1u << kChunks) - 1u : 0u;
+      // An idle lane of a scalar plan loads nothing: zeros keep its values finite (the warp scan
+      // multiplies them by 0 at the next segment's start; 0 * NaN would not vanish).
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) {
+        l.u[k] = Raw();
+SS2D_UNROLL
+        for (int r = 0; r < 2; ++r) l.d[r][k] = l.b[r][k] = l.c[r][k] = Raw();
+      }
       const long long cell = first_row + col;
       lane_y[q] = ctx.offset(y, at_map * L + cell);
       lane_u[q] = ctx.offset(u, at_map * L + cell);
@@ -479,15 +496,21 @@ SS2D_UNROLL
       ctx.each_lane([&](int lane) {
         const int q = ctx.slot(lane);
         Lane& l = lanes[q];
+        float uv[kV], dv[2][kV], bv[2][kV];
+        widen<kRev>(l.u, uv);
+SS2D_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          widen<kRev>(l.d[r], dv[r]);
+          widen<kRev>(l.b[r], bv[r]);
+        }
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) {
-          const float uk = E::to_float(l.u[at<kRev>(k)]);
 SS2D_UNROLL
           for (int r = 0; r < 2; ++r) {
-            const float z = E::to_float(l.d[r][at<kRev>(k)]) + l.bias[r];
+            const float z = dv[r][k] + l.bias[r];
             const float dt = p.softplus ? softplus(z) : z;
             l.abar[r][k] = exp2_flush(dt * l.a2[r]);
-            l.x[r][k] = dt * E::to_float(l.b[r][at<kRev>(k)]) * uk;
+            l.x[r][k] = dt * bv[r][k] * uv[k];
           }
         }
         if (ahead) {
@@ -511,7 +534,8 @@ SS2D_UNROLL
             h = fmaf(l.abar[r][k], h, l.x[r][k]);
             a *= l.abar[r][k];
           }
-          sa[r][q] = a;
+          // The plain warp scan's segment start (RowsForward): the product 0 at route position 0.
+          sa[r][q] = l.s == 0 ? 0.f : a;
           sb[r][q] = h;
         }
         // C of this row, issued before the shuffle phases that hide it (a row ahead, as for RS, two
@@ -525,19 +549,18 @@ SS2D_UNROLL
       for (int step = 0; step < kScanSteps; ++step) {
         const int o = 1 << step;
         if (step >= steps) break;
+        const bool last_step = step + 1 == steps;
 SS2D_UNROLL
         for (int r = 0; r < 2; ++r) {
-          shift<kRev>(ctx, ta[r], sa[r], o);
+          if (!last_step) shift<kRev>(ctx, ta[r], sa[r], o);
           shift<kRev>(ctx, tb[r], sb[r], o);
         }
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
-          if (lanes[q].s >= o) {
 SS2D_UNROLL
-            for (int r = 0; r < 2; ++r) {
-              sb[r][q] = fmaf(sa[r][q], tb[r][q], sb[r][q]);
-              sa[r][q] *= ta[r][q];
-            }
+          for (int r = 0; r < 2; ++r) {
+            sb[r][q] = fmaf(sa[r][q], tb[r][q], sb[r][q]);
+            if (!last_step) sa[r][q] *= ta[r][q];
           }
         });
       }
@@ -561,14 +584,17 @@ SS2D_UNROLL
           }
         }
         Out v[kV];
+        float uv[kV], cv[2][kV];
+        widen<kRev>(l.u, uv);
+        widen<kRev>(l.c[0], cv[0]);
+        widen<kRev>(l.c[1], cv[1]);
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) {
           h[0] = fmaf(l.abar[0][k], h[0], l.x[0][k]);
           h[1] = fmaf(l.abar[1][k], h[1], l.x[1][k]);
           const float h0 = fmaf(l.abar[0][k], l.above[0][k], h[0]);
           l.above[0][k] = h0;
-          float out = fmaf(E::to_float(l.c[0][at<kRev>(k)]), h0,
-                           fmaf(E::to_float(l.c[1][at<kRev>(k)]), h[1], l.skip * E::to_float(l.u[at<kRev>(k)])));
+          float out = fmaf(cv[0][k], h0, fmaf(cv[1][k], h[1], l.skip * uv[k]));
           if constexpr (kRev) {
             if constexpr (kF32) {
               out += prev[at<kRev>(k)];
@@ -584,7 +610,7 @@ SS2D_UNROLL
         }
 SS2D_UNROLL
         for (int j = 0; j < kChunks; ++j) {
-          if ((l.valid >> j) & 1u) ctx.template store<kLoad>(lane_y[q], chunk_step<kRev>(j), &v[j * kLoad]);
+          ctx.template store_if<kLoad>((l.valid >> j) & 1u, lane_y[q], chunk_step<kRev>(j), &v[j * kLoad]);
         }
         // u of the next row after its last use (D * u is taken here, not kept).
         if (ahead) {
