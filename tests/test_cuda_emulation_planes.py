@@ -123,13 +123,16 @@ def _pieces(begin: int, end: int, copy: int) -> int:
     return -(-(end - begin // copy * copy) // copy)
 
 
-def test_every_input_byte_is_staged_once_and_y_leaves_in_wide_stores(planes):
-    # bf16 7 x 7 (98-byte planes), 3 x 41 maps in chunks of 32 (tail 27), contiguous tensors, one
-    # group: per chunk, u and delta as the 16-byte pieces covering the chunk's bytes, B and C the pieces
-    # of the batch entries' planes it spans; y stores 16 bytes wherever a piece lies wholly inside.
-    batch, dim, chunk, plane = 3, 41, 32, 98
-    x = make_inputs(batch, dim, 1, 7, 7, torch.bfloat16, seed=4)
-    check(run(planes, x, 7, 7, chunk=chunk, grid=2), x, 7, 7)
+@pytest.mark.parametrize("size,dtype", [(7, torch.bfloat16), (8, torch.float32)], ids=str)
+def test_every_input_byte_is_staged_once_and_y_leaves_in_wide_stores(planes, size, dtype):
+    # 7 x 7 bf16 (98-byte planes, packed) and 8 x 8 fp32 (256-byte planes, staged 272 bytes apart),
+    # 3 x 41 maps in chunks of 32 (tail 27), contiguous tensors, one group: per chunk, u and delta as
+    # the 16-byte pieces covering the chunk's bytes, B and C the pieces of the batch entries' planes it
+    # spans; y stores 16 bytes wherever a piece lies wholly inside.
+    batch, dim, chunk = 3, 41, 32
+    plane = size * size * dtype.itemsize
+    x = make_inputs(batch, dim, 1, size, size, dtype, seed=4)
+    check(run(planes, x, size, size, chunk=chunk, grid=2), x, size, size)
     copies = wide = 0
     for first in range(0, batch * dim, chunk):
         last = min(first + chunk, batch * dim) - 1

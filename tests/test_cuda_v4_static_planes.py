@@ -47,11 +47,13 @@ def test_plan_figures_of_the_model_plane():
 
 def test_bank_conflicts_of_the_layout():
     # Odd planes (49 words) put the 32 lanes' loads in 32 banks; 2-byte planes of 49 cells pair some
-    # lanes on a bank; 64-cell planes put every lane on one bank.
+    # lanes on a bank; 64-cell planes (64 / 32 words: every lane on one bank if packed) take a 16-byte
+    # pad each: 4 words a bank.
     assert report.bank_conflict_ways(49, 4) == 1
     assert report.bank_conflict_ways(49, 2) == 2
-    assert report.bank_conflict_ways(64, 4) == 32
-    assert report.bank_conflict_ways(15, 4) == 1
+    assert report.bank_conflict_ways(64, 4) == 4 and report.planes_launch.plane_pitch(64, 4, 16) == 272
+    assert report.bank_conflict_ways(64, 2) == 4 and report.planes_launch.plane_pitch(64, 2, 16) == 144
+    assert report.bank_conflict_ways(15, 4) == 1 and report.planes_launch.plane_pitch(49, 4, 4) == 196
 
 
 def test_budgets_catch_what_they_hold():

@@ -54,6 +54,9 @@ struct PlanesForward {
   static_assert(kCopy == 4 || kCopy == 8 || kCopy == 16, "copies of 4, 8 or 16 bytes");
   static_assert(!kFixed || kH * kW <= kMaxCells, "PL scans planes of at most 64 cells");
 
+  // Cells of a plane (compiled in where the shape is).
+  static SS2D_HD SS2D_INLINE int cells(const PlanesParams& p) { return kFixed ? kH * kW : p.height * p.width; }
+
   // Where one chunk's planes of each tensor sit in a buffer.
   struct Chunk {
     int first;  // first map
@@ -88,6 +91,7 @@ struct PlanesForward {
   static SS2D_HD SS2D_INLINE void stage(Ctx& ctx, const View& src, const Staging& s, int length, int buffer, int t,
                                         int threads) {
     const int plane = length * s.elem;
+    const int pitch = planes_pitch(length, s.elem, kCopy);
     const int b0 = s.first / s.per;
     const int runs = s.stride == s.per ? 1 : (s.first + s.count - 1) / s.per - b0 + 1;
     for (int seg = 0; seg < runs; ++seg) {
@@ -98,12 +102,12 @@ struct PlanesForward {
       const int bytes_run = (end_j - js) * plane;
       const int lead = static_cast<int>(begin % kCopy);
       const long long aligned = begin - lead;
-      const int dst = buffer + s.region + kCopy * (2 * seg + js * plane / kCopy);
+      const int dst = buffer + s.region + kCopy * (2 * seg + js * pitch / kCopy);
       const int pieces = (lead + bytes_run + kCopy - 1) / kCopy;
       for (int i = t; i < pieces; i += threads) {
         const int left = lead + bytes_run - i * kCopy;
-        ctx.template copy_async<kCopy>(dst + i * kCopy, src, (aligned + i * kCopy) / s.elem,
-                                       left < kCopy ? left : kCopy);
+        ctx.template copy_async<kCopy>(dst + planes_piece_at(i, plane, pitch, kCopy), src,
+                                       (aligned + i * kCopy) / s.elem, left < kCopy ? left : kCopy);
       }
     }
   }
@@ -112,7 +116,7 @@ struct PlanesForward {
   template <class Ctx, class Views>
   static SS2D_HD SS2D_INLINE void stage_chunk(Ctx& ctx, const Views& v, const PlanesParams& p, const PlanesLayout& s,
                                               int k, int buffer, int t) {
-    const int length = p.height * p.width;
+    const int length = cells(p);
     const Chunk ch = chunk_of(p, s, k);
     stage(ctx, v.u, ch.u, length, buffer, t, p.chunk);
     stage(ctx, v.delta, ch.delta, length, buffer, t, p.chunk);
@@ -131,15 +135,18 @@ struct PlanesForward {
     const int bytes = s.count * length * kOut;
     const int lead = static_cast<int>(begin % kCopy);
     const long long aligned = begin - lead;
+    const int plane = length * kOut;
+    const int pitch = planes_pitch(length, kOut, kCopy);
     const int dst = base + s.region;
     const int pieces = (lead + bytes + kCopy - 1) / kCopy;
     for (int i = t; i < pieces; i += threads) {
       const int from = i * kCopy;  // bytes from `aligned`
+      const int at = dst + planes_piece_at(i, plane, pitch, kCopy);
       if (from >= lead && from + kCopy <= lead + bytes) {
-        ctx.template shared_to_global<kCopy>(y, (aligned + from) / kOut, dst + from);
+        ctx.template shared_to_global<kCopy>(y, (aligned + from) / kOut, at);
       } else {
         for (int b = from > lead ? from : lead; b < lead + bytes && b < from + kCopy; b += kOut) {
-          ctx.template shared_to_global<kOut>(y, (aligned + b) / kOut, dst + b);
+          ctx.template shared_to_global<kOut>(y, (aligned + b) / kOut, at + (b - from));
         }
       }
     }
@@ -151,7 +158,7 @@ struct PlanesForward {
                                              int k, int buffer, int t) {
     const Chunk ch = chunk_of(p, s, k);
     if (t >= ch.count) return;
-    const int length = kFixed ? kH * kW : p.height * p.width;
+    const int length = cells(p);
     const int m = ch.first + t;
     const int d = m % p.dim;
     const int per_group = p.dim / p.groups;
@@ -248,7 +255,7 @@ SS2D_UNROLL
                                 int grid) {
     const PlanesLayout s = planes_layout(p, kElem);
     const int chunks = static_cast<int>(planes_chunks(p));
-    const int length = p.height * p.width;
+    const int length = cells(p);
     if (block >= chunks) return;
     ctx.each_thread([&](int t) { stage_chunk(ctx, v, p, s, block, 0, t); });
     int i = 0;

@@ -82,7 +82,7 @@ SS2D_HD constexpr RouteGeometry route_geometry(int code, int height, int width) 
 // in the inputs' type is staged over the u region of the buffer it came from. A region holds the
 // chunk's planes of one tensor as the asynchronous copies left them: per batch entry a segment
 // (one for a tensor whose chunk planes are contiguous), each starting copy_bytes-aligned at most
-// 2 * copy_bytes later than packed planes would (planes_plane_at).
+// 2 * copy_bytes later than packed planes would (planes_plane_at); planes `planes_pitch` bytes apart.
 struct PlanesLayout {
   int u;       // region offsets within a buffer (bytes)
   int delta;
@@ -95,8 +95,26 @@ struct PlanesLayout {
 
 SS2D_HD inline int planes_round16(long long bytes) { return static_cast<int>((bytes + 15) / 16 * 16); }
 
+// The most distinct 4-byte words one shared-memory bank serves when 32 lanes load words `bytes`
+// apart (a multiple of 4): the power of two in bytes / 4, at most 32.
+SS2D_HD inline int planes_bank_ways(int bytes) {
+  const int words = bytes / 4;
+  const int low = words & -words;
+  return low < 32 ? low : 32;
+}
+
+// Bytes from one staged plane to the next. A plane of a whole number of copies may take one copy
+// of padding (the pieces stay aligned, the lanes of a warp -- one plane each -- then load a cell
+// from fewer words per bank: 8 x 8 fp32 planes of 64 words put all 32 lanes on one bank, 68 words
+// 4 per bank); planes that are not (7 x 7: 196 or 98 bytes) are packed, as the copies leave them.
+SS2D_HD inline int planes_pitch(int length, int elem, int copy) {
+  const int plane = length * elem;
+  if (plane % copy != 0) return plane;
+  return planes_bank_ways(plane + copy) < planes_bank_ways(plane) ? plane + copy : plane;
+}
+
 SS2D_HD inline int planes_region_bytes(long long planes, long long segments, int length, int elem, int copy) {
-  return planes_round16(planes * length * elem + 2LL * copy * segments);
+  return planes_round16(planes * planes_pitch(length, elem, copy) + 2LL * copy * segments);
 }
 
 // Batch entries a chunk of `chunk` consecutive maps can span, and B / C planes ((b, g) pairs) it can need.
@@ -146,16 +164,26 @@ SS2D_HD inline long long planes_global_plane(const Staging& s, int e) {
   return s.stride == s.per ? e : static_cast<long long>(e / s.per) * s.stride + e % s.per;
 }
 
+// Shared byte (from the region's buffer) of piece i of a run whose first piece goes to byte 0: the
+// copies of a padded pitch skip the padding after each plane (such a run has no lead: its planes
+// are whole pieces).
+SS2D_HD inline int planes_piece_at(int i, int plane, int pitch, int copy) {
+  if (pitch == plane) return i * copy;
+  const int per_plane = plane / copy;
+  return i / per_plane * pitch + i % per_plane * copy;
+}
+
 // Byte offset (from the region's buffer) of cell 0 of local plane j (0 <= j < count).
 SS2D_HD inline int planes_plane_at(const Staging& s, int j, int length, int copy) {
   const int plane = length * s.elem;
+  const int pitch = planes_pitch(length, s.elem, copy);
   int seg = 0, js = 0;
   if (s.stride != s.per) {
     seg = (s.first + j) / s.per - s.first / s.per;
     js = seg == 0 ? 0 : ((s.first + j) / s.per) * s.per - s.first;
   }
   const int lead = static_cast<int>(planes_global_plane(s, s.first + js) * plane % copy);
-  return s.region + copy * (2 * seg + js * plane / copy) + lead + (j - js) * plane;
+  return s.region + copy * (2 * seg + js * pitch / copy) + lead + (j - js) * pitch;
 }
 
 }  // namespace planes

@@ -20,8 +20,8 @@ stage) is compiled with ``nvcc -cubin -Xptxas -v`` and disassembled with ``nvdis
 * resident warps per SM (CTAs per SM from shared memory and 64 registers, x chunk / 32), shared memory
   per CTA, and bytes in flight per SM (an estimate from the plan, not a measurement): resident CTAs
   x one buffer (a chunk's copies are in flight while the other buffer is scanned);
-* shared-memory bank conflicts of the scan's loads (from the layout, not SASS): the most lanes of a
-  warp that load distinct 4-byte words of one bank for the same cell (1: conflict-free).
+* shared-memory bank conflicts of the scan's loads (from the layout, not SASS): the most distinct
+  4-byte words of one bank the lanes of a warp load for the same cell (1: conflict-free).
 
     python dev/gpu/v4_static_planes.py                 # print the table
     python dev/gpu/v4_static_planes.py --write benchmarks/scan_cuda_v4_static_planes.md
@@ -107,16 +107,17 @@ def plan_for(arch: str, dtype: str, height: int, width: int):
                                      per_sm, reserved)
 
 
-def bank_conflict_ways(length: int, elem: int) -> int:
+def bank_conflict_ways(length: int, elem: int, copy: int = 16) -> int:
     """Most distinct 4-byte words one bank serves when the 32 lanes of a warp load the same cell of
-    consecutive planes of ``length`` cells of ``elem`` bytes (packed, as the chunk's staging leaves them),
-    over every cell and every start of the chunk within a 16-byte piece."""
+    consecutive planes of ``length`` cells of ``elem`` bytes, staged ``plane_pitch`` bytes apart,
+    over every cell and every start of the chunk within a copy piece."""
+    pitch = planes_launch.plane_pitch(length, elem, copy)
     worst = 1
-    for lead in range(0, 16, elem):
+    for lead in range(0, copy if pitch == length * elem else 1, elem):
         for cell in range(length):
             banks: dict[int, set[int]] = {}
             for lane in range(32):
-                word = (lead + (lane * length + cell) * elem) // 4
+                word = (lead + lane * pitch + cell * elem) // 4
                 banks.setdefault(word % 32, set()).add(word)
             worst = max(worst, max(len(words) for words in banks.values()))
     return worst

@@ -43,8 +43,22 @@ def _round16(n: int) -> int:
     return -(-n // 16) * 16
 
 
+def _bank_ways(nbytes: int) -> int:
+    words = nbytes // 4
+    return min(words & -words, 32)
+
+
+def plane_pitch(length: int, elem: int, copy: int) -> int:
+    """Bytes from one staged plane to the next (``planes_pitch``): a plane of whole copies takes one
+    copy of padding where that spreads a warp's loads of a cell over more banks; others are packed."""
+    plane = length * elem
+    if plane % copy:
+        return plane
+    return plane + copy if _bank_ways(plane + copy) < _bank_ways(plane) else plane
+
+
 def _region(planes: int, segments: int, length: int, elem: int, copy: int) -> int:
-    return _round16(planes * length * elem + 2 * copy * segments)
+    return _round16(planes * plane_pitch(length, elem, copy) + 2 * copy * segments)
 
 
 def smem_bytes(batch: int, dim: int, groups: int, height: int, width: int, delta_planes: int, bc_planes: int,
