@@ -60,10 +60,19 @@ def test_cross_budgets_catch_unknown_and_stale_spills(monkeypatch):
     spilling = report.Row("sm_90", "bf16", 28, 1, 1, 1, registers=64, spill_bytes=8, stack_bytes=8, barriers=0,
                           loop_instructions=160.0, per_cell_channel=300.0, resident_warps=32, in_flight_kib=12.0)
     clean = report.Row("sm_90", "fp32", 56, 2, 1, 1, registers=64, spill_bytes=0, stack_bytes=0, barriers=0,
-                       loop_instructions=200.0, per_cell_channel=229.0, resident_warps=32, in_flight_kib=24.0)
+                       loop_instructions=170.0, per_cell_channel=190.0, resident_warps=32, in_flight_kib=24.0)
     failures = report.cross_budget_failures([spilling, clean])
     assert len(failures) == 2
     assert "bf16 W=28" in failures[0] and "spills" in failures[0] and "CROSS_SPILLS" in failures[1]
+
+
+def test_cross_budgets_hold_the_sm90_ratchet():
+    row = report.Row("sm_90", "bf16", 56, 2, 1, 1, registers=63, spill_bytes=0, stack_bytes=0, barriers=0,
+                     loop_instructions=220.0, per_cell_channel=251.1, resident_warps=32, in_flight_kib=24.0)
+    failures = report.cross_budget_failures([row])
+    assert len(failures) == 1 and "251.1 SASS" in failures[0]
+    # Other archs report their figures without a ratchet.
+    assert report.cross_budget_failures([report.Row(**{**row.__dict__, "arch": "sm_80"})]) == []
 
 
 def test_budgets_catch_what_they_hold():
