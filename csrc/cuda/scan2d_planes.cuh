@@ -54,6 +54,12 @@ struct PlanesForward {
   static_assert(kCopy == 4 || kCopy == 8 || kCopy == 16, "copies of 4, 8 or 16 bytes");
   static_assert(!kFixed || kH * kW <= kMaxCells, "PL scans planes of at most 64 cells");
 
+  // The element at a (non-negative) byte offset of a tensor of kBytes elements: an unsigned shift.
+  template <int kBytes>
+  static SS2D_HD SS2D_INLINE long long element(long long byte) {
+    return static_cast<long long>(static_cast<unsigned long long>(byte) / kBytes);
+  }
+
   // Cells of a plane (compiled in where the shape is).
   static SS2D_HD SS2D_INLINE int cells(const PlanesParams& p) { return kFixed ? kH * kW : p.height * p.width; }
 
@@ -107,7 +113,7 @@ struct PlanesForward {
       for (int i = t; i < pieces; i += threads) {
         const int left = lead + bytes_run - i * kCopy;
         ctx.template copy_async<kCopy>(dst + planes_piece_at(i, plane, pitch, kCopy), src,
-                                       (aligned + i * kCopy) / s.elem, left < kCopy ? left : kCopy);
+                                       element<kElem>(aligned + i * kCopy), left < kCopy ? left : kCopy);
       }
     }
   }
@@ -143,10 +149,10 @@ struct PlanesForward {
       const int from = i * kCopy;  // bytes from `aligned`
       const int at = dst + planes_piece_at(i, plane, pitch, kCopy);
       if (from >= lead && from + kCopy <= lead + bytes) {
-        ctx.template shared_to_global<kCopy>(y, (aligned + from) / kOut, at);
+        ctx.template shared_to_global<kCopy>(y, element<kOut>(aligned + from), at);
       } else {
         for (int b = from > lead ? from : lead; b < lead + bytes && b < from + kCopy; b += kOut) {
-          ctx.template shared_to_global<kOut>(y, (aligned + b) / kOut, at + (b - from));
+          ctx.template shared_to_global<kOut>(y, element<kOut>(aligned + b), at + (b - from));
         }
       }
     }
