@@ -118,6 +118,20 @@ def test_without_softplus_d_and_bias(planes):
         check(run(planes, x, 6, 4, route=route, softplus=False, chunk=4), x, 6, 4, route, softplus=False)
 
 
+def test_a_nan_in_one_map_leaves_every_other_map_bit_equal(planes):
+    # Each plane is scanned by its own thread: a NaN / inf in one map's delta or u changes that map only.
+    x = make_inputs(2, 20, 2, 7, 7, torch.bfloat16, seed=9)
+    clean = run(planes, x, 7, 7, chunk=8)
+    bad = dict(x, delta=x["delta"].clone(), u=x["u"].clone())
+    bad["delta"][0, 3, 17] = float("nan")
+    bad["u"][1, 11, 0] = float("inf")
+    y = run(planes, bad, 7, 7, chunk=8)
+    others = torch.ones(2, 20, dtype=torch.bool)
+    others[0, 3] = others[1, 11] = False
+    assert torch.equal(y[others], clean[others])
+    assert torch.isnan(y[0, 3]).any() and not torch.isfinite(y[1, 11]).all()
+
+
 def _pieces(begin: int, end: int, copy: int) -> int:
     """copy-byte pieces from the one holding byte ``begin`` to the one holding byte ``end - 1``."""
     return -(-(end - begin // copy * copy) // copy)
