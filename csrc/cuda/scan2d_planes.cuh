@@ -72,7 +72,7 @@ struct PlanesForward {
 
   static SS2D_HD SS2D_INLINE Chunk chunk_of(const PlanesParams& p, const PlanesLayout& s, int k) {
     const int maps = p.batch * p.dim;
-    const int per_group = p.dim / p.groups;
+    const int per_group = planes_div(p.dim, p.groups);
     Chunk ch;
     ch.first = k * p.chunk;
     ch.count = maps - ch.first < p.chunk ? maps - ch.first : p.chunk;
@@ -82,9 +82,10 @@ struct PlanesForward {
     ch.u = Staging{ch.first, ch.count, p.dim, p.dim, s.u, kElem};
     ch.delta = Staging{ch.first, ch.count, p.dim, delta_planes, s.delta, kElem};
     // B / C: entry (b, g) is key m / per_group of map m = b * dim + d (dim = groups * per_group).
-    const int key = ch.first / per_group;
-    ch.b = Staging{key, last / per_group - key + 1, p.groups, bc_planes, s.b, kElem};
-    ch.c = Staging{key, last / per_group - key + 1, p.groups, bc_planes, s.c, kElem};
+    const int key = planes_div(ch.first, per_group);
+    const int keys = planes_div(last, per_group) - key + 1;
+    ch.b = Staging{key, keys, p.groups, bc_planes, s.b, kElem};
+    ch.c = Staging{key, keys, p.groups, bc_planes, s.c, kElem};
     ch.y = s.y < 0 ? ch.u : Staging{ch.first, ch.count, p.dim, p.dim, s.y, 4};
     return ch;
   }
@@ -98,8 +99,8 @@ struct PlanesForward {
                                         int threads) {
     const int plane = length * s.elem;
     const int pitch = planes_pitch(length, s.elem, kCopy);
-    const int b0 = s.first / s.per;
-    const int runs = s.stride == s.per ? 1 : (s.first + s.count - 1) / s.per - b0 + 1;
+    const int b0 = planes_div(s.first, s.per);
+    const int runs = s.stride == s.per ? 1 : planes_div(s.first + s.count - 1, s.per) - b0 + 1;
     for (int seg = 0; seg < runs; ++seg) {
       const int js = seg == 0 ? 0 : (b0 + seg) * s.per - s.first;
       const int next = (b0 + seg + 1) * s.per - s.first;
@@ -166,11 +167,11 @@ struct PlanesForward {
     if (t >= ch.count) return;
     const int length = cells(p);
     const int m = ch.first + t;
-    const int d = m % p.dim;
-    const int per_group = p.dim / p.groups;
+    const int d = planes_mod(m, p.dim);
+    const int per_group = planes_div(p.dim, p.groups);
     const int su = buffer + planes_plane_at(ch.u, t, length, kCopy);
     const int sd = buffer + planes_plane_at(ch.delta, t, length, kCopy);
-    const int key = m / per_group - ch.b.first;
+    const int key = planes_div(m, per_group) - ch.b.first;
     const int sb = buffer + planes_plane_at(ch.b, key, length, kCopy);
     const int sc = buffer + planes_plane_at(ch.c, key, length, kCopy);
     // fp32 y of 2-byte inputs has its own region (planes_layout), else y goes over u.

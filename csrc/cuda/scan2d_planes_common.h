@@ -49,6 +49,11 @@ struct PlanesParams {
   int y_fp32;      // 1: y is fp32 (whatever the input type), 0: y has the inputs' type
 };
 
+// Quotient and remainder of non-negative ints (every index here): unsigned division, without the
+// sign fix-ups of int division.
+SS2D_HD inline int planes_div(int a, int b) { return static_cast<int>(static_cast<unsigned>(a) / static_cast<unsigned>(b)); }
+SS2D_HD inline int planes_mod(int a, int b) { return static_cast<int>(static_cast<unsigned>(a) % static_cast<unsigned>(b)); }
+
 SS2D_HD inline long long planes_chunks(const PlanesParams& p) {
   const long long maps = static_cast<long long>(p.batch) * p.dim;
   return (maps + p.chunk - 1) / p.chunk;
@@ -161,7 +166,7 @@ struct Staging {
 
 // The global plane of entry e.
 SS2D_HD inline long long planes_global_plane(const Staging& s, int e) {
-  return s.stride == s.per ? e : static_cast<long long>(e / s.per) * s.stride + e % s.per;
+  return s.stride == s.per ? e : static_cast<long long>(planes_div(e, s.per)) * s.stride + planes_mod(e, s.per);
 }
 
 // Shared byte (from the region's buffer) of piece i of a run whose first piece goes to byte 0: the
@@ -179,8 +184,9 @@ SS2D_HD inline int planes_plane_at(const Staging& s, int j, int length, int copy
   const int pitch = planes_pitch(length, s.elem, copy);
   int seg = 0, js = 0;
   if (s.stride != s.per) {
-    seg = (s.first + j) / s.per - s.first / s.per;
-    js = seg == 0 ? 0 : ((s.first + j) / s.per) * s.per - s.first;
+    const int bj = planes_div(s.first + j, s.per);
+    seg = bj - planes_div(s.first, s.per);
+    js = seg == 0 ? 0 : bj * s.per - s.first;
   }
   const int lead = static_cast<int>(planes_global_plane(s, s.first + js) * plane % copy);
   return s.region + copy * (2 * seg + js * pitch / copy) + lead + (j - js) * pitch;
