@@ -56,9 +56,9 @@ MAX_REGISTERS = 64
 # SASS per cell·channel of the streaming loop on sm_90 that CI holds, per (dtype, W) (the issue's
 # target is 22; see the module docstring).
 LOOP_BUDGET = {
-    ("fp32", 56): 35.5, ("fp32", 28): 34.5, ("fp32", 14): 43.0, ("fp32", 7): 58.5,
-    ("bf16", 56): 41.5, ("bf16", 28): 40.5, ("bf16", 14): 50.0, ("bf16", 7): 65.0,
-    ("fp16", 56): 40.0, ("fp16", 28): 38.5, ("fp16", 14): 48.0, ("fp16", 7): 63.0,
+    ("fp32", 56): 35.0, ("fp32", 28): 34.0, ("fp32", 14): 43.0, ("fp32", 7): 60.0,
+    ("bf16", 56): 40.5, ("bf16", 28): 39.0, ("bf16", 14): 48.5, ("bf16", 7): 65.0,
+    ("fp16", 56): 40.0, ("fp16", 28): 38.5, ("fp16", 14): 48.0, ("fp16", 7): 65.0,
 }
 # The same ratchet for the four-route kernel (per cell·channel of the op: all four routes).
 CROSS_LOOP_BUDGET = {
