@@ -25,8 +25,8 @@ def rows():
 
 def cross_vec(width: int) -> int:
     """Columns per lane of the four-route kernel's plan (dev/gpu/v4_static_report.py, cross_vec): the
-    narrowest of 1, 2, 4 that divides W with W / V <= 32 (two routes' state per column: fewest registers)."""
-    for vec in (1, 2, 4):
+    widest of 2, 1 that divides W with W / V <= 32 (two routes' state per column: 4 spill)."""
+    for vec in (2, 1):
         if width % vec == 0 and width // vec <= 32:
             return vec
     raise ValueError(f"width {width}: no lane width divides it within 32 lanes")
