@@ -68,6 +68,12 @@ class NvrtcKernels:
         self._host: Optional[ModuleType] = None
         self._limits_set: set[int] = set()
 
+    def _prepare_for(self, u) -> ModuleType:
+        """The host driver, set up for u's GPU; a tensor elsewhere is refused before any device query."""
+        if not u.is_cuda:
+            raise RuntimeError(f"vmamba2d CUDA kernels: u must be a CUDA tensor, got {u.device}")
+        return self._prepare(u.device.index)
+
     def _prepare(self, device_index: Optional[int]) -> ModuleType:
         import torch
 
@@ -93,17 +99,17 @@ class NvrtcKernels:
                                                     delta_softplus, height, width, out_fp32, plan)
             empty = A.new_empty(0, dtype=torch.float32)
             return y, empty, empty.clone()
-        return self._prepare(u.device.index).forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height,
+        return self._prepare_for(u).forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height,
                                                      width, out_fp32, save_carries)
 
     def backward(self, u, *args):
-        return self._prepare(u.device.index).backward(u, *args)
+        return self._prepare_for(u).backward(u, *args)
 
     def cross_forward(self, u, *args):
-        return self._prepare(u.device.index).cross_forward(u, *args)
+        return self._prepare_for(u).cross_forward(u, *args)
 
     def cross_backward(self, u, *args):
-        return self._prepare(u.device.index).cross_backward(u, *args)
+        return self._prepare_for(u).cross_backward(u, *args)
 
     def kernel_image_available(self, device_index: int) -> bool:
         """True when NVRTC can produce code this GPU runs (a cubin, or PTX for a newer GPU) and the
