@@ -169,6 +169,16 @@ def test_the_checker_catches_staging_bugs(planes, bug, message):
     check(run(planes, x, 7, 7, chunk=8, grid=2), x, 7, 7)
 
 
+@pytest.mark.parametrize("scenario", ["copy_tail", "never_written"])
+def test_the_checker_refuses_reads_of_undefined_shared_bytes(planes, scenario):
+    """A copy's bytes past its source bytes are zero after cp.async but stale after sm_75's load and
+    shared store; the kernel must never read them (nor memory nothing wrote): the emulation fails such
+    a read instead of returning its own zeros or poison, so both device paths are held to it."""
+    planes.planes_checker_self_check("copied_bytes")
+    with pytest.raises(RuntimeError, match="which no store and no copied source byte defined"):
+        planes.planes_checker_self_check(scenario)
+
+
 def test_rejects_what_it_cannot_run(planes):
     x = make_inputs(1, 2, 1, 9, 8, torch.float32, seed=0)
     with pytest.raises(RuntimeError, match="1 .. 64 cells"):

@@ -92,7 +92,7 @@ class PlanesHostCtx {
   PlanesHostCtx(int64_t block, int threads, int smem_bytes, Schedule& schedule, int bug)
       : block_(block), threads_(threads), schedule_(schedule), bug_(bug), data_(smem_bytes, 0xA5),
         writer_(smem_bytes, -1), writer_epoch_(smem_bytes, -1), reader_(smem_bytes, -1),
-        reader_epoch_(smem_bytes, -1), in_flight_(smem_bytes, -1), pending_(threads) {}
+        reader_epoch_(smem_bytes, -1), in_flight_(smem_bytes, -1), defined_(smem_bytes, 0), pending_(threads) {}
 
   int bug() const { return bug_; }
 
@@ -144,8 +144,10 @@ class PlanesHostCtx {
       }
       in_flight_[b] = t;
     }
-    Pending copy{dst, kBytes, std::vector<unsigned char>(kBytes, 0)};
-    std::memcpy(copy.bytes.data(), src.base + at, bytes);  // the rest is zero-filled (cp.async src-size)
+    // cp.async zero-fills past `bytes`; the sm_75 path (a load and a shared store) leaves those bytes as
+    // they were. The kernel must never read them: they land undefined, and a read of them fails.
+    Pending copy{dst, kBytes, bytes, std::vector<unsigned char>(kBytes, 0)};
+    std::memcpy(copy.bytes.data(), src.base + at, bytes);
     pending_[t].push_back(std::move(copy));
     ++g_copies;
   }
@@ -159,6 +161,7 @@ class PlanesHostCtx {
         in_flight_[b] = -1;
         writer_[b] = t;
         writer_epoch_[b] = epoch_;
+        defined_[b] = b < copy.dst + copy.source_bytes;
       }
     }
     pending_[t].clear();
@@ -172,6 +175,11 @@ class PlanesHostCtx {
       if (in_flight_[b] >= 0) {
         fail("thread " + std::to_string(t) + " read shared byte " + std::to_string(b) + " before its cp.async (thread " +
              std::to_string(in_flight_[b]) + ") was waited for");
+      }
+      if (!defined_[b]) {
+        fail("thread " + std::to_string(t) + " read shared byte " + std::to_string(b) +
+             ", which no store and no copied source byte defined (a copy's tail past its source bytes, or memory "
+             "never written)");
       }
       if (writer_epoch_[b] == epoch_ && writer_[b] >= 0 && writer_[b] != t) {
         fail("shared-memory race: thread " + std::to_string(t) + " read byte " + std::to_string(b) + " written by thread " +
@@ -202,6 +210,7 @@ class PlanesHostCtx {
       }
       writer_[b] = t;
       writer_epoch_[b] = epoch_;
+      defined_[b] = 1;
     }
     std::memcpy(data_.data() + at, &v, sizeof(T));
   }
@@ -240,6 +249,7 @@ class PlanesHostCtx {
   struct Pending {
     int dst;
     int size;
+    int source_bytes;  // bytes read from global memory; the rest of the copy is undefined on sm_75
     std::vector<unsigned char> bytes;
   };
   static constexpr int kNone = -1;
@@ -272,6 +282,7 @@ class PlanesHostCtx {
   int epoch_ = 0;
   std::vector<unsigned char> data_;
   std::vector<int> writer_, writer_epoch_, reader_, reader_epoch_, in_flight_;
+  std::vector<char> defined_;
   std::vector<std::vector<Pending>> pending_;
 };
 
@@ -444,6 +455,41 @@ at::Tensor planes_forward(const at::Tensor& u, const at::Tensor& delta, const at
   return y;
 }
 
+// The checker on one synthetic CTA of two threads, one rule per case (a case that breaks its rule
+// must fail; "copied_bytes" must pass): thread 0 copies 6 source bytes of a 16-byte piece, waits, a
+// barrier follows, then thread 1 reads
+//   "copied_bytes"   the 6 copied bytes;
+//   "copy_tail"      byte 6, past the copy's source bytes (zero on sm_80+, stale on sm_75);
+//   "never_written"  a byte of shared memory no store and no copy wrote.
+void planes_checker_self_check(const std::string& scenario) {
+  if (scenario != "copied_bytes" && scenario != "copy_tail" && scenario != "never_written") {
+    TORCH_CHECK(false, "scenario: expected copied_bytes, copy_tail or never_written, got ", scenario);
+  }
+  alignas(16) static const unsigned short source[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  const HostView<const unsigned short> view{source, 8, nullptr};
+  Schedule schedule(0);
+  PlanesHostCtx ctx(0, 2, 64, schedule, kBugNone);
+  ctx.each_thread([&](int t) {
+    if (t == 0) {
+      ctx.copy_async<16>(16, view, 0, 6);
+      ctx.commit();
+      ctx.wait_all();
+    }
+  });
+  ctx.barrier();
+  ctx.each_thread([&](int t) {
+    if (t != 1) return;
+    if (scenario == "copied_bytes") {
+      for (int b = 16; b < 22; ++b) (void)ctx.lds<unsigned char>(b);
+    } else if (scenario == "copy_tail") {
+      (void)ctx.lds<unsigned char>(22);
+    } else {
+      (void)ctx.lds<unsigned char>(40);
+    }
+  });
+  ctx.finish();
+}
+
 // Bytes of dynamic shared memory of a launch (planes_layout(...).total), for the launcher's mirror.
 int64_t planes_smem_bytes(int64_t batch, int64_t dim, int64_t groups, int64_t height, int64_t width,
                           int64_t delta_planes, int64_t bc_planes, int64_t chunk, int64_t copy_bytes, int64_t elem,
@@ -479,6 +525,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("dim"), pybind11::arg("groups"), pybind11::arg("height"), pybind11::arg("width"),
         pybind11::arg("delta_planes"), pybind11::arg("bc_planes"), pybind11::arg("chunk"),
         pybind11::arg("copy_bytes"), pybind11::arg("elem"), pybind11::arg("y_fp32"));
+  m.def("planes_checker_self_check", &planes_checker_self_check,
+        "one synthetic CTA per checker rule (raises where the rule catches the case)", pybind11::arg("scenario"));
   m.def("planes_counters", [] { return std::make_pair(g_copies, g_wide_stores); },
         "(copies issued, copy_bytes-wide y stores) of the last planes_forward call on this thread");
 }
