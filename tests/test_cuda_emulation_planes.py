@@ -24,9 +24,10 @@ def planes():
 
 
 def run(planes, x, height, width, route=0, y_fp32=False, order=2, chunk=16, grid=2, copy_bytes=16, bug=0,
-        softplus=True):
+        softplus=True, compiled_geometry=True):
     return planes.planes_forward(x["u"], x["delta"], x["A"], x["B"], x["C"], x["D"], x["delta_bias"], softplus,
-                                 height, width, route, y_fp32, order, chunk, grid, copy_bytes, bug)
+                                 height, width, route, y_fp32, order, chunk, grid, copy_bytes, bug,
+                                 compiled_geometry=compiled_geometry)
 
 
 def check(y, x, height, width, route=0, y_fp32=False, softplus=True):
@@ -59,14 +60,23 @@ def test_every_route(planes, route):
         check(run(planes, x, height, width, route=route, order=route + 2, chunk=8, grid=2), x, height, width, route)
 
 
-def test_compiled_in_geometry_equals_the_run_time_one(planes):
-    # 7 x 7, route 0, 16-byte copies runs the GPU entry's instance (shape and route compiled in);
-    # 8-byte copies the run-time one: the same bits.
-    for dtype in DTYPES:
-        x = make_inputs(2, 24, 2, 7, 7, dtype, seed=3)
-        fixed = run(planes, x, 7, 7, copy_bytes=16, chunk=32)
-        check(fixed, x, 7, 7)
-        assert torch.equal(run(planes, x, 7, 7, copy_bytes=8, chunk=32), fixed)
+# The GPU entry compiles the plane's shape and route in (VMAMBA2D_PL_HEIGHT / _WIDTH / _ROUTE / _COPY);
+# the emulation runs those instances for the model's 7 x 7 plane in every route code and copy width
+# and for one shape of each scan form (column by column, line by line), against the reference and bit
+# for bit against the run-time geometry.
+COMPILED_IN = ([(7, 7, route, 16) for route in range(16)] + [(7, 7, 0, 8), (7, 7, 0, 4)]
+               + [(1, 64, 0, 16), (64, 1, 0, 16), (8, 8, 0, 16)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compiled_in_geometries_equal_the_run_time_one(planes, dtype):
+    for height, width, route, copy_bytes in COMPILED_IN:
+        x = make_inputs(2, 24, 2, height, width, dtype, seed=route + copy_bytes)
+        options = dict(route=route, copy_bytes=copy_bytes, chunk=32, order=route + 2)
+        fixed = run(planes, x, height, width, **options)
+        check(fixed, x, height, width, route)
+        runtime = run(planes, x, height, width, **options, compiled_geometry=False)
+        assert torch.equal(fixed, runtime), (height, width, route, copy_bytes)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

@@ -26,6 +26,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "scan2d_planes.cuh"
@@ -305,18 +306,52 @@ void run_grid(const PlanesParams& p, int grid, int64_t order, int bug, const Hos
   }
 }
 
-// The emulation's instances: the run-time shape and route at each copy width, and the GPU entry's
-// model instance (7 x 7, route 0, 16-byte copies) for its compiled-in geometry.
+// The emulation's instances: the run-time geometry at each copy width, and, unless `compiled` is
+// false, the GPU entry's compiled-in geometries (VMAMBA2D_PL_HEIGHT / _WIDTH / _ROUTE / _COPY) that
+// the model and each scan form take: the 7 x 7 plane in all 16 route codes with 16-byte copies and
+// route 0 with 8- and 4-byte copies; 1 x 64 (column by column), 64 x 1 and 8 x 8 (line by line) at
+// route 0 with 16-byte copies. Another compiled-in geometry is the same code with other constants.
+template <class E, int kCopy, int... kRoutes>
+bool run_fixed_7x7(const PlanesParams& p, int grid, int64_t order, int bug, const HostViews<typename E::Raw>& v,
+                   std::integer_sequence<int, kRoutes...>) {
+  return ((p.route == kRoutes ? (run_grid<E, 7, 7, kRoutes, kCopy>(p, grid, order, bug, v), true) : false) || ...);
+}
+
+template <class E, int kCopy>
+bool run_fixed(const PlanesParams& p, int grid, int64_t order, int bug, const HostViews<typename E::Raw>& v) {
+  if (p.height == 7 && p.width == 7) {
+    if constexpr (kCopy == 16) {
+      return run_fixed_7x7<E, kCopy>(p, grid, order, bug, v, std::make_integer_sequence<int, 16>{});
+    } else {
+      return run_fixed_7x7<E, kCopy>(p, grid, order, bug, v, std::integer_sequence<int, 0>{});
+    }
+  }
+  if constexpr (kCopy == 16) {
+    if (p.route != 0) return false;
+    if (p.height == 1 && p.width == 64) return run_grid<E, 1, 64, 0, 16>(p, grid, order, bug, v), true;
+    if (p.height == 64 && p.width == 1) return run_grid<E, 64, 1, 0, 16>(p, grid, order, bug, v), true;
+    if (p.height == 8 && p.width == 8) return run_grid<E, 8, 8, 0, 16>(p, grid, order, bug, v), true;
+  }
+  return false;
+}
+
+template <class E, int kCopy>
+void run_copy(const PlanesParams& p, int grid, int64_t order, int bug, bool compiled,
+              const HostViews<typename E::Raw>& v) {
+  if (compiled && run_fixed<E, kCopy>(p, grid, order, bug, v)) return;
+  run_grid<E, -1, -1, -1, kCopy>(p, grid, order, bug, v);
+}
+
 template <class E>
-void by_copy(const PlanesParams& p, int grid, int64_t order, int bug, const HostViews<typename E::Raw>& v) {
+void by_copy(const PlanesParams& p, int grid, int64_t order, int bug, bool compiled,
+             const HostViews<typename E::Raw>& v) {
   switch (p.copy_bytes) {
     case 16:
-      if (p.height == 7 && p.width == 7 && p.route == 0) return run_grid<E, 7, 7, 0, 16>(p, grid, order, bug, v);
-      return run_grid<E, -1, -1, -1, 16>(p, grid, order, bug, v);
+      return run_copy<E, 16>(p, grid, order, bug, compiled, v);
     case 8:
-      return run_grid<E, -1, -1, -1, 8>(p, grid, order, bug, v);
+      return run_copy<E, 8>(p, grid, order, bug, compiled, v);
     case 4:
-      return run_grid<E, -1, -1, -1, 4>(p, grid, order, bug, v);
+      return run_copy<E, 4>(p, grid, order, bug, compiled, v);
     default:
       fail("copy_bytes: expected 16, 8 or 4, got " + std::to_string(p.copy_bytes));
   }
@@ -347,7 +382,7 @@ at::Tensor planes_forward(const at::Tensor& u, const at::Tensor& delta, const at
                           const at::Tensor& C, const std::optional<at::Tensor>& D,
                           const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height, int64_t width,
                           int64_t route, bool y_fp32, int64_t order, int64_t chunk, int64_t grid, int64_t copy_bytes,
-                          int64_t bug, int64_t routes, int64_t route_index) {
+                          int64_t bug, int64_t routes, int64_t route_index, bool compiled_geometry) {
   TORCH_CHECK(route >= 0 && route < 16, "route: expected a route code 0 .. 15, got ", route);
   TORCH_CHECK(height >= 1 && width >= 1 && height * width <= kMaxCells, "height, width: expected a plane of 1 .. ",
               kMaxCells, " cells, got ", height, " x ", width);
@@ -441,7 +476,7 @@ at::Tensor planes_forward(const at::Tensor& u, const at::Tensor& delta, const at
       v.y_t = view_of<Raw>(y, 0, y_count);
       v.y_t.writer = &writer;
     }
-    by_copy<E>(p, static_cast<int>(grid), order, static_cast<int>(bug), v);
+    by_copy<E>(p, static_cast<int>(grid), order, static_cast<int>(bug), compiled_geometry, v);
   };
   if (type == at::kFloat) {
     launch(HostF32{});
@@ -520,7 +555,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
         pybind11::arg("route"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("chunk"),
         pybind11::arg("grid"), pybind11::arg("copy_bytes"), pybind11::arg("bug") = 0, pybind11::arg("routes") = 1,
-        pybind11::arg("route_index") = 0);
+        pybind11::arg("route_index") = 0, pybind11::arg("compiled_geometry") = true);
   m.def("planes_smem_bytes", &planes_smem_bytes, "planes_layout(...).total of a launch", pybind11::arg("batch"),
         pybind11::arg("dim"), pybind11::arg("groups"), pybind11::arg("height"), pybind11::arg("width"),
         pybind11::arg("delta_planes"), pybind11::arg("bc_planes"), pybind11::arg("chunk"),
