@@ -60,7 +60,7 @@ def _source_paths(folder: str, *patterns: str) -> list[Path]:
 
 def _is_test_only(source: Path) -> bool:
     """The CUDA kernels' host emulation (scan2d_emulate.h, scan2d_emulation_bindings.h): tests build
-    it from the checkout (tests/cuda_emulation_build.py); the wheel does not carry it."""
+    it from the checkout (tests/support/cuda_emulation_build.py); the wheel does not carry it."""
     return "emulat" in source.name
 
 

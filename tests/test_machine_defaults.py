@@ -16,7 +16,7 @@ from vmamba2d.classification import eval as eval_cli
 from vmamba2d.classification import train as train_cli
 from vmamba2d.classification.config import resolve_train_config
 
-from tiny_imagefolder import make_tiny_imagefolder
+from support.tiny_imagefolder import make_tiny_imagefolder
 
 
 def test_available_cores_is_the_affinity_mask():

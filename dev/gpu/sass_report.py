@@ -82,7 +82,7 @@ bf16, backward <= 100 (the estimate of 6.; the static count of 4. is informative
 resident warps / SM in the forward and >= 16 in the backward; <= 10% lost slots on the model shapes;
 zero spills. Ratchet (RATCHET): the figures the kernels have reached -- the executed estimate per
 cell·channel and the registers of that variant on sm_90 -- may not grow;
-tests/test_cuda_static_report.py requires them in CI. Nothing is run on a GPU: none of these
+tests/ops/compiled/test_cuda_static_report.py requires them in CI. Nothing is run on a GPU: none of these
 figures is a measurement of speed.
 
     python dev/gpu/sass_report.py                         # all four archs, prints the tables

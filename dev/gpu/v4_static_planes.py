@@ -28,7 +28,7 @@ stage) is compiled with ``nvcc -cubin -Xptxas -v`` and disassembled with ``nvdis
     python dev/gpu/v4_static_planes.py --write benchmarks/scan_cuda_v4_static_planes.md
     python dev/gpu/v4_static_planes.py --check         # exit 1 when a budget below is broken
 
-Budgets (--check, tests/test_cuda_v4_static_planes.py): registers <= 64, no spills / stack, 2 BAR per
+Budgets (--check, tests/ops/compiled/test_cuda_v4_static_planes.py): registers <= 64, no spills / stack, 2 BAR per
 chunk loop, SASS per cell·channel on sm_90 <= LOOP_BUDGET[(dtype, shape)] (the committed kernel's
 figure plus ~3%: a ratchet, not the issue's target of 22).
 """

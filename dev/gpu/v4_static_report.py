@@ -25,7 +25,7 @@ The four-route kernel (CrossRowsForward, entry vmamba2d_rows_cross_forward under
 VMAMBA2D_RS_CROSS=1) gets the same table at cross_vec(W) columns per lane; its budgets:
 cross_budget_failures.
 
-Budgets (--check, and tests/test_cuda_v4_static.py): registers <= 64, no spills / stack, no BAR,
+Budgets (--check, and tests/ops/compiled/test_cuda_v4_static.py): registers <= 64, no spills / stack, no BAR,
 SASS per cell·channel on sm_90 <= LOOP_BUDGET[(dtype, W)] (four routes: CROSS_LOOP_BUDGET): the
 figures of the committed kernels plus ~3%, a ratchet against regressions. They are NOT the issue's
 target of 22: the accurate softplus, Abar, x and y alone take ~17 instructions a lane and cell, ~19.5

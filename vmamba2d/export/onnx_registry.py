@@ -6,7 +6,7 @@ per-call ``custom_translation_table``. Its default table is rebuilt at every exp
 which torch reads through onnxscript's framework API (``onnxscript._framework_apis``). So the
 package adds its translations to that registry with onnxscript's ``torch_op`` decorator. That
 torch reads it is an internal detail of torch, checked for the torch series in
-``TESTED_TORCH_SERIES`` (tests/test_onnx_export.py runs the bare call); on other versions
+``TESTED_TORCH_SERIES`` (tests/export/test_onnx_export.py runs the bare call); on other versions
 :func:`register_onnx_translations` raises and ``import vmamba2d.export`` warns instead of registering.
 """
 from __future__ import annotations

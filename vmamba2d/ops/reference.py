@@ -9,7 +9,7 @@ vectorised ``torch`` backend.
     selective_scan_2d_torch            the ``torch`` backend: the recurrence as log-depth prefix
                                        scans (differentiable, exportable), on validated tensors
 
-Every backend is tested against the references (tests/test_scan_reference.py holds the public ops
+Every backend is tested against the references (tests/ops/test_scan_reference.py holds the public ops
 against them with the same arguments). Per batch b, channel d, state n and pixel (i, j) of an
 ``height x width`` map stored row-major in ``L``::
 

@@ -119,7 +119,7 @@ def test_plan_builds_for_this_gpus_arch_and_runs_every_sanitizer_tool(gpu_check,
                      "bench-model-bf16", "sanitize-memcheck", "sanitize-racecheck", "sanitize-synccheck", "sanitize-initcheck"]
     build, tests = steps[0], steps[2]
     assert build.env == {"TORCH_CUDA_ARCH_LIST": "8.6", "MAX_JOBS": "16", "VMAMBA2D_NVCC_BUILD": "1"}
-    assert "tests/test_scan_cuda.py" in tests.command and "-m" in tests.command
+    assert "tests/ops/compiled/test_scan_cuda.py" in tests.command and "-m" in tests.command
     assert all(Path(gpu_check.REPO, f).is_file() for f in tests.command if f.startswith("tests/"))
     assert all(Path(gpu_check.REPO, steps[i].command[1]).is_file() for i in (1, 3))  # bench_v4, the Triton smoke
     models = next(s for s in steps if s.name == "bench-model-bf16")

@@ -1,5 +1,5 @@
 """The static report of the CUDA kernels (dev/gpu/sass_report.py): its pieces checked without a GPU
-(the check of the real kernels against their targets is tests/test_cuda_static_report.py, in CI).
+(the check of the real kernels against their targets is tests/ops/compiled/test_cuda_static_report.py, in CI).
 
 * its pieces against hand-made inputs: the SASS parser, loop finder and load-batch count on a small
   listing, the occupancy model against values of CUDA's occupancy calculator;

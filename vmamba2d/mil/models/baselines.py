@@ -2,7 +2,7 @@
 
 Default sizes: the 2DMamba code's (MambaMIL), the MambaMIL repository trainer's, which the 2DMamba
 trainer descends from (TransMIL, S4MIL), and the authors' own code's (CLAM-SB, DSMIL); the
-parameter counts at in_dim 1024 and 3 classes are stated (and derived) in tests/test_mil_baselines.py.
+parameter counts at in_dim 1024 and 3 classes are stated (and derived) in tests/mil/test_mil_baselines.py.
 
     ``MambaMIL``    the MambaMIL2D block (:mod:`.mamba`) on the tissue tokens as a 1 x n sequence.
     ``ABMIL``       ABMIL (Ilse et al., ICML 2018): attention pooling of the projected patches.

@@ -40,7 +40,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # warps: 16 warps per SM); without spills up to N = 16 (uncapped, ptxas picks fewer registers and
 # spills a few bytes, or more and fewer programs fit); at N = 32 / 64 the backward spills a few
 # bytes (up to 20 B) rather than halve its resident warps. Chosen from compiles without a GPU
-# (tests/test_scan_triton.py holds the figures), not timed on a GPU.
+# (tests/ops/triton/test_scan_triton.py holds the figures), not timed on a GPU.
 BLOCK_ELEMENTS = 256
 ELEMENTS_PER_THREAD = 2
 FWD_MAX_REGISTERS = 128

@@ -19,7 +19,7 @@ these and times many calls) picks among ``tuning_configs``: warps per program (`
 channels per program (``BLOCK_M``), tied so that every candidate keeps the same elements per
 thread and at least ``BLOCK_W / 32`` warps. Triton then lays a row out over the same lanes and
 warps in every candidate, so ``tl.associative_scan`` combines a row in the same order and no output
-bit depends on the choice (tests/test_scan_triton_rows.py compiles every candidate for sm_90 and
+bit depends on the choice (tests/ops/triton/test_scan_triton_rows.py compiles every candidate for sm_90 and
 compares the scan's layout). Under the interpreter the first candidate runs untimed.
 """
 from __future__ import annotations

@@ -1,0 +1,166 @@
+"""The four-route v4 row-streaming forward (CrossRowsForward in csrc/cuda/scan2d_rows.cuh: VMamba's
+cross scan, a top-down and a bottom-up sweep of two routes each, y written by the first sweep and
+read back and rewritten by the same lane in the second) on the host emulation, with warps and lanes
+in shuffled orders and every global access bounds-, alignment- and race-checked, against the fp64
+four-route reference (vmamba2d.ops.cross_selective_scan_2d_reference).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from support.cuda_emulation_build import rows_emulation
+from vmamba2d.ops import CROSS_ROUTES, cross_selective_scan_2d_reference, selective_scan_2d_reference
+from vmamba2d.ops.routes import from_route_order, to_route_order
+
+# Largest |y - reference| / max |reference| per y type (a 2-byte y is rounded once more between the
+# two sweeps than the reference's single cast).
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.4e-2}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return rows_emulation()
+
+
+def cross_vec(width: int) -> int:
+    """Columns per lane of the four-route kernel's plan (dev/gpu/v4_static_report.py, cross_vec): the
+    widest of 2, 1 that divides W with W / V <= 32 (two routes' state per column: 4 spill)."""
+    for vec in (2, 1):
+        if width % vec == 0 and width // vec <= 32:
+            return vec
+    raise ValueError(f"width {width}: no lane width divides it within 32 lanes")
+
+
+def make_inputs(batch, dim, height, width, dtype, seed, groups=1, use_d=True, use_bias=True):
+    """Random four-route inputs at N = 1 in the cross op's layout (B, C with `groups` planes per route)."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return {
+        "u": rand(batch, dim, height, width).to(dtype),
+        "delta": (rand(batch, 4, dim, height, width) * 0.5 - 1.0).to(dtype),
+        "A": -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05),
+        "B": rand(batch, 4, groups, height, width).to(dtype),
+        "C": rand(batch, 4, groups, height, width).to(dtype),
+        "D": rand(4 * dim) if use_d else None,
+        "delta_bias": rand(4 * dim) * 0.3 if use_bias else None,
+    }
+
+
+def run(rows, x, y_fp32=False, order=2, vec=None, load=None, softplus=True):
+    batch, dim, height, width = x["u"].shape
+    vec = cross_vec(width) if vec is None else vec
+    load = vec if load is None else load
+    length = height * width
+    groups = x["B"].shape[2]
+    y = rows.rows_cross_forward(
+        x["u"].reshape(batch, dim, length), x["delta"].reshape(batch, 4 * dim, length), x["A"],
+        x["B"].reshape(batch, 4 * groups, 1, length), x["C"].reshape(batch, 4 * groups, 1, length), x["D"],
+        x["delta_bias"], softplus, height, width, y_fp32, order, vec, load)
+    return y.reshape(batch, dim, height, width)
+
+
+def reference(x, softplus=True):
+    d = {k: (None if v is None else v.double()) for k, v in x.items()}
+    return cross_selective_scan_2d_reference(d["u"], d["delta"], d["A"], d["B"], d["C"], d["D"], d["delta_bias"],
+                                             softplus, routes="cross")
+
+
+def check(y, expected, y_type):
+    assert not torch.isnan(y).any()
+    err = ((y.double() - expected).abs().max() / expected.abs().max()).item()
+    assert err <= TOLERANCE[y_type], f"relative error {err:.3g} > {TOLERANCE[y_type]}"
+
+
+def test_routes_are_the_kernels_sweeps():
+    # Sweep 1: routes 0 and 1 start top-left; sweep 2: their reverses (codes 3 and 7) bottom-right.
+    assert [r.code for r in CROSS_ROUTES] == [0, 4, 3, 7]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(56, 56), (14, 14), (7, 7), (1, 1), (9, 13), (5, 28), (31, 3)])
+def test_four_routes_against_the_reference(rows, dtype, shape):
+    batch, dim = (1, 2) if shape[0] * shape[1] > 1000 else (2, 3)
+    x = make_inputs(batch, dim, *shape, dtype, seed=shape[0] * 97 + shape[1])
+    check(run(rows, x), reference(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp32_output_of_half_inputs(rows, dtype):
+    x = make_inputs(2, 3, 14, 28, dtype, seed=5)
+    y = run(rows, x, y_fp32=True)
+    assert y.dtype == torch.float32
+    # The reference takes the same rounded inputs: an fp32 y is as close as the fp32 kernel's.
+    check(y, reference(x), torch.float32)
+
+
+@pytest.mark.parametrize("vec,load", [(1, 1), (2, 1), (2, 2), (4, 1), (4, 4)])
+def test_every_lane_width(rows, vec, load):
+    x = make_inputs(2, 5, 6, 12, torch.float32, seed=11)
+    check(run(rows, x, vec=vec, load=load), reference(x), torch.float32)
+
+
+def test_without_d_and_bias_and_softplus(rows):
+    x = make_inputs(1, 4, 8, 8, torch.float32, seed=3, use_d=False, use_bias=False)
+    x["delta"] = x["delta"].abs() * 0.2 + 0.02
+    check(run(rows, x, softplus=False), reference(x, softplus=False), torch.float32)
+
+
+def test_groups_read_their_own_planes(rows):
+    # The cross op has one B / C plane per route; the kernel also takes groups (channel d reads
+    # plane d / (dim / groups) of its route): against the single-route reference per route, summed.
+    x = make_inputs(2, 4, 6, 8, torch.float32, seed=21, groups=2)
+    expected = torch.zeros(2, 4, 6, 8, dtype=torch.float64)
+    for k, route in enumerate(CROSS_ROUTES):
+        rows_, cols = route.grid(6, 8)
+        ch = slice(k * 4, (k + 1) * 4)
+        order = lambda t: to_route_order(t.double(), route)  # noqa: E731
+        y = selective_scan_2d_reference(order(x["u"]), order(x["delta"][:, k]), x["A"][ch].double(),
+                                        order(x["B"][:, k]).unsqueeze(2), order(x["C"][:, k]).unsqueeze(2),
+                                        x["D"][ch].double(), x["delta_bias"][ch].double(), True,
+                                        height=rows_, width=cols)
+        expected += from_route_order(y, route, 6, 8)
+    check(run(rows, x), expected, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_warp_and_lane_order_do_not_change_a_bit(rows, dtype):
+    x = make_inputs(3, 5, 14, 14, dtype, seed=8)
+    first = run(rows, x, order=0)
+    for order in (1, 2, 3, 17):
+        assert torch.equal(run(rows, x, order=order), first)
+
+
+@pytest.mark.parametrize("vec,load", [(1, 1), (2, 1)])
+def test_a_non_finite_map_never_changes_another_map_to_a_finite_wrong_value(rows, vec, load):
+    # Both sweeps' row scans are plain warp scans (up the lanes top-down, down the lanes bottom-up)
+    # whose segments start with the product 0: a NaN or inf in one map may turn the maps of its warp
+    # to NaN, never to another finite value (and idle lanes of a scalar plan hold zeros, not garbage).
+    x = make_inputs(2, 5, 6, 12, torch.float32, seed=13)
+    clean = run(rows, x, vec=vec, load=load)
+    for bad, value in ((3, float("nan")), (6, float("-inf"))):
+        spoiled = dict(x, u=x["u"].clone())
+        spoiled["u"][bad // 5, bad % 5, 2, 7] = value
+        y = run(rows, spoiled, vec=vec, load=load, order=bad)
+        for m in range(10):
+            got, want = y[m // 5, m % 5], clean[m // 5, m % 5]
+            if m != bad:
+                assert ((got == want) | got.isnan()).all(), m
+        assert not torch.equal(y, clean)
+
+
+def test_misaligned_vector_access_is_caught(rows):
+    # A base off the 16-byte boundary with a vector plan: the emulation's alignment check objects.
+    x = make_inputs(1, 2, 4, 8, torch.float32, seed=1)
+    u = torch.empty(2 * 32 + 1)[1:].reshape(1, 2, 4, 8)
+    u.copy_(x["u"])
+    x["u"] = u
+    with pytest.raises(RuntimeError, match="misaligned"):
+        run(rows, x, vec=4, load=4)
+    check(run(rows, x, vec=4, load=1), reference(x), torch.float32)
+
+
+def test_rejects_widths_the_lanes_do_not_divide(rows):
+    x = make_inputs(1, 2, 3, 6, torch.float32, seed=2)
+    with pytest.raises(RuntimeError, match="must divide"):
+        run(rows, x, vec=4)

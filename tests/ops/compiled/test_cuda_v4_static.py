@@ -1,0 +1,130 @@
+"""Static budgets of the v4 row-streaming forward (dev/gpu/v4_static_report.py): compiled for sm_90 with
+nvcc (no GPU), the model widths' instances keep <= 64 registers, no spills or stack, no block
+barrier, and their streaming loop within the SASS-per-cell·channel ratchet. Skipped without nvcc."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("vmamba2d_v4_static_report", REPO / "dev" / "gpu" / "v4_static_report.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _tool()
+NVCC, DISASSEMBLER = report.find_tools(None)
+needs_nvcc = pytest.mark.skipif(NVCC is None or DISASSEMBLER is None, reason="nvcc / nvdisasm not found")
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_model_widths_hold_the_budgets(dtype):
+    rows = report.run(NVCC, DISASSEMBLER, ["sm_90"], [dtype], list(report.WIDTHS))
+    assert len(rows) == len(report.WIDTHS)
+    assert all(r.per_cell_channel is not None and r.loop_instructions > 50 for r in rows)
+    assert report.budget_failures(rows) == []
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("route", [1, 4, 8])  # from_right, columns first, flat
+def test_other_routes_fit_the_registers(route):
+    rows = report.run(NVCC, DISASSEMBLER, ["sm_90"], ["fp32", "bf16"], [56], route)
+    for r in rows:
+        assert r.registers <= report.MAX_REGISTERS and r.spill_bytes == 0 and r.stack_bytes == 0, r
+        assert r.barriers == 0 and r.per_cell_channel is not None, r
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_four_route_kernel_holds_its_budgets(dtype):
+    rows = report.run_cross(NVCC, DISASSEMBLER, ["sm_90"], [dtype], list(report.WIDTHS))
+    assert [r.vec for r in rows] == [report.cross_vec(w) for w in report.WIDTHS] == [2, 2, 2, 1][:len(rows)]
+    assert all(r.per_cell_channel is not None and r.loop_instructions > 50 for r in rows)
+    assert report.cross_budget_failures(rows) == []
+
+
+def test_cross_budgets_catch_unknown_and_stale_spills(monkeypatch):
+    monkeypatch.setattr(report, "CROSS_SPILLS", {("sm_90", "fp32", 56)})
+    spilling = report.Row("sm_90", "bf16", 28, 1, 1, 1, registers=64, spill_bytes=8, stack_bytes=8, barriers=0,
+                          loop_instructions=160.0, per_cell_channel=200.0, resident_warps=32, in_flight_kib=12.0)
+    clean = report.Row("sm_90", "fp32", 56, 2, 1, 1, registers=64, spill_bytes=0, stack_bytes=0, barriers=0,
+                       loop_instructions=170.0, per_cell_channel=190.0, resident_warps=32, in_flight_kib=24.0)
+    failures = report.cross_budget_failures([spilling, clean])
+    assert len(failures) == 2
+    assert "bf16 W=28" in failures[0] and "spills" in failures[0] and "CROSS_SPILLS" in failures[1]
+
+
+def test_cross_budgets_hold_the_sm90_ratchet():
+    row = report.Row("sm_90", "bf16", 56, 2, 1, 1, registers=63, spill_bytes=0, stack_bytes=0, barriers=0,
+                     loop_instructions=220.0, per_cell_channel=251.1, resident_warps=32, in_flight_kib=24.0)
+    failures = report.cross_budget_failures([row])
+    assert len(failures) == 1 and "251.1 SASS" in failures[0]
+    # Other archs report their figures without a ratchet.
+    assert report.cross_budget_failures([report.Row(**{**row.__dict__, "arch": "sm_80"})]) == []
+
+
+def test_budgets_catch_what_they_hold():
+    row = report.Row("sm_90", "fp32", 56, 4, 1, 2, registers=72, spill_bytes=8, stack_bytes=8, barriers=1,
+                     loop_instructions=200.0, per_cell_channel=57.1, resident_warps=24, in_flight_kib=40.0)
+    failures = report.budget_failures([row])
+    assert len(failures) == 4
+    assert any("72 registers" in f for f in failures) and any("block barriers" in f for f in failures)
+    assert any("spills" in f for f in failures) and any("57.1 SASS" in f for f in failures)
+
+
+def _nvrtc_headers() -> Path | None:
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for base in nvidia.__path__:
+        for sub in ("cu13/include", "cuda_runtime/include"):
+            if (Path(base) / sub / "cuda_bf16.h").is_file():
+                return Path(base) / sub
+    return None
+
+
+@pytest.mark.parametrize("dtype,width,route", [("bf16", 56, 0), ("fp32", 7, 11), ("fp16", 14, 6), ("bf16", 56, -1)])
+def test_entry_compiles_with_nvrtc(dtype, width, route):
+    # route -1: the four-route entry (VMAMBA2D_RS_CROSS=1) at cross_vec's lane width.
+    # The launcher's path: NVRTC (no nvcc), the plan's macros, the CUDA headers torch's wheels bring.
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    headers = _nvrtc_headers()
+    if headers is None:
+        pytest.skip("no CUDA headers from the nvidia wheels")
+    plan, defines = report.plan_for(dtype, width)
+    defines["VMAMBA2D_RS_ROUTE"] = max(route, 0) & ~2
+    entry = "vmamba2d_rows_forward"
+    if route < 0:
+        vec = report.cross_vec(width)
+        defines.update(VMAMBA2D_RS_CROSS=1, VMAMBA2D_RS_VEC=vec, VMAMBA2D_RS_LOAD=vec,
+                       VMAMBA2D_RS_STEPS=report.rows_plan_module.scan_steps(width // vec))
+        entry = "vmamba2d_rows_cross_forward"
+    source = report.ENTRY.read_bytes()
+    err, prog = nvrtc.nvrtcCreateProgram(source, report.ENTRY.name.encode(), 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    options = [b"--gpu-architecture=sm_90", b"-std=c++17", b"--ptxas-options=-v",
+               f"-I{report.CUDA_SOURCES}".encode(), f"-I{headers}".encode(),
+               *[f"-D{k}={v}".encode() for k, v in defines.items()]]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = bytearray(size)  # NVRTC writes into it: never a (possibly shared) bytes object
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    text = bytes(log).decode(errors="replace")
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, text
+    _, cubin = nvrtc.nvrtcGetCUBINSize(prog)
+    assert cubin > 0
+    assert "0 bytes spill stores" in text and entry in text
+    nvrtc.nvrtcDestroyProgram(prog)

@@ -1,0 +1,119 @@
+"""`python -m vmamba2d.ops.precompile`: every CUDA kernel compiles with NVRTC for every default arch,
+without a GPU, within the ptxas budgets of dev/gpu/ptxas_report.py (the nvcc build's)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from support.script_loading import load_script
+
+from vmamba2d.ops import precompile
+from vmamba2d.ops.compiled import nvrtc
+from vmamba2d.ops.compiled.cuda_kernels import KERNELS
+
+try:
+    TOOLCHAIN = nvrtc.find_toolchain()
+except nvrtc.NvrtcUnavailable as err:
+    pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
+
+ptxas_report = load_script("dev/gpu/ptxas_report.py", "ptxas_report_for_nvrtc")
+
+# (kernel, arch) -> spill bytes (stores + loads) measured with NVRTC 13.0 (benchmarks/nvrtc_precompile.md).
+# sm_90's: nvcc 13.0's code has none; NVRTC's NVVM addresses shared memory with 64-bit pointers
+# (nvcc's cicc with 32-bit ones), which costs these kernels, already at their __launch_bounds__
+# register caps, a few registers. sm_80's spills as much under nvcc 13.0. A kernel not listed must
+# not spill; a listed one may not spill more.
+KNOWN_NVRTC_SPILLS: dict[tuple[str, int], int] = {
+    ("forward.fp32.kOneStateSequential", 80): 48,
+    ("forward.fp32.kGeneral", 90): 8,
+    ("backward.fp32.kOneStateRoute", 90): 96,
+    ("backward.fp16.kOneStateSequential", 90): 16,
+    ("backward.bf16.kOneStateSequential", 90): 8,
+}
+
+
+def budget_problems(row: precompile.Row) -> list[str]:
+    """ptxas_report's budget check of one precompiled kernel, with the NVRTC spill allowance."""
+    c = row.compiled
+    resources = ptxas_report.KernelResources(
+        source="nvrtc", arch=f"{row.arch // 10}.{row.arch % 10}", mangled=c.lowered_name, entry=True,
+        registers=c.resources.registers, spill_stores=c.resources.spill_stores,
+        spill_loads=c.resources.spill_loads, stack_bytes=c.resources.stack_bytes,
+        static_smem=c.resources.static_smem, barriers=c.resources.barriers, name=row.kernel)
+    allowance = KNOWN_NVRTC_SPILLS.get((row.kernel, row.arch))
+    spilled = c.resources.spill_stores + c.resources.spill_loads
+    problems = [p for p in ptxas_report.check_budgets(resources)
+                if allowance is None or not (p.startswith("spills") or p.startswith("stack frame"))]
+    if allowance is not None and spilled > allowance:
+        problems.append(f"spills {spilled} B > the known {allowance} B")
+    return problems
+
+
+def test_budget_check_flags_spills_and_registers():
+    ok = nvrtc.CompiledKernel("forward.fp32.kOneStateSequential", 90, nvrtc.Target(90, "cubin"), b"", "_Z1f",
+                              nvrtc.Resources(registers=76))
+    assert budget_problems(precompile.Row(ok.spec_name, 90, ok)) == []
+    heavy = nvrtc.CompiledKernel("forward.fp32.kOneStateSequential", 90, nvrtc.Target(90, "cubin"), b"", "_Z1f",
+                                 nvrtc.Resources(registers=96, spill_stores=4, spill_loads=4, stack_bytes=8))
+    assert len(budget_problems(precompile.Row(heavy.spec_name, 90, heavy))) == 3
+    route = nvrtc.CompiledKernel("forward.fp32.kRoute", 90, nvrtc.Target(90, "cubin"), b"", "_Z1f",
+                                 nvrtc.Resources(registers=96))
+    assert budget_problems(precompile.Row(route.spec_name, 90, route)) == []  # route forward: <= 102
+    known = nvrtc.CompiledKernel("forward.fp32.kGeneral", 90, nvrtc.Target(90, "cubin"), b"", "_Z1f",
+                                 nvrtc.Resources(registers=80, spill_stores=4, spill_loads=4, stack_bytes=8))
+    assert budget_problems(precompile.Row(known.spec_name, 90, known)) == []
+    worse = dataclasses.replace(known, resources=dataclasses.replace(known.resources, spill_stores=8))
+    assert budget_problems(precompile.Row(worse.spec_name, 90, worse)) == ["spills 12 B > the known 8 B"]
+
+
+def test_precompile_command_prints_table_and_reuses_cache(tmp_path: Path, capsys):
+    newest = max(TOOLCHAIN.archs)
+    argv = ["--arch", "80", str(newest + 10), "--kernels", "carry_scan", "--cache-dir", str(tmp_path), "--jobs", "2"]
+    assert precompile.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| carry_scan | sm_80 | cubin sm_80 |" in out
+    assert f"| carry_scan | sm_{newest + 10} | ptx compute_{newest} |" in out
+    assert len(list(tmp_path.rglob("*.bin"))) == 2
+    assert precompile.main(argv) == 0
+    assert capsys.readouterr().out.count(" (cached) |") == 2
+
+
+def test_precompile_reports_missing_headers_and_bad_arguments(monkeypatch, capsys):
+    assert precompile.main(["--kernels", "forward.fp64.kGeneral"]) == 2
+    assert "kernel must be one of" in capsys.readouterr().err
+    assert precompile.main(["--arch", "60", "--kernels", "carry_scan"]) == 2
+    assert "got sm_60" in capsys.readouterr().err
+    monkeypatch.setattr(nvrtc, "cuda_include_candidates", lambda: [Path("/nonexistent/include")])
+    nvrtc.find_toolchain.cache_clear()
+    try:
+        assert precompile.main(["--arch", "90"]) == 2
+        err = capsys.readouterr().err
+        assert "no CUDA headers (cuda_fp16.h, cuda_bf16.h) found in /nonexistent/include" in err
+        assert "install a CUDA build of torch" in err
+    finally:
+        nvrtc.find_toolchain.cache_clear()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", precompile.DEFAULT_ARCHS)
+def test_every_kernel_compiles_within_budget(arch: int, tmp_path: Path):
+    rows = precompile.precompile(list(KERNELS.values()), [arch], jobs=2, folder=tmp_path)
+    assert [row.error for row in rows if row.compiled is None] == []
+    assert all(row.compiled.target == nvrtc.Target(arch, "cubin") for row in rows)
+    problems = {f"{row.kernel} sm_{row.arch}": budget_problems(row) for row in rows}
+    assert {name: p for name, p in problems.items() if p} == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", precompile.DEFAULT_ARCHS)
+def test_rows_forward_entries_compile_without_spills(arch: int, tmp_path: Path):
+    """The v4 RS entries (one per model-width plan and dtype) fit kRowsMinBlocks' 64 registers, no spill."""
+    specs = [spec for name, spec in KERNELS.items() if name.startswith("rows_forward.")]
+    assert len(specs) == 12
+    rows = precompile.precompile(specs, [arch], jobs=2, folder=tmp_path)
+    assert [row.error for row in rows if row.compiled is None] == []
+    figures = {row.kernel: (row.compiled.resources.spill_stores + row.compiled.resources.spill_loads,
+                            row.compiled.resources.stack_bytes) for row in rows}
+    assert figures == {spec.name: (0, 0) for spec in specs}
+    assert max(row.compiled.resources.registers for row in rows) <= 64

@@ -1,0 +1,121 @@
+"""The v4 row-streaming forward (RS) on the NVRTC path without a GPU: the ctypes parameter block has
+the C struct's layout (checked against the C++ compiler's offsetof), the launch passes the plan's
+grid / block and the parameter bytes on the current stream (recording fake driver), and the rule
+that picks RS or v3 for the single-route op."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from vmamba2d.ops.compiled import cuda_launch, nvrtc, rows_launch, rows_plan
+from vmamba2d.ops.compiled.cuda_kernels import KERNELS, MODEL_ROWS_PLANS
+
+try:
+    TOOLCHAIN = nvrtc.find_toolchain()
+except nvrtc.NvrtcUnavailable as err:
+    pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
+
+from support.nvrtc_recording import RecordingDriver, stub_kernels  # noqa: E402
+
+CSRC = Path(__file__).resolve().parents[3] / "csrc" / "cuda"
+
+
+def scan_inputs(batch, dim, height, width, dtype=torch.float32, nstate=1, groups=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    L = height * width
+    u, delta = (torch.randn(batch, dim, L, generator=g).to(dtype) for _ in range(2))
+    B, C = (torch.randn(batch, groups, nstate, L, generator=g).to(dtype) for _ in range(2))
+    A = -torch.rand(dim, nstate, generator=g)
+    return u, delta, A, B, C, torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+
+
+def test_params_layout_equals_the_c_struct(tmp_path: Path):
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    fields = [name for name, _ in rows_launch.RowsParams._fields_]
+    prints = "".join(f'  std::printf("%zu ", offsetof(P, {f}));\n' for f in fields)
+    (tmp_path / "layout.cpp").write_text(
+        '#include <cstddef>\n#include <cstdio>\n#include "scan2d_rows_common.h"\n'
+        "using P = vmamba2d::rows::RowsParams;\nint main() {\n" + prints + '  std::printf("%zu\\n", sizeof(P));\n}\n')
+    subprocess.run([cxx, "-std=c++17", f"-I{CSRC}", str(tmp_path / "layout.cpp"), "-o", str(tmp_path / "layout")],
+                   check=True)
+    out = subprocess.run([str(tmp_path / "layout")], check=True, capture_output=True, text=True).stdout.split()
+    expected = [getattr(rows_launch.RowsParams, f).offset for f in fields] + [ctypes.sizeof(rows_launch.RowsParams)]
+    assert [int(v) for v in out] == expected
+
+
+@pytest.fixture()
+def launcher(tmp_path):
+    stub_kernels(tmp_path, {90}, TOOLCHAIN)
+    driver = RecordingDriver()
+    launcher = cuda_launch.KernelLauncher(driver, tmp_path, TOOLCHAIN, current_device=lambda: 0,
+                                          stream_of=lambda d: 1000 + d, device_arch=lambda d: 90)
+    return launcher, driver
+
+
+@pytest.mark.parametrize("dtype,out_fp32", [(torch.float32, False), (torch.bfloat16, True), (torch.float16, False)])
+def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32):
+    launcher, driver = launcher
+    u, delta, A, B, C, D, bias = scan_inputs(5, 24, 14, 14, dtype)
+    design, plan, _ = rows_launch.forward_design(u, delta, A, B, C, D, bias, 14, out_fp32, False)
+    assert design == "rs" and (plan.vec, plan.seg_lanes, plan.maps_per_warp) == (2, 7, 4)
+    seen = []
+    record = driver.launch
+
+    def read_back(function, grid, threads, smem, stream, pointers):
+        array = (ctypes.c_void_p * 1).from_address(pointers)
+        seen.append(rows_launch.RowsParams.from_buffer_copy(ctypes.string_at(array[0], ctypes.sizeof(rows_launch.RowsParams))))
+        record(function, grid, threads, smem, stream, pointers)
+
+    driver.launch = read_back
+    y = rows_launch.launch_rows_forward(launcher, u, delta, A, B, C, D, bias, True, 14, 14, out_fp32, plan)
+    assert y.shape == u.shape and y.dtype == (torch.float32 if out_fp32 else dtype)
+    (launch,) = driver.of("launch")
+    spec = rows_launch.plan_spec(plan, dtype)
+    assert spec.name in KERNELS  # a model width: precompiled
+    assert launch[1][2] == f"sym_{spec.file_stem}"
+    maps_per_block = plan.maps_per_warp * 4  # 128 threads: 4 warps
+    assert launch[2:6] == ((-(-5 * 24 // maps_per_block), 1, 1), 128, 0, 1000)
+    (p,) = seen
+    pointers = (p.u, p.delta, p.B, p.C, p.A, p.D, p.delta_bias, p.y)
+    assert pointers == tuple(t.data_ptr() for t in (u, delta, B, C, A, D, bias, y))
+    assert (p.delta_planes, p.bc_planes, p.batch, p.dim, p.groups, p.height, p.width) == (24, 1, 5, 24, 1, 14, 14)
+    assert (p.seg_lanes, p.maps_per_warp, p.softplus, p.y_fp32, p.from_bottom) == (7, 4, 1, int(y.dtype == torch.float32), 0)
+
+
+@pytest.mark.parametrize("width", [56, 28, 14, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_model_widths_take_rs_with_a_precompiled_plan(width, dtype):
+    u, delta, A, B, C, D, bias = scan_inputs(2, 8, width, width, dtype)
+    for out_fp32 in (False, True):
+        design, plan, _ = rows_launch.forward_design(u, delta, A, B, C, D, bias, width, out_fp32, False)
+        assert design == "rs"
+        assert (plan.vec, plan.load, plan.prefetch, plan.scan_steps) in MODEL_ROWS_PLANS
+        assert plan.seg_lanes * plan.vec >= width and plan.seg_lanes <= 32
+
+
+def test_other_calls_stay_on_v3(monkeypatch):
+    u, delta, A, B, C, D, bias = scan_inputs(2, 8, 14, 14, nstate=4)
+    assert rows_launch.forward_design(u, delta, A, B, C, D, bias, 14, False, False)[0] == "v3"  # N = 4
+    u, delta, A, B, C, D, bias = scan_inputs(1, 4, 2, 200)
+    assert rows_launch.forward_design(u, delta, A, B, C, D, bias, 200, False, False)[0] == "v3"  # too wide
+    u, delta, A, B, C, D, bias = scan_inputs(2, 8, 14, 14)
+    design, _, why = rows_launch.forward_design(u, delta, A, B, C, D, bias, 14, False, True)
+    assert design == "v3" and "backward" in why  # gradients: the v3 backward needs its carries
+    monkeypatch.setenv(rows_launch.PLAN_ENV, "v3")
+    assert rows_launch.forward_design(u, delta, A, B, C, D, bias, 14, False, False)[:2] == ("v3", None)
+    monkeypatch.setenv(rows_launch.PLAN_ENV, "fastest")
+    with pytest.raises(ValueError, match="VMAMBA2D_SCAN_PLAN: expected one of auto, v3"):
+        rows_launch.forward_design(u, delta, A, B, C, D, bias, 14, False, False)
+
+
+def test_grid_covers_every_map():
+    plan = rows_plan.rows_plan(4, 4, 56, 0)
+    blocks = plan.blocks(128, 192)
+    assert blocks * 4 * plan.maps_per_warp >= 128 * 192 > (blocks - 1) * 4 * plan.maps_per_warp

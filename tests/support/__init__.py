@@ -1,0 +1,1 @@
+"""Helpers the tests share (inputs, references, emulation builds, script loading); not tests."""

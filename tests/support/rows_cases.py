@@ -1,0 +1,39 @@
+"""The RS (row-streaming) kernels' test inputs and fp64 reference, shared by the RS and PL emulation tests."""
+from __future__ import annotations
+import torch
+from vmamba2d.ops import Route, selective_scan_2d_reference
+from vmamba2d.ops.routes import from_route_order, to_route_order
+
+
+def make_inputs(batch, dim, groups, height, width, dtype, seed, use_d=True, use_bias=True, softplus=True):
+    """Random inputs of the N = 1 scan: A < 0, delta around the softplus knee (or a positive step size
+    without softplus)."""
+    g = torch.Generator().manual_seed(seed)
+    length = height * width
+    rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    delta = rand(batch, dim, length) * 0.5 - 1.0 if softplus else rand(batch, dim, length).abs() * 0.2 + 0.02
+    return {
+        "u": rand(batch, dim, length).to(dtype),
+        "delta": delta.to(dtype),
+        "A": -(torch.rand(dim, 1, generator=g) * 1.5 + 0.05),
+        "B": rand(batch, groups, 1, length).to(dtype),
+        "C": rand(batch, groups, 1, length).to(dtype),
+        "D": rand(dim) if use_d else None,
+        "delta_bias": rand(dim) * 0.3 if use_bias else None,
+    }
+
+
+def reference(x, height, width, route_code, softplus=True):
+    """fp64 reference of one route: the inputs moved into the route's order, the 2D recurrence on the
+    route's grid, y moved back to map order."""
+    route = Route.from_code(route_code)
+    rows_, cols = route.grid(height, width)
+
+    def order(t):
+        return to_route_order(t.double().unflatten(-1, (height, width)), route)
+
+    d = x["D"].double() if x["D"] is not None else None
+    bias = x["delta_bias"].double() if x["delta_bias"] is not None else None
+    y = selective_scan_2d_reference(order(x["u"]), order(x["delta"]), x["A"].double(), order(x["B"]), order(x["C"]),
+                                    d, bias, softplus, height=rows_, width=cols)
+    return from_route_order(y, route, height, width).flatten(-2)
