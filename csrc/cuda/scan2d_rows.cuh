@@ -56,13 +56,15 @@ struct IsFloat<float> {
 // even), from the device or the host file. kV columns per lane, kLoad elements per global access
 // (kV or 1), kOrder and kFromRight: the route's passes (Order); kPrefetch rows loaded ahead;
 // kSteps: the segmented scan's steps, rows_scan_steps(seg_lanes) (>= it is correct, fewer is not;
-// the GPU entry checks), or -1 to take rows_scan_steps at run time (the host emulation).
-template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch, int kSteps>
+// the GPU entry checks), or -1 to take rows_scan_steps at run time (the host emulation). kSave
+// (rows-first routes): also store h of every kBandRows-th row for the backward (run_saving).
+template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch, int kSteps, bool kSave = false>
 struct RowsForward {
   using Raw = typename E::Raw;
   static constexpr int kChunks = kV / kLoad;
   static_assert(kLoad == kV || kLoad == 1, "a lane's columns load as one vector or one by one");
   static_assert(kPrefetch >= 1, "at least the next row is loaded ahead");
+  static_assert(!kSave || kOrder == Order::kRowsFirst, "carries are saved for rows-first routes");
 
   // A lane's registers that live across the phases of a row and from row to row.
   struct Lane {
@@ -121,15 +123,24 @@ SS2D_UNROLL
   // is a loop of its own (the same loop where the inputs are fp32).
   template <class Ctx>
   static SS2D_HD void run(Ctx& ctx, const RowsParams& p, long long item) {
+    static_assert(!kSave, "a saving forward runs through run_saving");
+    run_saving(ctx, p, item, nullptr);
+  }
+
+  // run, and with kSave the band carries: fp32 carries[map][rows_carry_rows(H)][W] (map = b * dim +
+  // d), row k holding h of stream row (k + 1) * kBandRows - 1 in memory column order (stream rows
+  // count from the route's first row: bottom-up for from_bottom routes).
+  template <class Ctx>
+  static SS2D_HD void run_saving(Ctx& ctx, const RowsParams& p, long long item, float* carries) {
     if (!IsFloat<Raw>::value && p.y_fp32) {
-      stream<true>(ctx, p, item);
+      stream<true>(ctx, p, item, carries);
     } else {
-      stream<false>(ctx, p, item);
+      stream<false>(ctx, p, item, carries);
     }
   }
 
   template <bool kF32, class Ctx>
-  static SS2D_HD void stream(Ctx& ctx, const RowsParams& p, long long item) {
+  static SS2D_HD void stream(Ctx& ctx, const RowsParams& p, long long item, float* carries) {
     constexpr int K = Ctx::kLanes;
     using Out = typename Pick<kF32, float, Raw>::type;
     const int H = p.height;
@@ -150,12 +161,15 @@ SS2D_UNROLL
     const auto A = ctx.global(p.A, p.dim);
     const auto bias = ctx.global(p.delta_bias, p.delta_bias != nullptr ? p.dim : 0);
     const auto skip = ctx.global(p.D, p.D != nullptr ? p.dim : 0);
+    const int carry_rows = rows_carry_rows(H);
+    const auto carry = ctx.global(carries, kSave ? maps * carry_rows * W : 0);
     // Each lane's views at its first column of the first row; the row being scanned is `row` (the
     // same for every lane: a 32-bit element offset, one multiply-add of the address per tensor and
     // row), the inputs are loaded P rows ahead of it.
     using InView = decltype(ctx.offset(u, 0LL));
     InView lane_u[K], lane_d[K], lane_b[K], lane_c[K];
     decltype(ctx.offset(y, 0LL)) lane_y[K];
+    decltype(ctx.offset(carry, 0LL)) lane_carry[K];
 
     Lane lanes[K];
     float sa[K], sb[K], ta[K], tb[K];
@@ -184,6 +198,7 @@ SS2D_UNROLL
       const int q = ctx.slot(lane);
       const long long cell = first_row + col;
       lane_y[q] = ctx.pin(ctx.offset(y, at_map * L + cell));
+      if constexpr (kSave) lane_carry[q] = ctx.offset(carry, at_map * carry_rows * W + col);
       lane_u[q] = ctx.offset(u, at_map * L + cell);
       lane_d[q] = ctx.offset(delta, (static_cast<long long>(b) * p.delta_planes + d) * L + cell);
       lane_b[q] = ctx.offset(B, (static_cast<long long>(b) * p.bc_planes + g) * L + cell);
@@ -320,6 +335,18 @@ SS2D_UNROLL
 SS2D_UNROLL
           for (int j = 0; j < kChunks; ++j) {
             ctx.template store_if<kLoad>((l.valid >> j) & 1u, lane_y[q], row + chunk_step(j), &v[j * kLoad]);
+          }
+          if constexpr (kSave) {
+            if (i % kBandRows == kBandRows - 1 && i + 1 < H) {
+              float hv[kV];
+SS2D_UNROLL
+              for (int k = 0; k < kV; ++k) hv[at(k)] = l.above[k];
+              const int band_off = (i / kBandRows) * W;
+SS2D_UNROLL
+              for (int j = 0; j < kChunks; ++j) {
+                ctx.template store_if<kLoad>((l.valid >> j) & 1u, lane_carry[q], band_off + chunk_step(j), &hv[j * kLoad]);
+              }
+            }
           }
           load_row(ctx, lane_u[q], next, l.valid, l.u[r]);
           load_row(ctx, lane_c[q], next, l.valid, l.c[r]);

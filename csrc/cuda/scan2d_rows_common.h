@@ -80,5 +80,13 @@ SS2D_HD inline int rows_scan_steps(int seg_lanes) {
   return steps;
 }
 
+// Rows of a band of the RS backward (scan2d_rows_backward.cuh): the forward that saves carries
+// stores h of every band's last row but the map's last band's, the backward recomputes a band from
+// the row above it.
+constexpr int kBandRows = 8;
+
+// Saved carry rows per map: the bands after the first one, ceil(H / kBandRows) - 1.
+SS2D_HD inline int rows_carry_rows(int height) { return (height - 1) / kBandRows; }
+
 }  // namespace rows
 }  // namespace vmamba2d

@@ -1,0 +1,493 @@
+// Host emulation of the RS backward (scan2d_rows_backward.cuh) and of the forward that saves its
+// band carries (RowsForward::run_saving), built by the C++ compiler alone as a test-only torch
+// extension (tests/support/cuda_emulation_build.py: build_emulation; include path csrc/cuda). Warps
+// run in a chosen order (forward, reversed or shuffled), the 32 lanes of a warp one after another in
+// every per-lane phase in that order, the shuffles move values between the lanes' slots. Checks, each
+// a RuntimeError naming what went wrong:
+//   * global accesses: bounds, the alignment of every vector access, writes only into the launch's
+//     outputs, each output element written exactly once, by one lane, and read by no other lane;
+//     after the launch every output element must have been written;
+//   * the band buffer: a lane touches only its own slots, and never reads a slot before writing it;
+//   * shuffles only between per-lane phases, per-lane phases not nested, global and band accesses
+//     only inside them.
+// Outputs start as NaN, so an element the kernel did not write also shows in the results.
+#include <torch/extension.h>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "scan2d_rows_backward.cuh"
+
+namespace vmamba2d {
+namespace rows {
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error("RS backward emulation: " + what); }
+
+struct HostF32 {
+  using Raw = float;
+  static float to_float(float v) { return v; }
+  static float from_float(float v) { return v; }
+  template <int kN>
+  static void widen(const float (&in)[kN], float (&out)[kN]) {
+    for (int k = 0; k < kN; ++k) out[k] = in[k];
+  }
+};
+
+template <class C10>
+struct HostHalfLike {
+  using Raw = uint16_t;
+  static float to_float(uint16_t v) { return static_cast<float>(C10(v, C10::from_bits())); }
+  static uint16_t from_float(float v) { return C10(v).x; }
+  template <int kN>
+  static void widen(const uint16_t (&in)[kN], float (&out)[kN]) {
+    for (int k = 0; k < kN; ++k) out[k] = to_float(in[k]);
+  }
+};
+using HostF16 = HostHalfLike<c10::Half>;
+using HostBF16 = HostHalfLike<c10::BFloat16>;
+
+// One output buffer's writer per element (global lane id; -1: none yet).
+class OutputShadow {
+ public:
+  OutputShadow(std::string name, int64_t extent) : name_(std::move(name)), writer_(extent, -1) {}
+
+  void write(int64_t i, int64_t lane) {
+    if (writer_[i] >= 0) {
+      fail(name_ + " element " + std::to_string(i) + " written twice (lanes " + std::to_string(writer_[i]) + " and " +
+           std::to_string(lane) + ")");
+    }
+    writer_[i] = lane;
+  }
+  void read(int64_t i, int64_t lane) const {
+    if (writer_[i] >= 0 && writer_[i] != lane) {
+      fail("global-memory race: " + name_ + " element " + std::to_string(i) + " written by lane " +
+           std::to_string(writer_[i]) + " and read by lane " + std::to_string(lane));
+    }
+  }
+  void check_complete() const {
+    const auto missing = std::count(writer_.begin(), writer_.end(), int64_t{-1});
+    if (missing) fail(std::to_string(missing) + " elements of " + name_ + " were written by no lane");
+  }
+
+ private:
+  std::string name_;
+  std::vector<int64_t> writer_;
+};
+
+template <class V>
+struct HostView {
+  V* base = nullptr;
+  int64_t extent = 0;
+  OutputShadow* shadow = nullptr;
+  int64_t origin = 0;
+};
+
+class Schedule {
+ public:
+  explicit Schedule(int64_t order) : order_(order), rng_(static_cast<uint64_t>(order)) {}
+  std::vector<int64_t> permutation(int64_t count) {
+    std::vector<int64_t> idx(static_cast<size_t>(count));
+    std::iota(idx.begin(), idx.end(), 0);
+    if (order_ == 1) {
+      std::reverse(idx.begin(), idx.end());
+    } else if (order_ >= 2) {
+      std::shuffle(idx.begin(), idx.end(), rng_);
+    }
+    return idx;
+  }
+
+ private:
+  int64_t order_;
+  std::mt19937_64 rng_;
+};
+
+// The launch's output buffers by their first byte.
+using Outputs = std::map<const void*, OutputShadow*>;
+
+// The execution context of one warp (RowsDeviceCtx's interface plus the band buffer).
+class BackwardHostCtx {
+ public:
+  static constexpr int kLanes = kWarpLanes;
+
+  BackwardHostCtx(int64_t warp, Schedule& schedule, const Outputs& outputs, int band_slots)
+      : warp_(warp), schedule_(schedule), outputs_(outputs), band_(static_cast<size_t>(band_slots) * kLanes, 0.f),
+        band_written_(band_.size(), false) {}
+
+  int slot(int lane) const { return lane; }
+
+  template <class F>
+  void each_lane(F&& f) {
+    if (lane_ >= 0) fail("each_lane nested inside another per-lane phase");
+    for (int64_t lane : schedule_.permutation(kLanes)) {
+      lane_ = static_cast<int>(lane);
+      f(lane_);
+    }
+    lane_ = -1;
+  }
+
+  template <class V>
+  HostView<V> global(V* ptr, int64_t count) const {
+    HostView<V> view{ptr, count, nullptr};
+    if constexpr (!std::is_const_v<V>) {
+      if (ptr != nullptr && count > 0) {
+        const auto it = outputs_.find(static_cast<const void*>(ptr));
+        if (it == outputs_.end()) fail("a writable pointer that is none of the launch's outputs");
+        view.shadow = it->second;
+      }
+    }
+    return view;
+  }
+  template <class V>
+  HostView<V> offset(const HostView<V>& view, int64_t at) const {
+    HostView<V> moved = view;
+    moved.origin += at;
+    return moved;
+  }
+  template <class V>
+  HostView<V> pin(const HostView<V>& view) const {
+    return view;
+  }
+  int pin(int v) const { return v; }
+
+  template <class V>
+  std::remove_const_t<V> read(const HostView<V>& view, int64_t at) const {
+    std::remove_const_t<V> v;
+    load<1>(view, at, &v);
+    return v;
+  }
+  template <int kCount, class V>
+  void load(const HostView<V>& view, int64_t at, std::remove_const_t<V>* dst) const {
+    const int64_t i = view.origin + at;
+    check(view, i, kCount, "load");
+    if (view.shadow != nullptr) {
+      for (int k = 0; k < kCount; ++k) view.shadow->read(i + k, thread());
+    }
+    std::memcpy(dst, view.base + i, kCount * sizeof(V));
+  }
+  template <int kCount, class V>
+  void store(const HostView<V>& view, int64_t at, const V* src) const {
+    static_assert(!std::is_const_v<V>, "store into a read-only buffer");
+    const int64_t i = view.origin + at;
+    check(view, i, kCount, "store");
+    if (view.shadow == nullptr) fail("store into a buffer that is not an output");
+    for (int k = 0; k < kCount; ++k) view.shadow->write(i + k, thread());
+    std::memcpy(view.base + i, src, kCount * sizeof(V));
+  }
+  template <int kCount, class V>
+  void store_if(bool pred, const HostView<V>& view, int64_t at, const V* src) const {
+    if (pred) store<kCount>(view, at, src);
+  }
+
+  void shfl_up(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
+    warp_phase("__shfl_up_sync");
+    for (int l = 0; l < kLanes; ++l) out[l] = l >= delta ? in[l - delta] : in[l];
+  }
+  void shfl_down(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
+    warp_phase("__shfl_down_sync");
+    for (int l = 0; l < kLanes; ++l) out[l] = l + delta < kLanes ? in[l + delta] : in[l];
+  }
+
+  float band_get(int t, int lane) const {
+    const size_t i = band_index(t, lane, "read");
+    if (!band_written_[i]) fail("band slot " + std::to_string(t) + " of lane " + std::to_string(lane) + " read before written");
+    return band_[i];
+  }
+  void band_put(int t, int lane, float v) {
+    const size_t i = band_index(t, lane, "write");
+    band_[i] = v;
+    band_written_[i] = true;
+  }
+
+ private:
+  int64_t thread() const {
+    if (lane_ < 0) fail("global memory touched outside a per-lane phase");
+    return warp_ * kWarpLanes + lane_;
+  }
+  size_t band_index(int t, int lane, const char* what) const {
+    if (lane_ < 0) fail(std::string("band buffer ") + what + " outside a per-lane phase");
+    if (lane != lane_) fail(std::string("band buffer ") + what + " of lane " + std::to_string(lane) + " by lane " + std::to_string(lane_));
+    const size_t i = static_cast<size_t>(t) * kLanes + lane;
+    if (t < 0 || i >= band_.size()) fail("band slot " + std::to_string(t) + " out of range");
+    return i;
+  }
+  void warp_phase(const char* what) const {
+    if (lane_ >= 0) fail(std::string(what) + " inside a per-lane phase (not every lane of the warp reaches it)");
+  }
+  template <class V>
+  void check(const HostView<V>& view, int64_t i, int count, const char* what) const {
+    if (view.base == nullptr || view.extent == 0) fail(std::string(what) + " from a buffer the launch did not provide");
+    if (i < 0 || i + count > view.extent) {
+      fail(std::string("out-of-bounds global ") + what + ": elements " + std::to_string(i) + " .. " +
+           std::to_string(i + count - 1) + " of a buffer of " + std::to_string(view.extent));
+    }
+    const size_t bytes = count * sizeof(V);
+    const size_t align = bytes > 16 ? 16 : bytes;
+    if (reinterpret_cast<uintptr_t>(view.base + i) % align != 0) {
+      fail(std::string("misaligned vector ") + what + ": element " + std::to_string(i) + " is not on a " +
+           std::to_string(align) + "-byte boundary");
+    }
+  }
+
+  int64_t warp_;
+  Schedule& schedule_;
+  const Outputs& outputs_;
+  std::vector<float> band_;
+  std::vector<bool> band_written_;
+  int lane_ = -1;
+};
+
+void check_tensor(const at::Tensor& t, const char* name, at::ScalarType type, at::IntArrayRef shape) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == type && t.sizes() == shape, name,
+              ": expected a contiguous CPU tensor of ", c10::toString(type), " shaped ", shape, ", got ",
+              t.scalar_type(), " of shape ", t.sizes());
+}
+
+struct Shapes {
+  int64_t batch, dim, groups, length;
+};
+
+Shapes check_inputs(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
+                    const at::Tensor& C, const std::optional<at::Tensor>& D,
+                    const std::optional<at::Tensor>& delta_bias, int64_t height, int64_t width, int64_t vec,
+                    int64_t load) {
+  const at::ScalarType type = u.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
+              "u: expected float32, float16 or bfloat16, got ", type);
+  TORCH_CHECK(u.dim() == 3, "u: expected (batch, dim, L), got ", u.sizes());
+  TORCH_CHECK(B.dim() == 4 && B.size(2) == 1, "B: expected (batch, groups, 1, L), got ", B.sizes());
+  const Shapes s{u.size(0), u.size(1), B.size(1), u.size(2)};
+  TORCH_CHECK(height >= 1 && width >= 1 && height * width == s.length, "height, width: expected H * W = ", s.length,
+              ", got ", height, " x ", width);
+  TORCH_CHECK(s.groups >= 1 && s.dim % s.groups == 0, "B: groups ", s.groups, " must divide dim ", s.dim);
+  TORCH_CHECK(vec == 1 || vec == 2 || vec == 4, "vec: expected 1, 2 or 4, got ", vec);
+  TORCH_CHECK((width + vec - 1) / vec <= kWarpLanes, "vec ", vec, " puts a row of ", width, " on more than 32 lanes");
+  TORCH_CHECK(load == 1 || (load == vec && width % vec == 0), "load ", load, ": 1, or vec where vec divides W");
+  check_tensor(u, "u", type, {s.batch, s.dim, s.length});
+  check_tensor(delta, "delta", type, {s.batch, s.dim, s.length});
+  check_tensor(B, "B", type, {s.batch, s.groups, 1, s.length});
+  check_tensor(C, "C", type, {s.batch, s.groups, 1, s.length});
+  check_tensor(A, "A", at::kFloat, {s.dim, 1});
+  if (D) check_tensor(*D, "D", at::kFloat, {s.dim});
+  if (delta_bias) check_tensor(*delta_bias, "delta_bias", at::kFloat, {s.dim});
+  return s;
+}
+
+at::Tensor nan_filled(at::IntArrayRef shape, const at::Tensor& like, at::ScalarType type) {
+  return at::full(shape, std::numeric_limits<float>::quiet_NaN(), like.options().dtype(type));
+}
+
+template <class E, int kV, int kLoad, int kPrefetch>
+void run_save_with(const RowsParams& p, int64_t order, const Outputs& outputs, float* carries) {
+  Schedule schedule(order);
+  for (int64_t item : schedule.permutation(rows_items(p))) {
+    BackwardHostCtx ctx(item, schedule, outputs, 0);
+    RowsForward<E, kV, kLoad, Order::kRowsFirst, false, kPrefetch, -1, true>::run_saving(ctx, p, item, carries);
+  }
+}
+
+template <class E, int kV, int kLoad>
+struct SaveJob {
+  // Even orders P = 1 (the plan's), odd orders P = 2: the runs across orders hold P numerics-neutral.
+  static void run(const RowsParams& p, int64_t order, const Outputs& outputs, float* carries) {
+    if (order % 2 == 0) return run_save_with<E, kV, kLoad, 1>(p, order, outputs, carries);
+    run_save_with<E, kV, kLoad, 2>(p, order, outputs, carries);
+  }
+};
+
+template <class E, int kV, int kLoad>
+struct BackwardJob {
+  static void run(const RowsBackwardParams& p, int64_t order, const Outputs& outputs) {
+    Schedule schedule(order);
+    for (int64_t item : schedule.permutation(rows_backward_items(p))) {
+      BackwardHostCtx ctx(item, schedule, outputs, band_slots<kV>());
+      RowsBackward<E, kV, kLoad, -1>::run(ctx, p, item);
+    }
+  }
+};
+
+// Job<E, kV, kLoad>::run(args...) for the run-time type, vec (1, 2, 4) and load (1 or vec).
+template <template <class, int, int> class Job, class E, class... Args>
+void by_vec(int64_t vec, int64_t load, const Args&... args) {
+  switch (vec) {
+    case 1:
+      return Job<E, 1, 1>::run(args...);
+    case 2:
+      return load == 2 ? Job<E, 2, 2>::run(args...) : Job<E, 2, 1>::run(args...);
+    default:
+      return load == 4 ? Job<E, 4, 4>::run(args...) : Job<E, 4, 1>::run(args...);
+  }
+}
+
+template <template <class, int, int> class Job, class... Args>
+void dispatch(at::ScalarType type, int64_t vec, int64_t load, const Args&... args) {
+  if (type == at::kFloat) return by_vec<Job, HostF32>(vec, load, args...);
+  if (type == at::kHalf) return by_vec<Job, HostF16>(vec, load, args...);
+  by_vec<Job, HostBF16>(vec, load, args...);
+}
+
+// The route-0 forward of the N = 1 scan that also saves the band carries (the saving RS entry) on
+// the emulation, with vec columns per lane and load elements per access. u, delta: (batch, dim, L);
+// B, C: (batch, groups, 1, L); A: (dim, 1); D, delta_bias: (dim,) or None. Returns (y (batch, dim,
+// L) in u's type or fp32 with y_fp32, carries fp32 (batch * dim, rows_carry_rows(H), W)).
+std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                                                     const at::Tensor& B, const at::Tensor& C,
+                                                     const std::optional<at::Tensor>& D,
+                                                     const std::optional<at::Tensor>& delta_bias, bool softplus,
+                                                     int64_t height, int64_t width, bool y_fp32, int64_t order,
+                                                     int64_t vec, int64_t load) {
+  const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load);
+  at::Tensor y = nan_filled({s.batch, s.dim, s.length}, u, y_fp32 ? at::kFloat : u.scalar_type());
+  at::Tensor carries = nan_filled({s.batch * s.dim, rows_carry_rows(static_cast<int>(height)), width}, u, at::kFloat);
+  RowsParams p{};
+  p.u = u.data_ptr();
+  p.delta = delta.data_ptr();
+  p.B = B.data_ptr();
+  p.C = C.data_ptr();
+  p.A = A.data_ptr<float>();
+  p.D = D ? D->data_ptr<float>() : nullptr;
+  p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
+  p.y = y.data_ptr();
+  p.delta_planes = s.dim;
+  p.bc_planes = s.groups;
+  p.batch = static_cast<int>(s.batch);
+  p.dim = static_cast<int>(s.dim);
+  p.groups = static_cast<int>(s.groups);
+  p.height = static_cast<int>(height);
+  p.width = static_cast<int>(width);
+  p.seg_lanes = static_cast<int>((width + vec - 1) / vec);
+  p.maps_per_warp = kWarpLanes / p.seg_lanes;
+  p.softplus = softplus ? 1 : 0;
+  p.y_fp32 = y_fp32 ? 1 : 0;
+  p.from_bottom = 0;
+  OutputShadow y_shadow("y", y.numel()), carry_shadow("carries", carries.numel());
+  const Outputs outputs{{y.data_ptr(), &y_shadow}, {carries.data_ptr(), &carry_shadow}};
+  float* carry_ptr = carries.numel() > 0 ? carries.data_ptr<float>() : nullptr;
+  dispatch<SaveJob>(u.scalar_type(), vec, load, p, order, outputs, carry_ptr);
+  y_shadow.check_complete();
+  carry_shadow.check_complete();
+  return {y, carries};
+}
+
+// The RS backward on the emulation. Inputs as rows_forward_save, dy (batch, dim, L) in u's type or
+// fp32, carries as rows_forward_save returns them. Returns the kernel's outputs unreduced: du, ddelta
+// (batch, dim, L) in u's type; dB_part, dC_part fp32 (batch, groups, chunks, L); dA_part, dD_part,
+// ddb_part fp32 (batch, dim) (dD_part / ddb_part empty without D / delta_bias).
+std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                                      const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
+                                      const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height,
+                                      int64_t width, const at::Tensor& dy, const at::Tensor& carries, int64_t order,
+                                      int64_t vec, int64_t load) {
+  const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load);
+  TORCH_CHECK(dy.scalar_type() == u.scalar_type() || dy.scalar_type() == at::kFloat, "dy: expected ",
+              u.scalar_type(), " or float32, got ", dy.scalar_type());
+  check_tensor(dy, "dy", dy.scalar_type(), {s.batch, s.dim, s.length});
+  const int carry_rows = rows_carry_rows(static_cast<int>(height));
+  check_tensor(carries, "carries", at::kFloat, {s.batch * s.dim, carry_rows, width});
+  const int seg = static_cast<int>((width + vec - 1) / vec);
+  const int maps_per_warp = kWarpLanes / seg;
+  const int64_t cpg = s.dim / s.groups;
+  const int64_t chunks = (cpg + maps_per_warp - 1) / maps_per_warp;
+  const at::ScalarType type = u.scalar_type();
+  at::Tensor du = nan_filled({s.batch, s.dim, s.length}, u, type);
+  at::Tensor ddelta = nan_filled({s.batch, s.dim, s.length}, u, type);
+  at::Tensor dB = nan_filled({s.batch, s.groups, chunks, s.length}, u, at::kFloat);
+  at::Tensor dC = nan_filled({s.batch, s.groups, chunks, s.length}, u, at::kFloat);
+  at::Tensor dA = nan_filled({s.batch, s.dim}, u, at::kFloat);
+  at::Tensor dD = nan_filled({D ? s.batch : 0, D ? s.dim : 0}, u, at::kFloat);
+  at::Tensor ddb = nan_filled({delta_bias ? s.batch : 0, delta_bias ? s.dim : 0}, u, at::kFloat);
+  RowsBackwardParams p{};
+  p.u = u.data_ptr();
+  p.delta = delta.data_ptr();
+  p.B = B.data_ptr();
+  p.C = C.data_ptr();
+  p.A = A.data_ptr<float>();
+  p.D = D ? D->data_ptr<float>() : nullptr;
+  p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
+  p.dy = dy.data_ptr();
+  p.carries = carries.numel() > 0 ? carries.data_ptr<float>() : nullptr;
+  p.du = du.data_ptr();
+  p.ddelta = ddelta.data_ptr();
+  p.dB_part = dB.data_ptr<float>();
+  p.dC_part = dC.data_ptr<float>();
+  p.dA_part = dA.data_ptr<float>();
+  p.dD_part = D ? dD.data_ptr<float>() : nullptr;
+  p.ddb_part = delta_bias ? ddb.data_ptr<float>() : nullptr;
+  p.batch = static_cast<int>(s.batch);
+  p.dim = static_cast<int>(s.dim);
+  p.groups = static_cast<int>(s.groups);
+  p.height = static_cast<int>(height);
+  p.width = static_cast<int>(width);
+  p.seg_lanes = seg;
+  p.maps_per_warp = maps_per_warp;
+  p.chunks = static_cast<int>(chunks);
+  p.softplus = softplus ? 1 : 0;
+  p.dy_fp32 = dy.scalar_type() == at::kFloat && type != at::kFloat ? 1 : 0;
+
+  std::vector<std::pair<at::Tensor, std::string>> named = {
+      {du, "du"}, {ddelta, "ddelta"}, {dB, "dB_part"}, {dC, "dC_part"}, {dA, "dA_part"}, {dD, "dD_part"},
+      {ddb, "ddb_part"}};
+  std::vector<std::unique_ptr<OutputShadow>> shadows;
+  Outputs outputs;
+  for (auto& [t, name] : named) {
+    if (t.numel() == 0) continue;
+    shadows.push_back(std::make_unique<OutputShadow>(name, t.numel()));
+    outputs[t.data_ptr()] = shadows.back().get();
+  }
+  dispatch<BackwardJob>(type, vec, load, p, order, outputs);
+  for (const auto& shadow : shadows) shadow->check_complete();
+  return {du, ddelta, dB, dC, dA, dD, ddb};
+}
+
+// One synthetic warp that breaks (or keeps) a band-buffer rule; throws when the checker objects.
+// Scenarios: own_slots (passes), other_lanes_slot, read_before_write, band_outside_lane_phase.
+void rows_backward_self_check(const std::string& scenario) {
+  Schedule schedule(3);
+  const Outputs outputs;
+  BackwardHostCtx ctx(0, schedule, outputs, 2);
+  if (scenario == "own_slots") {
+    ctx.each_lane([&](int lane) { ctx.band_put(1, lane, 1.f); });
+    ctx.each_lane([&](int lane) { (void)ctx.band_get(1, lane); });
+  } else if (scenario == "other_lanes_slot") {
+    ctx.each_lane([&](int lane) { ctx.band_put(0, (lane + 1) % kWarpLanes, 1.f); });
+  } else if (scenario == "read_before_write") {
+    ctx.each_lane([&](int lane) { (void)ctx.band_get(0, lane); });
+  } else if (scenario == "band_outside_lane_phase") {
+    ctx.band_put(0, 0, 1.f);
+  } else {
+    fail("unknown self-check scenario " + scenario);
+  }
+}
+
+}  // namespace
+}  // namespace rows
+}  // namespace vmamba2d
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace vmamba2d::rows;
+  m.doc() = "Host emulation of the RS backward and its carry-saving forward (tests only)";
+  m.def("rows_forward_save", &rows_forward_save, "route-0 RS forward saving the band carries", pybind11::arg("u"),
+        pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"), pybind11::arg("D"),
+        pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
+        pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"), pybind11::arg("load"));
+  m.def("rows_backward", &rows_backward, "RS backward (unreduced partials)", pybind11::arg("u"),
+        pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"), pybind11::arg("D"),
+        pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
+        pybind11::arg("dy"), pybind11::arg("carries"), pybind11::arg("order"), pybind11::arg("vec"),
+        pybind11::arg("load"));
+  m.def("rows_backward_self_check", &rows_backward_self_check, "run one band-buffer checker scenario",
+        pybind11::arg("scenario"));
+  m.attr("band_rows") = kBandRows;
+}

@@ -1,0 +1,75 @@
+// The extern "C" entries of the RS backward at route 0 (scan2d_rows_backward.cuh), compiled with
+// csrc/cuda as the include path and configured by macros (NVRTC -D options; nvcc -cubin for the
+// static report), so a launcher compiles exactly the instance a RowsPlan asks for:
+//   VMAMBA2D_RSB_DTYPE     0 fp32, 1 fp16, 2 bf16 (u, delta, B, C, du, ddelta; dy too unless fp32)
+//   VMAMBA2D_RSB_VEC       RowsPlan::vec (1, 2 or 4)
+//   VMAMBA2D_RSB_LOAD      RowsPlan::load
+//   VMAMBA2D_RSB_STEPS     RowsPlan::scan_steps
+//   VMAMBA2D_RSB_SAVE      1: the entry is vmamba2d_rows_forward_save instead, the route-0 forward
+//                          that also stores the band carries (RowsParams, then float* carries)
+//   VMAMBA2D_RSB_PREFETCH  RowsPlan::prefetch (the saving forward only)
+// (vmamba2d/ops/compiled/rows_backward_launch.py builds these.)
+// Launch: vmamba2d_rows_backward(RowsBackwardParams) with up to kRowsThreads (128) threads per
+// block (whole warps), ceil(rows_backward_items / warps per block) blocks, no dynamic shared memory
+// (the band buffers are static: 4 warps x band_slots<V> x 32 floats, 34 KiB at V = 4);
+// vmamba2d_rows_forward_save(RowsParams, float*) as the RS forward entry.
+#include "scan2d_rows_backward_device.cuh"
+
+#ifndef VMAMBA2D_RSB_DTYPE
+#define VMAMBA2D_RSB_DTYPE 0
+#endif
+#ifndef VMAMBA2D_RSB_VEC
+#define VMAMBA2D_RSB_VEC 4
+#endif
+#ifndef VMAMBA2D_RSB_LOAD
+#define VMAMBA2D_RSB_LOAD VMAMBA2D_RSB_VEC
+#endif
+#ifndef VMAMBA2D_RSB_STEPS
+#define VMAMBA2D_RSB_STEPS 4
+#endif
+#ifndef VMAMBA2D_RSB_PREFETCH
+#define VMAMBA2D_RSB_PREFETCH 1
+#endif
+#ifndef VMAMBA2D_RSB_MIN_BLOCKS
+#define VMAMBA2D_RSB_MIN_BLOCKS vmamba2d::rows::kRowsMinBlocks
+#endif
+
+namespace vmamba2d {
+namespace rows {
+
+template <int kType>
+struct BackwardElement;
+template <>
+struct BackwardElement<0> {
+  using type = DeviceF32;
+};
+template <>
+struct BackwardElement<1> {
+  using type = DeviceF16;
+};
+template <>
+struct BackwardElement<2> {
+  using type = DeviceBF16;
+};
+
+static_assert(VMAMBA2D_RSB_VEC == 1 || VMAMBA2D_RSB_VEC == 2 || VMAMBA2D_RSB_VEC == 4, "VMAMBA2D_RSB_VEC: 1, 2 or 4");
+
+}  // namespace rows
+}  // namespace vmamba2d
+
+#if defined(VMAMBA2D_RSB_SAVE) && VMAMBA2D_RSB_SAVE
+extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RSB_MIN_BLOCKS)
+    vmamba2d_rows_forward_save(const vmamba2d::rows::RowsParams p, float* carries) {
+  using namespace vmamba2d::rows;
+  rows_forward_saving_kernel<BackwardElement<VMAMBA2D_RSB_DTYPE>::type, VMAMBA2D_RSB_VEC, VMAMBA2D_RSB_LOAD,
+                             VMAMBA2D_RSB_PREFETCH, VMAMBA2D_RSB_STEPS>(p, carries);
+}
+#else
+extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RSB_MIN_BLOCKS)
+    vmamba2d_rows_backward(const vmamba2d::rows::RowsBackwardParams p) {
+  using namespace vmamba2d::rows;
+  __shared__ float band[rows_backward_smem_floats<VMAMBA2D_RSB_VEC>()];
+  rows_backward_kernel<BackwardElement<VMAMBA2D_RSB_DTYPE>::type, VMAMBA2D_RSB_VEC, VMAMBA2D_RSB_LOAD,
+                       VMAMBA2D_RSB_STEPS>(p, band);
+}
+#endif

@@ -1,0 +1,521 @@
+// The RS backward of the single-route 2D selective scan at N = 1, route 0 (top-left corner, rows
+// first): docs/kernels.md, "RS backward". Written once for the device context
+// (scan2d_rows_backward_device.cuh) and the host emulation (emulation/scan2d_rows_backward_emulate.cpp),
+// under the rules of scan2d_rows.cuh (per-lane state indexed by ctx.slot(lane), shuffles between
+// each_lane phases, global memory only inside them), plus: a lane's band buffer (ctx.band_get /
+// band_put) is its own -- no lane reads another lane's slots, so it needs no barrier.
+//
+// The forward, per map (dt = softplus(delta + bias) or delta + bias; a = exp(dt A); x = dt B u):
+//   hh[i, j] = a[i, j] hh[i, j-1] + x[i, j]      h[i, j] = a[i, j] h[i-1, j] + hh[i, j]
+//   y[i, j]  = C[i, j] h[i, j] + D u[i, j]
+// Its adjoint, rows bottom-up: the vertical adjoint G (of h) and the horizontal one R (of hh),
+//   G[i, j] = dy C + a[i+1, j] G[i+1, j]         R[i, j] = G[i, j] + a[i, j+1] R[i, j+1]
+//   da = G h[i-1, j] + R hh[i, j-1]              dx = R
+//   du = dy D + dx dt B     dB = dx dt u (summed over the group's channels)     dC = dy h
+//   d dt = dx B u + da a A                       ddelta = d dt sigmoid(delta + bias) (softplus)
+//   dA = sum da a dt        dD = sum dy u        ddelta_bias = sum ddelta    (over the map's cells)
+// The map is cut into bands of kBandRows rows; the forward saved h of the row above every band but
+// the first (RowsForward::run_saving). Bands run bottom-up: the warp recomputes the band's rows
+// top-down from that carry (the forward's row scan), keeping each row's h and hh[i, j-1] in the
+// lane's band buffer, then walks the band's rows bottom-up with G and the a of the row below in
+// registers, R as a reversed segmented warp scan (the suffix scan of the lanes' (product, value)
+// pairs by shuffles down, the decay shifted one column: a[j+1]).
+//
+// Work: a warp takes M = maps_per_warp consecutive channels of one (batch, group): item k is (b, g,
+// chunk c) with k = (b * groups + g) * chunks + c, channels g * cpg + c * M + m (cpg = dim / groups;
+// a segment whose channel is past the group's end idles). No atomics and a fixed order everywhere:
+// dB / dC of a row are summed over the warp's segments by shuffles, segment 0 first, and stored as
+// the warp's partial row dB_part[b][g][c][L] (the launcher sums the chunks in order); dA / dD /
+// ddelta_bias are summed over a segment's lanes by a fixed shuffle tree into one value per map
+// (dA_part[b][d] ..., summed over the batch by the launcher).
+#pragma once
+
+#include "scan2d_rows.cuh"
+
+namespace vmamba2d {
+namespace rows {
+
+// One launch. u, delta, dy, du, ddelta: [batch][dim][L] (dy in the inputs' type, or fp32 with
+// dy_fp32); B, C: [batch][groups][L]; A, D, delta_bias: fp32 [dim] (D, delta_bias may be null; their
+// partials are then not written); carries: fp32 [batch * dim][rows_carry_rows(H)][W] from the
+// saving forward; dB_part, dC_part: fp32 [batch][groups][chunks][L]; dA_part, dD_part, ddb_part:
+// fp32 [batch][dim]. chunks = ceil((dim / groups) / maps_per_warp); items (warps) =
+// batch * groups * chunks.
+struct RowsBackwardParams {
+  const void* u;
+  const void* delta;
+  const void* B;
+  const void* C;
+  const float* A;
+  const float* D;
+  const float* delta_bias;
+  const void* dy;
+  const float* carries;
+  void* du;
+  void* ddelta;
+  float* dB_part;
+  float* dC_part;
+  float* dA_part;
+  float* dD_part;
+  float* ddb_part;
+  int batch;
+  int dim;
+  int groups;
+  int height;
+  int width;
+  int seg_lanes;      // S = ceil(width / V)
+  int maps_per_warp;  // M = 32 / S
+  int chunks;         // ceil((dim / groups) / M)
+  int softplus;
+  int dy_fp32;
+};
+
+SS2D_HD inline long long rows_backward_items(const RowsBackwardParams& p) {
+  return static_cast<long long>(p.batch) * p.groups * p.chunks;
+}
+
+// Band-buffer slots per lane for kV columns: h of the row above the band and of its kBandRows rows,
+// then hh[i, j-1] of its rows.
+template <int kV>
+SS2D_HD SS2D_INLINE constexpr int band_slots() {
+  return (2 * kBandRows + 1) * kV;
+}
+
+// d softplus(z) / dz = sigmoid(z) = exp(z - softplus(z)) from z and dt = softplus(z): one exp.
+SS2D_HD SS2D_INLINE float sigmoid_from_dt(float z, float dt) { return exp2_flush((z - dt) * kLog2e); }
+
+// E: element traits (as RowsForward); kV columns per lane, kLoad elements per access (kV or 1),
+// kSteps: the segmented scans' steps, rows_scan_steps(seg_lanes), or -1 to take it at run time.
+template <class E, int kV, int kLoad, int kSteps>
+struct RowsBackward {
+  using Raw = typename E::Raw;
+  static constexpr int kChunks = kV / kLoad;
+  static constexpr int kHAbove = 0;                   // slots kHAbove + r * kV: h of band row r - 1
+  static constexpr int kHhPrev = (kBandRows + 1) * kV;  // slots kHhPrev + r * kV: hh[i, j-1] of row r
+  static_assert(kLoad == kV || kLoad == 1, "a lane's columns load as one vector or one by one");
+
+  struct Lane {
+    int s;           // position in the segment
+    unsigned valid;  // bit k: column k is inside the row and the lane's channel is real
+    float a2;        // A[d] * log2(e)
+    float A;
+    float bias;
+    float skip;      // D[d]
+    float g_below[kV];  // G of the row below (0 below the map)
+    float a_below[kV];  // a of the row below (0 below the map)
+    float acc_da, acc_dd, acc_db;
+  };
+
+  template <class Ctx, class View, class T>
+  static SS2D_HD SS2D_INLINE void load_row(Ctx& ctx, const View& view, int off, unsigned chunks_in, T (&dst)[kV]) {
+SS2D_UNROLL
+    for (int j = 0; j < kChunks; ++j) {
+      if (kLoad == kV || ((chunks_in >> j) & 1u)) ctx.template load<kLoad>(view, off + j * kLoad, &dst[j * kLoad]);
+    }
+  }
+
+  template <class Ctx, class View, class T>
+  static SS2D_HD SS2D_INLINE void store_row(Ctx& ctx, const View& view, int off, unsigned chunks_in, const T (&src)[kV]) {
+SS2D_UNROLL
+    for (int j = 0; j < kChunks; ++j) {
+      ctx.template store_if<kLoad>((chunks_in >> j) & 1u, view, off + j * kLoad, &src[j * kLoad]);
+    }
+  }
+
+  // Bit j of the chunks inside the row from the columns' bits (a chunk is all in or all out).
+  static SS2D_HD SS2D_INLINE unsigned chunk_bits(unsigned valid) {
+    unsigned bits = 0;
+SS2D_UNROLL
+    for (int j = 0; j < kChunks; ++j) bits |= ((valid >> (j * kLoad)) & 1u) << j;
+    return bits;
+  }
+
+  // dt and a of one row from delta (z = delta + bias), as the forward computes them.
+  static SS2D_HD SS2D_INLINE void discretize(const Lane& l, bool softplus_on, const float (&z)[kV], float (&dt)[kV],
+                                             float (&a)[kV]) {
+SS2D_UNROLL
+    for (int k = 0; k < kV; ++k) {
+      dt[k] = softplus_on ? softplus(z[k]) : z[k];
+      a[k] = exp2_flush(dt[k] * l.a2);
+    }
+  }
+
+  template <class Ctx>
+  static SS2D_HD void run(Ctx& ctx, const RowsBackwardParams& p, long long item) {
+    if (!IsFloat<Raw>::value && p.dy_fp32) {
+      walk<true>(ctx, p, item);
+    } else {
+      walk<false>(ctx, p, item);
+    }
+  }
+
+  template <bool kDyF32, class Ctx>
+  static SS2D_HD void walk(Ctx& ctx, const RowsBackwardParams& p, long long item) {
+    constexpr int K = Ctx::kLanes;
+    using Dy = typename Pick<kDyF32, float, Raw>::type;
+    const int H = p.height;
+    const int W = p.width;
+    const long long L = static_cast<long long>(H) * W;
+    const long long maps = static_cast<long long>(p.batch) * p.dim;
+    const int S = p.seg_lanes;
+    const int M = p.maps_per_warp;
+    const int cpg = p.dim / p.groups;
+    const int steps = kSteps >= 0 ? kSteps : rows_scan_steps(S);
+    const int carry_rows = rows_carry_rows(H);
+    const long long planes = static_cast<long long>(p.batch) * p.groups;
+    const auto u = ctx.global(static_cast<const Raw*>(p.u), maps * L);
+    const auto delta = ctx.global(static_cast<const Raw*>(p.delta), maps * L);
+    const auto dy = ctx.global(static_cast<const Dy*>(p.dy), maps * L);
+    const auto B = ctx.global(static_cast<const Raw*>(p.B), planes * L);
+    const auto C = ctx.global(static_cast<const Raw*>(p.C), planes * L);
+    const auto carries = ctx.global(p.carries, maps * carry_rows * W);
+    const auto du = ctx.global(static_cast<Raw*>(p.du), maps * L);
+    const auto ddelta = ctx.global(static_cast<Raw*>(p.ddelta), maps * L);
+    const auto dB = ctx.global(p.dB_part, planes * p.chunks * L);
+    const auto dC = ctx.global(p.dC_part, planes * p.chunks * L);
+    const auto dA = ctx.global(p.dA_part, maps);
+    const auto dD = ctx.global(p.dD_part, p.D != nullptr ? maps : 0);
+    const auto ddb = ctx.global(p.ddb_part, p.delta_bias != nullptr ? maps : 0);
+    const auto A = ctx.global(p.A, p.dim);
+    const auto bias = ctx.global(p.delta_bias, p.delta_bias != nullptr ? p.dim : 0);
+    const auto skip = ctx.global(p.D, p.D != nullptr ? p.dim : 0);
+
+    const long long plane = item / p.chunks;  // b * groups + g
+    const int chunk = static_cast<int>(item - plane * p.chunks);
+    const int b = static_cast<int>(plane / p.groups);
+    const int g = static_cast<int>(plane - static_cast<long long>(b) * p.groups);
+
+    // Views at each lane's first column of row 0: the map's (u, delta, dy, du, ddelta), the group's
+    // (B, C), the map's carries and the warp's partial rows (dB, dC).
+    using InView = decltype(ctx.offset(u, 0LL));
+    InView lane_u[K], lane_d[K], lane_b[K], lane_c[K];
+    decltype(ctx.offset(dy, 0LL)) lane_dy[K];
+    decltype(ctx.offset(du, 0LL)) lane_du[K], lane_dd[K];
+    decltype(ctx.offset(carries, 0LL)) lane_carry[K];
+    decltype(ctx.offset(dB, 0LL)) lane_dB[K], lane_dC[K];
+    long long lane_map[K];
+
+    Lane lanes[K];
+    float sa[K], sb[K], ta[K], tb[K];
+
+    ctx.each_lane([&](int lane) {
+      const int q = ctx.slot(lane);
+      Lane& l = lanes[q];
+      const int m = lane / S;
+      l.s = lane - m * S;
+      const int ch = chunk * M + m;
+      const bool active = m < M && ch < cpg;
+      // An idle lane's views are those of the warp's first map at column 0 (it loads, stores nothing).
+      const int d = g * cpg + (active ? ch : chunk * M);
+      const long long map = static_cast<long long>(b) * p.dim + d;
+      const int col = active ? l.s * kV : 0;
+      l.valid = 0;
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) l.valid |= (active && col + k < W) ? 1u << k : 0u;
+      lane_map[q] = active ? map : -1;
+      lane_u[q] = ctx.offset(u, map * L + col);
+      lane_d[q] = ctx.offset(delta, map * L + col);
+      lane_dy[q] = ctx.offset(dy, map * L + col);
+      lane_du[q] = ctx.offset(du, map * L + col);
+      lane_dd[q] = ctx.offset(ddelta, map * L + col);
+      lane_b[q] = ctx.offset(B, plane * L + col);
+      lane_c[q] = ctx.offset(C, plane * L + col);
+      lane_carry[q] = ctx.offset(carries, map * carry_rows * W + col);
+      lane_dB[q] = ctx.offset(dB, (plane * p.chunks + chunk) * L + col);
+      lane_dC[q] = ctx.offset(dC, (plane * p.chunks + chunk) * L + col);
+      l.A = ctx.read(A, d);
+      l.a2 = l.A * kLog2e;
+      l.bias = p.delta_bias != nullptr ? ctx.read(bias, d) : 0.f;
+      l.skip = p.D != nullptr ? ctx.read(skip, d) : 0.f;
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) l.g_below[k] = l.a_below[k] = 0.f;
+      l.acc_da = l.acc_dd = l.acc_db = 0.f;
+    });
+
+    const int bands = carry_rows + 1;
+    for (int band = bands - 1; band >= 0; --band) {
+      const int r0 = band * kBandRows;
+      const int rows = H - r0 < kBandRows ? H - r0 : kBandRows;
+
+      // Recompute: h of the row above the band (the saved carry; 0 above the map) into slot row 0.
+      ctx.each_lane([&](int lane) {
+        const int q = ctx.slot(lane);
+        const Lane& l = lanes[q];
+        float h[kV];
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) h[k] = 0.f;
+        if (band > 0) load_row(ctx, lane_carry[q], (band - 1) * W, chunk_bits(l.valid), h);
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) ctx.band_put(kHAbove + k, lane, ((l.valid >> k) & 1u) ? h[k] : 0.f);
+      });
+      for (int r = 0; r < rows; ++r) {
+        const int off = (r0 + r) * W;
+        // The forward's row: a, x; the lane's aggregate of the row scan.
+        float a_row[K][kV], x_row[K][kV];
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          const Lane& l = lanes[q];
+          const unsigned in = chunk_bits(l.valid);
+          Raw dr[kV] = {}, br[kV] = {}, ur[kV] = {};
+          load_row(ctx, lane_d[q], off, in, dr);
+          load_row(ctx, lane_b[q], off, in, br);
+          load_row(ctx, lane_u[q], off, in, ur);
+          float z[kV], bv[kV], uv[kV], dt[kV];
+          E::template widen<kV>(dr, z);
+          E::template widen<kV>(br, bv);
+          E::template widen<kV>(ur, uv);
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) z[k] += l.bias;
+          discretize(l, p.softplus, z, dt, a_row[q]);
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) {
+            const bool on = (l.valid >> k) & 1u;
+            a_row[q][k] = on ? a_row[q][k] : 0.f;
+            x_row[q][k] = on ? dt[k] * bv[k] * uv[k] : 0.f;
+          }
+          float a = a_row[q][0];
+          float h = x_row[q][0];
+SS2D_UNROLL
+          for (int k = 1; k < kV; ++k) {
+            h = fmaf(a_row[q][k], h, x_row[q][k]);
+            a *= a_row[q][k];
+          }
+          sa[q] = l.s == 0 ? 0.f : a;
+          sb[q] = h;
+        });
+        prefix_scan(ctx, sa, sb, ta, tb, steps);
+        ctx.shfl_up(tb, sb, 1);
+        // hh[i, j-1] and h of the row into the band buffer.
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          const Lane& l = lanes[q];
+          float hh = l.s == 0 ? 0.f : tb[q];
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) {
+            const bool on = (l.valid >> k) & 1u;
+            ctx.band_put(kHhPrev + r * kV + k, lane, on ? hh : 0.f);
+            hh = fmaf(a_row[q][k], hh, x_row[q][k]);
+            const float h = fmaf(a_row[q][k], ctx.band_get(kHAbove + r * kV + k, lane), hh);
+            ctx.band_put(kHAbove + (r + 1) * kV + k, lane, on ? h : 0.f);
+          }
+        });
+      }
+
+      // The adjoint, the band's rows bottom-up.
+      for (int r = rows - 1; r >= 0; --r) {
+        const int off = (r0 + r) * W;
+        float a_row[K][kV], g_row[K][kV], dt_row[K][kV], z_row[K][kV], dy_row[K][kV];
+        float next_a[K];
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          Lane& l = lanes[q];
+          const unsigned in = chunk_bits(l.valid);
+          Raw dr[kV] = {}, cr[kV] = {};
+          Dy yr[kV] = {};
+          load_row(ctx, lane_d[q], off, in, dr);
+          load_row(ctx, lane_c[q], off, in, cr);
+          load_row(ctx, lane_dy[q], off, in, yr);
+          float cv[kV];
+          E::template widen<kV>(dr, z_row[q]);
+          E::template widen<kV>(cr, cv);
+          widen_dy<kDyF32>(yr, dy_row[q]);
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) z_row[q][k] += l.bias;
+          discretize(l, p.softplus, z_row[q], dt_row[q], a_row[q]);
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) {
+            const bool on = (l.valid >> k) & 1u;
+            a_row[q][k] = on ? a_row[q][k] : 0.f;
+            g_row[q][k] = on ? fmaf(l.a_below[k], l.g_below[k], dy_row[q][k] * cv[k]) : 0.f;
+          }
+          next_a[q] = a_row[q][0];
+        });
+        // a of the next lane's first column: the decay between the lane's last column and it.
+        ctx.shfl_down(ta, next_a, 1);
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          const Lane& l = lanes[q];
+          next_a[q] = l.s == S - 1 ? 0.f : ta[q];
+          // The lane's suffix aggregate: R[0] = value + product * R_in (R_in: the next lane's R[0]).
+          float prod = next_a[q];
+          float v = g_row[q][kV - 1];
+SS2D_UNROLL
+          for (int k = kV - 2; k >= 0; --k) {
+            v = fmaf(a_row[q][k + 1], v, g_row[q][k]);
+            prod *= a_row[q][k + 1];
+          }
+          sa[q] = prod;
+          sb[q] = v;
+        });
+        suffix_scan(ctx, sa, sb, ta, tb, steps);
+        ctx.shfl_down(tb, sb, 1);
+        // The second pass: R per column, the cell gradients, dB / dC contributions of the lane.
+        float dB_row[K][kV], dC_row[K][kV];
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          Lane& l = lanes[q];
+          const unsigned in = chunk_bits(l.valid);
+          Raw br[kV] = {}, ur[kV] = {};
+          load_row(ctx, lane_b[q], off, in, br);
+          load_row(ctx, lane_u[q], off, in, ur);
+          float bv[kV], uv[kV];
+          E::template widen<kV>(br, bv);
+          E::template widen<kV>(ur, uv);
+          Raw du_out[kV], dd_out[kV];
+          float rr = l.s == S - 1 ? 0.f : tb[q];
+          float decay = next_a[q];
+SS2D_UNROLL
+          for (int k = kV - 1; k >= 0; --k) {
+            rr = fmaf(decay, rr, g_row[q][k]);
+            decay = a_row[q][k];
+            const bool on = (l.valid >> k) & 1u;
+            const float dyv = dy_row[q][k];
+            const float h_up = ctx.band_get(kHAbove + r * kV + k, lane);
+            const float h = ctx.band_get(kHAbove + (r + 1) * kV + k, lane);
+            const float hh_prev = ctx.band_get(kHhPrev + r * kV + k, lane);
+            const float da = fmaf(g_row[q][k], h_up, rr * hh_prev);
+            const float dt = dt_row[q][k];
+            const float dxdt = rr * dt;
+            const float da_a = da * a_row[q][k];
+            const float ddt = fmaf(rr, bv[k] * uv[k], da_a * l.A);
+            const float dz = p.softplus ? ddt * sigmoid_from_dt(z_row[q][k], dt) : ddt;
+            du_out[k] = E::from_float(fmaf(dyv, l.skip, dxdt * bv[k]));
+            dd_out[k] = E::from_float(dz);
+            dB_row[q][k] = on ? dxdt * uv[k] : 0.f;
+            dC_row[q][k] = on ? dyv * h : 0.f;
+            l.acc_da += on ? da_a * dt : 0.f;
+            l.acc_dd += on ? dyv * uv[k] : 0.f;
+            l.acc_db += on ? dz : 0.f;
+            l.g_below[k] = g_row[q][k];
+            l.a_below[k] = a_row[q][k];
+          }
+          store_row(ctx, lane_du[q], off, in, du_out);
+          store_row(ctx, lane_dd[q], off, in, dd_out);
+        });
+        // dB / dC of the row summed over the warp's segments, segment 0 first, 1, ... M - 1.
+        float own_b[K], own_c[K];
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) {
+          ctx.each_lane([&](int lane) {
+            own_b[ctx.slot(lane)] = dB_row[ctx.slot(lane)][k];
+            own_c[ctx.slot(lane)] = dC_row[ctx.slot(lane)][k];
+          });
+          for (int m = 1; m < M; ++m) {
+            ctx.shfl_down(ta, own_b, m * S);
+            ctx.shfl_down(tb, own_c, m * S);
+            ctx.each_lane([&](int lane) {
+              const int q = ctx.slot(lane);
+              dB_row[q][k] += ta[q];
+              dC_row[q][k] += tb[q];
+            });
+          }
+        }
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          const Lane& l = lanes[q];
+          // Segment 0's lanes hold the sums; the other segments' lanes store nothing.
+          const unsigned in = lane < S ? chunk_bits(column_bits(l.s, W)) : 0u;
+          store_row(ctx, lane_dB[q], off, in, dB_row[q]);
+          store_row(ctx, lane_dC[q], off, in, dC_row[q]);
+        });
+      }
+    }
+
+    // dA, dD, ddelta_bias of each map: its segment's lanes summed by a fixed shuffle tree.
+    segment_sum(ctx, lanes, &Lane::acc_da, sb, tb, S, steps);
+    ctx.each_lane([&](int lane) {
+      const int q = ctx.slot(lane);
+      if (lanes[q].s == 0 && lane_map[q] >= 0) ctx.template store<1>(dA, lane_map[q], &sb[q]);
+    });
+    if (p.D != nullptr) {
+      segment_sum(ctx, lanes, &Lane::acc_dd, sb, tb, S, steps);
+      ctx.each_lane([&](int lane) {
+        const int q = ctx.slot(lane);
+        if (lanes[q].s == 0 && lane_map[q] >= 0) ctx.template store<1>(dD, lane_map[q], &sb[q]);
+      });
+    }
+    if (p.delta_bias != nullptr) {
+      segment_sum(ctx, lanes, &Lane::acc_db, sb, tb, S, steps);
+      ctx.each_lane([&](int lane) {
+        const int q = ctx.slot(lane);
+        if (lanes[q].s == 0 && lane_map[q] >= 0) ctx.template store<1>(ddb, lane_map[q], &sb[q]);
+      });
+    }
+  }
+
+  // Columns of a lane at segment position s inside a row of W (bit k: column s * kV + k < W).
+  static SS2D_HD SS2D_INLINE unsigned column_bits(int s, int W) {
+    unsigned bits = 0;
+SS2D_UNROLL
+    for (int k = 0; k < kV; ++k) bits |= (s * kV + k < W) ? 1u << k : 0u;
+    return bits;
+  }
+
+  template <bool kDyF32, class T>
+  static SS2D_HD SS2D_INLINE void widen_dy(const T (&in)[kV], float (&out)[kV]) {
+    if constexpr (kDyF32) {
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) out[k] = in[k];
+    } else {
+      E::template widen<kV>(in, out);
+    }
+  }
+
+  // The segmented inclusive scan of the lanes' (product, value) pairs up the lanes (the forward's
+  // plain warp scan: a segment's first lane holds the product 0).
+  template <class Ctx, class Arr>
+  static SS2D_HD SS2D_INLINE void prefix_scan(Ctx& ctx, Arr& sa, Arr& sb, Arr& ta, Arr& tb, int steps) {
+SS2D_UNROLL
+    for (int step = 0; step < kScanSteps; ++step) {
+      if (step >= steps) break;
+      const bool last_step = step + 1 == steps;
+      if (!last_step) ctx.shfl_up(ta, sa, 1 << step);
+      ctx.shfl_up(tb, sb, 1 << step);
+      ctx.each_lane([&](int lane) {
+        const int q = ctx.slot(lane);
+        sb[q] = fmaf(sa[q], tb[q], sb[q]);
+        if (!last_step) sa[q] *= ta[q];
+      });
+    }
+  }
+
+  // The same down the lanes (suffixes): a segment's last lane holds the product 0, so nothing from
+  // the lanes after it (another map, idle lanes, or the warp's top, where a shuffle down returns the
+  // lane's own value) gets past it.
+  template <class Ctx, class Arr>
+  static SS2D_HD SS2D_INLINE void suffix_scan(Ctx& ctx, Arr& sa, Arr& sb, Arr& ta, Arr& tb, int steps) {
+SS2D_UNROLL
+    for (int step = 0; step < kScanSteps; ++step) {
+      if (step >= steps) break;
+      const bool last_step = step + 1 == steps;
+      if (!last_step) ctx.shfl_down(ta, sa, 1 << step);
+      ctx.shfl_down(tb, sb, 1 << step);
+      ctx.each_lane([&](int lane) {
+        const int q = ctx.slot(lane);
+        sb[q] = fmaf(sa[q], tb[q], sb[q]);
+        if (!last_step) sa[q] *= ta[q];
+      });
+    }
+  }
+
+  // sb[lane of position 0] = the sum of `field` over its segment's S lanes, by the tree s += s + o
+  // (o = 2^(steps-1) .. 1, where s + o < S): the same order on every run.
+  template <class Ctx, class Arr>
+  static SS2D_HD SS2D_INLINE void segment_sum(Ctx& ctx, const Lane* lanes, float Lane::*field, Arr& sb, Arr& tb,
+                                              int S, int steps) {
+    ctx.each_lane([&](int lane) { sb[ctx.slot(lane)] = lanes[ctx.slot(lane)].*field; });
+SS2D_UNROLL
+    for (int step = kScanSteps - 1; step >= 0; --step) {
+      if (step >= steps) continue;
+      const int o = 1 << step;
+      ctx.shfl_down(tb, sb, o);
+      ctx.each_lane([&](int lane) {
+        const int q = ctx.slot(lane);
+        if (lanes[q].s + o < S && lanes[q].s < o) sb[q] += tb[q];
+      });
+    }
+  }
+};
+
+}  // namespace rows
+}  // namespace vmamba2d

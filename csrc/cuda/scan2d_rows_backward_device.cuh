@@ -1,0 +1,51 @@
+// The GPU side of the RS backward (scan2d_rows_backward.cuh): the warp context with its band
+// buffer in shared memory, and the kernel bodies of the backward and of the carry-saving forward.
+// Compiles with nvcc and with NVRTC.
+#pragma once
+
+#include "scan2d_rows_backward.cuh"
+#include "scan2d_rows_device.cuh"
+
+namespace vmamba2d {
+namespace rows {
+
+// RowsDeviceCtx plus the warp's band buffer: slot t of lane l at band[t * 32 + l] (consecutive
+// lanes in consecutive banks: no bank conflicts).
+struct RowsBackwardDeviceCtx : RowsDeviceCtx {
+  float* band;
+
+  SS2D_HD SS2D_INLINE float band_get(int t, int lane) const { return band[t * kWarpLanes + lane]; }
+  SS2D_HD SS2D_INLINE void band_put(int t, int lane, float v) const { band[t * kWarpLanes + lane] = v; }
+};
+
+// Shared memory of a block of kRowsThreads threads, in floats.
+template <int kV>
+SS2D_HD constexpr int rows_backward_smem_floats() {
+  return (kRowsThreads / kWarpLanes) * band_slots<kV>() * kWarpLanes;
+}
+
+// Warp w of the grid takes item w; `smem` holds rows_backward_smem_floats<kV>() floats.
+template <class E, int kV, int kLoad, int kSteps>
+__device__ SS2D_INLINE void rows_backward_kernel(const RowsBackwardParams& p, float* smem) {
+  static_assert(kSteps >= 0 && kSteps <= kScanSteps, "kSteps: rows_scan_steps of the plan");
+  if ((1 << kSteps) < p.seg_lanes) __trap();
+  RowsBackwardDeviceCtx ctx;
+  ctx.band = smem + (threadIdx.x / kWarpLanes) * band_slots<kV>() * kWarpLanes;
+  const long long item = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
+  if (item >= rows_backward_items(p)) return;
+  RowsBackward<E, kV, kLoad, kSteps>::run(ctx, p, item);
+}
+
+// The route-0 forward that also stores the band carries (RowsForward::run_saving).
+template <class E, int kV, int kLoad, int kPrefetch, int kSteps>
+__device__ SS2D_INLINE void rows_forward_saving_kernel(const RowsParams& p, float* carries) {
+  static_assert(kSteps >= 0 && kSteps <= kScanSteps, "kSteps: rows_scan_steps of the plan");
+  if ((1 << kSteps) < p.seg_lanes) __trap();
+  RowsDeviceCtx ctx;
+  const long long item = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
+  if (item >= rows_items(p)) return;
+  RowsForward<E, kV, kLoad, Order::kRowsFirst, false, kPrefetch, kSteps, true>::run_saving(ctx, p, item, carries);
+}
+
+}  // namespace rows
+}  // namespace vmamba2d

@@ -1,0 +1,179 @@
+"""The RS backward (csrc/cuda/scan2d_rows_backward.cuh) and its carry-saving forward on the host
+emulation: warps and lanes in shuffled orders, every global access bounds-, alignment- and
+race-checked, every output element written exactly once, each lane's band buffer private -- against
+the fp64 reference's gradients (torch.autograd through vmamba2d.ops.selective_scan_2d_reference in
+float64), and bit-equal across warp / lane orders and prefetch depths.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from support.cuda_emulation_build import build_emulation
+from support.rows_cases import make_inputs
+from vmamba2d.ops import selective_scan_2d_reference
+from vmamba2d.ops.compiled import rows_backward_launch as rbl
+from vmamba2d.ops.compiled.rows_plan import alignment
+
+NAMES = ("u", "delta", "A", "B", "C", "D", "delta_bias")
+# Largest |grad - reference| / max |reference| per input type (du / ddelta are rounded to it).
+TOLERANCE = {torch.float32: 5e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return build_emulation("vmamba2d_rows_backward_emulation", ("emulation/scan2d_rows_backward_emulate.cpp",))
+
+
+def reference_grads(x, height, width, dy, softplus=True):
+    """Gradients of sum(y * dy) by autograd through the looped reference in float64."""
+    leaves = {k: None if x[k] is None else x[k].double().requires_grad_() for k in NAMES}
+    y = selective_scan_2d_reference(*(leaves[k] for k in NAMES), softplus, height=height, width=width)
+    y.backward(dy.double())
+    return {k: leaves[k].grad for k in NAMES if leaves[k] is not None}
+
+
+def plan_for(x, dy, width, vec=None, load=None):
+    if vec is not None:
+        return vec, load
+    plan = rbl.backward_plan(x["u"].element_size(), dy.element_size(), width,
+                             alignment(x["u"], x["delta"], x["B"], x["C"], dy))
+    return plan.vec, plan.load
+
+
+def run(emu, x, height, width, dy, order=2, softplus=True, vec=None, load=None):
+    """(grads by name, carries, y) of the emulated saving forward + backward, reduced by the launcher's
+    reduce_partials."""
+    vec, load = plan_for(x, dy, width, vec, load)
+    args = [x[k] for k in NAMES]
+    y, carries = emu.rows_forward_save(*args, softplus, height, width, False, order, vec, load)
+    du, ddelta, dB, dC, dA, dD, ddb = emu.rows_backward(*args, softplus, height, width, dy, carries, order, vec, load)
+    grads = rbl.reduce_partials(du, ddelta, dB, dC, dA, dD if x["D"] is not None else None,
+                                ddb if x["delta_bias"] is not None else None, x["B"].dtype)
+    return {k: g for k, g in zip(NAMES, grads) if g is not None}, carries, y
+
+
+def check(grads, expected, dtype):
+    assert grads.keys() == expected.keys()
+    for name, ref in expected.items():
+        got = grads[name].double()
+        assert got.shape == ref.shape, name
+        assert torch.isfinite(got).all(), name
+        err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+        assert err <= TOLERANCE[dtype], f"{name}: relative error {err:.3g} > {TOLERANCE[dtype]}"
+
+
+# (batch, dim, groups, height, width): the model's maps, 1x1, odd / non-square sizes, one band and a
+# ragged last band, grouped B / C, channels that do not fill the last warp.
+SHAPES = [
+    (1, 2, 1, 56, 56),
+    (2, 4, 1, 28, 28),
+    (2, 5, 1, 14, 14),
+    (2, 3, 1, 7, 7),
+    (3, 2, 1, 1, 1),
+    (2, 6, 2, 9, 13),
+    (1, 3, 1, 17, 5),
+    (2, 4, 2, 8, 30),
+    (1, 9, 3, 24, 3),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fp32_gradients_match_the_fp64_reference(emu, shape):
+    batch, dim, groups, height, width = shape
+    x = make_inputs(batch, dim, groups, height, width, torch.float32, seed=height * 31 + width)
+    dy = torch.randn(batch, dim, height * width, generator=torch.Generator().manual_seed(1))
+    grads, _, _ = run(emu, x, height, width, dy)
+    check(grads, reference_grads(x, height, width, dy), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 4, 1, 28, 28), (2, 3, 1, 14, 14), (1, 5, 1, 11, 7)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_half_precision_gradients_match_the_fp64_reference(emu, shape, dtype):
+    batch, dim, groups, height, width = shape
+    x = make_inputs(batch, dim, groups, height, width, dtype, seed=5)
+    dy = torch.randn(batch, dim, height * width, generator=torch.Generator().manual_seed(2)).to(dtype)
+    grads, _, _ = run(emu, x, height, width, dy)
+    check(grads, reference_grads(x, height, width, dy), dtype)
+
+
+def test_fp32_dy_with_bf16_inputs(emu):
+    x = make_inputs(2, 4, 1, 12, 14, torch.bfloat16, seed=7)
+    dy = torch.randn(2, 4, 12 * 14, generator=torch.Generator().manual_seed(3))
+    grads, _, _ = run(emu, x, 12, 14, dy)
+    check(grads, reference_grads(x, 12, 14, dy), torch.bfloat16)
+
+
+@pytest.mark.parametrize("vec,load", [(4, 1), (2, 1), (1, 1), (4, 4)])
+def test_lane_widths_not_dividing_the_row_and_scalar_accesses(emu, vec, load):
+    width = 16 if load > 1 else 13  # 13: a ragged last lane at V = 4 and 2
+    x = make_inputs(2, 5, 1, 10, width, torch.float32, seed=vec)
+    dy = torch.randn(2, 5, 10 * width, generator=torch.Generator().manual_seed(4))
+    grads, _, _ = run(emu, x, 10, width, dy, vec=vec, load=load)
+    check(grads, reference_grads(x, 10, width, dy), torch.float32)
+
+
+@pytest.mark.parametrize("use_d,use_bias,softplus", [(False, False, True), (True, False, False), (False, True, False)])
+def test_without_d_bias_or_softplus(emu, use_d, use_bias, softplus):
+    x = make_inputs(2, 3, 1, 10, 14, torch.float32, seed=11, use_d=use_d, use_bias=use_bias, softplus=softplus)
+    dy = torch.randn(2, 3, 140, generator=torch.Generator().manual_seed(5))
+    grads, _, _ = run(emu, x, 10, 14, dy, softplus=softplus)
+    check(grads, reference_grads(x, 10, 14, dy, softplus), torch.float32)
+
+
+def test_carries_are_h_of_every_band_s_last_row(emu):
+    # With C = 1 and no D, y = h: the carries are the reference's y at rows 7, 15, ...
+    x = make_inputs(2, 3, 1, 25, 14, torch.float32, seed=13, use_d=False)
+    x["C"] = torch.ones_like(x["C"])
+    _, carries, y = run(emu, x, 25, 14, torch.zeros(2, 3, 25 * 14))
+    h = selective_scan_2d_reference(*(None if x[k] is None else x[k].double() for k in NAMES), True,
+                                    height=25, width=14).reshape(6, 25, 14)
+    assert carries.shape == (6, rbl.carry_rows(25), 14) == (6, 3, 14)
+    torch.testing.assert_close(carries.double(), h[:, 7::8][:, :3], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y.double().reshape(6, 25, 14), h, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_are_bit_equal_across_warp_and_lane_orders(emu, dtype):
+    # Orders 0 (in order), 1 (reversed), 2, 3 (shuffled; odd orders run the saving forward at P = 2).
+    x = make_inputs(2, 6, 2, 19, 14, dtype, seed=17)
+    dy = torch.randn(2, 6, 19 * 14, generator=torch.Generator().manual_seed(6)).to(dtype)
+    runs = [run(emu, x, 19, 14, dy, order=order) for order in (0, 1, 2, 3)]
+    for grads, carries, y in runs[1:]:
+        assert torch.equal(carries, runs[0][1]) and torch.equal(y, runs[0][2])
+        for name in grads:
+            assert torch.equal(grads[name], runs[0][0][name]), name
+
+
+def test_non_finite_input_of_one_map_leaves_the_other_batch_entries_clean(emu):
+    # dB / dC sum a batch entry's channels, so an inf poisons that entry's dB / dC; the other entry's
+    # gradients stay bit-equal to the clean run's.
+    x = make_inputs(2, 4, 1, 9, 14, torch.float32, seed=19)
+    dy = torch.randn(2, 4, 126, generator=torch.Generator().manual_seed(7))
+    clean, _, _ = run(emu, x, 9, 14, dy)
+    x["u"][1, 2, 40] = float("inf")
+    dirty, _, _ = run(emu, x, 9, 14, dy)
+    for name in ("u", "delta", "B", "C"):
+        assert torch.equal(dirty[name][0], clean[name][0]), name
+
+
+@pytest.mark.parametrize("scenario,message", [
+    ("own_slots", None),
+    ("other_lanes_slot", "band buffer write of lane"),
+    ("read_before_write", "read before written"),
+    ("band_outside_lane_phase", "outside a per-lane phase"),
+])
+def test_band_buffer_checker(emu, scenario, message):
+    if message is None:
+        emu.rows_backward_self_check(scenario)
+    else:
+        with pytest.raises(RuntimeError, match=message):
+            emu.rows_backward_self_check(scenario)
+
+
+def test_carries_of_other_inputs_are_refused(emu):
+    x = make_inputs(1, 2, 1, 9, 14, torch.float32, seed=23)
+    dy = torch.zeros(1, 2, 126)
+    with pytest.raises(RuntimeError, match="carries"):
+        emu.rows_backward(*(x[k] for k in NAMES), True, 9, 14, dy, torch.zeros(2, 2, 14), 0, 2, 2)
