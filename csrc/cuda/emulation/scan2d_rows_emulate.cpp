@@ -22,7 +22,10 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <optional>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "scan2d_rows.cuh"
@@ -63,6 +66,8 @@ struct HostBF16 : HostWiden<HostBF16, uint16_t> {
 
 // Vector accesses (more than one element) of the last emulation call on this thread.
 thread_local int64_t g_vector_accesses = 0;
+// The scan steps the last emulation call's kernel was compiled for on this thread (-1: run time).
+thread_local int g_last_steps = -1;
 
 // Who wrote / read each element of a writable buffer (global lane ids; -1 none). `writes`: how
 // often each element must be written, all by one lane (2: the four-route kernel's read-modify-write
@@ -252,57 +257,136 @@ class RowsHostCtx {
   int lane_ = -1;
 };
 
-template <class E, int kV, int kLoad, Order kOrder, bool kFromRight>
-void run_launch(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
-  // Even orders run the plan's P = 1 (rows_plan.py, prefetch_rows: what the GPU entry is compiled
-  // with), odd orders P = 2 (a tuner's option), at every V: the tests' runs across orders thereby
-  // also hold the prefetch depth numerics-neutral.
-  Schedule schedule(order);
-  for (int64_t item : schedule.permutation(rows_items(p))) {
-    RowsHostCtx ctx(item, schedule, shadow);
-    if (order % 2 == 0) {
-      RowsForward<E, kV, kLoad, kOrder, kFromRight, 1, -1>::run(ctx, p, item);
-    } else {
-      RowsForward<E, kV, kLoad, kOrder, kFromRight, 2, -1>::run(ctx, p, item);
-    }
+// The instances whose scan steps the GPU entry compiles in (VMAMBA2D_RS_STEPS) that the emulation
+// compiles in too, as (vec, load, prefetch, steps): those of the model's and the benchmarks' map
+// widths 56 / 28 / 14 / 7 with aligned tensors. Single route: MODEL_ROWS_PLANS
+// (vmamba2d/ops/compiled/cuda_kernels.py; rows_plan's V = 4, 4, 2, 1) at the plan's P = 1 and the
+// tuner's P = 2 where it offers it (rows_plan.py, tuning_candidates: V <= 2), each in every route
+// variant; four routes: cross_vec's V = 2, 2, 2, 1 (dev/gpu/v4_static_report.py; no prefetch knob).
+// Another plan is the same code with other constants; steps = -1 takes rows_scan_steps at run time.
+struct StepsPlan {
+  int vec, load, prefetch, steps;
+};
+constexpr StepsPlan kRowsStepsPlans[] = {{4, 4, 1, 4}, {4, 4, 1, 3}, {2, 2, 1, 3},
+                                         {2, 2, 2, 3}, {1, 1, 1, 3}, {1, 1, 2, 3}};
+constexpr StepsPlan kCrossStepsPlans[] = {{2, 2, 1, 5}, {2, 2, 1, 4}, {2, 2, 1, 3}, {1, 1, 1, 3}};
+
+template <size_t kN>
+constexpr bool steps_compiled(const StepsPlan (&plans)[kN], int vec, int load, int prefetch, int steps) {
+  for (const StepsPlan& plan : plans) {
+    if (plan.vec == vec && plan.load == load && plan.prefetch == prefetch && plan.steps == steps) return true;
+  }
+  return false;
+}
+
+// The rows a launch loads ahead: even orders run the plan's P = 1 (rows_plan.py, prefetch_rows),
+// odd orders P = 2 (a tuner's option), at every V: the tests' runs across orders thereby also hold
+// the prefetch depth numerics-neutral. The four-route kernel has no prefetch knob (1).
+int prefetch_of(int64_t order) { return order % 2 == 0 ? 1 : 2; }
+
+// The GPU entry's guard (rows_forward_kernel, scan2d_rows_device.cuh): a kernel compiled for fewer
+// scan steps than the launch's segments need traps.
+void check_compiled_steps(int steps, const RowsParams& p) {
+  if (steps >= 0 && (1 << steps) < p.seg_lanes) {
+    fail("a kernel compiled for " + std::to_string(steps) + " scan steps launched with " +
+         std::to_string(p.seg_lanes) + " lanes per map (the GPU entry traps)");
   }
 }
 
+// The steps a launch runs with: `requested` if given (-1: the run-time form), else the plan's
+// rows_scan_steps(seg_lanes) compiled in where the table has that instance, the run-time form where not.
+template <size_t kN>
+int launch_steps(const StepsPlan (&plans)[kN], int vec, int load, int prefetch, const RowsParams& p,
+                 const std::optional<int64_t>& requested) {
+  if (requested) {
+    TORCH_CHECK(*requested >= -1 && *requested <= kScanSteps, "steps: expected -1 (run time) or 0 .. ", kScanSteps,
+                ", got ", *requested);
+    return static_cast<int>(*requested);
+  }
+  const int steps = rows_scan_steps(p.seg_lanes);
+  return steps_compiled(plans, vec, load, prefetch, steps) ? steps : -1;
+}
+
+template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch, int kSteps>
+void run_items(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
+  check_compiled_steps(kSteps, p);
+  Schedule schedule(order);
+  for (int64_t item : schedule.permutation(rows_items(p))) {
+    RowsHostCtx ctx(item, schedule, shadow);
+    RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch, kSteps>::run(ctx, p, item);
+  }
+}
+
+// Runs the instance compiled for `steps` scan steps if the table has it; false if not.
+template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch, int... kSteps>
+bool run_compiled(const RowsParams& p, int steps, int64_t order, GlobalShadow* shadow,
+                  std::integer_sequence<int, kSteps...>) {
+  const auto one = [&](auto fixed) {
+    constexpr int kFixed = decltype(fixed)::value;
+    if constexpr (steps_compiled(kRowsStepsPlans, kV, kLoad, kPrefetch, kFixed)) {
+      if (steps == kFixed) {
+        run_items<E, kV, kLoad, kOrder, kFromRight, kPrefetch, kFixed>(p, order, shadow);
+        return true;
+      }
+    }
+    return false;
+  };
+  return (one(std::integral_constant<int, kSteps>{}) || ...);
+}
+
+// steps: -1 the run-time form; >= 0 the instance compiled for that many steps (the table must have
+// it for this vec, load and the order's prefetch).
+template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch>
+void run_prefetch(const RowsParams& p, int steps, int64_t order, GlobalShadow* shadow) {
+  if (steps < 0) return run_items<E, kV, kLoad, kOrder, kFromRight, kPrefetch, -1>(p, order, shadow);
+  if (!run_compiled<E, kV, kLoad, kOrder, kFromRight, kPrefetch>(p, steps, order, shadow,
+                                                                 std::make_integer_sequence<int, kScanSteps + 1>{})) {
+    fail("no instance compiled for vec " + std::to_string(kV) + ", load " + std::to_string(kLoad) + ", prefetch " +
+         std::to_string(kPrefetch) + ", " + std::to_string(steps) + " scan steps (kRowsStepsPlans)");
+  }
+}
+
+template <class E, int kV, int kLoad, Order kOrder, bool kFromRight>
+void run_launch(const RowsParams& p, int steps, int64_t order, GlobalShadow* shadow) {
+  if (prefetch_of(order) == 1) return run_prefetch<E, kV, kLoad, kOrder, kFromRight, 1>(p, steps, order, shadow);
+  run_prefetch<E, kV, kLoad, kOrder, kFromRight, 2>(p, steps, order, shadow);
+}
+
 template <class E, int kV, int kLoad>
-void by_route(const RowsParams& p, int route, int64_t order, GlobalShadow* shadow) {
+void by_route(const RowsParams& p, int route, int steps, int64_t order, GlobalShadow* shadow) {
   const bool right = route & kRouteFromRight;
   switch (rows_order(route)) {
     case Order::kRowsFirst:
-      return right ? run_launch<E, kV, kLoad, Order::kRowsFirst, true>(p, order, shadow)
-                   : run_launch<E, kV, kLoad, Order::kRowsFirst, false>(p, order, shadow);
+      return right ? run_launch<E, kV, kLoad, Order::kRowsFirst, true>(p, steps, order, shadow)
+                   : run_launch<E, kV, kLoad, Order::kRowsFirst, false>(p, steps, order, shadow);
     case Order::kColumnsFirst:
-      return right ? run_launch<E, kV, kLoad, Order::kColumnsFirst, true>(p, order, shadow)
-                   : run_launch<E, kV, kLoad, Order::kColumnsFirst, false>(p, order, shadow);
+      return right ? run_launch<E, kV, kLoad, Order::kColumnsFirst, true>(p, steps, order, shadow)
+                   : run_launch<E, kV, kLoad, Order::kColumnsFirst, false>(p, steps, order, shadow);
     case Order::kFlat:
-      return right ? run_launch<E, kV, kLoad, Order::kFlat, true>(p, order, shadow)
-                   : run_launch<E, kV, kLoad, Order::kFlat, false>(p, order, shadow);
+      return right ? run_launch<E, kV, kLoad, Order::kFlat, true>(p, steps, order, shadow)
+                   : run_launch<E, kV, kLoad, Order::kFlat, false>(p, steps, order, shadow);
   }
 }
 
 template <class E, int kV>
-void by_load(const RowsParams& p, int load, int route, int64_t order, GlobalShadow* shadow) {
+void by_load(const RowsParams& p, int load, int route, int steps, int64_t order, GlobalShadow* shadow) {
   if constexpr (kV > 1) {
-    if (load == kV) return by_route<E, kV, kV>(p, route, order, shadow);
+    if (load == kV) return by_route<E, kV, kV>(p, route, steps, order, shadow);
   }
-  by_route<E, kV, 1>(p, route, order, shadow);
+  by_route<E, kV, 1>(p, route, steps, order, shadow);
 }
 
 template <class E>
-void by_vec(const RowsParams& p, int vec, int load, int route, int64_t order, GlobalShadow* shadow) {
+void by_vec(const RowsParams& p, int vec, int load, int route, int steps, int64_t order, GlobalShadow* shadow) {
   switch (vec) {
     case 1:
-      return by_load<E, 1>(p, load, route, order, shadow);
+      return by_load<E, 1>(p, load, route, steps, order, shadow);
     case 2:
-      return by_load<E, 2>(p, load, route, order, shadow);
+      return by_load<E, 2>(p, load, route, steps, order, shadow);
     case 4:
-      return by_load<E, 4>(p, load, route, order, shadow);
+      return by_load<E, 4>(p, load, route, steps, order, shadow);
     case 8:
-      if constexpr (sizeof(typename E::Raw) == 2) return by_load<E, 8>(p, load, route, order, shadow);
+      if constexpr (sizeof(typename E::Raw) == 2) return by_load<E, 8>(p, load, route, steps, order, shadow);
       [[fallthrough]];
     default:
       fail("no kernel with " + std::to_string(vec) + " columns per lane for this type");
@@ -325,7 +409,7 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
                         const at::Tensor& C, const std::optional<at::Tensor>& D,
                         const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height, int64_t width,
                         int64_t route, bool y_fp32, int64_t order, int64_t vec, int64_t load, int64_t routes,
-                        int64_t route_index) {
+                        int64_t route_index, const std::optional<int64_t>& steps) {
   TORCH_CHECK(routes >= 1 && route_index >= 0 && route_index < routes, "route_index: expected 0 <= it < routes = ",
               routes, ", got ", route_index);
   TORCH_CHECK(rows_route_supported(static_cast<int>(route)), "route ", route, ": not a row stream (use v3)");
@@ -384,15 +468,18 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   p.y_fp32 = y_fp32 ? 1 : 0;
   p.from_bottom = (route & kRouteFromBottom) ? 1 : 0;
 
+  const int run_steps =
+      launch_steps(kRowsStepsPlans, static_cast<int>(vec), static_cast<int>(load), prefetch_of(order), p, steps);
+  g_last_steps = run_steps;
   g_vector_accesses = 0;
   GlobalShadow shadow(y.numel());
   const int code = static_cast<int>(route);
   if (type == at::kFloat) {
-    by_vec<HostF32>(p, static_cast<int>(vec), static_cast<int>(load), code, order, &shadow);
+    by_vec<HostF32>(p, static_cast<int>(vec), static_cast<int>(load), code, run_steps, order, &shadow);
   } else if (type == at::kHalf) {
-    by_vec<HostF16>(p, static_cast<int>(vec), static_cast<int>(load), code, order, &shadow);
+    by_vec<HostF16>(p, static_cast<int>(vec), static_cast<int>(load), code, run_steps, order, &shadow);
   } else {
-    by_vec<HostBF16>(p, static_cast<int>(vec), static_cast<int>(load), code, order, &shadow);
+    by_vec<HostBF16>(p, static_cast<int>(vec), static_cast<int>(load), code, run_steps, order, &shadow);
   }
   if (const int64_t missing = shadow.unwritten()) {
     fail(std::to_string(missing) + " cells of y were written by no lane");
@@ -400,25 +487,51 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   return y;
 }
 
-template <class E, int kV, int kLoad>
-void run_cross(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
+template <class E, int kV, int kLoad, int kSteps>
+void run_cross_items(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
+  check_compiled_steps(kSteps, p);
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_items(p))) {
     RowsHostCtx ctx(item, schedule, shadow);
-    CrossRowsForward<E, kV, kLoad, -1>::run(ctx, p, item);
+    CrossRowsForward<E, kV, kLoad, kSteps>::run(ctx, p, item);
+  }
+}
+
+template <class E, int kV, int kLoad, int... kSteps>
+bool run_cross_compiled(const RowsParams& p, int steps, int64_t order, GlobalShadow* shadow,
+                        std::integer_sequence<int, kSteps...>) {
+  const auto one = [&](auto fixed) {
+    constexpr int kFixed = decltype(fixed)::value;
+    if constexpr (steps_compiled(kCrossStepsPlans, kV, kLoad, 1, kFixed)) {
+      if (steps == kFixed) {
+        run_cross_items<E, kV, kLoad, kFixed>(p, order, shadow);
+        return true;
+      }
+    }
+    return false;
+  };
+  return (one(std::integral_constant<int, kSteps>{}) || ...);
+}
+
+template <class E, int kV, int kLoad>
+void run_cross(const RowsParams& p, int steps, int64_t order, GlobalShadow* shadow) {
+  if (steps < 0) return run_cross_items<E, kV, kLoad, -1>(p, order, shadow);
+  if (!run_cross_compiled<E, kV, kLoad>(p, steps, order, shadow, std::make_integer_sequence<int, kScanSteps + 1>{})) {
+    fail("no four-route instance compiled for vec " + std::to_string(kV) + ", load " + std::to_string(kLoad) + ", " +
+         std::to_string(steps) + " scan steps (kCrossStepsPlans)");
   }
 }
 
 template <class E>
-void cross_by_vec(const RowsParams& p, int vec, int load, int64_t order, GlobalShadow* shadow) {
+void cross_by_vec(const RowsParams& p, int vec, int load, int steps, int64_t order, GlobalShadow* shadow) {
   const bool vector = load == vec && vec > 1;
   switch (vec) {
     case 1:
-      return run_cross<E, 1, 1>(p, order, shadow);
+      return run_cross<E, 1, 1>(p, steps, order, shadow);
     case 2:
-      return vector ? run_cross<E, 2, 2>(p, order, shadow) : run_cross<E, 2, 1>(p, order, shadow);
+      return vector ? run_cross<E, 2, 2>(p, steps, order, shadow) : run_cross<E, 2, 1>(p, steps, order, shadow);
     case 4:
-      return vector ? run_cross<E, 4, 4>(p, order, shadow) : run_cross<E, 4, 1>(p, order, shadow);
+      return vector ? run_cross<E, 4, 4>(p, steps, order, shadow) : run_cross<E, 4, 1>(p, steps, order, shadow);
     default:
       fail("no four-route kernel with " + std::to_string(vec) + " columns per lane");
   }
@@ -432,7 +545,8 @@ void cross_by_vec(const RowsParams& p, int vec, int load, int64_t order, GlobalS
 at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
                               const at::Tensor& C, const std::optional<at::Tensor>& D,
                               const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height,
-                              int64_t width, bool y_fp32, int64_t order, int64_t vec, int64_t load) {
+                              int64_t width, bool y_fp32, int64_t order, int64_t vec, int64_t load,
+                              const std::optional<int64_t>& steps) {
   const at::ScalarType type = u.scalar_type();
   TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
               "u: expected float32, float16 or bfloat16, got ", type);
@@ -485,14 +599,16 @@ at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, cons
   p.softplus = softplus ? 1 : 0;
   p.y_fp32 = y_fp32 ? 1 : 0;
 
+  const int run_steps = launch_steps(kCrossStepsPlans, static_cast<int>(vec), static_cast<int>(load), 1, p, steps);
+  g_last_steps = run_steps;
   g_vector_accesses = 0;
   GlobalShadow shadow(y.numel(), 2);
   if (type == at::kFloat) {
-    cross_by_vec<HostF32>(p, static_cast<int>(vec), static_cast<int>(load), order, &shadow);
+    cross_by_vec<HostF32>(p, static_cast<int>(vec), static_cast<int>(load), run_steps, order, &shadow);
   } else if (type == at::kHalf) {
-    cross_by_vec<HostF16>(p, static_cast<int>(vec), static_cast<int>(load), order, &shadow);
+    cross_by_vec<HostF16>(p, static_cast<int>(vec), static_cast<int>(load), run_steps, order, &shadow);
   } else {
-    cross_by_vec<HostBF16>(p, static_cast<int>(vec), static_cast<int>(load), order, &shadow);
+    cross_by_vec<HostBF16>(p, static_cast<int>(vec), static_cast<int>(load), run_steps, order, &shadow);
   }
   if (const int64_t missing = shadow.unwritten()) {
     fail(std::to_string(missing) + " cells of y were not written twice (once per sweep)");
@@ -547,13 +663,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"), pybind11::arg("D"),
         pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
         pybind11::arg("route"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
-        pybind11::arg("load"), pybind11::arg("routes") = 1, pybind11::arg("route_index") = 0);
+        pybind11::arg("load"), pybind11::arg("routes") = 1, pybind11::arg("route_index") = 0,
+        pybind11::arg("steps") = std::nullopt);
   m.def("rows_cross_forward", &rows_cross_forward, "four-route RS forward on the host emulation",
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"),
         pybind11::arg("width"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
-        pybind11::arg("load"));
+        pybind11::arg("load"), pybind11::arg("steps") = std::nullopt);
   m.def("rows_vector_accesses", [] { return g_vector_accesses; },
         "vector global accesses of the last rows_forward call on this thread");
   m.def("rows_self_check", &rows_self_check, "run one checker scenario", pybind11::arg("scenario"));
+  m.def("rows_last_steps", [] { return g_last_steps; },
+        "scan steps the last rows_forward / rows_cross_forward call's kernel was compiled for (-1: run time)");
+  m.def("rows_scan_steps", [](int64_t seg_lanes) { return rows_scan_steps(static_cast<int>(seg_lanes)); },
+        "rows_scan_steps(seg_lanes) of scan2d_rows_common.h: the scan steps a segment needs",
+        pybind11::arg("seg_lanes"));
+  const auto plans = [](const auto& table) {
+    std::vector<std::tuple<int, int, int, int>> out;
+    for (const StepsPlan& plan : table) out.emplace_back(plan.vec, plan.load, plan.prefetch, plan.steps);
+    return out;
+  };
+  m.def("rows_compiled_steps_plans",
+        [plans] { return std::make_pair(plans(kRowsStepsPlans), plans(kCrossStepsPlans)); },
+        "(single-route, four-route) (vec, load, prefetch, steps) instances run with the steps compiled in");
 }
