@@ -25,7 +25,8 @@
 // chunk c) with k = (b * groups + g) * chunks + c, channels g * cpg + c * M + m (cpg = dim / groups;
 // a segment whose channel is past the group's end idles). No atomics and a fixed order everywhere:
 // dB / dC of a row are summed over the warp's segments by shuffles, segment 0 first, and stored as
-// the warp's partial row dB_part[b][g][c][L] (the launcher sums the chunks in order); dA / dD /
+// the warp's partial row dBC_part[0][b][g][c][L] / dBC_part[1][b][g][c][L] (the launcher sums the
+// chunks in order); dA / dD /
 // ddelta_bias are summed over a segment's lanes by a fixed shuffle tree into one value per map
 // (dA_part[b][d] ..., summed over the batch by the launcher).
 #pragma once
@@ -38,7 +39,8 @@ namespace rows {
 // One launch. u, delta, dy, du, ddelta: [batch][dim][L] (dy in the inputs' type, or fp32 with
 // dy_fp32); B, C: [batch][groups][L]; A, D, delta_bias: fp32 [dim] (D, delta_bias may be null; their
 // partials are then not written); carries: fp32 [batch * dim][rows_carry_rows(H)][W] from the
-// saving forward; dB_part, dC_part: fp32 [batch][groups][chunks][L]; dA_part, dD_part, ddb_part:
+// saving forward; dBC_part: fp32 [2][batch][groups][chunks][L] (dB's partials, then dC's, one
+// buffer: a lane keeps one view for both); dA_part, dD_part, ddb_part:
 // fp32 [batch][dim]. chunks = ceil((dim / groups) / maps_per_warp); items (warps) =
 // batch * groups * chunks.
 struct RowsBackwardParams {
@@ -53,8 +55,7 @@ struct RowsBackwardParams {
   const float* carries;
   void* du;
   void* ddelta;
-  float* dB_part;
-  float* dC_part;
+  float* dBC_part;
   float* dA_part;
   float* dD_part;
   float* ddb_part;
@@ -96,7 +97,8 @@ struct RowsBackward {
 
   struct Lane {
     int s;           // position in the segment
-    unsigned valid;  // bit k: column k is inside the row and the lane's channel is real
+    int d;           // channel (of the warp's first map on an idle lane)
+    unsigned valid;  // bit k: column k is inside the row and the lane's channel is real (0: idle lane)
     float a2;        // A[d] * log2(e)
     float A;
     float bias;
@@ -171,8 +173,8 @@ SS2D_UNROLL
     const auto carries = ctx.global(p.carries, maps * carry_rows * W);
     const auto du = ctx.global(static_cast<Raw*>(p.du), maps * L);
     const auto ddelta = ctx.global(static_cast<Raw*>(p.ddelta), maps * L);
-    const auto dB = ctx.global(p.dB_part, planes * p.chunks * L);
-    const auto dC = ctx.global(p.dC_part, planes * p.chunks * L);
+    const long long part_plane = planes * p.chunks * L;  // dC's partials after dB's
+    const auto dBC = ctx.global(p.dBC_part, 2 * part_plane);
     const auto dA = ctx.global(p.dA_part, maps);
     const auto dD = ctx.global(p.dD_part, p.D != nullptr ? maps : 0);
     const auto ddb = ctx.global(p.ddb_part, p.delta_bias != nullptr ? maps : 0);
@@ -180,20 +182,18 @@ SS2D_UNROLL
     const auto bias = ctx.global(p.delta_bias, p.delta_bias != nullptr ? p.dim : 0);
     const auto skip = ctx.global(p.D, p.D != nullptr ? p.dim : 0);
 
-    const long long plane = item / p.chunks;  // b * groups + g
-    const int chunk = static_cast<int>(item - plane * p.chunks);
-    const int b = static_cast<int>(plane / p.groups);
-    const int g = static_cast<int>(plane - static_cast<long long>(b) * p.groups);
+    // Items fit 32 bits (the launcher checks): (b * groups + g) * chunks + chunk.
+    const int plane = static_cast<int>(item) / p.chunks;  // b * groups + g
+    const int chunk = static_cast<int>(item) - plane * p.chunks;
+    const int b = plane / p.groups;
+    const int g = plane - b * p.groups;
 
     // Views at each lane's first column of row 0: the map's (u, delta, dy, du, ddelta), the group's
-    // (B, C), the map's carries and the warp's partial rows (dB, dC).
-    using InView = decltype(ctx.offset(u, 0LL));
-    InView lane_u[K], lane_d[K], lane_b[K], lane_c[K];
-    decltype(ctx.offset(dy, 0LL)) lane_dy[K];
-    decltype(ctx.offset(du, 0LL)) lane_du[K], lane_dd[K];
-    decltype(ctx.offset(carries, 0LL)) lane_carry[K];
-    decltype(ctx.offset(dB, 0LL)) lane_dB[K], lane_dC[K];
-    long long lane_map[K];
+    // (B, C) and the warp's partial row of dB (dC's lies part_plane further); the carries' view is
+    // made per band (a view kept for the whole walk spills a 2-byte instance on sm_90).
+    // Kept as element offsets (the map's, the group plane's, the partial row's), the views made at
+    // each access from the launch's pointers: eight 64-bit views held across the walk spill on sm_90.
+    long long lane_m[K], lane_p[K], lane_w[K];
 
     Lane lanes[K];
     float sa[K], sb[K], ta[K], tb[K];
@@ -212,17 +212,10 @@ SS2D_UNROLL
       l.valid = 0;
 SS2D_UNROLL
       for (int k = 0; k < kV; ++k) l.valid |= (active && col + k < W) ? 1u << k : 0u;
-      lane_map[q] = active ? map : -1;
-      lane_u[q] = ctx.offset(u, map * L + col);
-      lane_d[q] = ctx.offset(delta, map * L + col);
-      lane_dy[q] = ctx.offset(dy, map * L + col);
-      lane_du[q] = ctx.offset(du, map * L + col);
-      lane_dd[q] = ctx.offset(ddelta, map * L + col);
-      lane_b[q] = ctx.offset(B, plane * L + col);
-      lane_c[q] = ctx.offset(C, plane * L + col);
-      lane_carry[q] = ctx.offset(carries, map * carry_rows * W + col);
-      lane_dB[q] = ctx.offset(dB, (plane * p.chunks + chunk) * L + col);
-      lane_dC[q] = ctx.offset(dC, (plane * p.chunks + chunk) * L + col);
+      l.d = d;
+      lane_m[q] = map * L + col;
+      lane_p[q] = plane * L + col;
+      lane_w[q] = (static_cast<long long>(plane) * p.chunks + chunk) * L + col;
       l.A = ctx.read(A, d);
       l.a2 = l.A * kLog2e;
       l.bias = p.delta_bias != nullptr ? ctx.read(bias, d) : 0.f;
@@ -244,7 +237,11 @@ SS2D_UNROLL
         float h[kV];
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) h[k] = 0.f;
-        if (band > 0) load_row(ctx, lane_carry[q], (band - 1) * W, chunk_bits(l.valid), h);
+        if (band > 0) {
+          const long long map = static_cast<long long>(b) * p.dim + l.d;
+          const int col = l.valid != 0 ? l.s * kV : 0;
+          load_row(ctx, ctx.offset(carries, (map * carry_rows + band - 1) * W + col), 0, chunk_bits(l.valid), h);
+        }
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) ctx.band_put(kHAbove + k, lane, ((l.valid >> k) & 1u) ? h[k] : 0.f);
       });
@@ -257,9 +254,9 @@ SS2D_UNROLL
           const Lane& l = lanes[q];
           const unsigned in = chunk_bits(l.valid);
           Raw dr[kV] = {}, br[kV] = {}, ur[kV] = {};
-          load_row(ctx, lane_d[q], off, in, dr);
-          load_row(ctx, lane_b[q], off, in, br);
-          load_row(ctx, lane_u[q], off, in, ur);
+          load_row(ctx, ctx.offset(delta, ctx.fresh(lane_m[q])), off, in, dr);
+          load_row(ctx, ctx.offset(B, ctx.fresh(lane_p[q])), off, in, br);
+          load_row(ctx, ctx.offset(u, ctx.fresh(lane_m[q])), off, in, ur);
           float z[kV], bv[kV], uv[kV], dt[kV];
           E::template widen<kV>(dr, z);
           E::template widen<kV>(br, bv);
@@ -312,9 +309,9 @@ SS2D_UNROLL
           const unsigned in = chunk_bits(l.valid);
           Raw dr[kV] = {}, cr[kV] = {};
           Dy yr[kV] = {};
-          load_row(ctx, lane_d[q], off, in, dr);
-          load_row(ctx, lane_c[q], off, in, cr);
-          load_row(ctx, lane_dy[q], off, in, yr);
+          load_row(ctx, ctx.offset(delta, ctx.fresh(lane_m[q])), off, in, dr);
+          load_row(ctx, ctx.offset(C, ctx.fresh(lane_p[q])), off, in, cr);
+          load_row(ctx, ctx.offset(dy, ctx.fresh(lane_m[q])), off, in, yr);
           float cv[kV];
           E::template widen<kV>(dr, z_row[q]);
           E::template widen<kV>(cr, cv);
@@ -356,8 +353,8 @@ SS2D_UNROLL
           Lane& l = lanes[q];
           const unsigned in = chunk_bits(l.valid);
           Raw br[kV] = {}, ur[kV] = {};
-          load_row(ctx, lane_b[q], off, in, br);
-          load_row(ctx, lane_u[q], off, in, ur);
+          load_row(ctx, ctx.offset(B, ctx.fresh(lane_p[q])), off, in, br);
+          load_row(ctx, ctx.offset(u, ctx.fresh(lane_m[q])), off, in, ur);
           float bv[kV], uv[kV];
           E::template widen<kV>(br, bv);
           E::template widen<kV>(ur, uv);
@@ -389,8 +386,8 @@ SS2D_UNROLL
             l.g_below[k] = g_row[q][k];
             l.a_below[k] = a_row[q][k];
           }
-          store_row(ctx, lane_du[q], off, in, du_out);
-          store_row(ctx, lane_dd[q], off, in, dd_out);
+          store_row(ctx, ctx.offset(du, ctx.fresh(lane_m[q])), off, in, du_out);
+          store_row(ctx, ctx.offset(ddelta, ctx.fresh(lane_m[q])), off, in, dd_out);
         });
         // dB / dC of the row summed over the warp's segments, segment 0 first, 1, ... M - 1.
         float own_b[K], own_c[K];
@@ -415,30 +412,32 @@ SS2D_UNROLL
           const Lane& l = lanes[q];
           // Segment 0's lanes hold the sums; the other segments' lanes store nothing.
           const unsigned in = lane < S ? chunk_bits(column_bits(l.s, W)) : 0u;
-          store_row(ctx, lane_dB[q], off, in, dB_row[q]);
-          store_row(ctx, lane_dC[q], off, in, dC_row[q]);
+          store_row(ctx, ctx.offset(dBC, ctx.fresh(lane_w[q])), off, in, dB_row[q]);
+          store_row(ctx, ctx.offset(dBC, ctx.fresh(lane_w[q]) + part_plane), off, in, dC_row[q]);
         });
       }
     }
 
-    // dA, dD, ddelta_bias of each map: its segment's lanes summed by a fixed shuffle tree.
+    // dA, dD, ddelta_bias of each map: its segment's lanes summed by a fixed shuffle tree. The map's
+    // batch entry again from the item (kept through the walk, it spills on sm_90).
+    const int b_end = static_cast<int>(ctx.fresh(item)) / p.chunks / p.groups;
     segment_sum(ctx, lanes, &Lane::acc_da, sb, tb, S, steps);
     ctx.each_lane([&](int lane) {
       const int q = ctx.slot(lane);
-      if (lanes[q].s == 0 && lane_map[q] >= 0) ctx.template store<1>(dA, lane_map[q], &sb[q]);
+      if (lanes[q].s == 0 && lanes[q].valid != 0) ctx.template store<1>(dA, static_cast<long long>(b_end) * p.dim + lanes[q].d, &sb[q]);
     });
     if (p.D != nullptr) {
       segment_sum(ctx, lanes, &Lane::acc_dd, sb, tb, S, steps);
       ctx.each_lane([&](int lane) {
         const int q = ctx.slot(lane);
-        if (lanes[q].s == 0 && lane_map[q] >= 0) ctx.template store<1>(dD, lane_map[q], &sb[q]);
+        if (lanes[q].s == 0 && lanes[q].valid != 0) ctx.template store<1>(dD, static_cast<long long>(b_end) * p.dim + lanes[q].d, &sb[q]);
       });
     }
     if (p.delta_bias != nullptr) {
       segment_sum(ctx, lanes, &Lane::acc_db, sb, tb, S, steps);
       ctx.each_lane([&](int lane) {
         const int q = ctx.slot(lane);
-        if (lanes[q].s == 0 && lane_map[q] >= 0) ctx.template store<1>(ddb, lane_map[q], &sb[q]);
+        if (lanes[q].s == 0 && lanes[q].valid != 0) ctx.template store<1>(ddb, static_cast<long long>(b_end) * p.dim + lanes[q].d, &sb[q]);
       });
     }
   }

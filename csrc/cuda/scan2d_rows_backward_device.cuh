@@ -16,6 +16,15 @@ struct RowsBackwardDeviceCtx : RowsDeviceCtx {
 
   SS2D_HD SS2D_INLINE float band_get(int t, int lane) const { return band[t * kWarpLanes + lane]; }
   SS2D_HD SS2D_INLINE void band_put(int t, int lane, float v) const { band[t * kWarpLanes + lane] = v; }
+
+  // An element offset the compiler must take as new at this point: a view made from it is not
+  // hoisted out of the row loops and kept in registers.
+  SS2D_HD SS2D_INLINE long long fresh(long long v) const {
+#ifdef __CUDA_ARCH__
+    asm volatile("" : "+l"(v));
+#endif
+    return v;
+  }
 };
 
 // Shared memory of a block of kRowsThreads threads, in floats.

@@ -161,6 +161,7 @@ class BackwardHostCtx {
     return view;
   }
   int pin(int v) const { return v; }
+  int64_t fresh(int64_t v) const { return v; }
 
   template <class V>
   std::remove_const_t<V> read(const HostView<V>& view, int64_t at) const {
@@ -383,8 +384,8 @@ std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const 
 
 // The RS backward on the emulation. Inputs as rows_forward_save, dy (batch, dim, L) in u's type or
 // fp32, carries as rows_forward_save returns them. Returns the kernel's outputs unreduced: du, ddelta
-// (batch, dim, L) in u's type; dB_part, dC_part fp32 (batch, groups, chunks, L); dA_part, dD_part,
-// ddb_part fp32 (batch, dim) (dD_part / ddb_part empty without D / delta_bias).
+// (batch, dim, L) in u's type; dBC_part fp32 (2, batch, groups, chunks, L) (dB's partials, dC's);
+// dA_part, dD_part, ddb_part fp32 (batch, dim) (dD_part / ddb_part empty without D / delta_bias).
 std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
                                       const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
                                       const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height,
@@ -403,8 +404,7 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
   const at::ScalarType type = u.scalar_type();
   at::Tensor du = nan_filled({s.batch, s.dim, s.length}, u, type);
   at::Tensor ddelta = nan_filled({s.batch, s.dim, s.length}, u, type);
-  at::Tensor dB = nan_filled({s.batch, s.groups, chunks, s.length}, u, at::kFloat);
-  at::Tensor dC = nan_filled({s.batch, s.groups, chunks, s.length}, u, at::kFloat);
+  at::Tensor dBC = nan_filled({2, s.batch, s.groups, chunks, s.length}, u, at::kFloat);
   at::Tensor dA = nan_filled({s.batch, s.dim}, u, at::kFloat);
   at::Tensor dD = nan_filled({D ? s.batch : 0, D ? s.dim : 0}, u, at::kFloat);
   at::Tensor ddb = nan_filled({delta_bias ? s.batch : 0, delta_bias ? s.dim : 0}, u, at::kFloat);
@@ -420,8 +420,7 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
   p.carries = carries.numel() > 0 ? carries.data_ptr<float>() : nullptr;
   p.du = du.data_ptr();
   p.ddelta = ddelta.data_ptr();
-  p.dB_part = dB.data_ptr<float>();
-  p.dC_part = dC.data_ptr<float>();
+  p.dBC_part = dBC.data_ptr<float>();
   p.dA_part = dA.data_ptr<float>();
   p.dD_part = D ? dD.data_ptr<float>() : nullptr;
   p.ddb_part = delta_bias ? ddb.data_ptr<float>() : nullptr;
@@ -437,7 +436,7 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
   p.dy_fp32 = dy.scalar_type() == at::kFloat && type != at::kFloat ? 1 : 0;
 
   std::vector<std::pair<at::Tensor, std::string>> named = {
-      {du, "du"}, {ddelta, "ddelta"}, {dB, "dB_part"}, {dC, "dC_part"}, {dA, "dA_part"}, {dD, "dD_part"},
+      {du, "du"}, {ddelta, "ddelta"}, {dBC, "dBC_part"}, {dA, "dA_part"}, {dD, "dD_part"},
       {ddb, "ddb_part"}};
   std::vector<std::unique_ptr<OutputShadow>> shadows;
   Outputs outputs;
@@ -448,7 +447,7 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
   }
   dispatch<BackwardJob>(type, vec, load, p, order, outputs);
   for (const auto& shadow : shadows) shadow->check_complete();
-  return {du, ddelta, dB, dC, dA, dD, ddb};
+  return {du, ddelta, dBC, dA, dD, ddb};
 }
 
 // One synthetic warp that breaks (or keeps) a band-buffer rule; throws when the checker objects.

@@ -30,8 +30,11 @@
 #ifndef VMAMBA2D_RSB_PREFETCH
 #define VMAMBA2D_RSB_PREFETCH 1
 #endif
+// Blocks per SM the backward is compiled for: at V = 4 the band buffers (34 KiB a block) let at
+// most 6 blocks share an sm_90 SM (sm_80: 4, sm_75: 1), so 6 there (80 registers; at 64 every
+// instance spilled 8-56 bytes under NVRTC) costs no occupancy; narrower lanes: kRowsMinBlocks (64).
 #ifndef VMAMBA2D_RSB_MIN_BLOCKS
-#define VMAMBA2D_RSB_MIN_BLOCKS vmamba2d::rows::kRowsMinBlocks
+#define VMAMBA2D_RSB_MIN_BLOCKS (VMAMBA2D_RSB_VEC == 4 ? 6 : vmamba2d::rows::kRowsMinBlocks)
 #endif
 
 namespace vmamba2d {
@@ -58,7 +61,7 @@ static_assert(VMAMBA2D_RSB_VEC == 1 || VMAMBA2D_RSB_VEC == 2 || VMAMBA2D_RSB_VEC
 }  // namespace vmamba2d
 
 #if defined(VMAMBA2D_RSB_SAVE) && VMAMBA2D_RSB_SAVE
-extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RSB_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, vmamba2d::rows::kRowsMinBlocks)
     vmamba2d_rows_forward_save(const vmamba2d::rows::RowsParams p, float* carries) {
   using namespace vmamba2d::rows;
   rows_forward_saving_kernel<BackwardElement<VMAMBA2D_RSB_DTYPE>::type, VMAMBA2D_RSB_VEC, VMAMBA2D_RSB_LOAD,

@@ -47,8 +47,8 @@ def run(emu, x, height, width, dy, order=2, softplus=True, vec=None, load=None):
     vec, load = plan_for(x, dy, width, vec, load)
     args = [x[k] for k in NAMES]
     y, carries = emu.rows_forward_save(*args, softplus, height, width, False, order, vec, load)
-    du, ddelta, dB, dC, dA, dD, ddb = emu.rows_backward(*args, softplus, height, width, dy, carries, order, vec, load)
-    grads = rbl.reduce_partials(du, ddelta, dB, dC, dA, dD if x["D"] is not None else None,
+    du, ddelta, dBC, dA, dD, ddb = emu.rows_backward(*args, softplus, height, width, dy, carries, order, vec, load)
+    grads = rbl.reduce_partials(du, ddelta, dBC, dA, dD if x["D"] is not None else None,
                                 ddb if x["delta_bias"] is not None else None, x["B"].dtype)
     return {k: g for k, g in zip(NAMES, grads) if g is not None}, carries, y
 

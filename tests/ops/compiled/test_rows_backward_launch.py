@@ -1,0 +1,204 @@
+"""The RS backward's launch module (vmamba2d/ops/compiled/rows_backward_launch.py) without a GPU: the
+ctypes parameter block has the C struct's layout (the C++ compiler's offsetof), the plan rule, the
+launches of the saving forward and of the backward pass their grid / block / parameter bytes on the
+current stream (recording fake driver), bad carries / dy are refused, and NVRTC compiles the model's
+instances within the register budget."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from vmamba2d.ops.compiled import cuda_launch, kernel_cache, nvrtc, rows_launch
+from vmamba2d.ops.compiled import rows_backward_launch as rbl
+
+try:
+    TOOLCHAIN = nvrtc.find_toolchain()
+except nvrtc.NvrtcUnavailable as err:
+    pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
+
+from support.nvrtc_recording import RecordingDriver  # noqa: E402
+
+CSRC = Path(__file__).resolve().parents[3] / "csrc" / "cuda"
+
+
+def scan_inputs(batch, dim, height, width, dtype=torch.float32, groups=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    L = height * width
+    u, delta, dy = (torch.randn(batch, dim, L, generator=g).to(dtype) for _ in range(3))
+    B, C = (torch.randn(batch, groups, 1, L, generator=g).to(dtype) for _ in range(2))
+    A = -torch.rand(dim, 1, generator=g)
+    return u, delta, A, B, C, torch.randn(dim, generator=g), torch.randn(dim, generator=g), dy
+
+
+def test_params_layout_equals_the_c_struct(tmp_path: Path):
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    fields = [name for name, _ in rbl.RowsBackwardParams._fields_]
+    prints = "".join(f'  std::printf("%zu ", offsetof(P, {f}));\n' for f in fields)
+    (tmp_path / "layout.cpp").write_text(
+        '#include <cstddef>\n#include <cstdio>\n#include "scan2d_rows_backward.cuh"\n'
+        "using P = vmamba2d::rows::RowsBackwardParams;\nint main() {\n" + prints
+        + '  std::printf("%zu\\n", sizeof(P));\n}\n')
+    subprocess.run([cxx, "-std=c++17", f"-I{CSRC}", str(tmp_path / "layout.cpp"), "-o", str(tmp_path / "layout")],
+                   check=True)
+    out = subprocess.run([str(tmp_path / "layout")], check=True, capture_output=True, text=True).stdout.split()
+    expected = [getattr(rbl.RowsBackwardParams, f).offset for f in fields] + [ctypes.sizeof(rbl.RowsBackwardParams)]
+    assert [int(v) for v in out] == expected
+
+
+@pytest.mark.parametrize("width,elem,dy,aligned,expected", [
+    (56, 4, 4, 16, (4, 4, 14, 2)),
+    (28, 2, 2, 16, (4, 4, 7, 4)),
+    (14, 2, 4, 16, (2, 2, 7, 4)),
+    (7, 4, 4, 16, (1, 1, 7, 4)),
+    (1, 4, 4, 16, (1, 1, 1, 32)),
+    (13, 4, 4, 16, (1, 1, 13, 2)),
+    (66, 4, 4, 16, (4, 1, 17, 1)),  # V = 2 would take 33 lanes: a ragged last lane at V = 4
+    (56, 4, 4, 8, (4, 1, 14, 2)),  # misaligned for a 16-byte vector: scalar accesses
+    (56, 2, 4, 8, (4, 1, 14, 2)),  # bf16 inputs, fp32 dy needs 16 bytes
+])
+def test_backward_plan(width, elem, dy, aligned, expected):
+    plan = rbl.backward_plan(elem, dy, width, aligned)
+    assert (plan.vec, plan.load, plan.seg_lanes, plan.maps_per_warp) == expected
+
+
+def test_backward_plan_refuses_wide_rows():
+    assert rbl.backward_plan(2, 2, 129) is None
+    with pytest.raises(ValueError, match="elem_bytes"):
+        rbl.backward_plan(8, 4, 56)
+
+
+@pytest.fixture()
+def launcher(tmp_path):
+    driver = RecordingDriver()
+    launcher = cuda_launch.KernelLauncher(driver, tmp_path, TOOLCHAIN, current_device=lambda: 0,
+                                          stream_of=lambda d: 1000 + d, device_arch=lambda d: 90)
+    return launcher, driver, tmp_path
+
+
+def _stub(folder: Path, spec) -> None:
+    """A cache entry with a recognisable fake image, so the launcher finds the spec without compiling."""
+    target = nvrtc.target_for(90, TOOLCHAIN.archs)
+    key = nvrtc.cache_key(TOOLCHAIN, spec, target)
+    kernel = nvrtc.CompiledKernel(spec.name, 90, target, f"image {spec.name}".encode(), f"sym_{spec.file_stem}")
+    kernel_cache.write_entry(kernel_cache.entry_path(folder, key), kernel_cache.encode_entry(key, kernel))
+
+
+def _reading(driver, structs) -> list:
+    """The launches' parameters from now on, each read back as the given ctypes types in order."""
+    seen = []
+    record = driver.launch
+
+    def read_back(function, grid, threads, smem, stream, pointers):
+        array = (ctypes.c_void_p * len(structs)).from_address(pointers)
+        seen.append([s.from_buffer_copy(ctypes.string_at(array[i], ctypes.sizeof(s))) for i, s in enumerate(structs)])
+        record(function, grid, threads, smem, stream, pointers)
+
+    driver.launch = read_back
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_saving_forward_launch(launcher, dtype):
+    launcher, driver, folder = launcher
+    u, delta, A, B, C, D, bias, _ = scan_inputs(3, 10, 28, 28, dtype)
+    plan = rbl.backward_plan(u.element_size(), u.element_size(), 28)
+    spec = rbl.save_spec(plan, dtype)
+    _stub(folder, spec)
+    seen = _reading(driver, [rows_launch.RowsParams, ctypes.c_void_p])
+    y, carries = rbl.launch_forward_save(launcher, u, delta, A, B, C, D, bias, True, 28, 28, False, plan)
+    assert y.shape == u.shape and y.dtype == dtype
+    assert carries.shape == (30, 3, 28) and carries.dtype == torch.float32
+    (launch,) = driver.of("launch")
+    assert launch[1][2] == f"sym_{spec.file_stem}"
+    assert launch[2:6] == ((-(-30 // (plan.maps_per_warp * 4)), 1, 1), 128, 0, 1000)
+    ((p, carry_ptr),) = seen
+    assert (p.u, p.y, p.seg_lanes, p.maps_per_warp, p.from_bottom) == (u.data_ptr(), y.data_ptr(), 7, 4, 0)
+    assert carry_ptr.value == carries.data_ptr()
+    assert dict(spec.defines)["VMAMBA2D_RSB_SAVE"] == "1"
+
+
+@pytest.mark.parametrize("dtype,dy_fp32", [(torch.float32, False), (torch.bfloat16, True), (torch.float16, False)])
+def test_backward_launch_passes_grid_block_and_parameter_block(launcher, dtype, dy_fp32):
+    launcher, driver, folder = launcher
+    batch, dim, groups, height, width = 3, 10, 2, 14, 14
+    u, delta, A, B, C, D, bias, dy = scan_inputs(batch, dim, height, width, dtype, groups)
+    if dy_fp32:
+        dy = dy.float()
+    plan = rbl.backward_plan(u.element_size(), dy.element_size(), width)
+    spec = rbl.backward_spec(plan, dtype)
+    _stub(folder, spec)
+    carries = torch.zeros(batch * dim, rbl.carry_rows(height), width)
+    seen = _reading(driver, [rbl.RowsBackwardParams])
+    grads = rbl.launch_rows_backward(launcher, u, delta, A, B, C, D, bias, True, height, width, dy, carries, plan)
+    du, ddelta, dA, dB, dC, dD, ddb = grads
+    assert du.shape == u.shape and du.dtype == dtype and ddelta.shape == delta.shape
+    assert dA.shape == (dim, 1) and dB.shape == B.shape and dB.dtype == dtype and dC.shape == C.shape
+    assert dD.shape == (dim,) and ddb.shape == (dim,)
+    (launch,) = driver.of("launch")
+    assert launch[1][2] == f"sym_{spec.file_stem}"
+    chunks = rbl.channel_chunks(dim, groups, plan.maps_per_warp)  # 5 channels a group, 4 maps a warp: 2
+    assert chunks == 2
+    assert launch[2:6] == ((-(-batch * groups * chunks // 4), 1, 1), 128, 0, 1000)
+    ((p,),) = seen
+    assert (p.u, p.delta, p.B, p.C, p.A, p.D, p.delta_bias, p.dy, p.carries, p.du, p.ddelta) == tuple(
+        t.data_ptr() for t in (u, delta, B, C, A, D, bias, dy, carries, du, ddelta))
+    assert (p.batch, p.dim, p.groups, p.height, p.width) == (batch, dim, groups, height, width)
+    assert (p.seg_lanes, p.maps_per_warp, p.chunks, p.softplus, p.dy_fp32) == (7, 4, 2, 1, int(dy_fp32))
+    assert all(v != 0 for v in (p.dBC_part, p.dA_part, p.dD_part, p.ddb_part))
+
+
+def test_backward_without_d_and_bias_passes_null(launcher):
+    launcher, driver, folder = launcher
+    u, delta, A, B, C, _, _, dy = scan_inputs(2, 4, 9, 14)
+    plan = rbl.backward_plan(4, 4, 14)
+    _stub(folder, rbl.backward_spec(plan, torch.float32))
+    seen = _reading(driver, [rbl.RowsBackwardParams])
+    grads = rbl.launch_rows_backward(launcher, u, delta, A, B, C, None, None, False, 9, 14, dy,
+                                     torch.zeros(8, 1, 14), plan)
+    assert grads[5] is None and grads[6] is None
+    ((p,),) = seen
+    assert (p.D, p.delta_bias, p.dD_part, p.ddb_part, p.softplus) == (None, None, None, None, 0)
+
+
+def test_bad_carries_and_dy_are_refused(launcher):
+    launcher, _, _ = launcher
+    u, delta, A, B, C, D, bias, dy = scan_inputs(2, 4, 9, 14)
+    plan = rbl.backward_plan(4, 4, 14)
+    with pytest.raises(ValueError, match="carries: expected fp32 of shape"):
+        rbl.launch_rows_backward(launcher, u, delta, A, B, C, D, bias, True, 9, 14, dy, torch.zeros(8, 2, 14), plan)
+    with pytest.raises(ValueError, match="dy: expected"):
+        rbl.launch_rows_backward(launcher, u, delta, A, B, C, D, bias, True, 9, 14, dy.half(), torch.zeros(8, 1, 14),
+                                 plan)
+
+
+def test_reduce_partials_sums_in_a_fixed_order():
+    g = torch.Generator().manual_seed(0)
+    parts = torch.randn(2, 3, 2, 5, 7, generator=g)
+    dA = torch.randn(3, 6, generator=g)
+    du = torch.zeros(1)
+    _, _, rA, rB, rC, rD, rbias = rbl.reduce_partials(du, du, parts, dA, dA * 2, None, torch.bfloat16)
+    assert torch.equal(rB, parts[0].sum(2, keepdim=True).bfloat16()) and rB.shape == (3, 2, 1, 7)
+    assert torch.equal(rC, parts[1].sum(2, keepdim=True).bfloat16())
+    assert torch.equal(rA, dA.sum(0)[:, None]) and torch.equal(rD, (dA * 2).sum(0)) and rbias is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [56, 28, 14, 7])
+def test_model_instances_compile_within_the_register_budget(width):
+    # fp32 / bf16 on sm_90: no spills; V = 4 is compiled for 6 blocks an SM (80 registers; its band
+    # buffers allow no more), narrower lanes for 8 (64). fp16 at V = 4 spills 12 bytes (compiler
+    # figures in benchmarks/scan_cuda_v4_backward_static.md).
+    for dtype in (torch.float32, torch.bfloat16):
+        plan = rbl.backward_plan(dtype.itemsize, dtype.itemsize, width)
+        for spec, limit in ((rbl.backward_spec(plan, dtype), 80 if plan.vec == 4 else 64),
+                            (rbl.save_spec(plan, dtype), 64)):
+            r = nvrtc.compile_kernel(spec, 90, TOOLCHAIN).resources
+            assert r.registers <= limit and r.spill_stores == r.spill_loads == r.stack_bytes == 0, (spec.name, r)
+            assert r.barriers == 0

@@ -1,0 +1,172 @@
+"""Launching the RS backward of the single-route op (route 0, N = 1; csrc/cuda/scan2d_rows_backward.cuh)
+and the RS forward that saves its band carries, through the NVRTC launcher.
+
+The backward takes the carries -- fp32 h of every 8th row, (batch * dim, (H - 1) // 8, W) -- from
+:func:`launch_forward_save`; it writes du, ddelta and fp32 partials of the reduced gradients, which
+:func:`reduce_partials` sums in a fixed order (dB / dC over the warps' channel chunks, dA / dD /
+ddelta_bias over the batch): the gradients are bitwise the same on every run.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from vmamba2d.ops.compiled import rows_plan
+from vmamba2d.ops.compiled.cuda_kernels import ROWS_DTYPE_CODES, KernelSpec
+from vmamba2d.ops.compiled.rows_launch import RowsParams, rows_params
+
+SOURCE = "entries/scan2d_rows_backward_entry.cu"
+BACKWARD_SYMBOL = "vmamba2d_rows_backward"
+SAVE_SYMBOL = "vmamba2d_rows_forward_save"
+BAND_ROWS = 8  # kBandRows of csrc/cuda/scan2d_rows_common.h
+MAX_VEC = 4  # the backward's widest lane (its band buffers are sized for it)
+WARPS_PER_BLOCK = rows_plan.ROWS_THREADS // rows_plan.WARP_LANES
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+class RowsBackwardParams(ctypes.Structure):
+    """csrc/cuda/scan2d_rows_backward.cuh ``struct RowsBackwardParams``, field for field."""
+
+    _fields_ = [
+        ("u", ctypes.c_void_p), ("delta", ctypes.c_void_p), ("B", ctypes.c_void_p), ("C", ctypes.c_void_p),
+        ("A", ctypes.c_void_p), ("D", ctypes.c_void_p), ("delta_bias", ctypes.c_void_p), ("dy", ctypes.c_void_p),
+        ("carries", ctypes.c_void_p), ("du", ctypes.c_void_p), ("ddelta", ctypes.c_void_p),
+        ("dBC_part", ctypes.c_void_p), ("dA_part", ctypes.c_void_p),
+        ("dD_part", ctypes.c_void_p), ("ddb_part", ctypes.c_void_p),
+        ("batch", ctypes.c_int), ("dim", ctypes.c_int), ("groups", ctypes.c_int), ("height", ctypes.c_int),
+        ("width", ctypes.c_int), ("seg_lanes", ctypes.c_int), ("maps_per_warp", ctypes.c_int),
+        ("chunks", ctypes.c_int), ("softplus", ctypes.c_int), ("dy_fp32", ctypes.c_int),
+    ]
+
+
+def backward_plan(elem_bytes: int, dy_bytes: int, width: int, aligned_bytes: int = 16) -> Optional[rows_plan.RowsPlan]:
+    """The backward's lane layout for a map width, or None where it does not apply (W > 32 lanes of 4).
+
+    V: the widest of 4, 2, 1 that divides W with ceil(W / V) <= 32 lanes, else the narrowest that fits
+    (a ragged last lane; 33 <= W <= 128 only). Vector accesses where V > 1 divides W and ``aligned_bytes`` (alignment of
+    u, delta, B, C, dy) holds a vector of the inputs and of dy; fp32 carries and partials are the
+    launcher's own allocations.
+    """
+    if elem_bytes not in (2, 4) or dy_bytes not in (2, 4):
+        raise ValueError(f"elem_bytes, dy_bytes: expected 2 or 4, got {elem_bytes}, {dy_bytes}")
+    if not 1 <= width <= rows_plan.WARP_LANES * MAX_VEC:
+        return None
+    fits = [v for v in (4, 2, 1) if -(-width // v) <= rows_plan.WARP_LANES]
+    vec = next((v for v in fits if width % v == 0), fits[-1])
+    vector = (vec > 1 and width % vec == 0 and aligned_bytes % min(16, vec * elem_bytes) == 0
+              and aligned_bytes % min(16, vec * dy_bytes) == 0)
+    return rows_plan.layout(width, vec, vec if vector else 1)
+
+
+def channel_chunks(dim: int, groups: int, maps_per_warp: int) -> int:
+    """Warps per (batch, group): ceil(channels per group / maps per warp)."""
+    return -(-(dim // groups) // maps_per_warp)
+
+
+def carry_rows(height: int) -> int:
+    """Saved rows per map: (H - 1) // 8 (every band's top but the first one's)."""
+    return (height - 1) // BAND_ROWS
+
+
+def backward_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
+    """The NVRTC entry of the backward for a plan and input type."""
+    defines = (("VMAMBA2D_RSB_DTYPE", ROWS_DTYPE_CODES[_DTYPE_NAMES[dtype]]), ("VMAMBA2D_RSB_VEC", plan.vec),
+               ("VMAMBA2D_RSB_LOAD", plan.load), ("VMAMBA2D_RSB_STEPS", plan.scan_steps))
+    return KernelSpec(name=f"rows_backward.{_DTYPE_NAMES[dtype]}.v{plan.vec}l{plan.load}s{plan.scan_steps}",
+                      source=SOURCE, symbol=BACKWARD_SYMBOL, name_expression=False,
+                      defines=tuple((name, str(value)) for name, value in defines))
+
+
+def save_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
+    """The NVRTC entry of the route-0 forward that saves the band carries, for a plan and input type."""
+    defines = (("VMAMBA2D_RSB_SAVE", 1), ("VMAMBA2D_RSB_DTYPE", ROWS_DTYPE_CODES[_DTYPE_NAMES[dtype]]),
+               ("VMAMBA2D_RSB_VEC", plan.vec), ("VMAMBA2D_RSB_LOAD", plan.load),
+               ("VMAMBA2D_RSB_PREFETCH", plan.prefetch), ("VMAMBA2D_RSB_STEPS", plan.scan_steps))
+    return KernelSpec(
+        name=f"rows_forward_save.{_DTYPE_NAMES[dtype]}.v{plan.vec}l{plan.load}p{plan.prefetch}s{plan.scan_steps}",
+        source=SOURCE, symbol=SAVE_SYMBOL, name_expression=False,
+        defines=tuple((name, str(value)) for name, value in defines))
+
+
+def launch_forward_save(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                        C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
+                        softplus: bool, height: int, width: int, out_fp32: bool,
+                        plan: rows_plan.RowsPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, carries): the route-0 RS forward on the current stream, y (batch, dim, L) fp32 if ``out_fp32``
+    else u's type, carries fp32 (batch * dim, carry_rows(H), W) for :func:`launch_rows_backward`.
+
+    u, delta (batch, dim, L); A (dim, 1); B, C (batch, groups, 1, L); D, delta_bias (dim,) or None;
+    contiguous, A / D / delta_bias fp32; ``plan`` from :func:`backward_plan` or rows_plan.rows_plan.
+    """
+    batch, dim, _ = u.shape
+    y = torch.empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device)
+    carries = torch.empty((batch * dim, carry_rows(height), width), dtype=torch.float32, device=u.device)
+    if y.numel() == 0:
+        return y, carries
+    params = bytes(rows_params(u, delta, A, B, C, D, delta_bias, y, softplus, height, width, plan))
+    pointer = ctypes.c_void_p(carries.data_ptr() if carries.numel() else None)
+    launcher.launch(save_spec(plan, u.dtype), (plan.blocks(batch, dim, WARPS_PER_BLOCK), 1, 1),
+                    rows_plan.ROWS_THREADS, 0, [params, bytes(pointer)])
+    return y, carries
+
+
+def launch_rows_backward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                         C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
+                         softplus: bool, height: int, width: int, dy: torch.Tensor, carries: torch.Tensor,
+                         plan: rows_plan.RowsPlan) -> tuple:
+    """(du, ddelta, dA, dB, dC, dD, ddelta_bias) of the route-0 scan at N = 1, from the RS backward
+    on the current stream and :func:`reduce_partials` (inputs as :func:`launch_forward_save`; dy
+    (batch, dim, L) in u's type or fp32; carries from launch_forward_save with the same inputs).
+
+    Raises:
+        ValueError: carries or dy of the wrong shape / type, or 2^31 warps or more.
+    """
+    batch, dim, length = u.shape
+    groups = B.shape[1]
+    if tuple(carries.shape) != (batch * dim, carry_rows(height), width) or carries.dtype != torch.float32:
+        raise ValueError(f"carries: expected fp32 of shape {(batch * dim, carry_rows(height), width)} (the saving "
+                         f"forward's), got {carries.dtype} {tuple(carries.shape)}")
+    if dy.shape != u.shape or dy.dtype not in (u.dtype, torch.float32) or not dy.is_contiguous():
+        raise ValueError(f"dy: expected contiguous {tuple(u.shape)} in {u.dtype} or float32, got {dy.dtype} "
+                         f"{tuple(dy.shape)}")
+    chunks = channel_chunks(dim, groups, plan.maps_per_warp)
+    if batch * groups * chunks >= 2 ** 31:
+        raise ValueError(f"u: {batch} x {dim} maps need {batch * groups * chunks} warps, more than the kernel's "
+                         "32-bit item index")
+    f32 = {"dtype": torch.float32, "device": u.device}
+    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
+    dBC_part = torch.empty((2, batch, groups, chunks, length), **f32)
+    dA_part = torch.empty((batch, dim), **f32)
+    dD_part = torch.empty((batch, dim), **f32) if D is not None else None
+    ddb_part = torch.empty((batch, dim), **f32) if delta_bias is not None else None
+    if u.numel() > 0:
+        ptr = lambda t: None if t is None or t.numel() == 0 else t.data_ptr()  # noqa: E731
+        params = RowsBackwardParams(
+            ptr(u), ptr(delta), ptr(B), ptr(C), ptr(A), ptr(D), ptr(delta_bias), ptr(dy), ptr(carries), ptr(du),
+            ptr(ddelta), ptr(dBC_part), ptr(dA_part), ptr(dD_part), ptr(ddb_part),
+            batch, dim, groups, height, width, plan.seg_lanes, plan.maps_per_warp, chunks, int(bool(softplus)),
+            int(dy.dtype == torch.float32 and u.dtype != torch.float32))
+        items = batch * groups * chunks
+        launcher.launch(backward_spec(plan, u.dtype), (-(-items // WARPS_PER_BLOCK), 1, 1), rows_plan.ROWS_THREADS,
+                        0, [bytes(params)])
+    else:
+        for t in (dBC_part, dA_part, dD_part, ddb_part):
+            if t is not None:
+                t.zero_()
+    return reduce_partials(du, ddelta, dBC_part, dA_part, dD_part, ddb_part, B.dtype)
+
+
+def reduce_partials(du: torch.Tensor, ddelta: torch.Tensor, dBC_part: torch.Tensor, dA_part: torch.Tensor,
+                    dD_part: Optional[torch.Tensor], ddb_part: Optional[torch.Tensor], bc_dtype: torch.dtype) -> tuple:
+    """The op's gradients from the kernel's outputs, summed in a fixed order (bitwise reproducible).
+
+    dBC_part (2, batch, groups, chunks, L) -> dB, dC (batch, groups, 1, L) in ``bc_dtype``;
+    dA_part (batch, dim) -> dA (dim, 1); dD_part / ddb_part (batch, dim) or None -> (dim,) or None.
+    """
+    dB, dC = (part.sum(2, keepdim=True).to(bc_dtype) for part in dBC_part)
+    dA = dA_part.sum(0).unsqueeze(1)
+    dD = None if dD_part is None else dD_part.sum(0)
+    ddb = None if ddb_part is None else ddb_part.sum(0)
+    return du, ddelta, dA, dB, dC, dD, ddb
