@@ -1,16 +1,20 @@
 #!/usr/bin/env python
-"""The v4 row-streaming forward (RS) against the v3 forward on a GPU, same tensors, same process.
+"""The v4 forwards (PL, RS, the four-route RS kernel) against the v3 forward on a GPU, same tensors,
+same process.
 
     python dev/gpu/bench_v4.py --out v4.md [--max-seconds 45]    # run by `make gpu-check` (step bench-v4)
 
 For the model's scan shapes (batch 128; Di = 192 / 384 / 768 / 1536 at 56 / 28 / 14 / 7; one group;
-N = 1) in fp32 and bf16: the single-route forward through the NVRTC path with the RS plan and with
-VMAMBA2D_SCAN_PLAN=v3 (median ms of CUDA-event-timed calls), each as a share of a device-to-device
-copy's bandwidth measured here (bytes: u, delta, B, C read, y written once), the bf16 / fp32 time
-ratio and the largest |RS - v3| difference. Then vmamba2d_tiny inference at batch 128, fp32 and bf16
-autocast, img/s (the model runs the four-route op, so this is the v3 path's figure for now). Each
-part runs under its own share of --max-seconds and is reported as skipped when its time is gone;
-the table is written after every row. Exit 2 without a GPU or NVRTC.
+N = 1) in fp32 and bf16, through the NVRTC path (median ms of CUDA-event-timed calls):
+- the single-route forward by the design the rule picks (PL at 7 x 7, RS elsewhere), RS also at
+  7 x 7 (launched with its plan directly), and v3 (VMAMBA2D_SCAN_PLAN=v3);
+- the four-route op (VMamba's cross routes) by the four-route RS kernel and by v3's per-route kernels;
+each as a share of a device-to-device copy's bandwidth measured here (bytes: u, delta, B, C read, y
+written once), with the largest |v4 - v3| difference. Rows run in CASES' order (the designs the next
+GPU run must see first) while the time lasts. Then vmamba2d_tiny inference at batch 128, fp32 and bf16
+autocast, img/s (its four-route op now runs the four-route RS kernel where the rule picks it). Each
+part runs under its own share of --max-seconds and is reported as skipped when its time is gone; the
+table is written after every row. Exit 2 without a GPU or NVRTC.
 """
 from __future__ import annotations
 
@@ -25,6 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 SHAPES = ((192, 56), (384, 28), (768, 14), (1536, 7))  # (Di, H = W) of vmamba2d_tiny's four stages
+# (op, Di, side), most wanted first: PL at 7 x 7, the four-route kernel at 56 x 56, then the rest.
+CASES = (("single", 1536, 7), ("cross", 192, 56), ("single", 192, 56), ("cross", 1536, 7), ("single", 384, 28),
+         ("cross", 384, 28), ("single", 768, 14), ("cross", 768, 14))
+CROSS_CODES = [0, 4, 3, 7]
 BATCH = 128
 MODEL_SHARE = 0.35  # of the time budget kept for the model's two precisions
 
@@ -54,50 +62,112 @@ def copy_bandwidth(repeats: int) -> float:
     return 2 * src.numel() * 4 / ms
 
 
-def scan_inputs(dim: int, side: int, dtype):
+def scan_inputs(dim: int, side: int, dtype, routes: int = 0):
+    """Single-route inputs (routes = 0: u, delta (batch, dim, L), B, C (batch, 1, 1, L)) or the four-route
+    op's (u (batch, dim, H, W), delta (batch, routes, dim, H, W), B, C (batch, routes, 1, H, W))."""
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(0)
     L = side * side
+    k = max(routes, 1)
 
     def randn(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
 
-    return dict(u=randn(BATCH, dim, L), delta=randn(BATCH, dim, L, scale=0.5),
-                A=-torch.rand(dim, 1, generator=g, device="cuda") - 0.1,
-                B=randn(BATCH, 1, 1, L), C=randn(BATCH, 1, 1, L),
-                D=torch.randn(dim, generator=g, device="cuda"),
-                delta_bias=torch.randn(dim, generator=g, device="cuda") * 0.1)
+    if routes == 0:
+        u, delta = randn(BATCH, dim, L), randn(BATCH, dim, L, scale=0.5)
+        B, C = randn(BATCH, 1, 1, L), randn(BATCH, 1, 1, L)
+    else:
+        u, delta = randn(BATCH, dim, side, side), randn(BATCH, routes, dim, side, side, scale=0.5)
+        B, C = randn(BATCH, routes, 1, side, side), randn(BATCH, routes, 1, side, side)
+    return dict(u=u, delta=delta, A=-torch.rand(k * dim, 1, generator=g, device="cuda") - 0.1, B=B, C=C,
+                D=torch.randn(k * dim, generator=g, device="cuda"),
+                delta_bias=torch.randn(k * dim, generator=g, device="cuda") * 0.1)
+
+
+def _time_designs(calls: dict, bytes_moved: int, bandwidth: float, repeats: int, row: dict) -> dict:
+    """Times each call (name -> fn returning y) into the row; returns name -> y."""
+    import torch
+
+    outputs = {}
+    for name, fn in calls.items():
+        outputs[name] = fn()  # compiles and warms up
+        fn()
+        ms = _events_ms(fn, repeats)
+        row[f"{name} ms"] = f"{ms:.3f}"
+        row[f"{name} % copy"] = f"{100 * bytes_moved / ms / bandwidth:.0f}"
+    torch.cuda.synchronize()
+    return outputs
+
+
+def _pinned(name: str, fn):
+    """fn run with VMAMBA2D_SCAN_PLAN=v3 for the v3 design, the rule otherwise."""
+    from vmamba2d.ops.compiled import rows_launch
+
+    def call():
+        os.environ[rows_launch.PLAN_ENV] = "v3" if name == "v3" else "auto"
+        try:
+            return fn()
+        finally:
+            os.environ[rows_launch.PLAN_ENV] = "auto"
+    return call
+
+
+def _compare(row: dict, outputs: dict) -> None:
+    v4 = [n for n in outputs if n != "v3"]
+    for name in v4:
+        diff = (outputs[name].float() - outputs["v3"].float()).abs().max().item()
+        row[f"max |{name} - v3|"] = f"{diff:.2e}"
+        row[f"v3 / {name}"] = f"{float(row['v3 ms']) / float(row[f'{name} ms']):.2f}"
 
 
 def scan_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: int) -> dict:
-    """RS and v3 forward times of one shape and dtype (both through the NVRTC path)."""
-    import torch
-
-    from vmamba2d.ops.compiled import rows_launch
+    """The single-route forward by the rule's v4 design, RS (at 7 x 7, beside PL) and v3."""
+    from vmamba2d.ops.compiled import rows_launch, rows_plan
 
     a = scan_inputs(dim, side, dtype)
-    args = (a["u"], a["delta"], a["A"], a["B"], a["C"], a["D"], a["delta_bias"], True, side, side, False, False)
-    design, plan, why = rows_launch.forward_design(*args[:7], side, False, False)
-    row = {"shape": f"{BATCH}x{dim}x{side}x{side}", "dtype": str(dtype).replace("torch.", ""), "plan": why}
-    bytes_moved = sum(a[k].numel() * a[k].element_size() for k in ("u", "delta", "B", "C")) + a["u"].numel() * a["u"].element_size()
-    results = {}
-    for name in ("rs", "v3"):
-        os.environ[rows_launch.PLAN_ENV] = "v3" if name == "v3" else "auto"
-        if name == "rs" and design != "rs":
-            continue
-        y = kernels.forward(*args)[0]  # compiles and warms up
-        kernels.forward(*args)
-        ms = _events_ms(lambda: kernels.forward(*args), repeats)
-        results[name] = (ms, y)
-        row[f"{name} ms"] = f"{ms:.3f}"
-        row[f"{name} % copy"] = f"{100 * bytes_moved / ms / bandwidth:.0f}"
-    os.environ[rows_launch.PLAN_ENV] = "auto"
-    if "rs" in results:
+    inputs = (a["u"], a["delta"], a["A"], a["B"], a["C"], a["D"], a["delta_bias"])
+    device = kernels.launcher.device_info(a["u"].device.index)
+    design, plan, why = rows_launch.forward_design(*inputs, side, False, False, device)
+    row = {"op": "single-route", "shape": f"{BATCH}x{dim}x{side}x{side}", "dtype": str(dtype).replace("torch.", ""),
+           "plan": why}
+    bytes_moved = sum(a[k].numel() * a[k].element_size() for k in ("u", "delta", "B", "C", "u"))
+    args = (*inputs, True, side, side, False, False)
+    calls = {}
+    if design != "v3":
+        calls[design] = _pinned(design, lambda: kernels.forward(*args)[0])
+    if design == "pl":
+        rs = rows_plan.rows_plan(a["u"].element_size(), a["u"].element_size(), side, rows_launch.OP_ROUTE,
+                                 rows_plan.alignment(a["u"], a["delta"], a["B"], a["C"]))
+        calls["rs"] = lambda: rows_launch.launch_rows_forward(kernels.launcher, *inputs, True, side, side, False, rs)
+    calls["v3"] = _pinned("v3", lambda: kernels.forward(*args)[0])
+    outputs = _time_designs(calls, bytes_moved, bandwidth, repeats, row)
+    if design == "pl":
+        row["pl plan"] = f"chunk={plan.chunk} copy={plan.copy_bytes} B smem={plan.smem} B CTAs/SM={plan.ctas_per_sm}"
+        plan = rs
+    if plan is not None:
         row["rs plan"] = f"V={plan.vec} load={plan.load} S={plan.seg_lanes} M={plan.maps_per_warp}"
-        row["max |rs - v3|"] = f"{(results['rs'][1].float() - results['v3'][1].float()).abs().max().item():.2e}"
-        row["v3 / rs"] = f"{results['v3'][0] / results['rs'][0]:.2f}"
-    torch.cuda.synchronize()
+    _compare(row, outputs)
+    return row
+
+
+def cross_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: int) -> dict:
+    """The four-route op (cross routes) by the four-route RS kernel and by v3's per-route kernels."""
+    from vmamba2d.ops.compiled import cross_rows_launch
+
+    a = scan_inputs(dim, side, dtype, routes=len(CROSS_CODES))
+    inputs = (a["u"], a["delta"], a["A"], a["B"], a["C"], a["D"], a["delta_bias"])
+    design, plan, why = cross_rows_launch.cross_forward_design(*inputs, CROSS_CODES, False)
+    row = {"op": "four-route", "shape": f"{BATCH}x{dim}x{side}x{side}", "dtype": str(dtype).replace("torch.", ""),
+           "plan": why}
+    bytes_moved = sum(a[k].numel() * a[k].element_size() for k in ("u", "delta", "B", "C", "u"))
+    args = (*inputs, True, CROSS_CODES, False)
+    calls = {"rs": _pinned("rs", lambda: kernels.cross_forward(*args))} if design == "rs" else {}
+    calls["v3"] = _pinned("v3", lambda: kernels.cross_forward(*args))
+    outputs = _time_designs(calls, bytes_moved, bandwidth, repeats, row)
+    if plan is not None:
+        row["rs plan"] = f"V={plan.vec} load={plan.load} S={plan.seg_lanes} M={plan.maps_per_warp}"
+    _compare(row, outputs)
     return row
 
 
@@ -155,23 +225,26 @@ def main(argv=None) -> int:
             args.out.write_text(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}\n\n{text}\n")
 
     bandwidth = copy_bandwidth(args.repeats)
-    rows.append({"shape": "d2d copy 1 GiB", "rs ms": f"{2 * (1 << 30) / bandwidth:.3f}",
-                 "plan": f"{bandwidth / 1e9:.0f} GB/s (read + write)"})
+    rows.append({"op": "d2d copy 1 GiB", "plan": f"{bandwidth / 1e9:.0f} GB/s (read + write), "
+                                                 f"{2 * (1 << 30) / bandwidth:.3f} ms"})
     scan_deadline = start + args.max_seconds * (1 - MODEL_SHARE)
-    for dtype in (torch.float32, torch.bfloat16):
-        for dim, side in SHAPES:
+    for op, dim, side in CASES:
+        for dtype in (torch.bfloat16, torch.float32):
             if time.monotonic() > scan_deadline:
-                rows.append({"shape": f"{BATCH}x{dim}x{side}x{side}", "dtype": str(dtype), "plan": "skipped (time)"})
+                rows.append({"op": op, "shape": f"{BATCH}x{dim}x{side}x{side}", "dtype": str(dtype),
+                             "plan": "skipped (time)"})
                 continue
-            rows.append(scan_row(kernels, dim, side, dtype, bandwidth, args.repeats))
+            rows.append((scan_row if op == "single" else cross_row)(kernels, dim, side, dtype, bandwidth,
+                                                                   args.repeats))
             save()
     model_deadline = start + args.max_seconds
-    for precision in ("fp32", "bf16"):
+    for precision, pin in (("bf16", "auto"), ("fp32", "auto"), ("bf16", "v3"), ("fp32", "v3")):
+        label = f"vmamba2d_tiny b{BATCH} {precision}" + (" VMAMBA2D_SCAN_PLAN=v3" if pin == "v3" else "")
         if time.monotonic() > model_deadline - args.max_seconds * MODEL_SHARE / 2:
-            rows.append({"shape": f"vmamba2d_tiny {precision}", "plan": "skipped (time)"})
+            rows.append({"op": label, "plan": "skipped (time)"})
             continue
-        rows.append({"shape": f"vmamba2d_tiny b{BATCH} {precision}", "dtype": precision,
-                     "plan": f"{model_img_s(precision, 5):.0f} img/s"})
+        img_s = _pinned(pin, lambda: model_img_s(precision, 5))()
+        rows.append({"op": label, "dtype": precision, "plan": f"{img_s:.0f} img/s"})
         save()
     save()
     return 0

@@ -1,6 +1,7 @@
 """The design rule of the GPU scans (vmamba2d.ops.plan): each row of the documented table, the
-fall-through past a design without a kernel, the backends' width limits, and that the CUDA and
-Triton single-route forwards dispatch by it."""
+fall-through past a design without a kernel, the backends' width limits, and that the CUDA
+single-route (PL / RS / v3) and four-route (RS / v3) forwards and the Triton single-route forward
+dispatch by it."""
 from __future__ import annotations
 
 import itertools
@@ -9,10 +10,13 @@ import pytest
 import torch
 
 from vmamba2d.ops import plan
-from vmamba2d.ops.compiled import rows_launch, rows_plan
+from vmamba2d.ops.compiled import cuda_launch, rows_launch, rows_plan
 from vmamba2d.ops.triton import rows_plan as triton_rows_plan
 
 ALL = ("pl", "rs", "v3")
+# An H200's limits (cuda_launch.DeviceInfo): PL's plan reads its shared memory.
+H200 = cuda_launch.DeviceInfo(index=0, arch=90, code_arch=90, sm_count=132, smem_per_block=232448,
+                              smem_per_sm=233472, reserved_smem_per_block=1024)
 
 
 def design(backend="cuda", built=ALL, **fields):
@@ -62,6 +66,19 @@ def test_routes_each_backend_streams():
         assert design("triton", routes=(code,)).name == ("rs" if code < 8 else "v3"), code
 
 
+def test_cuda_four_routes_take_rs_for_the_cross_routes_only():
+    cross = (0, 4, 3, 7)  # the four-route kernel's routes, in its order
+    assert design("cuda", routes=cross, height=2, width=64).name == "rs"
+    wide = design("cuda", routes=cross, height=2, width=65)
+    assert wide.name == "v3" and "width 65 > 64" in wide.reason  # 32 lanes of 2 columns
+    assert design("cuda", ("rs", "v3"), routes=cross, height=7, width=7).reason == (
+        "PL (L = 49 <= 64): not built for cuda; RS: N = 1, width 7 <= 64")
+    other = design("cuda", routes=(0, 1, 2, 3))
+    assert other.name == "v3" and "runs the cross routes [0, 4, 3, 7] only" in other.reason
+    assert design("cuda", routes=(4, 0, 3, 7)).name == "v3"  # another order sums differently
+    assert design("triton", routes=(0, 1, 2, 3)).name == "rs"
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="backend: expected one of cuda, triton"):
         design("rocm")
@@ -98,28 +115,34 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float64]
 @pytest.mark.parametrize("nstate,height,width", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_backends_dispatch_by_the_rule(nstate, height, width, dtype, monkeypatch):
-    """rows_launch (CUDA) and triton rows_plan pick RS exactly where the rule does for their built designs."""
+    """rows_launch (CUDA) and triton rows_plan pick the design the rule does for their built designs."""
     monkeypatch.delenv(rows_launch.PLAN_ENV, raising=False)
     monkeypatch.delenv(triton_rows_plan.PLAN_ENV_VAR, raising=False)
     u, delta, A, B, C, D, bias = _inputs(2, 4, height, width, dtype, nstate)
     for grad in (False, True):
         call = plan.ScanCall(nstate, height, width, dtype, (0,), "forward", grad)
         cuda = plan.choose_design(call, "cuda", rows_launch.BUILT)
-        got, rs_plan, why = rows_launch.forward_design(u, delta, A, B, C, D, bias, width, False, grad)
-        assert (got, why) == ("rs" if cuda.name == "rs" else "v3", cuda.reason)
-        assert (rs_plan is not None) == (got == "rs")
+        got, v4_plan, why = rows_launch.forward_design(u, delta, A, B, C, D, bias, width, False, grad, H200)
+        assert (got, why) == (cuda.name, cuda.reason)
+        assert (v4_plan is not None) == (got != "v3")
         triton = plan.choose_design(call, "triton", triton_rows_plan.BUILT)
         expected = "rows" if triton.name == "rs" else "tiles"
         assert triton_rows_plan.forward_design(nstate, height, width, dtype, grad) == expected
 
 
-def test_cuda_rs_takes_the_model_maps_and_says_pl_is_missing():
+def test_cuda_takes_pl_on_the_7x7_stage_and_rs_on_the_others():
     u, delta, A, B, C, D, bias = _inputs(2, 8, 7, 7, torch.bfloat16)
-    got, rs_plan, why = rows_launch.forward_design(u, delta, A, B, C, D, bias, 7, False, False)
-    assert got == "rs" and why.startswith("PL (L = 49 <= 64): not built for cuda; RS:")
+    assert rows_launch.forward_design(u, delta, A, B, C, D, bias, 7, False, False, H200)[0::2] == (
+        "pl", "PL: L = 49 <= 64")
     for side in (56, 28, 14):
         u, delta, A, B, C, D, bias = _inputs(2, 8, side, side, torch.float32)
-        assert rows_launch.forward_design(u, delta, A, B, C, D, bias, side, False, False)[0] == "rs"
+        assert rows_launch.forward_design(u, delta, A, B, C, D, bias, side, False, False, H200)[0] == "rs"
+
+
+def test_backend_info_names_the_designs_each_path_has():
+    built = plan.describe()["built"]
+    assert built == {"cuda single-route": ["pl", "rs", "v3"], "cuda four-route": ["rs", "v3"],
+                     "triton single-route": ["rs", "v3"]}
 
 
 def test_rs_precondition_on_the_tensors_keeps_v3():

@@ -8,10 +8,13 @@ take, in order of preference:
   1. backward, or a forward that saves what a backward reads      -> v3
   2. N != 1                                                        -> v3
   3. inputs not all of one type among fp32 / fp16 / bf16           -> v3
-  4. a route that the backend's RS kernel does not stream          -> v3
+  4. a route that the backend's RS kernel does not stream (CUDA,
+     several routes: the four-route kernel runs VMamba's cross
+     routes, codes 0, 4, 3, 7, only)                               -> v3
   5. L = H * W <= 64                                               -> PL, RS, v3
   6. W <= the backend's RS width (CUDA: 32 lanes x 16 bytes,
-     i.e. 128 fp32 / 256 fp16 and bf16 columns; Triton: 256)       -> RS, v3
+     i.e. 128 fp32 / 256 fp16 and bf16 columns, 64 for the
+     four-route kernel's 2 columns a lane; Triton: 256)            -> RS, v3
   7. otherwise                                                     -> v3
 
 v3 is the tiled kernels (the CUDA v3 scan, Triton's tiled kernels). A backend runs the first
@@ -28,9 +31,11 @@ from typing import Collection, Optional
 
 import torch
 
-from .compiled.rows_plan import WARP_LANES, route_streams_rows
+from .compiled.rows_plan import CROSS_MAX_VEC, CROSS_ROUTE_CODES, WARP_LANES, route_streams_rows
 
 DESIGNS = ("pl", "rs", "v3")
+# The designs each GPU path has kernels for (its ``built``), per op; the launchers read theirs from here.
+BUILT = {"cuda single-route": ("pl", "rs", "v3"), "cuda four-route": ("rs", "v3"), "triton single-route": ("rs", "v3")}
 BACKENDS = ("cuda", "triton")
 PL_MAX_CELLS = 64
 TRITON_RS_MAX_WIDTH = 256
@@ -66,10 +71,13 @@ class Design:
     reason: str
 
 
-def rs_max_width(backend: str, dtype: torch.dtype) -> int:
+def rs_max_width(backend: str, dtype: torch.dtype, routes: int = 1) -> int:
     """The widest map the backend's RS kernel takes: CUDA 32 lanes of 16 bytes (128 fp32 columns,
-    256 fp16 / bf16), Triton ``TRITON_RS_MAX_WIDTH`` (a row is one tile)."""
+    256 fp16 / bf16), for several routes (the four-route kernel) 32 lanes of CROSS_MAX_VEC columns;
+    Triton ``TRITON_RS_MAX_WIDTH`` (a row is one tile)."""
     if backend == "cuda":
+        if routes > 1:
+            return WARP_LANES * CROSS_MAX_VEC
         return WARP_LANES * 16 // torch.empty((), dtype=dtype).element_size()
     return TRITON_RS_MAX_WIDTH
 
@@ -96,7 +104,10 @@ def preferred(call: ScanCall, backend: str) -> list[tuple[str, str]]:
     unstreamed = [r for r in call.routes if not _streams(backend, r)]
     if unstreamed:
         return [("v3", f"route {unstreamed[0]}: not a row stream of the {backend} RS kernel")]
-    limit = rs_max_width(backend, call.dtype)
+    if backend == "cuda" and len(call.routes) > 1 and tuple(call.routes) != CROSS_ROUTE_CODES:
+        return [("v3", f"routes {list(call.routes)}: the cuda four-route RS kernel runs the cross routes "
+                       f"{list(CROSS_ROUTE_CODES)} only")]
+    limit = rs_max_width(backend, call.dtype, len(call.routes))
     rs = [("rs", f"N = 1, width {call.width} <= {limit}")] if call.width <= limit else []
     cells = call.height * call.width
     pl = [("pl", f"L = {cells} <= {PL_MAX_CELLS}")] if cells <= PL_MAX_CELLS else []
@@ -134,8 +145,9 @@ def _debug_print(call: ScanCall, backend: str, design: Design) -> None:
 
 
 def describe() -> dict:
-    """The rule, for ``backend_info()``."""
+    """The rule and the designs each path has, for ``backend_info()``."""
     return {"rule": "backward / gradient / N != 1 / other input types / a route RS does not stream: v3; "
                     f"L <= {PL_MAX_CELLS}: PL; W <= the backend's RS width (CUDA 32 lanes x 16 bytes, "
                     f"Triton {TRITON_RS_MAX_WIDTH}): RS; else v3 (a design without a kernel falls to the next)",
+            "built": {path: list(designs) for path, designs in BUILT.items()},
             "debug_env": DEBUG_ENV}

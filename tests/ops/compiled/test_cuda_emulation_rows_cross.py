@@ -11,6 +11,7 @@ import torch
 
 from support.cuda_emulation_build import rows_emulation
 from vmamba2d.ops import CROSS_ROUTES, cross_selective_scan_2d_reference, selective_scan_2d_reference
+from vmamba2d.ops.compiled.rows_plan import cross_plan
 from vmamba2d.ops.routes import from_route_order, to_route_order
 
 # Largest |y - reference| / max |reference| per y type (a 2-byte y is rounded once more between the
@@ -24,12 +25,12 @@ def rows():
 
 
 def cross_vec(width: int) -> int:
-    """Columns per lane of the four-route kernel's plan (dev/gpu/v4_static_report.py, cross_vec): the
-    widest of 2, 1 that divides W with W / V <= 32 (two routes' state per column: 4 spill)."""
-    for vec in (2, 1):
-        if width % vec == 0 and width // vec <= 32:
-            return vec
-    raise ValueError(f"width {width}: no lane width divides it within 32 lanes")
+    """Columns per lane of the plan the CUDA four-route op launches (rows_plan.cross_plan): the widest
+    of 2, 1 that divides W with W / V <= 32 (two routes' state per column: 4 spill)."""
+    plan = cross_plan(2, 2, width)
+    if plan is None:
+        raise ValueError(f"width {width}: no lane width divides it within 32 lanes")
+    return plan.vec
 
 
 def make_inputs(batch, dim, height, width, dtype, seed, groups=1, use_d=True, use_bias=True):

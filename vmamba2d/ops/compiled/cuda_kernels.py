@@ -64,6 +64,20 @@ def rows_kernel(dtype: str, vec: int, load: int, prefetch: int, steps: int, rout
                       defines=tuple((name, str(value)) for name, value in defines))
 
 
+ROWS_CROSS_SYMBOL = "vmamba2d_rows_cross_forward"
+
+
+def rows_cross_kernel(dtype: str, vec: int, load: int, steps: int) -> KernelSpec:
+    """The v4 four-route forward (CrossRowsForward: VMamba's cross routes in one launch) compiled for
+    one plan: dtype "fp32" / "fp16" / "bf16", the cross RowsPlan's vec / load / scan_steps (the RS entry
+    file with VMAMBA2D_RS_CROSS=1; its route and prefetch macros are not read)."""
+    defines = (("VMAMBA2D_RS_CROSS", 1), ("VMAMBA2D_RS_DTYPE", ROWS_DTYPE_CODES[dtype]), ("VMAMBA2D_RS_VEC", vec),
+               ("VMAMBA2D_RS_LOAD", load), ("VMAMBA2D_RS_STEPS", steps))
+    return KernelSpec(name=f"rows_cross_forward.{dtype}.v{vec}l{load}s{steps}", source=ROWS_SOURCE,
+                      symbol=ROWS_CROSS_SYMBOL, name_expression=False,
+                      defines=tuple((name, str(value)) for name, value in defines))
+
+
 PLANES_SOURCE = "entries/scan2d_planes_entry.cu"
 PLANES_SYMBOL = "vmamba2d_planes_forward"
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from vmamba2d.ops.compiled import nvrtc, rows_launch
+from vmamba2d.ops.compiled import cross_rows_launch, nvrtc, rows_launch
 from vmamba2d.ops.compiled.cuda_launch import KernelLauncher
 
 HOST_SOURCE = Path("nvrtc") / "selective_scan_2d_nvrtc.cpp"
@@ -68,6 +68,11 @@ class NvrtcKernels:
         self._host: Optional[ModuleType] = None
         self._limits_set: set[int] = set()
 
+    @property
+    def launcher(self) -> KernelLauncher:
+        """The kernel launcher (its device_info; the v4 launch functions take it)."""
+        return self._launcher
+
     def _prepare_for(self, u) -> ModuleType:
         """The host driver, set up for u's GPU; a tensor elsewhere is refused before any device query."""
         if not u.is_cuda:
@@ -90,23 +95,36 @@ class NvrtcKernels:
         return self._host
 
     def forward(self, u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_fp32, save_carries):
-        """The single-route forward: the v4 RS kernel where rows_launch.forward_design picks it (N = 1,
-        no gradient, widths the plan covers), else the v3 kernel through the host driver."""
-        design, plan, _ = rows_launch.forward_design(u, delta, A, B, C, D, delta_bias, width, out_fp32, save_carries)
-        if design == "rs" and u.is_cuda:
-            with torch.cuda.device(u.device):
-                y = rows_launch.launch_rows_forward(self._launcher, u, delta, A, B, C, D, delta_bias,
-                                                    delta_softplus, height, width, out_fp32, plan)
-            empty = A.new_empty(0, dtype=torch.float32)
-            return y, empty, empty.clone()
-        return self._prepare_for(u).forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height,
-                                                     width, out_fp32, save_carries)
+        """The single-route forward: the v4 PL or RS kernel where rows_launch.forward_design picks it
+        (N = 1, no gradient, maps of at most 64 cells / widths the RS plan covers), else the v3 kernel
+        through the host driver."""
+        if not u.is_cuda:
+            self._prepare_for(u)  # raises: a tensor off the GPU is refused before any device query
+        with torch.cuda.device(u.device):
+            y = rows_launch.launch_forward(self._launcher, self._launcher.device_info(u.device.index), u, delta, A, B,
+                                           C, D, delta_bias, delta_softplus, height, width, out_fp32, save_carries)
+        if y is None:
+            return self._prepare_for(u).forward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width,
+                                                out_fp32, save_carries)
+        empty = A.new_empty(0, dtype=torch.float32)
+        return y, empty, empty.clone()
 
     def backward(self, u, *args):
         return self._prepare_for(u).backward(u, *args)
 
-    def cross_forward(self, u, *args):
-        return self._prepare_for(u).cross_forward(u, *args)
+    def cross_forward(self, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32):
+        """The four-route forward: the v4 four-route RS kernel where cross_rows_launch.cross_forward_design
+        picks it (VMamba's cross routes, N = 1, W the plan covers), else v3's per-route kernels through
+        the host driver."""
+        if not u.is_cuda:
+            self._prepare_for(u)  # raises: a tensor off the GPU is refused before any device query
+        with torch.cuda.device(u.device):
+            y = cross_rows_launch.launch_forward(self._launcher, u, delta, A, B, C, D, delta_bias, delta_softplus,
+                                                 routes, out_fp32)
+        if y is None:
+            return self._prepare_for(u).cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes,
+                                                      out_fp32)
+        return y
 
     def cross_backward(self, u, *args):
         return self._prepare_for(u).cross_backward(u, *args)

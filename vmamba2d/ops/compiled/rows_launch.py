@@ -1,11 +1,13 @@
-"""Launching the v4 row-streaming forward (RS) through the NVRTC launcher, and the choice between it
-and the v3 kernel for one call of the single-route CUDA op.
+"""Launching the v4 row-streaming forward (RS) through the NVRTC launcher, and the choice among PL,
+RS and the v3 kernel for one call of the single-route CUDA op.
 
 The choice is a fixed rule of the call (never a timing): vmamba2d.ops.plan's rule for route 0 (the
-op's route) among the designs this path launches (``BUILT``: RS and v3), after the RS entry's
-preconditions on the tensors (A, D, delta_bias fp32, everything contiguous).
+op's route) among the designs this path launches (``BUILT``: PL, RS and v3), after the v4 entries'
+preconditions on the tensors (A, D, delta_bias fp32, everything contiguous) and, for PL, a plan on
+the GPU (vmamba2d/ops/compiled/planes_launch.py: alignment, shared memory); a design that cannot take
+the call passes it to the next one of the rule, and the reason says why.
 ``VMAMBA2D_SCAN_PLAN=v3`` pins the v3 kernel for every call; ``auto`` (or unset) applies the rule.
-The launch knobs that leave every output bit unchanged (rows_plan.tuning_candidates: prefetch
+The RS launch knobs that leave every output bit unchanged (rows_plan.tuning_candidates: prefetch
 depth, warps per block) are chosen by vmamba2d.ops.tuning on the first call per key.
 """
 from __future__ import annotations
@@ -13,20 +15,21 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from vmamba2d.ops import plan as scan_plan
 from vmamba2d.ops import tuning
-from vmamba2d.ops.compiled import rows_plan
+from vmamba2d.ops.compiled import planes_launch, rows_plan
 from vmamba2d.ops.compiled.cuda_kernels import KernelSpec, rows_kernel
+from vmamba2d.ops.compiled.cuda_launch import DeviceInfo
 
 PLAN_ENV = "VMAMBA2D_SCAN_PLAN"
 _PLAN_CHOICES = ("auto", "v3")
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 OP_ROUTE = 0  # the single-route op scans from the top-left corner, rows first (Route code 0)
-BUILT = ("rs", "v3")  # the designs this path launches (vmamba2d.ops.plan.DESIGNS)
+BUILT = scan_plan.BUILT["cuda single-route"]  # the designs this path launches (vmamba2d.ops.plan.DESIGNS)
 TUNED_KERNEL = "cuda-rs"
 
 
@@ -61,25 +64,42 @@ def _float32_or_none(t: Optional[torch.Tensor]) -> bool:
 
 def forward_design(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                    D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], width: int, out_fp32: bool,
-                   save_carries: bool) -> tuple[str, Optional[rows_plan.RowsPlan], str]:
-    """The design of one single-route forward: ("rs", plan, why) or ("v3", None, why).
+                   save_carries: bool, device: Optional[DeviceInfo] = None
+                   ) -> tuple[str, Optional[Union[planes_launch.PlanesPlan, rows_plan.RowsPlan]], str]:
+    """The design of one single-route forward: ("pl", PlanesPlan, why), ("rs", RowsPlan, why) or
+    ("v3", None, why).
 
-    u, delta (batch, dim, L); A (dim, N); B, C (batch, groups, N, L); D, delta_bias (dim,) or None.
+    u, delta (batch, dim, L); A (dim, N); B, C (batch, groups, N, L); D, delta_bias (dim,) or None;
+    device: the limits of u's GPU (cuda_launch.DeviceInfo), which PL's shared-memory plan needs --
+    without them PL is passed over (the reason says so).
     """
     if pinned_plan() == "v3":
         return "v3", None, f"{PLAN_ENV}=v3"
     dtype = u.dtype if all(t.dtype == u.dtype for t in (delta, B, C)) else None
-    call = scan_plan.ScanCall(B.shape[2], u.shape[2] // max(width, 1), width, dtype, (OP_ROUTE,), "forward",
-                              save_carries)
+    height = u.shape[2] // max(width, 1)
+    call = scan_plan.ScanCall(B.shape[2], height, width, dtype, (OP_ROUTE,), "forward", save_carries)
     design = scan_plan.choose_design(call, "cuda", BUILT)
-    if design.name != "rs":
+    if design.name == "v3":
         return "v3", None, design.reason
     if not (A.dtype == torch.float32 and _float32_or_none(D) and _float32_or_none(delta_bias)
             and all(t.is_contiguous() for t in (u, delta, A, B, C))):
-        return "v3", None, "A, D, delta_bias not contiguous fp32 or inputs not contiguous: the RS entry's preconditions"
+        return "v3", None, ("A, D, delta_bias not contiguous fp32 or inputs not contiguous: the v4 entries' "
+                            "preconditions")
+    reason = design.reason
+    if design.name == "pl":
+        plan = None if device is None else planes_launch.planes_plan(
+            u.element_size(), out_fp32, u.shape[0], u.shape[1], B.shape[1], height, width, OP_ROUTE,
+            planes_launch.copy_width(u, delta, B, C), device.smem_per_block, device.smem_per_sm,
+            device.reserved_smem_per_block)
+        if plan is not None:
+            return "pl", plan, reason
+        (_, pl_why), (name, why) = scan_plan.preferred(call, "cuda")[:2]  # PL's row goes on to RS
+        missing = "no GPU limits given" if device is None else \
+            "no plan for these tensors' alignment or this GPU's shared memory"
+        reason = f"PL ({pl_why}): {missing}; {name.upper()}: {why}"
     y_bytes = 4 if out_fp32 else u.element_size()
     plan = rows_plan.rows_plan(u.element_size(), y_bytes, width, OP_ROUTE, rows_plan.alignment(u, delta, B, C))
-    return "rs", plan, design.reason
+    return "rs", plan, reason
 
 
 def plan_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
@@ -142,3 +162,21 @@ def launch_rows_forward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch
         knobs = candidates[0]
     run(knobs)
     return y
+
+
+def launch_forward(launcher, device: DeviceInfo, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
+                   B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
+                   softplus: bool, height: int, width: int, out_fp32: bool,
+                   save_carries: bool) -> Optional[torch.Tensor]:
+    """y (batch, dim, L) of the single-route forward by the v4 design :func:`forward_design` picks (PL
+    or RS, on the current stream; ``launcher``: cuda_launch.KernelLauncher, ``device``: its DeviceInfo
+    of the tensors' GPU), or None where it picks v3 (the caller runs the v3 kernel). Shapes as in
+    :func:`forward_design`."""
+    design, plan, _ = forward_design(u, delta, A, B, C, D, delta_bias, width, out_fp32, save_carries, device)
+    if design == "pl":
+        return planes_launch.launch_planes_forward(launcher, device, u, delta, A, B, C, D, delta_bias, softplus,
+                                                   height, width, OP_ROUTE, out_fp32)
+    if design == "rs":
+        return launch_rows_forward(launcher, u, delta, A, B, C, D, delta_bias, softplus, height, width, out_fp32,
+                                   plan)
+    return None

@@ -129,3 +129,26 @@ def rows_plan(elem_bytes: int, y_bytes: int, width: int, route: int, aligned_byt
         and aligned_bytes % min(16, vec * y_bytes) == 0
     return layout(width, vec, vec if vector else 1)
 
+
+
+CROSS_ROUTE_CODES = (0, 4, 3, 7)  # vmamba2d.ops.CROSS_ROUTES' codes: the four-route kernel's routes, in order
+CROSS_MAX_VEC = 2  # two routes' state per column: 4 columns a lane spill at 64 registers
+
+
+def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 16) -> Optional[RowsPlan]:
+    """The plan of the four-route RS kernel (CrossRowsForward, VMamba's cross routes in one launch),
+    or None where it does not apply.
+
+    V: the widest of 2, 1 that divides W with W / V <= 32 lanes (the kernel needs V | W: no ragged
+    lane; it holds two routes' state per column, and 4 columns spill in 64 registers:
+    benchmarks/scan_cuda_v4_static.md); None for odd W > 32 and W > 64. Vector accesses where
+    ``aligned_bytes`` (alignment of u, delta, B, C and y) holds a vector of the inputs and of y (y is
+    read back by the second sweep), else scalar ones. ``prefetch`` is not read by this kernel (1).
+    """
+    if elem_bytes not in (2, 4) or y_bytes not in (2, 4):
+        raise ValueError(f"elem_bytes, y_bytes: expected 2 or 4, got {elem_bytes}, {y_bytes}")
+    vec = next((v for v in range(CROSS_MAX_VEC, 0, -1) if width % v == 0 and width // v <= WARP_LANES), None)
+    if vec is None or width < 1:
+        return None
+    vector = vec > 1 and aligned_bytes % (vec * elem_bytes) == 0 and aligned_bytes % (vec * y_bytes) == 0
+    return layout(width, vec, vec if vector else 1)

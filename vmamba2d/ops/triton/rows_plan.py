@@ -39,7 +39,7 @@ PLAN_ENV_VAR = "VMAMBA2D_TRITON_PLAN"
 PLAN_CHOICES = ("auto", "rows", "tiles")
 MAX_ROWS_WIDTH = scan_plan.TRITON_RS_MAX_WIDTH
 ROWS_MODULE = "vmamba2d.ops.triton.rows"
-BUILT = ("rs", "v3")  # the designs Triton has (vmamba2d.ops.plan.DESIGNS)
+BUILT = scan_plan.BUILT["triton single-route"]  # the designs this path launches (vmamba2d.ops.plan.DESIGNS)
 TUNED_KERNEL = "triton-rs"
 # Elements of each [BLOCK_M, BLOCK_W] tile per thread in every tuning candidate.
 ELEMENTS_PER_THREAD = 2

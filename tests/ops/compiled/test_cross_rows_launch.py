@@ -1,0 +1,185 @@
+"""The v4 four-route forward (CrossRowsForward: VMamba's cross routes in one kernel) on the NVRTC path
+without a GPU: its plan rule, the choice between it and v3's per-route kernels for the CUDA four-route
+op, the entry compiling with NVRTC within 64 registers, and the launch passing the plan's grid / block
+and a parameter block in the four-route layout on the current stream (recording fake driver)."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+import torch
+
+from vmamba2d.ops import CROSS_ROUTES, tuning
+from vmamba2d.ops.compiled import cross_rows_launch, cuda_launch, kernel_cache, nvrtc, rows_launch, rows_plan
+from vmamba2d.ops.compiled.cuda_kernels import rows_cross_kernel
+
+try:
+    TOOLCHAIN = nvrtc.find_toolchain()
+except nvrtc.NvrtcUnavailable as err:
+    pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
+
+from support.nvrtc_recording import RecordingDriver  # noqa: E402
+
+CODES = [route.code for route in CROSS_ROUTES]
+
+
+def cross_inputs(batch, dim, height, width, dtype=torch.float32, seed=0, channels_last=False):
+    """The CUDA four-route op's inputs at N = 1 (u (batch, dim, H, W), delta (batch, 4, dim, H, W),
+    A (4 dim, 1), B, C (batch, 4, 1, H, W), D, delta_bias (4 dim,))."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(batch, dim, height, width, generator=g).to(dtype)
+    if channels_last:
+        u = u.contiguous(memory_format=torch.channels_last)
+    delta = torch.randn(batch, 4, dim, height, width, generator=g).to(dtype)
+    B, C = (torch.randn(batch, 4, 1, height, width, generator=g).to(dtype) for _ in range(2))
+    A = -torch.rand(4 * dim, 1, generator=g)
+    return u, delta, A, B, C, torch.randn(4 * dim, generator=g), torch.randn(4 * dim, generator=g)
+
+
+def test_codes_are_the_kernels_routes():
+    assert tuple(CODES) == rows_plan.CROSS_ROUTE_CODES
+
+
+def test_plan_rule():
+    # Two columns a lane wherever 2 divides W within 32 lanes, else one; odd W > 32 and W > 64: none.
+    for width, vec, seg in ((56, 2, 28), (28, 2, 14), (14, 2, 7), (7, 1, 7), (64, 2, 32), (31, 1, 31), (1, 1, 1)):
+        plan = rows_plan.cross_plan(2, 2, width)
+        assert (plan.vec, plan.load, plan.seg_lanes, plan.maps_per_warp) == (vec, vec, seg, 32 // seg), width
+        assert plan.scan_steps == rows_plan.scan_steps(seg)
+    assert rows_plan.cross_plan(4, 4, 33) is None and rows_plan.cross_plan(4, 4, 66) is None
+    # vector accesses need the inputs' and y's vector alignment (y is read back by the second sweep)
+    assert rows_plan.cross_plan(2, 4, 56, 4).load == 1 and rows_plan.cross_plan(2, 4, 56, 8).load == 2
+    assert rows_plan.cross_plan(4, 4, 56, 4).load == 1 and rows_plan.cross_plan(2, 2, 56, 4).load == 2
+    with pytest.raises(ValueError, match="elem_bytes, y_bytes"):
+        rows_plan.cross_plan(8, 8, 56)
+
+
+@pytest.mark.parametrize("side", [56, 28, 14, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_model_maps_take_the_four_route_kernel(side, dtype):
+    for out_fp32 in (False, True):
+        for channels_last in (False, True):
+            x = cross_inputs(2, 8, side, side, dtype, channels_last=channels_last)
+            design, plan, why = cross_rows_launch.cross_forward_design(*x, CODES, out_fp32)
+            assert design == "rs" and plan == rows_plan.cross_plan(x[0].element_size(), 4 if out_fp32 else
+                                                                   x[0].element_size(), side)
+            assert why == (f"PL (L = 49 <= 64): not built for cuda; RS: N = 1, width 7 <= 64" if side == 7
+                           else f"RS: N = 1, width {side} <= 64")
+
+
+def test_other_calls_stay_on_v3(monkeypatch):
+    x = cross_inputs(2, 4, 14, 14)
+    other = [0, 4, 3, 6]
+    assert cross_rows_launch.cross_forward_design(*x, other, False) == (
+        "v3", None, "V3: routes [0, 4, 3, 6]: the cuda four-route RS kernel runs the cross routes [0, 4, 3, 7] only")
+    assert cross_rows_launch.cross_forward_design(*x, [8, 12, 11, 15], False)[0] == "v3"  # VMamba's flat routes
+    u, delta, A, B, C, D, bias = x
+    nstate = (u, delta, torch.cat([A] * 4, 1), torch.cat([B] * 4, 2), torch.cat([C] * 4, 2), D, bias)
+    assert cross_rows_launch.cross_forward_design(*nstate, CODES, False)[2] == "V3: N = 4: PL and RS run d_state 1 only"
+    design, _, why = cross_rows_launch.cross_forward_design(u, delta, A, B, C, D.double(), bias, CODES, False)
+    assert design == "v3" and "preconditions" in why
+    design, _, why = cross_rows_launch.cross_forward_design(u, delta[:, :3], A, B, C, D, bias, CODES, False)
+    assert design == "v3" and "preconditions" in why  # v3's host driver names what is wrong
+    x = cross_inputs(1, 4, 3, 35)
+    assert cross_rows_launch.cross_forward_design(*x, CODES, False) == (
+        "v3", None, "RS: N = 1, width 35 <= 64, but no lane width of 2 or 1 columns divides W = 35 within 32 lanes")
+    assert cross_rows_launch.cross_forward_design(*cross_inputs(1, 4, 2, 66), CODES, False)[0] == "v3"
+    monkeypatch.setenv(rows_launch.PLAN_ENV, "v3")
+    assert cross_rows_launch.cross_forward_design(*cross_inputs(2, 4, 14, 14), CODES, False)[:2] == ("v3", None)
+
+
+def test_model_entry_compiles_within_64_registers_without_spills():
+    # sm_90, the 56 x 56 plan in bf16 (the static report covers every model plan, dtype and arch with nvcc).
+    plan = rows_plan.cross_plan(2, 2, 56)
+    compiled = nvrtc.compile_kernel(cross_rows_launch.plan_spec(plan, torch.bfloat16), 90, TOOLCHAIN)
+    r = compiled.resources
+    assert compiled.lowered_name == "vmamba2d_rows_cross_forward"
+    assert r.registers <= 64 and r.spill_stores + r.spill_loads == 0 and r.stack_bytes == 0
+
+
+def test_spec_compiles_the_cross_entry():
+    spec = rows_cross_kernel("fp16", 2, 1, 4)
+    assert (spec.source, spec.symbol, spec.name_expression) == (
+        "entries/scan2d_rows_entry.cu", "vmamba2d_rows_cross_forward", False)
+    assert dict(spec.defines) == {"VMAMBA2D_RS_CROSS": "1", "VMAMBA2D_RS_DTYPE": "1", "VMAMBA2D_RS_VEC": "2",
+                                  "VMAMBA2D_RS_LOAD": "1", "VMAMBA2D_RS_STEPS": "4"}
+
+
+def _stub(folder: Path, spec) -> None:
+    target = nvrtc.target_for(90, TOOLCHAIN.archs)
+    key = nvrtc.cache_key(TOOLCHAIN, spec, target)
+    kernel = nvrtc.CompiledKernel(spec.name, 90, target, f"image {spec.name}".encode(), f"sym_{spec.file_stem}")
+    kernel_cache.write_entry(kernel_cache.entry_path(folder, key), kernel_cache.encode_entry(key, kernel))
+
+
+@pytest.fixture()
+def launcher(tmp_path):
+    driver = RecordingDriver()
+    launcher = cuda_launch.KernelLauncher(driver, tmp_path, TOOLCHAIN, current_device=lambda: 0,
+                                          stream_of=lambda d: 1000 + d, device_arch=lambda d: 90)
+    return launcher, driver, tmp_path
+
+
+@pytest.mark.parametrize("dtype,out_fp32,channels_last", [(torch.bfloat16, False, False), (torch.float32, False, True),
+                                                          (torch.float16, True, False), (torch.bfloat16, False, True)])
+def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32, channels_last):
+    launcher, driver, folder = launcher
+    batch, dim, side = 3, 10, 14
+    u, delta, A, B, C, D, bias = cross_inputs(batch, dim, side, side, dtype, channels_last=channels_last)
+    design, plan, _ = cross_rows_launch.cross_forward_design(u, delta, A, B, C, D, bias, CODES, out_fp32)
+    spec = cross_rows_launch.plan_spec(plan, dtype)
+    _stub(folder, spec)
+    seen = []
+    record = driver.launch
+
+    def read_back(function, grid, threads, smem, stream, pointers):
+        array = (ctypes.c_void_p * 1).from_address(pointers)
+        seen.append(rows_launch.RowsParams.from_buffer_copy(
+            ctypes.string_at(array[0], ctypes.sizeof(rows_launch.RowsParams))))
+        record(function, grid, threads, smem, stream, pointers)
+
+    driver.launch = read_back
+    y = cross_rows_launch.launch_forward(launcher, u, delta, A, B, C, D, bias, True, CODES, out_fp32)
+    assert y.shape == u.shape and y.dtype == (torch.float32 if out_fp32 else dtype)
+    assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    (launch,) = driver.of("launch")
+    assert launch[1][2] == f"sym_{spec.file_stem}"
+    assert launch[2:6] == ((plan.blocks(batch, dim), 1, 1), 128, 0, 1000)
+    assert plan.blocks(batch, dim) * 4 * plan.maps_per_warp >= batch * dim
+    (p,) = seen
+    assert (p.delta, p.B, p.C, p.A, p.D, p.delta_bias) == tuple(t.data_ptr() for t in (delta, B, C, A, D, bias))
+    if not channels_last:  # else the kernel reads a contiguous copy of u and writes y before its layout copy
+        assert (p.u, p.y) == (u.data_ptr(), y.data_ptr())
+    assert (p.delta_planes, p.bc_planes, p.batch, p.dim, p.groups, p.height, p.width) == (
+        4 * dim, 4, batch, dim, 1, side, side)
+    assert (p.seg_lanes, p.maps_per_warp, p.softplus, p.y_fp32, p.from_bottom) == (
+        plan.seg_lanes, plan.maps_per_warp, 1, int(y.dtype == torch.float32), 0)
+
+
+def test_v3_calls_launch_nothing(launcher):
+    launcher, driver, _ = launcher
+    x = cross_inputs(2, 4, 14, 14)
+    assert cross_rows_launch.launch_forward(launcher, *x, True, [0, 4, 3, 6], False) is None
+    assert driver.of("launch") == []
+
+
+def test_tuner_times_each_block_size_and_the_grid_covers_every_map(launcher):
+    launcher, driver, folder = launcher
+    batch, dim, side = 3, 10, 7
+    x = cross_inputs(batch, dim, side, side)
+    _, plan, _ = cross_rows_launch.cross_forward_design(*x, CODES, False)
+    _stub(folder, cross_rows_launch.plan_spec(plan, torch.float32))
+
+    def timer(fn):
+        fn()
+        return {32: 0.3, 64: 0.2, 128: 0.4}[driver.of("launch")[-1][3]]
+
+    tuner = tuning.Tuner(timer=timer, cache_root=folder / "t", ranks=lambda: 1, skip_reason=lambda: None)
+    cross_rows_launch.launch_cross_forward(launcher, *x, True, False, plan, tuner=tuner)
+    launches = driver.of("launch")
+    assert len(launches) == 3 * 4 + 1 and launches[-1][3] == 64  # 2 warps a block: the fake clock's fastest
+    items = -(-batch * dim // plan.maps_per_warp)
+    for launch in launches:
+        warps = launch[3] // 32
+        assert launch[2][0] * warps >= items > (launch[2][0] - 1) * warps

@@ -1,0 +1,155 @@
+"""Launching the v4 four-route forward (CrossRowsForward in csrc/cuda/scan2d_rows.cuh: VMamba's cross
+routes in one kernel) through the NVRTC launcher, and the choice between it and v3's per-route kernels
+for one call of the CUDA four-route op.
+
+The choice is vmamba2d.ops.plan's rule for the call's routes among the designs this path launches
+(``BUILT``: RS and v3; the four-route op has no PL), after the entry's preconditions: the cross
+routes (codes 0, 4, 3, 7) in that order, N = 1, A, D, delta_bias contiguous fp32, delta, B, C
+contiguous in the op's layout and a plan (rows_plan.cross_plan: 2 or 1 columns a lane dividing W).
+The op's forward saves nothing for a backward (its backward recomputes from the inputs), so the
+call never needs a gradient here. ``VMAMBA2D_SCAN_PLAN=v3`` pins v3 as for the single-route op.
+The kernel sums the routes on chip and writes y in the type the caller asks for (fp32, or the
+inputs' type): no fp32 y read and rewritten per route, no cast pass.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from vmamba2d.ops import plan as scan_plan
+from vmamba2d.ops import tuning
+from vmamba2d.ops.compiled import rows_plan
+from vmamba2d.ops.compiled.cuda_kernels import KernelSpec, rows_cross_kernel
+from vmamba2d.ops.compiled.rows_launch import PLAN_ENV, RowsParams, pinned_plan
+
+BUILT = scan_plan.BUILT["cuda four-route"]  # the designs this path launches (vmamba2d.ops.plan.DESIGNS)
+TUNED_KERNEL = "cuda-rs-cross"
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+ROUTES = len(rows_plan.CROSS_ROUTE_CODES)
+
+
+def _float32_or_none(t: Optional[torch.Tensor], size: int) -> bool:
+    return t is None or (t.dtype == torch.float32 and t.is_contiguous() and tuple(t.shape) == (size,))
+
+
+def _layout_holds(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                  D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor]) -> bool:
+    if u.dim() != 4:
+        return False
+    batch, dim, height, width = u.shape
+    maps = (batch, ROUTES, 1, height, width)
+    return (tuple(delta.shape) == (batch, ROUTES, dim, height, width) and tuple(B.shape) == maps
+            and tuple(C.shape) == maps and tuple(A.shape) == (ROUTES * dim, 1) and A.dtype == torch.float32
+            and all(t.is_contiguous() for t in (delta, A, B, C))
+            and (u.is_contiguous() or u.is_contiguous(memory_format=torch.channels_last))
+            and _float32_or_none(D, ROUTES * dim) and _float32_or_none(delta_bias, ROUTES * dim))
+
+
+def cross_forward_design(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                         D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], routes: Sequence[int],
+                         out_fp32: bool) -> tuple[str, Optional[rows_plan.RowsPlan], str]:
+    """The design of one four-route forward: ("rs", plan, why) or ("v3", None, why).
+
+    u (batch, dim, H, W), contiguous or channels-last; delta (batch, K, dim, H, W); A (K * dim, N);
+    B, C (batch, K, N, H, W); D, delta_bias (K * dim,) or None; routes: the K route codes.
+    """
+    if pinned_plan() == "v3":
+        return "v3", None, f"{PLAN_ENV}=v3"
+    dtype = u.dtype if all(t.dtype == u.dtype for t in (delta, B, C)) else None
+    height, width = (u.shape[2], u.shape[3]) if u.dim() == 4 else (0, 0)
+    nstate = B.shape[2] if B.dim() == 5 else 0
+    call = scan_plan.ScanCall(nstate, height, width, dtype, tuple(int(r) for r in routes), "forward", False)
+    design = scan_plan.choose_design(call, "cuda", BUILT)
+    if design.name != "rs":
+        return "v3", None, design.reason
+    if not _layout_holds(u, delta, A, B, C, D, delta_bias):
+        return "v3", None, ("tensors not in the four-route layout with contiguous delta, B, C and fp32 A, D, "
+                            "delta_bias: the four-route RS entry's preconditions")
+    y_bytes = 4 if out_fp32 else u.element_size()
+    aligned = rows_plan.alignment(delta, B, C, *([u] if u.is_contiguous() else []))
+    plan = rows_plan.cross_plan(u.element_size(), y_bytes, width, aligned)
+    if plan is None:
+        return "v3", None, f"{design.reason}, but no lane width of 2 or 1 columns divides W = {width} within 32 lanes"
+    return "rs", plan, design.reason
+
+
+def plan_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
+    """The NVRTC table entry of a four-route plan and input type."""
+    return rows_cross_kernel(_DTYPE_NAMES[dtype], plan.vec, plan.load, plan.scan_steps)
+
+
+def cross_params(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                 D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], y: torch.Tensor, softplus: bool,
+                 plan: rows_plan.RowsPlan) -> RowsParams:
+    """The kernel's parameter block (RowsParams in the four-route layout: delta_planes = 4 * dim,
+    bc_planes = 4, one group) for contiguous u, y (batch, dim, H, W); other shapes as in
+    :func:`cross_forward_design`."""
+    batch, dim, height, width = u.shape
+    return RowsParams(
+        u.data_ptr(), delta.data_ptr(), B.data_ptr(), C.data_ptr(), A.data_ptr(),
+        None if D is None else D.data_ptr(), None if delta_bias is None else delta_bias.data_ptr(), y.data_ptr(),
+        ROUTES * dim, ROUTES, batch, dim, 1, height, width, plan.seg_lanes, plan.maps_per_warp,
+        int(bool(softplus)), int(y.dtype == torch.float32), 0)
+
+
+def tuning_candidates() -> list[dict[str, int]]:
+    """Warps per block (4 first; 2, 1): bit-neutral, warp k of the grid runs item k whatever the
+    block size. The kernel has no prefetch depth to tune (C is loaded in the row, delta / B a row ahead)."""
+    return [{"warps": w} for w in (rows_plan.ROWS_THREADS // rows_plan.WARP_LANES, 2, 1)]
+
+
+def tuning_key(u: torch.Tensor, y: torch.Tensor, softplus: bool, plan: rows_plan.RowsPlan) -> dict:
+    """The tuner's key of a launch (as rows_launch.tuning_key, for the cross routes)."""
+    gpu, sms = u.device.type, 0
+    if u.is_cuda:
+        properties = torch.cuda.get_device_properties(u.device)
+        gpu, sms = properties.name, properties.multi_processor_count
+    batch, dim, height, width = u.shape
+    return {"gpu": gpu, "sms": sms, "dtype": _DTYPE_NAMES[u.dtype], "y": _DTYPE_NAMES[y.dtype], "batch": batch,
+            "dim": dim, "groups": 1, "nstate": 1, "height": height, "width": width,
+            "routes": list(rows_plan.CROSS_ROUTE_CODES), "direction": "forward", "softplus": bool(softplus),
+            "vec": plan.vec, "load": plan.load}
+
+
+def launch_cross_forward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                         C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
+                         softplus: bool, out_fp32: bool, plan: rows_plan.RowsPlan,
+                         tuner: Optional[tuning.Tuner] = None) -> torch.Tensor:
+    """y (batch, dim, H, W) in u's layout, fp32 if ``out_fp32`` else u's type: the four cross routes'
+    sum by one launch of the four-route kernel on the current stream (``launcher``:
+    cuda_launch.KernelLauncher), warps per block chosen by ``tuner`` (tuning.default_tuner() for CUDA
+    tensors; other tensors -- a recording launcher's tests -- take 4 unless a tuner is given). A
+    channels-last u is read through one contiguous copy and y returned channels-last (as v3)."""
+    layout = torch.contiguous_format if u.is_contiguous() else torch.channels_last  # cross_ops.map_format
+    u_map = u.contiguous()
+    y = torch.empty(u_map.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device)
+    if y.numel() == 0:
+        return y.contiguous(memory_format=layout)
+    params = bytes(cross_params(u_map, delta, A, B, C, D, delta_bias, y, softplus, plan))
+    spec = plan_spec(plan, u.dtype)
+
+    def run(knobs) -> None:
+        warps = knobs["warps"]
+        launcher.launch(spec, (plan.blocks(u.shape[0], u.shape[1], warps), 1, 1), warps * rows_plan.WARP_LANES, 0,
+                        [params])
+
+    candidates = tuning_candidates()
+    if u.is_cuda or tuner is not None:
+        knobs = (tuner or tuning.default_tuner()).choose(TUNED_KERNEL, tuning_key(u_map, y, softplus, plan),
+                                                         candidates, run).knobs
+    else:
+        knobs = candidates[0]
+    run(knobs)
+    return y.contiguous(memory_format=layout)
+
+
+def launch_forward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                   D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], softplus: bool,
+                   routes: Sequence[int], out_fp32: bool) -> Optional[torch.Tensor]:
+    """y of the four-route forward by the four-route kernel where :func:`cross_forward_design` picks RS,
+    else None (the caller runs v3's per-route kernels). Shapes as in :func:`cross_forward_design`."""
+    design, plan, _ = cross_forward_design(u, delta, A, B, C, D, delta_bias, routes, out_fp32)
+    if design != "rs":
+        return None
+    return launch_cross_forward(launcher, u, delta, A, B, C, D, delta_bias, softplus, out_fp32, plan)
