@@ -1,7 +1,7 @@
 // Python bindings of the host emulation of the CUDA kernels (their code run on the CPU with the
 // race detector) and of the launch planner, for tests and tools: shared by vmamba2d._C_cuda (nvcc
 // build) and the test-only extension the C++ compiler builds alone
-// (csrc/cuda/emulation/scan2d_v3_emulation_module.cpp, tests/cuda_emulation_build.py). Include in
+// (csrc/cuda/emulation/scan2d_v3_emulation_module.cpp, tests/support/cuda_emulation_build.py). Include in
 // one translation unit per module.
 #pragma once
 

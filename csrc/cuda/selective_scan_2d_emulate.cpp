@@ -17,14 +17,13 @@
 #include <c10/util/Half.h>
 
 #include <cstring>
-#include <numeric>
-#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "emulation/host_emulation.h"
 #include "scan2d_driver.h"
 #include "scan2d_kernel.cuh"
 #include "scan2d_routes.h"
@@ -259,25 +258,7 @@ class GlobalView {
   int64_t extent_;
 };
 
-// The visiting order of `count` threads / warps / lanes / blocks.
-class Schedule {
- public:
-  explicit Schedule(int64_t order) : order_(order), rng_(static_cast<uint64_t>(order)) {}
-  std::vector<int> permutation(int count) {
-    std::vector<int> idx(static_cast<size_t>(count));
-    std::iota(idx.begin(), idx.end(), 0);
-    if (order_ == 1) {
-      std::reverse(idx.begin(), idx.end());
-    } else if (order_ >= 2) {
-      std::shuffle(idx.begin(), idx.end(), rng_);
-    }
-    return idx;
-  }
-
- private:
-  int64_t order_;
-  std::mt19937_64 rng_;
-};
+using emulation::Schedule;
 
 class HostCtx {
  public:

@@ -1,5 +1,5 @@
 // Host emulation of the v4 one-plane-per-lane forward (scan2d_planes.cuh), built by the C++
-// compiler alone as a test-only torch extension (tests/cuda_emulation_build.py, include path
+// compiler alone as a test-only torch extension (tests/support/cuda_emulation_build.py, include path
 // csrc/cuda; this folder is outside setup.py's glob of the nvcc-built extension's sources). The
 // kernel body runs CTA by CTA on the CPU: CTAs in a chosen order, the threads of a CTA one after
 // another in every phase (forward, reversed or shuffled). Checks, each a RuntimeError naming what
@@ -15,20 +15,16 @@
 // y starts filled with NaN so a cell the kernel did not write also shows in the results.
 #include <torch/extension.h>
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <numeric>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "emulation/host_emulation.h"
 #include "scan2d_planes.cuh"
 
 namespace vmamba2d {
@@ -37,23 +33,10 @@ namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("PL emulation: " + what); }
 
-struct HostF32 {
-  using Raw = float;
-  static float to_float(float v) { return v; }
-  static float from_float(float v) { return v; }
-};
-
-struct HostF16 {
-  using Raw = uint16_t;
-  static float to_float(uint16_t v) { return static_cast<float>(c10::Half(v, c10::Half::from_bits())); }
-  static uint16_t from_float(float v) { return c10::Half(v).x; }
-};
-
-struct HostBF16 {
-  using Raw = uint16_t;
-  static float to_float(uint16_t v) { return static_cast<float>(c10::BFloat16(v, c10::BFloat16::from_bits())); }
-  static uint16_t from_float(float v) { return c10::BFloat16(v).x; }
-};
+using emulation::check_scan_inputs;
+using emulation::global_bounds_error;
+using emulation::Schedule;
+using emulation::with_host_element;
 
 // Counters of the last emulation call on this thread: copies issued, y stores of copy_bytes.
 thread_local int64_t g_copies = 0;
@@ -65,26 +48,6 @@ struct HostView {
   V* base = nullptr;
   int64_t extent = 0;
   std::vector<int64_t>* writer = nullptr;  // y only: global thread id of each element's store
-};
-
-// The visiting order of `count` CTAs / threads.
-class Schedule {
- public:
-  explicit Schedule(int64_t order) : order_(order), rng_(static_cast<uint64_t>(order)) {}
-  std::vector<int> permutation(int count) {
-    std::vector<int> idx(static_cast<size_t>(count));
-    std::iota(idx.begin(), idx.end(), 0);
-    if (order_ == 1) {
-      std::reverse(idx.begin(), idx.end());
-    } else if (order_ >= 2) {
-      std::shuffle(idx.begin(), idx.end(), rng_);
-    }
-    return idx;
-  }
-
- private:
-  int64_t order_;
-  std::mt19937_64 rng_;
 };
 
 // The emulation's execution context of one CTA (PlanesDeviceCtx's interface).
@@ -268,11 +231,8 @@ class PlanesHostCtx {
   }
   template <class V>
   static void check_global(const HostView<V>& view, int64_t i, int64_t count, const char* what) {
-    if (view.base == nullptr || view.extent == 0) fail(std::string(what) + " from a buffer the launch did not provide");
-    if (i < 0 || i + count > view.extent) {
-      fail(std::string("out-of-bounds global ") + what + ": elements " + std::to_string(i) + " .. " +
-           std::to_string(i + count - 1) + " of a buffer of " + std::to_string(view.extent));
-    }
+    const std::string bounds = global_bounds_error(view.base, view.extent, i, count, what);
+    if (!bounds.empty()) fail(bounds);
   }
 
   int64_t block_;
@@ -357,12 +317,6 @@ void by_copy(const PlanesParams& p, int grid, int64_t order, int bug, bool compi
   }
 }
 
-void check_input(const at::Tensor& t, const char* name, at::ScalarType type, int64_t dims) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == type && t.dim() == dims, name,
-              ": expected a contiguous CPU tensor of ", c10::toString(type), " with ", dims, " dimensions, got ",
-              t.scalar_type(), " of shape ", t.sizes());
-}
-
 template <class V>
 HostView<V> view_of(const at::Tensor& t, int64_t offset_elements, int64_t count) {
   HostView<V> view;
@@ -394,31 +348,11 @@ at::Tensor planes_forward(const at::Tensor& u, const at::Tensor& delta, const at
               bug);
   TORCH_CHECK(routes >= 1 && route_index >= 0 && route_index < routes, "route_index: expected 0 <= it < routes = ",
               routes, ", got ", route_index);
-  const at::ScalarType type = u.scalar_type();
-  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
-              "u: expected float32, float16 or bfloat16, got ", type);
-  check_input(u, "u", type, 3);
-  check_input(delta, "delta", type, 3);
-  check_input(B, "B", type, 4);
-  check_input(C, "C", type, 4);
-  check_input(A, "A", at::kFloat, 2);
-  const int64_t batch = u.size(0), dim = u.size(1), length = u.size(2);
-  TORCH_CHECK(height * width == length, "height, width: expected H * W = ", length, ", got ", height, " x ", width);
+  const emulation::ScanSizes sizes =
+      check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, routes, /*param_routes=*/1);
+  const int64_t batch = sizes.batch, dim = sizes.dim, length = sizes.length, groups = sizes.groups;
   TORCH_CHECK(batch * dim < (int64_t{1} << 31), "batch * dim: expected fewer than 2^31 maps");
-  TORCH_CHECK(delta.size(0) == batch && delta.size(1) == routes * dim && delta.size(2) == length,
-              "delta: expected (batch, routes * dim, L) = (", batch, ", ", routes * dim, ", ", length, "), got ",
-              delta.sizes());
-  TORCH_CHECK(B.size(0) == batch && B.size(1) % routes == 0 && B.size(2) == 1 && B.size(3) == length &&
-                  B.sizes() == C.sizes(),
-              "B, C: expected (batch, routes * groups, 1, L) each, got ", B.sizes(), " and ", C.sizes());
-  const int64_t groups = B.size(1) / routes;
-  TORCH_CHECK(groups >= 1 && dim % groups == 0, "B: groups ", groups, " must divide dim ", dim);
-  TORCH_CHECK(A.size(0) == dim && A.size(1) == 1, "A: expected (dim, 1), got ", A.sizes());
-  if (D) check_input(*D, "D", at::kFloat, 1);
-  if (delta_bias) check_input(*delta_bias, "delta_bias", at::kFloat, 1);
-  TORCH_CHECK(!D || D->size(0) == dim, "D: expected (dim,) = (", dim, ",), got ", D->sizes());
-  TORCH_CHECK(!delta_bias || delta_bias->size(0) == dim, "delta_bias: expected (", dim, ",), got ",
-              delta_bias->sizes());
+  const at::ScalarType type = u.scalar_type();
 
   at::Tensor y = at::full({batch, dim, length}, std::numeric_limits<float>::quiet_NaN(),
                           u.options().dtype(y_fp32 ? at::kFloat : type));
@@ -478,13 +412,7 @@ at::Tensor planes_forward(const at::Tensor& u, const at::Tensor& delta, const at
     }
     by_copy<E>(p, static_cast<int>(grid), order, static_cast<int>(bug), compiled_geometry, v);
   };
-  if (type == at::kFloat) {
-    launch(HostF32{});
-  } else if (type == at::kHalf) {
-    launch(HostF16{});
-  } else {
-    launch(HostBF16{});
-  }
+  with_host_element(type, launch);
   const int64_t missing = std::count(writer.begin(), writer.end(), int64_t{-1});
   if (missing) fail(std::to_string(missing) + " cells of y were written by no thread");
   return y;

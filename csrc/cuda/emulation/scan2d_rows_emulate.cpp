@@ -1,5 +1,5 @@
 // Host emulation of the v4 row-streaming forward (scan2d_rows.cuh), built by the C++ compiler
-// alone as a test-only torch extension (tests/cuda_emulation_build.py, include path csrc/cuda; this
+// alone as a test-only torch extension (tests/support/cuda_emulation_build.py, include path csrc/cuda; this
 // folder is outside setup.py's glob of the nvcc-built extension's sources). The kernel body runs
 // warp by warp on the CPU: warps in a chosen order, the 32 lanes of a warp one after another in
 // every phase (forward, reversed or shuffled), the shuffles moving values between the lanes'
@@ -12,22 +12,18 @@
 // y starts filled with NaN so a cell the kernel did not write also shows in the results.
 #include <torch/extension.h>
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
+#include <algorithm>
 #include <cstring>
 #include <limits>
-#include <numeric>
-#include <random>
-#include <sstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
-#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "emulation/host_emulation.h"
 #include "scan2d_rows.cuh"
 
 namespace vmamba2d {
@@ -36,33 +32,10 @@ namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("RS emulation: " + what); }
 
-// The element traits of the device file (scan2d_rows_device.cuh): widen is exact in every type, so
-// element by element here.
-template <class Traits, class Raw>
-struct HostWiden {
-  template <int kN>
-  static void widen(const Raw (&in)[kN], float (&out)[kN]) {
-    for (int k = 0; k < kN; ++k) out[k] = Traits::to_float(in[k]);
-  }
-};
-
-struct HostF32 : HostWiden<HostF32, float> {
-  using Raw = float;
-  static float to_float(float v) { return v; }
-  static float from_float(float v) { return v; }
-};
-
-struct HostF16 : HostWiden<HostF16, uint16_t> {
-  using Raw = uint16_t;
-  static float to_float(uint16_t v) { return static_cast<float>(c10::Half(v, c10::Half::from_bits())); }
-  static uint16_t from_float(float v) { return c10::Half(v).x; }
-};
-
-struct HostBF16 : HostWiden<HostBF16, uint16_t> {
-  using Raw = uint16_t;
-  static float to_float(uint16_t v) { return static_cast<float>(c10::BFloat16(v, c10::BFloat16::from_bits())); }
-  static uint16_t from_float(float v) { return c10::BFloat16(v).x; }
-};
+using emulation::check_scan_inputs;
+using emulation::global_bounds_error;
+using emulation::Schedule;
+using emulation::with_host_element;
 
 // Vector accesses (more than one element) of the last emulation call on this thread.
 thread_local int64_t g_vector_accesses = 0;
@@ -121,26 +94,6 @@ struct HostView {
   int64_t extent = 0;
   GlobalShadow* shadow = nullptr;
   int64_t origin = 0;
-};
-
-// The visiting order of `count` warps / lanes.
-class Schedule {
- public:
-  explicit Schedule(int64_t order) : order_(order), rng_(static_cast<uint64_t>(order)) {}
-  std::vector<int64_t> permutation(int64_t count) {
-    std::vector<int64_t> idx(static_cast<size_t>(count));
-    std::iota(idx.begin(), idx.end(), 0);
-    if (order_ == 1) {
-      std::reverse(idx.begin(), idx.end());
-    } else if (order_ >= 2) {
-      std::shuffle(idx.begin(), idx.end(), rng_);
-    }
-    return idx;
-  }
-
- private:
-  int64_t order_;
-  std::mt19937_64 rng_;
 };
 
 // The emulation's execution context of one warp (RowsDeviceCtx's interface).
@@ -237,11 +190,8 @@ class RowsHostCtx {
   }
   template <class V>
   void check(const HostView<V>& view, int64_t i, int count, const char* what) const {
-    if (view.base == nullptr || view.extent == 0) fail(std::string(what) + " from a buffer the launch did not provide");
-    if (i < 0 || i + count > view.extent) {
-      fail(std::string("out-of-bounds global ") + what + ": elements " + std::to_string(i) + " .. " +
-           std::to_string(i + count - 1) + " of a buffer of " + std::to_string(view.extent));
-    }
+    const std::string bounds = global_bounds_error(view.base, view.extent, i, count, what);
+    if (!bounds.empty()) fail(bounds);
     const size_t bytes = count * sizeof(V);
     const size_t align = bytes > 16 ? 16 : bytes;
     if (reinterpret_cast<uintptr_t>(view.base + i) % align != 0) {
@@ -393,12 +343,6 @@ void by_vec(const RowsParams& p, int vec, int load, int route, int steps, int64_
   }
 }
 
-void check_input(const at::Tensor& t, const char* name, at::ScalarType type, int64_t dims) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == type && t.dim() == dims, name,
-              ": expected a contiguous CPU tensor of ", c10::toString(type), " with ", dims, " dimensions, got ",
-              t.scalar_type(), " of shape ", t.sizes());
-}
-
 // y = the route's 2D selective scan (N = 1) of the inputs, run on the emulated RS kernel with vec
 // columns per lane and load elements per access (a RowsPlan of vmamba2d/ops/compiled/rows_plan.py;
 // the layout follows from them). u: (batch, dim, L); delta: (batch, routes * dim, L); B, C: (batch,
@@ -417,31 +361,10 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
               "vec: expected 1, 2, 4 (or 8 for 2-byte types), got ", vec);
   TORCH_CHECK((width + vec - 1) / vec <= kWarpLanes, "vec ", vec, " puts a row of ", width, " on more than 32 lanes");
   TORCH_CHECK(load == 1 || (load == vec && width % vec == 0), "load ", load, ": 1, or vec where vec divides W");
+  const emulation::ScanSizes sizes =
+      check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, routes, /*param_routes=*/1);
+  const int64_t batch = sizes.batch, dim = sizes.dim, length = sizes.length, groups = sizes.groups;
   const at::ScalarType type = u.scalar_type();
-  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
-              "u: expected float32, float16 or bfloat16, got ", type);
-  check_input(u, "u", type, 3);
-  check_input(delta, "delta", type, 3);
-  check_input(B, "B", type, 4);
-  check_input(C, "C", type, 4);
-  check_input(A, "A", at::kFloat, 2);
-  const int64_t batch = u.size(0), dim = u.size(1), length = u.size(2);
-  TORCH_CHECK(height >= 1 && width >= 1 && height * width == length, "height, width: expected H * W = ", length,
-              ", got ", height, " x ", width);
-  TORCH_CHECK(delta.size(0) == batch && delta.size(1) == routes * dim && delta.size(2) == length,
-              "delta: expected (batch, routes * dim, L) = (", batch, ", ", routes * dim, ", ", length, "), got ",
-              delta.sizes());
-  TORCH_CHECK(B.size(0) == batch && B.size(1) % routes == 0 && B.size(2) == 1 && B.size(3) == length &&
-                  B.sizes() == C.sizes(),
-              "B, C: expected (batch, routes * groups, 1, L) each, got ", B.sizes(), " and ", C.sizes());
-  const int64_t groups = B.size(1) / routes;
-  TORCH_CHECK(groups >= 1 && dim % groups == 0, "B: groups ", groups, " must divide dim ", dim);
-  TORCH_CHECK(A.size(0) == dim && A.size(1) == 1, "A: expected (dim, 1), got ", A.sizes());
-  if (D) check_input(*D, "D", at::kFloat, 1);
-  if (delta_bias) check_input(*delta_bias, "delta_bias", at::kFloat, 1);
-  TORCH_CHECK(!D || D->size(0) == dim, "D: expected (dim,) = (", dim, ",), got ", D->sizes());
-  TORCH_CHECK(!delta_bias || delta_bias->size(0) == dim, "delta_bias: expected (", dim, ",), got ",
-              delta_bias->sizes());
 
   at::Tensor y = at::full({batch, dim, length}, std::numeric_limits<float>::quiet_NaN(),
                           u.options().dtype(y_fp32 ? at::kFloat : type));
@@ -473,14 +396,10 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   g_last_steps = run_steps;
   g_vector_accesses = 0;
   GlobalShadow shadow(y.numel());
-  const int code = static_cast<int>(route);
-  if (type == at::kFloat) {
-    by_vec<HostF32>(p, static_cast<int>(vec), static_cast<int>(load), code, run_steps, order, &shadow);
-  } else if (type == at::kHalf) {
-    by_vec<HostF16>(p, static_cast<int>(vec), static_cast<int>(load), code, run_steps, order, &shadow);
-  } else {
-    by_vec<HostBF16>(p, static_cast<int>(vec), static_cast<int>(load), code, run_steps, order, &shadow);
-  }
+  with_host_element(type, [&](auto element) {
+    by_vec<decltype(element)>(p, static_cast<int>(vec), static_cast<int>(load), static_cast<int>(route), run_steps,
+                              order, &shadow);
+  });
   if (const int64_t missing = shadow.unwritten()) {
     fail(std::to_string(missing) + " cells of y were written by no lane");
   }
@@ -547,34 +466,14 @@ at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, cons
                               const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height,
                               int64_t width, bool y_fp32, int64_t order, int64_t vec, int64_t load,
                               const std::optional<int64_t>& steps) {
-  const at::ScalarType type = u.scalar_type();
-  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
-              "u: expected float32, float16 or bfloat16, got ", type);
   TORCH_CHECK(vec == 1 || vec == 2 || vec == 4, "vec: expected 1, 2 or 4, got ", vec);
   TORCH_CHECK(width % vec == 0 && width / vec <= kWarpLanes, "vec ", vec, ": must divide W = ", width,
               " with W / vec <= 32 lanes");
   TORCH_CHECK(load == 1 || load == vec, "load ", load, ": 1 or vec");
-  check_input(u, "u", type, 3);
-  check_input(delta, "delta", type, 3);
-  check_input(B, "B", type, 4);
-  check_input(C, "C", type, 4);
-  check_input(A, "A", at::kFloat, 2);
-  const int64_t batch = u.size(0), dim = u.size(1), length = u.size(2);
-  TORCH_CHECK(height >= 1 && width >= 1 && height * width == length, "height, width: expected H * W = ", length,
-              ", got ", height, " x ", width);
-  TORCH_CHECK(delta.size(0) == batch && delta.size(1) == 4 * dim && delta.size(2) == length,
-              "delta: expected (batch, 4 * dim, L), got ", delta.sizes());
-  TORCH_CHECK(B.size(0) == batch && B.size(1) % 4 == 0 && B.size(2) == 1 && B.size(3) == length &&
-                  B.sizes() == C.sizes(),
-              "B, C: expected (batch, 4 * groups, 1, L) each, got ", B.sizes(), " and ", C.sizes());
-  const int64_t groups = B.size(1) / 4;
-  TORCH_CHECK(groups >= 1 && dim % groups == 0, "B: groups ", groups, " must divide dim ", dim);
-  TORCH_CHECK(A.size(0) == 4 * dim && A.size(1) == 1, "A: expected (4 * dim, 1), got ", A.sizes());
-  if (D) check_input(*D, "D", at::kFloat, 1);
-  if (delta_bias) check_input(*delta_bias, "delta_bias", at::kFloat, 1);
-  TORCH_CHECK(!D || D->size(0) == 4 * dim, "D: expected (4 * dim,), got ", D->sizes());
-  TORCH_CHECK(!delta_bias || delta_bias->size(0) == 4 * dim, "delta_bias: expected (4 * dim,), got ",
-              delta_bias->sizes());
+  const emulation::ScanSizes sizes =
+      check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, /*routes=*/4, /*param_routes=*/4);
+  const int64_t batch = sizes.batch, dim = sizes.dim, length = sizes.length, groups = sizes.groups;
+  const at::ScalarType type = u.scalar_type();
 
   at::Tensor y = at::full({batch, dim, length}, std::numeric_limits<float>::quiet_NaN(),
                           u.options().dtype(y_fp32 ? at::kFloat : type));
@@ -603,13 +502,9 @@ at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, cons
   g_last_steps = run_steps;
   g_vector_accesses = 0;
   GlobalShadow shadow(y.numel(), 2);
-  if (type == at::kFloat) {
-    cross_by_vec<HostF32>(p, static_cast<int>(vec), static_cast<int>(load), run_steps, order, &shadow);
-  } else if (type == at::kHalf) {
-    cross_by_vec<HostF16>(p, static_cast<int>(vec), static_cast<int>(load), run_steps, order, &shadow);
-  } else {
-    cross_by_vec<HostBF16>(p, static_cast<int>(vec), static_cast<int>(load), run_steps, order, &shadow);
-  }
+  with_host_element(type, [&](auto element) {
+    cross_by_vec<decltype(element)>(p, static_cast<int>(vec), static_cast<int>(load), run_steps, order, &shadow);
+  });
   if (const int64_t missing = shadow.unwritten()) {
     fail(std::to_string(missing) + " cells of y were not written twice (once per sweep)");
   }
