@@ -210,14 +210,15 @@ class RowsHostCtx {
 // The instances whose scan steps the GPU entry compiles in (VMAMBA2D_RS_STEPS) that the emulation
 // compiles in too, as (vec, load, prefetch, steps): those of the model's and the benchmarks' map
 // widths 56 / 28 / 14 / 7 with aligned tensors. Single route: MODEL_ROWS_PLANS
-// (vmamba2d/ops/compiled/cuda_kernels.py; rows_plan's V = 4, 4, 2, 1) at the plan's P = 1 and the
-// tuner's P = 2 where it offers it (rows_plan.py, tuning_candidates: V <= 2), each in every route
-// variant; four routes: cross_vec's V = 2, 2, 2, 1 (dev/gpu/v4_static_report.py; no prefetch knob).
+// (vmamba2d/ops/compiled/cuda_kernels.py; rows_plan's V = 4, 4, 2, 1 fp32, 8, 4, 2, 1 fp16 / bf16)
+// at the plan's P = 1 and the tuner's P = 2 where it offers it (rows_plan.py, tuning_candidates:
+// V <= 2), each in every route variant; four routes: cross_plan's V = 2, 2, 2, 1 (rows_plan.py; no
+// prefetch knob).
 // Another plan is the same code with other constants; steps = -1 takes rows_scan_steps at run time.
 struct StepsPlan {
   int vec, load, prefetch, steps;
 };
-constexpr StepsPlan kRowsStepsPlans[] = {{4, 4, 1, 4}, {4, 4, 1, 3}, {2, 2, 1, 3},
+constexpr StepsPlan kRowsStepsPlans[] = {{8, 8, 1, 3}, {4, 4, 1, 4}, {4, 4, 1, 3}, {2, 2, 1, 3},
                                          {2, 2, 2, 3}, {1, 1, 1, 3}, {1, 1, 2, 3}};
 constexpr StepsPlan kCrossStepsPlans[] = {{2, 2, 1, 5}, {2, 2, 1, 4}, {2, 2, 1, 3}, {1, 1, 1, 3}};
 

@@ -102,22 +102,25 @@ def test_odd_widths_and_ragged_lanes(rows, dtype, shape):
 def test_plan_rule():
     assert rows_plan(4, 4, 56, 0) == layout(56, 4, 4)
     assert astuple(rows_plan(4, 4, 56, 0)) == (4, 4, 1, 14, 2, 4)
-    assert astuple(rows_plan(2, 2, 56, 0)) == (4, 4, 1, 14, 2, 4)
+    assert astuple(rows_plan(2, 2, 56, 0)) == (8, 8, 1, 7, 4, 3)  # 2-byte types: 16-byte vectors where 8 divides W
+    assert astuple(rows_plan(2, 2, 16, 0)) == (8, 8, 1, 2, 16, 1)
     assert astuple(rows_plan(2, 2, 14, 0)) == (2, 2, 1, 7, 4, 3)
     assert rows_plan(2, 2, 28, 0).vec == 4 and rows_plan(4, 4, 7, 0).vec == 1
     assert astuple(rows_plan(2, 2, 200, 0)) == (8, 8, 1, 25, 1, 5)  # 4 columns need 50 lanes
     # Ragged: 33 has no divisor that fits 32 lanes; scalar accesses.
     assert astuple(rows_plan(4, 4, 33, 0)) == (2, 1, 1, 17, 1, 5)
-    # fp32 y of bf16 inputs needs 16-byte alignment for 4 columns; 8-byte alignment makes it scalar.
-    assert rows_plan(2, 4, 56, 0, 8).load == 1 and rows_plan(2, 4, 56, 0, 16).load == 4
-    assert rows_plan(2, 2, 56, 0, 8).load == 4 and rows_plan(2, 2, 56, 0, 4).load == 1
+    # 8 columns only as 16-byte vectors (scalar, they spill): 8-byte alignment takes 4 columns, as
+    # vectors where y is in the input type; an fp32 y of bf16 inputs needs 16 bytes for 4 columns.
+    assert astuple(rows_plan(2, 4, 56, 0, 16))[:2] == (8, 8)
+    assert astuple(rows_plan(2, 4, 56, 0, 8))[:2] == (4, 1) and astuple(rows_plan(2, 2, 56, 0, 8))[:2] == (4, 4)
+    assert astuple(rows_plan(2, 2, 56, 0, 4))[:2] == (4, 1)
     assert rows_plan(4, 4, 129, 0) is None and rows_plan(2, 2, 257, 0) is None
     assert all(rows_plan(4, 4, 56, code) is None for code in (12, 13, 14, 15))
     assert [scan_steps(s) for s in (1, 2, 3, 7, 8, 14, 17, 32)] == [0, 1, 2, 3, 3, 4, 5, 5]
     plan = rows_plan(2, 2, 56, 7)
-    assert plan.defines(torch.bfloat16, 7) == dict(VMAMBA2D_RS_DTYPE=2, VMAMBA2D_RS_VEC=4, VMAMBA2D_RS_LOAD=4,
-                                                   VMAMBA2D_RS_ROUTE=5, VMAMBA2D_RS_PREFETCH=1, VMAMBA2D_RS_STEPS=4)
-    assert plan.blocks(128, 384) == 128 * 384 // 2 // 4
+    assert plan.defines(torch.bfloat16, 7) == dict(VMAMBA2D_RS_DTYPE=2, VMAMBA2D_RS_VEC=8, VMAMBA2D_RS_LOAD=8,
+                                                   VMAMBA2D_RS_ROUTE=5, VMAMBA2D_RS_PREFETCH=1, VMAMBA2D_RS_STEPS=3)
+    assert plan.blocks(128, 384) == 128 * 384 // 4 // 4
     with pytest.raises(ValueError, match="vec"):
         layout(100, 2, 2)
 
@@ -132,12 +135,14 @@ def _offset_by(t, elements):
 def test_vector_accesses_exactly_where_aligned(rows, dtype):
     batch, dim, height, width = 2, 4, 6, 56
     x = make_inputs(batch, dim, 1, height, width, dtype, seed=3)
-    vec = 4
+    plan = rows_plan(dtype.itemsize, dtype.itemsize, width, 0)
+    vec = plan.vec  # 4 fp32 (two maps of 14 lanes a warp), 8 bf16 (four maps of 7 lanes)
+    assert (vec, plan.load) == ((4, 4) if dtype == torch.float32 else (8, 8))
     check(run(rows, x, height, width), x, height, width)
     # Every lane of every warp loads u, delta, B, C as one vector a row (idle lanes too: vector plans
     # load unconditionally) and the last row once more (P = 1 at order 2: the refill past the map's
     # end reloads the row itself, so no load needs a predicate); every lane of a map stores y as one.
-    warps = batch * dim // 2  # two maps of 14 lanes a warp
+    warps = batch * dim // plan.maps_per_warp
     assert rows.rows_vector_accesses() == warps * 32 * (height + 1) * 4 + batch * dim * height * (width // vec)
     x["delta"] = _offset_by(x["delta"], 1)  # misaligned base: the plan falls back to scalar accesses
     check(run(rows, x, height, width), x, height, width)

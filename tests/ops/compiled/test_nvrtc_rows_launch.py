@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vmamba2d.ops.compiled import cuda_launch, kernel_cache, nvrtc, planes_launch, rows_launch, rows_plan
-from vmamba2d.ops.compiled.cuda_kernels import KERNELS, MODEL_ROWS_PLANS
+from vmamba2d.ops.compiled.cuda_kernels import KERNELS, MODEL_ROWS_PLANS_BY_DTYPE
 
 try:
     TOOLCHAIN = nvrtc.find_toolchain()
@@ -97,7 +97,8 @@ def test_model_widths_take_rs_with_a_precompiled_plan(width, dtype):
     for out_fp32 in (False, True):
         design, plan, why = rows_launch.forward_design(u, delta, A, B, C, D, bias, width, out_fp32, False)
         assert design == "rs"
-        assert (plan.vec, plan.load, plan.prefetch, plan.scan_steps) in MODEL_ROWS_PLANS
+        assert (plan.vec, plan.load, plan.prefetch, plan.scan_steps) in MODEL_ROWS_PLANS_BY_DTYPE[
+            {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]]
         assert plan.seg_lanes * plan.vec >= width and plan.seg_lanes <= 32
         assert why.startswith("PL (L = 49 <= 64): no GPU limits given; RS: ") == (width == 7)
 

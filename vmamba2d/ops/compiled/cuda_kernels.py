@@ -50,8 +50,12 @@ ROWS_SYMBOL = "vmamba2d_rows_forward"
 # csrc/cuda/entries/scan2d_rows_entry.cu's VMAMBA2D_RS_DTYPE codes.
 ROWS_DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 # The (vec, load, prefetch, scan steps) plans of the model's map widths 56 / 28 / 14 / 7 with aligned
-# tensors (vmamba2d/ops/compiled/rows_plan.py: rows_plan), in every dtype: the instances precompiled.
-MODEL_ROWS_PLANS = ((4, 4, 1, 4), (4, 4, 1, 3), (2, 2, 1, 3), (1, 1, 1, 3))
+# tensors (vmamba2d/ops/compiled/rows_plan.py: rows_plan) per input type: the instances precompiled
+# (2-byte types take 8 columns a lane at 56), and all of them.
+_HALF_ROWS_PLANS = ((8, 8, 1, 3), (4, 4, 1, 3), (2, 2, 1, 3), (1, 1, 1, 3))
+MODEL_ROWS_PLANS_BY_DTYPE = {"fp32": ((4, 4, 1, 4), (4, 4, 1, 3), (2, 2, 1, 3), (1, 1, 1, 3)),
+                             "fp16": _HALF_ROWS_PLANS, "bf16": _HALF_ROWS_PLANS}
+MODEL_ROWS_PLANS = tuple(dict.fromkeys(p for plans in MODEL_ROWS_PLANS_BY_DTYPE.values() for p in plans))
 
 
 def rows_kernel(dtype: str, vec: int, load: int, prefetch: int, steps: int, route: int = 0) -> KernelSpec:
@@ -99,7 +103,7 @@ KERNELS: dict[str, KernelSpec] = {
           for role in ("forward", "backward") for dtype in ELEMENT_TYPES for variant in VARIANTS),
         KernelSpec(name="carry_scan", source="scan2d_kernels.cuh", symbol=f"{NAMESPACE}scan2d_carry_scan_kernel",
                    defines=(("SS2D_DEFINE_CARRY_SCAN_KERNEL", ""),)),
-        *(rows_kernel(dtype, *plan) for dtype in ELEMENT_TYPES for plan in MODEL_ROWS_PLANS),
+        *(rows_kernel(dtype, *plan) for dtype in ELEMENT_TYPES for plan in MODEL_ROWS_PLANS_BY_DTYPE[dtype]),
     ]
 }
 

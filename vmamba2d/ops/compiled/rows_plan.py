@@ -17,7 +17,6 @@ WARP_LANES = 32
 ROWS_THREADS = 128  # threads per block of the RS entry (kRowsThreads)
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _FROM_BOTTOM, _COLUMNS_FIRST, _FLAT = 2, 4, 8
-MAX_DIVIDING_VEC = 4  # widest lane of a width a vector divides (see rows_plan)
 
 
 @dataclass(frozen=True)
@@ -109,14 +108,18 @@ def rows_plan(elem_bytes: int, y_bytes: int, width: int, route: int, aligned_byt
     """The RS plan of a map width, or None where RS does not apply (route not a row stream, or W
     wider than 32 lanes of 16 bytes).
 
-    V: the widest power of two up to 4 that divides W with ceil(W / V) <= 32 lanes (fewer, wider lanes
-    amortise the per-lane scan steps; 8 bf16 / fp16 columns, a 16-byte vector, spill in 64 registers
-    on sm_90: benchmarks/scan_cuda_v4_static.md); where none divides, the narrowest that fits W into
-    32 lanes (the last lane of a segment is then ragged; up to 8 columns for 2-byte types). Vector
-    accesses when V > 1 divides W and ``aligned_bytes`` (alignment of u, delta, B, C and y) holds a
-    vector of the inputs and of y, else scalar ones. P = 1 row ahead: delta, B and u of the next row
-    are loaded right after their last use, C after the row's y, so a whole row of work hides them;
-    2 rows cost registers and 10-25% more instructions per cell (sm_90; at 4 columns they spill).
+    V: the widest power of two up to a 16-byte vector (4 fp32, 8 fp16 / bf16 columns) that divides W
+    with ceil(W / V) <= 32 lanes (fewer, wider lanes amortise the per-lane scan steps; at 8 columns
+    2-byte types fit 64 registers without spills on sm_90 / sm_80 / sm_75 and take ~11% fewer SASS per
+    cell·channel than at 4 -- 34.7 against 39.1 bf16 at W = 56 on sm_90, compiler figures in
+    benchmarks/scan_cuda_v4_static.md -- with 63-64 registers, 32 warps per SM instead of 40); where
+    none divides, the narrowest that fits W into 32 lanes (the last lane of a segment is then ragged).
+    Vector accesses when V > 1 divides W and ``aligned_bytes`` (alignment of u, delta, B, C and y)
+    holds a vector of the inputs and of y, else scalar ones. 8 columns spill ~1 KiB on sm_90 with
+    scalar accesses or a ragged lane, so a width they divide takes them only as vectors (else 4); a
+    2-byte width over 128 that 8 does not divide has no other plan (ragged, spilling). P = 1 row ahead: delta, B and u of the next row are loaded
+    right after their last use, C after the row's y, so a whole row of work hides them; 2 rows cost
+    registers and 10-25% more instructions per cell (sm_90; at 4 columns they spill).
     """
     if elem_bytes not in (2, 4) or y_bytes not in (2, 4):
         raise ValueError(f"elem_bytes, y_bytes: expected 2 or 4, got {elem_bytes}, {y_bytes}")
@@ -124,11 +127,13 @@ def rows_plan(elem_bytes: int, y_bytes: int, width: int, route: int, aligned_byt
     if not route_streams_rows(route) or not 1 <= width <= WARP_LANES * max_vec:
         return None
     fits = [v for v in (8, 4, 2, 1) if v <= max_vec and -(-width // v) <= WARP_LANES]
-    vec = next((v for v in fits if v <= MAX_DIVIDING_VEC and width % v == 0), fits[-1])
-    vector = vec > 1 and width % vec == 0 and aligned_bytes % (vec * elem_bytes) == 0 \
-        and aligned_bytes % min(16, vec * y_bytes) == 0
-    return layout(width, vec, vec if vector else 1)
 
+    def vector(v: int) -> bool:
+        return v > 1 and width % v == 0 and aligned_bytes % (v * elem_bytes) == 0 \
+            and aligned_bytes % min(16, v * y_bytes) == 0
+
+    vec = next((v for v in fits if width % v == 0 and (v < 8 or vector(v))), fits[-1])
+    return layout(width, vec, vec if vector(vec) else 1)
 
 
 CROSS_ROUTE_CODES = (0, 4, 3, 7)  # vmamba2d.ops.CROSS_ROUTES' codes: the four-route kernel's routes, in order
