@@ -178,7 +178,7 @@ def report_path(out_dir: Path, env: Environment, kind: str = "gpu-check") -> Pat
 # plan
 # ------------------------------------------------------------------------------------------------
 def scan_test_files() -> list[str]:
-    found = sorted({p for pattern in TEST_FILE_PATTERNS for p in (REPO / "tests").glob(pattern)})
+    found = sorted({p for pattern in TEST_FILE_PATTERNS for p in (REPO / "tests").rglob(pattern)})
     return [str(p.relative_to(REPO)) for p in found]
 
 

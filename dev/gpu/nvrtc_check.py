@@ -9,9 +9,12 @@ Prints, for the current GPU:
   four-route forward + backward (fp32 and bf16) through the NVRTC path; wall seconds of that
   first round (it compiles the kernels it needs) and of the same round in a second fresh process
   with the filled cache (warm start);
-- equality: the same inputs through the nvcc extension (vmamba2d._C_cuda) and the NVRTC path;
-  outputs and gradients must be bitwise equal (exit 1 otherwise);
-- launch overhead: vmamba2d_tiny inference at batch 1, median milliseconds with each.
+- equality: the same inputs through the nvcc extension (vmamba2d._C_cuda) and the NVRTC path with
+  VMAMBA2D_SCAN_PLAN=v3 (the v3 kernels both compile; the NVRTC path's v4 forwards, which the nvcc
+  build does not have, are compared with v3 by dev/gpu/bench_v4.py); outputs and gradients must be
+  bitwise equal (exit 1 otherwise);
+- launch overhead: vmamba2d_tiny inference at batch 1, median milliseconds with each (NVRTC: with
+  the v3 pin, and with the design rule, which runs the v4 four-route kernel).
 
 Needs a GPU, NVRTC (torch's CUDA wheels bring it) and, for the comparisons, the built _C_cuda.
 """
@@ -149,6 +152,7 @@ def main(argv=None) -> int:
     reference = {dtype: _round(dtype) for dtype in (torch.float32, torch.bfloat16)}
     nvcc_ms = _model_ms()
     use_nvrtc()
+    os.environ["VMAMBA2D_SCAN_PLAN"] = "v3"
     for dtype, expected in reference.items():
         got = _round(dtype)
         unequal = [i for i, (a, b) in enumerate(zip(expected, got)) if not torch.equal(a, b)]
@@ -156,7 +160,10 @@ def main(argv=None) -> int:
               f"{'yes' if not unequal else f'NO (tensors {unequal} of {len(got)})'}")
         status |= bool(unequal)
     nvrtc_ms = _model_ms()
-    print(f"vmamba2d_tiny batch 1 inference: nvcc {nvcc_ms:.2f} ms, NVRTC {nvrtc_ms:.2f} ms (median of 50)")
+    os.environ["VMAMBA2D_SCAN_PLAN"] = "auto"
+    rule_ms = _model_ms()
+    print(f"vmamba2d_tiny batch 1 inference: nvcc {nvcc_ms:.2f} ms, NVRTC {nvrtc_ms:.2f} ms (v3 pinned), "
+          f"{rule_ms:.2f} ms (the design rule's v4 kernels) (medians of 50)")
     return status
 
 

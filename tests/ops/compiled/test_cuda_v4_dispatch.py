@@ -1,0 +1,79 @@
+"""The v4 forwards the NVRTC path dispatches to (PL, RS, the four-route RS kernel) on a GPU, against the
+fp64 references and against the v3 kernels (VMAMBA2D_SCAN_PLAN=v3) on the same inputs. GPU only
+(``-m cuda``; `make gpu-check` runs them); without a GPU the launch glue is tested by
+test_nvrtc_rows_launch.py / test_cross_rows_launch.py and the kernel bodies by the host emulation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from support.rows_cases import make_inputs, reference
+from vmamba2d.ops import cross_selective_scan_2d_reference
+from vmamba2d.ops.compiled import cross_rows_launch, nvrtc, rows_launch
+
+HAS_GPU = torch.cuda.is_available()
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")]
+# Largest |y - reference| / max |reference| per y type (the four-route kernel rounds a 2-byte y once
+# more, between its two sweeps).
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.4e-2}
+CODES = [0, 4, 3, 7]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from vmamba2d.ops.compiled import nvrtc_backend
+
+    try:
+        return nvrtc_backend.nvrtc_kernels()
+    except nvrtc.NvrtcUnavailable as err:
+        pytest.skip(f"no NVRTC path: {err}")
+
+
+def relative_error(y, expected) -> float:
+    return ((y.double().cpu() - expected).abs().max() / expected.abs().max()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("side,design", [(7, "pl"), (8, "pl"), (14, "rs"), (56, "rs")])
+def test_single_route_forward_by_the_rule(kernels, monkeypatch, dtype, side, design):
+    x = make_inputs(3, 24, 2, side, side, dtype, seed=side)
+    gpu = {k: (v.cuda() if v is not None else None) for k, v in x.items()}
+    args = (gpu["u"], gpu["delta"], gpu["A"], gpu["B"], gpu["C"], gpu["D"], gpu["delta_bias"])
+    device = kernels.launcher.device_info(gpu["u"].device.index)
+    assert rows_launch.forward_design(*args, side, False, False, device)[0] == design
+    expected = reference(x, side, side, 0)
+    for out_fp32 in (False, True):
+        y = kernels.forward(*args, True, side, side, out_fp32, False)[0]
+        assert y.dtype == (torch.float32 if out_fp32 else dtype)
+        assert relative_error(y, expected) <= TOLERANCE[torch.float32 if out_fp32 else dtype]
+    monkeypatch.setenv(rows_launch.PLAN_ENV, "v3")
+    v3 = kernels.forward(*args, True, side, side, False, False)[0]
+    assert relative_error(v3, expected) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("side", [56, 14, 7])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_four_route_forward_by_the_rule(kernels, monkeypatch, dtype, side, channels_last):
+    g = torch.Generator().manual_seed(side)
+    batch, dim = 2, 16
+    u = torch.randn(batch, dim, side, side, generator=g)
+    delta = torch.randn(batch, 4, dim, side, side, generator=g) * 0.5 - 1.0
+    B, C = (torch.randn(batch, 4, 1, side, side, generator=g) for _ in range(2))
+    A = -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05)
+    D, bias = torch.randn(4 * dim, generator=g), torch.randn(4 * dim, generator=g) * 0.3
+    u, delta, B, C = (t.to(dtype) for t in (u, delta, B, C))  # A, D, delta_bias stay fp32
+    expected = cross_selective_scan_2d_reference(*(t.double() for t in (u, delta, A, B, C, D, bias)), True,
+                                                 routes="cross")
+    on_gpu = [t.cuda() for t in (u, delta, A, B, C, D, bias)]
+    if channels_last:
+        on_gpu[0] = on_gpu[0].contiguous(memory_format=torch.channels_last)
+    assert cross_rows_launch.cross_forward_design(*on_gpu, CODES, False)[0] == "rs"
+    for out_fp32 in (False, True):
+        y = kernels.cross_forward(*on_gpu, True, CODES, out_fp32)
+        assert y.dtype == (torch.float32 if out_fp32 else dtype) and y.shape == u.shape
+        assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        assert relative_error(y, expected) <= TOLERANCE[torch.float32 if out_fp32 else dtype]
+    monkeypatch.setenv(rows_launch.PLAN_ENV, "v3")
+    v3 = kernels.cross_forward(*on_gpu, True, CODES, False)
+    assert relative_error(v3, expected) <= TOLERANCE[dtype]
