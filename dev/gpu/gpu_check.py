@@ -191,8 +191,9 @@ UNCACHED_SANITIZERS = ("memcheck", "initcheck")
 # it), the Triton smoke test 6 s, bench-scan 50 s, cross-scan 27 s, each model benchmark 55-60 s,
 # the v3-vs-v2 timing 20 s, memcheck 26 s, racecheck 20 s, synccheck 14 s; initcheck on both
 # backends did not finish in 125 s, so it checks the CUDA kernel alone.
-# bench-v4 (v4 RS vs v3 forward, dev/gpu/bench_v4.py) is not measured yet; its 45 s come from build (to
-# 110), bench-scan (to 45) and bench-versions (to 20), which cut their own rows to their --max-seconds.
+# bench-v4 (v4 PL / RS / four-route RS vs v3 forward, dev/gpu/bench_v4.py) is not measured yet; its 45 s
+# come from build (to 110), bench-scan (to 45) and bench-versions (to 20), which cut their own rows to
+# their --max-seconds; it times its rows most-wanted first and marks the rest skipped.
 BUDGETS_S = {"build": 110, "tests": 110, "bench-v4": 45, "triton-reverse-scan": 10, "bench-scan": 45,
              "bench-cross-scan": 30, "bench-model-fp32": 60, "bench-model-bf16": 60, "bench-versions": 20,
              "sanitize-memcheck": 30, "sanitize-racecheck": 20, "sanitize-synccheck": 15, "sanitize-initcheck": 20}

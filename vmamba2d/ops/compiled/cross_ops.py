@@ -8,8 +8,11 @@
 
 Implemented by the CPU and CUDA extensions (``cross_forward`` / ``cross_backward``), which scan
 every route in place on the map (shapes in :func:`vmamba2d.ops.cross_selective_scan_2d`;
-``routes`` are :attr:`Route.code` values; the CUDA kernel runs one launch per route and reads a
-channels-last ``u`` through one contiguous copy, writing y / du back channels-last). With
+``routes`` are :attr:`Route.code` values; the CUDA forward runs VMamba's cross routes at N = 1 as one
+launch of the v4 four-route kernel where the design rule picks it (NVRTC path:
+``cross_rows_launch``; routes summed on chip, y written once in the type asked), else one v3 launch
+per route; either reads a channels-last ``u`` through one contiguous copy, writing y / du back
+channels-last). With
 ``delta_proj_weight`` (K, dim, R), delta is the low-rank (batch, K, R, H, W): the CPU kernel
 projects each channel's step sizes where it reads them (no full-rank delta is stored), the CUDA
 kernel gets delta projected first (:func:`~vmamba2d.ops.delta_proj.project_delta`). The backward
