@@ -86,8 +86,9 @@ SS2D_HD SS2D_INLINE constexpr int band_slots() {
 SS2D_HD SS2D_INLINE float sigmoid_from_dt(float z, float dt) { return exp2_flush((z - dt) * kLog2e); }
 
 // E: element traits (as RowsForward); kV columns per lane, kLoad elements per access (kV or 1),
-// kSteps: the segmented scans' steps, rows_scan_steps(seg_lanes), or -1 to take it at run time.
-template <class E, int kV, int kLoad, int kSteps>
+// kSteps: the segmented scans' steps, rows_scan_steps(seg_lanes), kMaps: maps_per_warp (the dB / dC
+// sums over the maps unroll), each -1 to take it at run time (the host emulation).
+template <class E, int kV, int kLoad, int kSteps, int kMaps>
 struct RowsBackward {
   using Raw = typename E::Raw;
   static constexpr int kChunks = kV / kLoad;
@@ -160,7 +161,7 @@ SS2D_UNROLL
     const long long L = static_cast<long long>(H) * W;
     const long long maps = static_cast<long long>(p.batch) * p.dim;
     const int S = p.seg_lanes;
-    const int M = p.maps_per_warp;
+    const int M = kMaps >= 0 ? kMaps : p.maps_per_warp;
     const int cpg = p.dim / p.groups;
     const int steps = kSteps >= 0 ? kSteps : rows_scan_steps(S);
     const int carry_rows = rows_carry_rows(H);
@@ -347,7 +348,7 @@ SS2D_UNROLL
         suffix_scan(ctx, sa, sb, ta, tb, steps);
         ctx.shfl_down(tb, sb, 1);
         // The second pass: R per column, the cell gradients, dB / dC contributions of the lane.
-        float dB_row[K][kV], dC_row[K][kV];
+        float dB_row[kV][K], dC_row[kV][K];  // k-major: column k's values of the warp's lanes
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
           Lane& l = lanes[q];
@@ -378,8 +379,8 @@ SS2D_UNROLL
             const float dz = p.softplus ? ddt * sigmoid_from_dt(z_row[q][k], dt) : ddt;
             du_out[k] = E::from_float(fmaf(dyv, l.skip, dxdt * bv[k]));
             dd_out[k] = E::from_float(dz);
-            dB_row[q][k] = on ? dxdt * uv[k] : 0.f;
-            dC_row[q][k] = on ? dyv * h : 0.f;
+            dB_row[k][q] = on ? dxdt * uv[k] : 0.f;
+            dC_row[k][q] = on ? dyv * h : 0.f;
             l.acc_da += on ? da_a * dt : 0.f;
             l.acc_dd += on ? dyv * uv[k] : 0.f;
             l.acc_db += on ? dz : 0.f;
@@ -389,31 +390,47 @@ SS2D_UNROLL
           store_row(ctx, ctx.offset(du, ctx.fresh(lane_m[q])), off, in, du_out);
           store_row(ctx, ctx.offset(ddelta, ctx.fresh(lane_m[q])), off, in, dd_out);
         });
-        // dB / dC of the row summed over the warp's segments, segment 0 first, 1, ... M - 1.
-        float own_b[K], own_c[K];
+        // dB / dC of the row summed over the warp's segments, segment 0 first, 1, ... M - 1: one
+        // shuffle a column and tensor per further segment.
+        float sum_b[kV][K], sum_c[kV][K], t_b[kV][K], t_c[kV][K];
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
 SS2D_UNROLL
-        for (int k = 0; k < kV; ++k) {
-          ctx.each_lane([&](int lane) {
-            own_b[ctx.slot(lane)] = dB_row[ctx.slot(lane)][k];
-            own_c[ctx.slot(lane)] = dC_row[ctx.slot(lane)][k];
-          });
-          for (int m = 1; m < M; ++m) {
-            ctx.shfl_down(ta, own_b, m * S);
-            ctx.shfl_down(tb, own_c, m * S);
-            ctx.each_lane([&](int lane) {
-              const int q = ctx.slot(lane);
-              dB_row[q][k] += ta[q];
-              dC_row[q][k] += tb[q];
-            });
+          for (int k = 0; k < kV; ++k) {
+            sum_b[k][q] = dB_row[k][q];
+            sum_c[k][q] = dC_row[k][q];
           }
+        });
+SS2D_UNROLL
+        for (int m = 1; m < (kMaps >= 0 ? kMaps : kWarpLanes); ++m) {
+          if (m >= M) break;
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) {
+            ctx.shfl_down(t_b[k], dB_row[k], m * S);
+            ctx.shfl_down(t_c[k], dC_row[k], m * S);
+          }
+          ctx.each_lane([&](int lane) {
+            const int q = ctx.slot(lane);
+SS2D_UNROLL
+            for (int k = 0; k < kV; ++k) {
+              sum_b[k][q] += t_b[k][q];
+              sum_c[k][q] += t_c[k][q];
+            }
+          });
         }
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
           const Lane& l = lanes[q];
           // Segment 0's lanes hold the sums; the other segments' lanes store nothing.
           const unsigned in = lane < S ? chunk_bits(column_bits(l.s, W)) : 0u;
-          store_row(ctx, ctx.offset(dBC, ctx.fresh(lane_w[q])), off, in, dB_row[q]);
-          store_row(ctx, ctx.offset(dBC, ctx.fresh(lane_w[q]) + part_plane), off, in, dC_row[q]);
+          float vb[kV], vc[kV];
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) {
+            vb[k] = sum_b[k][q];
+            vc[k] = sum_c[k][q];
+          }
+          store_row(ctx, ctx.offset(dBC, ctx.fresh(lane_w[q])), off, in, vb);
+          store_row(ctx, ctx.offset(dBC, ctx.fresh(lane_w[q]) + part_plane), off, in, vc);
         });
       }
     }

@@ -34,15 +34,16 @@ SS2D_HD constexpr int rows_backward_smem_floats() {
 }
 
 // Warp w of the grid takes item w; `smem` holds rows_backward_smem_floats<kV>() floats.
-template <class E, int kV, int kLoad, int kSteps>
+template <class E, int kV, int kLoad, int kSteps, int kMaps>
 __device__ SS2D_INLINE void rows_backward_kernel(const RowsBackwardParams& p, float* smem) {
   static_assert(kSteps >= 0 && kSteps <= kScanSteps, "kSteps: rows_scan_steps of the plan");
-  if ((1 << kSteps) < p.seg_lanes) __trap();
+  static_assert(kMaps >= 1 && kMaps <= kWarpLanes, "kMaps: maps_per_warp of the plan");
+  if ((1 << kSteps) < p.seg_lanes || p.maps_per_warp != kMaps) __trap();  // compiled for another plan
   RowsBackwardDeviceCtx ctx;
   ctx.band = smem + (threadIdx.x / kWarpLanes) * band_slots<kV>() * kWarpLanes;
   const long long item = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
   if (item >= rows_backward_items(p)) return;
-  RowsBackward<E, kV, kLoad, kSteps>::run(ctx, p, item);
+  RowsBackward<E, kV, kLoad, kSteps, kMaps>::run(ctx, p, item);
 }
 
 // The route-0 forward that also stores the band carries (RowsForward::run_saving).

@@ -308,14 +308,24 @@ struct SaveJob {
   }
 };
 
+template <class E, int kV, int kLoad, int kMaps>
+void run_backward_with(const RowsBackwardParams& p, int64_t order, const Outputs& outputs) {
+  Schedule schedule(order);
+  for (int64_t item : schedule.permutation(rows_backward_items(p))) {
+    BackwardHostCtx ctx(item, schedule, outputs, band_slots<kV>());
+    RowsBackward<E, kV, kLoad, -1, kMaps>::run(ctx, p, item);
+  }
+}
+
 template <class E, int kV, int kLoad>
 struct BackwardJob {
+  // Even orders run the maps per warp compiled in (as the GPU entry, VMAMBA2D_RSB_MAPS) where the
+  // plan has 2 or 4 (the model's widths), odd orders take it at run time: the runs across orders
+  // hold the two forms bit-equal.
   static void run(const RowsBackwardParams& p, int64_t order, const Outputs& outputs) {
-    Schedule schedule(order);
-    for (int64_t item : schedule.permutation(rows_backward_items(p))) {
-      BackwardHostCtx ctx(item, schedule, outputs, band_slots<kV>());
-      RowsBackward<E, kV, kLoad, -1>::run(ctx, p, item);
-    }
+    if (order % 2 == 0 && p.maps_per_warp == 2) return run_backward_with<E, kV, kLoad, 2>(p, order, outputs);
+    if (order % 2 == 0 && p.maps_per_warp == 4) return run_backward_with<E, kV, kLoad, 4>(p, order, outputs);
+    run_backward_with<E, kV, kLoad, -1>(p, order, outputs);
   }
 };
 

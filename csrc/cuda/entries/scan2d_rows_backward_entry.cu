@@ -5,6 +5,7 @@
 //   VMAMBA2D_RSB_VEC       RowsPlan::vec (1, 2 or 4)
 //   VMAMBA2D_RSB_LOAD      RowsPlan::load
 //   VMAMBA2D_RSB_STEPS     RowsPlan::scan_steps
+//   VMAMBA2D_RSB_MAPS      RowsPlan::maps_per_warp (the backward only)
 //   VMAMBA2D_RSB_SAVE      1: the entry is vmamba2d_rows_forward_save instead, the route-0 forward
 //                          that also stores the band carries (RowsParams, then float* carries)
 //   VMAMBA2D_RSB_PREFETCH  RowsPlan::prefetch (the saving forward only)
@@ -26,6 +27,9 @@
 #endif
 #ifndef VMAMBA2D_RSB_STEPS
 #define VMAMBA2D_RSB_STEPS 4
+#endif
+#ifndef VMAMBA2D_RSB_MAPS
+#define VMAMBA2D_RSB_MAPS 2
 #endif
 #ifndef VMAMBA2D_RSB_PREFETCH
 #define VMAMBA2D_RSB_PREFETCH 1
@@ -73,6 +77,6 @@ extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMB
   using namespace vmamba2d::rows;
   __shared__ float band[rows_backward_smem_floats<VMAMBA2D_RSB_VEC>()];
   rows_backward_kernel<BackwardElement<VMAMBA2D_RSB_DTYPE>::type, VMAMBA2D_RSB_VEC, VMAMBA2D_RSB_LOAD,
-                       VMAMBA2D_RSB_STEPS>(p, band);
+                       VMAMBA2D_RSB_STEPS, VMAMBA2D_RSB_MAPS>(p, band);
 }
 #endif

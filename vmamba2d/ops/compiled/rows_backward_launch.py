@@ -73,8 +73,10 @@ def carry_rows(height: int) -> int:
 def backward_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
     """The NVRTC entry of the backward for a plan and input type."""
     defines = (("VMAMBA2D_RSB_DTYPE", ROWS_DTYPE_CODES[_DTYPE_NAMES[dtype]]), ("VMAMBA2D_RSB_VEC", plan.vec),
-               ("VMAMBA2D_RSB_LOAD", plan.load), ("VMAMBA2D_RSB_STEPS", plan.scan_steps))
-    return KernelSpec(name=f"rows_backward.{_DTYPE_NAMES[dtype]}.v{plan.vec}l{plan.load}s{plan.scan_steps}",
+               ("VMAMBA2D_RSB_LOAD", plan.load), ("VMAMBA2D_RSB_STEPS", plan.scan_steps),
+               ("VMAMBA2D_RSB_MAPS", plan.maps_per_warp))
+    return KernelSpec(name=f"rows_backward.{_DTYPE_NAMES[dtype]}.v{plan.vec}l{plan.load}s{plan.scan_steps}"
+                           f"m{plan.maps_per_warp}",
                       source=SOURCE, symbol=BACKWARD_SYMBOL, name_expression=False,
                       defines=tuple((name, str(value)) for name, value in defines))
 
