@@ -1,7 +1,7 @@
 """The RS kernels' compiled-in scan steps on the host emulation. The GPU entry
 (csrc/cuda/entries/scan2d_rows_entry.cu) compiles the segmented scan's step count in
 (VMAMBA2D_RS_STEPS = RowsPlan.scan_steps); the emulation runs those instances for every plan the
-model and the benchmark widths produce (single route: MODEL_ROWS_PLANS; four routes: cross_vec's),
+model and the benchmark widths produce (single route: MODEL_ROWS_PLANS; four routes: cross_plan's),
 each against the fp64 reference and bit-equal to the run-time step count, and Python's
 scan_steps is held against the kernel's rule (rows_scan_steps) at every width and lane width.
 """
@@ -12,10 +12,9 @@ import torch
 
 from support.cuda_emulation_build import rows_emulation
 from support.rows_cases import make_inputs, reference
-from support.script_loading import load_script
 from vmamba2d.ops import cross_selective_scan_2d_reference
 from vmamba2d.ops.compiled.cuda_kernels import MODEL_ROWS_PLANS
-from vmamba2d.ops.compiled.rows_plan import WARP_LANES, layout, rows_plan, scan_steps, tuning_candidates
+from vmamba2d.ops.compiled.rows_plan import WARP_LANES, cross_plan, layout, rows_plan, tuning_candidates
 
 MODEL_WIDTHS = (56, 28, 14, 7)  # vmamba2d_tiny's stages, the benchmark shapes (dev/gpu/bench_v4.py)
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -29,10 +28,6 @@ ROUTES = [0, 5, 11]
 @pytest.fixture(scope="module")
 def rows():
     return rows_emulation()
-
-
-def cross_vec(width: int) -> int:
-    return load_script("dev/gpu/v4_static_report.py", "script_v4_static_report").cross_vec(width)
 
 
 def relative_error(y, expected) -> float:
@@ -54,10 +49,11 @@ def test_plan_scan_steps_are_the_kernels_rule(rows, vec):
 
 @pytest.mark.parametrize("elem_bytes", [2, 4])
 def test_rows_plan_scan_steps_are_the_kernels_rule(rows, elem_bytes):
+    # The single-route plan and the four-route one, wherever they apply.
     for width in range(1, 257):
-        plan = rows_plan(elem_bytes, elem_bytes, width, 0)
-        if plan is not None:
-            assert plan.scan_steps == rows.rows_scan_steps(plan.seg_lanes), (width, elem_bytes)
+        for plan in (rows_plan(elem_bytes, elem_bytes, width, 0), cross_plan(elem_bytes, elem_bytes, width)):
+            if plan is not None:
+                assert plan.scan_steps == rows.rows_scan_steps(plan.seg_lanes), (width, elem_bytes, plan)
 
 
 def model_instances() -> set[tuple[int, int, int, int]]:
@@ -75,7 +71,12 @@ def test_model_and_benchmark_plans_are_compiled_in(rows):
     single, cross = rows.rows_compiled_steps_plans()
     assert set(MODEL_ROWS_PLANS) <= model_instances()  # the precompiled table (P = 1) is among them
     assert set(single) == model_instances()  # every one, and nothing else (each instance is build time)
-    assert set(cross) == {(cross_vec(w), cross_vec(w), 1, scan_steps(w // cross_vec(w))) for w in MODEL_WIDTHS}
+    cross_instances = set()
+    for width in MODEL_WIDTHS:
+        for elem_bytes in (2, 4):
+            plan = cross_plan(elem_bytes, elem_bytes, width)
+            cross_instances.add((plan.vec, plan.load, 1, plan.scan_steps))
+    assert set(cross) == cross_instances
 
 
 def run(rows, x, width, route, order, steps=None, y_fp32=False):
@@ -134,14 +135,14 @@ def test_too_few_compiled_steps_trap(rows):
 
 def cross_run(rows, x, order, steps=None):
     batch, dim, height, width = x["u"].shape
-    vec = cross_vec(width)
+    plan = cross_plan(x["u"].element_size(), x["u"].element_size(), width)
     length = height * width
     kwargs = {} if steps is None else {"steps": steps}
     y = rows.rows_cross_forward(
         x["u"].reshape(batch, dim, length), x["delta"].reshape(batch, 4 * dim, length), x["A"],
         x["B"].reshape(batch, 4, 1, length), x["C"].reshape(batch, 4, 1, length), x["D"], x["delta_bias"], True,
-        height, width, False, order, vec, vec, **kwargs)
-    return y.reshape(batch, dim, height, width), scan_steps(width // vec)
+        height, width, False, order, plan.vec, plan.load, **kwargs)
+    return y.reshape(batch, dim, height, width), plan.scan_steps
 
 
 def cross_inputs(dim, height, width, dtype, seed):
