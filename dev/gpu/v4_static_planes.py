@@ -35,10 +35,7 @@ figure plus ~3%: a ratchet, not the issue's target of 22).
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
-import platform
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -46,13 +43,30 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
-CUDA_SOURCES = REPO / "csrc" / "cuda"
-ENTRY = CUDA_SOURCES / "entries" / "scan2d_planes_entry.cu"
+
+
+def _load_report():
+    """dev/gpu/v4_static_report.py, whose compile, parse and output helpers this report shares."""
+    spec = importlib.util.spec_from_file_location("vmamba2d_v4_static_report_for_planes",
+                                                  REPO / "dev" / "gpu" / "v4_static_report.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _load_report()
+sass_report = report.sass_report
+planes_launch = report.load_module("vmamba2d_planes_launch_for_report",
+                                   REPO / "vmamba2d" / "ops" / "compiled" / "planes_launch.py")
+find_tools = report.find_tools
+elem_bytes = report.elem_bytes
+
+ENTRY = report.CUDA_SOURCES / "entries" / "scan2d_planes_entry.cu"
 SYMBOL = "vmamba2d_planes_forward"
-ARCHS = ("sm_90", "sm_80", "sm_75")
-DTYPES = ("fp32", "bf16", "fp16")
+ARCHS = report.ARCHS
+DTYPES = report.DTYPES
 SHAPES = ((7, 7), (8, 8), (3, 5))
-MAX_REGISTERS = 64
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 # (shared memory per CTA opt-in, per SM, reserved per CTA) of the archs' flagship GPUs (H100 / A100 / T4).
 SMEM = {"sm_90": (232448, 233472, 1024), "sm_80": (166912, 167936, 1024), "sm_75": (65536, 65536, 0)}
@@ -60,19 +74,6 @@ MODEL_MAPS = (128, 3072)  # batch x channels of vmamba2d_tiny's 7 x 7 stage at b
 # SASS per cell·channel of the chunk loop on sm_90 that CI holds, per (dtype, (H, W)).
 # Committed kernel (nvcc 13.0): 59.2 / 54.9 / 54.6.
 LOOP_BUDGET = {("fp32", (7, 7)): 61.0, ("bf16", (7, 7)): 56.5, ("fp16", (7, 7)): 56.5}
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sass_report = _load("vmamba2d_sass_report", REPO / "dev" / "gpu" / "sass_report.py")
-ptxas_report = sass_report.ptxas_report
-planes_launch = _load("vmamba2d_planes_launch_for_report", REPO / "vmamba2d" / "ops" / "compiled" / "planes_launch.py")
 
 
 @dataclass
@@ -97,14 +98,10 @@ class Row:
         return f"PL {self.arch} {self.dtype} {self.height}x{self.width}"
 
 
-def _elem_bytes(dtype: str) -> int:
-    return 4 if dtype == "fp32" else 2
-
-
 def plan_for(arch: str, dtype: str, height: int, width: int):
     """The launcher's plan on the arch's flagship GPU for the model's maps (route 0, aligned tensors)."""
     per_block, per_sm, reserved = SMEM[arch]
-    return planes_launch.planes_plan(_elem_bytes(dtype), False, *MODEL_MAPS, 1, height, width, 0, 16, per_block,
+    return planes_launch.planes_plan(elem_bytes(dtype), False, *MODEL_MAPS, 1, height, width, 0, 16, per_block,
                                      per_sm, reserved)
 
 
@@ -122,16 +119,6 @@ def bank_conflict_ways(length: int, elem: int, copy: int = 16) -> int:
                 banks.setdefault(word % 32, set()).add(word)
             worst = max(worst, max(len(words) for words in banks.values()))
     return worst
-
-
-def compile_cubin(nvcc: str, arch: str, defines: dict[str, int], workdir: Path) -> tuple[Path, str]:
-    cubin = workdir / f"pl_{arch}_{'_'.join(str(v) for v in defines.values())}.cubin"
-    cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-Xptxas", "-v", f"-I{CUDA_SOURCES}",
-           *[f"-D{k}={v}" for k, v in defines.items()], str(ENTRY), "-o", str(cubin)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"nvcc failed for {arch} {defines}:\n{done.stderr}")
-    return cubin, done.stderr + done.stdout
 
 
 def _own_ops(instructions, blocks, body: set[int], children: list[set[int]]) -> set[str]:
@@ -183,15 +170,9 @@ def analyse(nvcc: str, disassembler: str, arch: str, dtype: str, height: int, wi
     plan = plan_for(arch, dtype, height, width)
     defines = {"VMAMBA2D_PL_DTYPE": DTYPE_CODES[dtype], "VMAMBA2D_PL_HEIGHT": height, "VMAMBA2D_PL_WIDTH": width,
                "VMAMBA2D_PL_ROUTE": 0, "VMAMBA2D_PL_COPY": plan.copy_bytes}
-    cubin, log = compile_cubin(nvcc, arch, defines, workdir)
-    kernels = [k for k in ptxas_report.parse_ptxas(log, ENTRY.name, arch) if k.entry]
-    if len(kernels) != 1:
-        raise RuntimeError(f"expected one entry in the ptxas report, got {len(kernels)}")
-    res = kernels[0]
-    sass = subprocess.run([disassembler, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    instructions, labels = sass_report.parse_sass(sass)[SYMBOL]
-    barriers = sum(1 for i in instructions if i.base in ("BAR", "BARRIER"))
-    elem, length, copy = _elem_bytes(dtype), height * width, plan.copy_bytes
+    compiled = report.compile_entry(nvcc, disassembler, arch, defines, workdir, SYMBOL, ENTRY, "pl")
+    res, instructions, labels = compiled.resources, compiled.instructions, compiled.labels
+    elem, length, copy = elem_bytes(dtype), height * width, plan.copy_bytes
     plane = length * elem
 
     def pieces_per_thread(first: int, count: int) -> int:
@@ -205,7 +186,7 @@ def analyse(nvcc: str, disassembler: str, arch: str, dtype: str, height: int, wi
     trip = chunk_trip(instructions, labels, per_in, pieces_per_thread(first, plan.chunk), copy)
     # y in the input type is staged over u: the two buffers are all the shared memory, one in flight.
     return Row(arch, dtype, height, width, plan.chunk, res.registers, res.spill_stores + res.spill_loads,
-               res.stack_bytes, barriers, None if trip is None else trip / length, plan.smem / 1024,
+               res.stack_bytes, compiled.barriers, None if trip is None else trip / length, plan.smem / 1024,
                plan.ctas_per_sm * plan.chunk // 32, plan.ctas_per_sm * plan.smem / 2 / 1024,
                bank_conflict_ways(length, elem))
 
@@ -219,10 +200,7 @@ def run(nvcc: str, disassembler: str, archs, dtypes, shapes) -> list[Row]:
 def budget_failures(rows: list[Row]) -> list[str]:
     out = []
     for r in rows:
-        if r.registers > MAX_REGISTERS:
-            out.append(f"{r.label}: {r.registers} registers > {MAX_REGISTERS}")
-        if r.spill_bytes or r.stack_bytes:
-            out.append(f"{r.label}: {r.spill_bytes} bytes of spills, {r.stack_bytes} bytes of stack")
+        out += report.resource_failures(r.label, r.registers, r.spill_bytes, r.stack_bytes)
         if r.barriers != 4:
             out.append(f"{r.label}: {r.barriers} block barriers (2 per chunk loop, 2 loops expected)")
         if r.per_cell_channel is None and r.arch != "sm_75":
@@ -246,18 +224,9 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def find_tools(nvcc: Optional[str]) -> tuple[Optional[str], Optional[str]]:
-    report = _load("vmamba2d_v4_static_report_for_planes", REPO / "dev" / "gpu" / "v4_static_report.py")
-    return report.find_tools(nvcc)
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nvcc", help="nvcc to use (default: PATH, /usr/local/cuda)")
-    parser.add_argument("--archs", nargs="+", default=list(ARCHS))
-    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
-    parser.add_argument("--write", type=Path, help="also write the table with machine, date and commit")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a budget is broken")
+    report.add_arguments(parser)
     args = parser.parse_args(argv)
     nvcc, disassembler = find_tools(args.nvcc)
     if nvcc is None or disassembler is None:
@@ -270,19 +239,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     for f in failures:
         print("BUDGET:", f)
     if args.write:
-        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip()
-        args.write.write_text(
-            "# v4 one-plane-per-lane forward (PL): static figures\n\n"
-            f"Written by `dev/gpu/v4_static_planes.py --write` on {platform.node()} ({platform.machine()}, {version}), "
-            f"{stamp}, commit {commit}. No GPU ran: these are compiler figures; bytes in flight are an estimate "
-            "from the plan and bank conflicts come from the layout. Route 0, 16-byte copies, y in the input type, "
-            "N = 1, 128 x 3072 maps in one group (the model's 7 x 7 stage at batch 128). sm_75: no SASS figure "
-            "(ptxas versions its copy loops; see the tool's docstring) and its copies are synchronous, so its "
-            "in-flight column is only the buffer size.\n\n"
-            + table + "\n" + "".join(f"\nBudget broken: {f}" for f in failures) + "\n")
+        report.write_report(
+            args.write, "v4 one-plane-per-lane forward (PL): static figures", "v4_static_planes.py", nvcc,
+            "No GPU ran: these are compiler figures; bytes in flight are an estimate from the plan and bank "
+            "conflicts come from the layout. Route 0, 16-byte copies, y in the input type, N = 1, 128 x 3072 maps "
+            "in one group (the model's 7 x 7 stage at batch 128). sm_75: no SASS figure (ptxas versions its copy "
+            "loops; see the tool's docstring) and its copies are synchronous, so its in-flight column is only the "
+            "buffer size.", table, failures)
     return 1 if args.check and failures else 0
 
 

@@ -68,7 +68,8 @@ CROSS_LOOP_BUDGET = {
 }
 
 
-def _load(name: str, path: Path):
+def load_module(name: str, path: Path):
+    """The Python file at ``path`` run as module ``name`` (registered in sys.modules)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -76,9 +77,9 @@ def _load(name: str, path: Path):
     return module
 
 
-sass_report = _load("vmamba2d_sass_report", REPO / "dev" / "gpu" / "sass_report.py")
+sass_report = load_module("vmamba2d_sass_report", REPO / "dev" / "gpu" / "sass_report.py")
 ptxas_report = sass_report.ptxas_report
-rows_plan_module = _load("vmamba2d_rows_plan", REPO / "vmamba2d" / "ops" / "compiled" / "rows_plan.py")
+rows_plan_module = load_module("vmamba2d_rows_plan", REPO / "vmamba2d" / "ops" / "compiled" / "rows_plan.py")
 
 
 @dataclass
@@ -103,28 +104,70 @@ class Row:
         return f"{self.arch} {self.dtype} W={self.width}"
 
 
-def _elem_bytes(dtype: str) -> int:
+def elem_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
 def plan_for(dtype: str, width: int, route: int = 0):
     import torch
 
-    size = _elem_bytes(dtype)
+    size = elem_bytes(dtype)
     plan = rows_plan_module.rows_plan(size, size, width, route, 16)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     return plan, plan.defines(torch_dtype, route)
 
 
-def compile_cubin(nvcc: str, arch: str, defines: dict[str, int], workdir: Path) -> tuple[Path, str]:
-    name = "_".join(str(v) for v in defines.values())
-    cubin = workdir / f"rs_{arch}_{name}.cubin"
+def compile_cubin(nvcc: str, arch: str, defines: dict[str, int], workdir: Path, entry: Path = ENTRY,
+                  prefix: str = "rs") -> tuple[Path, str]:
+    """``entry`` compiled with nvcc for ``arch`` under ``defines`` into workdir: (cubin, ptxas's log)."""
+    cubin = workdir / f"{prefix}_{arch}_{'_'.join(str(v) for v in defines.values())}.cubin"
     cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-Xptxas", "-v", f"-I{CUDA_SOURCES}",
-           *[f"-D{k}={v}" for k, v in defines.items()], str(ENTRY), "-o", str(cubin)]
+           *[f"-D{k}={v}" for k, v in defines.items()], str(entry), "-o", str(cubin)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"nvcc failed for {arch} {defines}:\n{done.stderr}")
     return cubin, done.stderr + done.stdout
+
+
+@dataclass
+class Compiled:
+    """One extern "C" entry compiled to a cubin: ptxas's figures of it (ptxas_report's record:
+    registers, spill_stores, spill_loads, stack_bytes), its SASS and its block barriers (BAR)."""
+
+    resources: object
+    instructions: list
+    labels: dict
+    barriers: int
+
+
+def compile_entry(nvcc: str, disassembler: str, arch: str, defines: dict[str, int], workdir: Path, symbol: str,
+                  entry: Path = ENTRY, prefix: str = "rs") -> Compiled:
+    """compile_cubin, then the entry ``symbol``'s ptxas record and disassembly (nvdisasm -c)."""
+    cubin, log = compile_cubin(nvcc, arch, defines, workdir, entry, prefix)
+    kernels = [k for k in ptxas_report.parse_ptxas(log, entry.name, arch) if k.entry]
+    if len(kernels) != 1:
+        raise RuntimeError(f"expected one entry in the ptxas report, got {len(kernels)}")
+    sass = subprocess.run([disassembler, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    instructions, labels = sass_report.parse_sass(sass)[symbol]
+    barriers = sum(1 for i in instructions if i.base in ("BAR", "BARRIER"))
+    return Compiled(kernels[0], instructions, labels, barriers)
+
+
+def resident_warps(registers: int, arch: str) -> int:
+    """Warps per SM of 128-thread blocks without shared memory at ``registers`` per thread (allocated
+    256 a warp; 64K registers, 64 warps per SM, 32 on sm_75)."""
+    per_warp = -(-max(registers, 1) * 32 // 256) * 256
+    return min(65536 // per_warp // 4 * 4, 64 if arch != "sm_75" else 32)
+
+
+def resource_failures(label: str, registers: int, spill_bytes: int, stack_bytes: int) -> list[str]:
+    """The budgets every v4 instance keeps: <= MAX_REGISTERS registers, no spills, no stack."""
+    out = []
+    if registers > MAX_REGISTERS:
+        out.append(f"{label}: {registers} registers > {MAX_REGISTERS}")
+    if spill_bytes or stack_bytes:
+        out.append(f"{label}: {spill_bytes} bytes of spills, {stack_bytes} bytes of stack")
+    return out
 
 
 def streaming_loop(instructions, labels):
@@ -152,15 +195,8 @@ def streaming_loop(instructions, labels):
 
 def analyse(nvcc: str, disassembler: str, arch: str, dtype: str, width: int, workdir: Path, route: int = 0) -> Row:
     plan, defines = plan_for(dtype, width, route)
-    cubin, log = compile_cubin(nvcc, arch, defines, workdir)
-    kernels = [k for k in ptxas_report.parse_ptxas(log, ENTRY.name, arch) if k.entry]
-    if len(kernels) != 1:
-        raise RuntimeError(f"expected one entry in the ptxas report, got {len(kernels)}")
-    res = kernels[0]
-    sass = subprocess.run([disassembler, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    functions = sass_report.parse_sass(sass)
-    instructions, labels = functions["vmamba2d_rows_forward"]
-    barriers = sum(1 for i in instructions if i.base in ("BAR", "BARRIER"))
+    compiled = compile_entry(nvcc, disassembler, arch, defines, workdir, "vmamba2d_rows_forward")
+    res, instructions, labels = compiled.resources, compiled.instructions, compiled.labels
     blocks, body, fallback = streaming_loop(instructions, labels)
     loop = per_cell = None
     if body is not None:
@@ -173,12 +209,11 @@ def analyse(nvcc: str, disassembler: str, arch: str, dtype: str, width: int, wor
         rows = ups / {0: 1, 1: 2}.get(plan.scan_steps, 3)
         if loop is not None and rows >= 1:
             per_cell = loop * 32 / (rows * plan.maps_per_warp * width)
-    registers = max(res.registers, 1)
-    per_warp = -(-registers * 32 // 256) * 256
-    warps = min(65536 // per_warp // 4 * 4, 64 if arch != "sm_75" else 32)
-    in_flight = warps * plan.prefetch * 4 * plan.maps_per_warp * width * _elem_bytes(dtype) / 1024
+    warps = resident_warps(res.registers, arch)
+    in_flight = warps * plan.prefetch * 4 * plan.maps_per_warp * width * elem_bytes(dtype) / 1024
     return Row(arch, dtype, width, plan.vec, plan.prefetch, plan.maps_per_warp, res.registers,
-               res.spill_stores + res.spill_loads, res.stack_bytes, barriers, loop, per_cell, warps, in_flight)
+               res.spill_stores + res.spill_loads, res.stack_bytes, compiled.barriers, loop, per_cell, warps,
+               in_flight)
 
 
 def cross_vec(width: int) -> int:
@@ -199,14 +234,8 @@ def analyse_cross(nvcc: str, disassembler: str, arch: str, dtype: str, width: in
     maps = 32 // seg
     defines = {"VMAMBA2D_RS_CROSS": 1, "VMAMBA2D_RS_DTYPE": {"fp32": 0, "fp16": 1, "bf16": 2}[dtype],
                "VMAMBA2D_RS_VEC": vec, "VMAMBA2D_RS_LOAD": vec, "VMAMBA2D_RS_STEPS": steps}
-    cubin, log = compile_cubin(nvcc, arch, defines, workdir)
-    kernels = [k for k in ptxas_report.parse_ptxas(log, ENTRY.name, arch) if k.entry]
-    if len(kernels) != 1:
-        raise RuntimeError(f"expected one entry in the ptxas report, got {len(kernels)}")
-    res = kernels[0]
-    sass = subprocess.run([disassembler, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    instructions, labels = sass_report.parse_sass(sass)["vmamba2d_rows_cross_forward"]
-    barriers = sum(1 for i in instructions if i.base in ("BAR", "BARRIER"))
+    compiled = compile_entry(nvcc, disassembler, arch, defines, workdir, "vmamba2d_rows_cross_forward")
+    res, instructions, labels = compiled.resources, compiled.instructions, compiled.labels
     blocks = sass_report.basic_blocks(instructions, labels)
     block_of = {b.start: n for n, b in enumerate(blocks)}
     shuffles = {n for n, b in enumerate(blocks) if any(i.base == "SHFL" for i in instructions[b.start:b.end])}
@@ -232,13 +261,11 @@ def analyse_cross(nvcc: str, disassembler: str, arch: str, dtype: str, width: in
     if per_trip:
         loop = sum(t for t, _ in per_trip) / len(per_trip)
         per_cell = 2 * sum(c for _, c in per_trip) / len(per_trip)
-    registers = max(res.registers, 1)
-    per_warp = -(-registers * 32 // 256) * 256
-    warps = min(65536 // per_warp // 4 * 4, 64 if arch != "sm_75" else 32)
+    warps = resident_warps(res.registers, arch)
     # One row ahead of u and both routes' delta and B, and the row's C of both routes.
-    in_flight = warps * 7 * maps * width * _elem_bytes(dtype) / 1024
+    in_flight = warps * 7 * maps * width * elem_bytes(dtype) / 1024
     return Row(arch, dtype, width, vec, 1, maps, res.registers, res.spill_stores + res.spill_loads,
-               res.stack_bytes, barriers, loop, per_cell, warps, in_flight)
+               res.stack_bytes, compiled.barriers, loop, per_cell, warps, in_flight)
 
 
 def run_cross(nvcc: str, disassembler: str, archs, dtypes, widths, vec: Optional[int] = None) -> list[Row]:
@@ -287,10 +314,7 @@ def run(nvcc: str, disassembler: str, archs, dtypes, widths, route: int = 0) -> 
 def budget_failures(rows: list[Row]) -> list[str]:
     out = []
     for r in rows:
-        if r.registers > MAX_REGISTERS:
-            out.append(f"{r.label}: {r.registers} registers > {MAX_REGISTERS}")
-        if r.spill_bytes or r.stack_bytes:
-            out.append(f"{r.label}: {r.spill_bytes} bytes of spills, {r.stack_bytes} bytes of stack")
+        out += resource_failures(r.label, r.registers, r.spill_bytes, r.stack_bytes)
         if r.barriers:
             out.append(f"{r.label}: {r.barriers} block barriers")
         if r.per_cell_channel is None:
@@ -315,9 +339,29 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str:
+def provenance(nvcc: str) -> str:
+    """Where and when a written report was made: "<host> (<machine>, <nvcc's version line>), <UTC
+    time>, commit <short hash>"."""
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
+    return f"{platform.node()} ({platform.machine()}, {version}), {stamp}, commit {done.stdout.strip() or 'unknown'}"
+
+
+def write_report(path: Path, title: str, script: str, nvcc: str, note: str, body: str, failures: list[str]) -> None:
+    """A report file: "# title", where, when and from which commit ``script`` wrote it, ``note``, then
+    ``body`` (the tables) and the broken budgets."""
+    path.write_text(f"# {title}\n\nWritten by `dev/gpu/{script} --write` on {provenance(nvcc)}. {note}\n\n{body}\n"
+                    + "".join(f"\nBudget broken: {f}" for f in failures) + "\n")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options both v4 static reports take: --nvcc, --archs, --dtypes, --write, --check."""
+    parser.add_argument("--nvcc", help="nvcc to use (default: PATH, /usr/local/cuda)")
+    parser.add_argument("--archs", nargs="+", default=list(ARCHS))
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    parser.add_argument("--write", type=Path, help="also write the table with machine, date and commit")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a budget is broken")
 
 
 def find_tools(nvcc: Optional[str]) -> tuple[Optional[str], Optional[str]]:
@@ -330,12 +374,8 @@ def find_tools(nvcc: Optional[str]) -> tuple[Optional[str], Optional[str]]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nvcc", help="nvcc to use (default: PATH, /usr/local/cuda)")
-    parser.add_argument("--archs", nargs="+", default=list(ARCHS))
-    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    add_arguments(parser)
     parser.add_argument("--widths", nargs="+", type=int, default=list(WIDTHS))
-    parser.add_argument("--write", type=Path, help="also write the table with machine, date and commit")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a budget is broken")
     args = parser.parse_args(argv)
     nvcc, disassembler = find_tools(args.nvcc)
     if nvcc is None or disassembler is None:
@@ -352,19 +392,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     for f in failures:
         print("BUDGET:", f)
     if args.write:
-        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        args.write.write_text(
-            "# v4 row-streaming forward (RS): static figures\n\n"
-            f"Written by `dev/gpu/v4_static_report.py --write` on {platform.node()} ({platform.machine()}, "
-            f"{version}), {stamp}, commit {_git_commit()}. No GPU ran: these are compiler figures, and the "
-            "bytes in flight are an estimate from the plan. Route 0, y in the input type, N = 1.\n\n"
-            + table + "\n\n## Four-route kernel (CrossRowsForward)\n\n"
+        write_report(
+            args.write, "v4 row-streaming forward (RS): static figures", "v4_static_report.py", nvcc,
+            "No GPU ran: these are compiler figures, and the bytes in flight are an estimate from the plan. Route 0, "
+            "y in the input type, N = 1.",
+            table + "\n\n## Four-route kernel (CrossRowsForward)\n\n"
             "VMamba's cross routes in one launch (two sweeps of two routes each; V = cross_vec(W), load = V; "
             "P = 1). SASS / cell·ch counts one cell·channel of the op, i.e. all four routes and both sweeps "
             "(the mean of the innermost shuffle loops, fp32-y and input-type-y branches alike, x 2 sweeps); "
             "in flight: one row ahead of u and both routes' delta, B, C.\n\n"
-            + cross_table + "\n" + "".join(f"\nBudget broken: {f}" for f in failures) + "\n")
+            + cross_table, failures)
     return 1 if args.check and failures else 0
 
 

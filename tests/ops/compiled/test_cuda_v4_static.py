@@ -3,24 +3,12 @@ nvcc (no GPU), the model widths' instances keep <= 64 registers, no spills or st
 barrier, and their streaming loop within the SASS-per-cell·channel ratchet. Skipped without nvcc."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from support.script_loading import load_script
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("vmamba2d_v4_static_report", REPO / "dev" / "gpu" / "v4_static_report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-report = _tool()
+report = load_script("dev/gpu/v4_static_report.py", "vmamba2d_v4_static_report")
 NVCC, DISASSEMBLER = report.find_tools(None)
 needs_nvcc = pytest.mark.skipif(NVCC is None or DISASSEMBLER is None, reason="nvcc / nvdisasm not found")
 
@@ -82,6 +70,22 @@ def test_budgets_catch_what_they_hold():
     assert len(failures) == 4
     assert any("72 registers" in f for f in failures) and any("block barriers" in f for f in failures)
     assert any("spills" in f for f in failures) and any("57.1 SASS" in f for f in failures)
+
+
+def test_resident_warps_follow_the_register_allocation():
+    # 256 registers a warp at a time, 128-thread blocks: the table's 48 / 38 / 64 registers give 40 /
+    # 48 / 32 warps on sm_90; sm_75 holds at most 32.
+    assert [report.resident_warps(r, "sm_90") for r in (48, 38, 64, 0)] == [40, 48, 32, 64]
+    assert report.resident_warps(38, "sm_75") == 32
+
+
+def test_written_reports_say_where_they_come_from(monkeypatch, tmp_path):
+    # Both reports' files (this one and dev/gpu/v4_static_planes.py's) come from write_report.
+    monkeypatch.setattr(report, "provenance", lambda nvcc: f"host (x86_64, {nvcc}), today, commit abc")
+    path = tmp_path / "report.md"
+    report.write_report(path, "Title", "tool.py", "nvcc 13", "A note.", "| table |", ["W=7 broke"])
+    assert path.read_text() == ("# Title\n\nWritten by `dev/gpu/tool.py --write` on host (x86_64, nvcc 13), today, "
+                                "commit abc. A note.\n\n| table |\n\nBudget broken: W=7 broke\n")
 
 
 def _nvrtc_headers() -> Path | None:

@@ -4,24 +4,10 @@ barriers per chunk loop and their chunk loop within the SASS-per-cell·channel r
 nvcc); the plan's shared memory, residency, bytes in flight and the layout's bank conflicts."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from support.script_loading import load_script
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("vmamba2d_v4_static_planes", REPO / "dev" / "gpu" / "v4_static_planes.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-report = _tool()
+report = load_script("dev/gpu/v4_static_planes.py", "vmamba2d_v4_static_planes")
 NVCC, DISASSEMBLER = report.find_tools(None)
 needs_nvcc = pytest.mark.skipif(NVCC is None or DISASSEMBLER is None, reason="nvcc / nvdisasm not found")
 
