@@ -37,3 +37,21 @@ def reference(x, height, width, route_code, softplus=True):
     y = selective_scan_2d_reference(order(x["u"]), order(x["delta"]), x["A"].double(), order(x["B"]), order(x["C"]),
                                     d, bias, softplus, height=rows_, width=cols)
     return from_route_order(y, route, height, width).flatten(-2)
+
+
+def four_route_inputs(batch, dim, groups, height, width, dtype, seed):
+    """Inputs in the four-route op's layout at N = 1: u (batch, dim, L); delta (batch, 4 * dim, L) and
+    B, C (batch, 4 * groups, 1, L), route k's planes from k * dim / k * groups; A (4 * dim, 1); D and
+    delta_bias (4 * dim,)."""
+    x = make_inputs(batch, 4 * dim, 4 * groups, height, width, dtype, seed)
+    x["u"] = x["u"][:, :dim].contiguous()
+    return x
+
+
+def route_part(x, index, dim, groups):
+    """Route ``index``'s single-route inputs out of four_route_inputs': its delta, B, C planes, A and
+    delta_bias, and D of the first dim channels (each launch adds its own D term); A, D, delta_bias
+    contiguous."""
+    channels, planes = slice(index * dim, (index + 1) * dim), slice(index * groups, (index + 1) * groups)
+    return dict(x, delta=x["delta"][:, channels], A=x["A"][channels].contiguous(), B=x["B"][:, planes],
+                C=x["C"][:, planes], D=x["D"][:dim].contiguous(), delta_bias=x["delta_bias"][channels].contiguous())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from support.cuda_emulation_build import planes_emulation
-from support.rows_cases import make_inputs, reference
+from support.rows_cases import four_route_inputs, make_inputs, reference, route_part
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Largest |y - reference| / max |reference| per y type (as for RS).
@@ -110,13 +110,9 @@ def test_route_planes_of_the_four_route_layout(planes, dtype):
     # delta with 4 routes x dim planes and B / C with 4 routes x groups planes per batch entry: a chunk
     # stages one contiguous run per batch entry (dim 6 < chunk 16: several).
     batch, dim, groups, routes, height, width = 5, 8, 2, 4, 7, 7
-    x = make_inputs(batch, routes * dim, routes * groups, height, width, dtype, seed=21)
-    x["u"] = x["u"][:, :dim].contiguous()
+    x = four_route_inputs(batch, dim, groups, height, width, dtype, seed=21)
     for index, code in enumerate((0, 4, 3, 7)):
-        part = dict(x, delta=x["delta"][:, index * dim:(index + 1) * dim],
-                    A=x["A"][index * dim:(index + 1) * dim].contiguous(),
-                    B=x["B"][:, index * groups:(index + 1) * groups], C=x["C"][:, index * groups:(index + 1) * groups],
-                    D=x["D"][:dim].contiguous(), delta_bias=x["delta_bias"][index * dim:(index + 1) * dim].contiguous())
+        part = route_part(x, index, dim, groups)
         y = planes.planes_forward(x["u"], x["delta"], part["A"], x["B"], x["C"], part["D"], part["delta_bias"], True,
                                   height, width, code, False, index + 2, 16, 2, 4, 0, routes, index)
         check(y, part, height, width, code)

@@ -11,7 +11,7 @@ import torch
 
 from support.cuda_emulation_build import rows_emulation
 from vmamba2d.ops.compiled.rows_plan import alignment, layout, rows_plan, scan_steps
-from support.rows_cases import make_inputs, reference
+from support.rows_cases import four_route_inputs, make_inputs, reference, route_part
 
 SUPPORTED_ROUTES = [code for code in range(16) if not (code & 8 and code & 4)]
 # Largest |y - reference| / max |reference| per (input type, y type).
@@ -164,16 +164,12 @@ def test_route_planes_of_the_four_route_layout(rows, dtype):
     # delta with 4 routes x dim planes and B / C with 4 routes x groups planes per batch entry (the
     # four-route op's layout): each launch reads its route's planes through the plane strides.
     batch, dim, groups, routes, height, width = 2, 4, 2, 4, 6, 12
-    x = make_inputs(batch, routes * dim, routes * groups, height, width, dtype, seed=21)
-    x["u"] = x["u"][:, :dim].contiguous()
+    x = four_route_inputs(batch, dim, groups, height, width, dtype, seed=21)
     for index, code in enumerate((0, 4, 3, 7)):
-        part = dict(x, delta=x["delta"][:, index * dim:(index + 1) * dim], A=x["A"][index * dim:(index + 1) * dim],
-                    B=x["B"][:, index * groups:(index + 1) * groups], C=x["C"][:, index * groups:(index + 1) * groups],
-                    D=x["D"][:dim], delta_bias=x["delta_bias"][index * dim:(index + 1) * dim])
+        part = route_part(x, index, dim, groups)
         plan = rows_plan(dtype.itemsize, dtype.itemsize, width, code)
-        y = rows.rows_forward(x["u"], x["delta"], part["A"].contiguous(), x["B"], x["C"], part["D"].contiguous(),
-                              part["delta_bias"].contiguous(), True, height, width, code, False, index + 2, plan.vec,
-                              plan.load, routes, index)
+        y = rows.rows_forward(x["u"], x["delta"], part["A"], x["B"], x["C"], part["D"], part["delta_bias"], True,
+                              height, width, code, False, index + 2, plan.vec, plan.load, routes, index)
         check(y, part, height, width, code)
 
 
