@@ -12,11 +12,11 @@ backward_plan; dy in the input type):
   buffers' shared memory (65536 registers allocated 256 a warp; 228 / 164 / 64 KiB of shared
   memory per SM on sm_90 / sm_80 / sm_75 with 1 KiB reserved per block on sm_80+);
 * SASS of its two row loops from ``nvcc -cubin`` + ``nvdisasm -c`` (dev/gpu/sass_report.py's natural
-  loops): the recompute loop (the innermost loop with shuffles up: one forward row) and the adjoint
-  loop (the innermost loop holding both the shuffles down and a loop of its own: one row bottom-up,
-  its inner loops -- the dB / dC sums over the warp's maps -- counted once). "static / cell·ch" =
-  the loop body's static instructions (every path once) x 32 lanes / (M maps x W cells·channels a
-  row); a static code measure, not an executed count.
+  loops): the recompute loop (the innermost loop with shuffles up and none down: one forward row)
+  and the adjoint loop (the innermost loop with loads and shuffles down and none up: one row
+  bottom-up, the dB / dC sums over the warp's maps unrolled in it). "static / cell·ch" = the loop
+  body's static instructions (every path once) x 32 lanes / (M maps x W cells·channels a row); a
+  static code measure, not an executed count.
 
     python dev/gpu/v4_static_backward.py                 # print the table
     python dev/gpu/v4_static_backward.py --write benchmarks/scan_cuda_v4_backward_static.md
@@ -102,7 +102,7 @@ def nvcc_loops(nvcc: str, disassembler: str, arch: int, defines: dict[str, str],
 
     recompute = min((body for body in loops if count(body, "SHFL.UP") and not count(body, "SHFL.DOWN")), key=len)
     adjoint = min((body for body in loops if count(body, "SHFL.DOWN") and count(body, "LDG")
-                   and any(inner < body for inner in loops)), key=len)
+                   and not count(body, "SHFL.UP")), key=len)
     return count(recompute), count(adjoint)
 
 
@@ -141,8 +141,8 @@ def report(rows: list[Row], toolchain) -> str:
         "Registers, spills, stack, shared memory and barriers: the NVRTC build (what runs); loop "
         "instructions: the nvcc build of the same instance (`nvcc -O3`, `nvdisasm -c`). \"static / cell·ch\" "
         "counts a row loop's body once (every path, inner loops once) x 32 / (M x W): a code-size measure, "
-        "not an executed count; the adjoint loop's inner loops (the dB / dC sums over the warp's M maps, "
-        "M - 1 trips each) and both softplus paths are in it. The RS forward for comparison: 34.0 (fp32) / "
+        "not an executed count; both softplus paths and the dB / dC sums over the warp's M maps (unrolled: M "
+        "is compiled in) are in it. The RS forward for comparison: 34.0 (fp32) / "
         "39.1 (bf16) SASS per cell·channel at W = 56 on sm_90 (benchmarks/scan_cuda_v4_static.md, a "
         "longest-path count of its loop).",
         "",

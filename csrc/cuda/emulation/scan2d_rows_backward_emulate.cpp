@@ -308,24 +308,25 @@ struct SaveJob {
   }
 };
 
-template <class E, int kV, int kLoad, int kMaps>
+template <class E, int kV, int kLoad, int kSteps, int kMaps>
 void run_backward_with(const RowsBackwardParams& p, int64_t order, const Outputs& outputs) {
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_backward_items(p))) {
     BackwardHostCtx ctx(item, schedule, outputs, band_slots<kV>());
-    RowsBackward<E, kV, kLoad, -1, kMaps>::run(ctx, p, item);
+    RowsBackward<E, kV, kLoad, kSteps, kMaps>::run(ctx, p, item);
   }
 }
 
 template <class E, int kV, int kLoad>
 struct BackwardJob {
-  // Even orders run the maps per warp compiled in (as the GPU entry, VMAMBA2D_RSB_MAPS) where the
-  // plan has 2 or 4 (the model's widths), odd orders take it at run time: the runs across orders
-  // hold the two forms bit-equal.
+  // Even orders run the scan steps and maps per warp compiled in as the GPU entry does
+  // (VMAMBA2D_RSB_STEPS / _MAPS) for the model's segments -- 14 lanes (4 steps, 2 maps: W = 56) and
+  // 7 lanes (3 steps, 4 maps: W = 28, 14, 7) --, odd orders take both at run time: the runs across
+  // orders hold the two forms bit-equal.
   static void run(const RowsBackwardParams& p, int64_t order, const Outputs& outputs) {
-    if (order % 2 == 0 && p.maps_per_warp == 2) return run_backward_with<E, kV, kLoad, 2>(p, order, outputs);
-    if (order % 2 == 0 && p.maps_per_warp == 4) return run_backward_with<E, kV, kLoad, 4>(p, order, outputs);
-    run_backward_with<E, kV, kLoad, -1>(p, order, outputs);
+    if (order % 2 == 0 && p.seg_lanes == 14) return run_backward_with<E, kV, kLoad, 4, 2>(p, order, outputs);
+    if (order % 2 == 0 && p.seg_lanes == 7) return run_backward_with<E, kV, kLoad, 3, 4>(p, order, outputs);
+    run_backward_with<E, kV, kLoad, -1, -1>(p, order, outputs);
   }
 };
 
