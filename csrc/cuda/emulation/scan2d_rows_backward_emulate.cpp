@@ -13,51 +13,28 @@
 // Outputs start as NaN, so an element the kernel did not write also shows in the results.
 #include <torch/extension.h>
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
-#include <algorithm>
 #include <cstring>
-#include <limits>
 #include <map>
-#include <numeric>
-#include <random>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
+#include "emulation/host_emulation.h"
 #include "scan2d_rows_backward.cuh"
 
 namespace vmamba2d {
 namespace rows {
 namespace {
 
+using emulation::HostBF16;
+using emulation::HostF16;
+using emulation::HostF32;
+using emulation::Schedule;
+
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("RS backward emulation: " + what); }
-
-struct HostF32 {
-  using Raw = float;
-  static float to_float(float v) { return v; }
-  static float from_float(float v) { return v; }
-  template <int kN>
-  static void widen(const float (&in)[kN], float (&out)[kN]) {
-    for (int k = 0; k < kN; ++k) out[k] = in[k];
-  }
-};
-
-template <class C10>
-struct HostHalfLike {
-  using Raw = uint16_t;
-  static float to_float(uint16_t v) { return static_cast<float>(C10(v, C10::from_bits())); }
-  static uint16_t from_float(float v) { return C10(v).x; }
-  template <int kN>
-  static void widen(const uint16_t (&in)[kN], float (&out)[kN]) {
-    for (int k = 0; k < kN; ++k) out[k] = to_float(in[k]);
-  }
-};
-using HostF16 = HostHalfLike<c10::Half>;
-using HostBF16 = HostHalfLike<c10::BFloat16>;
 
 // One output buffer's writer per element (global lane id; -1: none yet).
 class OutputShadow {
@@ -95,25 +72,6 @@ struct HostView {
   int64_t origin = 0;
 };
 
-class Schedule {
- public:
-  explicit Schedule(int64_t order) : order_(order), rng_(static_cast<uint64_t>(order)) {}
-  std::vector<int64_t> permutation(int64_t count) {
-    std::vector<int64_t> idx(static_cast<size_t>(count));
-    std::iota(idx.begin(), idx.end(), 0);
-    if (order_ == 1) {
-      std::reverse(idx.begin(), idx.end());
-    } else if (order_ >= 2) {
-      std::shuffle(idx.begin(), idx.end(), rng_);
-    }
-    return idx;
-  }
-
- private:
-  int64_t order_;
-  std::mt19937_64 rng_;
-};
-
 // The launch's output buffers by their first byte.
 using Outputs = std::map<const void*, OutputShadow*>;
 
@@ -131,7 +89,7 @@ class BackwardHostCtx {
   template <class F>
   void each_lane(F&& f) {
     if (lane_ >= 0) fail("each_lane nested inside another per-lane phase");
-    for (int64_t lane : schedule_.permutation(kLanes)) {
+    for (int64_t lane : schedule_.permutation(int64_t{kLanes})) {
       lane_ = static_cast<int>(lane);
       f(lane_);
     }
@@ -229,10 +187,8 @@ class BackwardHostCtx {
   }
   template <class V>
   void check(const HostView<V>& view, int64_t i, int count, const char* what) const {
-    if (view.base == nullptr || view.extent == 0) fail(std::string(what) + " from a buffer the launch did not provide");
-    if (i < 0 || i + count > view.extent) {
-      fail(std::string("out-of-bounds global ") + what + ": elements " + std::to_string(i) + " .. " +
-           std::to_string(i + count - 1) + " of a buffer of " + std::to_string(view.extent));
+    if (const std::string error = emulation::global_bounds_error(view.base, view.extent, i, count, what); !error.empty()) {
+      fail(error);
     }
     const size_t bytes = count * sizeof(V);
     const size_t align = bytes > 16 ? 16 : bytes;
@@ -260,30 +216,17 @@ struct Shapes {
   int64_t batch, dim, groups, length;
 };
 
+// The single-route op's inputs (route 0's planes) and a lane layout of vec columns, load elements an
+// access.
 Shapes check_inputs(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
                     const at::Tensor& C, const std::optional<at::Tensor>& D,
                     const std::optional<at::Tensor>& delta_bias, int64_t height, int64_t width, int64_t vec,
                     int64_t load) {
-  const at::ScalarType type = u.scalar_type();
-  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
-              "u: expected float32, float16 or bfloat16, got ", type);
-  TORCH_CHECK(u.dim() == 3, "u: expected (batch, dim, L), got ", u.sizes());
-  TORCH_CHECK(B.dim() == 4 && B.size(2) == 1, "B: expected (batch, groups, 1, L), got ", B.sizes());
-  const Shapes s{u.size(0), u.size(1), B.size(1), u.size(2)};
-  TORCH_CHECK(height >= 1 && width >= 1 && height * width == s.length, "height, width: expected H * W = ", s.length,
-              ", got ", height, " x ", width);
-  TORCH_CHECK(s.groups >= 1 && s.dim % s.groups == 0, "B: groups ", s.groups, " must divide dim ", s.dim);
+  const emulation::ScanSizes s = emulation::check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, 1, 1);
   TORCH_CHECK(vec == 1 || vec == 2 || vec == 4, "vec: expected 1, 2 or 4, got ", vec);
   TORCH_CHECK((width + vec - 1) / vec <= kWarpLanes, "vec ", vec, " puts a row of ", width, " on more than 32 lanes");
   TORCH_CHECK(load == 1 || (load == vec && width % vec == 0), "load ", load, ": 1, or vec where vec divides W");
-  check_tensor(u, "u", type, {s.batch, s.dim, s.length});
-  check_tensor(delta, "delta", type, {s.batch, s.dim, s.length});
-  check_tensor(B, "B", type, {s.batch, s.groups, 1, s.length});
-  check_tensor(C, "C", type, {s.batch, s.groups, 1, s.length});
-  check_tensor(A, "A", at::kFloat, {s.dim, 1});
-  if (D) check_tensor(*D, "D", at::kFloat, {s.dim});
-  if (delta_bias) check_tensor(*delta_bias, "delta_bias", at::kFloat, {s.dim});
-  return s;
+  return {s.batch, s.dim, s.groups, s.length};
 }
 
 at::Tensor nan_filled(at::IntArrayRef shape, const at::Tensor& like, at::ScalarType type) {
@@ -345,9 +288,7 @@ void by_vec(int64_t vec, int64_t load, const Args&... args) {
 
 template <template <class, int, int> class Job, class... Args>
 void dispatch(at::ScalarType type, int64_t vec, int64_t load, const Args&... args) {
-  if (type == at::kFloat) return by_vec<Job, HostF32>(vec, load, args...);
-  if (type == at::kHalf) return by_vec<Job, HostF16>(vec, load, args...);
-  by_vec<Job, HostBF16>(vec, load, args...);
+  emulation::with_host_element(type, [&](auto element) { by_vec<Job, decltype(element)>(vec, load, args...); });
 }
 
 // The route-0 forward of the N = 1 scan that also saves the band carries (the saving RS entry) on
@@ -361,28 +302,13 @@ std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const 
                                                      int64_t height, int64_t width, bool y_fp32, int64_t order,
                                                      int64_t vec, int64_t load) {
   const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load);
-  at::Tensor y = nan_filled({s.batch, s.dim, s.length}, u, y_fp32 ? at::kFloat : u.scalar_type());
+  const emulation::ScanSizes sizes{s.batch, s.dim, s.length, s.groups};
+  at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
   at::Tensor carries = nan_filled({s.batch * s.dim, rows_carry_rows(static_cast<int>(height)), width}, u, at::kFloat);
   RowsParams p{};
-  p.u = u.data_ptr();
-  p.delta = delta.data_ptr();
-  p.B = B.data_ptr();
-  p.C = C.data_ptr();
-  p.A = A.data_ptr<float>();
-  p.D = D ? D->data_ptr<float>() : nullptr;
-  p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
-  p.y = y.data_ptr();
-  p.delta_planes = s.dim;
-  p.bc_planes = s.groups;
-  p.batch = static_cast<int>(s.batch);
-  p.dim = static_cast<int>(s.dim);
-  p.groups = static_cast<int>(s.groups);
-  p.height = static_cast<int>(height);
-  p.width = static_cast<int>(width);
+  emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, 1, 0, height, width, softplus, y_fp32);
   p.seg_lanes = static_cast<int>((width + vec - 1) / vec);
   p.maps_per_warp = kWarpLanes / p.seg_lanes;
-  p.softplus = softplus ? 1 : 0;
-  p.y_fp32 = y_fp32 ? 1 : 0;
   p.from_bottom = 0;
   OutputShadow y_shadow("y", y.numel()), carry_shadow("carries", carries.numel());
   const Outputs outputs{{y.data_ptr(), &y_shadow}, {carries.data_ptr(), &carry_shadow}};
