@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -148,6 +149,41 @@ inline ScanSizes check_scan_inputs(const at::Tensor& u, const at::Tensor& delta,
   TORCH_CHECK(!delta_bias || delta_bias->size(0) == params, "delta_bias: expected (", params, ",), got ",
               delta_bias->sizes());
   return {batch, dim, length, groups};
+}
+
+// y of a launch over checked inputs, (batch, dim, L) in u's type or fp32, filled with NaN so a cell
+// the kernel did not write shows in the results too.
+inline at::Tensor nan_output(const at::Tensor& u, const ScanSizes& sizes, bool y_fp32) {
+  return at::full({sizes.batch, sizes.dim, sizes.length}, std::numeric_limits<float>::quiet_NaN(),
+                  u.options().dtype(y_fp32 ? at::kFloat : u.scalar_type()));
+}
+
+// The fields the v4 kernels' parameter blocks (RowsParams, PlanesParams) share, over inputs
+// check_scan_inputs accepted: the launch reads route route_index's planes of delta, B and C (plane
+// strides routes * dim and routes * groups) and writes y.
+template <class Params>
+void fill_scan_params(Params& p, const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                      const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
+                      const std::optional<at::Tensor>& delta_bias, const at::Tensor& y, const ScanSizes& sizes,
+                      int64_t routes, int64_t route_index, int64_t height, int64_t width, bool softplus, bool y_fp32) {
+  const int64_t elem = u.element_size();
+  p.u = u.data_ptr();
+  p.delta = static_cast<const char*>(delta.data_ptr()) + route_index * sizes.dim * sizes.length * elem;
+  p.B = static_cast<const char*>(B.data_ptr()) + route_index * sizes.groups * sizes.length * elem;
+  p.C = static_cast<const char*>(C.data_ptr()) + route_index * sizes.groups * sizes.length * elem;
+  p.A = A.data_ptr<float>();
+  p.D = D ? D->data_ptr<float>() : nullptr;
+  p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
+  p.y = y.data_ptr();
+  p.delta_planes = routes * sizes.dim;
+  p.bc_planes = routes * sizes.groups;
+  p.batch = static_cast<int>(sizes.batch);
+  p.dim = static_cast<int>(sizes.dim);
+  p.groups = static_cast<int>(sizes.groups);
+  p.height = static_cast<int>(height);
+  p.width = static_cast<int>(width);
+  p.softplus = softplus ? 1 : 0;
+  p.y_fp32 = y_fp32 ? 1 : 0;
 }
 
 }  // namespace emulation

@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -352,35 +351,17 @@ at::Tensor planes_forward(const at::Tensor& u, const at::Tensor& delta, const at
       check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, routes, /*param_routes=*/1);
   const int64_t batch = sizes.batch, dim = sizes.dim, length = sizes.length, groups = sizes.groups;
   TORCH_CHECK(batch * dim < (int64_t{1} << 31), "batch * dim: expected fewer than 2^31 maps");
-  const at::ScalarType type = u.scalar_type();
-
-  at::Tensor y = at::full({batch, dim, length}, std::numeric_limits<float>::quiet_NaN(),
-                          u.options().dtype(y_fp32 ? at::kFloat : type));
+  at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
   PlanesParams p{};
-  p.u = u.data_ptr();
-  p.A = A.data_ptr<float>();
-  p.D = D ? D->data_ptr<float>() : nullptr;
-  p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
-  p.y = y.data_ptr();
-  p.delta_planes = routes * dim;
-  p.bc_planes = routes * groups;
-  p.batch = static_cast<int>(batch);
-  p.dim = static_cast<int>(dim);
-  p.groups = static_cast<int>(groups);
-  p.height = static_cast<int>(height);
-  p.width = static_cast<int>(width);
+  emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, routes, route_index, height, width,
+                              softplus, y_fp32);
   p.route = static_cast<int>(route);
   p.chunk = static_cast<int>(chunk);
   p.copy_bytes = static_cast<int>(copy_bytes);
-  p.softplus = softplus ? 1 : 0;
-  p.y_fp32 = y_fp32 ? 1 : 0;
   // The route's planes of delta, B, C start route_index planes in (the views' extents reach the end
   // of the tensors: the rounding of a copy's start may read before them, never before the tensor).
   const int64_t elem = u.element_size();
   const int64_t delta_off = route_index * dim * length, bc_off = route_index * groups * length;
-  p.delta = static_cast<const char*>(delta.data_ptr()) + delta_off * elem;
-  p.B = static_cast<const char*>(B.data_ptr()) + bc_off * elem;
-  p.C = static_cast<const char*>(C.data_ptr()) + bc_off * elem;
   TORCH_CHECK(delta_off * elem % copy_bytes == 0 && bc_off * elem % copy_bytes == 0,
               "route_index: the route's planes must start on a copy_bytes boundary");
   for (const void* ptr : {p.u, p.delta, p.B, p.C, static_cast<const void*>(p.y)}) {
@@ -412,7 +393,7 @@ at::Tensor planes_forward(const at::Tensor& u, const at::Tensor& delta, const at
     }
     by_copy<E>(p, static_cast<int>(grid), order, static_cast<int>(bug), compiled_geometry, v);
   };
-  with_host_element(type, launch);
+  with_host_element(u.scalar_type(), launch);
   const int64_t missing = std::count(writer.begin(), writer.end(), int64_t{-1});
   if (missing) fail(std::to_string(missing) + " cells of y were written by no thread");
   return y;

@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -364,32 +363,12 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   TORCH_CHECK(load == 1 || (load == vec && width % vec == 0), "load ", load, ": 1, or vec where vec divides W");
   const emulation::ScanSizes sizes =
       check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, routes, /*param_routes=*/1);
-  const int64_t batch = sizes.batch, dim = sizes.dim, length = sizes.length, groups = sizes.groups;
-  const at::ScalarType type = u.scalar_type();
-
-  at::Tensor y = at::full({batch, dim, length}, std::numeric_limits<float>::quiet_NaN(),
-                          u.options().dtype(y_fp32 ? at::kFloat : type));
+  at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
   RowsParams p{};
-  p.u = u.data_ptr();
-  const int64_t elem = u.element_size();
-  p.delta = static_cast<const char*>(delta.data_ptr()) + route_index * dim * length * elem;
-  p.B = static_cast<const char*>(B.data_ptr()) + route_index * groups * length * elem;
-  p.C = static_cast<const char*>(C.data_ptr()) + route_index * groups * length * elem;
-  p.A = A.data_ptr<float>();
-  p.D = D ? D->data_ptr<float>() : nullptr;
-  p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
-  p.y = y.data_ptr();
-  p.delta_planes = routes * dim;
-  p.bc_planes = routes * groups;
-  p.batch = static_cast<int>(batch);
-  p.dim = static_cast<int>(dim);
-  p.groups = static_cast<int>(groups);
-  p.height = static_cast<int>(height);
-  p.width = static_cast<int>(width);
+  emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, routes, route_index, height, width,
+                              softplus, y_fp32);
   p.seg_lanes = static_cast<int>((width + vec - 1) / vec);
   p.maps_per_warp = kWarpLanes / p.seg_lanes;
-  p.softplus = softplus ? 1 : 0;
-  p.y_fp32 = y_fp32 ? 1 : 0;
   p.from_bottom = (route & kRouteFromBottom) ? 1 : 0;
 
   const int run_steps =
@@ -397,7 +376,7 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   g_last_steps = run_steps;
   g_vector_accesses = 0;
   GlobalShadow shadow(y.numel());
-  with_host_element(type, [&](auto element) {
+  with_host_element(u.scalar_type(), [&](auto element) {
     by_vec<decltype(element)>(p, static_cast<int>(vec), static_cast<int>(load), static_cast<int>(route), run_steps,
                               order, &shadow);
   });
@@ -473,37 +452,18 @@ at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, cons
   TORCH_CHECK(load == 1 || load == vec, "load ", load, ": 1 or vec");
   const emulation::ScanSizes sizes =
       check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, /*routes=*/4, /*param_routes=*/4);
-  const int64_t batch = sizes.batch, dim = sizes.dim, length = sizes.length, groups = sizes.groups;
-  const at::ScalarType type = u.scalar_type();
-
-  at::Tensor y = at::full({batch, dim, length}, std::numeric_limits<float>::quiet_NaN(),
-                          u.options().dtype(y_fp32 ? at::kFloat : type));
+  at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
   RowsParams p{};
-  p.u = u.data_ptr();
-  p.delta = delta.data_ptr();
-  p.B = B.data_ptr();
-  p.C = C.data_ptr();
-  p.A = A.data_ptr<float>();
-  p.D = D ? D->data_ptr<float>() : nullptr;
-  p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
-  p.y = y.data_ptr();
-  p.delta_planes = 4 * dim;
-  p.bc_planes = 4 * groups;
-  p.batch = static_cast<int>(batch);
-  p.dim = static_cast<int>(dim);
-  p.groups = static_cast<int>(groups);
-  p.height = static_cast<int>(height);
-  p.width = static_cast<int>(width);
+  emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, /*routes=*/4, /*route_index=*/0, height,
+                              width, softplus, y_fp32);
   p.seg_lanes = static_cast<int>(width / vec);
   p.maps_per_warp = kWarpLanes / p.seg_lanes;
-  p.softplus = softplus ? 1 : 0;
-  p.y_fp32 = y_fp32 ? 1 : 0;
 
   const int run_steps = launch_steps(kCrossStepsPlans, static_cast<int>(vec), static_cast<int>(load), 1, p, steps);
   g_last_steps = run_steps;
   g_vector_accesses = 0;
   GlobalShadow shadow(y.numel(), 2);
-  with_host_element(type, [&](auto element) {
+  with_host_element(u.scalar_type(), [&](auto element) {
     cross_by_vec<decltype(element)>(p, static_cast<int>(vec), static_cast<int>(load), run_steps, order, &shadow);
   });
   if (const int64_t missing = shadow.unwritten()) {
