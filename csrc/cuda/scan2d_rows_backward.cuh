@@ -118,7 +118,8 @@ SS2D_UNROLL
   }
 
   template <class Ctx, class View, class T>
-  static SS2D_HD SS2D_INLINE void store_row(Ctx& ctx, const View& view, int off, unsigned chunks_in, const T (&src)[kV]) {
+  static SS2D_HD SS2D_INLINE void store_row(Ctx& ctx, const View& view, int off, unsigned chunks_in,
+                                            const T (&src)[kV]) {
 SS2D_UNROLL
     for (int j = 0; j < kChunks; ++j) {
       ctx.template store_if<kLoad>((chunks_in >> j) & 1u, view, off + j * kLoad, &src[j * kLoad]);
@@ -438,24 +439,23 @@ SS2D_UNROLL
     // dA, dD, ddelta_bias of each map: its segment's lanes summed by a fixed shuffle tree. The map's
     // batch entry again from the item (kept through the walk, it spills on sm_90).
     const int b_end = static_cast<int>(ctx.fresh(item)) / p.chunks / p.groups;
-    segment_sum(ctx, lanes, &Lane::acc_da, sb, tb, S, steps);
-    ctx.each_lane([&](int lane) {
-      const int q = ctx.slot(lane);
-      if (lanes[q].s == 0 && lanes[q].valid != 0) ctx.template store<1>(dA, static_cast<long long>(b_end) * p.dim + lanes[q].d, &sb[q]);
-    });
-    if (p.D != nullptr) {
-      segment_sum(ctx, lanes, &Lane::acc_dd, sb, tb, S, steps);
+    const auto store_map = [&](const auto& out) {
       ctx.each_lane([&](int lane) {
         const int q = ctx.slot(lane);
-        if (lanes[q].s == 0 && lanes[q].valid != 0) ctx.template store<1>(dD, static_cast<long long>(b_end) * p.dim + lanes[q].d, &sb[q]);
+        if (lanes[q].s == 0 && lanes[q].valid != 0) {
+          ctx.template store<1>(out, static_cast<long long>(b_end) * p.dim + lanes[q].d, &sb[q]);
+        }
       });
+    };
+    segment_sum(ctx, lanes, &Lane::acc_da, sb, tb, S, steps);
+    store_map(dA);
+    if (p.D != nullptr) {
+      segment_sum(ctx, lanes, &Lane::acc_dd, sb, tb, S, steps);
+      store_map(dD);
     }
     if (p.delta_bias != nullptr) {
       segment_sum(ctx, lanes, &Lane::acc_db, sb, tb, S, steps);
-      ctx.each_lane([&](int lane) {
-        const int q = ctx.slot(lane);
-        if (lanes[q].s == 0 && lanes[q].valid != 0) ctx.template store<1>(ddb, static_cast<long long>(b_end) * p.dim + lanes[q].d, &sb[q]);
-      });
+      store_map(ddb);
     }
   }
 

@@ -161,7 +161,9 @@ class BackwardHostCtx {
 
   float band_get(int t, int lane) const {
     const size_t i = band_index(t, lane, "read");
-    if (!band_written_[i]) fail("band slot " + std::to_string(t) + " of lane " + std::to_string(lane) + " read before written");
+    if (!band_written_[i]) {
+      fail("band slot " + std::to_string(t) + " of lane " + std::to_string(lane) + " read before written");
+    }
     return band_[i];
   }
   void band_put(int t, int lane, float v) {
@@ -177,7 +179,10 @@ class BackwardHostCtx {
   }
   size_t band_index(int t, int lane, const char* what) const {
     if (lane_ < 0) fail(std::string("band buffer ") + what + " outside a per-lane phase");
-    if (lane != lane_) fail(std::string("band buffer ") + what + " of lane " + std::to_string(lane) + " by lane " + std::to_string(lane_));
+    if (lane != lane_) {
+      fail(std::string("band buffer ") + what + " of lane " + std::to_string(lane) + " by lane " +
+           std::to_string(lane_));
+    }
     const size_t i = static_cast<size_t>(t) * kLanes + lane;
     if (t < 0 || i >= band_.size()) fail("band slot " + std::to_string(t) + " out of range");
     return i;
@@ -187,9 +192,8 @@ class BackwardHostCtx {
   }
   template <class V>
   void check(const HostView<V>& view, int64_t i, int count, const char* what) const {
-    if (const std::string error = emulation::global_bounds_error(view.base, view.extent, i, count, what); !error.empty()) {
-      fail(error);
-    }
+    const std::string error = emulation::global_bounds_error(view.base, view.extent, i, count, what);
+    if (!error.empty()) fail(error);
     const size_t bytes = count * sizeof(V);
     const size_t align = bytes > 16 ? 16 : bytes;
     if (reinterpret_cast<uintptr_t>(view.base + i) % align != 0) {
