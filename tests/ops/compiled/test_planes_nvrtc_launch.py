@@ -98,6 +98,8 @@ def test_plan_rule():
     assert planes_launch.planes_plan(2, False, 8, 16, 1, 9, 8, 0, 16, 2 ** 20, 2 ** 20) is None  # 72 cells
     assert planes_launch.planes_plan(2, False, 8, 16, 1, 7, 7, 0, 2, 2 ** 20, 2 ** 20) is None  # 2-byte aligned
     assert planes_launch.planes_plan(4, False, 8, 16, 1, 7, 7, 16, 16, 2 ** 20, 2 ** 20) is None  # route 16
+    assert planes_launch.planes_plan(4, False, 0, 16, 1, 7, 7, 0, 16, 2 ** 20, 2 ** 20) is None  # no maps
+    assert planes_launch.planes_plan(4, False, 8, 0, 1, 7, 7, 0, 16, 2 ** 20, 2 ** 20) is None
     assert plan.grid(128, 3072, 132) == 132 * 4 and plan.grid(2, 64, 132) == 1
 
 

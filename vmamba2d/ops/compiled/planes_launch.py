@@ -116,7 +116,7 @@ def copy_width(*tensors: Optional[torch.Tensor]) -> int:
 def planes_plan(elem: int, y_fp32: bool, batch: int, dim: int, groups: int, height: int, width: int, route: int,
                 alignment: int, smem_per_block: int, smem_per_sm: int, reserved_smem: int = 0,
                 delta_planes: Optional[int] = None, bc_planes: Optional[int] = None) -> Optional[PlanesPlan]:
-    """The PL plan of a call, or None where PL cannot run it.
+    """The PL plan of a call, or None where PL cannot run it (also for no maps at all).
 
     elem: input element bytes (4 or 2); y_fp32: y in fp32; batch x dim maps in groups of B / C,
     height x width cells, route code 0-15; alignment: copy_width of the tensors (u, delta, B, C, y);
@@ -126,7 +126,8 @@ def planes_plan(elem: int, y_fp32: bool, batch: int, dim: int, groups: int, heig
     """
     if height * width > MAX_CELLS or height < 1 or width < 1 or not 0 <= route < 16:
         return None
-    if alignment not in COPY_WIDTHS or elem > alignment or batch * dim >= 2 ** 31 or dim % groups:
+    if alignment not in COPY_WIDTHS or elem > alignment or not 0 < batch * dim < 2 ** 31 or groups < 1 \
+            or dim % groups:
         return None
     delta_planes = dim if delta_planes is None else delta_planes
     bc_planes = groups if bc_planes is None else bc_planes
