@@ -627,8 +627,10 @@ SS2D_UNROLL
             }
             // dL/dAbar * Abar = (gh * h_above + ghh * hh_left) * Abar: h_above from the row above, in
             // the tile's first row from the tile above (top), none in the first row of a packed map;
-            // hh_left none in a packed map's first column.
-            const bool map_top = r > 0 && ((starts_h >> r) & 1u);
+            // hh_left none in a packed map's first column. The lane's row-start flag is worked out
+            // here (starts_map_row): hoisted out of the tile loop it stayed live through every phase
+            // and spilled in the fp32 one-state variants (sm_80 to sm_90, at their 128 registers).
+            const bool map_top = starts_map_row<true>(g, starts_h, r);
             const auto above = r == 0 ? top : hv + (r - 1) * kStride;
             const float* hrow = hh_row[ctx.lane_slot(r)];
             float dA_lane = 0.f;

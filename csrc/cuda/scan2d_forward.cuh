@@ -25,11 +25,7 @@ SS2D_HD SS2D_INLINE int fwd_offset(int r, int c) { return r * kTile + (c ^ fwd_s
 template <class View>
 SS2D_HD SS2D_INLINE void load_shared4(const View& tile, int off, float (&out)[kQuad]) {
 #ifdef __CUDA_ARCH__
-  const float4 w = *reinterpret_cast<const float4*>(tile + off);
-  out[0] = w.x;
-  out[1] = w.y;
-  out[2] = w.z;
-  out[3] = w.w;
+  tile.load4(off, out);
 #else
   if (off % kQuad != 0) throw std::logic_error("misaligned 16-byte shared access");
 SS2D_UNROLL
@@ -40,7 +36,7 @@ SS2D_UNROLL
 template <class View>
 SS2D_HD SS2D_INLINE void store_shared4(const View& tile, int off, const float (&in)[kQuad]) {
 #ifdef __CUDA_ARCH__
-  *reinterpret_cast<float4*>(tile + off) = make_float4(in[0], in[1], in[2], in[3]);
+  tile.store4(off, in);
 #else
   if (off % kQuad != 0) throw std::logic_error("misaligned 16-byte shared access");
 SS2D_UNROLL
@@ -53,8 +49,10 @@ SS2D_UNROLL
 // of the tile loop (hoisted, the lane's flag stays live through the loop's load phase and spills
 // there). Two forms: bit r of the mask of such rows (starts, kept in a register), or the test on r
 // itself from seg_h / magic_h (kernel parameters: no register kept). Which of them leaves every
-// instantiation without spills on sm_75 is ptxas's register allocation: kMask (the single-route
-// and kRoute fp32 kernels) the mask, the others the test.
+// instantiation without spills is ptxas's register allocation: kMask (the fp32 kGeneral and kRoute
+// kernels, and the fp32 kOneStateSequential compiled for a register-carry arch) the mask, the
+// others the test (the fp32 kOneStateSequential spilled the mask on sm_80 at its 80 registers, and
+// spills in the test on sm_86 / sm_89).
 template <bool kMask>
 SS2D_HD SS2D_INLINE bool starts_map_row(const Geometry& g, uint32_t starts, int r) {
 #ifdef __CUDA_ARCH__
@@ -446,7 +444,8 @@ SS2D_UNROLL
           // A row that starts a map (packed small maps) cuts the vertical scan: its Abar, read
           // here first, becomes 0 for the vertical pass (h = 0 * h_above + hh), which so keeps no
           // per-cell restart test.
-          const bool cut_row = starts_map_row<std::is_same_v<T, float> && !kSharedConsts>(g, starts_h, r);
+          const bool cut_row =
+              starts_map_row<std::is_same_v<T, float> && !kSharedConsts && (!kOne || kRegisterCarry)>(g, starts_h, r);
           const uint32_t row_starts_w = kSharedConsts ? column_starts[0] : starts_w;
           const float cut[kQuad] = {0.f, 0.f, 0.f, 0.f};
 SS2D_UNROLL
