@@ -7,8 +7,8 @@ import torch
 
 from vmamba2d.ops.compiled import extensions
 
-from cuda_emulation_build import v3_emulation
-from script_loading import load_script
+from support.cuda_emulation_build import v3_emulation
+from support.script_loading import load_script
 
 
 def _load_gpu_bench():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from script_loading import load_script
+from support.script_loading import load_script
 
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / "dev" / "gpu"

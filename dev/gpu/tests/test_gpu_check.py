@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from script_loading import load_script
+from support.script_loading import load_script
 
 TOOL = Path(__file__).resolve().parents[1] / "gpu_check.py"
 

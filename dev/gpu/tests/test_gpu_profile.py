@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from script_loading import REPO, load_script
+from support.script_loading import REPO, load_script
 
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from script_loading import load_script
+from support.script_loading import load_script
 
 
 sass_lines = load_script("dev/gpu/sass_lines.py", "sass_lines_under_test")

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from script_loading import load_script
+from support.script_loading import load_script
 
 
 sass_report = load_script("dev/gpu/sass_report.py", "sass_report_under_test")
