@@ -391,13 +391,33 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
   return {du, ddelta, dBC, dA, dD, ddb};
 }
 
-// One synthetic warp that breaks (or keeps) a band-buffer rule; throws when the checker objects.
-// Scenarios: own_slots (passes), other_lanes_slot, read_before_write, band_outside_lane_phase.
+// One synthetic warp that breaks (or keeps) a rule of the checker; throws when the checker objects.
+// Scenarios: own_slots, one_store_per_lane (pass); other_lanes_slot, read_before_write,
+// band_outside_lane_phase, two_lanes_store_one_cell, store_twice, read_of_another_lanes_output,
+// store_into_an_input (throw).
 void rows_backward_self_check(const std::string& scenario) {
   Schedule schedule(3);
-  const Outputs outputs;
+  float data[kWarpLanes] = {};
+  float input[kWarpLanes] = {};
+  OutputShadow shadow("out", kWarpLanes);
+  const Outputs outputs{{data, &shadow}};
   BackwardHostCtx ctx(0, schedule, outputs, 2);
-  if (scenario == "own_slots") {
+  const auto out = ctx.global(static_cast<float*>(data), kWarpLanes);
+  float one = 1.f, v;
+  if (scenario == "one_store_per_lane") {
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane, &one); });
+    shadow.check_complete();
+  } else if (scenario == "two_lanes_store_one_cell") {
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane / 2, &one); });
+  } else if (scenario == "store_twice") {
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane, &one); });
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane, &one); });
+  } else if (scenario == "read_of_another_lanes_output") {
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane, &one); });
+    ctx.each_lane([&](int lane) { ctx.load<1>(out, (lane + 1) % kWarpLanes, &v); });
+  } else if (scenario == "store_into_an_input") {
+    ctx.each_lane([&](int lane) { ctx.store<1>(ctx.global(static_cast<float*>(input), kWarpLanes), lane, &one); });
+  } else if (scenario == "own_slots") {
     ctx.each_lane([&](int lane) { ctx.band_put(1, lane, 1.f); });
     ctx.each_lane([&](int lane) { (void)ctx.band_get(1, lane); });
   } else if (scenario == "other_lanes_slot") {

@@ -160,11 +160,16 @@ def test_non_finite_input_of_one_map_leaves_the_other_batch_entries_clean(emu):
 
 @pytest.mark.parametrize("scenario,message", [
     ("own_slots", None),
+    ("one_store_per_lane", None),
     ("other_lanes_slot", "band buffer write of lane"),
     ("read_before_write", "read before written"),
     ("band_outside_lane_phase", "outside a per-lane phase"),
+    ("two_lanes_store_one_cell", "written twice"),
+    ("store_twice", "written twice"),
+    ("read_of_another_lanes_output", "global-memory race"),
+    ("store_into_an_input", "none of the launch's outputs"),
 ])
-def test_band_buffer_checker(emu, scenario, message):
+def test_checker(emu, scenario, message):
     if message is None:
         emu.rows_backward_self_check(scenario)
     else:
