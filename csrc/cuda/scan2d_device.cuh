@@ -1,6 +1,6 @@
 // Execution context of scan2d_kernel.cuh on the GPU: each call runs the body for the calling
-// thread only; global views are raw pointers, shared views 32-bit offsets from the block's shared
-// base (SharedWindowView). Methods are __host__ __device__ so the shared templates compile on both
+// thread only; global views are raw pointers, shared views 32-bit offsets into the block's dynamic
+// shared memory (SharedWindowView). Methods are __host__ __device__ so the shared templates compile on both
 // sides; their host branches are never executed.
 #pragma once
 
@@ -40,40 +40,44 @@ struct VectorWord<2> {
   static_assert(sizeof(type) == sizeof(Vec4<__half>), "uint2 moves one fp16 / bf16 quad");
 };
 
-// A view of the block's dynamic shared memory: the block's base pointer and a 32-bit signed byte
-// offset, each access base + (offset + index * sizeof(V)) computed in 32 bits. Not a V* per view:
+// The block's dynamic shared memory (every extern __shared__ array of a kernel starts there).
+extern __shared__ __align__(16) char scan2d_dynamic_smem[];
+
+// A view of the block's dynamic shared memory: a 32-bit signed byte offset into it, each access
+// scan2d_dynamic_smem + (offset + index * sizeof(V)) computed in 32 bits. Not a V* per view:
 // NVRTC's front end keeps pointers into shared memory 64 bits wide (nvcc's 32 bits), so every view
-// and index the block keeps live as a pointer took two registers there, and the kernels at their
-// __launch_bounds__ register caps spilled (sm_90). Held as 32-bit offsets, the live values are the
-// same width under both compilers; signed, so the compiler may split a constant off an index
-// (no wrap) and fold it into the access's immediate offset. Plain loads and stores: the compiler
-// still merges, schedules and vectorises them (inline asm would pin every address in a register).
+// and index the block kept live as a pointer took two registers there, and the kernels at their
+// __launch_bounds__ register caps spilled (sm_90). As offsets from the one symbol, the live values
+// are 32 bits wide under both compilers (a view carrying the base pointer too put the backward's
+// views into local memory on sm_75 under nvcc); signed, so the compiler may split a constant off an
+// index (no wrap) and fold it into the access's immediate offset. Plain loads and stores: the
+// compiler still merges, schedules and vectorises them (inline asm would pin every address in a
+// register).
 template <class V>
 class SharedWindowView {
   static_assert(sizeof(V) == 4, "shared views hold 4-byte elements (as the host's)");
 
  public:
-  SS2D_HD SS2D_INLINE SharedWindowView(char* base, int offset) : base_(base), offset_(offset) {}
+  SS2D_HD SS2D_INLINE explicit SharedWindowView(int offset) : offset_(offset) {}
   SS2D_HD SS2D_INLINE SharedWindowView operator+(int64_t k) const {
-    return SharedWindowView(base_, offset_ + static_cast<int>(k) * static_cast<int>(sizeof(V)));
+    return SharedWindowView(offset_ + static_cast<int>(k) * static_cast<int>(sizeof(V)));
   }
-  SS2D_HD SS2D_INLINE V& operator[](int64_t i) const { return *reinterpret_cast<V*>(base_ + element(i)); }
+  SS2D_HD SS2D_INLINE V& operator[](int64_t i) const { return *reinterpret_cast<V*>(at(i)); }
   // Elements off .. off + 3 (16-byte aligned) as one 16-byte access.
   SS2D_HD SS2D_INLINE void load4(int64_t off, V (&out)[4]) const {
-    const uint4 w = *reinterpret_cast<const uint4*>(base_ + element(off));
+    const uint4 w = *reinterpret_cast<const uint4*>(at(off));
     memcpy(out, &w, sizeof(w));
   }
   SS2D_HD SS2D_INLINE void store4(int64_t off, const V (&in)[4]) const {
     uint4 w;
     memcpy(&w, in, sizeof(w));
-    *reinterpret_cast<uint4*>(base_ + element(off)) = w;
+    *reinterpret_cast<uint4*>(at(off)) = w;
   }
 
  private:
-  SS2D_HD SS2D_INLINE int element(int64_t i) const {
-    return offset_ + static_cast<int>(i) * static_cast<int>(sizeof(V));
+  SS2D_HD SS2D_INLINE char* at(int64_t i) const {
+    return scan2d_dynamic_smem + (offset_ + static_cast<int>(i) * static_cast<int>(sizeof(V)));
   }
-  char* base_;
   int offset_;
 };
 
@@ -81,9 +85,11 @@ struct DeviceCtx {
   static constexpr int kLaneSlots = 1;
   static constexpr int kThreadSlots = 1;
 
+  // The block's shared memory is scan2d_dynamic_smem itself; smem (the kernel's extern array, the
+  // same bytes) is the host context's.
   template <class V>
-  SS2D_HD SS2D_INLINE SharedWindowView<V> shared(char* smem, size_t byte_offset, int64_t) const {
-    return SharedWindowView<V>(smem, static_cast<int>(byte_offset));
+  SS2D_HD SS2D_INLINE SharedWindowView<V> shared(char*, size_t byte_offset, int64_t) const {
+    return SharedWindowView<V>(static_cast<int>(byte_offset));
   }
   template <class V>
   SS2D_HD SS2D_INLINE V* global(V* ptr, int64_t) const {

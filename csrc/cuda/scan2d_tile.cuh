@@ -4,7 +4,7 @@
 //   * DeviceCtx (scan2d_device.cuh, the .cu files): one CUDA thread per (warp, lane);
 //     each_thread / each_warp / each_lane run the body for the calling thread only, barrier() is
 //     __syncthreads(), sync_warp() is __syncwarp(), global views are raw pointers, shared views
-//     32-bit offsets from the block's shared base (SharedWindowView).
+//     32-bit offsets into the block's dynamic shared memory (SharedWindowView).
 //   * HostCtx (selective_scan_2d_emulate.cpp): one CPU thread runs every (warp, lane) of a block in
 //     a chosen order (forward, reversed, shuffled), views are bounds-checked and every shared
 //     access is recorded by a race detector, so the very code the GPU runs is tested on the CPU.

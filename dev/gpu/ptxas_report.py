@@ -222,14 +222,26 @@ def readable_names(mangled: list[str]) -> dict[str, str]:
     return names
 
 
+# What the nvcc build (opt-in, for the GPU comparison with the NVRTC path) may spill where the NVRTC
+# images, compiled one instantiation per program, do not: (kernel, arch) -> (spill bytes, stack
+# bytes). nvcc compiles every instantiation of a .cu file in one program, and there ptxas spills in
+# this kernel since the shared views became 32-bit offsets (benchmarks/nvrtc_shared_addressing.md).
+KNOWN_NVCC_SPILLS = {
+    ("void scan2d_forward_kernel<float, kOneStateSequential>", "8.6"): (64, 40),
+}
+
+
 def check_budgets(kernel: KernelResources) -> list[str]:
     """Budget breaches of one kernel (empty when it is within all of them)."""
     budget = BUDGETS[kernel.budget_role]
+    spill_bytes, stack_bytes = budget.spill_bytes, budget.stack_bytes
+    if kernel.source != "nvrtc":
+        spill_bytes, stack_bytes = KNOWN_NVCC_SPILLS.get((kernel.name, kernel.arch), (spill_bytes, stack_bytes))
     problems = []
-    if kernel.spill_stores + kernel.spill_loads > budget.spill_bytes:
+    if kernel.spill_stores + kernel.spill_loads > spill_bytes:
         problems.append(f"spills {kernel.spill_stores}+{kernel.spill_loads} B")
-    if kernel.stack_bytes > budget.stack_bytes:
-        problems.append(f"stack frame {kernel.stack_bytes} B > {budget.stack_bytes}")
+    if kernel.stack_bytes > stack_bytes:
+        problems.append(f"stack frame {kernel.stack_bytes} B > {stack_bytes}")
     if kernel.entry and kernel.registers > budget.registers:
         problems.append(f"{kernel.registers} registers > {budget.registers}")
     if kernel.static_smem > budget.static_smem_bytes:
