@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 export MAX_JOBS ?= 2
 
-.PHONY: setup demo test bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare gpu-nvrtc test-gpu-tools clean
+.PHONY: setup demo test test-fast bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare gpu-nvrtc test-gpu-tools clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The inner loop: every test not marked slow (each slow one takes over ~10 s on 2 cores).
+test-fast: setup
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 # Writes to out/ so a run never overwrites the committed, annotated tables in benchmarks/.
 bench: setup

@@ -48,6 +48,7 @@ def _transparent_huge_pages_always() -> bool:
     return setting.exists() and "[always]" in setting.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not GLIBC, reason="the C library here is not glibc")
 def test_a_training_step_reuses_freed_memory_without_page_faults():
     kept = _probe("keep")
@@ -61,6 +62,7 @@ def test_a_training_step_reuses_freed_memory_without_page_faults():
         assert default["after"]["keeps_freed_memory"] is False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not GLIBC, reason="the C library here is not glibc")
 def test_the_opt_out_variable_makes_the_call_a_no_op():
     opted_out = _probe("keep", VMAMBA2D_KEEP_FREED_MEMORY="0")

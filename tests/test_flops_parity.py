@@ -82,6 +82,7 @@ def test_flops_at_224_match_published(name, published_gflops):
     assert abs(gflops - published_gflops) / published_gflops < 0.03, gflops
 
 
+@pytest.mark.slow
 def test_count_flops_shows_users_no_fvcore_import_warning():
     """fvcore.nn calls torch.jit.script at import, which torch deprecates with a FutureWarning
     that users cannot act on; a fresh process that makes FutureWarnings errors still counts."""

@@ -82,6 +82,7 @@ def one_epoch_run(tmp_path_factory) -> tuple[Path, list[str]]:
     return output, records
 
 
+@pytest.mark.slow
 def test_log_says_amp_and_workers_once_and_numbers_epochs_as_metrics(one_epoch_run):
     output, records = one_epoch_run
     setting = [r for r in records if "data worker(s)" in r]

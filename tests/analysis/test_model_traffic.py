@@ -78,6 +78,7 @@ def test_broadcast_inputs_count_their_distinct_elements():
     assert (add.read, add.written) == (16000 + 4000, 16000)
 
 
+@pytest.mark.slow
 def test_account_of_a_hand_built_module_on_fake_cuda():
     model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU())
     account = account_model(model, "fp32", img_size=4, batch=2)
@@ -111,6 +112,7 @@ def test_scan_op_counted_by_its_formula():
     assert (first.read, first.written) == (read, 4 * di * length)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["vmamba2d_tiny", "convnext_tiny"])
 def test_activation_bytes_scale_with_batch_and_pixels(name):
     def activations(img_size: int) -> tuple[float, float]:
@@ -123,6 +125,7 @@ def test_activation_bytes_scale_with_batch_and_pixels(name):
     assert 3.9 * small < large <= 4.0 * small  # 4x the pixels (the pooled head is per image)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["vmamba2d_tiny", "convnext_tiny"])
 def test_casts_counted_only_where_dtypes_change(name):
     net = model(name)

@@ -33,6 +33,7 @@ def test_fused_route_targets_compare_matching_rows():
     assert lines[4].endswith("vmamba2d_tiny / convnext_tiny inference = 0.93x (target >= 1.0x): NOT met")
 
 
+@pytest.mark.slow
 def test_profiled_run_reports_route_copy_share(tmp_path, capsys):
     tool = _tool()
     out = tmp_path / "bench.md"

@@ -59,6 +59,7 @@ def test_turns_alternate_and_only_their_last_calls_count(monkeypatch):
     assert (peak_a, peak_b) == (10.0, 20.0)
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_the_table(tmp_path):
     tool = _tool()
     out = tmp_path / "ab.md"
@@ -75,6 +76,7 @@ def test_tiny_run_writes_the_table(tmp_path):
     assert cells[9] == ">= 0.01x: met"
 
 
+@pytest.mark.slow
 def test_a_failing_worker_reports_its_error():
     tool = _tool()
     with pytest.raises(RuntimeError, match="worker for no_such_model exited with code 1"):

@@ -147,6 +147,7 @@ def test_transform_failure_names_the_step_sample_and_epoch(data_with_odd_image, 
         assert fragment in message, message
 
 
+@pytest.mark.slow
 def test_cli_stops_with_one_line_naming_the_failed_transform(data_with_odd_image, tmp_path,
                                                              monkeypatch, capsys):
     data, odd = data_with_odd_image

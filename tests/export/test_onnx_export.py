@@ -71,6 +71,7 @@ def dynamic_export(request, bare_exports):
     return create(request.param), onnx_session(bare_exports / f"{request.param}.onnx")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch, height, width", [(1, 64, 64), (3, 40, 72), (2, 33, 17)])
 def test_dynamic_export_matches_eager_on_square_and_non_square_inputs(dynamic_export, batch, height, width):
     # one file: the batch size it was traced with (2) and others, any height / width
@@ -89,6 +90,7 @@ def _domains(graph: onnx.GraphProto) -> set:
     return domains
 
 
+@pytest.mark.slow  # its fixture exports both families in a child process (~20 s)
 @pytest.mark.parametrize("name", FAMILIES)
 def test_bare_export_is_checked_standard_onnx(bare_exports, name):
     model = onnx.load(str(bare_exports / f"{name}.onnx"))
@@ -97,6 +99,7 @@ def test_bare_export_is_checked_standard_onnx(bare_exports, name):
     assert _domains(model.graph) == {""} and {imp.domain for imp in model.opset_import} == {""}
 
 
+@pytest.mark.slow
 def test_fixed_size_features_only_export_matches_and_rejects_other_sizes(tmp_path):
     model = create("vmamba2d_tiny", features_only=True, out_indices=(0, 1))
     path = export_onnx(model, tmp_path / "backbone.onnx", (48, 80))
@@ -108,6 +111,7 @@ def test_fixed_size_features_only_export_matches_and_rejects_other_sizes(tmp_pat
         session.run(None, {INPUT_NAME: images(1, 64, 80).numpy()})
 
 
+@pytest.mark.slow
 def test_per_route_model_exports_the_single_route_op_at_a_fixed_size(tmp_path):
     # cross_scan="per_route" calls vmamba2d::selective_scan_2d_fwd (one call per grid shape)
     model = create("vmamba2d_tiny", cross_scan="per_route")
@@ -118,6 +122,7 @@ def test_per_route_model_exports_the_single_route_op_at_a_fixed_size(tmp_path):
     assert max_relative_error(model, None, images(2, 40, 56), session) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_cli_exports_a_checkpoint_and_checks_it(tmp_path, capsys):
     trained = create("vmamba_tiny")
     with torch.no_grad():

@@ -79,6 +79,7 @@ def _nodes(graph: onnx.GraphProto):
                 yield from _nodes(attr.g)
 
 
+@pytest.mark.slow
 def test_scan_ops_become_standard_onnx_operators(exported):
     model = onnx.load(str(exported))
     onnx.checker.check_model(model, full_check=True)

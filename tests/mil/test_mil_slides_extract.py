@@ -56,6 +56,7 @@ def extracted(slides, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_bad_slides_are_reported_and_skipped(extracted, capsys):
     summary = json.loads((extracted / "extract_summary.json").read_text())
     assert sorted(summary["done"]) == [f"s{i}" for i in range(8)]
@@ -104,6 +105,7 @@ def test_features_equal_the_encoder_on_tiles_read_directly(slides, extracted):
     np.testing.assert_allclose(features[picks], expected.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_rerun_skips_verified_slides_and_redoes_the_others(slides, extracted, tmp_path):
     out = tmp_path / "copy"
     h5_dir = out / "h5_files"
@@ -182,6 +184,7 @@ def test_train_on_extracted_features_then_predict_with_heatmaps(slides, extracte
     assert Image.open(out / "heatmaps" / "s7.png").size[0] > 0
 
 
+@pytest.mark.slow
 def test_encoder_weights_from_files(tmp_path):
     from safetensors.torch import save_file
 

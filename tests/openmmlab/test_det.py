@@ -162,6 +162,7 @@ def _weights(path: Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 # training, evaluation, inference
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_training_loss_is_finite_and_decreases(trained):
     losses = [record["loss"] for record in _scalar_records(trained) if "loss" in record]
     assert len(losses) == EPOCHS * 2  # 4 images, batch 2
@@ -171,6 +172,7 @@ def test_training_loss_is_finite_and_decreases(trained):
     assert not list(trained.glob(".*.tmp-*"))
 
 
+@pytest.mark.slow
 def test_test_script_reports_box_and_mask_ap_as_pycocotools_computes_them(trained, tiny_run, tmp_path, capsys):
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
@@ -255,6 +257,7 @@ runpy.run_path({train!r}, run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_killed_before_a_commit_then_resumed_equals_the_uninterrupted_run(trained, tiny_run, tmp_path):
     work = tmp_path / "killed"
     script = _KILLED_RUN.format(threads=THREADS, root=str(ROOT), train=str(ROOT / "det" / "train.py"))
@@ -289,6 +292,7 @@ def test_train_refuses_a_work_dir_with_a_run_and_reports_missing_coco_in_one_lin
     assert line.startswith("train.py: error: train_dataloader: annotation file") and "COCO 2017 is expected" in line
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_locked_work_dir_is_refused_in_one_line(tiny_run, tmp_path, capsys):
     from support.run_lock_holder import lock_held_by_another_process
     from vmamba2d.runs.run_lock import LOCK_NAME
@@ -302,6 +306,7 @@ def test_a_second_run_into_a_locked_work_dir_is_refused_in_one_line(tiny_run, tm
         assert [p.name for p in work.iterdir()] == [LOCK_NAME]
 
 
+@pytest.mark.slow
 def test_test_and_load_from_refuse_a_checkpoint_of_another_model_in_one_line(tiny_run, tmp_path, capsys):
     classification = tmp_path / "last.pth"
     torch.save({"model": {"stem.weight": torch.zeros(8, 3, 4, 4)}}, classification)
@@ -345,6 +350,7 @@ def test_a_truncated_coco_annotation_file_is_refused_before_anything_is_written(
 # ---------------------------------------------------------------------------------------------
 # registration, backbone options, configs, FLOPs
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_det_registers_the_shared_backbone_and_works_without_mmseg():
     """A fresh process in which mmseg cannot be imported: vmamba2d.det still imports, and mmdet's
     registry builds the same class vmamba2d.seg registers, on any input size."""
@@ -424,6 +430,7 @@ def test_neck_channels_are_the_backbone_outputs():
         assert list(backbone.out_channels) == [96, 192, 384, 768], name
 
 
+@pytest.mark.slow
 def test_mask_rcnn_flops_and_the_2d_scan_share_on_a_small_input():
     """det/get_flops.py's count, on 160x256 (the full 1280x800 count is in docs/detection.md): the
     backbone's scan FLOPs follow docs/scan.md (per block 4 routes x (15 + 1) L D for the 2D scan,
@@ -458,6 +465,7 @@ def test_mask_rcnn_flops_and_the_2d_scan_share_on_a_small_input():
           f"VMamba-T {results['vmamba_tiny']['flops'] / 1e9:.2f}G; the 2D scan adds {extra / 1e9:.3f}G")
 
 
+@pytest.mark.slow
 def test_mmdet_tools_run_after_import_and_get_flops_counts_the_scan(tiny_run, capsys, monkeypatch, tmp_path):
     """mmdet's own get_flops tool (mmengine's counter, on a dataset image) prints the FLOPs
     det/get_flops.py counts (fvcore); backbone dims 64 make the scan a visible share."""
@@ -488,6 +496,7 @@ def test_mmdet_tools_run_after_import_and_get_flops_counts_the_scan(tiny_run, ca
     assert f"Input shape: {IMAGE_SIZE}" in printed
 
 
+@pytest.mark.slow
 def test_get_flops_is_reproducible_on_a_random_detector(capsys):
     """det/get_flops.py seeds the random model it builds: the RoI heads' FLOPs scale with the number
     of proposals the untrained RPN keeps, which otherwise changes from run to run."""

@@ -177,6 +177,7 @@ def test_placeholders_and_unsupported_options_name_the_problem():
         ops.roi_align(torch.zeros(1, 1, 4, 4), torch.tensor([[0.0, 0, 0, 2, 2]]), 2, 1.0, 0, "max")
 
 
+@pytest.mark.slow
 def test_full_mmcv_is_left_alone_and_mmdet_imports_with_the_standin():
     script = textwrap.dedent("""
         import importlib.machinery, logging, sys, types, warnings

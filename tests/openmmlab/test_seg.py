@@ -202,6 +202,7 @@ def test_backbone_loads_imagenet_checkpoints(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # configs
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_configs_follow_the_recipe_and_build():
     assert [c.name for c in CONFIGS] == [
         "upernet_vmamba2d_small_4xb4-160k_ade20k-512x512.py",
@@ -283,6 +284,7 @@ def _options_to_dict(options: list) -> dict:
 # ---------------------------------------------------------------------------------------------
 # entry points: train -> resume -> test (single-scale, TTA); errors
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_train_validate_resume_and_test(ade_root, tmp_path, capsys, monkeypatch):
     # torch.load without weights_only unpickles anything (torch < 2.6): the resume and the test still
     # load these genuine checkpoints, with weights_only=True (vmamba2d.openmmlab.checkpoint_safety)

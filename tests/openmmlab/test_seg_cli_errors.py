@@ -63,6 +63,7 @@ def test_train_reports_a_work_dir_it_refuses_in_one_line(ade_root, tmp_path, cap
         "continue it, or choose another --work-dir"]
 
 
+@pytest.mark.slow
 def test_train_reports_a_refused_imagenet_checkpoint_in_one_line(ade_root, tmp_path, capsys):
     train = load_seg_script("train")
     executed = tmp_path / "executed"
@@ -119,6 +120,7 @@ def _options_dict(options: list) -> dict:
     return parser.parse_args(["--o", *options]).o
 
 
+@pytest.mark.slow
 def test_train_starts_from_load_from_through_the_safe_loader(ade_root, tmp_path, capsys):
     train = load_seg_script("train")
     state = _tiny_segmentor_state(ade_root)
@@ -162,6 +164,7 @@ def test_train_and_test_refuse_a_checkpoint_of_another_model_in_one_line(ade_roo
     assert not (tmp_path / "w2").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["annotations/training/im1.png", "images/training/im2.jpg"])
 def test_a_garbage_training_file_stops_training_in_one_line_naming_it(ade_root, tmp_path, capsys, bad):
     import shutil
@@ -219,6 +222,7 @@ def test_a_config_syntax_error_and_a_file_as_work_dir_are_one_line(ade_root, tmp
                                     "is needed)"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_checkpointing_is_one_line(ade_root, tmp_path, capsys, monkeypatch):
     import errno
 

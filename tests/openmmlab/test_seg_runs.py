@@ -415,6 +415,7 @@ def test_atomic_backend_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypa
     assert sorted(p.name for p in target.parent.iterdir()) == ["iter_2.pth"]
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_locked_work_dir_is_refused_in_one_line(ade_root, tmp_path, capsys):
     from support.run_lock_holder import lock_held_by_another_process
     from vmamba2d.runs.run_lock import LOCK_NAME

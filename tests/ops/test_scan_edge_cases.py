@@ -72,6 +72,7 @@ print("ok", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not backend_info()["cpu_extension"], reason="the compiled CPU kernel is unavailable")
 def test_cpu_kernel_backward_on_empty_batch_or_channels_returns_empty_gradients():
     """Run in a child process: a kernel crash (SIGFPE from a division by batch * groups) must fail

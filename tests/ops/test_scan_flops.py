@@ -55,6 +55,7 @@ def test_scan_2d_flops_formula():
 
 
 
+@pytest.mark.slow
 def test_fvcore_counts_the_triton_op_in_the_interpreter():
     """The Triton op has its own name; run it through Triton's interpreter (set before triton is
     imported, hence a child process) and check fvcore counts it like the compiled op."""

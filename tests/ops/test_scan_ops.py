@@ -363,6 +363,7 @@ def _run_without_built_extension(code: str, **env_overrides: str) -> subprocess.
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_without_any_kernel_auto_warns_once_and_cpu_raises():
     result = _run_without_built_extension("""
         import warnings
@@ -390,6 +391,7 @@ def test_without_any_kernel_auto_warns_once_and_cpu_raises():
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr
 
 
+@pytest.mark.slow
 def test_jit_build_of_the_cpu_kernel():
     result = _run_without_built_extension("""
         import torch

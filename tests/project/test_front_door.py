@@ -261,6 +261,7 @@ def test_weights_names_the_shipped_configs_for_an_unknown_one(capsys):
 
 
 # --- quiet by default ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_openmmlab_import_prints_no_stand_in_warning():
     pytest.importorskip("mmengine")
     import subprocess
@@ -374,6 +375,7 @@ print(json.dumps(found))
 """
 
 
+@pytest.mark.slow
 def test_every_module_entry_point_prints_its_usage_for_help():
     import subprocess
     import sys
@@ -402,6 +404,7 @@ def test_version_names_the_toolkit_and_what_runs_mmcv_ops(capsys):
     assert line.endswith("PyTorch stand-in (mmcv-lite has no compiled ops)" if compat_layer_active() else "compiled")
 
 
+@pytest.mark.slow
 def test_every_installed_command_shows_examples_in_its_help():
     import subprocess
     import sys

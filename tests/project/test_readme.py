@@ -57,6 +57,7 @@ def test_readme_has_runnable_python_blocks():
     assert any(reason is None for _, _, _, reason in PYTHON_BLOCKS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [b for b in PYTHON_BLOCKS if b[3] is None],
                          ids=lambda b: f"line{b[2]}")
 def test_python_block_runs(block, tmp_path):
@@ -169,6 +170,7 @@ def test_readme_invokes_installed_commands():
     assert any(kind == "command" for kind, _, _, _ in BASH_INVOCATIONS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("invocation", BASH_INVOCATIONS, ids=lambda i: f"{i[1]}:line{i[3]}")
 def test_bash_command_options_exist(invocation, help_texts):
     kind, target, options, line = invocation

@@ -20,6 +20,7 @@ from vmamba2d.runs.run_lock import LOCK_NAME
 pytestmark = pytest.mark.usefixtures("one_thread_module")  # one intra-op thread: reproducible, and fast on 2 cores
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_and_a_killed_holder_leaves_no_lock(tmp_path):
     folder = tmp_path / "run"
     with lock_held_by_another_process(folder) as holder:
@@ -71,6 +72,7 @@ def _one_line_refusal(capsys, folder: Path, pid: int) -> None:
     assert "error:" in err[0] and str(folder) in err[0] and f"process {pid}" in err[0], err[0]
 
 
+@pytest.mark.slow
 def test_classification_train_refuses_a_locked_output(tmp_path, capsys):
     data = make_tiny_imagefolder(tmp_path / "data", train_per_class=2, val_per_class=1)
     output = tmp_path / "run"
@@ -84,6 +86,7 @@ def test_classification_train_refuses_a_locked_output(tmp_path, capsys):
         assert [p.name for p in output.iterdir()] == [LOCK_NAME]  # nothing of this run written
 
 
+@pytest.mark.slow
 def test_mil_train_refuses_a_locked_output(tmp_path, capsys):
     features = tmp_path / "features"
     features.mkdir()

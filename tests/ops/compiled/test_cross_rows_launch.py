@@ -64,7 +64,7 @@ def test_model_maps_take_the_four_route_kernel(side, dtype):
             design, plan, why = cross_rows_launch.cross_forward_design(*x, CODES, out_fp32)
             assert design == "rs" and plan == rows_plan.cross_plan(x[0].element_size(), 4 if out_fp32 else
                                                                    x[0].element_size(), side)
-            assert why == (f"PL (L = 49 <= 64): not built for cuda; RS: N = 1, width 7 <= 64" if side == 7
+            assert why == ("PL (L = 49 <= 64): not built for cuda; RS: N = 1, width 7 <= 64" if side == 7
                            else f"RS: N = 1, width {side} <= 64")
 
 

@@ -36,6 +36,7 @@ def _compile(spec, arch):
     return compiled, (r.registers, r.spill_stores + r.spill_loads, r.stack_bytes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", [75, 80, 90])
 def test_model_entry_compiles_within_64_registers_without_spills(arch):
     # The 7 x 7 model plane, route 0, 16-byte copies, bf16 (the fp32 / fp16 instances: the slow test).
@@ -54,6 +55,7 @@ def test_other_entries_compile_within_64_registers_without_spills(arch):
     assert all(r <= 64 and s == 0 and st == 0 for r, s, st in figures.values()), figures
 
 
+@pytest.mark.slow
 def test_params_layout_equals_the_c_struct(tmp_path: Path):
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:

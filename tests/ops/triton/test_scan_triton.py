@@ -83,6 +83,7 @@ def test_missing_triton_raises(monkeypatch):
 # --------------------------------------------------------------------------------------------
 # The kernels in Triton's interpreter (a subprocess: the variable must precede triton's import)
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_kernels_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -357,6 +358,7 @@ def test_launch_warps_and_register_caps():
     assert triton_launch.launch_config(n64, "bwd", 1) == (16, 128)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction, routes, dtype, shape, arch", [
     ("bwd", "2d", torch.float32, (128, 192, 1, 56, 56), 90),
     ("bwd", "flat", torch.bfloat16, (128, 192, 1, 56, 56), 90),

@@ -26,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 CASES = Path(__file__).resolve().parent / "triton_interpreted_rows_cases.py"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_rows_kernel_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
