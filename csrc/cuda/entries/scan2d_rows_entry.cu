@@ -36,8 +36,15 @@
 #define VMAMBA2D_RS_STEPS 4
 #endif
 // Blocks per SM the kernel is compiled for (kRowsMinBlocks: 64 registers); lower for experiments.
+// The fp16 four-route kernel on sm_75 takes 7 (72 registers, 28 of the SM's 32 warps): at 64
+// registers ptxas (NVRTC 13.0, nvcc 13.0) spills 4+4 B with an 8 B stack frame at V = 2 with 3 or 4
+// scan steps (W = 14, 28); bf16 and fp32, and fp16 on sm_80 and newer, fit 64 without spills.
 #ifndef VMAMBA2D_RS_MIN_BLOCKS
+#if VMAMBA2D_RS_CROSS && VMAMBA2D_RS_DTYPE == 1 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 750
+#define VMAMBA2D_RS_MIN_BLOCKS 7
+#else
 #define VMAMBA2D_RS_MIN_BLOCKS vmamba2d::rows::kRowsMinBlocks
+#endif
 #endif
 
 namespace vmamba2d {

@@ -12,7 +12,7 @@ import torch
 
 from vmamba2d.ops import CROSS_ROUTES, tuning
 from vmamba2d.ops.compiled import cross_rows_launch, cuda_launch, kernel_cache, nvrtc, rows_launch, rows_plan
-from vmamba2d.ops.compiled.cuda_kernels import rows_cross_kernel
+from vmamba2d.ops.compiled.cuda_kernels import KERNELS, MODEL_MAP_SIDES, rows_cross_kernel
 
 try:
     TOOLCHAIN = nvrtc.find_toolchain()
@@ -183,3 +183,21 @@ def test_tuner_times_each_block_size_and_the_grid_covers_every_map(launcher):
     for launch in launches:
         warps = launch[3] // 32
         assert launch[2][0] * warps >= items > (launch[2][0] - 1) * warps
+
+
+def test_model_maps_launch_exactly_the_precompiled_instances():
+    # The four-route entries of the precompile table are the instances the model's maps launch (every
+    # input type, contiguous or channels-last u, y fp32 or the input type): none missing, none extra.
+    launched = set()
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for side in MODEL_MAP_SIDES:
+            for channels_last in (False, True):
+                u, delta, A, B, C, D, bias = cross_inputs(2, 8, side, side, dtype, channels_last=channels_last)
+                for out_fp32 in (False, True):
+                    design, plan, why = cross_rows_launch.cross_forward_design(u, delta, A, B, C, D, bias, CODES,
+                                                                               out_fp32)
+                    assert design == "rs", why
+                    spec = cross_rows_launch.plan_spec(plan, dtype)
+                    assert KERNELS.get(spec.name) == spec, spec.name
+                    launched.add(spec.name)
+    assert launched == {name for name in KERNELS if name.startswith("rows_cross_forward.")}

@@ -43,15 +43,19 @@ def test_four_route_kernel_holds_its_budgets(dtype):
     assert report.cross_budget_failures(rows) == []
 
 
-def test_cross_budgets_catch_unknown_and_stale_spills(monkeypatch):
-    monkeypatch.setattr(report, "CROSS_SPILLS", {("sm_90", "fp32", 56)})
+def test_cross_budgets_catch_spills_and_registers():
     spilling = report.Row("sm_90", "bf16", 28, 1, 1, 1, registers=64, spill_bytes=8, stack_bytes=8, barriers=0,
                           loop_instructions=160.0, per_cell_channel=200.0, resident_warps=32, in_flight_kib=12.0)
     clean = report.Row("sm_90", "fp32", 56, 2, 1, 1, registers=64, spill_bytes=0, stack_bytes=0, barriers=0,
                        loop_instructions=170.0, per_cell_channel=190.0, resident_warps=32, in_flight_kib=24.0)
-    failures = report.cross_budget_failures([spilling, clean])
-    assert len(failures) == 2
-    assert "bf16 W=28" in failures[0] and "spills" in failures[0] and "CROSS_SPILLS" in failures[1]
+    assert report.cross_budget_failures([spilling, clean]) == ["four-route sm_90 bf16 W=28: 8 bytes of spills, "
+                                                               "8 bytes of stack"]
+    # 72 registers: the fp16 kernel's launch bounds on sm_75 only.
+    wide = report.Row("sm_75", "fp16", 28, 2, 2, 2, registers=72, spill_bytes=0, stack_bytes=0, barriers=0,
+                      loop_instructions=170.0, per_cell_channel=190.0, resident_warps=28, in_flight_kib=12.0)
+    assert report.cross_budget_failures([wide]) == []
+    assert report.cross_budget_failures([report.Row(**{**wide.__dict__, "dtype": "bf16"})]) == [
+        "four-route sm_75 bf16 W=28: 72 registers > 64"]
 
 
 def test_cross_budgets_hold_the_sm90_ratchet():

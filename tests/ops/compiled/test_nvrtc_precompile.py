@@ -85,15 +85,34 @@ def test_every_kernel_compiles_within_budget(arch: int, tmp_path: Path):
     assert {name: p for name, p in problems.items() if p} == {}
 
 
+V4_PREFIXES = ("rows_forward.", "rows_cross_forward.", "planes_forward.")
+
+
+def v4_register_cap(name: str, arch: int) -> int:
+    """Registers the v4 entry's launch bounds allow: 128 threads x 8 blocks per SM (64), but 7 blocks
+    (72) for the fp16 four-route kernel on sm_75 (csrc/cuda/entries/scan2d_rows_entry.cu)."""
+    blocks = 7 if name.startswith("rows_cross_forward.fp16.") and arch == 75 else 8
+    return 65536 // (128 * blocks) // 8 * 8
+
+
+def test_v4_register_caps_follow_the_launch_bounds():
+    assert v4_register_cap("rows_forward.fp16.r0v8l8p1s3", 75) == 64
+    assert v4_register_cap("rows_cross_forward.fp16.v2l2s4", 75) == 72
+    assert v4_register_cap("rows_cross_forward.fp16.v2l2s4", 80) == 64
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", precompile.DEFAULT_ARCHS)
-def test_rows_forward_entries_compile_without_spills(arch: int, tmp_path: Path):
-    """The v4 RS entries (one per model-width plan and dtype) fit kRowsMinBlocks' 64 registers, no spill."""
-    specs = [spec for name, spec in KERNELS.items() if name.startswith("rows_forward.")]
-    assert len(specs) == 12
+def test_v4_entries_compile_without_spills(arch: int, tmp_path: Path):
+    """The v4 entries (RS per model-width plan, the four-route kernel per model width, PL at 7 x 7; each in
+    fp32 / fp16 / bf16) fit their launch bounds' registers with no spill and no stack frame."""
+    specs = [spec for name, spec in KERNELS.items() if name.startswith(V4_PREFIXES)]
+    assert len(specs) == 12 + 12 + 3
     rows = precompile.precompile(specs, [arch], jobs=2, folder=tmp_path)
     assert [row.error for row in rows if row.compiled is None] == []
     figures = {row.kernel: (row.compiled.resources.spill_stores + row.compiled.resources.spill_loads,
                             row.compiled.resources.stack_bytes) for row in rows}
     assert figures == {spec.name: (0, 0) for spec in specs}
-    assert max(row.compiled.resources.registers for row in rows) <= 64
+    over = {row.kernel: row.compiled.resources.registers for row in rows
+            if row.compiled.resources.registers > v4_register_cap(row.kernel, arch)}
+    assert over == {}

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vmamba2d.ops.compiled import cuda_launch, kernel_cache, nvrtc, planes_launch
-from vmamba2d.ops.compiled.cuda_kernels import planes_kernel
+from vmamba2d.ops.compiled import cuda_launch, kernel_cache, nvrtc, planes_launch, rows_launch
+from vmamba2d.ops.compiled.cuda_kernels import KERNELS, MODEL_MAP_SIDES, planes_kernel
 
 try:
     TOOLCHAIN = nvrtc.find_toolchain()
@@ -179,3 +179,23 @@ def test_launch_rejects_what_pl_cannot_run(launcher):
     with pytest.raises(ValueError, match="one of fp32"):
         planes_launch.launch_planes_forward(launcher, H200, u.double(), u, torch.zeros(4, 1), B, B, None, None, True,
                                             9, 8, 0, False)
+
+
+def test_model_maps_launch_exactly_the_precompiled_planes_instances():
+    # The PL entries of the precompile table are the instances the single-route op launches for the
+    # model's maps with contiguous tensors (7 x 7, route 0, 16-byte copies; the larger maps take RS).
+    launched = set()
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for side in MODEL_MAP_SIDES:
+            u, delta = (torch.randn(2, 8, side * side, generator=g).to(dtype) for _ in range(2))
+            B, C = (torch.randn(2, 1, 1, side * side, generator=g).to(dtype) for _ in range(2))
+            A, D, bias = -torch.rand(8, 1, generator=g), torch.randn(8, generator=g), torch.randn(8, generator=g)
+            for out_fp32 in (False, True):
+                design, plan, why = rows_launch.forward_design(u, delta, A, B, C, D, bias, side, out_fp32, False,
+                                                               H200)
+                assert design == ("pl" if side * side <= planes_launch.MAX_CELLS else "rs"), why
+                if design == "pl":
+                    assert KERNELS.get(plan.spec(dtype).name) == plan.spec(dtype)
+                    launched.add(plan.spec(dtype).name)
+    assert launched == {name for name in KERNELS if name.startswith("planes_forward.")}

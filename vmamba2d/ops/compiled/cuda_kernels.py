@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from vmamba2d.ops import plan as scan_plan
+from vmamba2d.ops.compiled.rows_plan import CROSS_ROUTE_CODES, cross_plan
+
 ELEMENT_TYPES = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 # csrc/cuda/scan2d_common.h `enum class Variant`, in its order.
 VARIANTS = ("kGeneral", "kOneStateSequential", "kRoute", "kOneStateRoute")
@@ -96,6 +101,45 @@ def planes_kernel(dtype: str, height: int, width: int, route: int = 0, copy_byte
                       defines=tuple((name, str(value)) for name, value in defines))
 
 
+# The model's square maps (vmamba2d_tiny's four stages at 224 x 224: 56, 28, 14, 7 cells a side).
+MODEL_MAP_SIDES = (56, 28, 14, 7)
+_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+# The alignment of the model's contiguous tensors (fresh allocations: at least 16 bytes).
+_MODEL_ALIGNMENT = 16
+OP_ROUTE = 0  # the single-route op's route code (rows_launch.OP_ROUTE)
+
+
+def _model_designs(dtype: str, routes: tuple[int, ...]) -> list[tuple[int, str]]:
+    """(side, design) of each model map for the CUDA path's rule (vmamba2d.ops.plan) in dtype."""
+    path = "cuda single-route" if len(routes) == 1 else "cuda four-route"
+    element = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    designs = []
+    for side in MODEL_MAP_SIDES:
+        call = scan_plan.ScanCall(1, side, side, element, routes)
+        built = scan_plan.BUILT[path]
+        designs.append((side, next(name for name, _ in scan_plan.preferred(call, "cuda") if name in built)))
+    return designs
+
+
+def model_planes_kernels() -> list[KernelSpec]:
+    """The PL instances the single-route op launches for the model's maps (route 0, contiguous tensors:
+    16-byte copies), in fp32 / fp16 / bf16."""
+    return [planes_kernel(dtype, side, side, OP_ROUTE, _MODEL_ALIGNMENT)
+            for dtype in ELEMENT_TYPES for side, design in _model_designs(dtype, (OP_ROUTE,)) if design == "pl"]
+
+
+def model_cross_kernels() -> list[KernelSpec]:
+    """The four-route RS instances the four-route op launches for the model's maps (rows_plan.cross_plan
+    of each side the rule gives RS, aligned tensors), in fp32 / fp16 / bf16."""
+    specs = []
+    for dtype in ELEMENT_TYPES:
+        for side, design in _model_designs(dtype, CROSS_ROUTE_CODES):
+            plan = cross_plan(_ELEMENT_BYTES[dtype], _ELEMENT_BYTES[dtype], side, _MODEL_ALIGNMENT)
+            if design == "rs" and plan is not None:
+                specs.append(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps))
+    return list({spec.name: spec for spec in specs}.values())
+
+
 KERNELS: dict[str, KernelSpec] = {
     spec.name: spec
     for spec in [
@@ -104,6 +148,8 @@ KERNELS: dict[str, KernelSpec] = {
         KernelSpec(name="carry_scan", source="scan2d_kernels.cuh", symbol=f"{NAMESPACE}scan2d_carry_scan_kernel",
                    defines=(("SS2D_DEFINE_CARRY_SCAN_KERNEL", ""),)),
         *(rows_kernel(dtype, *plan) for dtype in ELEMENT_TYPES for plan in MODEL_ROWS_PLANS_BY_DTYPE[dtype]),
+        *model_cross_kernels(),
+        *model_planes_kernels(),
     ]
 }
 
