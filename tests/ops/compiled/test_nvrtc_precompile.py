@@ -104,10 +104,10 @@ def test_v4_register_caps_follow_the_launch_bounds():
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", precompile.DEFAULT_ARCHS)
 def test_v4_entries_compile_without_spills(arch: int, tmp_path: Path):
-    """The v4 entries (RS per model-width plan, the four-route kernel per model width, PL at 7 x 7; each in
-    fp32 / fp16 / bf16) fit their launch bounds' registers with no spill and no stack frame."""
+    """The v4 entries (RS per model-width plan at each prefetch depth the tuner may pick, the four-route
+    kernel per model width, PL at 7 x 7; each in fp32 / fp16 / bf16) fit their launch bounds' registers with no spill and no stack frame."""
     specs = [spec for name, spec in KERNELS.items() if name.startswith(V4_PREFIXES)]
-    assert len(specs) == 12 + 12 + 3
+    assert len(specs) == 18 + 12 + 3
     rows = precompile.precompile(specs, [arch], jobs=2, folder=tmp_path)
     assert [row.error for row in rows if row.compiled is None] == []
     figures = {row.kernel: (row.compiled.resources.spill_stores + row.compiled.resources.spill_loads,

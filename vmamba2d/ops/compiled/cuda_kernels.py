@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vmamba2d.ops import plan as scan_plan
-from vmamba2d.ops.compiled.rows_plan import CROSS_ROUTE_CODES, cross_plan
+from vmamba2d.ops.compiled.rows_plan import CROSS_ROUTE_CODES, cross_plan, rows_plan, tuning_candidates
 
 ELEMENT_TYPES = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 # csrc/cuda/scan2d_common.h `enum class Variant`, in its order.
@@ -121,6 +121,19 @@ def _model_designs(dtype: str, routes: tuple[int, ...]) -> list[tuple[int, str]]
     return designs
 
 
+def model_rows_kernels() -> list[KernelSpec]:
+    """The RS instances the single-route op launches for the model's map widths (rows_plan.rows_plan,
+    aligned tensors) at every prefetch depth the tuner may pick for them (rows_plan.tuning_candidates:
+    P = 2 where V <= 2), in fp32 / fp16 / bf16."""
+    specs = []
+    for dtype in ELEMENT_TYPES:
+        for side in MODEL_MAP_SIDES:
+            plan = rows_plan(_ELEMENT_BYTES[dtype], _ELEMENT_BYTES[dtype], side, OP_ROUTE, _MODEL_ALIGNMENT)
+            for prefetch in dict.fromkeys(knobs["prefetch"] for knobs in tuning_candidates(plan)):
+                specs.append(rows_kernel(dtype, plan.vec, plan.load, prefetch, plan.scan_steps))
+    return list({spec.name: spec for spec in specs}.values())
+
+
 def model_planes_kernels() -> list[KernelSpec]:
     """The PL instances the single-route op launches for the model's maps (route 0, contiguous tensors:
     16-byte copies), in fp32 / fp16 / bf16."""
@@ -147,7 +160,7 @@ KERNELS: dict[str, KernelSpec] = {
           for role in ("forward", "backward") for dtype in ELEMENT_TYPES for variant in VARIANTS),
         KernelSpec(name="carry_scan", source="scan2d_kernels.cuh", symbol=f"{NAMESPACE}scan2d_carry_scan_kernel",
                    defines=(("SS2D_DEFINE_CARRY_SCAN_KERNEL", ""),)),
-        *(rows_kernel(dtype, *plan) for dtype in ELEMENT_TYPES for plan in MODEL_ROWS_PLANS_BY_DTYPE[dtype]),
+        *model_rows_kernels(),
         *model_cross_kernels(),
         *model_planes_kernels(),
     ]
