@@ -182,3 +182,17 @@ def test_carries_of_other_inputs_are_refused(emu):
     dy = torch.zeros(1, 2, 126)
     with pytest.raises(RuntimeError, match="carries"):
         emu.rows_backward(*(x[k] for k in NAMES), True, 9, 14, dy, torch.zeros(2, 2, 14), 0, 2, 2)
+
+
+def test_misaligned_vector_accesses_are_caught(emu):
+    # The GPU's 16-byte loads of u need 16-byte aligned rows; u one element off its allocation with
+    # a forced 4-column vector plan must fail in the emulation as it would fault on the GPU.
+    x = make_inputs(1, 2, 1, 9, 16, torch.float32, seed=29)
+    dy = torch.randn(1, 2, 9 * 16, generator=torch.Generator().manual_seed(30))
+    args = [x[k] for k in NAMES]
+    _, carries = emu.rows_forward_save(*args, True, 9, 16, False, 0, 4, 4)
+    storage = torch.zeros(x["u"].numel() + 1)
+    storage[1:] = x["u"].flatten()
+    args[0] = storage[1:].view_as(x["u"])
+    with pytest.raises(RuntimeError, match="misaligned vector"):
+        emu.rows_backward(*args, True, 9, 16, dy, carries, 0, 4, 4)

@@ -180,3 +180,11 @@ def test_four_route_too_few_compiled_steps_trap(rows):
     x = cross_inputs(1, 2, 56, torch.float32, seed=2)
     with pytest.raises(RuntimeError, match="compiled for 4 scan steps launched with 28 lanes"):
         cross_run(rows, x, order=0, steps=4)
+
+
+def test_four_route_step_count_without_an_instance_is_refused(rows):
+    # The V = 2 four-route instances have 5 / 4 / 3 steps (W = 56 / 28 / 14); 2 is within the kernel's
+    # range but has none, so it is refused before anything runs.
+    x = cross_inputs(1, 2, 14, torch.float32, seed=3)
+    with pytest.raises(RuntimeError, match="no four-route instance compiled for vec 2, load 2, 2 scan steps"):
+        cross_run(rows, x, order=0, steps=2)
