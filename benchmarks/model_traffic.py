@@ -10,10 +10,13 @@ H200's measured 4.2 TB/s copy; the datasheet's GEMM peaks, estimates). Rules:
     python benchmarks/model_traffic.py --model vmamba2d_tiny --dtype autocast-bf16
     python benchmarks/model_traffic.py --model convnext_tiny --dtype bf16 --img-size 224 --batch 128
     python benchmarks/model_traffic.py --model vmamba2d_tiny --dtype fp32 --bandwidth-tbs 3.0 --out out/traffic.md
+    python benchmarks/model_traffic.py --model vmamba2d_tiny --dtype bf16 --scan-traffic cuda
 
 ``--dtype``: fp32 / bf16 / fp16 (weights and inputs in that dtype) or autocast-bf16 /
 autocast-fp16 (fp32 weights and inputs under CUDA autocast). A model is a timm name, optionally
-with ``:key=value,...`` model arguments (``vmamba2d_tiny:cross_scan=per_route``).
+with ``:key=value,...`` model arguments (``vmamba2d_tiny:cross_scan=per_route``). ``--scan-traffic cuda`` counts the four-route scan op by the
+passes its CUDA path runs today (layout copies, the step-size projection, the kernel's re-reads of y;
+``vmamba2d.analysis.scan_passes``) instead of what a fused kernel must move.
 """
 from __future__ import annotations
 
@@ -55,11 +58,13 @@ def parse_peaks(text: Optional[str]) -> Optional[Dict[str, float]]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from vmamba2d.analysis.traffic import H200_COPY_BYTES_PER_S, MODES, account_timm_model, format_account
+    from vmamba2d.analysis.traffic import H200_COPY_BYTES_PER_S, MODES, SCAN_TRAFFIC, account_timm_model, format_account
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="timm model name[:key=value,...]")
     parser.add_argument("--dtype", choices=MODES, default="fp32")
+    parser.add_argument("--scan-traffic", choices=SCAN_TRAFFIC, default="fused",
+                        help="the scan op as a fused kernel moves it (default), or the passes its CUDA path runs today")
     parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=128, help="default 128, the H200 benchmark's batch")
     parser.add_argument("--bandwidth-tbs", type=float, default=H200_COPY_BYTES_PER_S / 1e12,
@@ -77,8 +82,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         peaks = parse_peaks(args.peak_tflops)
     except ValueError as error:
         parser.error(str(error))
-    account = account_timm_model(name, args.dtype, args.img_size, args.batch, **kwargs)
-    title = f"{args.model}, {args.dtype}, {args.img_size}x{args.img_size}, batch {args.batch}"
+    account = account_timm_model(name, args.dtype, args.img_size, args.batch, args.scan_traffic, **kwargs)
+    title = f"{args.model}, {args.dtype}, {args.img_size}x{args.img_size}, batch {args.batch}, scan {args.scan_traffic}"
     text = format_account(account, title, args.bandwidth_tbs * 1e12, peaks, args.top)
     print(text)
     if args.out:

@@ -21,7 +21,10 @@ Counting rules:
 - dtype casts: ``aten._to_copy`` with a dtype change and ``aten.copy_`` between dtypes (autocast's
   own casts of inputs and weights included);
 - the scan ops (the ``vmamba2d::*selective_scan*`` custom ops) by their traffic formula,
-  :func:`scan_op_traffic`, not by what their CPU implementation does inside.
+  :func:`scan_op_traffic` (what a fused kernel must move), not by what their CPU implementation
+  does inside; with ``scan_traffic="cuda"`` the four-route forward op by the passes its CUDA path
+  runs today (:func:`vmamba2d.analysis.scan_passes.cuda_cross_forward_passes`: layout copies,
+  the step-size projection, the kernel's own re-reads), one record per pass.
 
 Convolutions on CUDA (cuDNN) write channels-last when their input or weight is channels-last;
 fake tensors do not know cuDNN is there, so the counter restrides a convolution's output to
@@ -43,10 +46,13 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .scan_passes import CROSS_FORWARD_OP, cuda_cross_forward_passes
+
 Tensor = torch.Tensor
 aten = torch.ops.aten
 
 MODES = ("fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16")
+SCAN_TRAFFIC = ("fused", "cuda")
 
 # Measured: a plain copy on the H200 of the 2026-11-28 run reads + writes 4.2 TB/s
 # (benchmarks/gpu-followup-20261128-h200-798a329.md).
@@ -110,6 +116,12 @@ def _is_scan_op(func: Any) -> bool:
     return func.namespace == "vmamba2d" and "selective_scan" in func._schema.name
 
 
+def _bound_arguments(func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    bound = dict(zip((a.name for a in func._schema.arguments), args))
+    bound.update(kwargs)
+    return bound
+
+
 def scan_op_traffic(func: Any, args: Sequence[Any], kwargs: Dict[str, Any], out: Any) -> Tuple[int, int]:
     """(read, written) bytes of one call of a scan custom op: what a fused kernel must move.
 
@@ -121,8 +133,7 @@ def scan_op_traffic(func: Any, args: Sequence[Any], kwargs: Dict[str, Any], out:
     implementation does inside (copies, a full-rank delta, an fp32 y summed over routes) is not
     counted: that is the kernel's traffic, accounted by the kernel work, not the model's.
     """
-    bound = dict(zip((a.name for a in func._schema.arguments), args))
-    bound.update(kwargs)
+    bound = _bound_arguments(func, args, kwargs)
     read = sum(tensor_bytes(bound[name]) for name in SCAN_READ_ARGUMENTS if isinstance(bound.get(name), Tensor))
     written = sum(tensor_bytes(t) for t in tree_flatten(out)[0] if isinstance(t, Tensor))
     return read, written
@@ -154,13 +165,20 @@ class TrafficCounter(TorchDispatchMode):
         stage: a callable naming the model part running now (``"other"`` when None).
         cudnn_layouts: restride convolution outputs to channels-last when the input or weight is
             channels-last, as cuDNN writes them (for fake CUDA tensors, which lack cuDNN).
+        scan_traffic: ``"fused"`` (the scan ops by :func:`scan_op_traffic`) or ``"cuda"`` (the
+            four-route forward by the passes of its CUDA path, :mod:`vmamba2d.analysis.scan_passes`;
+            the other scan ops as fused).
     """
 
-    def __init__(self, stage: Optional[Callable[[], str]] = None, cudnn_layouts: bool = False) -> None:
+    def __init__(self, stage: Optional[Callable[[], str]] = None, cudnn_layouts: bool = False,
+                 scan_traffic: str = "fused") -> None:
         super().__init__()
+        if scan_traffic not in SCAN_TRAFFIC:
+            raise ValueError(f"scan_traffic must be one of {SCAN_TRAFFIC}, got {scan_traffic!r}")
         self.records: List[OpTraffic] = []
         self._stage = stage or (lambda: "other")
         self._cudnn_layouts = cudnn_layouts
+        self._scan_traffic = scan_traffic
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -174,8 +192,14 @@ class TrafficCounter(TorchDispatchMode):
         if not any(isinstance(t, Tensor) for t in tree_flatten(out)[0]):
             return out  # metadata queries (prim.device, promote_types, sym sizes)
         if _is_scan_op(func):
+            name = func._schema.name.split("::")[-1]
+            if self._scan_traffic == "cuda" and name == CROSS_FORWARD_OP:
+                for step in cuda_cross_forward_passes(**_bound_arguments(func, args, kwargs)):
+                    self.records.append(OpTraffic(f"scan:{name}:{step.name}", self._stage(), step.read, step.written,
+                                                  False))
+                return out
             read, written = scan_op_traffic(func, args, kwargs, out)
-            self.records.append(OpTraffic(f"scan:{func._schema.name.split('::')[-1]}", self._stage(), read, written, False))
+            self.records.append(OpTraffic(f"scan:{name}", self._stage(), read, written, False))
             return out
         for index in _CONTIGUOUS_INPUTS.get(packet, ()):
             if not args[index].is_contiguous():
@@ -366,7 +390,7 @@ def _fake_state(model: nn.Module, fake_mode: Any, device: str, dtype: torch.dtyp
 
 
 def account_model(model: nn.Module, mode: str = "fp32", img_size: int = 224, batch: int = 1,
-                  in_chans: int = 3) -> TrafficAccount:
+                  in_chans: int = 3, scan_traffic: str = "fused") -> TrafficAccount:
     """Trace one inference forward of ``model`` as on a CUDA device and account its bytes.
 
     Args:
@@ -376,6 +400,7 @@ def account_model(model: nn.Module, mode: str = "fp32", img_size: int = 224, bat
         mode: ``"fp32"``, ``"bf16"`` / ``"fp16"`` (weights and inputs in that dtype) or
             ``"autocast-bf16"`` / ``"autocast-fp16"`` (fp32 weights and inputs, CUDA autocast).
         img_size, batch: input size and batch.
+        scan_traffic: how the scan ops count (:class:`TrafficCounter`): ``"fused"`` or ``"cuda"``.
     Returns:
         the :class:`TrafficAccount` of the forward (no autograd).
     """
@@ -392,7 +417,7 @@ def account_model(model: nn.Module, mode: str = "fp32", img_size: int = 224, bat
     model.eval()
     try:
         with stage_tracking(model) as stage, compiled_scan_on_fake_cuda(), torch.no_grad():
-            counter = TrafficCounter(stage, cudnn_layouts=True)
+            counter = TrafficCounter(stage, cudnn_layouts=True, scan_traffic=scan_traffic)
             with fake_mode, counter, cuda_autocast(autocast_dtype):
                 torch.func.functional_call(model, state, (images,))
     finally:
@@ -402,14 +427,14 @@ def account_model(model: nn.Module, mode: str = "fp32", img_size: int = 224, bat
 
 
 def account_timm_model(name: str, mode: str = "fp32", img_size: int = 224, batch: int = 1,
-                       **model_kwargs: Any) -> TrafficAccount:
+                       scan_traffic: str = "fused", **model_kwargs: Any) -> TrafficAccount:
     """:func:`account_model` of a fresh ``timm.create_model(name, **model_kwargs)`` (vmamba2d's
     models registered)."""
     import timm
 
     import vmamba2d  # noqa: F401  (registers the vmamba models)
 
-    return account_model(timm.create_model(name, **model_kwargs), mode, img_size, batch)
+    return account_model(timm.create_model(name, **model_kwargs), mode, img_size, batch, scan_traffic=scan_traffic)
 
 
 def _mib(n: float) -> str:
