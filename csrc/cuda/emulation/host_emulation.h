@@ -2,9 +2,9 @@
 // v3, emulation/scan2d_*_emulate.cpp for the v4 kernels): the order in which blocks, warps, threads
 // and lanes run, the element types' host traits, and the checks of the CPU tensors a test passes.
 // Host only (C++ compiler and torch); include it as "emulation/host_emulation.h" with csrc/cuda on
-// the include path. Each emulation keeps its own execution context and race detector: what a
-// context records follows the memory its kernel uses (shared words, shared bytes with copies in
-// flight, global cells).
+// the include path. Each emulation keeps its own race detector: what it records follows the memory
+// its kernel uses (shared words, shared bytes with copies in flight, global cells); the RS
+// emulations (forward, backward) share the warp context HostWarpCtx.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace vmamba2d {
@@ -100,6 +102,133 @@ inline std::string global_bounds_error(const void* base, int64_t extent, int64_t
   }
   return {};
 }
+
+// A bounds-checked view of a global buffer (`extent` elements from `base`) from element `origin`
+// on; a writable buffer's view carries its shadow, the record of the lanes that wrote and read it.
+template <class V, class Shadow>
+struct GlobalView {
+  V* base = nullptr;
+  int64_t extent = 0;
+  Shadow* shadow = nullptr;
+  int64_t origin = 0;
+};
+
+// The host form of one warp of RowsDeviceCtx (scan2d_rows_device.cuh), the context the RS kernels
+// run in: per-lane phases that run the 32 lanes one after another in the schedule's order, shuffles
+// between those phases, and global memory through views. Every global access must come from inside
+// a per-lane phase, stay in bounds and, as a vector, be aligned to its bytes (at most 16); it is
+// reported to the buffer's shadow (read / write(element, global lane id)), and a store needs one.
+// Derived gives the shadow of a writable buffer, shadow_of(ptr, count), and whatever else its
+// kernels use; kFail throws the emulation's error. vector_accesses, unless null, counts the vector
+// accesses.
+template <class Derived, class Shadow, void (*kFail)(const std::string&)>
+class HostWarpCtx {
+ public:
+  static constexpr int kLanes = 32;
+  template <class V>
+  using View = GlobalView<V, Shadow>;
+
+  HostWarpCtx(int64_t warp, Schedule& schedule, int64_t* vector_accesses)
+      : warp_(warp), schedule_(schedule), vector_accesses_(vector_accesses) {}
+
+  int slot(int lane) const { return lane; }
+
+  template <class F>
+  void each_lane(F&& f) {
+    if (lane_ >= 0) kFail("each_lane nested inside another per-lane phase");
+    for (int64_t lane : schedule_.permutation(int64_t{kLanes})) {
+      lane_ = static_cast<int>(lane);
+      f(lane_);
+    }
+    lane_ = -1;
+  }
+
+  template <class V>
+  View<V> global(V* ptr, int64_t count) const {
+    View<V> view{ptr, count, nullptr};
+    if constexpr (!std::is_const_v<V>) view.shadow = static_cast<const Derived*>(this)->shadow_of(ptr, count);
+    return view;
+  }
+  template <class V>
+  View<V> offset(const View<V>& view, int64_t at) const {
+    View<V> moved = view;
+    moved.origin += at;
+    return moved;
+  }
+  template <class V>
+  View<V> pin(const View<V>& view) const {
+    return view;
+  }
+  int pin(int v) const { return v; }
+
+  template <class V>
+  std::remove_const_t<V> read(const View<V>& view, int64_t at) const {
+    std::remove_const_t<V> v;
+    load<1>(view, at, &v);
+    return v;
+  }
+  template <int kCount, class V>
+  void load(const View<V>& view, int64_t at, std::remove_const_t<V>* dst) const {
+    const int64_t i = view.origin + at;
+    check(view, i, kCount, "load");
+    if (view.shadow != nullptr) {
+      for (int k = 0; k < kCount; ++k) view.shadow->read(i + k, thread());
+    }
+    std::memcpy(dst, view.base + i, kCount * sizeof(V));
+  }
+  template <int kCount, class V>
+  void store(const View<V>& view, int64_t at, const V* src) const {
+    static_assert(!std::is_const_v<V>, "store into a read-only buffer");
+    const int64_t i = view.origin + at;
+    check(view, i, kCount, "store");
+    if (view.shadow == nullptr) kFail("store into a buffer that is not an output");
+    for (int k = 0; k < kCount; ++k) view.shadow->write(i + k, thread());
+    std::memcpy(view.base + i, src, kCount * sizeof(V));
+  }
+  template <int kCount, class V>
+  void store_if(bool pred, const View<V>& view, int64_t at, const V* src) const {
+    if (pred) store<kCount>(view, at, src);
+  }
+
+  void shfl_up(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
+    warp_phase("__shfl_up_sync");
+    for (int l = 0; l < kLanes; ++l) out[l] = l >= delta ? in[l - delta] : in[l];
+  }
+  void shfl_down(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
+    warp_phase("__shfl_down_sync");
+    for (int l = 0; l < kLanes; ++l) out[l] = l + delta < kLanes ? in[l + delta] : in[l];
+  }
+
+ protected:
+  // The lane of the per-lane phase running now; -1 between phases.
+  int lane() const { return lane_; }
+  void warp_phase(const char* what) const {
+    if (lane_ >= 0) kFail(std::string(what) + " inside a per-lane phase (not every lane of the warp reaches it)");
+  }
+
+ private:
+  int64_t thread() const {
+    if (lane_ < 0) kFail("global memory touched outside a per-lane phase");
+    return warp_ * kLanes + lane_;
+  }
+  template <class V>
+  void check(const View<V>& view, int64_t i, int count, const char* what) const {
+    const std::string bounds = global_bounds_error(view.base, view.extent, i, count, what);
+    if (!bounds.empty()) kFail(bounds);
+    const size_t bytes = count * sizeof(V);
+    const size_t align = bytes > 16 ? 16 : bytes;
+    if (reinterpret_cast<uintptr_t>(view.base + i) % align != 0) {
+      kFail(std::string("misaligned vector ") + what + ": element " + std::to_string(i) + " is not on a " +
+            std::to_string(align) + "-byte boundary");
+    }
+    if (count > 1 && vector_accesses_ != nullptr) ++*vector_accesses_;
+  }
+
+  int64_t warp_;
+  Schedule& schedule_;
+  int64_t* vector_accesses_;
+  int lane_ = -1;
+};
 
 inline void check_cpu_input(const at::Tensor& t, const char* name, at::ScalarType type, int64_t dims) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == type && t.dim() == dims, name,

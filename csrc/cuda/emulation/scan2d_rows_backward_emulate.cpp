@@ -13,13 +13,11 @@
 // Outputs start as NaN, so an element the kernel did not write also shows in the results.
 #include <torch/extension.h>
 
-#include <cstring>
 #include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 #include "emulation/host_emulation.h"
@@ -29,9 +27,6 @@ namespace vmamba2d {
 namespace rows {
 namespace {
 
-using emulation::HostBF16;
-using emulation::HostF16;
-using emulation::HostF32;
 using emulation::Schedule;
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("RS backward emulation: " + what); }
@@ -64,100 +59,24 @@ class OutputShadow {
   std::vector<int64_t> writer_;
 };
 
-template <class V>
-struct HostView {
-  V* base = nullptr;
-  int64_t extent = 0;
-  OutputShadow* shadow = nullptr;
-  int64_t origin = 0;
-};
-
 // The launch's output buffers by their first byte.
 using Outputs = std::map<const void*, OutputShadow*>;
 
-// The execution context of one warp (RowsDeviceCtx's interface plus the band buffer).
-class BackwardHostCtx {
+// The execution context of one warp (RowsBackwardDeviceCtx's interface: RowsDeviceCtx's plus the
+// band buffer); a writable buffer must be one of the launch's outputs.
+class BackwardHostCtx : public emulation::HostWarpCtx<BackwardHostCtx, OutputShadow, fail> {
  public:
-  static constexpr int kLanes = kWarpLanes;
-
   BackwardHostCtx(int64_t warp, Schedule& schedule, const Outputs& outputs, int band_slots)
-      : warp_(warp), schedule_(schedule), outputs_(outputs), band_(static_cast<size_t>(band_slots) * kLanes, 0.f),
+      : HostWarpCtx(warp, schedule, nullptr), outputs_(outputs), band_(static_cast<size_t>(band_slots) * kLanes, 0.f),
         band_written_(band_.size(), false) {}
 
-  int slot(int lane) const { return lane; }
-
-  template <class F>
-  void each_lane(F&& f) {
-    if (lane_ >= 0) fail("each_lane nested inside another per-lane phase");
-    for (int64_t lane : schedule_.permutation(int64_t{kLanes})) {
-      lane_ = static_cast<int>(lane);
-      f(lane_);
-    }
-    lane_ = -1;
+  OutputShadow* shadow_of(const void* ptr, int64_t count) const {
+    if (ptr == nullptr || count <= 0) return nullptr;
+    const auto it = outputs_.find(ptr);
+    if (it == outputs_.end()) fail("a writable pointer that is none of the launch's outputs");
+    return it->second;
   }
-
-  template <class V>
-  HostView<V> global(V* ptr, int64_t count) const {
-    HostView<V> view{ptr, count, nullptr};
-    if constexpr (!std::is_const_v<V>) {
-      if (ptr != nullptr && count > 0) {
-        const auto it = outputs_.find(static_cast<const void*>(ptr));
-        if (it == outputs_.end()) fail("a writable pointer that is none of the launch's outputs");
-        view.shadow = it->second;
-      }
-    }
-    return view;
-  }
-  template <class V>
-  HostView<V> offset(const HostView<V>& view, int64_t at) const {
-    HostView<V> moved = view;
-    moved.origin += at;
-    return moved;
-  }
-  template <class V>
-  HostView<V> pin(const HostView<V>& view) const {
-    return view;
-  }
-  int pin(int v) const { return v; }
   int64_t fresh(int64_t v) const { return v; }
-
-  template <class V>
-  std::remove_const_t<V> read(const HostView<V>& view, int64_t at) const {
-    std::remove_const_t<V> v;
-    load<1>(view, at, &v);
-    return v;
-  }
-  template <int kCount, class V>
-  void load(const HostView<V>& view, int64_t at, std::remove_const_t<V>* dst) const {
-    const int64_t i = view.origin + at;
-    check(view, i, kCount, "load");
-    if (view.shadow != nullptr) {
-      for (int k = 0; k < kCount; ++k) view.shadow->read(i + k, thread());
-    }
-    std::memcpy(dst, view.base + i, kCount * sizeof(V));
-  }
-  template <int kCount, class V>
-  void store(const HostView<V>& view, int64_t at, const V* src) const {
-    static_assert(!std::is_const_v<V>, "store into a read-only buffer");
-    const int64_t i = view.origin + at;
-    check(view, i, kCount, "store");
-    if (view.shadow == nullptr) fail("store into a buffer that is not an output");
-    for (int k = 0; k < kCount; ++k) view.shadow->write(i + k, thread());
-    std::memcpy(view.base + i, src, kCount * sizeof(V));
-  }
-  template <int kCount, class V>
-  void store_if(bool pred, const HostView<V>& view, int64_t at, const V* src) const {
-    if (pred) store<kCount>(view, at, src);
-  }
-
-  void shfl_up(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
-    warp_phase("__shfl_up_sync");
-    for (int l = 0; l < kLanes; ++l) out[l] = l >= delta ? in[l - delta] : in[l];
-  }
-  void shfl_down(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
-    warp_phase("__shfl_down_sync");
-    for (int l = 0; l < kLanes; ++l) out[l] = l + delta < kLanes ? in[l + delta] : in[l];
-  }
 
   float band_get(int t, int lane) const {
     const size_t i = band_index(t, lane, "read");
@@ -173,41 +92,20 @@ class BackwardHostCtx {
   }
 
  private:
-  int64_t thread() const {
-    if (lane_ < 0) fail("global memory touched outside a per-lane phase");
-    return warp_ * kWarpLanes + lane_;
-  }
   size_t band_index(int t, int lane, const char* what) const {
-    if (lane_ < 0) fail(std::string("band buffer ") + what + " outside a per-lane phase");
-    if (lane != lane_) {
+    if (this->lane() < 0) fail(std::string("band buffer ") + what + " outside a per-lane phase");
+    if (lane != this->lane()) {
       fail(std::string("band buffer ") + what + " of lane " + std::to_string(lane) + " by lane " +
-           std::to_string(lane_));
+           std::to_string(this->lane()));
     }
     const size_t i = static_cast<size_t>(t) * kLanes + lane;
     if (t < 0 || i >= band_.size()) fail("band slot " + std::to_string(t) + " out of range");
     return i;
   }
-  void warp_phase(const char* what) const {
-    if (lane_ >= 0) fail(std::string(what) + " inside a per-lane phase (not every lane of the warp reaches it)");
-  }
-  template <class V>
-  void check(const HostView<V>& view, int64_t i, int count, const char* what) const {
-    const std::string error = emulation::global_bounds_error(view.base, view.extent, i, count, what);
-    if (!error.empty()) fail(error);
-    const size_t bytes = count * sizeof(V);
-    const size_t align = bytes > 16 ? 16 : bytes;
-    if (reinterpret_cast<uintptr_t>(view.base + i) % align != 0) {
-      fail(std::string("misaligned vector ") + what + ": element " + std::to_string(i) + " is not on a " +
-           std::to_string(align) + "-byte boundary");
-    }
-  }
 
-  int64_t warp_;
-  Schedule& schedule_;
   const Outputs& outputs_;
   std::vector<float> band_;
   std::vector<bool> band_written_;
-  int lane_ = -1;
 };
 
 void check_tensor(const at::Tensor& t, const char* name, at::ScalarType type, at::IntArrayRef shape) {

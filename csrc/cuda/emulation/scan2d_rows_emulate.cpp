@@ -32,7 +32,6 @@ namespace {
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("RS emulation: " + what); }
 
 using emulation::check_scan_inputs;
-using emulation::global_bounds_error;
 using emulation::Schedule;
 using emulation::with_host_element;
 
@@ -85,93 +84,15 @@ class GlobalShadow {
   int writes_;
 };
 
-// A bounds-checked view of a global buffer from element `origin` on; writable buffers carry a
-// shadow.
-template <class V>
-struct HostView {
-  V* base = nullptr;
-  int64_t extent = 0;
-  GlobalShadow* shadow = nullptr;
-  int64_t origin = 0;
-};
-
-// The emulation's execution context of one warp (RowsDeviceCtx's interface).
-class RowsHostCtx {
+// The emulation's execution context of one warp (RowsDeviceCtx's interface): every writable buffer
+// is y, recorded in one shadow; vector accesses are counted in g_vector_accesses.
+class RowsHostCtx : public emulation::HostWarpCtx<RowsHostCtx, GlobalShadow, fail> {
  public:
-  static constexpr int kLanes = kWarpLanes;
-
   RowsHostCtx(int64_t warp, Schedule& schedule, GlobalShadow* y_shadow)
-      : warp_(warp), schedule_(schedule), y_shadow_(y_shadow) {}
+      : HostWarpCtx(warp, schedule, &g_vector_accesses), y_shadow_(y_shadow) {}
 
-  int slot(int lane) const { return lane; }
+  GlobalShadow* shadow_of(const void*, int64_t) const { return y_shadow_; }
 
-  template <class F>
-  void each_lane(F&& f) {
-    if (lane_ >= 0) fail("each_lane nested inside another per-lane phase");
-    for (int64_t lane : schedule_.permutation(kWarpLanes)) {
-      lane_ = static_cast<int>(lane);
-      f(lane_);
-    }
-    lane_ = -1;
-  }
-
-  template <class V>
-  HostView<V> global(V* ptr, int64_t count) const {
-    HostView<V> view{ptr, count, nullptr};
-    if constexpr (!std::is_const_v<V>) view.shadow = y_shadow_;
-    return view;
-  }
-
-  template <class V>
-  HostView<V> offset(const HostView<V>& view, int64_t at) const {
-    HostView<V> moved = view;
-    moved.origin += at;
-    return moved;
-  }
-
-  template <class V>
-  HostView<V> pin(const HostView<V>& view) const {
-    return view;
-  }
-  int pin(int v) const { return v; }
-
-  template <class V>
-  std::remove_const_t<V> read(const HostView<V>& view, int64_t at) const {
-    std::remove_const_t<V> v;
-    load<1>(view, at, &v);
-    return v;
-  }
-
-  template <int kCount, class V>
-  void load(const HostView<V>& view, int64_t at, std::remove_const_t<V>* dst) const {
-    const int64_t i = view.origin + at;
-    check(view, i, kCount, "load");
-    if (view.shadow != nullptr) {
-      for (int k = 0; k < kCount; ++k) view.shadow->read(i + k, thread());
-    }
-    std::memcpy(dst, view.base + i, kCount * sizeof(V));
-  }
-  template <int kCount, class V>
-  void store(const HostView<V>& view, int64_t at, const V* src) const {
-    const int64_t i = view.origin + at;
-    static_assert(!std::is_const_v<V>, "store into a read-only buffer");
-    check(view, i, kCount, "store");
-    for (int k = 0; k < kCount; ++k) view.shadow->write(i + k, thread());
-    std::memcpy(view.base + i, src, kCount * sizeof(V));
-  }
-  template <int kCount, class V>
-  void store_if(bool pred, const HostView<V>& view, int64_t at, const V* src) const {
-    if (pred) store<kCount>(view, at, src);
-  }
-
-  void shfl_up(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
-    warp_phase("__shfl_up_sync");
-    for (int l = 0; l < kLanes; ++l) out[l] = l >= delta ? in[l - delta] : in[l];
-  }
-  void shfl_down(float (&out)[kLanes], const float (&in)[kLanes], int delta) const {
-    warp_phase("__shfl_down_sync");
-    for (int l = 0; l < kLanes; ++l) out[l] = l + delta < kLanes ? in[l + delta] : in[l];
-  }
   void shfl_idx(float (&out)[kLanes], const float (&in)[kLanes], const int (&src)[kLanes]) const {
     warp_phase("__shfl_sync");
     float taken[kLanes];
@@ -180,30 +101,7 @@ class RowsHostCtx {
   }
 
  private:
-  int64_t thread() const {
-    if (lane_ < 0) fail("global memory touched outside a per-lane phase");
-    return warp_ * kWarpLanes + lane_;
-  }
-  void warp_phase(const char* what) const {
-    if (lane_ >= 0) fail(std::string(what) + " inside a per-lane phase (not every lane of the warp reaches it)");
-  }
-  template <class V>
-  void check(const HostView<V>& view, int64_t i, int count, const char* what) const {
-    const std::string bounds = global_bounds_error(view.base, view.extent, i, count, what);
-    if (!bounds.empty()) fail(bounds);
-    const size_t bytes = count * sizeof(V);
-    const size_t align = bytes > 16 ? 16 : bytes;
-    if (reinterpret_cast<uintptr_t>(view.base + i) % align != 0) {
-      fail(std::string("misaligned vector ") + what + ": element " + std::to_string(i) + " is not on a " +
-           std::to_string(align) + "-byte boundary");
-    }
-    if (count > 1) ++g_vector_accesses;
-  }
-
-  int64_t warp_;
-  Schedule& schedule_;
   GlobalShadow* y_shadow_;
-  int lane_ = -1;
 };
 
 // The instances whose scan steps the GPU entry compiles in (VMAMBA2D_RS_STEPS) that the emulation
