@@ -77,13 +77,14 @@ RTX 3090 sm_86, H100 sm_90):
 
 Targets (issue 19 item 1, H100 / sm_90 at N = 1, the variant that runs the model plan; the run
 exits 1 when one of the targets named with ``--require`` is not met, the report itself lists all of
-them as met / not met): forward <= 50 executed instructions per cell·channel in fp32 and <= 40 in
-bf16, backward <= 100 (the estimate of 6.; the static count of 4. is informative only); >= 24
-resident warps / SM in the forward and >= 16 in the backward; <= 10% lost slots on the model shapes;
-zero spills. Ratchet (RATCHET): the figures the kernels have reached -- the executed estimate per
-cell·channel and the registers of that variant on sm_90 -- may not grow;
-tests/ops/compiled/test_cuda_static_report.py requires them in CI. Nothing is run on a GPU: none of these
-figures is a measurement of speed.
+them as met / not met): >= 24 resident warps / SM in the forward and >= 16 in the backward; <= 10%
+lost slots on the model shapes; zero spills; the registers the kernels have reached (RATCHET, the
+registers of that variant on sm_90) may not grow -- tests/ops/compiled/test_cuda_static_report.py
+requires these in CI. Listed as "(informative)" and never required (RETIRED: the H200 run showed
+they do not predict the v3 kernels' speed): forward <= 50 executed instructions per cell·channel in
+fp32 and <= 40 in bf16, backward <= 100 (the estimate of 6.; the static count of 4. is informative
+only), and the ratchet on that estimate. Nothing is run on a GPU: none of these figures is a
+measurement of speed.
 
     python dev/gpu/sass_report.py                         # all four archs, prints the tables
     python dev/gpu/sass_report.py --archs 9.0 --out out/sass.md
@@ -792,9 +793,16 @@ class Target:
     met: bool
 
 
+# Targets and ratchet figures listed for information only, never required: the H200 run of 2026-11-28
+# measured the v3 forward at 37% of copy bandwidth at 56x56 fp32 while its executed estimate met the
+# <= 50 target (48.9), and bf16 no faster than fp32 although its estimate was 10% above fp32's -- the
+# kernel is latency-bound (serial round trips and barriers per tile; docs/kernels.md, the v4 section), so
+# the instruction estimate does not predict its speed. Registers, spills and resident warps stay required.
+RETIRED = "(informative) "
+
 # What the kernels have reached (H100 / sm_90, the variant of the model plan): the executed-instruction
-# estimate per cell·channel of the tile loop and registers per thread. A change may lower them (then
-# lower these numbers with it), never raise them. One exception so far: the shared views as 32-bit
+# estimate per cell·channel of the tile loop (informative, RETIRED) and registers per thread (required).
+# A change may lower them (then lower these numbers with it), never raise them. One exception so far: the shared views as 32-bit
 # offsets (csrc/cuda/scan2d_device.cuh, no NVRTC spills) raised the single-route one-state backward
 # from 99.2 / 109.1 to 100.5 / 109.8 while lowering every forward and route figure.
 RATCHET = {
@@ -830,7 +838,7 @@ def targets(rows: list[KernelRow], wave_rows: list[WaveRow]) -> list[Target]:
     for role, dtype, limit in (("forward", "fp32", 50), ("forward", "bf16", 40), ("backward", "fp32", 100),
                                ("backward", "bf16", 100)):
         value, extra = executed_of(role, dtype)
-        name = f"{role} {dtype} executed instructions / cell·channel (estimate) <= {limit}"
+        name = f"{RETIRED}{role} {dtype} executed instructions / cell·channel (estimate) <= {limit}"
         out.append(Target(name, extra if value is None else f"{value:.1f}{extra}", value is not None and value <= limit))
     for ratchet, among, what in ((RATCHET, h100, ""), (ROUTE_RATCHET, route_h100, "one-state route ")):
         for (role, dtype), (limit, registers) in ratchet.items():
@@ -838,9 +846,10 @@ def targets(rows: list[KernelRow], wave_rows: list[WaveRow]) -> list[Target]:
             found = [r.registers for r in among if r.role == role and r.dtype == dtype]
             if found:
                 shown = extra if value is None else f"{value:.1f}"
-                out.append(Target(f"ratchet: {what}{role} {dtype} executed instructions / cell·channel (estimate) "
-                                  f"<= {limit}, registers <= {registers}", f"{shown}, {found[0]}",
-                                  value is not None and value <= limit and found[0] <= registers))
+                out.append(Target(f"{RETIRED}ratchet: {what}{role} {dtype} executed instructions / cell·channel "
+                                  f"(estimate) <= {limit}", shown, value is not None and value <= limit))
+                out.append(Target(f"registers ratchet: {what}{role} {dtype} registers <= {registers}", f"{found[0]}",
+                                  found[0] <= registers))
     for role, limit in (("forward", 24), ("backward", 16)):
         warps = [r.resident_warps for r in h100 if r.role == role and r.resident_warps is not None]
         if warps:

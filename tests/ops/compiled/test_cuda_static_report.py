@@ -1,10 +1,11 @@
 """The v3 CUDA kernels against the static targets they have reached (dev/gpu/sass_report.py), no GPU.
 
-The report compiles the kernels for sm_90 with nvcc and enforces the static targets of the GPU
-kernels that the kernels meet today (zero spills, <= 10% lost slots on the model shapes, >= 24
-resident forward warps per H100 SM) and the ratchet (the executed-instruction estimate per
-cell·channel and the registers reached so far may not grow); the others, the instruction targets
-among them, are listed as not met in the report (benchmarks/scan_cuda_static.md). The launch
+The report compiles the kernels for sm_90 with nvcc and enforces the static targets that predict
+what the H200 run measured -- zero spills, <= 10% lost slots on the model shapes, >= 24 resident
+forward / 16 backward warps per H100 SM, and the registers reached so far (they may not grow). The
+instruction targets and the ratchet on the executed-instruction estimate are listed as
+"(informative)" only: the H200 run measured the v3 forward at 37% of copy bandwidth while its fp32
+estimate met its target, so the estimate does not predict the v3 kernels' speed. The launch
 planner that sizes the blocks comes from the g++-built v3 emulation (the same planner source as
 vmamba2d._C_cuda). Skipped without nvcc or nvdisasm. The report's parser and estimate on hand-made
 listings are tested in dev/gpu/tests/test_sass_report.py.
@@ -38,7 +39,7 @@ def test_kernels_meet_the_static_targets_they_have_reached(tmp_path, capsys):
     out = tmp_path / "static.md"
     status = sass_report.main(["--archs", "9.0", "--out", str(out), "--extension", planner.__file__,
                                "--require", "zero spills", "lost slots", "forward resident warps",
-                               "backward resident warps", "ratchet"])
+                               "backward resident warps", "registers ratchet"])
     printed = capsys.readouterr().out
     assert status == 0, printed
     text = out.read_text()
@@ -50,9 +51,12 @@ def test_kernels_meet_the_static_targets_they_have_reached(tmp_path, capsys):
             assert f"scan2d_{role}_kernel<{dtype}, kOneStateRoute>` | no | sm_90 (H100)" in text, (role, dtype)
     targets = [line for line in text.splitlines() if line.startswith("| ") and line.rstrip().endswith(("| yes |", "| NO |"))]
     names = " ".join(targets)
-    for target in ("forward fp32 executed instructions", "forward bf16 executed instructions",
-                   "backward fp32 executed instructions", "forward resident warps", "backward resident warps",
-                   *(f"ratchet: one-state route {role} {dtype}" for role in ("forward", "backward")
+    for target in ("(informative) forward fp32 executed instructions", "(informative) forward bf16 executed",
+                   "(informative) backward fp32 executed instructions", "forward resident warps",
+                   "backward resident warps",
+                   *(f"registers ratchet: one-state route {role} {dtype}" for role in ("forward", "backward")
+                     for dtype in ("fp32", "bf16")),
+                   *(f"(informative) ratchet: {role} {dtype}" for role in ("forward", "backward")
                      for dtype in ("fp32", "bf16")),
                    "lost slots", "zero spills"):
         assert target in names, target
