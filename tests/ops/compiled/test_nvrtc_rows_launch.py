@@ -4,15 +4,10 @@ grid / block and the parameter bytes on the current stream (recording fake drive
 that picks PL, RS or v3 for the single-route op, with the dispatch launching what it picks."""
 from __future__ import annotations
 
-import ctypes
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
 
-from vmamba2d.ops.compiled import cuda_launch, kernel_cache, nvrtc, planes_launch, rows_launch, rows_plan
+from vmamba2d.ops.compiled import cuda_launch, nvrtc, planes_launch, rows_launch, rows_plan
 from vmamba2d.ops.compiled.cuda_kernels import KERNELS, MODEL_ROWS_PLANS_BY_DTYPE
 
 try:
@@ -20,9 +15,8 @@ try:
 except nvrtc.NvrtcUnavailable as err:
     pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
 
-from support.nvrtc_recording import RecordingDriver, stub_kernels  # noqa: E402
-
-CSRC = Path(__file__).resolve().parents[3] / "csrc" / "cuda"
+from support.c_layout import ctypes_layout, cxx_layout  # noqa: E402
+from support.nvrtc_recording import recording_launcher, stub_kernel, stub_kernels  # noqa: E402
 
 
 def scan_inputs(batch, dim, height, width, dtype=torch.float32, nstate=1, groups=1, seed=0):
@@ -34,29 +28,15 @@ def scan_inputs(batch, dim, height, width, dtype=torch.float32, nstate=1, groups
     return u, delta, A, B, C, torch.randn(dim, generator=g), torch.randn(dim, generator=g)
 
 
-def test_params_layout_equals_the_c_struct(tmp_path: Path):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    fields = [name for name, _ in rows_launch.RowsParams._fields_]
-    prints = "".join(f'  std::printf("%zu ", offsetof(P, {f}));\n' for f in fields)
-    (tmp_path / "layout.cpp").write_text(
-        '#include <cstddef>\n#include <cstdio>\n#include "scan2d_rows_common.h"\n'
-        "using P = vmamba2d::rows::RowsParams;\nint main() {\n" + prints + '  std::printf("%zu\\n", sizeof(P));\n}\n')
-    subprocess.run([cxx, "-std=c++17", f"-I{CSRC}", str(tmp_path / "layout.cpp"), "-o", str(tmp_path / "layout")],
-                   check=True)
-    out = subprocess.run([str(tmp_path / "layout")], check=True, capture_output=True, text=True).stdout.split()
-    expected = [getattr(rows_launch.RowsParams, f).offset for f in fields] + [ctypes.sizeof(rows_launch.RowsParams)]
-    assert [int(v) for v in out] == expected
+def test_params_layout_equals_the_c_struct(tmp_path):
+    assert cxx_layout(tmp_path, "scan2d_rows_common.h", "vmamba2d::rows::RowsParams",
+                      rows_launch.RowsParams) == ctypes_layout(rows_launch.RowsParams)
 
 
 @pytest.fixture()
 def launcher(tmp_path):
     stub_kernels(tmp_path, {90}, TOOLCHAIN)
-    driver = RecordingDriver()
-    launcher = cuda_launch.KernelLauncher(driver, tmp_path, TOOLCHAIN, current_device=lambda: 0,
-                                          stream_of=lambda d: 1000 + d, device_arch=lambda d: 90)
-    return launcher, driver
+    return recording_launcher(tmp_path, TOOLCHAIN)
 
 
 @pytest.mark.parametrize("dtype,out_fp32", [(torch.float32, False), (torch.bfloat16, True), (torch.float16, False)])
@@ -65,15 +45,7 @@ def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32):
     u, delta, A, B, C, D, bias = scan_inputs(5, 24, 14, 14, dtype)
     design, plan, _ = rows_launch.forward_design(u, delta, A, B, C, D, bias, 14, out_fp32, False)
     assert design == "rs" and (plan.vec, plan.seg_lanes, plan.maps_per_warp) == (2, 7, 4)
-    seen = []
-    record = driver.launch
-
-    def read_back(function, grid, threads, smem, stream, pointers):
-        array = (ctypes.c_void_p * 1).from_address(pointers)
-        seen.append(rows_launch.RowsParams.from_buffer_copy(ctypes.string_at(array[0], ctypes.sizeof(rows_launch.RowsParams))))
-        record(function, grid, threads, smem, stream, pointers)
-
-    driver.launch = read_back
+    seen = driver.read_params(rows_launch.RowsParams)
     y = rows_launch.launch_rows_forward(launcher, u, delta, A, B, C, D, bias, True, 14, 14, out_fp32, plan)
     assert y.shape == u.shape and y.dtype == (torch.float32 if out_fp32 else dtype)
     (launch,) = driver.of("launch")
@@ -82,7 +54,7 @@ def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32):
     assert launch[1][2] == f"sym_{spec.file_stem}"
     maps_per_block = plan.maps_per_warp * 4  # 128 threads: 4 warps
     assert launch[2:6] == ((-(-5 * 24 // maps_per_block), 1, 1), 128, 0, 1000)
-    (p,) = seen
+    ((p,),) = seen
     pointers = (p.u, p.delta, p.B, p.C, p.A, p.D, p.delta_bias, p.y)
     assert pointers == tuple(t.data_ptr() for t in (u, delta, B, C, A, D, bias, y))
     assert (p.delta_planes, p.bc_planes, p.batch, p.dim, p.groups, p.height, p.width) == (24, 1, 5, 24, 1, 14, 14)
@@ -103,28 +75,6 @@ def test_model_widths_take_rs_with_a_precompiled_plan(width, dtype):
         assert why.startswith("PL (L = 49 <= 64): no GPU limits given; RS: ") == (width == 7)
 
 
-def _stub(folder: Path, spec) -> None:
-    """A cache entry with a recognisable fake image, so the launcher finds the spec without compiling."""
-    target = nvrtc.target_for(90, TOOLCHAIN.archs)
-    key = nvrtc.cache_key(TOOLCHAIN, spec, target)
-    kernel = nvrtc.CompiledKernel(spec.name, 90, target, f"image {spec.name}".encode(), f"sym_{spec.file_stem}")
-    kernel_cache.write_entry(kernel_cache.entry_path(folder, key), kernel_cache.encode_entry(key, kernel))
-
-
-def _reading_params(driver, struct) -> list:
-    """The parameter blocks of the driver's launches from now on, read back as ``struct``."""
-    seen = []
-    record = driver.launch
-
-    def read_back(function, grid, threads, smem, stream, pointers):
-        array = (ctypes.c_void_p * 1).from_address(pointers)
-        seen.append(struct.from_buffer_copy(ctypes.string_at(array[0], ctypes.sizeof(struct))))
-        record(function, grid, threads, smem, stream, pointers)
-
-    driver.launch = read_back
-    return seen
-
-
 @pytest.mark.parametrize("dtype,out_fp32", [(torch.bfloat16, False), (torch.float32, False), (torch.float16, True)])
 def test_dispatch_launches_pl_on_small_maps(launcher, tmp_path, dtype, out_fp32):
     launcher, driver = launcher
@@ -136,14 +86,14 @@ def test_dispatch_launches_pl_on_small_maps(launcher, tmp_path, dtype, out_fp32)
     assert plan == planes_launch.planes_plan(u.element_size(), out_fp32, batch, dim, 2, 7, 7, 0,
                                              planes_launch.copy_width(u, delta, B, C), device.smem_per_block,
                                              device.smem_per_sm, device.reserved_smem_per_block)
-    _stub(tmp_path, plan.spec(dtype))
-    seen = _reading_params(driver, planes_launch.PlanesParams)
+    stub_kernel(tmp_path, plan.spec(dtype), TOOLCHAIN)
+    seen = driver.read_params(planes_launch.PlanesParams)
     y = rows_launch.launch_forward(launcher, device, u, delta, A, B, C, D, bias, True, 7, 7, out_fp32, False)
     assert y.shape == u.shape and y.dtype == (torch.float32 if out_fp32 else dtype)
     (launch,) = driver.of("launch")
     assert launch[1][2] == f"sym_{plan.spec(dtype).file_stem}"
     assert launch[2:6] == ((plan.grid(batch, dim, device.sm_count), 1, 1), plan.chunk, plan.smem, 1000)
-    (p,) = seen
+    ((p,),) = seen
     assert (p.u, p.delta, p.B, p.C, p.A, p.D, p.delta_bias, p.y) == tuple(
         t.data_ptr() for t in (u, delta, B, C, A, D, bias, y))
     assert (p.batch, p.dim, p.groups, p.height, p.width, p.route, p.chunk, p.copy_bytes, p.y_fp32) == (
@@ -156,13 +106,13 @@ def test_dispatch_launches_rs_on_wider_maps_and_nothing_for_v3(launcher):
     u, delta, A, B, C, D, bias = scan_inputs(5, 24, 14, 14, torch.bfloat16)
     design, plan, _ = rows_launch.forward_design(u, delta, A, B, C, D, bias, 14, False, False, device)
     assert design == "rs"
-    seen = _reading_params(driver, rows_launch.RowsParams)
+    seen = driver.read_params(rows_launch.RowsParams)
     y = rows_launch.launch_forward(launcher, device, u, delta, A, B, C, D, bias, True, 14, 14, False, False)
     (launch,) = driver.of("launch")
     assert launch[1][2] == f"sym_{rows_launch.plan_spec(plan, torch.bfloat16).file_stem}"
     assert launch[2:5] == ((plan.blocks(5, 24), 1, 1), 128, 0)
-    assert seen[0].y == y.data_ptr() and (seen[0].seg_lanes, seen[0].maps_per_warp) == (plan.seg_lanes,
-                                                                                      plan.maps_per_warp)
+    p = seen[0][0]
+    assert p.y == y.data_ptr() and (p.seg_lanes, p.maps_per_warp) == (plan.seg_lanes, plan.maps_per_warp)
     # v3's calls launch nothing here (the host driver runs them): N = 4, a forward saving carries
     u, delta, A, B, C, D, bias = scan_inputs(2, 8, 7, 7, nstate=4)
     assert rows_launch.launch_forward(launcher, device, u, delta, A, B, C, D, bias, True, 7, 7, False, False) is None

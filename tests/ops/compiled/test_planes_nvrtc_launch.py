@@ -5,15 +5,10 @@ host emulation's), and the launch passes the plan's grid / block / shared memory
 bytes on the current stream (recording fake driver)."""
 from __future__ import annotations
 
-import ctypes
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
 
-from vmamba2d.ops.compiled import cuda_launch, kernel_cache, nvrtc, planes_launch, rows_launch
+from vmamba2d.ops.compiled import cuda_launch, nvrtc, planes_launch, rows_launch
 from vmamba2d.ops.compiled.cuda_kernels import KERNELS, MODEL_MAP_SIDES, planes_kernel
 
 try:
@@ -21,9 +16,9 @@ try:
 except nvrtc.NvrtcUnavailable as err:
     pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
 
-from support.nvrtc_recording import ATTRIBUTES, RecordingDriver  # noqa: E402
+from support.c_layout import ctypes_layout, cxx_layout  # noqa: E402
+from support.nvrtc_recording import ATTRIBUTES, recording_launcher, stub_kernel  # noqa: E402
 
-CSRC = Path(__file__).resolve().parents[3] / "csrc" / "cuda"
 H200 = cuda_launch.DeviceInfo(index=0, arch=90, code_arch=90, sm_count=ATTRIBUTES["MULTIPROCESSOR_COUNT"],
                               smem_per_block=ATTRIBUTES["MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"],
                               smem_per_sm=ATTRIBUTES["MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"],
@@ -56,21 +51,9 @@ def test_other_entries_compile_within_64_registers_without_spills(arch):
 
 
 @pytest.mark.slow
-def test_params_layout_equals_the_c_struct(tmp_path: Path):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    fields = [name for name, _ in planes_launch.PlanesParams._fields_]
-    prints = "".join(f'  std::printf("%zu ", offsetof(P, {f}));\n' for f in fields)
-    (tmp_path / "layout.cpp").write_text(
-        '#include <cstddef>\n#include <cstdio>\n#include "scan2d_planes_common.h"\n'
-        "using P = vmamba2d::planes::PlanesParams;\nint main() {\n" + prints + '  std::printf("%zu\\n", sizeof(P));\n}\n')
-    subprocess.run([cxx, "-std=c++17", f"-I{CSRC}", str(tmp_path / "layout.cpp"), "-o", str(tmp_path / "layout")],
-                   check=True)
-    out = subprocess.run([str(tmp_path / "layout")], check=True, capture_output=True, text=True).stdout.split()
-    expected = [getattr(planes_launch.PlanesParams, f).offset for f in fields] + [
-        ctypes.sizeof(planes_launch.PlanesParams)]
-    assert [int(v) for v in out] == expected
+def test_params_layout_equals_the_c_struct(tmp_path):
+    assert cxx_layout(tmp_path, "scan2d_planes_common.h", "vmamba2d::planes::PlanesParams",
+                      planes_launch.PlanesParams) == ctypes_layout(planes_launch.PlanesParams)
 
 
 def test_shared_memory_mirror_equals_the_layout():
@@ -114,18 +97,7 @@ def test_copy_width_of_tensors():
 
 @pytest.fixture()
 def launcher(tmp_path):
-    driver = RecordingDriver()
-    launcher = cuda_launch.KernelLauncher(driver, tmp_path, TOOLCHAIN, current_device=lambda: 0,
-                                          stream_of=lambda d: 1000 + d, device_arch=lambda d: 90)
-    return launcher, driver, tmp_path
-
-
-def _stub(folder: Path, spec) -> None:
-    """A cache entry with a recognisable fake image, so the launcher finds the spec without compiling."""
-    target = nvrtc.target_for(90, TOOLCHAIN.archs)
-    key = nvrtc.cache_key(TOOLCHAIN, spec, target)
-    kernel = nvrtc.CompiledKernel(spec.name, 90, target, f"image {spec.name}".encode(), f"sym_{spec.file_stem}")
-    kernel_cache.write_entry(kernel_cache.entry_path(folder, key), kernel_cache.encode_entry(key, kernel))
+    return (*recording_launcher(tmp_path, TOOLCHAIN), tmp_path)
 
 
 @pytest.mark.parametrize("dtype,out_fp32,route", [(torch.bfloat16, False, 0), (torch.float32, False, 7),
@@ -141,17 +113,8 @@ def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32, 
     expected = planes_launch.planes_plan(elem, out_fp32, batch, dim, groups, height, width, route,
                                          planes_launch.copy_width(u, delta, B, C), H200.smem_per_block,
                                          H200.smem_per_sm, H200.reserved_smem_per_block)
-    _stub(folder, expected.spec(dtype))
-    seen = []
-    record = driver.launch
-
-    def read_back(function, grid, threads, smem, stream, pointers):
-        array = (ctypes.c_void_p * 1).from_address(pointers)
-        seen.append(planes_launch.PlanesParams.from_buffer_copy(
-            ctypes.string_at(array[0], ctypes.sizeof(planes_launch.PlanesParams))))
-        record(function, grid, threads, smem, stream, pointers)
-
-    driver.launch = read_back
+    stub_kernel(folder, expected.spec(dtype), TOOLCHAIN)
+    seen = driver.read_params(planes_launch.PlanesParams)
     y = planes_launch.launch_planes_forward(launcher, H200, u, delta, A, B, C, D, bias, True, height, width, route,
                                             out_fp32)
     assert y.shape == u.shape and y.dtype == (torch.float32 if out_fp32 else dtype)
@@ -160,7 +123,7 @@ def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32, 
     chunks = -(-batch * dim // expected.chunk)
     assert launch[2:6] == ((chunks, 1, 1), expected.chunk, expected.smem, 1000)
     assert driver.of("smem")[0][2] == H200.smem_per_block  # opted into the device's shared memory
-    (p,) = seen
+    ((p,),) = seen
     assert (p.u, p.delta, p.B, p.C, p.A, p.D, p.delta_bias, p.y) == tuple(
         t.data_ptr() for t in (u, delta, B, C, A, D, bias, y))
     assert (p.delta_planes, p.bc_planes, p.batch, p.dim, p.groups, p.height, p.width, p.route) == (

@@ -6,14 +6,11 @@ instances within the register budget."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
-from vmamba2d.ops.compiled import cuda_launch, kernel_cache, nvrtc, rows_launch
+from vmamba2d.ops.compiled import nvrtc, rows_launch
 from vmamba2d.ops.compiled import rows_backward_launch as rbl
 
 try:
@@ -21,9 +18,8 @@ try:
 except nvrtc.NvrtcUnavailable as err:
     pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
 
-from support.nvrtc_recording import RecordingDriver  # noqa: E402
-
-CSRC = Path(__file__).resolve().parents[3] / "csrc" / "cuda"
+from support.c_layout import ctypes_layout, cxx_layout  # noqa: E402
+from support.nvrtc_recording import recording_launcher, stub_kernel  # noqa: E402
 
 
 def scan_inputs(batch, dim, height, width, dtype=torch.float32, groups=1, seed=0):
@@ -35,21 +31,9 @@ def scan_inputs(batch, dim, height, width, dtype=torch.float32, groups=1, seed=0
     return u, delta, A, B, C, torch.randn(dim, generator=g), torch.randn(dim, generator=g), dy
 
 
-def test_params_layout_equals_the_c_struct(tmp_path: Path):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    fields = [name for name, _ in rbl.RowsBackwardParams._fields_]
-    prints = "".join(f'  std::printf("%zu ", offsetof(P, {f}));\n' for f in fields)
-    (tmp_path / "layout.cpp").write_text(
-        '#include <cstddef>\n#include <cstdio>\n#include "scan2d_rows_backward.cuh"\n'
-        "using P = vmamba2d::rows::RowsBackwardParams;\nint main() {\n" + prints
-        + '  std::printf("%zu\\n", sizeof(P));\n}\n')
-    subprocess.run([cxx, "-std=c++17", f"-I{CSRC}", str(tmp_path / "layout.cpp"), "-o", str(tmp_path / "layout")],
-                   check=True)
-    out = subprocess.run([str(tmp_path / "layout")], check=True, capture_output=True, text=True).stdout.split()
-    expected = [getattr(rbl.RowsBackwardParams, f).offset for f in fields] + [ctypes.sizeof(rbl.RowsBackwardParams)]
-    assert [int(v) for v in out] == expected
+def test_params_layout_equals_the_c_struct(tmp_path):
+    assert cxx_layout(tmp_path, "scan2d_rows_backward.cuh", "vmamba2d::rows::RowsBackwardParams",
+                      rbl.RowsBackwardParams) == ctypes_layout(rbl.RowsBackwardParams)
 
 
 @pytest.mark.parametrize("width,elem,dy,aligned,expected", [
@@ -76,32 +60,7 @@ def test_backward_plan_refuses_wide_rows():
 
 @pytest.fixture()
 def launcher(tmp_path):
-    driver = RecordingDriver()
-    launcher = cuda_launch.KernelLauncher(driver, tmp_path, TOOLCHAIN, current_device=lambda: 0,
-                                          stream_of=lambda d: 1000 + d, device_arch=lambda d: 90)
-    return launcher, driver, tmp_path
-
-
-def _stub(folder: Path, spec) -> None:
-    """A cache entry with a recognisable fake image, so the launcher finds the spec without compiling."""
-    target = nvrtc.target_for(90, TOOLCHAIN.archs)
-    key = nvrtc.cache_key(TOOLCHAIN, spec, target)
-    kernel = nvrtc.CompiledKernel(spec.name, 90, target, f"image {spec.name}".encode(), f"sym_{spec.file_stem}")
-    kernel_cache.write_entry(kernel_cache.entry_path(folder, key), kernel_cache.encode_entry(key, kernel))
-
-
-def _reading(driver, structs) -> list:
-    """The launches' parameters from now on, each read back as the given ctypes types in order."""
-    seen = []
-    record = driver.launch
-
-    def read_back(function, grid, threads, smem, stream, pointers):
-        array = (ctypes.c_void_p * len(structs)).from_address(pointers)
-        seen.append([s.from_buffer_copy(ctypes.string_at(array[i], ctypes.sizeof(s))) for i, s in enumerate(structs)])
-        record(function, grid, threads, smem, stream, pointers)
-
-    driver.launch = read_back
-    return seen
+    return (*recording_launcher(tmp_path, TOOLCHAIN), tmp_path)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -110,8 +69,8 @@ def test_saving_forward_launch(launcher, dtype):
     u, delta, A, B, C, D, bias, _ = scan_inputs(3, 10, 28, 28, dtype)
     plan = rbl.backward_plan(u.element_size(), u.element_size(), 28)
     spec = rbl.save_spec(plan, dtype)
-    _stub(folder, spec)
-    seen = _reading(driver, [rows_launch.RowsParams, ctypes.c_void_p])
+    stub_kernel(folder, spec, TOOLCHAIN)
+    seen = driver.read_params(rows_launch.RowsParams, ctypes.c_void_p)
     y, carries = rbl.launch_forward_save(launcher, u, delta, A, B, C, D, bias, True, 28, 28, False, plan)
     assert y.shape == u.shape and y.dtype == dtype
     assert carries.shape == (30, 3, 28) and carries.dtype == torch.float32
@@ -133,9 +92,9 @@ def test_backward_launch_passes_grid_block_and_parameter_block(launcher, dtype, 
         dy = dy.float()
     plan = rbl.backward_plan(u.element_size(), dy.element_size(), width)
     spec = rbl.backward_spec(plan, dtype)
-    _stub(folder, spec)
+    stub_kernel(folder, spec, TOOLCHAIN)
     carries = torch.zeros(batch * dim, rbl.carry_rows(height), width)
-    seen = _reading(driver, [rbl.RowsBackwardParams])
+    seen = driver.read_params(rbl.RowsBackwardParams)
     grads = rbl.launch_rows_backward(launcher, u, delta, A, B, C, D, bias, True, height, width, dy, carries, plan)
     du, ddelta, dA, dB, dC, dD, ddb = grads
     assert du.shape == u.shape and du.dtype == dtype and ddelta.shape == delta.shape
@@ -158,8 +117,8 @@ def test_backward_without_d_and_bias_passes_null(launcher):
     launcher, driver, folder = launcher
     u, delta, A, B, C, _, _, dy = scan_inputs(2, 4, 9, 14)
     plan = rbl.backward_plan(4, 4, 14)
-    _stub(folder, rbl.backward_spec(plan, torch.float32))
-    seen = _reading(driver, [rbl.RowsBackwardParams])
+    stub_kernel(folder, rbl.backward_spec(plan, torch.float32), TOOLCHAIN)
+    seen = driver.read_params(rbl.RowsBackwardParams)
     grads = rbl.launch_rows_backward(launcher, u, delta, A, B, C, None, None, False, 9, 14, dy,
                                      torch.zeros(8, 1, 14), plan)
     assert grads[5] is None and grads[6] is None
