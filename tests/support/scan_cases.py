@@ -73,6 +73,17 @@ def grads(inputs, height, width, dy, fn):
     return {k: (torch.zeros_like(leaves[k]) if g is None else g) for k, g in zip(names, grads)}
 
 
+def assert_half_precision_close(y, y_ref, got, expected, inputs):
+    """y and the gradients ``got`` of a run on half-precision ``inputs`` against the fp64 reference on
+    the same rounded inputs (y_ref, ``expected``): y within rtol 1e-2 / atol 2e-2; each gradient in
+    its input's dtype (rounded once, at the end) and within 1e-2 of the reference's largest value."""
+    torch.testing.assert_close(y.double(), y_ref, rtol=1e-2, atol=2e-2)
+    for name in expected:
+        assert got[name].dtype == inputs[name].dtype, name
+        scale = expected[name].abs().max().item()
+        torch.testing.assert_close(got[name].double(), expected[name], rtol=1e-2, atol=1e-2 * scale, msg=name)
+
+
 # --------------------------------------------------------------------------------------------
 # Bad inputs
 # --------------------------------------------------------------------------------------------

@@ -20,23 +20,21 @@ the helper's first call. One test checks both shortcuts against the interpreter'
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
 import pytest
 
-if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("run through tests/ops/triton/test_scan_triton.py (needs TRITON_INTERPRET=1 before triton is imported)",
-                allow_module_level=True)
+from support.triton_interpreter import record_kernel_launches, require_interpreter
+
+require_interpreter("tests/ops/triton/test_scan_triton.py")
 
 import torch  # noqa: E402
-
-pytest.importorskip("triton")
 from triton.runtime import interpreter  # noqa: E402
 from triton.runtime.errors import InterpreterError  # noqa: E402
 
-from support.scan_cases import BAD_INPUTS, TENSOR_ARGS, grads, make_inputs, reference_scan  # noqa: E402
+from support.scan_cases import (  # noqa: E402
+    BAD_INPUTS, TENSOR_ARGS, assert_half_precision_close, grads, make_inputs, reference_scan)
 from vmamba2d.ops import resolve_backend, selective_scan_2d  # noqa: E402
 from vmamba2d.ops.triton import launch as triton_launch  # noqa: E402
 from vmamba2d.ops.triton import ops as triton_ops  # noqa: E402
@@ -206,12 +204,7 @@ def test_half_inputs_accumulate_in_fp32(half, monkeypatch):
     got = grads(inputs, height, width, dy, triton_scan)
     y_half = triton_scan(**inputs, height=height, width=width)
     assert y_half.dtype == half
-    torch.testing.assert_close(y_half.double(), y_ref, rtol=1e-2, atol=2e-2)
-    for name in expected:
-        assert got[name].dtype == inputs[name].dtype, name
-        # Gradients are rounded to their input's dtype once at the end.
-        scale = expected[name].abs().max().item()
-        torch.testing.assert_close(got[name].double(), expected[name], rtol=1e-2, atol=1e-2 * scale, msg=name)
+    assert_half_precision_close(y_half, y_ref, got, expected, inputs)
 
 
 def test_out_dtype_and_mixed_parameter_dtypes(monkeypatch):
@@ -323,15 +316,7 @@ def test_the_backward_reuses_the_forwards_carries(monkeypatch):
     """The forward saves the tile carries only when a gradient is needed; the backward op then
     launches the backward kernel alone (no second forward sweep) and refuses missing carries."""
     inputs = make_inputs(1, 4, 2, 2, 3, 4, seed=43)
-    launched = []
-    original = triton_launch.kernels
-
-    class Recorder:
-        def __getattr__(self, name):
-            launched.append(name)
-            return getattr(original(), name)
-
-    monkeypatch.setattr(triton_launch, "kernels", Recorder)
+    launched = record_kernel_launches(monkeypatch)
     with torch.no_grad():
         y_plain = triton_scan(**inputs, height=3, width=4)
     leaves = {k: inputs[k].clone().requires_grad_() for k in TENSOR_ARGS}

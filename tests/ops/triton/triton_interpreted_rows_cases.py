@@ -11,17 +11,13 @@ tests/ops/triton/triton_interpreted_cases.py (a doubling evaluation of ``tl.asso
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("run through tests/ops/triton/test_scan_triton_rows.py (needs TRITON_INTERPRET=1 before triton is imported)",
-                allow_module_level=True)
+from support.triton_interpreter import require_interpreter
+
+require_interpreter("tests/ops/triton/test_scan_triton_rows.py")
 
 import torch  # noqa: E402
-
-pytest.importorskip("triton")
 import triton_interpreted_cases  # noqa: E402,F401  (installs the interpreter shortcuts)
 from support.scan_cases import make_inputs  # noqa: E402
 from vmamba2d.ops import cross_selective_scan_2d_reference, selective_scan_2d, selective_scan_2d_reference  # noqa: E402
