@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -39,12 +37,14 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import sass_report  # noqa: E402
+import v4_static_report as static_report  # noqa: E402
 
 from vmamba2d.ops.compiled import nvrtc  # noqa: E402
 from vmamba2d.ops.compiled import rows_backward_launch as rbl  # noqa: E402
 
-ENTRY = REPO / "csrc" / "cuda" / "entries" / "scan2d_rows_backward_entry.cu"
+sass_report = static_report.sass_report
+ENTRY = static_report.CUDA_SOURCES / "entries" / "scan2d_rows_backward_entry.cu"
+SYMBOL = "vmamba2d_rows_backward"
 ARCHS = (90, 80, 75)
 WIDTHS = (56, 28, 14, 7)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -87,13 +87,9 @@ def resident_warps(registers: int, smem: int, arch: int) -> int:
 
 def nvcc_loops(nvcc: str, disassembler: str, arch: int, defines: dict[str, str], workdir: Path) -> tuple[int, int]:
     """Static instructions of the recompute and the adjoint row loops of the nvcc build."""
-    cubin = workdir / f"b{arch}.cubin"
-    cmd = [nvcc, "-cubin", f"-arch=sm_{arch}", "-O3", "-std=c++17", f"-I{ENTRY.parents[1]}", "-o", str(cubin),
-           *(f"-D{k}={v}" for k, v in defines.items()), str(ENTRY)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    text = subprocess.run([disassembler, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    ((_, (instructions, labels)),) = sass_report.parse_sass(text).items()
-    blocks = sass_report.basic_blocks(instructions, labels)
+    compiled = static_report.compile_entry(nvcc, disassembler, f"sm_{arch}", defines, workdir, SYMBOL, ENTRY, "rsb")
+    instructions = compiled.instructions
+    blocks = sass_report.basic_blocks(instructions, compiled.labels)
     loops = sass_report.natural_loops(blocks)
 
     def count(body, opcode=None):
@@ -157,10 +153,9 @@ def main(argv=None) -> int:
     parser.add_argument("--write", type=Path, help="write the markdown report here")
     parser.add_argument("--archs", type=int, nargs="*", default=list(ARCHS))
     args = parser.parse_args(argv)
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    disassembler = sass_report.find_disassembler(nvcc)
-    if disassembler is None:
-        print("nvdisasm not found", file=sys.stderr)
+    nvcc, disassembler = static_report.find_tools(None)
+    if nvcc is None or disassembler is None:
+        print("nvcc / nvdisasm not found", file=sys.stderr)
         return 2
     toolchain = nvrtc.find_toolchain()
     with tempfile.TemporaryDirectory() as tmp:
