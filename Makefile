@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 export MAX_JOBS ?= 2
 
-.PHONY: setup demo test test-fast bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare gpu-nvrtc test-gpu-tools clean
+.PHONY: setup demo test test-fast bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare gpu-nvrtc gpu-mixed test-gpu-tools clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,15 @@ gpu-compare:
 # vmamba2d_tiny batch-1 latency with each (dev/gpu/nvrtc_check.py; gpu-check's 10-minute budget is full).
 gpu-nvrtc:
 	$(PYTHON) dev/gpu/nvrtc_check.py
+
+# Issue 41's measurement, for a GPU session with time after gpu-check (about 8 minutes: 18 worker
+# processes, torch.compile in half of them): vmamba2d_tiny / vmamba_tiny / convnext_tiny at batch 128,
+# fp32, bf16 and fp16 autocast, eager and torch.compile, inference and training, on the NVRTC kernels
+# a pip install runs, each row beside the byte account's estimate.
+gpu-mixed:
+	VMAMBA2D_CUDA_KERNELS=nvrtc $(PYTHON) benchmarks/bench_model.py --device cuda --models vmamba2d_tiny vmamba_tiny \
+		convnext_tiny --precisions fp32 bf16 amp --compile both --batch-sizes 128 --iters 5 --warmup 2 \
+		--out benchmarks/gpu-mixed.md
 
 # The GPU instruments' own tests (dev/gpu/tests: their parsers, report arithmetic and gpu-check's plan,
 # run on the CPU), kept out of `make test`; the checks that guard the kernels (host emulation,

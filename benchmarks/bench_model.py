@@ -11,11 +11,20 @@ GPU: ``torch.cuda.max_memory_allocated``). Prints a markdown table; ``--out FILE
     python benchmarks/bench_model.py --device cuda --models vmamba2d_tiny vmamba_tiny convnext_tiny
     python benchmarks/bench_model.py --batch-sizes 1 --iters 5 --out benchmarks/model_cpu.md
     python benchmarks/bench_model.py --models vmamba2d_tiny vmamba2d_tiny:cross_scan=per_route --profile
+    python benchmarks/bench_model.py --device cuda --precisions fp32 bf16 amp --compile both
 
 A model is a timm name, optionally with ``:key=value,...`` model arguments (e.g.
 ``vmamba2d_tiny:cross_scan=per_route`` for the per-route SS2D path). ``--profile`` adds, per
 model, torch.profiler's operators by self time of one inference call and the share of the
-route-copy operators (copy_, flip, cat, stack).
+route-copy operators (copy_, flip, cat, stack). ``--compile on`` runs the model under
+``torch.compile`` (default options; the compile happens in the warm-up calls, which are not
+timed), ``--compile both`` eager and compiled rows (``MODEL [torch.compile]``).
+
+On a GPU each row also gets the byte account's roofline estimate of its inference
+(``vmamba2d.analysis.traffic``, traced on fake tensors in this process: fp32, or autocast in the
+row's type): with the scan op counted as a fused kernel must move it, and as its CUDA path runs it
+today (``--scan-traffic cuda`` of benchmarks/model_traffic.py). It is an estimate beside the
+measurement, never a measurement.
 
 Targets checked at the end: CPU inference of vmamba2d_tiny within 1.5x of vmamba_tiny and 3x of
 convnext_tiny; GPU: vmamba2d_tiny >= 0.9x vmamba_tiny and above VMamba-T's published 1686 img/s
@@ -112,12 +121,18 @@ def _profile_inference(infer) -> dict:
     return dict(top=top, copy_share=copies)
 
 
-def build_steps(spec: str, device: str, batch: int, precision: str, img_size: int):
+COMPILE_CHOICES = ("off", "on", "both")
+COMPILED_SUFFIX = " [torch.compile]"
+
+
+def build_steps(spec: str, device: str, batch: int, precision: str, img_size: int, compiled: bool = False):
     """The model ``spec`` on random images: ``(infer, make_train_step)``.
 
     ``infer()`` runs one inference call (eval mode, ``torch.inference_mode``, the precision's
     autocast); ``make_train_step()`` puts the model in training mode and returns ``train_step()``:
-    forward, cross-entropy, backward and an AdamW step (GradScaler with fp16 autocast).
+    forward, cross-entropy, backward and an AdamW step (GradScaler with fp16 autocast). With
+    ``compiled`` the calls go through ``torch.compile`` of the model (compiled on the first call of
+    each mode).
     """
     import timm
     import torch
@@ -129,6 +144,7 @@ def build_steps(spec: str, device: str, batch: int, precision: str, img_size: in
                       "amp": torch.bfloat16 if device == "cpu" else torch.float16}[precision]
     name, model_kwargs = parse_model_spec(spec)
     model = timm.create_model(name, num_classes=1000, **model_kwargs).to(device)
+    run = torch.compile(model) if compiled else model
     images = torch.randn(batch, 3, img_size, img_size, device=device)
     targets = torch.randint(0, 1000, (batch,), device=device)
     autocast = torch.autocast(device_type=device, dtype=autocast_dtype or torch.bfloat16,
@@ -137,7 +153,7 @@ def build_steps(spec: str, device: str, batch: int, precision: str, img_size: in
 
     def infer():
         with torch.inference_mode(), autocast:
-            model(images)
+            run(images)
 
     def make_train_step():
         model.train()
@@ -146,7 +162,7 @@ def build_steps(spec: str, device: str, batch: int, precision: str, img_size: in
 
         def train_step():
             with autocast:
-                loss = torch.nn.functional.cross_entropy(model(images), targets)
+                loss = torch.nn.functional.cross_entropy(run(images), targets)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
@@ -184,18 +200,22 @@ def run_worker(args: argparse.Namespace) -> dict:
     apply_malloc_setting(args.malloc)
 
     device, batch = args.device, args.batch_size
-    infer, make_train_step = build_steps(args.model, device, batch, args.precision, args.img_size)
-    infer_s = _timed(infer, args.iters, args.warmup, device)
+    compiled = args.compile == "on"
+    infer, make_train_step = build_steps(args.model, device, batch, args.precision, args.img_size, compiled)
+    # a compiled model compiles in its first call: at least one untimed call
+    warmup = max(args.warmup, 1) if compiled else args.warmup
+    infer_s = _timed(infer, args.iters, warmup, device)
     infer_peak = _peak_memory_mb(device)
 
-    row = dict(model=args.model, device=device, precision=args.precision, batch=batch,
+    label = args.model + (COMPILED_SUFFIX if compiled else "")
+    row = dict(model=label, device=device, precision=args.precision, batch=batch,
                infer_img_s=batch / infer_s, infer_peak_mb=infer_peak)
     if args.profile:
         row["profile"] = _profile_inference(infer)
     if not args.no_train:
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        train_s = _timed(make_train_step(), args.iters, args.warmup, device)
+        train_s = _timed(make_train_step(), args.iters, warmup, device)
         row.update(train_img_s=batch / train_s, train_peak_mb=_peak_memory_mb(device))
     return row
 
@@ -211,16 +231,18 @@ def _best_of(old: dict, new: dict) -> dict:
     return merged
 
 
-def _spawn(model: str, batch: int, precision: str, args: argparse.Namespace) -> dict:
+def _spawn(model: str, batch: int, precision: str, args: argparse.Namespace, compiled: bool = False) -> dict:
     command = [
         sys.executable, str(Path(__file__).resolve()), "--worker", "--models", model, "--device", args.device,
         "--batch-sizes", str(batch), "--precisions", precision, "--iters", str(args.iters),
         "--warmup", str(args.warmup), "--img-size", str(args.img_size), "--malloc", args.malloc,
+        "--compile", "on" if compiled else "off",
     ] + (["--no-train"] if args.no_train or batch not in args.train_batch_sizes else []) + (
         ["--profile"] if args.profile else [])
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if result.returncode != 0:
-        raise RuntimeError(f"worker for {model} batch {batch} {precision} failed:\n{result.stderr[-3000:]}")
+        what = f"{model}{COMPILED_SUFFIX if compiled else ''} batch {batch} {precision}"
+        raise RuntimeError(f"worker for {what} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -238,7 +260,8 @@ def describe_run(device: str) -> list[str]:
     dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") != "unknown" else ""
     if device == "cuda":
         machine = f"{torch.cuda.get_device_name()} ({torch.cuda.device_count()} visible)"
-        scan_backend = vmamba2d.ops.backend_info()["auto_cuda"]
+        info = vmamba2d.ops.backend_info()
+        scan_backend = f"{info['auto_cuda']} (CUDA kernels compiled by {info.get('cuda_compiler')})"
     else:
         machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
         info = vmamba2d.ops.backend_info()
@@ -265,17 +288,37 @@ def _header(args: argparse.Namespace) -> list[str]:
     ]
 
 
+ACCOUNT_MODES = {"fp32": "fp32", "bf16": "autocast-bf16", "amp": "autocast-fp16"}  # on CUDA
+
+
+def account_estimates(spec: str, precision: str, batch: int, img_size: int) -> tuple[float, float]:
+    """The byte account's roofline estimate of one CUDA inference call of ``spec`` (img/s): the scan
+    op counted as a fused kernel moves it, and as its CUDA path runs it today. An estimate from
+    bytes and GEMM peaks (vmamba2d.analysis.traffic), traced on fake tensors: no GPU needed."""
+    from vmamba2d.analysis.traffic import account_timm_model, roofline_seconds
+
+    name, kwargs = parse_model_spec(spec.removesuffix(COMPILED_SUFFIX))
+    mode = ACCOUNT_MODES[precision]
+    fused, cuda = (account_timm_model(name, mode, img_size, batch, view, **kwargs) for view in ("fused", "cuda"))
+    return batch / roofline_seconds(fused), batch / roofline_seconds(cuda)
+
+
 def _table(rows: list[dict]) -> list[str]:
+    estimated = any("account_img_s" in r for r in rows)
     lines = [
-        "| model | precision | batch | inference img/s | training img/s | inference peak MiB | training peak MiB |",
-        "|---|---|---|---|---|---|---|",
+        "| model | precision | batch | inference img/s | training img/s | inference peak MiB | training peak MiB |"
+        + (" account roofline img/s, fused / CUDA path (estimate) |" if estimated else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if estimated else ""),
     ]
     for r in rows:
         train = f"{r['train_img_s']:.2f}" if "train_img_s" in r else "-"
         train_mem = f"{r['train_peak_mb']:.0f}" if "train_peak_mb" in r else "-"
+        account = ""
+        if estimated:
+            account = " {:,.0f} / {:,.0f} |".format(*r["account_img_s"]) if "account_img_s" in r else " - |"
         lines.append(
             f"| {r['model']} | {r['precision']} | {r['batch']} | {r['infer_img_s']:.2f} | {train} | "
-            f"{r['infer_peak_mb']:.0f} | {train_mem} |"
+            f"{r['infer_peak_mb']:.0f} | {train_mem} |{account}"
         )
     return lines
 
@@ -378,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="add torch.profiler's top operators of one inference call per row")
     parser.add_argument("--malloc", choices=MALLOC_SETTINGS, default="keep",
                         help="keep: glibc keeps freed memory for reuse in each worker (default); default: its own thresholds")
+    parser.add_argument("--compile", choices=COMPILE_CHOICES, default="off",
+                        help="run the models under torch.compile: off (default), on, or both eager and compiled rows")
     parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -405,17 +450,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda needs a GPU")
     lines = _header(args)
     best: dict = {}
+    compile_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]
     for _ in range(args.repeats):  # whole sweeps, so load changes hit every model alike
         for precision in args.precisions:
             for batch in args.batch_sizes:
                 for model in args.models:
-                    row = _spawn(model, batch, precision, args)
-                    print(f"{model} {precision} batch {batch}: {row['infer_img_s']:.2f} img/s inference", file=sys.stderr)
-                    key = (model, precision, batch)
-                    best[key] = _best_of(best[key], row) if key in best else row
+                    for compiled in compile_modes:
+                        row = _spawn(model, batch, precision, args, compiled)
+                        print(f"{row['model']} {precision} batch {batch}: {row['infer_img_s']:.2f} img/s inference",
+                              file=sys.stderr)
+                        key = (row["model"], precision, batch)
+                        best[key] = _best_of(best[key], row) if key in best else row
     load = os.getloadavg()  # with the start's in the header: how busy the machine was meanwhile
     lines += [f"- load average at end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}", ""]
     rows = list(best.values())
+    if args.device == "cuda":
+        for row in rows:
+            row["account_img_s"] = account_estimates(row["model"], row["precision"], row["batch"], args.img_size)
     lines += _table(rows) + _targets(rows, args.device) + _profile_tables(rows)
     text = "\n".join(lines) + "\n"
     emit(text, args.out)

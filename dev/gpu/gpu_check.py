@@ -18,7 +18,9 @@ its budget is stopped, and the report says so:
     bench-cross-scan     benchmarks/bench_cross_scan.py --device cuda: the four-route op vs per-route
                          copies on the cuda and triton backends
     bench-model-*        benchmarks/bench_model.py --device cuda, fp32 and bf16 autocast, batch 128:
-                         vmamba2d_tiny vs vmamba_tiny and convnext_tiny
+                         vmamba2d_tiny vs vmamba_tiny and convnext_tiny, inference and training, on
+                         the NVRTC kernels (VMAMBA2D_CUDA_KERNELS=nvrtc: what a pip install runs,
+                         v4 forwards where the rule picks them, not the nvcc build of the build step)
     bench-versions       only when build/cuda-baseline (--baseline) holds an earlier kernel exported
                          by dev/gpu/cuda_baseline.py (make cuda-baseline): that kernel builds beside
                          this checkout's during the build step, and dev/gpu/bench_cuda_versions.py
@@ -253,7 +255,8 @@ def plan(python: str, env: Environment, work: Path, jobs: int, baseline: Optiona
         name = f"bench-model-{precision}"
         steps.append(Step(name, [python, "benchmarks/bench_model.py", "--device", "cuda", "--models", *MODEL_BENCH_MODELS,
                                  "--precisions", precision, "--batch-sizes", "128", "--iters", "5", "--warmup", "2",
-                                 "--out", str(out)], budget_s=BUDGETS_S[name], min_s=30, table=out))
+                                 "--out", str(out)], budget_s=BUDGETS_S[name], min_s=30, table=out,
+                          env={"VMAMBA2D_CUDA_KERNELS": "nvrtc"}))
     if baseline is not None:
         out = work / "bench_cuda_versions.md"
         steps.append(Step("bench-versions", _versions_bench(python, baseline, out), budget_s=BUDGETS_S["bench-versions"],

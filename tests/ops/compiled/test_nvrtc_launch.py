@@ -126,6 +126,47 @@ def test_cuda_extension_without_nvcc_build_is_the_nvrtc_path(no_nvcc_extension):
     assert extensions.extension_source("cuda") == "nvrtc"
 
 
+@pytest.fixture()
+def fake_nvcc_extension(no_nvcc_extension, monkeypatch):
+    """extensions.cuda_extension() beside an nvcc-built vmamba2d._C_cuda (a stand-in module)."""
+    import types
+
+    extensions = no_nvcc_extension
+    built = types.ModuleType("vmamba2d._C_cuda")
+    original = extensions._import_built
+    monkeypatch.setattr(extensions, "_import_built", lambda name: built if name == "vmamba2d._C_cuda" else original(name))
+    return extensions, built
+
+
+def test_nvcc_build_runs_by_default_and_nvrtc_when_asked(fake_nvcc_extension, monkeypatch):
+    from vmamba2d.ops.compiled.nvrtc_backend import NvrtcKernels
+
+    extensions, built = fake_nvcc_extension
+    monkeypatch.delenv("VMAMBA2D_CUDA_KERNELS", raising=False)
+    assert extensions.cuda_extension() is built and extensions.extension_source("cuda") == "built"
+    extensions.cuda_extension.cache_clear()
+    monkeypatch.setenv("VMAMBA2D_CUDA_KERNELS", "nvrtc")
+    assert isinstance(extensions.cuda_extension(), NvrtcKernels)
+    assert extensions.extension_source("cuda") == "nvrtc"
+    extensions.cuda_extension.cache_clear()
+    monkeypatch.setenv("VMAMBA2D_CUDA_KERNELS", " Built ")
+    assert extensions.cuda_extension() is built
+
+
+def test_built_setting_without_an_nvcc_build_says_so(no_nvcc_extension, monkeypatch):
+    extensions = no_nvcc_extension
+    monkeypatch.setenv("VMAMBA2D_CUDA_KERNELS", "built")
+    assert extensions.cuda_extension() is None
+    reason = extensions.failure_reason("cuda")
+    assert "VMAMBA2D_CUDA_KERNELS=built" in reason and "VMAMBA2D_NVCC_BUILD=1" in reason
+
+
+def test_unknown_cuda_kernels_setting_is_refused(no_nvcc_extension, monkeypatch):
+    monkeypatch.setenv("VMAMBA2D_CUDA_KERNELS", "ptx")
+    with pytest.raises(ValueError, match=r"VMAMBA2D_CUDA_KERNELS: expected one of auto, nvrtc, built, got 'ptx'"):
+        no_nvcc_extension.cuda_extension()
+
+
 def test_missing_headers_name_what_to_install(no_nvcc_extension, monkeypatch):
     extensions = no_nvcc_extension
     monkeypatch.setattr(nvrtc, "cuda_include_candidates", lambda: [Path("/nonexistent/include")])

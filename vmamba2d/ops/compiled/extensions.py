@@ -34,8 +34,25 @@ OPENMP_FLAGS = ["-fopenmp"]
 JIT_PROGRESS_LINE = "compiling the vmamba2d CPU kernel, about a minute, once"
 _COMPILER_ERROR = re.compile(r"\berror\b|not found|no such file", re.IGNORECASE)
 
+# Which CUDA kernels run where both exist: "auto" (the nvcc build where there is one, else NVRTC),
+# "nvrtc" (NVRTC even beside an nvcc build: what a pip install runs) or "built" (the nvcc build only).
+CUDA_KERNELS_ENV = "VMAMBA2D_CUDA_KERNELS"
+CUDA_KERNELS_CHOICES = ("auto", "nvrtc", "built")
+
 _failure_reasons: dict[str, str] = {}
 _sources: dict[str, str] = {}
+
+
+def cuda_kernels_setting() -> str:
+    """The ``VMAMBA2D_CUDA_KERNELS`` setting: "auto" (unset), "nvrtc" or "built".
+
+    Raises:
+        ValueError: any other value.
+    """
+    value = os.environ.get(CUDA_KERNELS_ENV, "auto").strip().lower() or "auto"
+    if value not in CUDA_KERNELS_CHOICES:
+        raise ValueError(f"{CUDA_KERNELS_ENV}: expected one of {', '.join(CUDA_KERNELS_CHOICES)}, got {value!r}")
+    return value
 
 
 def _import_built(module_name: str) -> Optional[ModuleType]:
@@ -182,11 +199,21 @@ def cpu_extension() -> Optional[ModuleType]:
 @functools.lru_cache(maxsize=None)
 def cuda_extension() -> Optional[ModuleType]:
     """The CUDA kernels: the nvcc-built extension where one was built, else the NVRTC path
-    (compiled at first use, vmamba2d/ops/compiled/nvrtc_backend.py), else None with the reason."""
-    module = _import_built("vmamba2d._C_cuda")
-    if module is not None:
-        _sources["cuda"] = "built"
-        return module
+    (compiled at first use, vmamba2d/ops/compiled/nvrtc_backend.py), else None with the reason.
+    ``VMAMBA2D_CUDA_KERNELS=nvrtc`` takes the NVRTC path even beside an nvcc build, ``=built`` the
+    nvcc build only (:func:`cuda_kernels_setting`)."""
+    setting = cuda_kernels_setting()
+    if setting != "nvrtc":
+        module = _import_built("vmamba2d._C_cuda")
+        if module is not None:
+            _sources["cuda"] = "built"
+            return module
+        if setting == "built":
+            _failure_reasons["vmamba2d._C_cuda"] = (
+                f"{CUDA_KERNELS_ENV}=built, but there is no nvcc-built vmamba2d._C_cuda "
+                f"({_failure_reasons.get('vmamba2d._C_cuda', 'not importable')}): build it with "
+                "VMAMBA2D_NVCC_BUILD=1 (docs/install.md) or unset the variable")
+            return None
     from . import nvrtc, nvrtc_backend
 
     try:
