@@ -132,7 +132,7 @@ def test_rule_and_pin(monkeypatch):
     with pytest.raises(ValueError, match="d_state 1 only"):
         rows_plan.forward_design(2, 7, 7, torch.float32, False)
     monkeypatch.setenv(rows_plan.PLAN_ENV_VAR, "fast")
-    with pytest.raises(ValueError, match="VMAMBA2D_TRITON_PLAN must be one of"):
+    with pytest.raises(ValueError, match="VMAMBA2D_TRITON_PLAN: expected one of"):
         rows_plan.forward_design(1, 7, 7, torch.float32, False)
 
 

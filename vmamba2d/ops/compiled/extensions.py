@@ -22,6 +22,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Iterator, Optional
 
+from ..settings import env_choice
+
 PACKAGE_DIR = Path(__file__).resolve().parents[2]
 # An installed wheel carries the sources inside the package (setup.py copies them there); a source
 # checkout and an editable install read the repository's csrc/cpu.
@@ -49,10 +51,7 @@ def cuda_kernels_setting() -> str:
     Raises:
         ValueError: any other value.
     """
-    value = os.environ.get(CUDA_KERNELS_ENV, "auto").strip().lower() or "auto"
-    if value not in CUDA_KERNELS_CHOICES:
-        raise ValueError(f"{CUDA_KERNELS_ENV}: expected one of {', '.join(CUDA_KERNELS_CHOICES)}, got {value!r}")
-    return value
+    return env_choice(CUDA_KERNELS_ENV, CUDA_KERNELS_CHOICES, "auto")
 
 
 def _import_built(module_name: str) -> Optional[ModuleType]:

@@ -32,6 +32,7 @@ import torch
 
 from .. import plan as scan_plan
 from .. import tuning
+from ..settings import env_choice
 
 Tensor = torch.Tensor
 
@@ -68,10 +69,7 @@ def tuning_configs(block_w: int) -> List[Tuple[int, int]]:
 
 
 def _pinned() -> str:
-    value = os.environ.get(PLAN_ENV_VAR, "auto").strip().lower() or "auto"
-    if value not in PLAN_CHOICES:
-        raise ValueError(f"{PLAN_ENV_VAR} must be one of {', '.join(PLAN_CHOICES)}, got {value!r}")
-    return value
+    return env_choice(PLAN_ENV_VAR, PLAN_CHOICES, "auto")
 
 
 def rows_problem(nstate: int, height: int, width: int, dtype: torch.dtype, save_carries: bool) -> Optional[str]:
