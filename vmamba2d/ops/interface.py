@@ -57,7 +57,7 @@ Tensor = torch.Tensor
 BACKENDS = ("auto", "cuda", "triton", "cpu", "torch", "reference")
 BACKEND_ENV_VAR = "VMAMBA2D_SCAN_BACKEND"
 # Largest state size each compiled kernel is built for (per-state registers / buffers).
-MAX_NSTATE = {"cpu": 256, "cuda": 64, "triton": 64}
+MAX_NSTATE = {"cpu": 256, "cuda": 64, "triton": triton_launch.MAX_NSTATE}
 
 _warned_fallbacks: set[str] = set()
 

@@ -139,9 +139,7 @@ def selective_scan_2d_reference(
     """
     check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width)
     out_dtype = check_out_dtype(out_dtype, u.dtype)
-    compute_dtype = torch.promote_types(u.dtype, torch.float32)
-    u, delta, A, B, C, D, delta_bias = (None if t is None else t.to(compute_dtype)
-                                        for t in (u, delta, A, B, C, D, delta_bias))
+    u, delta, A, B, C, D, delta_bias = _in_compute_dtype(u, delta, A, B, C, D, delta_bias)
     batch, dim, length = u.shape
     nstate = A.shape[1]
     abar, x = _discretize(u, delta, A, B, delta_bias, delta_softplus)
@@ -209,15 +207,20 @@ def scan_per_route(
     return y.to(out_dtype)
 
 
+def _in_compute_dtype(u: Tensor, *others: Optional[Tensor]) -> tuple:
+    """u and the other tensors (None stays None) in the pure-PyTorch scans' compute type: fp32, or
+    fp64 for fp64 u."""
+    compute_dtype = torch.promote_types(u.dtype, torch.float32)
+    return tuple(None if t is None else t.to(compute_dtype) for t in (u, *others))
+
+
 def _looped_scan(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype) -> Tensor:
     return selective_scan_2d_reference(u, delta, A, B, C, D, delta_bias, delta_softplus, height=height, width=width,
                                        out_dtype=out_dtype)
 
 
 def _vectorised_scan(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, out_dtype) -> Tensor:
-    compute_dtype = torch.promote_types(u.dtype, torch.float32)
-    u, delta, A, B, C, D, delta_bias = (None if t is None else t.to(compute_dtype)
-                                        for t in (u, delta, A, B, C, D, delta_bias))
+    u, delta, A, B, C, D, delta_bias = _in_compute_dtype(u, delta, A, B, C, D, delta_bias)
     return selective_scan_2d_torch(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width).to(out_dtype)
 
 

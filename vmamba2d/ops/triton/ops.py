@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 
 from ..autograd import backward_fake, register_single_route_autograd
+from ..compiled.inputs import contiguous_as
 from .launch import acc_dtype, check_op_inputs, empty_carries, launch_backward, launch_forward
 from .rows_plan import forward_design, launch_rows_forward
 
@@ -154,15 +155,12 @@ def selective_scan_2d_triton(
         scan_dtype = torch.promote_types(scan_dtype, t.dtype)
     param_dtype = torch.float64 if scan_dtype == torch.float64 else torch.float32
 
-    def prepare(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
-        return None if t is None else t.to(dtype).contiguous()
-
     tensors = (u, delta, A, B, C, D, delta_bias)
     save_carries = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     out_fp32 = out_dtype == torch.float32 and scan_dtype != torch.float32
     y, _, _ = selective_scan_2d_triton_fwd(
-        prepare(u, scan_dtype), prepare(delta, scan_dtype), prepare(A, param_dtype),
-        prepare(B, scan_dtype), prepare(C, scan_dtype), prepare(D, param_dtype),
-        prepare(delta_bias, param_dtype), bool(delta_softplus), int(height), int(width), out_fp32, save_carries,
+        contiguous_as(u, scan_dtype), contiguous_as(delta, scan_dtype), contiguous_as(A, param_dtype),
+        contiguous_as(B, scan_dtype), contiguous_as(C, scan_dtype), contiguous_as(D, param_dtype),
+        contiguous_as(delta_bias, param_dtype), bool(delta_softplus), int(height), int(width), out_fp32, save_carries,
     )
     return y.to(out_dtype)
