@@ -15,7 +15,7 @@ namespace scan2d {
 // absolute above z = -2^-5 / below it, the error of softplus's log1p near z = 0 is < 2e-7
 // absolute) and the exp's argument rounds by <= |z| log2(e) 2^-24: relative error below 1e-5 for
 // z >= -87 (sigmoid a normal float; below, exp2_flush's results under 2^-126 flush to 0);
-// tests/test_scan_cuda.py checks it on the host build.
+// tests/ops/compiled/test_scan_cuda.py checks it on the host build.
 SS2D_HD SS2D_INLINE float sigmoid_from_softplus(float z, float dt) { return exp2_flush((z - dt) * kLog2e); }
 
 // Where dt is not kept on chip (N = 1, backward_keeps_dt), the first block phase parks each quad's

@@ -49,7 +49,7 @@ SS2D_HD SS2D_INLINE float exp2_flush(float x) {
 // relative there, where t^3/3 alone leaves t^3/4 = 7.6e-6; one multiply-add fewer than the t^4
 // term). The rounding of |z| * log2(e) before exp2f adds <= |z| * 2^-24 relative in t, 5e-6 at
 // z = -87 (series side). The relative error stays below
-// 1e-5 wherever softplus(z) is a normal float (z >= -87); tests/test_scan_cuda.py checks the
+// 1e-5 wherever softplus(z) is a normal float (z >= -87); tests/ops/compiled/test_scan_cuda.py checks the
 // bound on the host build (libm's log2f), the GPU tests the kernel's results. Above the threshold
 // (z > 20) no test is needed: t < 2.1e-9 is below half an ulp of z, so z + log1p(t) rounds to z.
 // Both sides work in log2 units (the series' coefficients times log2(e)), so one fused

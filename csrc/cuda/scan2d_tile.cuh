@@ -54,7 +54,7 @@ struct Element {
 // below dt = 2^-5 the series dt - dt^2/2 + dt^3/6 - dt^4/24 (no cancellation; truncation <= dt^4 /
 // 120 relative), else 1 - exp2f(-dt * log2(e)) with exp(-dt) <= 0.97, so its error (2 ulp for exp2f)
 // grows at most 31-fold: relative error below 1e-5 (was -expm1f(-dt), ~30 instructions); checked
-// on the host build by tests/test_scan_cuda.py.
+// on the host build by tests/ops/compiled/test_scan_cuda.py.
 SS2D_HD SS2D_INLINE float softplus_grad_from_value(float dt) {
   const float series = dt * (1.f - dt * (0.5f - dt * (1.f / 6.f - dt * (1.f / 24.f))));
   return dt < 0.03125f ? series : 1.f - exp2f(-dt * kLog2e);
