@@ -1,4 +1,4 @@
-// ATen-facing part of the four-route op (vmamba2d/ops/cross_fused.py) on the tiled kernel, shared
+// ATen-facing part of the four-route op (vmamba2d/ops/compiled/cross_ops.py) on the tiled kernel, shared
 // by the CUDA entry points and the host emulation:
 //   cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32) -> y
 //   cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)

@@ -155,7 +155,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("dy"), py::arg("carry_h"), py::arg("carry_v"));
   m.def("cross_forward", &cross_forward,
         "cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32) -> y\n"
-        "The four-route op (vmamba2d/ops/cross_fused.py), every route scanned in place: u (batch, dim,\n"
+        "The four-route op (vmamba2d/ops/compiled/cross_ops.py), every route scanned in place: u (batch, dim,\n"
         "H, W) contiguous or channels-last; delta (batch, K, dim, H, W), B / C (batch, K, N, H, W) in\n"
         "u's dtype (fp32 / fp16 / bf16), contiguous; A (K * dim, N), D / delta_bias (K * dim,) fp32;\n"
         "routes: K route codes. y (batch, dim, H, W) in u's layout, the routes' outputs summed in route\n"
