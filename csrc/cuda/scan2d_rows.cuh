@@ -373,9 +373,19 @@ SS2D_UNROLL
 // Layout (RowsParams): u, y [batch][dim][L]; delta [batch][4 * dim][L] (delta_planes = 4 * dim),
 // B, C [batch][4 * groups][L] (bc_planes = 4 * groups); route k's planes start at k * dim / k * groups;
 // A, D, delta_bias fp32 [4 * dim] (route k at k * dim); from_bottom is not read.
-template <class E, int kV, int kLoad, int kSteps>
+// kFold: the step sizes are folded (the parameter is a RowsFoldParams, scan2d_rows_common.h): delta
+// holds the low-rank step sizes [batch][4 * rank][L], delta_proj the fp32 weights [4 * dim][rank], and
+// each lane forms its channel's step sizes of a row as dt_in = sum_r delta_proj[k * dim + d][r] *
+// delta[b][k * rank + r] (fp32 FMAs in r order from 0, the low-rank values widened exactly) before
+// + delta_bias and softplus as above: the full-rank delta is never stored. A row's projection is
+// formed one row ahead, where the plain kernel loads the next row's delta, and kept in fp32.
+template <class E, int kV, int kLoad, int kSteps, bool kFold = false>
 struct CrossRowsForward {
   using Raw = typename E::Raw;
+  // A lane's delta of the next row: the loaded elements, or (kFold) their fp32 projections.
+  using DeltaReg = typename Pick<kFold, float, Raw>::type;
+  // The launch's parameter block.
+  using Params = typename Pick<kFold, RowsFoldParams, RowsParams>::type;
   static constexpr int kChunks = kV / kLoad;
   static_assert(kLoad == kV || kLoad == 1, "a lane's columns load as one vector or one by one");
 
@@ -387,7 +397,7 @@ struct CrossRowsForward {
     float bias[2];
     float skip;       // D of both routes
     Raw u[kV];
-    Raw d[2][kV];
+    DeltaReg d[2][kV];
     Raw b[2][kV];
     Raw c[2][kV];
     float above[2][kV];
@@ -423,6 +433,80 @@ SS2D_UNROLL
     }
   }
 
+  // A lane's delta of one row as floats, in the sweep's route order.
+  template <bool kRev>
+  static SS2D_HD SS2D_INLINE void widen_delta(const DeltaReg (&in)[kV], float (&out)[kV]) {
+    if constexpr (kFold) {
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) out[k] = in[at<kRev>(k)];
+    } else {
+      widen<kRev>(in, out);
+    }
+  }
+
+  // kFold: the lane's step sizes of one row and route (in load-buffer order, like load_row's): the
+  // route's low-rank plane 0 of the row is `off` elements from the lane's view `low`, consecutive
+  // planes `plane` elements apart (32-bit offsets: no 64-bit pointer stepped per plane); the
+  // channel's rank weights are w[w_at ..] (an index, not a view: one register). Two planes per trip
+  // (one loop, not unrolled: the rank is a run-time value), the odd one after.
+  template <bool kRev, class Ctx, class View, class WView>
+  static SS2D_HD SS2D_INLINE void project_row(Ctx& ctx, const View& low, int off, const WView& w, int w_at, int rank,
+                                              int plane, unsigned valid, float (&dst)[kV]) {
+SS2D_UNROLL
+    for (int k = 0; k < kV; ++k) dst[k] = 0.f;
+    int r = 0;
+SS2D_UNROLL_BY(1)
+    for (; r + 1 < rank; r += 2) {
+      Raw v0[kV], v1[kV];
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) v0[k] = v1[k] = Raw();
+      load_plane<kRev>(ctx, low, off, valid, v0);
+      load_plane<kRev>(ctx, low, off + plane, valid, v1);
+      const float w0 = ctx.read(w, w_at + r);
+      const float w1 = ctx.read(w, w_at + r + 1);
+      float f0[kV], f1[kV];
+      E::template widen<kV>(v0, f0);
+      E::template widen<kV>(v1, f1);
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) dst[k] = fmaf(w1, f1[k], fmaf(w0, f0[k], dst[k]));
+      off += 2 * plane;
+    }
+    if (r < rank) {
+      Raw v0[kV];
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) v0[k] = Raw();
+      load_plane<kRev>(ctx, low, off, valid, v0);
+      const float w0 = ctx.read(w, w_at + r);
+      float f0[kV];
+      E::template widen<kV>(v0, f0);
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) dst[k] = fmaf(w0, f0[k], dst[k]);
+    }
+  }
+
+  // load_row at a 32-bit element offset from the view (no view of its own).
+  template <bool kRev, class Ctx, class View>
+  static SS2D_HD SS2D_INLINE void load_plane(Ctx& ctx, const View& view, int off, unsigned valid, Raw (&dst)[kV]) {
+SS2D_UNROLL
+    for (int j = 0; j < kChunks; ++j) {
+      if (kLoad == kV || ((valid >> j) & 1u)) {
+        ctx.template load<kLoad>(view, off + chunk_step<kRev>(j), &dst[j * kLoad]);
+      }
+    }
+  }
+
+  // Route r of the sweep's delta of the row `off` elements from the lane's view: loaded, or (kFold)
+  // projected from the low-rank planes.
+  template <bool kRev, class Ctx, class View, class WView>
+  static SS2D_HD SS2D_INLINE void fetch_delta(Ctx& ctx, const View& delta, const WView& w, int w_at, int rank,
+                                              long long off, int plane, unsigned valid, DeltaReg (&dst)[kV]) {
+    if constexpr (kFold) {
+      project_row<kRev>(ctx, delta, static_cast<int>(off), w, w_at, rank, plane, valid, dst);
+    } else {
+      load_row<kRev>(ctx, delta, off, valid, dst);
+    }
+  }
+
   // Shuffle towards higher route positions: up the lanes top-down, down the lanes bottom-up.
   template <bool kRev, class Ctx, class Arr>
   static SS2D_HD SS2D_INLINE void shift(Ctx& ctx, Arr& out, const Arr& in, int o) {
@@ -435,7 +519,8 @@ SS2D_UNROLL
 
   // One sweep over the warp item's maps: routes 2 * kRev and 2 * kRev + 1.
   template <bool kRev, bool kF32, class Ctx>
-  static SS2D_HD void sweep(Ctx& ctx, const RowsParams& p, long long item) {
+  static SS2D_HD void sweep(Ctx& ctx, const Params& params, long long item) {
+    const RowsParams& p = rows_of(params);
     constexpr int K = Ctx::kLanes;
     using Out = typename Pick<kF32, float, Raw>::type;
     const int H = p.height;
@@ -448,7 +533,12 @@ SS2D_UNROLL
     const int row_step = kRev ? -W : W;
     const int first_row = kRev ? (H - 1) * W : 0;
     const auto u = ctx.global(static_cast<const Raw*>(p.u), maps * L);
-    const auto delta = ctx.global(static_cast<const Raw*>(p.delta), (p.batch - 1) * p.delta_planes * L + 4LL * p.dim * L);
+    // kFold: delta is low-rank (rank planes per route) and delta_proj the channels' rank weights.
+    const int rank = fold_rank(params);
+    const int route_planes = kFold ? rank : p.dim;
+    const auto delta =
+        ctx.global(static_cast<const Raw*>(p.delta), (p.batch - 1) * p.delta_planes * L + 4LL * route_planes * L);
+    const auto proj = ctx.global(fold_weights(params), 4LL * p.dim * rank);
     const auto bcount = (p.batch - 1) * p.bc_planes * L + 4LL * p.groups * L;
     const auto B = ctx.global(static_cast<const Raw*>(p.B), bcount);
     const auto C = ctx.global(static_cast<const Raw*>(p.C), bcount);
@@ -460,7 +550,10 @@ SS2D_UNROLL
     // Route 0 of the sweep's views; route 1's planes lie a constant distance further on (dim planes
     // of delta, groups planes of B / C): no pointer registers of their own.
     InView lane_u[K], lane_d[K], lane_b[K], lane_c[K];
-    const long long d_next = static_cast<long long>(p.dim) * L;
+    int lane_w[K];  // kFold: the index of the channel's route-0 weights in proj
+    const long long d_next = static_cast<long long>(route_planes) * L;
+    const int w_next = p.dim * rank;
+    const int plane = static_cast<int>(L);
     const long long bc_next = static_cast<long long>(p.groups) * L;
     decltype(ctx.offset(y, 0LL)) lane_y[K];
 
@@ -489,14 +582,19 @@ SS2D_UNROLL
       for (int k = 0; k < kV; ++k) {
         l.u[k] = Raw();
 SS2D_UNROLL
-        for (int r = 0; r < 2; ++r) l.d[r][k] = l.b[r][k] = l.c[r][k] = Raw();
+        for (int r = 0; r < 2; ++r) {
+          l.d[r][k] = DeltaReg();
+          l.b[r][k] = l.c[r][k] = Raw();
+        }
       }
       const long long cell = first_row + col;
       lane_y[q] = ctx.offset(y, at_map * L + cell);
       lane_u[q] = ctx.offset(u, at_map * L + cell);
       l.skip = 0.f;
       const int route0 = kRev ? 2 : 0;
-      lane_d[q] = ctx.offset(delta, (static_cast<long long>(bi) * p.delta_planes + route0 * p.dim + d) * L + cell);
+      lane_d[q] = ctx.offset(delta, (static_cast<long long>(bi) * p.delta_planes + route0 * route_planes +
+                                     (kFold ? 0 : d)) * L + cell);
+      lane_w[q] = (route0 * p.dim + d) * rank;  // (0 unless kFold)
       const long long bc = (static_cast<long long>(bi) * p.bc_planes + route0 * p.groups + g) * L + cell;
       lane_b[q] = ctx.offset(B, bc);
       lane_c[q] = ctx.offset(C, bc);
@@ -508,7 +606,7 @@ SS2D_UNROLL
         l.skip += p.D != nullptr ? ctx.read(skip, ch) : 0.f;
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) l.above[r][k] = 0.f;
-        load_row<kRev>(ctx, lane_d[q], r * d_next, l.valid, l.d[r]);
+        fetch_delta<kRev>(ctx, lane_d[q], proj, lane_w[q] + r * w_next, rank, r * d_next, plane, l.valid, l.d[r]);
         load_row<kRev>(ctx, lane_b[q], r * bc_next, l.valid, l.b[r]);
       }
       load_row<kRev>(ctx, lane_u[q], 0, l.valid, l.u);
@@ -525,7 +623,7 @@ SS2D_UNROLL
         widen<kRev>(l.u, uv);
 SS2D_UNROLL
         for (int r = 0; r < 2; ++r) {
-          widen<kRev>(l.d[r], dv[r]);
+          widen_delta<kRev>(l.d[r], dv[r]);
           widen<kRev>(l.b[r], bv[r]);
         }
 SS2D_UNROLL
@@ -541,7 +639,8 @@ SS2D_UNROLL
         if (ahead) {
 SS2D_UNROLL
           for (int r = 0; r < 2; ++r) {
-            load_row<kRev>(ctx, lane_d[q], r * d_next + row_step, l.valid, l.d[r]);
+            fetch_delta<kRev>(ctx, lane_d[q], proj, lane_w[q] + r * w_next, rank, r * d_next + row_step, plane,
+                              l.valid, l.d[r]);
             load_row<kRev>(ctx, lane_b[q], r * bc_next + row_step, l.valid, l.b[r]);
           }
         }
@@ -652,8 +751,8 @@ SS2D_UNROLL
 
   // One warp item: the top-down sweep, then the bottom-up one over the same maps.
   template <class Ctx>
-  static SS2D_HD void run(Ctx& ctx, const RowsParams& p, long long item) {
-    if (p.y_fp32) {
+  static SS2D_HD void run(Ctx& ctx, const Params& p, long long item) {
+    if (rows_of(p).y_fp32) {
       sweep<false, true>(ctx, p, item);
       sweep<true, true>(ctx, p, item);
     } else {

@@ -68,6 +68,26 @@ struct RowsParams {
   int from_bottom;    // 1: rows are streamed from the last up (route bit 2)
 };
 
+// The parameter of the four-route entry with folded step sizes (CrossRowsForward's kFold): RowsParams
+// in the four-route layout but for delta, which holds the low-rank step sizes [batch][4 * rank][L]
+// (delta_planes = 4 * rank, route k's planes from k * rank), and the fp32 projection delta_proj
+// [4 * dim][rank] (rank >= 1): channel d of route k steps by sum_r delta_proj[k * dim + d][r] *
+// delta[b][k * rank + r]. A struct of its own: two more fields in RowsParams change what ptxas makes
+// of the single-route kernel.
+struct RowsFoldParams {
+  RowsParams rows;
+  const float* delta_proj;
+  int rank;
+};
+
+// The RowsParams of either parameter block, and the projection of a folding one (null / 0 for plain).
+SS2D_HD inline const RowsParams& rows_of(const RowsParams& p) { return p; }
+SS2D_HD inline const RowsParams& rows_of(const RowsFoldParams& p) { return p.rows; }
+SS2D_HD inline const float* fold_weights(const RowsParams&) { return nullptr; }
+SS2D_HD inline const float* fold_weights(const RowsFoldParams& p) { return p.delta_proj; }
+SS2D_HD inline int fold_rank(const RowsParams&) { return 0; }
+SS2D_HD inline int fold_rank(const RowsFoldParams& p) { return p.rank; }
+
 SS2D_HD inline long long rows_items(const RowsParams& p) {
   const long long maps = static_cast<long long>(p.batch) * p.dim;
   return (maps + p.maps_per_warp - 1) / p.maps_per_warp;

@@ -55,3 +55,26 @@ def route_part(x, index, dim, groups):
     channels, planes = slice(index * dim, (index + 1) * dim), slice(index * groups, (index + 1) * groups)
     return dict(x, delta=x["delta"][:, channels], A=x["A"][channels].contiguous(), B=x["B"][:, planes],
                 C=x["C"][:, planes], D=x["D"][:dim].contiguous(), delta_bias=x["delta_bias"][channels].contiguous())
+
+
+def cross_fold_inputs(batch, dim, height, width, rank, dtype, seed, use_d=True, use_bias=True, softplus=True):
+    """Inputs of the four-route op with folded step sizes at N = 1, in the op's layout: u (batch, dim,
+    H, W); the low-rank delta (batch, 4, R, H, W), B, C (batch, 4, 1, H, W) in ``dtype``; the
+    projection weight (4, dim, R), A (4 * dim, 1), D, delta_bias (4 * dim,) in fp32. The projected
+    step sizes lie around the softplus knee (or are positive without softplus: |low| and |weight|)."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    low = rand(batch, 4, rank, height, width) * 0.6
+    weight = rand(4, dim, rank) * rank ** -0.5
+    if not softplus:
+        low, weight = low.abs() * 0.2 + 0.01, weight.abs()
+    return {
+        "u": rand(batch, dim, height, width).to(dtype),
+        "delta": low.to(dtype),
+        "delta_proj_weight": weight,
+        "A": -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05),
+        "B": rand(batch, 4, 1, height, width).to(dtype),
+        "C": rand(batch, 4, 1, height, width).to(dtype),
+        "D": rand(4 * dim) if use_d else None,
+        "delta_bias": rand(4 * dim) * 0.3 - 0.8 if use_bias else None,
+    }

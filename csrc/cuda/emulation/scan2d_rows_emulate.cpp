@@ -141,6 +141,7 @@ void check_compiled_steps(int steps, const RowsParams& p) {
   }
 }
 
+
 // The steps a launch runs with: `requested` if given (-1: the run-time form), else the plan's
 // rows_scan_steps(seg_lanes) compiled in where the table has that instance, the run-time form where not.
 template <size_t kN>
@@ -284,24 +285,29 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   return y;
 }
 
-template <class E, int kV, int kLoad, int kSteps>
-void run_cross_items(const RowsParams& p, int64_t order, GlobalShadow* shadow) {
+template <class E, int kV, int kLoad, int kSteps, bool kFold>
+void run_cross_items(const RowsFoldParams& fold, int64_t order, GlobalShadow* shadow) {
+  const RowsParams& p = fold.rows;
   check_compiled_steps(kSteps, p);
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_items(p))) {
     RowsHostCtx ctx(item, schedule, shadow);
-    CrossRowsForward<E, kV, kLoad, kSteps>::run(ctx, p, item);
+    if constexpr (kFold) {
+      CrossRowsForward<E, kV, kLoad, kSteps, true>::run(ctx, fold, item);
+    } else {
+      CrossRowsForward<E, kV, kLoad, kSteps, false>::run(ctx, p, item);
+    }
   }
 }
 
-template <class E, int kV, int kLoad, int... kSteps>
-bool run_cross_compiled(const RowsParams& p, int steps, int64_t order, GlobalShadow* shadow,
+template <class E, int kV, int kLoad, bool kFold, int... kSteps>
+bool run_cross_compiled(const RowsFoldParams& p, int steps, int64_t order, GlobalShadow* shadow,
                         std::integer_sequence<int, kSteps...>) {
   const auto one = [&](auto fixed) {
     constexpr int kFixed = decltype(fixed)::value;
     if constexpr (steps_compiled(kCrossStepsPlans, kV, kLoad, 1, kFixed)) {
       if (steps == kFixed) {
-        run_cross_items<E, kV, kLoad, kFixed>(p, order, shadow);
+        run_cross_items<E, kV, kLoad, kFixed, kFold>(p, order, shadow);
         return true;
       }
     }
@@ -310,59 +316,125 @@ bool run_cross_compiled(const RowsParams& p, int steps, int64_t order, GlobalSha
   return (one(std::integral_constant<int, kSteps>{}) || ...);
 }
 
-template <class E, int kV, int kLoad>
-void run_cross(const RowsParams& p, int steps, int64_t order, GlobalShadow* shadow) {
-  if (steps < 0) return run_cross_items<E, kV, kLoad, -1>(p, order, shadow);
-  if (!run_cross_compiled<E, kV, kLoad>(p, steps, order, shadow, std::make_integer_sequence<int, kScanSteps + 1>{})) {
+template <class E, int kV, int kLoad, bool kFold>
+void run_cross(const RowsFoldParams& p, int steps, int64_t order, GlobalShadow* shadow) {
+  if (steps < 0) return run_cross_items<E, kV, kLoad, -1, kFold>(p, order, shadow);
+  if (!run_cross_compiled<E, kV, kLoad, kFold>(p, steps, order, shadow,
+                                               std::make_integer_sequence<int, kScanSteps + 1>{})) {
     fail("no four-route instance compiled for vec " + std::to_string(kV) + ", load " + std::to_string(kLoad) + ", " +
          std::to_string(steps) + " scan steps (kCrossStepsPlans)");
   }
 }
 
-template <class E>
-void cross_by_vec(const RowsParams& p, int vec, int load, int steps, int64_t order, GlobalShadow* shadow) {
+template <class E, bool kFold>
+void cross_by_vec(const RowsFoldParams& p, int vec, int load, int steps, int64_t order, GlobalShadow* shadow) {
   const bool vector = load == vec && vec > 1;
   switch (vec) {
     case 1:
-      return run_cross<E, 1, 1>(p, steps, order, shadow);
+      return run_cross<E, 1, 1, kFold>(p, steps, order, shadow);
     case 2:
-      return vector ? run_cross<E, 2, 2>(p, steps, order, shadow) : run_cross<E, 2, 1>(p, steps, order, shadow);
+      return vector ? run_cross<E, 2, 2, kFold>(p, steps, order, shadow)
+                    : run_cross<E, 2, 1, kFold>(p, steps, order, shadow);
     case 4:
-      return vector ? run_cross<E, 4, 4>(p, steps, order, shadow) : run_cross<E, 4, 1>(p, steps, order, shadow);
+      return vector ? run_cross<E, 4, 4, kFold>(p, steps, order, shadow)
+                    : run_cross<E, 4, 1, kFold>(p, steps, order, shadow);
     default:
       fail("no four-route kernel with " + std::to_string(vec) + " columns per lane");
   }
 }
 
+// The checks of a folded call (check_scan_inputs' for the four-route layout, with the low-rank delta):
+// u (batch, dim, L) in fp32 / fp16 / bf16, the low-rank delta (batch, 4 * R, L) and B, C (batch, 4,
+// 1, L) in u's type, A (4 * dim, 1), D, delta_bias (4 * dim,) or None and the weight (4, dim, R) in
+// fp32, all contiguous on the CPU. Returns the sizes and R.
+std::pair<emulation::ScanSizes, int64_t> check_folded_inputs(
+    const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
+    const std::optional<at::Tensor>& D, const std::optional<at::Tensor>& delta_bias, const at::Tensor& weight,
+    int64_t height, int64_t width) {
+  const at::ScalarType type = u.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
+              "u: expected float32, float16 or bfloat16, got ", type);
+  emulation::check_cpu_input(u, "u", type, 3);
+  emulation::check_cpu_input(B, "B", type, 4);
+  emulation::check_cpu_input(C, "C", type, 4);
+  emulation::check_cpu_input(A, "A", at::kFloat, 2);
+  const int64_t batch = u.size(0), dim = u.size(1), length = u.size(2);
+  TORCH_CHECK(height >= 1 && width >= 1 && height * width == length, "height, width: expected H * W = ", length,
+              ", got ", height, " x ", width);
+  TORCH_CHECK(B.sizes() == at::IntArrayRef({batch, 4, 1, length}) && C.sizes() == B.sizes(),
+              "B, C: expected (batch, 4, 1, L) = (", batch, ", 4, 1, ", length, ") each, got ", B.sizes(), " and ",
+              C.sizes());
+  TORCH_CHECK(A.sizes() == at::IntArrayRef({4 * dim, 1}), "A: expected (", 4 * dim, ", 1), got ", A.sizes());
+  for (const auto& [t, name] : {std::pair{&D, "D"}, std::pair{&delta_bias, "delta_bias"}}) {
+    if (!t->has_value()) continue;
+    emulation::check_cpu_input(**t, name, at::kFloat, 1);
+    TORCH_CHECK((*t)->size(0) == 4 * dim, name, ": expected (", 4 * dim, ",), got ", (*t)->sizes());
+  }
+  TORCH_CHECK(weight.device().is_cpu() && weight.is_contiguous() && weight.scalar_type() == at::kFloat &&
+                  weight.dim() == 3,
+              "delta_proj_weight: expected a contiguous CPU float32 tensor (4, dim, R), got ", weight.scalar_type(),
+              " of shape ", weight.sizes());
+  TORCH_CHECK(u.dim() == 3 && weight.size(0) == 4 && weight.size(1) == u.size(1) && weight.size(2) >= 1,
+              "delta_proj_weight: expected (4, dim, R) with dim = ", u.dim() == 3 ? u.size(1) : -1,
+              " and R >= 1, got ", weight.sizes());
+  const int64_t rank = weight.size(2);
+  TORCH_CHECK(delta.device().is_cpu() && delta.is_contiguous() && delta.scalar_type() == u.scalar_type() &&
+                  delta.dim() == 3 && delta.size(0) == u.size(0) && delta.size(1) == 4 * rank &&
+                  delta.size(2) == u.size(2),
+              "delta: with delta_proj_weight, expected the low-rank (batch, 4 * R, L) = (", u.size(0), ", ", 4 * rank,
+              ", ", u.size(2), ") in u's type ", u.scalar_type(), ", got ", delta.scalar_type(), " of shape ",
+              delta.sizes());
+  return {{batch, dim, length, 1}, rank};
+}
+
 // y = the four-route (CROSS_ROUTES) 2D selective scan at N = 1, summed over the routes, on the
 // emulated four-route kernel (CrossRowsForward) with vec columns per lane (vec | W) and load
 // elements per access. u: (batch, dim, L); delta: (batch, 4 * dim, L); B, C: (batch, 4 * groups, 1,
-// L); A: (4 * dim, 1); D, delta_bias: (4 * dim,) or None. Each cell of y must be written exactly
-// twice, both times by one lane. Returns y (batch, dim, L) in u's type, or fp32 with y_fp32.
+// L); A: (4 * dim, 1); D, delta_bias: (4 * dim,) or None. With delta_proj_weight (4, dim, R) fp32
+// the folding instance runs (kFold): delta is the low-rank (batch, 4 * R, L). Each cell of y must be
+// written exactly twice, both times by one lane. Returns y (batch, dim, L) in u's type, or fp32
+// with y_fp32.
 at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
                               const at::Tensor& C, const std::optional<at::Tensor>& D,
                               const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height,
                               int64_t width, bool y_fp32, int64_t order, int64_t vec, int64_t load,
-                              const std::optional<int64_t>& steps) {
+                              const std::optional<int64_t>& steps,
+                              const std::optional<at::Tensor>& delta_proj_weight) {
   TORCH_CHECK(vec == 1 || vec == 2 || vec == 4, "vec: expected 1, 2 or 4, got ", vec);
   TORCH_CHECK(width % vec == 0 && width / vec <= kWarpLanes, "vec ", vec, ": must divide W = ", width,
               " with W / vec <= 32 lanes");
   TORCH_CHECK(load == 1 || load == vec, "load ", load, ": 1 or vec");
-  const emulation::ScanSizes sizes =
-      check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, /*routes=*/4, /*param_routes=*/4);
+  const bool fold = delta_proj_weight.has_value();
+  const auto [sizes, rank] =
+      fold ? check_folded_inputs(u, delta, A, B, C, D, delta_bias, *delta_proj_weight, height, width)
+           : std::pair{check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, /*routes=*/4,
+                                         /*param_routes=*/4),
+                       int64_t{0}};
   at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
   RowsParams p{};
   emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, /*routes=*/4, /*route_index=*/0, height,
                               width, softplus, y_fp32);
+  // The kernel steps the low-rank planes with 32-bit element offsets (CrossRowsForward::project_row).
+  TORCH_CHECK(!fold || 4 * rank * sizes.length < (int64_t{1} << 31), "delta: 4 * R * L = ", 4 * rank * sizes.length,
+              " low-rank elements per sample exceed the folding kernel's 32-bit offsets");
+  if (fold) p.delta_planes = 4 * rank;
   p.seg_lanes = static_cast<int>(width / vec);
   p.maps_per_warp = kWarpLanes / p.seg_lanes;
+  // (the plain instance reads .rows only)
+  const RowsFoldParams args{p, fold ? delta_proj_weight->data_ptr<float>() : nullptr, static_cast<int>(rank)};
 
   const int run_steps = launch_steps(kCrossStepsPlans, static_cast<int>(vec), static_cast<int>(load), 1, p, steps);
   g_last_steps = run_steps;
   g_vector_accesses = 0;
   GlobalShadow shadow(y.numel(), 2);
   with_host_element(u.scalar_type(), [&](auto element) {
-    cross_by_vec<decltype(element)>(p, static_cast<int>(vec), static_cast<int>(load), run_steps, order, &shadow);
+    if (fold) {
+      cross_by_vec<decltype(element), true>(args, static_cast<int>(vec), static_cast<int>(load), run_steps, order,
+                                            &shadow);
+    } else {
+      cross_by_vec<decltype(element), false>(args, static_cast<int>(vec), static_cast<int>(load), run_steps, order,
+                                             &shadow);
+    }
   });
   if (const int64_t missing = shadow.unwritten()) {
     fail(std::to_string(missing) + " cells of y were not written twice (once per sweep)");
@@ -423,7 +495,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"),
         pybind11::arg("width"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
-        pybind11::arg("load"), pybind11::arg("steps") = std::nullopt);
+        pybind11::arg("load"), pybind11::arg("steps") = std::nullopt,
+        pybind11::arg("delta_proj_weight") = std::nullopt);
   m.def("rows_vector_accesses", [] { return g_vector_accesses; },
         "vector global accesses of the last rows_forward call on this thread");
   m.def("rows_self_check", &rows_self_check, "run one checker scenario", pybind11::arg("scenario"));

@@ -12,6 +12,9 @@
 //   VMAMBA2D_RS_CROSS     1: the entry is vmamba2d_rows_cross_forward instead, the four-route kernel
 //                         (CrossRowsForward: VMamba's cross routes, RowsParams in the four-route
 //                         layout; VEC must divide W; ROUTE and PREFETCH are not read)
+//   VMAMBA2D_RS_FOLD      1 (with VMAMBA2D_RS_CROSS): the four-route kernel folds the step sizes
+//                         (CrossRowsForward's kFold): the entry is vmamba2d_rows_cross_forward(RowsFoldParams),
+//                         delta low-rank [batch][4 * rank][L] (scan2d_rows_common.h)
 // (RowsPlan: vmamba2d/ops/compiled/rows_plan.py, whose defines() gives these.)
 // Launch: vmamba2d_rows_forward(RowsParams) with kRowsThreads (128) threads per block and
 // ceil(rows_items / 4) blocks, no dynamic shared memory.
@@ -34,6 +37,9 @@
 #endif
 #ifndef VMAMBA2D_RS_STEPS
 #define VMAMBA2D_RS_STEPS 4
+#endif
+#ifndef VMAMBA2D_RS_FOLD
+#define VMAMBA2D_RS_FOLD 0
 #endif
 // Blocks per SM the kernel is compiled for (kRowsMinBlocks: 64 registers); lower for experiments.
 // The fp16 four-route kernel on sm_75 takes 7 (72 registers, 28 of the SM's 32 warps): at 64
@@ -73,7 +79,14 @@ static_assert(!((VMAMBA2D_RS_ROUTE & kRouteFlat) && (VMAMBA2D_RS_ROUTE & kRouteC
 }  // namespace rows
 }  // namespace vmamba2d
 
-#if defined(VMAMBA2D_RS_CROSS) && VMAMBA2D_RS_CROSS
+#if defined(VMAMBA2D_RS_CROSS) && VMAMBA2D_RS_CROSS && VMAMBA2D_RS_FOLD
+extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RS_MIN_BLOCKS)
+    vmamba2d_rows_cross_forward(const vmamba2d::rows::RowsFoldParams p) {
+  using namespace vmamba2d::rows;
+  rows_cross_forward_kernel<DeviceElement<VMAMBA2D_RS_DTYPE>::type, VMAMBA2D_RS_VEC, VMAMBA2D_RS_LOAD,
+                            VMAMBA2D_RS_STEPS, true>(p);
+}
+#elif defined(VMAMBA2D_RS_CROSS) && VMAMBA2D_RS_CROSS
 extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RS_MIN_BLOCKS)
     vmamba2d_rows_cross_forward(const vmamba2d::rows::RowsParams p) {
   using namespace vmamba2d::rows;
