@@ -42,7 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -98,6 +98,7 @@ class Row:
     per_cell_channel: Optional[float]
     resident_warps: int
     in_flight_kib: float
+    fold_cells: dict = field(default_factory=dict)  # folding instance: SASS / cell·ch per rank R
 
     @property
     def label(self) -> str:
@@ -224,48 +225,62 @@ def cross_vec(width: int) -> int:
 
 
 def analyse_cross(nvcc: str, disassembler: str, arch: str, dtype: str, width: int, workdir: Path,
-                  vec: Optional[int] = None) -> Row:
+                  vec: Optional[int] = None, fold_ranks: tuple[int, ...] = ()) -> Row:
     """The four-route kernel's instance for (arch, dtype, W): as analyse, over both sweeps. SASS /
     cell·ch is per cell·channel of the op (four routes): the mean trip of the innermost shuffle loops
-    (two sweeps x the run-time y-type branch) x 2 sweeps. vec: cross_vec's unless given."""
+    (two sweeps x the run-time y-type branch) x 2 sweeps. vec: cross_vec's unless given.
+
+    fold_ranks: analyse the folding instance (VMAMBA2D_RS_FOLD=1) instead, at each rank R given: the
+    loops inside a row trip without shuffles are the projection's (two low-rank planes a trip) and
+    count R // 2 trips each; the odd plane's block is on the longest path at every R (an upper bound
+    by one plane per route and row for even R). The Row's figures are those of the first rank,
+    ``fold_cells`` has every rank's SASS / cell·ch."""
     vec = vec or cross_vec(width)
     seg = width // vec
     steps = rows_plan_module.scan_steps(seg)
     maps = 32 // seg
     defines = {"VMAMBA2D_RS_CROSS": 1, "VMAMBA2D_RS_DTYPE": {"fp32": 0, "fp16": 1, "bf16": 2}[dtype],
                "VMAMBA2D_RS_VEC": vec, "VMAMBA2D_RS_LOAD": vec, "VMAMBA2D_RS_STEPS": steps}
+    if fold_ranks:
+        defines["VMAMBA2D_RS_FOLD"] = 1
     compiled = compile_entry(nvcc, disassembler, arch, defines, workdir, "vmamba2d_rows_cross_forward")
     res, instructions, labels = compiled.resources, compiled.instructions, compiled.labels
     blocks = sass_report.basic_blocks(instructions, labels)
+    loops = sass_report.natural_loops(blocks)
     block_of = {b.start: n for n, b in enumerate(blocks)}
     shuffles = {n for n, b in enumerate(blocks) if any(i.base == "SHFL" for i in instructions[b.start:b.end])}
-    holding = [body for body in sass_report.natural_loops(blocks) if body & shuffles]
+    holding = [body for body in loops if body & shuffles]
     innermost = [b for b in holding if not any(o < b for o in holding)]
     divergent = {block_of[labels[i.target]] for i in instructions
                  if i.opcode.startswith("BRA.DIV") and i.target in labels}
-    per_trip = []
-    for body in innermost:
-        head = min(body)
-        fallback = set()
-        for start in divergent:
-            fallback |= sass_report._reachable(blocks, start, head) & body
-        loop = sass_report.iteration_instructions(instructions, blocks, body, [], fallback)
-        # Rows a trip streams: per row each route shuffles by one lane for the scan's first step (b,
-        # and a unless it is the last step) and for the carry-in.
-        ones = sum(1 for n in body - fallback for i in instructions[blocks[n].start:blocks[n].end]
-                   if i.opcode in ("SHFL.UP", "SHFL.DOWN") and re.search(r",\s*0x1,", i.operands))
-        rows = ones / (2 * {0: 1, 1: 2}.get(steps, 3))
-        if loop is not None and rows >= 1:
-            per_trip.append((loop, loop * 32 / (rows * maps * width)))
-    loop = per_cell = None
-    if per_trip:
-        loop = sum(t for t, _ in per_trip) / len(per_trip)
-        per_cell = 2 * sum(c for _, c in per_trip) / len(per_trip)
+
+    def at_rank(rank: Optional[int]) -> tuple[Optional[float], Optional[float]]:
+        per_trip = []
+        for body in innermost:
+            head = min(body)
+            fallback = set()
+            for start in divergent:
+                fallback |= sass_report._reachable(blocks, start, head) & body
+            planes = [(inner, rank // 2) for inner in loops if inner < body and not inner & shuffles] if rank else []
+            loop = sass_report.iteration_instructions(instructions, blocks, body, planes, fallback)
+            # Rows a trip streams: per row each route shuffles by one lane for the scan's first step (b,
+            # and a unless it is the last step) and for the carry-in.
+            ones = sum(1 for n in body - fallback for i in instructions[blocks[n].start:blocks[n].end]
+                       if i.opcode in ("SHFL.UP", "SHFL.DOWN") and re.search(r",\s*0x1,", i.operands))
+            rows = ones / (2 * {0: 1, 1: 2}.get(steps, 3))
+            if loop is not None and rows >= 1:
+                per_trip.append((loop, loop * 32 / (rows * maps * width)))
+        if not per_trip:
+            return None, None
+        return sum(t for t, _ in per_trip) / len(per_trip), 2 * sum(c for _, c in per_trip) / len(per_trip)
+
+    loop, per_cell = at_rank(fold_ranks[0] if fold_ranks else None)
+    fold_cells = {rank: at_rank(rank)[1] for rank in fold_ranks}
     warps = resident_warps(res.registers, arch)
     # One row ahead of u and both routes' delta and B, and the row's C of both routes.
     in_flight = warps * 7 * maps * width * elem_bytes(dtype) / 1024
     return Row(arch, dtype, width, vec, 1, maps, res.registers, res.spill_stores + res.spill_loads,
-               res.stack_bytes, compiled.barriers, loop, per_cell, warps, in_flight)
+               res.stack_bytes, compiled.barriers, loop, per_cell, warps, in_flight, fold_cells)
 
 
 def run_cross(nvcc: str, disassembler: str, archs, dtypes, widths, vec: Optional[int] = None) -> list[Row]:
@@ -273,6 +288,77 @@ def run_cross(nvcc: str, disassembler: str, archs, dtypes, widths, vec: Optional
     with tempfile.TemporaryDirectory() as tmp:
         return [analyse_cross(nvcc, disassembler, a, d, w, Path(tmp), vec)
                 for a in archs for d in dtypes for w in widths]
+
+
+def fold_ranks(width: int) -> tuple[int, ...]:
+    """The ranks the folding kernel's figures are taken at for a map width: 1, 2 and the models' ranks
+    at that side (rows_plan.MODEL_FOLD_RANKS; 1, 2 alone for other widths)."""
+    return (1, 2) + tuple(rows_plan_module.MODEL_FOLD_RANKS.get(width, ()))
+
+
+def run_cross_fold(nvcc: str, disassembler: str, archs, dtypes, widths) -> list[Row]:
+    """One Row per (arch, dtype, width) for the folding four-route instance (VMAMBA2D_RS_FOLD=1), its
+    SASS / cell·ch at fold_ranks(W) in ``fold_cells`` (the Row's own figure: R = 1)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return [analyse_cross(nvcc, disassembler, a, d, w, Path(tmp), fold_ranks=fold_ranks(w))
+                for a in archs for d in dtypes for w in widths]
+
+
+# How far the fold rule's figures (rows_plan.CROSS_FOLD_SASS) may lie from the compiled ones on sm_90.
+FOLD_FIGURES_TOLERANCE = 0.03
+
+
+def cross_fold_budget_failures(rows: list[Row], plain: list[Row]) -> list[str]:
+    """The folding instance's budgets: those of the four-route kernel but its SASS ratchet (registers of
+    the launch bounds, no spills, no stack, no BAR, a streaming loop), and on sm_90 the fold rule's
+    figures (rows_plan.CROSS_FOLD_SASS: unfolded, folded at R = 1, per two ranks) within
+    FOLD_FIGURES_TOLERANCE of the compiled ones (``plain``: the unfolded rows)."""
+    out = []
+    unfolded = {(r.arch, r.dtype, r.width): r.per_cell_channel for r in plain}
+    for r in rows:
+        label = f"folding four-route {r.label}"
+        registers = CROSS_REGISTERS.get((r.arch, r.dtype), MAX_REGISTERS)
+        if r.registers > registers:
+            out.append(f"{label}: {r.registers} registers > {registers}")
+        if r.barriers:
+            out.append(f"{label}: {r.barriers} block barriers")
+        if r.spill_bytes or r.stack_bytes:
+            out.append(f"{label}: {r.spill_bytes} bytes of spills, {r.stack_bytes} bytes of stack")
+        if r.per_cell_channel is None or 1 not in r.fold_cells or 2 not in r.fold_cells:
+            out.append(f"{label}: no streaming loop found")
+            continue
+        figures = rows_plan_module.CROSS_FOLD_SASS.get((r.dtype, r.width))
+        if r.arch != "sm_90" or figures is None:
+            continue
+        compiled = (unfolded.get((r.arch, r.dtype, r.width)), r.fold_cells[1], r.fold_cells[2] - r.fold_cells[1])
+        for name, rule, got in zip(("unfolded", "folded at R = 1", "per two ranks"), figures, compiled):
+            if got is None or abs(got - rule) > FOLD_FIGURES_TOLERANCE * rule:
+                out.append(f"{label}: the fold rule's {name} figure {rule} is not the compiled {got}")
+    return out
+
+
+def format_fold_table(rows: list[Row], plain: list[Row]) -> str:
+    """The folding instance's table: resources, the unfolded and folded SASS / cell·ch at R = 1, 2 and the
+    models' ranks, and the largest R the fold rule folds at that width."""
+    unfolded = {(r.arch, r.dtype, r.width): r.per_cell_channel for r in plain}
+    head = ("| arch | dtype | W | V | registers | spills / stack (B) | BAR | unfolded SASS / cell·ch "
+            "| folded R = 1 | R = 2 | model ranks: folded | rule folds R <= |")
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        base = unfolded.get((r.arch, r.dtype, r.width))
+        model = ", ".join(f"{rank}: {r.fold_cells[rank]:.0f}" for rank in fold_ranks(r.width)[2:]
+                          if r.fold_cells.get(rank) is not None) or "-"
+        limit = max((k for k in range(1, 65) if rows_plan_module.fold_rule(r.dtype, r.width, k, r.width ** 2)[0]),
+                    default=0)
+
+        def cell(rank: int) -> str:
+            v = r.fold_cells.get(rank)
+            return f"{v:.1f}" if v is not None else "-"
+
+        lines.append(f"| {r.arch} | {r.dtype} | {r.width} | {r.vec} | {r.registers} | {r.spill_bytes} / "
+                     f"{r.stack_bytes} | {r.barriers} | {f'{base:.1f}' if base is not None else '-'} | {cell(1)} | "
+                     f"{cell(2)} | {model} | {limit or 'none'} |")
+    return "\n".join(lines)
 
 
 # Registers of the four-route entry's launch bounds where they are not MAX_REGISTERS: the fp16 kernel
@@ -384,7 +470,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     cross_table = format_table(cross_rows)
     print("\nFour-route kernel (CrossRowsForward; SASS / cell·ch per cell·channel of the op, all 4 routes):")
     print(cross_table)
-    failures = budget_failures(rows) + cross_budget_failures(cross_rows)
+    fold_rows = run_cross_fold(nvcc, disassembler, args.archs, args.dtypes, args.widths)
+    fold_table = format_fold_table(fold_rows, cross_rows)
+    print("\nFour-route kernel folding the step sizes (VMAMBA2D_RS_FOLD=1; SASS / cell·ch of the op at rank R):")
+    print(fold_table)
+    failures = budget_failures(rows) + cross_budget_failures(cross_rows) + cross_fold_budget_failures(fold_rows,
+                                                                                                      cross_rows)
     for f in failures:
         print("BUDGET:", f)
     if args.write:
@@ -397,7 +488,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             "P = 1). SASS / cell·ch counts one cell·channel of the op, i.e. all four routes and both sweeps "
             "(the mean of the innermost shuffle loops, fp32-y and input-type-y branches alike, x 2 sweeps); "
             "in flight: one row ahead of u and both routes' delta, B, C.\n\n"
-            + cross_table, failures)
+            + cross_table + "\n\n## Four-route kernel folding the step sizes (VMAMBA2D_RS_FOLD=1)\n\n"
+            "The same kernel reading the low-rank step sizes (batch, 4, R, H, W) and the fp32 weights (4, dim, R) "
+            "and projecting each channel's step sizes where it reads them (two planes a trip of a loop the rank "
+            "bounds at run time). SASS / cell·ch at rank R counts that loop's trips (R // 2) and the odd plane's "
+            "block at every R (an upper bound for even R). 'Model ranks': the SS2D layers' R at that side "
+            "(tiny / small, base). 'Rule folds R <=': the largest rank vmamba2d/ops/compiled/rows_plan.py's "
+            "fold_rule folds at that width -- an estimate from these figures and the H200's balance (132 SMs x 4 "
+            "schedulers x 1.98 GHz against 4.2 TB/s), not a measurement.\n\n" + fold_table, failures)
     return 1 if args.check and failures else 0
 
 

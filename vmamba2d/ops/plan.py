@@ -144,10 +144,26 @@ def _debug_print(call: ScanCall, backend: str, design: Design) -> None:
           file=sys.stderr)
 
 
+def debug_note(key: tuple, line: str) -> None:
+    """Prints ``line`` once per ``key`` where DEBUG_ENV is set (a launcher's decision after the design,
+    e.g. whether the four-route kernel folds the step sizes)."""
+    if os.environ.get(DEBUG_ENV, "") not in ("1", "true", "yes"):
+        return
+    with _printed_lock:
+        if key in _printed:
+            return
+        _printed.add(key)
+    print(f"vmamba2d plan: {line}", file=sys.stderr)
+
+
 def describe() -> dict:
     """The rule and the designs each path has, for ``backend_info()``."""
     return {"rule": "backward / gradient / N != 1 / other input types / a route RS does not stream: v3; "
                     f"L <= {PL_MAX_CELLS}: PL; W <= the backend's RS width (CUDA 32 lanes x 16 bytes, "
                     f"Triton {TRITON_RS_MAX_WIDTH}): RS; else v3 (a design without a kernel falls to the next)",
             "built": {path: list(designs) for path, designs in BUILT.items()},
+            "cuda_four_route_fold": "with the step-size projection the NVRTC four-route RS kernel projects the "
+                                    "low-rank step sizes itself where rows_plan.fold_rule estimates it pays (its "
+                                    "added SASS within the issue time of the projection pass's bytes), else they "
+                                    "are projected first; the plan's reason says which",
             "debug_env": DEBUG_ENV}

@@ -14,8 +14,10 @@ launch of the v4 four-route kernel where the design rule picks it (NVRTC path:
 per route; either reads a channels-last ``u`` through one contiguous copy, writing y / du back
 channels-last). With
 ``delta_proj_weight`` (K, dim, R), delta is the low-rank (batch, K, R, H, W): the CPU kernel
-projects each channel's step sizes where it reads them (no full-rank delta is stored), the CUDA
-kernel gets delta projected first (:func:`~vmamba2d.ops.delta_proj.project_delta`). The backward
+projects each channel's step sizes where it reads them (no full-rank delta is stored), and so does
+the NVRTC path's four-route kernel where its rule says folding pays (the module's ``cross_folds``;
+docs/kernels.md, "Folded step sizes"); elsewhere on CUDA (the nvcc extension, v3, the rule saying no)
+delta is projected first (:func:`~vmamba2d.ops.delta_proj.project_delta`). The backward
 op returns the gradients of the low-rank delta and of the weight: the CPU kernel's channel-lane
 backward forms them from each route's full-rank ddelta while it is in cache, the CUDA kernel's
 full-rank ddelta goes through :func:`~vmamba2d.ops.delta_proj.project_delta_grads`. Both ops have
@@ -80,16 +82,26 @@ def cross_selective_scan_2d_fwd(
     module = kernel_module(u.device)
     if delta_proj_weight is None:
         return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
-    if not _kernel_projects(u):
+    if not _forward_projects(module, u, delta, A, B, C, D, delta_bias, routes, out_fp32, delta_proj_weight):
         delta = project_delta(delta, delta_proj_weight)
         return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32)
     return module.cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32, delta_proj_weight)
 
 
 def _kernel_projects(u: Tensor) -> bool:
-    """Whether the kernel of u's device takes ``delta_proj_weight`` (the CPU one); the CUDA kernel
-    gets the projected, full-rank delta."""
+    """Whether every kernel of u's device takes ``delta_proj_weight`` (the CPU one's forward and
+    backward); on CUDA only the NVRTC four-route forward may (:func:`_forward_projects`)."""
     return u.device.type == "cpu"
+
+
+def _forward_projects(module, u, delta, A, B, C, D, delta_bias, routes, out_fp32, delta_proj_weight) -> bool:
+    """Whether the forward kernel of ``module`` takes the low-rank delta and ``delta_proj_weight`` for
+    this call: the CPU kernel always, the NVRTC path where its four-route kernel folds them
+    (``cross_folds``; the nvcc extension has no such function and gets the projected delta)."""
+    if _kernel_projects(u):
+        return True
+    folds = getattr(module, "cross_folds", None)
+    return folds is not None and folds(u, delta, A, B, C, D, delta_bias, routes, out_fp32, delta_proj_weight)
 
 
 @cross_selective_scan_2d_fwd.register_fake
@@ -194,6 +206,6 @@ def cross_selective_scan_2d_compiled(
         _as_map(u.to(scan_dtype)), delta.to(scan_dtype).contiguous(), A.to(param_dtype).contiguous(),
         B.to(scan_dtype).contiguous(), C.to(scan_dtype).contiguous(), contiguous_as(D, param_dtype),
         contiguous_as(delta_bias, param_dtype), delta_softplus, routes, out_fp32,
-        contiguous_as(delta_proj_weight, scan_dtype),
+        contiguous_as(delta_proj_weight, param_dtype),
     )
     return y.to(out_dtype)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from vmamba2d.ops import plan as scan_plan
-from vmamba2d.ops.compiled.rows_plan import CROSS_ROUTE_CODES, cross_plan, rows_plan, tuning_candidates
+from vmamba2d.ops.compiled.rows_plan import (CROSS_ROUTE_CODES, MODEL_FOLD_RANKS, cross_plan, fold_rule, rows_plan,
+                                             tuning_candidates)
 
 ELEMENT_TYPES = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 # csrc/cuda/scan2d_common.h `enum class Variant`, in its order.
@@ -76,14 +77,15 @@ def rows_kernel(dtype: str, vec: int, load: int, prefetch: int, steps: int, rout
 ROWS_CROSS_SYMBOL = "vmamba2d_rows_cross_forward"
 
 
-def rows_cross_kernel(dtype: str, vec: int, load: int, steps: int) -> KernelSpec:
+def rows_cross_kernel(dtype: str, vec: int, load: int, steps: int, fold: bool = False) -> KernelSpec:
     """The v4 four-route forward (CrossRowsForward: VMamba's cross routes in one launch) compiled for
     one plan: dtype "fp32" / "fp16" / "bf16", the cross RowsPlan's vec / load / scan_steps (the RS entry
-    file with VMAMBA2D_RS_CROSS=1; its route and prefetch macros are not read)."""
+    file with VMAMBA2D_RS_CROSS=1; its route and prefetch macros are not read); ``fold``: the instance
+    that projects the low-rank step sizes itself (VMAMBA2D_RS_FOLD=1, name suffix "f")."""
     defines = (("VMAMBA2D_RS_CROSS", 1), ("VMAMBA2D_RS_DTYPE", ROWS_DTYPE_CODES[dtype]), ("VMAMBA2D_RS_VEC", vec),
-               ("VMAMBA2D_RS_LOAD", load), ("VMAMBA2D_RS_STEPS", steps))
-    return KernelSpec(name=f"rows_cross_forward.{dtype}.v{vec}l{load}s{steps}", source=ROWS_SOURCE,
-                      symbol=ROWS_CROSS_SYMBOL, name_expression=False,
+               ("VMAMBA2D_RS_LOAD", load), ("VMAMBA2D_RS_STEPS", steps)) + ((("VMAMBA2D_RS_FOLD", 1),) if fold else ())
+    return KernelSpec(name=f"rows_cross_forward.{dtype}.v{vec}l{load}s{steps}{'f' if fold else ''}",
+                      source=ROWS_SOURCE, symbol=ROWS_CROSS_SYMBOL, name_expression=False,
                       defines=tuple((name, str(value)) for name, value in defines))
 
 
@@ -143,13 +145,17 @@ def model_planes_kernels() -> list[KernelSpec]:
 
 def model_cross_kernels() -> list[KernelSpec]:
     """The four-route RS instances the four-route op launches for the model's maps (rows_plan.cross_plan
-    of each side the rule gives RS, aligned tensors), in fp32 / fp16 / bf16."""
+    of each side the rule gives RS, aligned tensors), in fp32 / fp16 / bf16, and the folding instances
+    where rows_plan.fold_rule folds the step sizes of a model rank at that side (MODEL_FOLD_RANKS; by
+    today's compiler figures none does: docs/kernels.md, "Folded step sizes")."""
     specs = []
     for dtype in ELEMENT_TYPES:
         for side, design in _model_designs(dtype, CROSS_ROUTE_CODES):
             plan = cross_plan(_ELEMENT_BYTES[dtype], _ELEMENT_BYTES[dtype], side, _MODEL_ALIGNMENT)
             if design == "rs" and plan is not None:
                 specs.append(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps))
+                if any(fold_rule(dtype, side, rank, side * side)[0] for rank in MODEL_FOLD_RANKS[side]):
+                    specs.append(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps, fold=True))
     return list({spec.name: spec for spec in specs}.values())
 
 

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from vmamba2d.ops.compiled import cross_rows_launch, nvrtc, rows_launch
+from vmamba2d.ops.delta_proj import project_delta
 from vmamba2d.ops.compiled.cuda_launch import KernelLauncher
 
 HOST_SOURCE = Path("nvrtc") / "selective_scan_2d_nvrtc.cpp"
@@ -112,15 +113,27 @@ class NvrtcKernels:
     def backward(self, u, *args):
         return self._prepare_for(u).backward(u, *args)
 
-    def cross_forward(self, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32):
+    def cross_folds(self, u, delta, A, B, C, D, delta_bias, routes, out_fp32, delta_proj_weight) -> bool:
+        """Whether :meth:`cross_forward` folds the step-size projection ``delta_proj_weight`` (K, dim, R)
+        of the low-rank delta (batch, K, R, H, W) into the four-route kernel (cross_rows_launch.folds:
+        rows_plan.fold_rule); where not, the caller may project first itself."""
+        return cross_rows_launch.folds(u, delta, A, B, C, D, delta_bias, routes, out_fp32, delta_proj_weight)
+
+    def cross_forward(self, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, out_fp32,
+                      delta_proj_weight=None):
         """The four-route forward: the v4 four-route RS kernel where cross_rows_launch.cross_forward_design
         picks it (VMamba's cross routes, N = 1, W the plan covers), else v3's per-route kernels through
-        the host driver."""
+        the host driver. With ``delta_proj_weight`` (K, dim, R) delta is the low-rank (batch, K, R, H,
+        W): the folding kernel projects it where :meth:`cross_folds` says so, else it is projected
+        first (vmamba2d.ops.delta_proj.project_delta) and the call runs as a full-rank one."""
         if not u.is_cuda:
             self._prepare_for(u)  # raises: a tensor off the GPU is refused before any device query
+        if delta_proj_weight is not None and not self.cross_folds(u, delta, A, B, C, D, delta_bias, routes, out_fp32,
+                                                                  delta_proj_weight):
+            delta, delta_proj_weight = project_delta(delta, delta_proj_weight), None
         with torch.cuda.device(u.device):
             y = cross_rows_launch.launch_forward(self._launcher, u, delta, A, B, C, D, delta_bias, delta_softplus,
-                                                 routes, out_fp32)
+                                                 routes, out_fp32, delta_proj_weight)
         if y is None:
             return self._prepare_for(u).cross_forward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes,
                                                       out_fp32)

@@ -136,11 +136,19 @@ def rows_plan(elem_bytes: int, y_bytes: int, width: int, route: int, aligned_byt
     return layout(width, vec, vec if vector(vec) else 1)
 
 
+@dataclass(frozen=True)
+class CrossPlan(RowsPlan):
+    """A plan of the four-route kernel: a RowsPlan and ``fold``, whether the instance projects the
+    low-rank step sizes itself (CrossRowsForward's kFold; fold_rule)."""
+
+    fold: bool = False
+
+
 CROSS_ROUTE_CODES = (0, 4, 3, 7)  # vmamba2d.ops.CROSS_ROUTES' codes: the four-route kernel's routes, in order
 CROSS_MAX_VEC = 2  # two routes' state per column: 4 columns a lane spill at 64 registers
 
 
-def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 16) -> Optional[RowsPlan]:
+def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 16) -> Optional[CrossPlan]:
     """The plan of the four-route RS kernel (CrossRowsForward, VMamba's cross routes in one launch),
     or None where it does not apply.
 
@@ -148,7 +156,8 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
     lane; it holds two routes' state per column, and 4 columns spill in 64 registers:
     benchmarks/scan_cuda_v4_static.md); None for odd W > 32 and W > 64. Vector accesses where
     ``aligned_bytes`` (alignment of u, delta, B, C and y) holds a vector of the inputs and of y (y is
-    read back by the second sweep), else scalar ones. ``prefetch`` is not read by this kernel (1).
+    read back by the second sweep), else scalar ones. ``prefetch`` is not read by this kernel (1);
+    ``fold`` is False (the design sets it: cross_rows_launch.cross_forward_design).
     """
     if elem_bytes not in (2, 4) or y_bytes not in (2, 4):
         raise ValueError(f"elem_bytes, y_bytes: expected 2 or 4, got {elem_bytes}, {y_bytes}")
@@ -156,4 +165,72 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
     if vec is None or width < 1:
         return None
     vector = vec > 1 and aligned_bytes % (vec * elem_bytes) == 0 and aligned_bytes % (vec * y_bytes) == 0
-    return layout(width, vec, vec if vector else 1)
+    return CrossPlan(**layout(width, vec, vec if vector else 1).__dict__)
+
+
+# The rule that decides whether the four-route kernel folds the step-size projection (CrossRowsForward's
+# kFold) or the projection runs first as a batched matmul (vmamba2d.ops.delta_proj.project_delta)
+# whose full-rank output the unfolded kernel reads; docs/kernels.md, "Folded step sizes".
+#
+# Static SASS per cell·channel of the four-route op on sm_90 (nvcc 13.0, dev/gpu/v4_static_report.py,
+# benchmarks/scan_cuda_v4_static.md; compiler figures, no GPU ran) per (input type, W):
+# (unfolded, folded at R = 1, folded per two more ranks). The folded kernel at rank R takes
+# at_one + per_two * (R // 2): its longest path counts the odd plane's block at every R (an upper
+# bound by about half of per_two for even R).
+CROSS_FOLD_SASS = {
+    ("fp32", 56): (193.7, 235.4, 42.3), ("fp32", 28): (175.4, 226.3, 42.3), ("fp32", 14): (166.3, 217.1, 42.3),
+    ("fp32", 7): (243.4, 326.9, 70.8),
+    ("bf16", 56): (221.4, 263.4, 55.5), ("bf16", 28): (204.3, 255.1, 55.5), ("bf16", 14): (195.1, 245.4, 55.5),
+    ("bf16", 7): (269.1, 338.9, 77.7),
+    ("fp16", 56): (214.3, 259.4, 50.6), ("fp16", 28): (198.3, 250.0, 50.6), ("fp16", 14): (189.4, 241.1, 50.3),
+    ("fp16", 7): (269.1, 353.1, 77.8),
+}
+# The step-size ranks of the models' SS2D layers per map side: R = ceil(C / 16) of the stage width C
+# (vmamba2d/models/ss2d.py, dt_rank "auto"): tiny / small 96 .. 768 -> 6 .. 48, base 128 .. 1024 -> 8 .. 64.
+MODEL_FOLD_RANKS = {56: (6, 8), 28: (12, 16), 14: (24, 32), 7: (48, 64)}
+# The machine the estimate is for (docs/kernels.md; H200, /work/shared DESIGN.md's figures): 132 SMs x 4
+# schedulers x 32 lanes x 1.98 GHz lane instructions per second, 4.2 TB/s measured copy bandwidth.
+FOLD_ISSUE_RATE = 132 * 4 * WARP_LANES * 1.98e9
+FOLD_BANDWIDTH = 4.2e12
+FOLD_ROUTES = 4
+
+
+def fold_extra_sass(dtype: str, width: int, rank: int) -> float:
+    """Estimated SASS per cell·channel the folding four-route kernel adds to the unfolded one at rank
+    ``rank`` (CROSS_FOLD_SASS; a width without figures takes the largest of its type's)."""
+    rows = {w: v for (d, w), v in CROSS_FOLD_SASS.items() if d == dtype}
+    if not rows:
+        raise ValueError(f"dtype: expected one of fp32 / fp16 / bf16, got {dtype!r}")
+
+    def extra(v: tuple[float, float, float]) -> float:
+        plain, at_one, per_two = v
+        return at_one - plain + per_two * (rank // 2)
+
+    return extra(rows[width]) if width in rows else max(extra(v) for v in rows.values())
+
+
+def fold_budget(elem_bytes: int) -> float:
+    """The SASS per cell·channel folding may add and still pay, by the estimate: the instructions the
+    machine issues in the time the projection pass writes its full-rank delta (4 routes x elem_bytes
+    per cell·channel at FOLD_BANDWIDTH); the unfolded kernel is instruction-bound, so the delta it
+    reads costs it no time and is not counted."""
+    return FOLD_ISSUE_RATE / FOLD_BANDWIDTH * FOLD_ROUTES * elem_bytes
+
+
+def fold_rule(dtype: str, width: int, rank: int, cells_per_sample: int) -> tuple[bool, str]:
+    """Whether the four-route kernel folds the step sizes of rank ``rank`` at map width ``width`` in
+    ``dtype`` ("fp32" / "fp16" / "bf16"), and why: when fold_extra_sass <= fold_budget (an estimate
+    from compiler figures and the H200's balance until a GPU measures it), and the low-rank delta
+    of a sample (4 * rank * H * W elements, ``cells_per_sample`` = H * W) within the kernel's 32-bit
+    element offsets."""
+    if rank < 1:
+        raise ValueError(f"rank: expected >= 1, got {rank}")
+    if FOLD_ROUTES * rank * cells_per_sample >= 2**31:
+        return False, f"step sizes projected first (4 * R * H * W >= 2^31: the folding kernel's offsets are 32-bit)"
+    extra = fold_extra_sass(dtype, width, rank)
+    budget = fold_budget(2 if dtype in ("fp16", "bf16") else 4)
+    verdict = "folded" if extra <= budget else "projected first"
+    sign = "<=" if extra <= budget else ">"
+    return extra <= budget, (f"step sizes {verdict} (R = {rank}: +{extra:.0f} SASS / cell·ch {sign} {budget:.0f}, "
+                             f"the issue time of the projection's {FOLD_ROUTES * (2 if dtype != 'fp32' else 4)} B; "
+                             "estimate, no GPU measured it)")
