@@ -2,7 +2,7 @@
 // the include path (this folder is outside setup.py's glob of the nvcc-built extension's sources);
 // configured by macros so a
 // launcher compiles exactly the instance a RowsPlan asks for (NVRTC: -D options; nvcc -cubin for
-// the static report, tools/v4_static_report.py):
+// the static report, dev/gpu/v4_static_report.py):
 //   VMAMBA2D_RS_DTYPE     0 fp32, 1 fp16, 2 bf16 (u, delta, B, C and a y that is not fp32)
 //   VMAMBA2D_RS_VEC       RowsPlan::vec
 //   VMAMBA2D_RS_LOAD      RowsPlan::load
