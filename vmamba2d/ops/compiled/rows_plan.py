@@ -188,7 +188,7 @@ CROSS_FOLD_SASS = {
 # The step-size ranks of the models' SS2D layers per map side: R = ceil(C / 16) of the stage width C
 # (vmamba2d/models/ss2d.py, dt_rank "auto"): tiny / small 96 .. 768 -> 6 .. 48, base 128 .. 1024 -> 8 .. 64.
 MODEL_FOLD_RANKS = {56: (6, 8), 28: (12, 16), 14: (24, 32), 7: (48, 64)}
-# The machine the estimate is for (docs/kernels.md; H200, /work/shared DESIGN.md's figures): 132 SMs x 4
+# The machine the estimate is for (docs/kernels.md, "Folded step sizes"; an H200): 132 SMs x 4
 # schedulers x 32 lanes x 1.98 GHz lane instructions per second, 4.2 TB/s measured copy bandwidth.
 FOLD_ISSUE_RATE = 132 * 4 * WARP_LANES * 1.98e9
 FOLD_BANDWIDTH = 4.2e12
