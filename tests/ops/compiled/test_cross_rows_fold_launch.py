@@ -77,8 +77,10 @@ def test_design_names_the_fold_decision(monkeypatch):
     # a weight the folding entry cannot read, a call v3 runs, the v3 pin: projected first
     x = cross_fold_inputs(1, 4, 14, 14, 1, torch.float32, seed=1)
     design, plan, why = cross_rows_launch.cross_forward_design(*args(x), CODES, False,
-                                                              x["delta_proj_weight"].to(torch.bfloat16))
-    assert not plan.fold and "contiguous fp32 delta_proj_weight" in why
+                                                              x["delta_proj_weight"].double())
+    assert not plan.fold and "delta_proj_weight torch.float64" in why
+    # the op passes the weight in the inputs' type on CUDA: the folding entry widens it
+    assert cross_rows_launch.folds(*args(x), CODES, False, x["delta_proj_weight"].to(torch.bfloat16))
     design, _, why = cross_rows_launch.cross_forward_design(*args(x), [0, 4, 3, 6], False, x["delta_proj_weight"])
     assert design == "v3" and why.endswith("; step sizes projected first")
     monkeypatch.setenv(rows_launch.PLAN_ENV, "v3")
@@ -152,7 +154,7 @@ def test_launch_passes_the_fold_parameter_block(launcher, dtype, side, rank, out
     assert launch[1][2] == f"sym_{spec.file_stem}"
     assert launch[2:6] == ((plan.blocks(batch, dim), 1, 1), 128, 0, 1000)
     (p,) = seen
-    assert (p.delta_proj, p.rank) == (weight.data_ptr(), rank)
+    assert (p.delta_proj, p.rank) == (weight.data_ptr(), rank)  # fp32 contiguous: read in place
     r = p.rows
     assert (r.delta, r.B, r.C, r.A, r.D, r.delta_bias) == tuple(
         x[n].data_ptr() for n in ("delta", "B", "C", "A", "D", "delta_bias"))
@@ -160,6 +162,29 @@ def test_launch_passes_the_fold_parameter_block(launcher, dtype, side, rank, out
         4 * rank, 4, batch, dim, 1, side, side)
     assert (r.seg_lanes, r.maps_per_warp, r.softplus, r.y_fp32, r.from_bottom) == (
         plan.seg_lanes, plan.maps_per_warp, 1, int(y.dtype == torch.float32), 0)
+
+
+def test_launch_widens_a_weight_of_the_inputs_type(launcher):
+    # On CUDA the op passes delta_proj_weight in the inputs' type (as project_delta takes it): the launch
+    # hands the kernel an fp32 copy of it (exact), not the 2-byte tensor.
+    launcher, driver, folder = launcher
+    x = cross_fold_inputs(2, 4, 14, 14, 1, torch.bfloat16, seed=9)
+    weight = x["delta_proj_weight"].to(torch.bfloat16)
+    _, plan, _ = cross_rows_launch.cross_forward_design(*args(x), CODES, False, weight)
+    _stub(folder, cross_rows_launch.plan_spec(plan, torch.bfloat16))
+    seen = []
+    record = driver.launch
+
+    def read_back(function, grid, threads, smem, stream, pointers):
+        array = (ctypes.c_void_p * 1).from_address(pointers)
+        size = ctypes.sizeof(cross_rows_launch.RowsFoldParams)
+        seen.append(cross_rows_launch.RowsFoldParams.from_buffer_copy(ctypes.string_at(array[0], size)))
+        record(function, grid, threads, smem, stream, pointers)
+
+    driver.launch = read_back
+    cross_rows_launch.launch_forward(launcher, *args(x), True, CODES, False, weight)
+    (p,) = seen
+    assert p.rank == 1 and p.delta_proj not in (0, None, weight.data_ptr())
 
 
 def test_launch_refuses_a_projection_the_rule_does_not_fold(launcher):

@@ -206,6 +206,6 @@ def cross_selective_scan_2d_compiled(
         _as_map(u.to(scan_dtype)), delta.to(scan_dtype).contiguous(), A.to(param_dtype).contiguous(),
         B.to(scan_dtype).contiguous(), C.to(scan_dtype).contiguous(), contiguous_as(D, param_dtype),
         contiguous_as(delta_bias, param_dtype), delta_softplus, routes, out_fp32,
-        contiguous_as(delta_proj_weight, param_dtype),
+        contiguous_as(delta_proj_weight, scan_dtype),
     )
     return y.to(out_dtype)

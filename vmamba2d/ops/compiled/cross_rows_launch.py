@@ -119,8 +119,9 @@ def cross_forward_design(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, 
                             f"lanes{projected}")
     if rank is None:
         return "rs", plan, design.reason
-    if delta_proj_weight.dtype != torch.float32 or not delta_proj_weight.is_contiguous():
-        folds, why = False, "step sizes projected first (the folding entry takes a contiguous fp32 delta_proj_weight)"
+    if delta_proj_weight.dtype not in _DTYPE_NAMES:
+        folds, why = False, f"step sizes projected first (delta_proj_weight {delta_proj_weight.dtype}: the folding "\
+                            "entry widens fp32 / fp16 / bf16 weights)"
     else:
         folds, why = rows_plan.fold_rule(_DTYPE_NAMES[u.dtype], width, rank, height * width)
     scan_plan.debug_note(("cuda four-route fold", u.dtype, height, width, rank, folds), f"cuda four-route {why}")
@@ -198,12 +199,15 @@ def launch_cross_forward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torc
     tensors; other tensors -- a recording launcher's tests -- take 4 unless a tuner is given). A
     channels-last u is read through one contiguous copy and y returned channels-last (as v3). A
     folding plan (``plan.fold``) takes the low-rank delta (batch, 4, R, H, W) and delta_proj_weight
-    (4, dim, R) fp32."""
+    (4, dim, R) in fp32 / fp16 / bf16 (the kernel reads it as fp32: a copy of this small tensor where
+    it is not contiguous fp32; widening is exact)."""
     layout = torch.contiguous_format if u.is_contiguous() else torch.channels_last  # cross_ops.map_format
     u_map = u.contiguous()
     y = torch.empty(u_map.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device)
     if y.numel() == 0:
         return y.contiguous(memory_format=layout)
+    if delta_proj_weight is not None:
+        delta_proj_weight = delta_proj_weight.to(torch.float32).contiguous()
     params = bytes(cross_params(u_map, delta, A, B, C, D, delta_bias, y, softplus, plan, delta_proj_weight))
     rank = 0 if delta_proj_weight is None else delta_proj_weight.shape[2]
     spec = plan_spec(plan, u.dtype)
