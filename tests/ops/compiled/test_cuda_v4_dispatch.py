@@ -78,3 +78,22 @@ def test_four_route_forward_by_the_rule(kernels, monkeypatch, dtype, side, chann
     monkeypatch.setenv(rows_launch.PLAN_ENV, "v3")
     v3 = kernels.cross_forward(*on_gpu, True, CODES, False)
     assert relative_error(v3, expected) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype,side,rank,folds", [(torch.float32, 56, 4, True), (torch.bfloat16, 56, 6, False)])
+def test_four_route_forward_with_the_step_size_projection(kernels, dtype, side, rank, folds):
+    # The folding kernel where rows_plan.fold_rule folds (fp32, R = 4), project_delta + the unfolded
+    # kernel where it does not (bf16 at the tiny model's first-stage rank): both against the fp64
+    # reference with the projection. The op passes the weight in the inputs' type (cross_ops).
+    from support.rows_cases import cross_fold_inputs
+
+    x = cross_fold_inputs(2, 16, side, side, rank, dtype, seed=rank)
+    x["delta_proj_weight"] = x["delta_proj_weight"].to(dtype)
+    gpu = {k: (v.cuda() if v is not None else None) for k, v in x.items()}
+    names = ("u", "delta", "A", "B", "C", "D", "delta_bias")
+    on_gpu = [gpu[n] for n in names]
+    assert kernels.cross_folds(*on_gpu, CODES, False, gpu["delta_proj_weight"]) == folds
+    expected = cross_selective_scan_2d_reference(*(None if x[n] is None else x[n].double() for n in names), True,
+                                                 routes="cross", delta_proj_weight=x["delta_proj_weight"].double())
+    y = kernels.cross_forward(*on_gpu, True, CODES, False, gpu["delta_proj_weight"])
+    assert relative_error(y, expected) <= TOLERANCE[dtype]
