@@ -47,6 +47,25 @@ def test_rs_passes_of_a_channels_last_bf16_call_by_hand():
     ]
 
 
+def test_a_rank_the_rule_folds_has_no_projection_pass():
+    batch, dim, h, w, rank = 2, 8, 28, 28, 1  # fp32 R = 1 at W = 28: the fold rule folds it
+    args = _inputs(h, w, torch.float32, False, rank)
+    args["delta_proj_weight"] = args["delta_proj_weight"].float()
+    passes = cuda_cross_forward_passes(**args)
+    cells = batch * dim * h * w
+    low = 4 * batch * 4 * rank * h * w
+    bc = 4 * batch * 4 * h * w
+    small = 4 * (4 * dim) * 3 + 4 * 4 * dim * rank  # A, D, delta_bias; the weight
+    assert [(p.name, p.read, p.written) for p in passes] == [
+        ("kernel", 2 * 4 * cells + low + 2 * bc + small + 4 * cells, 2 * 4 * cells)]
+
+
+def test_model_ranks_are_projected_first():
+    args = _inputs(56, 56, torch.bfloat16, True, rank=6)
+    args["delta_proj_weight"] = args["delta_proj_weight"].float()
+    assert "delta-projection" in [p.name for p in cuda_cross_forward_passes(**args)]
+
+
 def test_contiguous_full_rank_call_has_only_the_kernel():
     passes = cuda_cross_forward_passes(**_inputs(28, 28, torch.float32, False))
     assert [p.name for p in passes] == ["kernel"]

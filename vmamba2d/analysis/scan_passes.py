@@ -9,7 +9,9 @@ design removes stay visible:
 - ``u-copy``: a channels-last u is copied to a contiguous map before the kernel (read + write);
 - ``delta-projection``: the low-rank step sizes projected to the full-rank (batch, K, dim, H, W)
   ones by a bmm (low-rank delta and weight read, the full-rank delta written); the kernel then
-  reads the full-rank delta;
+  reads the full-rank delta -- unless the four-route RS kernel folds the projection
+  (:func:`vmamba2d.ops.compiled.rows_plan.fold_rule`), when it reads the low-rank delta and the
+  weight and there is no such pass;
 - ``kernel``: the four-route RS kernel (two sweeps: u read once per sweep, each route's delta, B,
   C once, y written by the top-down sweep and read and rewritten by the bottom-up one), or, where
   the design rule picks v3, one launch per route (u, delta, B, C of the route read, an fp32 y
@@ -62,6 +64,18 @@ def cuda_cross_design(u: Tensor, B: Tensor, routes: Sequence[int], out_fp32: boo
     return "rs" if rows_plan.cross_plan(u.element_size(), y_bytes, width) is not None else "v3"
 
 
+def _folds(u: Tensor, delta: Tensor, weight: Tensor) -> bool:
+    """Whether the four-route RS kernel projects the low-rank delta (batch, K, R, H, W) itself: its
+    rule for the call's type, width and rank, and an fp32 contiguous weight (K, dim, R)."""
+    from vmamba2d.ops.compiled import rows_plan
+
+    if weight.dtype != torch.float32 or not weight.is_contiguous():
+        return False
+    names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    height, width = u.shape[2], u.shape[3]
+    return rows_plan.fold_rule(names[u.dtype], width, delta.shape[2], height * width)[0]
+
+
 def cuda_cross_forward_passes(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
                               delta_bias: Optional[Tensor], routes: Sequence[int], out_fp32: bool,
                               delta_proj_weight: Optional[Tensor] = None, delta_softplus: bool = True) -> List[ScanPass]:
@@ -81,18 +95,21 @@ def cuda_cross_forward_passes(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C:
     channels_last = not u.is_contiguous()
     if channels_last:
         passes.append(ScanPass("u-copy", u_bytes, u_bytes))
+    design = cuda_cross_design(u, B, routes, out_fp32)
+    delta_bytes = _nbytes(delta)
     if delta_proj_weight is not None:
-        batch, routes_k, _, height, width = delta.shape
-        full = batch * routes_k * delta_proj_weight.shape[1] * height * width * delta.element_size()
-        passes.append(ScanPass("delta-projection", _nbytes(delta) + _nbytes(delta_proj_weight), full))
-        delta_bytes = full
-    else:
-        delta_bytes = _nbytes(delta)
+        if design == "rs" and _folds(u, delta, delta_proj_weight):
+            delta_bytes += _nbytes(delta_proj_weight)
+        else:
+            batch, routes_k, _, height, width = delta.shape
+            full = batch * routes_k * delta_proj_weight.shape[1] * height * width * delta.element_size()
+            passes.append(ScanPass("delta-projection", _nbytes(delta) + _nbytes(delta_proj_weight), full))
+            delta_bytes = full
     small = _nbytes(A) + _nbytes(D) + _nbytes(delta_bias)
     cells = u.numel()
     y_bytes = cells * (4 if out_fp32 else u.element_size())
     routes_k = len(routes)
-    if cuda_cross_design(u, B, routes, out_fp32) == "rs":
+    if design == "rs":
         # two sweeps of two routes each: u read per sweep, y written twice and read back once
         passes.append(ScanPass("kernel", 2 * u_bytes + delta_bytes + _nbytes(B) + _nbytes(C) + small + y_bytes,
                                2 * y_bytes))
