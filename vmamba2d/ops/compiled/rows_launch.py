@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
 from typing import Optional, Union
 
 import torch
@@ -24,6 +23,7 @@ from vmamba2d.ops import tuning
 from vmamba2d.ops.compiled import planes_launch, rows_plan
 from vmamba2d.ops.compiled.cuda_kernels import KernelSpec, rows_kernel
 from vmamba2d.ops.compiled.cuda_launch import DeviceInfo
+from vmamba2d.ops.settings import env_choice
 
 PLAN_ENV = "VMAMBA2D_SCAN_PLAN"
 _PLAN_CHOICES = ("auto", "v3")
@@ -52,10 +52,7 @@ def pinned_plan() -> str:
     Raises:
         ValueError: any other value.
     """
-    value = os.environ.get(PLAN_ENV, "auto").strip().lower() or "auto"
-    if value not in _PLAN_CHOICES:
-        raise ValueError(f"{PLAN_ENV}: expected one of {', '.join(_PLAN_CHOICES)}, got {value!r}")
-    return value
+    return env_choice(PLAN_ENV, _PLAN_CHOICES, "auto")
 
 
 def _float32_or_none(t: Optional[torch.Tensor]) -> bool:
