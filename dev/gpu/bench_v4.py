@@ -9,6 +9,9 @@ N = 1) in fp32 and bf16, through the NVRTC path (median ms of CUDA-event-timed c
 - the single-route forward by the design the rule picks (PL at 7 x 7, RS elsewhere), RS also at
   7 x 7 (launched with its plan directly), and v3 (VMAMBA2D_SCAN_PLAN=v3);
 - the four-route op (VMamba's cross routes) by the four-route RS kernel and by v3's per-route kernels;
+- the four-route op with the model's step-size projection (rank 6 at 56 x 56, as vmamba2d_tiny's first
+  stage): projected first (project_delta, then the kernel: what the fold rule picks) against the
+  folding kernel launched with its plan directly -- the measurement the rule's estimate waits for;
 each as a share of a device-to-device copy's bandwidth measured here (bytes: u, delta, B, C read, y
 written once), with the largest |v4 - v3| difference. Rows run in CASES' order (the designs the next
 GPU run must see first) while the time lasts. Then vmamba2d_tiny inference at batch 128, fp32 and bf16
@@ -31,8 +34,9 @@ sys.path.insert(0, str(REPO))
 
 SHAPES = ((192, 56), (384, 28), (768, 14), (1536, 7))  # (Di, H = W) of vmamba2d_tiny's four stages
 # (op, Di, side), most wanted first: PL at 7 x 7, the four-route kernel at 56 x 56, then the rest.
-CASES = (("single", 1536, 7), ("cross", 192, 56), ("single", 192, 56), ("cross", 1536, 7), ("single", 384, 28),
-         ("cross", 384, 28), ("single", 768, 14), ("cross", 768, 14))
+CASES = (("single", 1536, 7), ("cross", 192, 56), ("fold", 192, 56), ("single", 192, 56), ("cross", 1536, 7),
+         ("single", 384, 28), ("cross", 384, 28), ("single", 768, 14), ("cross", 768, 14))
+FOLD_RANK = 6  # vmamba2d_tiny's dt_rank: ceil(96 / 16)
 CROSS_CODES = [0, 4, 3, 7]
 BATCH = 128
 MODEL_SHARE = 0.35  # of the time budget kept for the model's two precisions
@@ -172,6 +176,45 @@ def cross_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: in
     return row
 
 
+def fold_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: int) -> dict:
+    """The four-route op with a rank-FOLD_RANK step-size projection: projected first, then the
+    kernel (the rule's choice at this rank) against the folding kernel forced by its plan."""
+    import dataclasses
+
+    import torch
+
+    from vmamba2d.ops.compiled import cross_rows_launch
+    from vmamba2d.ops.delta_proj import project_delta
+
+    a = scan_inputs(dim, side, dtype, routes=len(CROSS_CODES))
+    g = torch.Generator(device="cuda").manual_seed(1)
+    low = (torch.randn(BATCH, len(CROSS_CODES), FOLD_RANK, side, side, generator=g, device="cuda") * 0.5).to(dtype)
+    weight = torch.randn(len(CROSS_CODES), dim, FOLD_RANK, generator=g, device="cuda") * FOLD_RANK ** -0.5
+    inputs = (a["u"], low, a["A"], a["B"], a["C"], a["D"], a["delta_bias"])
+    design, plan, why = cross_rows_launch.cross_forward_design(*inputs, CROSS_CODES, False, weight)
+    row = {"op": f"four-route, rank-{FOLD_RANK} step sizes", "shape": f"{BATCH}x{dim}x{side}x{side}",
+           "dtype": str(dtype).replace("torch.", ""), "plan": why}
+    # the bytes the folded call must move: u, the low-rank delta, B, C read, y written
+    bytes_moved = sum(t.numel() * t.element_size() for t in (a["u"], low, a["B"], a["C"], a["u"]))
+    full_args = (a["u"], a["A"], a["B"], a["C"], a["D"], a["delta_bias"])
+
+    def projected():
+        u, A, B, C, D, bias = full_args
+        return kernels.cross_forward(u, project_delta(low, weight), A, B, C, D, bias, True, CROSS_CODES, False)
+
+    calls = {"projected": projected}
+    if design == "rs":
+        folding = dataclasses.replace(plan, fold=True)
+        calls["folded"] = lambda: cross_rows_launch.launch_cross_forward(
+            kernels.launcher, *inputs, True, False, folding, delta_proj_weight=weight)
+    outputs = _time_designs(calls, bytes_moved, bandwidth, repeats, row)
+    if "folded" in outputs:
+        diff = (outputs["folded"].float() - outputs["projected"].float()).abs().max().item()
+        row["max |folded - projected|"] = f"{diff:.2e}"
+        row["projected / folded"] = f"{float(row['projected ms']) / float(row['folded ms']):.2f}"
+    return row
+
+
 def model_img_s(precision: str, iters: int) -> float:
     import timm
     import torch
@@ -235,8 +278,12 @@ def main(argv=None) -> int:
                 rows.append({"op": op, "shape": f"{BATCH}x{dim}x{side}x{side}", "dtype": str(dtype),
                              "plan": "skipped (time)"})
                 continue
-            rows.append((scan_row if op == "single" else cross_row)(kernels, dim, side, dtype, bandwidth,
-                                                                   args.repeats))
+            row_of = {"single": scan_row, "cross": cross_row, "fold": fold_row}[op]
+            try:
+                rows.append(row_of(kernels, dim, side, dtype, bandwidth, args.repeats))
+            except Exception as err:  # one failing row must not cost the rows after it
+                rows.append({"op": op, "shape": f"{BATCH}x{dim}x{side}x{side}", "dtype": str(dtype),
+                             "plan": f"error: {type(err).__name__}: {str(err)[:300]}"})
             save()
     model_deadline = start + args.max_seconds
     # The model through the NVRTC path (where the v4 kernels are), also where the nvcc build exists.
