@@ -5,16 +5,14 @@ recording fake driver), the op's choice between folding and projecting first, an
 compiling with NVRTC within the launch bounds' registers without spills."""
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 
 from support.rows_cases import cross_fold_inputs
 from vmamba2d.ops import CROSS_ROUTES, plan as scan_plan
-from vmamba2d.ops.compiled import cross_ops, cross_rows_launch, cuda_launch, kernel_cache, nvrtc, rows_launch, rows_plan
+from vmamba2d.ops.compiled import cross_ops, cross_rows_launch, nvrtc, rows_launch, rows_plan
 from vmamba2d.ops.compiled.cuda_kernels import KERNELS, MODEL_FOLD_RANKS, MODEL_MAP_SIDES, rows_cross_kernel
 
 try:
@@ -22,7 +20,7 @@ try:
 except nvrtc.NvrtcUnavailable as err:
     pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
 
-from support.nvrtc_recording import RecordingDriver  # noqa: E402
+from support.nvrtc_recording import recording_launcher, stub_kernel  # noqa: E402
 
 CODES = [route.code for route in CROSS_ROUTES]
 ORDER = ("u", "delta", "A", "B", "C", "D", "delta_bias")
@@ -105,18 +103,11 @@ def test_bad_weight_or_delta_shapes_are_named():
         cross_rows_launch.cross_forward_design(*args(x), CODES, False, torch.zeros(4, 4, 2))
 
 
-def _stub(folder: Path, spec) -> None:
-    target = nvrtc.target_for(90, TOOLCHAIN.archs)
-    key = nvrtc.cache_key(TOOLCHAIN, spec, target)
-    kernel = nvrtc.CompiledKernel(spec.name, 90, target, f"image {spec.name}".encode(), f"sym_{spec.file_stem}")
-    kernel_cache.write_entry(kernel_cache.entry_path(folder, key), kernel_cache.encode_entry(key, kernel))
 
 
 @pytest.fixture()
 def launcher(tmp_path):
-    driver = RecordingDriver()
-    launcher = cuda_launch.KernelLauncher(driver, tmp_path, TOOLCHAIN, current_device=lambda: 0,
-                                          stream_of=lambda d: 1000 + d, device_arch=lambda d: 90)
+    launcher, driver = recording_launcher(tmp_path, TOOLCHAIN)
     return launcher, driver, tmp_path
 
 
@@ -136,24 +127,15 @@ def test_launch_passes_the_fold_parameter_block(launcher, dtype, side, rank, out
     assert spec == rows_cross_kernel({torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype],
                                      plan.vec, plan.load, plan.scan_steps, fold=True)
     assert spec.name.endswith("f") and ("VMAMBA2D_RS_FOLD", "1") in spec.defines
-    _stub(folder, spec)
-    seen = []
-    record = driver.launch
-
-    def read_back(function, grid, threads, smem, stream, pointers):
-        array = (ctypes.c_void_p * 1).from_address(pointers)
-        size = ctypes.sizeof(cross_rows_launch.RowsFoldParams)
-        seen.append(cross_rows_launch.RowsFoldParams.from_buffer_copy(ctypes.string_at(array[0], size)))
-        record(function, grid, threads, smem, stream, pointers)
-
-    driver.launch = read_back
+    stub_kernel(folder, spec, TOOLCHAIN)
+    seen = driver.read_params(cross_rows_launch.RowsFoldParams)
     y = cross_rows_launch.launch_forward(launcher, *args(x), True, CODES, out_fp32, weight)
     assert y.shape == x["u"].shape and y.dtype == (torch.float32 if out_fp32 else dtype)
     assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     (launch,) = driver.of("launch")
     assert launch[1][2] == f"sym_{spec.file_stem}"
     assert launch[2:6] == ((plan.blocks(batch, dim), 1, 1), 128, 0, 1000)
-    (p,) = seen
+    ((p,),) = seen
     assert (p.delta_proj, p.rank) == (weight.data_ptr(), rank)  # fp32 contiguous: read in place
     r = p.rows
     assert (r.delta, r.B, r.C, r.A, r.D, r.delta_bias) == tuple(
@@ -171,19 +153,10 @@ def test_launch_widens_a_weight_of_the_inputs_type(launcher):
     x = cross_fold_inputs(2, 4, 14, 14, 1, torch.bfloat16, seed=9)
     weight = x["delta_proj_weight"].to(torch.bfloat16)
     _, plan, _ = cross_rows_launch.cross_forward_design(*args(x), CODES, False, weight)
-    _stub(folder, cross_rows_launch.plan_spec(plan, torch.bfloat16))
-    seen = []
-    record = driver.launch
-
-    def read_back(function, grid, threads, smem, stream, pointers):
-        array = (ctypes.c_void_p * 1).from_address(pointers)
-        size = ctypes.sizeof(cross_rows_launch.RowsFoldParams)
-        seen.append(cross_rows_launch.RowsFoldParams.from_buffer_copy(ctypes.string_at(array[0], size)))
-        record(function, grid, threads, smem, stream, pointers)
-
-    driver.launch = read_back
+    stub_kernel(folder, cross_rows_launch.plan_spec(plan, torch.bfloat16), TOOLCHAIN)
+    seen = driver.read_params(cross_rows_launch.RowsFoldParams)
     cross_rows_launch.launch_forward(launcher, *args(x), True, CODES, False, weight)
-    (p,) = seen
+    ((p,),) = seen
     assert p.rank == 1 and p.delta_proj not in (0, None, weight.data_ptr())
 
 

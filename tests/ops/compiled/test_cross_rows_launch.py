@@ -4,14 +4,12 @@ op, the entry compiling with NVRTC within 64 registers, and the launch passing t
 and a parameter block in the four-route layout on the current stream (recording fake driver)."""
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
 
 import pytest
 import torch
 
 from vmamba2d.ops import CROSS_ROUTES, tuning
-from vmamba2d.ops.compiled import cross_rows_launch, cuda_launch, kernel_cache, nvrtc, rows_launch, rows_plan
+from vmamba2d.ops.compiled import cross_rows_launch, nvrtc, rows_launch, rows_plan
 from vmamba2d.ops.compiled.cuda_kernels import KERNELS, MODEL_MAP_SIDES, rows_cross_kernel
 
 try:
@@ -19,7 +17,7 @@ try:
 except nvrtc.NvrtcUnavailable as err:
     pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
 
-from support.nvrtc_recording import RecordingDriver  # noqa: E402
+from support.nvrtc_recording import recording_launcher, stub_kernel  # noqa: E402
 
 CODES = [route.code for route in CROSS_ROUTES]
 
@@ -106,18 +104,11 @@ def test_spec_compiles_the_cross_entry():
                                   "VMAMBA2D_RS_LOAD": "1", "VMAMBA2D_RS_STEPS": "4"}
 
 
-def _stub(folder: Path, spec) -> None:
-    target = nvrtc.target_for(90, TOOLCHAIN.archs)
-    key = nvrtc.cache_key(TOOLCHAIN, spec, target)
-    kernel = nvrtc.CompiledKernel(spec.name, 90, target, f"image {spec.name}".encode(), f"sym_{spec.file_stem}")
-    kernel_cache.write_entry(kernel_cache.entry_path(folder, key), kernel_cache.encode_entry(key, kernel))
 
 
 @pytest.fixture()
 def launcher(tmp_path):
-    driver = RecordingDriver()
-    launcher = cuda_launch.KernelLauncher(driver, tmp_path, TOOLCHAIN, current_device=lambda: 0,
-                                          stream_of=lambda d: 1000 + d, device_arch=lambda d: 90)
+    launcher, driver = recording_launcher(tmp_path, TOOLCHAIN)
     return launcher, driver, tmp_path
 
 
@@ -129,17 +120,8 @@ def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32, 
     u, delta, A, B, C, D, bias = cross_inputs(batch, dim, side, side, dtype, channels_last=channels_last)
     design, plan, _ = cross_rows_launch.cross_forward_design(u, delta, A, B, C, D, bias, CODES, out_fp32)
     spec = cross_rows_launch.plan_spec(plan, dtype)
-    _stub(folder, spec)
-    seen = []
-    record = driver.launch
-
-    def read_back(function, grid, threads, smem, stream, pointers):
-        array = (ctypes.c_void_p * 1).from_address(pointers)
-        seen.append(rows_launch.RowsParams.from_buffer_copy(
-            ctypes.string_at(array[0], ctypes.sizeof(rows_launch.RowsParams))))
-        record(function, grid, threads, smem, stream, pointers)
-
-    driver.launch = read_back
+    stub_kernel(folder, spec, TOOLCHAIN)
+    seen = driver.read_params(rows_launch.RowsParams)
     y = cross_rows_launch.launch_forward(launcher, u, delta, A, B, C, D, bias, True, CODES, out_fp32)
     assert y.shape == u.shape and y.dtype == (torch.float32 if out_fp32 else dtype)
     assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
@@ -147,7 +129,7 @@ def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32, 
     assert launch[1][2] == f"sym_{spec.file_stem}"
     assert launch[2:6] == ((plan.blocks(batch, dim), 1, 1), 128, 0, 1000)
     assert plan.blocks(batch, dim) * 4 * plan.maps_per_warp >= batch * dim
-    (p,) = seen
+    ((p,),) = seen
     assert (p.delta, p.B, p.C, p.A, p.D, p.delta_bias) == tuple(t.data_ptr() for t in (delta, B, C, A, D, bias))
     if not channels_last:  # else the kernel reads a contiguous copy of u and writes y before its layout copy
         assert (p.u, p.y) == (u.data_ptr(), y.data_ptr())
@@ -169,7 +151,7 @@ def test_tuner_times_each_block_size_and_the_grid_covers_every_map(launcher):
     batch, dim, side = 3, 10, 7
     x = cross_inputs(batch, dim, side, side)
     _, plan, _ = cross_rows_launch.cross_forward_design(*x, CODES, False)
-    _stub(folder, cross_rows_launch.plan_spec(plan, torch.float32))
+    stub_kernel(folder, cross_rows_launch.plan_spec(plan, torch.float32), TOOLCHAIN)
 
     def timer(fn):
         fn()
