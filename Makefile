@@ -88,7 +88,7 @@ gpu-nvrtc:
 # a pip install runs, each row beside the byte account's estimate.
 gpu-mixed:
 	VMAMBA2D_CUDA_KERNELS=nvrtc $(PYTHON) benchmarks/bench_model.py --device cuda --models vmamba2d_tiny vmamba_tiny \
-		convnext_tiny --precisions fp32 bf16 amp --compile both --batch-sizes 128 --iters 5 --warmup 2 \
+		convnext_tiny --precisions fp32 bf16 amp --compile both --account --batch-sizes 128 --iters 5 --warmup 2 \
 		--out benchmarks/gpu-mixed.md
 
 # The GPU instruments' own tests (dev/gpu/tests: their parsers, report arithmetic and gpu-check's plan,

@@ -20,7 +20,7 @@ route-copy operators (copy_, flip, cat, stack). ``--compile on`` runs the model 
 ``torch.compile`` (default options; the compile happens in the warm-up calls, which are not
 timed), ``--compile both`` eager and compiled rows (``MODEL [torch.compile]``).
 
-On a GPU each row also gets the byte account's roofline estimate of its inference
+With ``--account`` (GPU runs) each row also gets the byte account's roofline estimate of its inference
 (``vmamba2d.analysis.traffic``, traced on fake tensors in this process: fp32, or autocast in the
 row's type): with the scan op counted as a fused kernel must move it, and as its CUDA path runs it
 today (``--scan-traffic cuda`` of benchmarks/model_traffic.py). It is an estimate beside the
@@ -421,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="add torch.profiler's top operators of one inference call per row")
     parser.add_argument("--malloc", choices=MALLOC_SETTINGS, default="keep",
                         help="keep: glibc keeps freed memory for reuse in each worker (default); default: its own thresholds")
+    parser.add_argument("--account", action="store_true",
+                        help="on a GPU, put the byte account's roofline estimate beside each row (traced on the CPU, "
+                             "a few seconds per model)")
     parser.add_argument("--compile", choices=COMPILE_CHOICES, default="off",
                         help="run the models under torch.compile: off (default), on, or both eager and compiled rows")
     parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
@@ -464,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()  # with the start's in the header: how busy the machine was meanwhile
     lines += [f"- load average at end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}", ""]
     rows = list(best.values())
-    if args.device == "cuda":
+    if args.device == "cuda" and args.account:
         for row in rows:
             row["account_img_s"] = account_estimates(row["model"], row["precision"], row["batch"], args.img_size)
     lines += _table(rows) + _targets(rows, args.device) + _profile_tables(rows)

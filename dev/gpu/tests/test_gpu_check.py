@@ -114,14 +114,19 @@ def test_plan_builds_for_this_gpus_arch_and_runs_every_sanitizer_tool(gpu_check,
     env = gpu_check.Environment(capability="8.6")
     steps = gpu_check.plan("python3", env, tmp_path, jobs=16)
     names = [s.name for s in steps]
-    # First-run order: build, the v4 forward's timing, correctness, the Triton primitive, measurements, sanitizers last.
-    assert names == ["build", "bench-v4", "tests", "triton-reverse-scan", "bench-scan", "bench-cross-scan", "bench-model-fp32",
-                     "bench-model-bf16", "sanitize-memcheck", "sanitize-racecheck", "sanitize-synccheck", "sanitize-initcheck"]
-    build, tests = steps[0], steps[2]
+    # First-run order: build, the NVRTC kernels compiled ahead, the v4 forward's timing, correctness, the
+    # Triton primitive, measurements, sanitizers last.
+    assert names == ["build", "precompile", "bench-v4", "tests", "triton-reverse-scan", "bench-scan",
+                     "bench-cross-scan", "bench-model-fp32", "bench-model-bf16", "sanitize-memcheck",
+                     "sanitize-racecheck", "sanitize-synccheck", "sanitize-initcheck"]
+    step = dict(zip(names, steps))
+    build, tests = step["build"], step["tests"]
     assert build.env == {"TORCH_CUDA_ARCH_LIST": "8.6", "MAX_JOBS": "16", "VMAMBA2D_NVCC_BUILD": "1"}
+    assert step["precompile"].command[1:] == ["-m", "vmamba2d.ops.precompile", "--arch", "86", "--jobs", "16"]
+    assert all(step[n].env == {"VMAMBA2D_CUDA_KERNELS": "nvrtc"} for n in ("bench-model-fp32", "bench-model-bf16"))
     assert "tests/ops/compiled/test_scan_cuda.py" in tests.command and "-m" in tests.command
     assert all(Path(gpu_check.REPO, f).is_file() for f in tests.command if f.startswith("tests/"))
-    assert all(Path(gpu_check.REPO, steps[i].command[1]).is_file() for i in (1, 3))  # bench_v4, the Triton smoke
+    assert all(Path(gpu_check.REPO, step[n].command[1]).is_file() for n in ("bench-v4", "triton-reverse-scan"))
     models = next(s for s in steps if s.name == "bench-model-bf16")
     assert "vmamba2d_tiny" in models.command and "convnext_tiny" in models.command
     uncached = {s.name for s in steps if s.env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"}
