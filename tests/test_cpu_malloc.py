@@ -14,7 +14,10 @@ GLIBC = cpu_malloc._glibc() is not None
 
 # Three steps of an MLP block's forward and backward at vmamba2d_tiny's stage-1 shape (batch 8: 38 MB
 # hidden maps, above glibc's largest dynamic mmap threshold of 32 MiB); prints the minor page faults
-# of the third step and cpu_malloc_info() before and after the optional keep_freed_memory() call.
+# of the third step and cpu_malloc_info() before and after the optional keep_freed_memory() call. One
+# thread: with several, glibc serves each thread from its own arena, and which arena a large block
+# lands in then follows the threads' timing (a full CI run on 2 loaded cores once counted 2352 faults
+# in the third step where a quiet run counts a few).
 PROBE = """
 import json, resource, sys
 import torch
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from vmamba2d import cpu_malloc
 before = cpu_malloc.cpu_malloc_info()
 kept = cpu_malloc.keep_freed_memory() if sys.argv[1] == "keep" else None
+torch.set_num_threads(1)
 torch.manual_seed(0)
 x = torch.randn(8, 96, 56, 56, requires_grad=True)
 fc1, fc2 = torch.randn(384, 96, 1, 1, requires_grad=True), torch.randn(96, 384, 1, 1, requires_grad=True)
