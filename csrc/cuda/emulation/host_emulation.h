@@ -245,11 +245,12 @@ struct ScanSizes {
 // u (batch, dim, L) in fp32 / fp16 / bf16; delta (batch, routes * dim, L) and B, C (batch, routes *
 // groups, 1, L) in u's type; A (param_routes * dim, 1), D and delta_bias (param_routes * dim,) or
 // None in fp32 (param_routes: 1 where the launch reads one route's parameters, routes where it reads
-// every route's); H * W = L.
+// every route's); H * W = L. delta_planes >= 0: delta holds that many planes a route instead of dim
+// (the low-rank step sizes, (batch, routes * R, L)), the rest as above.
 inline ScanSizes check_scan_inputs(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
                                    const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
                                    const std::optional<at::Tensor>& delta_bias, int64_t height, int64_t width,
-                                   int64_t routes, int64_t param_routes) {
+                                   int64_t routes, int64_t param_routes, int64_t delta_planes = -1) {
   const at::ScalarType type = u.scalar_type();
   TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
               "u: expected float32, float16 or bfloat16, got ", type);
@@ -261,9 +262,10 @@ inline ScanSizes check_scan_inputs(const at::Tensor& u, const at::Tensor& delta,
   const int64_t batch = u.size(0), dim = u.size(1), length = u.size(2);
   TORCH_CHECK(height >= 1 && width >= 1 && height * width == length, "height, width: expected H * W = ", length,
               ", got ", height, " x ", width);
-  TORCH_CHECK(delta.size(0) == batch && delta.size(1) == routes * dim && delta.size(2) == length,
-              "delta: expected (batch, routes * dim, L) = (", batch, ", ", routes * dim, ", ", length, "), got ",
-              delta.sizes());
+  const int64_t planes = delta_planes < 0 ? dim : delta_planes;
+  TORCH_CHECK(delta.size(0) == batch && delta.size(1) == routes * planes && delta.size(2) == length,
+              "delta: expected (batch, routes * ", delta_planes < 0 ? "dim" : "R", ", L) = (", batch, ", ",
+              routes * planes, ", ", length, "), got ", delta.sizes());
   TORCH_CHECK(B.size(0) == batch && B.size(1) % routes == 0 && B.size(2) == 1 && B.size(3) == length &&
                   B.sizes() == C.sizes(),
               "B, C: expected (batch, routes * groups, 1, L) each with routes = ", routes, ", got ", B.sizes(),

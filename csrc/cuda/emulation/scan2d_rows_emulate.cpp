@@ -343,33 +343,13 @@ void cross_by_vec(const RowsFoldParams& p, int vec, int load, int steps, int64_t
   }
 }
 
-// The checks of a folded call (check_scan_inputs' for the four-route layout, with the low-rank delta):
-// u (batch, dim, L) in fp32 / fp16 / bf16, the low-rank delta (batch, 4 * R, L) and B, C (batch, 4,
-// 1, L) in u's type, A (4 * dim, 1), D, delta_bias (4 * dim,) or None and the weight (4, dim, R) in
-// fp32, all contiguous on the CPU. Returns the sizes and R.
+// The checks of a folded call: the weight (4, dim, R) fp32 contiguous on the CPU, the low-rank delta
+// (batch, 4 * R, L) in u's type, then check_scan_inputs' for the four-route layout with R planes of
+// delta a route and one group (B, C (batch, 4, 1, L)). Returns the sizes and R.
 std::pair<emulation::ScanSizes, int64_t> check_folded_inputs(
     const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
     const std::optional<at::Tensor>& D, const std::optional<at::Tensor>& delta_bias, const at::Tensor& weight,
     int64_t height, int64_t width) {
-  const at::ScalarType type = u.scalar_type();
-  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
-              "u: expected float32, float16 or bfloat16, got ", type);
-  emulation::check_cpu_input(u, "u", type, 3);
-  emulation::check_cpu_input(B, "B", type, 4);
-  emulation::check_cpu_input(C, "C", type, 4);
-  emulation::check_cpu_input(A, "A", at::kFloat, 2);
-  const int64_t batch = u.size(0), dim = u.size(1), length = u.size(2);
-  TORCH_CHECK(height >= 1 && width >= 1 && height * width == length, "height, width: expected H * W = ", length,
-              ", got ", height, " x ", width);
-  TORCH_CHECK(B.sizes() == at::IntArrayRef({batch, 4, 1, length}) && C.sizes() == B.sizes(),
-              "B, C: expected (batch, 4, 1, L) = (", batch, ", 4, 1, ", length, ") each, got ", B.sizes(), " and ",
-              C.sizes());
-  TORCH_CHECK(A.sizes() == at::IntArrayRef({4 * dim, 1}), "A: expected (", 4 * dim, ", 1), got ", A.sizes());
-  for (const auto& [t, name] : {std::pair{&D, "D"}, std::pair{&delta_bias, "delta_bias"}}) {
-    if (!t->has_value()) continue;
-    emulation::check_cpu_input(**t, name, at::kFloat, 1);
-    TORCH_CHECK((*t)->size(0) == 4 * dim, name, ": expected (", 4 * dim, ",), got ", (*t)->sizes());
-  }
   TORCH_CHECK(weight.device().is_cpu() && weight.is_contiguous() && weight.scalar_type() == at::kFloat &&
                   weight.dim() == 3,
               "delta_proj_weight: expected a contiguous CPU float32 tensor (4, dim, R), got ", weight.scalar_type(),
@@ -384,7 +364,11 @@ std::pair<emulation::ScanSizes, int64_t> check_folded_inputs(
               "delta: with delta_proj_weight, expected the low-rank (batch, 4 * R, L) = (", u.size(0), ", ", 4 * rank,
               ", ", u.size(2), ") in u's type ", u.scalar_type(), ", got ", delta.scalar_type(), " of shape ",
               delta.sizes());
-  return {{batch, dim, length, 1}, rank};
+  const emulation::ScanSizes sizes =
+      check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, /*routes=*/4, /*param_routes=*/4, rank);
+  TORCH_CHECK(sizes.groups == 1, "B, C: expected (batch, 4, 1, L) = (", sizes.batch, ", 4, 1, ", sizes.length,
+              ") each, got ", B.sizes(), " and ", C.sizes());
+  return {sizes, rank};
 }
 
 // y = the four-route (CROSS_ROUTES) 2D selective scan at N = 1, summed over the routes, on the
