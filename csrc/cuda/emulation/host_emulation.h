@@ -291,12 +291,13 @@ inline at::Tensor nan_output(const at::Tensor& u, const ScanSizes& sizes, bool y
 
 // The fields the v4 kernels' parameter blocks (RowsParams, PlanesParams) share, over inputs
 // check_scan_inputs accepted: the launch reads route route_index's planes of delta, B and C (plane
-// strides routes * dim and routes * groups) and writes y.
+// strides routes * dim and routes * groups) and writes y. y_fp32 follows y's type, as the launchers
+// set it (an fp32 y, also of fp32 inputs, takes the kernels' fp32-output instance, as on the GPU).
 template <class Params>
 void fill_scan_params(Params& p, const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
                       const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
                       const std::optional<at::Tensor>& delta_bias, const at::Tensor& y, const ScanSizes& sizes,
-                      int64_t routes, int64_t route_index, int64_t height, int64_t width, bool softplus, bool y_fp32) {
+                      int64_t routes, int64_t route_index, int64_t height, int64_t width, bool softplus) {
   const int64_t elem = u.element_size();
   p.u = u.data_ptr();
   p.delta = static_cast<const char*>(delta.data_ptr()) + route_index * sizes.dim * sizes.length * elem;
@@ -314,7 +315,7 @@ void fill_scan_params(Params& p, const at::Tensor& u, const at::Tensor& delta, c
   p.height = static_cast<int>(height);
   p.width = static_cast<int>(width);
   p.softplus = softplus ? 1 : 0;
-  p.y_fp32 = y_fp32 ? 1 : 0;
+  p.y_fp32 = y.scalar_type() == at::kFloat ? 1 : 0;
 }
 
 }  // namespace emulation

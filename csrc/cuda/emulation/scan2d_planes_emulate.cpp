@@ -354,7 +354,7 @@ at::Tensor planes_forward(const at::Tensor& u, const at::Tensor& delta, const at
   at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
   PlanesParams p{};
   emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, routes, route_index, height, width,
-                              softplus, y_fp32);
+                              softplus);
   p.route = static_cast<int>(route);
   p.chunk = static_cast<int>(chunk);
   p.copy_bytes = static_cast<int>(copy_bytes);
@@ -384,7 +384,7 @@ at::Tensor planes_forward(const at::Tensor& u, const at::Tensor& delta, const at
     v.A = view_of<const float>(A, 0, dim);
     if (delta_bias) v.bias = view_of<const float>(*delta_bias, 0, dim);
     if (D) v.skip = view_of<const float>(*D, 0, dim);
-    if (y_fp32) {
+    if (p.y_fp32) {  // y's type, as the launch sets it (fill_scan_params)
       v.y_f = view_of<float>(y, 0, y_count);
       v.y_f.writer = &writer;
     } else {

@@ -208,7 +208,7 @@ std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const 
   at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
   at::Tensor carries = nan_filled({s.batch * s.dim, rows_carry_rows(static_cast<int>(height)), width}, u, at::kFloat);
   RowsParams p{};
-  emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, 1, 0, height, width, softplus, y_fp32);
+  emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, 1, 0, height, width, softplus);
   p.seg_lanes = static_cast<int>((width + vec - 1) / vec);
   p.maps_per_warp = kWarpLanes / p.seg_lanes;
   p.from_bottom = 0;

@@ -265,7 +265,7 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
   RowsParams p{};
   emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, routes, route_index, height, width,
-                              softplus, y_fp32);
+                              softplus);
   p.seg_lanes = static_cast<int>((width + vec - 1) / vec);
   p.maps_per_warp = kWarpLanes / p.seg_lanes;
   p.from_bottom = (route & kRouteFromBottom) ? 1 : 0;
@@ -397,7 +397,7 @@ at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, cons
   at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
   RowsParams p{};
   emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, /*routes=*/4, /*route_index=*/0, height,
-                              width, softplus, y_fp32);
+                              width, softplus);
   // The kernel steps the low-rank planes with 32-bit element offsets (CrossRowsForward::project_row).
   TORCH_CHECK(!fold || 4 * rank * sizes.length < (int64_t{1} << 31), "delta: 4 * R * L = ", 4 * rank * sizes.length,
               " low-rank elements per sample exceed the folding kernel's 32-bit offsets");
