@@ -133,11 +133,11 @@ def test_too_few_compiled_steps_trap(rows):
         run(rows, x, 56, 0, 1, steps=4)  # odd order: P = 2, which the tuner does not offer at V = 4
 
 
-def cross_run(rows, x, order, steps=None, y_fp32=False):
-    """y of the emulated four-route kernel on the plan the launch takes; with x["delta_proj_weight"]
-    the folding instance, delta then low-rank (batch, 4, R, H, W)."""
+def cross_run(rows, x, order, steps=None, y_fp32=False, aligned=16):
+    """y of the emulated four-route kernel on the plan the launch takes for tensors ``aligned`` bytes
+    apart; with x["delta_proj_weight"] the folding instance, delta then low-rank (batch, 4, R, H, W)."""
     batch, dim, height, width = x["u"].shape
-    plan = cross_plan(x["u"].element_size(), 4 if y_fp32 else x["u"].element_size(), width)
+    plan = cross_plan(x["u"].element_size(), 4 if y_fp32 else x["u"].element_size(), width, aligned)
     length = height * width
     planes = x["delta"].shape[2]
     kwargs = {} if steps is None else {"steps": steps}
@@ -191,6 +191,23 @@ def test_four_route_compiled_steps(rows, dtype, width, y_fp32, folded):
     assert rows.rows_last_steps() == -1
     assert torch.equal(compiled, runtime) and torch.equal(fixed, runtime)
     assert relative_error(compiled, expected) <= CROSS_TOLERANCE[torch.float32 if y_fp32 else dtype]
+
+
+# The scalar-access instances a launch takes for 2-byte inputs whose addresses hold no 2-column
+# vector (rows_plan.alignment below 4 bytes: a tensor sliced one element in), at a width with no
+# compiled-in steps.
+@pytest.mark.parametrize("folded", [False, True], ids=["full-rank", "folded"])
+@pytest.mark.parametrize("dtype,y_fp32", Y_TYPES[1:], ids=lambda v: str(v))
+def test_four_route_scalar_access_instances(rows, dtype, y_fp32, folded):
+    x = cross_inputs(3, 5, 10, dtype, seed=7, rank=3 if folded else None)
+    d = {k: None if v is None else v.double() for k, v in x.items()}
+    expected = cross_selective_scan_2d_reference(d["u"], d["delta"], d["A"], d["B"], d["C"], d["D"],
+                                                 d["delta_bias"], True, routes="cross",
+                                                 delta_proj_weight=d["delta_proj_weight"])
+    assert cross_plan(dtype.itemsize, 4 if y_fp32 else dtype.itemsize, 10, 2).load == 1
+    y, _ = cross_run(rows, x, order=1, y_fp32=y_fp32, aligned=2)
+    assert rows.rows_last_steps() == -1
+    assert relative_error(y, expected) <= CROSS_TOLERANCE[torch.float32 if y_fp32 else dtype]
 
 
 def test_four_route_too_few_compiled_steps_trap(rows):
