@@ -78,3 +78,15 @@ def cross_fold_inputs(batch, dim, height, width, rank, dtype, seed, use_d=True, 
         "D": rand(4 * dim) if use_d else None,
         "delta_bias": rand(4 * dim) * 0.3 - 0.8 if use_bias else None,
     }
+
+
+def assert_cross_params(p, plan, inputs, batch, dim, side, delta_planes, y):
+    """The RowsParams ``p`` a four-route launch passed for plan ``plan``: the pointers of ``inputs``
+    (delta, B, C, A, D, delta_bias), ``delta_planes`` planes of delta a sample, the four routes' B / C
+    planes of one group, a side x side map, the plan's lane layout, softplus on, y_fp32 from y's type,
+    rows streamed from the top."""
+    assert (p.delta, p.B, p.C, p.A, p.D, p.delta_bias) == tuple(t.data_ptr() for t in inputs)
+    assert (p.delta_planes, p.bc_planes, p.batch, p.dim, p.groups, p.height, p.width) == (
+        delta_planes, 4, batch, dim, 1, side, side)
+    assert (p.seg_lanes, p.maps_per_warp, p.softplus, p.y_fp32, p.from_bottom) == (
+        plan.seg_lanes, plan.maps_per_warp, 1, int(y.dtype == torch.float32), 0)

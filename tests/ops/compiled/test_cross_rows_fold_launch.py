@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from support.rows_cases import cross_fold_inputs
+from support.rows_cases import assert_cross_params, cross_fold_inputs
 from vmamba2d.ops import CROSS_ROUTES, plan as scan_plan
 from vmamba2d.ops.compiled import cross_ops, cross_rows_launch, nvrtc, rows_launch, rows_plan
 from vmamba2d.ops.compiled.cuda_kernels import KERNELS, MODEL_FOLD_RANKS, MODEL_MAP_SIDES, rows_cross_kernel
@@ -137,13 +137,8 @@ def test_launch_passes_the_fold_parameter_block(launcher, dtype, side, rank, out
     assert launch[2:6] == ((plan.blocks(batch, dim), 1, 1), 128, 0, 1000)
     ((p,),) = seen
     assert (p.delta_proj, p.rank) == (weight.data_ptr(), rank)  # fp32 contiguous: read in place
-    r = p.rows
-    assert (r.delta, r.B, r.C, r.A, r.D, r.delta_bias) == tuple(
-        x[n].data_ptr() for n in ("delta", "B", "C", "A", "D", "delta_bias"))
-    assert (r.delta_planes, r.bc_planes, r.batch, r.dim, r.groups, r.height, r.width) == (
-        4 * rank, 4, batch, dim, 1, side, side)
-    assert (r.seg_lanes, r.maps_per_warp, r.softplus, r.y_fp32, r.from_bottom) == (
-        plan.seg_lanes, plan.maps_per_warp, 1, int(y.dtype == torch.float32), 0)
+    inputs = tuple(x[n] for n in ("delta", "B", "C", "A", "D", "delta_bias"))
+    assert_cross_params(p.rows, plan, inputs, batch, dim, side, 4 * rank, y)
 
 
 def test_launch_widens_a_weight_of_the_inputs_type(launcher):

@@ -18,6 +18,7 @@ except nvrtc.NvrtcUnavailable as err:
     pytest.skip(f"no NVRTC toolchain: {err}", allow_module_level=True)
 
 from support.nvrtc_recording import recording_launcher, stub_kernel  # noqa: E402
+from support.rows_cases import assert_cross_params  # noqa: E402
 
 CODES = [route.code for route in CROSS_ROUTES]
 
@@ -130,13 +131,9 @@ def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32, 
     assert launch[2:6] == ((plan.blocks(batch, dim), 1, 1), 128, 0, 1000)
     assert plan.blocks(batch, dim) * 4 * plan.maps_per_warp >= batch * dim
     ((p,),) = seen
-    assert (p.delta, p.B, p.C, p.A, p.D, p.delta_bias) == tuple(t.data_ptr() for t in (delta, B, C, A, D, bias))
+    assert_cross_params(p, plan, (delta, B, C, A, D, bias), batch, dim, side, 4 * dim, y)
     if not channels_last:  # else the kernel reads a contiguous copy of u and writes y before its layout copy
         assert (p.u, p.y) == (u.data_ptr(), y.data_ptr())
-    assert (p.delta_planes, p.bc_planes, p.batch, p.dim, p.groups, p.height, p.width) == (
-        4 * dim, 4, batch, dim, 1, side, side)
-    assert (p.seg_lanes, p.maps_per_warp, p.softplus, p.y_fp32, p.from_bottom) == (
-        plan.seg_lanes, plan.maps_per_warp, 1, int(y.dtype == torch.float32), 0)
 
 
 def test_v3_calls_launch_nothing(launcher):
