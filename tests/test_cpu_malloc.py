@@ -86,6 +86,18 @@ def test_a_bad_opt_out_value_is_a_value_error_naming_the_variable(monkeypatch):
 
 
 @pytest.mark.skipif(not GLIBC, reason="the C library here is not glibc")
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_opt_out_value_counts_as_unset(monkeypatch, value):
+    monkeypatch.setenv("VMAMBA2D_KEEP_FREED_MEMORY", value)
+    monkeypatch.setattr(cpu_malloc, "_kept_by_call", False)
+    calls = []
+    monkeypatch.setattr(cpu_malloc._glibc(), "mallopt", lambda parameter, value: calls.append((parameter, value)) or 1)
+    assert cpu_malloc.keep_freed_memory() is True
+    assert calls == [(cpu_malloc._M_MMAP_THRESHOLD, cpu_malloc.KEPT_BLOCK_BYTES),
+                     (cpu_malloc._M_TRIM_THRESHOLD, cpu_malloc.KEPT_BLOCK_BYTES)]
+
+
+@pytest.mark.skipif(not GLIBC, reason="the C library here is not glibc")
 def test_the_environment_variables_are_reported_as_the_setting(monkeypatch):
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "2147483647")
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "2147483647")

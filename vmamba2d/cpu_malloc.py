@@ -70,7 +70,7 @@ def keep_freed_memory(block_bytes: int = KEPT_BLOCK_BYTES) -> bool:
     """
     if not isinstance(block_bytes, int) or isinstance(block_bytes, bool) or not 0 < block_bytes <= KEPT_BLOCK_BYTES:
         raise ValueError(f"block_bytes must be an int in [1, {KEPT_BLOCK_BYTES}], got {block_bytes!r}")
-    switch = os.environ.get(OPT_OUT_VARIABLE, "1")
+    switch = os.environ.get(OPT_OUT_VARIABLE, "").strip() or "1"  # set but empty: as unset
     if switch not in ("0", "1"):
         raise ValueError(f"{OPT_OUT_VARIABLE} must be '0' or '1', got {switch!r}")
     global _kept_by_call
