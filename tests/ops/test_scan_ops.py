@@ -419,3 +419,23 @@ def test_backend_info_reports_the_cpu_kernel():
     # Without OpenMP in the extension's own build, at::parallel_for silently runs on one thread.
     assert extensions.cpu_extension().openmp()
     assert info["cpu_extension_source"] in ("built", "jit")
+
+
+@pytest.mark.parametrize("value, pinned", [("", None), ("auto", None), (" torch ", "torch"), ("cpu", "cpu")])
+def test_backend_info_reports_the_backend_the_environment_pins(monkeypatch, value, pinned):
+    """backend_info() reads VMAMBA2D_SCAN_BACKEND as the resolver does: 'auto' and empty pin nothing."""
+    monkeypatch.setenv("VMAMBA2D_SCAN_BACKEND", value)
+    info = backend_info()
+    assert info["env_override"] == pinned
+    assert info["auto_cpu"] == (pinned or "cpu")
+    x = valid_inputs()
+    ran = selective_scan_2d(**x, height=3, width=4)
+    assert torch.allclose(ran, selective_scan_2d(**x, height=3, width=4, backend=info["auto_cpu"]), atol=0, rtol=0)
+
+
+def test_an_unknown_pinned_backend_is_a_value_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("VMAMBA2D_SCAN_BACKEND", "fast")
+    with pytest.raises(ValueError, match="VMAMBA2D_SCAN_BACKEND must be one of"):
+        backend_info()
+    with pytest.raises(ValueError, match="VMAMBA2D_SCAN_BACKEND must be one of"):
+        selective_scan_2d(**valid_inputs(), height=3, width=4)

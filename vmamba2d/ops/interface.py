@@ -125,6 +125,15 @@ def _auto_backend(device: torch.device, dtype: torch.dtype) -> str:
     return "torch"
 
 
+def _backend_override() -> Optional[str]:
+    """The backend ``VMAMBA2D_SCAN_BACKEND`` pins for ``backend="auto"`` calls: None when it is unset,
+    empty or ``auto``; ValueError for a name that is not a backend."""
+    override = os.environ.get(BACKEND_ENV_VAR, "").strip()
+    if override not in BACKENDS and override:
+        raise ValueError(f"{BACKEND_ENV_VAR} must be one of {BACKENDS}, got {override!r}")
+    return override if override not in ("", "auto") else None
+
+
 def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
     """The concrete backend that ``backend`` means for ``dtype`` tensors on ``device``.
 
@@ -134,13 +143,10 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = tor
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        override = os.environ.get(BACKEND_ENV_VAR, "").strip()
-        if override and override != "auto":
-            if override not in BACKENDS:
-                raise ValueError(f"{BACKEND_ENV_VAR} must be one of {BACKENDS}, got {override!r}")
-            backend = override
-        else:
+        override = _backend_override()
+        if override is None:
             return _auto_backend(device, dtype)
+        backend = override
     if backend in ("cpu", "cuda"):
         if device.type != backend:
             raise ValueError(f"backend={backend!r} needs {backend} tensors, but the inputs are on {device}")
@@ -182,8 +188,8 @@ def backend_info() -> dict:
     ``cpu_extension_source`` (``"built"``, ``"jit"`` or None), ``triton`` (bool: Triton imports)
     and ``triton_version`` (str or None), ``auto_cpu`` / ``auto_cuda`` (the backend auto resolves
     to for fp32 tensors of each device type; for CUDA, judged on the current GPU, or without a
-    GPU on whether the extension is built), ``env_override`` (the value of
-    ``VMAMBA2D_SCAN_BACKEND`` or None), ``cuda_available`` (torch sees a GPU),
+    GPU on whether the extension is built), ``env_override`` (the backend
+    ``VMAMBA2D_SCAN_BACKEND`` pins for ``backend="auto"``; None when unset, empty or ``auto``), ``cuda_available`` (torch sees a GPU),
     ``cuda_kernel_arch`` (compute capability x 10 of the CUDA kernel code that runs on the current
     GPU, e.g. 86 for the sm_86 code an RTX 3090 / 4090 runs; None without a usable kernel),
     ``triton_forward`` (the rule choosing the Triton single-route forward, row-streaming or
@@ -208,7 +214,7 @@ def backend_info() -> dict:
     triton_ver = triton_launch.triton_version()
     gpu = torch.cuda.is_available()
     cuda_runs = extensions.cuda_kernel_usable(torch.device("cuda")) if gpu and cuda_ok else cuda_ok
-    override = os.environ.get(BACKEND_ENV_VAR) or None
+    override = _backend_override()
     auto_cpu = override or ("cpu" if cpu_ok else "torch")
     auto_cuda = override or ("cuda" if cuda_runs else "triton" if triton_ver else "torch")
     return {
