@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 export MAX_JOBS ?= 2
 
-.PHONY: setup demo test test-fast bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare gpu-nvrtc gpu-mixed test-gpu-tools clean
+.PHONY: setup demo test test-fast bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare mamba-anchor gpu-anchor gpu-nvrtc gpu-mixed test-gpu-tools clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,17 @@ cuda-baseline:
 
 gpu-compare:
 	$(PYTHON) dev/gpu/gpu_check.py --compare-baseline build/cuda-baseline $(GPU_CHECK_ARGS)
+
+# Issue 39's anchor, mamba_ssm's 1D selective scan: `make mamba-anchor` here (needs the network and
+# torch for pip's metadata step) puts the pinned sdist's selective-scan sources in build/mamba-anchor;
+# on the GPU machine, with that folder carried along, `make gpu-anchor` builds it forward-only beside
+# this checkout's kernel and times both (dev/gpu/bench_anchor.py) in one 10-minute run, report
+# benchmarks/gpu-anchor-<date>-<gpu>-<commit>.md.
+mamba-anchor:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) dev/gpu/mamba_anchor.py fetch
+
+gpu-anchor:
+	$(PYTHON) dev/gpu/gpu_check.py --anchor build/mamba-anchor $(GPU_CHECK_ARGS)
 
 # After gpu-check (which builds _C_cuda in place), on the same machine: the kernels compiled at
 # first use by NVRTC -- first-use and warm-start seconds, outputs bitwise against the nvcc build's,

@@ -50,6 +50,12 @@ kernel that ``dev/gpu/cuda_baseline.py export`` wrote to DIR (by default kernel 
 works, e.g. ``make cuda-baseline``, and carry ``build/cuda-baseline`` to the GPU machine) and runs
 ``dev/gpu/bench_cuda_versions.py``; its report is ``benchmarks/gpu-compare-<date>-<gpu>-<commit>.md``
 with the speedup per model shape and dtype.
+
+Another separate run (``make gpu-anchor``, its own 10-minute call) times our 2D scan against
+mamba_ssm's 1D selective scan (issue 39's anchor): ``--anchor DIR`` builds this checkout's kernel
+and, beside it, the forward-only anchor from the sdist sources ``dev/gpu/mamba_anchor.py fetch``
+put in DIR (``make mamba-anchor`` where the network works; carry ``build/mamba-anchor``), then runs
+``dev/gpu/bench_anchor.py``; its report is ``benchmarks/gpu-anchor-<date>-<gpu>-<commit>.md``.
 """
 from __future__ import annotations
 
@@ -77,6 +83,7 @@ OUTPUT_TAIL_LINES = 40
 REPORT_RESERVE_S = 10  # kept back from the last step for writing the report
 DEFAULT_BASELINE = REPO / "build" / "cuda-baseline"  # where `make cuda-baseline` exports kernel v2
 BASELINE_INFO = "BASELINE.json"  # the file an export holds (dev/gpu/cuda_baseline.py INFO_FILE)
+ANCHOR_INFO = "ANCHOR.json"  # the file a fetch of the anchor writes (dev/gpu/mamba_anchor.py INFO_FILE)
 
 
 @dataclass
@@ -209,6 +216,12 @@ SANITIZER_MEANINGS = {2: "not run (no GPU backend or no compute-sanitizer)",
                       4: "hazards only in Triton's own code (triton-lang/triton#7264), none in ours"}
 # The comparison run (--compare-baseline): this checkout's kernel against an earlier one.
 COMPARE_BUDGETS_S = {"build": 140, "build-baseline": 200, "bench-versions": 180}
+# The anchor run (--anchor): this checkout's kernel and the forward-only mamba_ssm scan built side by
+# side (ours 102 s with 12 jobs on the H200; the anchor's five files took 120 s with 2 jobs on a 2-core
+# machine, not yet timed on a GPU machine), then the anchor benchmark (12 rows, each a few
+# hundred milliseconds of timed calls plus input setup; not measured yet).
+ANCHOR_BUDGETS_S = {"build": 240, "bench-anchor": 300}
+ANCHOR_MEANINGS = {2: "not run (no GPU, or the anchor not built)"}
 
 
 def _baseline_build(python: str, baseline: Path, jobs: int) -> list[str]:
@@ -293,6 +306,26 @@ def compare_plan(python: str, env: Environment, work: Path, jobs: int, baseline:
         Step("bench-versions", _versions_bench(python, baseline, out),
              budget_s=COMPARE_BUDGETS_S["bench-versions"], min_s=30, table=out, time_option="--max-seconds",
              meanings=VERSIONS_MEANINGS),
+    ]
+
+
+def _anchor_build(python: str, anchor: Path, jobs: int) -> list[str]:
+    return [python, "dev/gpu/mamba_anchor.py", "build", "--dir", str(anchor), "--jobs", str(jobs)]
+
+
+def anchor_plan(python: str, env: Environment, work: Path, jobs: int, anchor: Path) -> list[Step]:
+    """The anchor run: build this checkout's kernel with the forward-only mamba_ssm scan from the
+    sources in ``anchor`` beside it (dev/gpu/mamba_anchor.py), then time the two
+    (dev/gpu/bench_anchor.py)."""
+    arch = {"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs), "VMAMBA2D_NVCC_BUILD": "1"}
+    out = work / "bench_anchor.md"
+    return [
+        # the anchor has five files: a quarter of the jobs builds it within our build's time
+        Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=ANCHOR_BUDGETS_S["build"], min_s=60,
+             env=arch, companion=_anchor_build(python, anchor, max(1, jobs // 4))),
+        Step("bench-anchor", [python, "dev/gpu/bench_anchor.py", "--anchor", str(anchor), "--out", str(out)],
+             budget_s=ANCHOR_BUDGETS_S["bench-anchor"], min_s=30, table=out, time_option="--max-seconds",
+             meanings=ANCHOR_MEANINGS),
     ]
 
 
@@ -462,6 +495,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--compare-baseline", type=Path, metavar="DIR",
                         help="instead of the check: time this checkout's CUDA kernel against the earlier one "
                              "exported to DIR by `dev/gpu/cuda_baseline.py export` (make gpu-compare)")
+    parser.add_argument("--anchor", type=Path, metavar="DIR",
+                        help="instead of the check: time our 2D scan against mamba_ssm's 1D scan, built forward-only "
+                             "from the sdist sources `dev/gpu/mamba_anchor.py fetch` put in DIR (make gpu-anchor)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     return parser.parse_args(argv)
 
@@ -472,7 +508,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     python = sys.executable
     env = probe_environment(python, args.commit)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        if args.compare_baseline is not None:
+        if args.compare_baseline is not None and args.anchor is not None:
+            print("gpu_check: --compare-baseline and --anchor are separate runs; give one of them.")
+            return 2
+        if args.anchor is not None:
+            if not (args.anchor / ANCHOR_INFO).is_file():
+                print(f"gpu_check: {args.anchor} holds no anchor sources; run `make mamba-anchor` where the network "
+                      "works and carry that folder here.")
+                return 2
+            planned = anchor_plan(python, env, Path(tmp), args.jobs, args.anchor.resolve())
+        elif args.compare_baseline is not None:
             if not (args.compare_baseline / "csrc").is_dir():
                 print(f"gpu_check: {args.compare_baseline} holds no exported kernel; run `make cuda-baseline` "
                       "where git works and carry that folder here.")
@@ -497,7 +542,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if env.gpu == "unknown":
             print(f"gpu_check: no GPU visible to {python} (torch {env.torch}); nothing to check, no report written.")
             return 2
-        path = report_path(args.out_dir, env, "gpu-compare" if args.compare_baseline is not None else "gpu-check")
+        kind = "gpu-anchor" if args.anchor is not None else "gpu-compare" if args.compare_baseline is not None else "gpu-check"
+        path = report_path(args.out_dir, env, kind)
         command = "python3 dev/gpu/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
 
         def save(finished: bool = False) -> None:
