@@ -176,7 +176,10 @@ def _alternating_ms(calls: Sequence[Callable[[], Tensor]], device: torch.device,
                     repeats: int) -> list[float]:
     """Median ms of each call, the calls alternating (order flipped every repeat) after each's warm-up."""
     for call in calls:
-        scan_bench.time_ms(call, device, warmup, 1)
+        for _ in range(warmup):
+            call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     samples: list[list[float]] = [[] for _ in calls]
     for repeat in range(repeats):
         order = range(len(calls)) if repeat % 2 == 0 else reversed(range(len(calls)))

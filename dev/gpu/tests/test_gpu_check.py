@@ -276,3 +276,41 @@ def test_bench_v4_table_and_no_gpu_exit(tmp_path):
     run = subprocess.run([sys.executable, str(TOOL.with_name("bench_v4.py")), "--out", str(tmp_path / "t.md")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 2 and "needs a GPU" in run.stdout
+
+
+def test_anchor_plan_builds_the_anchor_beside_our_kernel_then_times_both_within_the_run(gpu_check, tmp_path):
+    steps = gpu_check.anchor_plan("python3", gpu_check.Environment(capability="9.0"), tmp_path, 16, tmp_path / "anchor")
+    assert [s.name for s in steps] == ["build", "bench-anchor"]
+    build, bench = steps
+    assert build.command[1:] == ["setup.py", "build_ext", "--inplace"]
+    assert build.env == {"TORCH_CUDA_ARCH_LIST": "9.0", "MAX_JOBS": "16", "VMAMBA2D_NVCC_BUILD": "1"}
+    assert build.companion[1:] == ["dev/gpu/mamba_anchor.py", "build", "--dir", str(tmp_path / "anchor"), "--jobs", "4"]
+    assert bench.command[1:4] == ["dev/gpu/bench_anchor.py", "--anchor", str(tmp_path / "anchor")]
+    assert bench.table == tmp_path / "bench_anchor.md" and bench.command[-1] == str(bench.table)
+    assert bench.time_option == "--max-seconds" and "not built" in bench.meanings[2]
+    assert all(Path(gpu_check.REPO, s.command[1]).is_file() for s in steps) and Path(gpu_check.REPO, build.companion[1]).is_file()
+    default_budget = gpu_check.parse_args([]).budget_s
+    assert sum(s.budget_s for s in steps) <= default_budget - gpu_check.REPORT_RESERVE_S < 600
+    assert all(s.min_s <= s.budget_s for s in steps)
+    # the default check is unchanged: no anchor step in it
+    names = [s.name for s in gpu_check.plan("python3", gpu_check.Environment(capability="9.0"), tmp_path, jobs=16)]
+    assert "bench-anchor" not in names and names[0] == "build"
+
+
+def test_anchor_run_needs_fetched_sources_and_is_a_run_of_its_own(gpu_check, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda python, commit: gpu_check.Environment())
+    assert gpu_check.main(["--anchor", str(tmp_path / "missing"), "--out-dir", str(tmp_path)]) == 2
+    assert "make mamba-anchor" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / gpu_check.ANCHOR_INFO).write_text("{}")
+    assert gpu_check.main(["--anchor", str(tmp_path), "--compare-baseline", str(tmp_path), "--dry-run"]) == 2
+    assert "separate runs" in capsys.readouterr().out
+    assert gpu_check.main(["--anchor", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "bench-anchor" in out and "beside it:" in out and "mamba_anchor.py build" in out
+    assert "sanitize" not in out
+
+
+def test_the_anchor_info_file_is_the_one_a_fetch_writes(gpu_check):
+    anchor = load_script("dev/gpu/mamba_anchor.py", "mamba_anchor_for_gpu_check")
+    assert gpu_check.ANCHOR_INFO == anchor.INFO_FILE
