@@ -31,7 +31,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The inner loop: every test not marked slow (each slow one takes over ~10 s on 2 cores).
+# The inner loop: every test not marked slow (each slow one takes over ~5 s on 2 cores, pytest.ini).
 test-fast: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
