@@ -22,8 +22,11 @@ type) is compiled with ``nvcc -cubin -Xptxas -v`` and disassembled with ``nvdisa
     python dev/gpu/v4_static_report.py --check         # exit 1 when a budget below is broken
 
 The four-route kernel (CrossRowsForward, entry vmamba2d_rows_cross_forward under
-VMAMBA2D_RS_CROSS=1) gets the same table at cross_vec(W) columns per lane; its budgets:
-cross_budget_failures.
+VMAMBA2D_RS_CROSS=1) gets the same table at cross_vec(dtype, W) columns per lane and the blocks per SM
+of rows_plan.cross_plan (VMAMBA2D_RS_MIN_BLOCKS where not the entry's default); its budgets:
+cross_budget_failures (registers: the plan's cap). On sm_90 it is also compiled at both V = 2 and
+V = 4 for 56 and 28 (run_cross_pair), the figures behind the plan's choice of V
+(rows_plan.CROSS_VEC_FIGURES, held by cross_pair_failures).
 
 Budgets (--check, and tests/ops/compiled/test_cuda_v4_static.py): registers <= 64, no spills / stack, no BAR,
 SASS per cell·channel on sm_90 <= LOOP_BUDGET[(dtype, W)] (four routes: CROSS_LOOP_BUDGET): the
@@ -61,10 +64,11 @@ LOOP_BUDGET = {
     ("fp16", 56): 34.3, ("fp16", 28): 38.5, ("fp16", 14): 48.0, ("fp16", 7): 65.0,
 }
 # The same ratchet for the four-route kernel (per cell·channel of the op: all four routes).
+# fp16 / bf16 at 56 and 28: 4 columns a lane (rows_plan.cross_plan), compiled for 6 blocks per SM.
 CROSS_LOOP_BUDGET = {
     ("fp32", 56): 199.5, ("fp32", 28): 181.0, ("fp32", 14): 171.5, ("fp32", 7): 251.0,
-    ("bf16", 56): 228.0, ("bf16", 28): 210.5, ("bf16", 14): 201.0, ("bf16", 7): 272.5,
-    ("fp16", 56): 221.0, ("fp16", 28): 204.5, ("fp16", 14): 195.5, ("fp16", 7): 273.0,
+    ("bf16", 56): 171.0, ("bf16", 28): 166.0, ("bf16", 14): 201.0, ("bf16", 7): 272.5,
+    ("fp16", 56): 162.0, ("fp16", 28): 157.0, ("fp16", 14): 195.5, ("fp16", 7): 273.0,
 }
 
 
@@ -217,25 +221,52 @@ def analyse(nvcc: str, disassembler: str, arch: str, dtype: str, width: int, wor
                in_flight)
 
 
-def cross_vec(width: int) -> int:
-    """Columns per lane of the four-route kernel (CrossRowsForward): the widest of 2, 1 that divides
-    W within 32 lanes -- wider lanes amortise the per-lane scan steps, but it holds two routes'
-    state per column and 4 columns spill at 64 registers; None where none fits (v3 runs those maps)."""
-    return next((v for v in (2, 1) if width % v == 0 and width // v <= 32), None)
+def cross_plan_for(dtype: str, width: int):
+    """The four-route plan the launch takes for (dtype, W) with aligned tensors and y in the input type
+    (rows_plan.cross_plan: V and the blocks per SM the entry is compiled for), or None."""
+    size = elem_bytes(dtype)
+    return rows_plan_module.cross_plan(size, size, width, 16)
+
+
+def cross_vec(dtype: str, width: int) -> Optional[int]:
+    """Columns per lane of the four-route kernel (CrossRowsForward) for (dtype, W): cross_plan's V
+    (4 fp16 / bf16 where 4 divides W, else 2, 1; fp32 2, 1); None where no plan fits (v3 runs those maps)."""
+    plan = cross_plan_for(dtype, width)
+    return None if plan is None else plan.vec
+
+
+def cross_min_blocks(dtype: str, vec: int) -> int:
+    """Blocks per SM the four-route entry is compiled for at ``vec`` columns a lane (the plan's rule:
+    rows_plan.CROSS_WIDE_MIN_BLOCKS at V = 4, the entry's default below)."""
+    if vec == 4:
+        return rows_plan_module.CROSS_WIDE_MIN_BLOCKS[elem_bytes(dtype)]
+    return rows_plan_module.ROWS_MIN_BLOCKS
+
+
+def cross_register_budget(arch: str, dtype: str, vec: int) -> int:
+    """The registers the four-route entry's launch bounds allow: register_cap of its blocks per SM
+    (rows_plan), but the fp16 kernel on sm_75 at the default blocks, which the entry compiles for 7
+    (CROSS_REGISTERS)."""
+    blocks = cross_min_blocks(dtype, vec)
+    if blocks == rows_plan_module.ROWS_MIN_BLOCKS and (arch, dtype) in CROSS_REGISTERS:
+        return CROSS_REGISTERS[(arch, dtype)]
+    return rows_plan_module.register_cap(blocks)
 
 
 def analyse_cross(nvcc: str, disassembler: str, arch: str, dtype: str, width: int, workdir: Path,
                   vec: Optional[int] = None, fold_ranks: tuple[int, ...] = ()) -> Row:
     """The four-route kernel's instance for (arch, dtype, W): as analyse, over both sweeps. SASS /
     cell·ch is per cell·channel of the op (four routes): the mean trip of the innermost shuffle loops
-    (two sweeps x the run-time y-type branch) x 2 sweeps. vec: cross_vec's unless given.
+    (two sweeps x the run-time y-type branch) x 2 sweeps. vec: cross_vec's unless given; the entry is
+    compiled for cross_min_blocks(dtype, vec) blocks per SM (VMAMBA2D_RS_MIN_BLOCKS where that is not
+    the entry's default, as the NVRTC spec of the plan).
 
     fold_ranks: analyse the folding instance (VMAMBA2D_RS_FOLD=1) instead, at each rank R given: the
     loops inside a row trip without shuffles are the projection's (two low-rank planes a trip) and
     count R // 2 trips each; the odd plane's block is on the longest path at every R (an upper bound
     by one plane per route and row for even R). The Row's figures are those of the first rank,
     ``fold_cells`` has every rank's SASS / cell·ch."""
-    vec = vec or cross_vec(width)
+    vec = vec or cross_vec(dtype, width)
     seg = width // vec
     steps = rows_plan_module.scan_steps(seg)
     maps = 32 // seg
@@ -243,6 +274,9 @@ def analyse_cross(nvcc: str, disassembler: str, arch: str, dtype: str, width: in
                "VMAMBA2D_RS_VEC": vec, "VMAMBA2D_RS_LOAD": vec, "VMAMBA2D_RS_STEPS": steps}
     if fold_ranks:
         defines["VMAMBA2D_RS_FOLD"] = 1
+    blocks = cross_min_blocks(dtype, vec)
+    if blocks != rows_plan_module.ROWS_MIN_BLOCKS:
+        defines["VMAMBA2D_RS_MIN_BLOCKS"] = blocks
     compiled = compile_entry(nvcc, disassembler, arch, defines, workdir, "vmamba2d_rows_cross_forward")
     res, instructions, labels = compiled.resources, compiled.instructions, compiled.labels
     blocks = sass_report.basic_blocks(instructions, labels)
@@ -277,8 +311,9 @@ def analyse_cross(nvcc: str, disassembler: str, arch: str, dtype: str, width: in
     loop, per_cell = at_rank(fold_ranks[0] if fold_ranks else None)
     fold_cells = {rank: at_rank(rank)[1] for rank in fold_ranks}
     warps = resident_warps(res.registers, arch)
-    # One row ahead of u and both routes' delta and B, and the row's C of both routes.
-    in_flight = warps * 7 * maps * width * elem_bytes(dtype) / 1024
+    # What rows_plan.cross_estimate counts: a row of u and both routes' delta a warp (the loads that
+    # go to DRAM; B, C are one plane per route shared by every channel).
+    in_flight = warps * 3 * maps * width * elem_bytes(dtype) / 1024
     return Row(arch, dtype, width, vec, 1, maps, res.registers, res.spill_stores + res.spill_loads,
                res.stack_bytes, compiled.barriers, loop, per_cell, warps, in_flight, fold_cells)
 
@@ -288,6 +323,62 @@ def run_cross(nvcc: str, disassembler: str, archs, dtypes, widths, vec: Optional
     with tempfile.TemporaryDirectory() as tmp:
         return [analyse_cross(nvcc, disassembler, a, d, w, Path(tmp), vec)
                 for a in archs for d in dtypes for w in widths]
+
+
+# The widths whose four-route figures at V = 2 and V = 4 side by side make rows_plan.CROSS_VEC_FIGURES
+# (the estimate behind cross_plan's V), on sm_90.
+PAIR_WIDTHS = (56, 28)
+
+
+def run_cross_pair(nvcc: str, disassembler: str, dtypes, widths=PAIR_WIDTHS) -> list[Row]:
+    """Rows of the four-route kernel on sm_90 at V = 2 and V = 4 (each compiled for its blocks per SM,
+    cross_min_blocks) per (dtype, width): the trade rows_plan.cross_plan decides."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return [analyse_cross(nvcc, disassembler, "sm_90", d, w, Path(tmp), vec)
+                for d in dtypes for w in widths for vec in (2, 4)]
+
+
+def cross_pair_failures(rows: list[Row]) -> list[str]:
+    """The pinned pair's checks: each instance within its launch bounds without spills or stack, and
+    rows_plan.CROSS_VEC_FIGURES (SASS / cell·ch, registers) the compiled ones (SASS within
+    FOLD_FIGURES_TOLERANCE, registers exactly)."""
+    out = []
+    for r in rows:
+        label = f"four-route {r.label} V={r.vec}"
+        budget = cross_register_budget(r.arch, r.dtype, r.vec)
+        if r.registers > budget:
+            out.append(f"{label}: {r.registers} registers > {budget}")
+        if r.spill_bytes or r.stack_bytes:
+            out.append(f"{label}: {r.spill_bytes} bytes of spills, {r.stack_bytes} bytes of stack")
+        figures = rows_plan_module.CROSS_VEC_FIGURES.get((r.dtype, r.width, r.vec))
+        if figures is None:
+            continue
+        sass, registers = figures
+        if r.per_cell_channel is None or abs(r.per_cell_channel - sass) > FOLD_FIGURES_TOLERANCE * sass \
+                or r.registers != registers:
+            got = "-" if r.per_cell_channel is None else f"{r.per_cell_channel:.1f}"
+            out.append(f"{label}: rows_plan.CROSS_VEC_FIGURES has ({sass}, {registers}), compiled ({got}, "
+                       f"{r.registers})")
+    return out
+
+
+def format_pair_table(rows: list[Row]) -> str:
+    """The pinned pair with rows_plan.cross_estimate's ceilings (shares of copy bandwidth, an estimate)
+    and the V the plan takes."""
+    head = ("| dtype | W | V | blocks / SM | registers | spills / stack (B) | SASS / cell·ch | warps / SM "
+            "| issue ceiling (est.) | in-flight ceiling (est.) | plan's V |")
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        cell = f"{r.per_cell_channel:.1f}" if r.per_cell_channel is not None else "-"
+        try:
+            issue, in_flight = rows_plan_module.cross_estimate(r.dtype, r.width, r.vec)
+            ceilings = f"{issue:.0%} | {in_flight:.0%}"
+        except ValueError:
+            ceilings = "- | -"
+        lines.append(f"| {r.dtype} | {r.width} | {r.vec} | {cross_min_blocks(r.dtype, r.vec)} | {r.registers} | "
+                     f"{r.spill_bytes} / {r.stack_bytes} | {cell} | {r.resident_warps} | {ceilings} | "
+                     f"{cross_vec(r.dtype, r.width)} |")
+    return "\n".join(lines)
 
 
 def fold_ranks(width: int) -> tuple[int, ...]:
@@ -317,7 +408,7 @@ def cross_fold_budget_failures(rows: list[Row], plain: list[Row]) -> list[str]:
     unfolded = {(r.arch, r.dtype, r.width): r.per_cell_channel for r in plain}
     for r in rows:
         label = f"folding four-route {r.label}"
-        registers = CROSS_REGISTERS.get((r.arch, r.dtype), MAX_REGISTERS)
+        registers = cross_register_budget(r.arch, r.dtype, r.vec)
         if r.registers > registers:
             out.append(f"{label}: {r.registers} registers > {registers}")
         if r.barriers:
@@ -372,7 +463,7 @@ def cross_budget_failures(rows: list[Row]) -> list[str]:
     no spills, no stack, no BAR, a streaming loop found within CROSS_LOOP_BUDGET on sm_90."""
     out = []
     for r in rows:
-        registers = CROSS_REGISTERS.get((r.arch, r.dtype), MAX_REGISTERS)
+        registers = cross_register_budget(r.arch, r.dtype, r.vec)
         if r.registers > registers:
             out.append(f"four-route {r.label}: {r.registers} registers > {registers}")
         if r.barriers:
@@ -474,8 +565,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     fold_table = format_fold_table(fold_rows, cross_rows)
     print("\nFour-route kernel folding the step sizes (VMAMBA2D_RS_FOLD=1; SASS / cell·ch of the op at rank R):")
     print(fold_table)
+    pair_rows = run_cross_pair(nvcc, disassembler, args.dtypes) if "sm_90" in args.archs else []
+    pair_table = format_pair_table(pair_rows)
+    print("\nFour-route kernel at V = 2 and V = 4 (sm_90; the estimate behind rows_plan.cross_plan's V):")
+    print(pair_table)
     failures = budget_failures(rows) + cross_budget_failures(cross_rows) + cross_fold_budget_failures(fold_rows,
                                                                                                       cross_rows)
+    failures += cross_pair_failures(pair_rows)
     for f in failures:
         print("BUDGET:", f)
     if args.write:
@@ -484,11 +580,20 @@ def main(argv: Optional[list[str]] = None) -> int:
             "No GPU ran: these are compiler figures, and the bytes in flight are an estimate from the plan. Route 0, "
             "y in the input type, N = 1.",
             table + "\n\n## Four-route kernel (CrossRowsForward)\n\n"
-            "VMamba's cross routes in one launch (two sweeps of two routes each; V = cross_vec(W), load = V; "
-            "P = 1). SASS / cell·ch counts one cell·channel of the op, i.e. all four routes and both sweeps "
-            "(the mean of the innermost shuffle loops, fp32-y and input-type-y branches alike, x 2 sweeps); "
-            "in flight: one row ahead of u and both routes' delta, B, C.\n\n"
-            + cross_table + "\n\n## Four-route kernel folding the step sizes (VMAMBA2D_RS_FOLD=1)\n\n"
+            "VMamba's cross routes in one launch (two sweeps of two routes each; V = cross_vec(dtype, W): "
+            "rows_plan.cross_plan's, 4 for fp16 / bf16 where 4 divides W, else 2, 1; load = V; P = 1; the entry "
+            "compiled for the plan's blocks per SM: 6 at V = 4, else 8). SASS / cell·ch counts one cell·channel of "
+            "the op, i.e. all four routes and both sweeps (the mean of the innermost shuffle loops, fp32-y and "
+            "input-type-y branches alike, x 2 sweeps); in flight: a row of u and both routes' delta a warp (the "
+            "DRAM loads; B, C are shared by every channel), as rows_plan.cross_estimate counts.\n\n"
+            + cross_table + "\n\n## Four-route kernel at V = 2 and V = 4 (sm_90)\n\n"
+            "Both lane widths of each input type at 56 and 28, each compiled for its blocks per SM (V = 2: 8, "
+            "64 registers; V = 4: 6 for fp16 / bf16, 80 registers, 5 for fp32, 96), with the ceilings of "
+            "rows_plan.cross_estimate: issue = 8.0 instructions a byte (33.4 T lane instructions/s over 4.2 TB/s) "
+            "x the op's bytes per cell·channel (18 B fp16 / bf16, 36 B fp32) / SASS; in flight = the column above "
+            "over the ~23.9 KB Little's law asks of an H200 SM; each at most 100%. The plan takes 4 columns where "
+            "the smaller ceiling gains 20% (rows_plan.CROSS_WIDE_MARGIN). An estimate, no GPU ran.\n\n"
+            + pair_table + "\n\n## Four-route kernel folding the step sizes (VMAMBA2D_RS_FOLD=1)\n\n"
             "The same kernel reading the low-rank step sizes (batch, 4, R, H, W) and the fp32 weights (4, dim, R) "
             "and projecting each channel's step sizes where it reads them (two planes a trip of a loop the rank "
             "bounds at run time). SASS / cell·ch at rank R counts that loop's trips (R // 2) and the odd plane's "

@@ -72,7 +72,7 @@ def test_contiguous_full_rank_call_has_only_the_kernel():
 
 
 def test_wide_maps_take_v3_one_launch_per_route_with_an_fp32_y_and_a_cast():
-    batch, dim, h, w = 2, 8, 9, 72  # 72 columns: wider than the four-route RS kernel's 64
+    batch, dim, h, w = 2, 8, 9, 132  # 132 columns: wider than the four-route RS kernel's 128 (bf16)
     args = _inputs(h, w, torch.bfloat16, False)
     assert cuda_cross_design(args["u"], args["B"], CROSS, False) == "v3"
     passes = cuda_cross_forward_passes(**args)

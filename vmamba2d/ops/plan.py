@@ -31,7 +31,7 @@ from typing import Collection, Optional
 
 import torch
 
-from .compiled.rows_plan import CROSS_MAX_VEC, CROSS_ROUTE_CODES, WARP_LANES, route_streams_rows
+from .compiled.rows_plan import CROSS_ROUTE_CODES, WARP_LANES, cross_max_width, describe_cross, route_streams_rows
 
 DESIGNS = ("pl", "rs", "v3")
 # The designs each GPU path has kernels for (its ``built``), per op; the launchers read theirs from here.
@@ -73,12 +73,12 @@ class Design:
 
 def rs_max_width(backend: str, dtype: torch.dtype, routes: int = 1) -> int:
     """The widest map the backend's RS kernel takes: CUDA 32 lanes of 16 bytes (128 fp32 columns,
-    256 fp16 / bf16), for several routes (the four-route kernel) 32 lanes of CROSS_MAX_VEC columns;
+    256 fp16 / bf16), for several routes (the four-route kernel) rows_plan.cross_max_width (32 lanes of 4
+    fp16 / bf16 or 2 fp32 columns: 128 / 64);
     Triton ``TRITON_RS_MAX_WIDTH`` (a row is one tile)."""
     if backend == "cuda":
-        if routes > 1:
-            return WARP_LANES * CROSS_MAX_VEC
-        return WARP_LANES * 16 // torch.empty((), dtype=dtype).element_size()
+        size = torch.empty((), dtype=dtype).element_size()
+        return cross_max_width(size) if routes > 1 else WARP_LANES * 16 // size
     return TRITON_RS_MAX_WIDTH
 
 
@@ -166,4 +166,5 @@ def describe() -> dict:
                                     "low-rank step sizes itself where rows_plan.fold_rule estimates it pays (its "
                                     "added SASS within the issue time of the projection pass's bytes), else they "
                                     "are projected first; the plan's reason says which",
+            "cuda_four_route_lanes": describe_cross(),
             "debug_env": DEBUG_ENV}

@@ -12,6 +12,8 @@
 //   VMAMBA2D_RS_CROSS     1: the entry is vmamba2d_rows_cross_forward instead, the four-route kernel
 //                         (CrossRowsForward: VMamba's cross routes, RowsParams in the four-route
 //                         layout; VEC must divide W; ROUTE and PREFETCH are not read)
+//   VMAMBA2D_RS_MIN_BLOCKS blocks per SM of the launch bounds (default below); the four-route plan
+//                         sets it at 4 columns a lane (CrossPlan::min_blocks: 6 fp16 / bf16, 5 fp32)
 //   VMAMBA2D_RS_FOLD      1 (with VMAMBA2D_RS_CROSS): the four-route kernel folds the step sizes
 //                         (CrossRowsForward's kFold): the entry is vmamba2d_rows_cross_forward(RowsFoldParams),
 //                         delta low-rank [batch][4 * rank][L] (scan2d_rows_common.h)
@@ -41,7 +43,9 @@
 #ifndef VMAMBA2D_RS_FOLD
 #define VMAMBA2D_RS_FOLD 0
 #endif
-// Blocks per SM the kernel is compiled for (kRowsMinBlocks: 64 registers); lower for experiments.
+// Blocks per SM the kernel is compiled for (kRowsMinBlocks: 64 registers) unless the plan sets it: the
+// four-route kernel at 4 columns a lane holds two routes' state for 4 columns and is compiled for 6
+// blocks (80 registers) in fp16 / bf16, 5 (96) in fp32 (rows_plan.CROSS_WIDE_MIN_BLOCKS).
 // The fp16 four-route kernel on sm_75 takes 7 (72 registers, 28 of the SM's 32 warps): at 64
 // registers ptxas (NVRTC 13.0, nvcc 13.0) spills 4+4 B with an 8 B stack frame at V = 2 with 3 or 4
 // scan steps (W = 14, 28); bf16 and fp32, and fp16 on sm_80 and newer, fit 64 without spills.

@@ -125,8 +125,11 @@ def test_launch_passes_the_fold_parameter_block(launcher, dtype, side, rank, out
     assert design == "rs" and plan.fold
     spec = cross_rows_launch.plan_spec(plan, dtype)
     assert spec == rows_cross_kernel({torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype],
-                                     plan.vec, plan.load, plan.scan_steps, fold=True)
+                                     plan.vec, plan.load, plan.scan_steps, fold=True, min_blocks=plan.min_blocks)
     assert spec.name.endswith("f") and ("VMAMBA2D_RS_FOLD", "1") in spec.defines
+    # bf16 at 28: 4 columns a lane, the entry compiled for 6 blocks per SM as the unfolded one
+    assert (plan.vec, plan.min_blocks) == ((4, 6) if (dtype, side) == (torch.bfloat16, 28) else (plan.vec, 8))
+    assert (("VMAMBA2D_RS_MIN_BLOCKS", "6") in spec.defines) == (plan.min_blocks == 6)
     stub_kernel(folder, spec, TOOLCHAIN)
     seen = driver.read_params(cross_rows_launch.RowsFoldParams)
     y = cross_rows_launch.launch_forward(launcher, *args(x), True, CODES, out_fp32, weight)
@@ -219,14 +222,15 @@ def test_model_maps_launch_exactly_the_precompiled_fold_instances():
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [75, 80, 86, 89, 90])
 def test_folding_entries_compile_without_spills(arch):
-    # Every model plan of the folding instance (V = 2 at 56 / 28 / 14, V = 1 at 7), each input type:
-    # within the launch bounds' registers (64; 72 for fp16 on sm_75), no spills, no stack.
+    # Every model plan of the folding instance (fp32: V = 2 at 56 / 28 / 14; fp16 / bf16: V = 4 at 56 / 28,
+    # 2 at 14; V = 1 at 7), each input type: within the launch bounds' registers (the plan's: 80 at
+    # V = 4, else 64; 72 for fp16 on sm_75 at V <= 2), no spills, no stack.
     for dtype in ("fp32", "fp16", "bf16"):
         for side in MODEL_MAP_SIDES:
             plan = rows_plan.cross_plan(2 if dtype != "fp32" else 4, 2 if dtype != "fp32" else 4, side)
-            compiled = nvrtc.compile_kernel(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps, fold=True),
-                                            arch, TOOLCHAIN)
+            compiled = nvrtc.compile_kernel(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps, fold=True,
+                                                              min_blocks=plan.min_blocks), arch, TOOLCHAIN)
             r = compiled.resources
-            limit = 72 if (arch, dtype) == (75, "fp16") else 64
+            limit = 72 if (arch, dtype, plan.vec) in ((75, "fp16", 2), (75, "fp16", 1)) else plan.registers
             assert r.registers <= limit and r.spill_stores + r.spill_loads == 0 and r.stack_bytes == 0, (
                 dtype, side, r)

@@ -1,6 +1,6 @@
 """The v4 four-route forward (CrossRowsForward: VMamba's cross routes in one kernel) on the NVRTC path
 without a GPU: its plan rule, the choice between it and v3's per-route kernels for the CUDA four-route
-op, the entry compiling with NVRTC within 64 registers, and the launch passing the plan's grid / block
+op, the entry compiling with NVRTC within the plan's registers, and the launch passing the plan's grid / block
 and a parameter block in the four-route layout on the current stream (recording fake driver)."""
 from __future__ import annotations
 
@@ -41,17 +41,65 @@ def test_codes_are_the_kernels_routes():
 
 
 def test_plan_rule():
-    # Two columns a lane wherever 2 divides W within 32 lanes, else one; odd W > 32 and W > 64: none.
-    for width, vec, seg in ((56, 2, 28), (28, 2, 14), (14, 2, 7), (7, 1, 7), (64, 2, 32), (31, 1, 31), (1, 1, 1)):
-        plan = rows_plan.cross_plan(2, 2, width)
-        assert (plan.vec, plan.load, plan.seg_lanes, plan.maps_per_warp) == (vec, vec, seg, 32 // seg), width
-        assert plan.scan_steps == rows_plan.scan_steps(seg)
-    assert rows_plan.cross_plan(4, 4, 33) is None and rows_plan.cross_plan(4, 4, 66) is None
+    # fp16 / bf16: four columns a lane wherever 4 divides W within 32 lanes, else two, else one; fp32:
+    # two, else one. Odd W > 32, W > 128 (2-byte) and W > 64 (fp32): none.
+    for elem_bytes, cases in ((2, ((56, 4, 14), (28, 4, 7), (14, 2, 7), (7, 1, 7), (64, 4, 16), (12, 4, 3),
+                                   (20, 4, 5), (128, 4, 32), (62, 2, 31), (31, 1, 31), (1, 1, 1))),
+                              (4, ((56, 2, 28), (28, 2, 14), (14, 2, 7), (7, 1, 7), (64, 2, 32), (12, 2, 6),
+                                   (31, 1, 31), (1, 1, 1)))):
+        for width, vec, seg in cases:
+            plan = rows_plan.cross_plan(elem_bytes, elem_bytes, width)
+            assert (plan.vec, plan.load, plan.seg_lanes, plan.maps_per_warp) == (vec, vec, seg, 32 // seg), width
+            assert plan.scan_steps == rows_plan.scan_steps(seg)
+            # the entry's launch bounds: 6 blocks a SM (80 registers, 24 warps) at 4 columns, else 8 (64, 32)
+            assert (plan.min_blocks, plan.registers, plan.resident_warps) == (
+                (6, 80, 24) if vec == 4 else (8, 64, 32)), width
+    for width in (33, 66, 68, 128):
+        assert rows_plan.cross_plan(4, 4, width) is None, width
+    for width in (33, 66, 130, 132):
+        assert rows_plan.cross_plan(2, 2, width) is None, width
+    assert (rows_plan.cross_max_width(2), rows_plan.cross_max_width(4)) == (128, 64)
     # vector accesses need the inputs' and y's vector alignment (y is read back by the second sweep)
-    assert rows_plan.cross_plan(2, 4, 56, 4).load == 1 and rows_plan.cross_plan(2, 4, 56, 8).load == 2
-    assert rows_plan.cross_plan(4, 4, 56, 4).load == 1 and rows_plan.cross_plan(2, 2, 56, 4).load == 2
+    assert rows_plan.cross_plan(2, 4, 56, 8).load == 1 and rows_plan.cross_plan(2, 4, 56, 16).load == 4
+    assert rows_plan.cross_plan(2, 2, 56, 4).load == 1 and rows_plan.cross_plan(2, 2, 56, 8).load == 4
+    assert rows_plan.cross_plan(4, 4, 56, 4).load == 1 and rows_plan.cross_plan(4, 4, 56, 8).load == 2
+    assert rows_plan.cross_plan(2, 2, 14, 4).load == 2
     with pytest.raises(ValueError, match="elem_bytes, y_bytes"):
         rows_plan.cross_plan(8, 8, 56)
+
+
+def test_register_caps_and_resident_warps():
+    # ptxas's cap under __launch_bounds__(128, blocks) and the warps an SM keeps at it (64K registers).
+    assert [rows_plan.register_cap(b) for b in (8, 7, 6, 5, 4)] == [64, 72, 80, 96, 128]
+    assert [rows_plan.resident_warps(r) for r in (48, 63, 64, 80, 94, 96)] == [40, 32, 32, 24, 20, 20]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("width", [56, 28])
+def test_plan_follows_its_estimate_at_the_model_widths(dtype, width):
+    # cross_plan's V is the one its written estimate takes (rows_plan.cross_estimate from the sm_90
+    # static figures): four columns where they beat two by CROSS_WIDE_MARGIN.
+    size = 4 if dtype == "fp32" else 2
+    plan = rows_plan.cross_plan(size, size, width)
+    assert plan.vec == (4 if rows_plan.cross_wide_pays(dtype, width) else 2)
+    issue, in_flight = rows_plan.cross_estimate(dtype, width, plan.vec)
+    assert 0 < issue <= 1 and 0 < in_flight <= 1
+    # each figure's registers are within the cap the plan compiles that V for
+    for vec in (2, 4):
+        blocks = rows_plan.CROSS_WIDE_MIN_BLOCKS[size] if vec == 4 else rows_plan.ROWS_MIN_BLOCKS
+        assert rows_plan.CROSS_VEC_FIGURES[(dtype, width, vec)][1] <= rows_plan.register_cap(blocks)
+
+
+def test_estimate_by_hand():
+    # bf16 at 56 on the H200: 18 B / cell·ch at 8.0 instructions a byte against 221.4 / 165.7 SASS;
+    # 32 / 24 warps x 3 loads x 56 / 112 cells x 2 B against ~23.9 KB.
+    per_byte = 132 * 4 * 32 * 1.98e9 / 4.2e12
+    little = 4.2e12 * 0.75e-6 / 132
+    assert rows_plan.cross_estimate("bf16", 56, 2) == pytest.approx((18 * per_byte / 221.4, 32 * 3 * 56 * 2 / little))
+    assert rows_plan.cross_estimate("bf16", 56, 4) == pytest.approx((18 * per_byte / 165.7, 24 * 3 * 112 * 2 / little))
+    assert rows_plan.cross_estimate("fp32", 56, 4) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="no figures"):
+        rows_plan.cross_estimate("bf16", 14, 4)
 
 
 @pytest.mark.parametrize("side", [56, 28, 14, 7])
@@ -63,8 +111,9 @@ def test_model_maps_take_the_four_route_kernel(side, dtype):
             design, plan, why = cross_rows_launch.cross_forward_design(*x, CODES, out_fp32)
             assert design == "rs" and plan == rows_plan.cross_plan(x[0].element_size(), 4 if out_fp32 else
                                                                    x[0].element_size(), side)
-            assert why == ("PL (L = 49 <= 64): not built for cuda; RS: N = 1, width 7 <= 64" if side == 7
-                           else f"RS: N = 1, width {side} <= 64")
+            limit = 64 if dtype == torch.float32 else 128  # 32 lanes of rows_plan.cross_max_vec columns
+            assert why == (f"PL (L = 49 <= 64): not built for cuda; RS: N = 1, width 7 <= {limit}" if side == 7
+                           else f"RS: N = 1, width {side} <= {limit}")
 
 
 def test_other_calls_stay_on_v3(monkeypatch):
@@ -84,17 +133,31 @@ def test_other_calls_stay_on_v3(monkeypatch):
     assert cross_rows_launch.cross_forward_design(*x, CODES, False) == (
         "v3", None, "RS: N = 1, width 35 <= 64, but no lane width of 2 or 1 columns divides W = 35 within 32 lanes")
     assert cross_rows_launch.cross_forward_design(*cross_inputs(1, 4, 2, 66), CODES, False)[0] == "v3"
+    # 2-byte inputs: 4 columns a lane reach W = 128; 66 has neither 4 nor 2 within 32 lanes
+    assert cross_rows_launch.cross_forward_design(*cross_inputs(1, 4, 2, 66, torch.bfloat16), CODES, False) == (
+        "v3", None, "RS: N = 1, width 66 <= 128, but no lane width of 4, 2 or 1 columns divides W = 66 within 32 lanes")
+    design, plan, _ = cross_rows_launch.cross_forward_design(*cross_inputs(1, 4, 2, 68, torch.bfloat16), CODES, False)
+    assert design == "rs" and (plan.vec, plan.seg_lanes, plan.min_blocks) == (4, 17, 6)
+    wide = cross_rows_launch.cross_forward_design(*cross_inputs(1, 4, 2, 132, torch.float16), CODES, False)
+    assert wide[0] == "v3" and "width 132 > 128" in wide[2]
     monkeypatch.setenv(rows_launch.PLAN_ENV, "v3")
     assert cross_rows_launch.cross_forward_design(*cross_inputs(2, 4, 14, 14), CODES, False)[:2] == ("v3", None)
 
 
-def test_model_entry_compiles_within_64_registers_without_spills():
-    # sm_90, the 56 x 56 plan in bf16 (the static report covers every model plan, dtype and arch with nvcc).
-    plan = rows_plan.cross_plan(2, 2, 56)
-    compiled = nvrtc.compile_kernel(cross_rows_launch.plan_spec(plan, torch.bfloat16), 90, TOOLCHAIN)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_model_entry_compiles_within_the_plans_registers_without_spills(dtype):
+    # sm_90, the 56 x 56 plan (bf16: 4 columns, compiled for 6 blocks -> 80 registers; fp32: 2 columns,
+    # 64); the static report covers every model plan, dtype and arch with nvcc.
+    plan = rows_plan.cross_plan(dtype.itemsize, dtype.itemsize, 56)
+    spec = cross_rows_launch.plan_spec(plan, dtype)
+    assert dict(spec.defines).get("VMAMBA2D_RS_MIN_BLOCKS") == ("6" if dtype == torch.bfloat16 else None)
+    compiled = nvrtc.compile_kernel(spec, 90, TOOLCHAIN)
     r = compiled.resources
     assert compiled.lowered_name == "vmamba2d_rows_cross_forward"
-    assert r.registers <= 64 and r.spill_stores + r.spill_loads == 0 and r.stack_bytes == 0
+    assert r.registers <= plan.registers == (80 if dtype == torch.bfloat16 else 64)
+    assert r.spill_stores + r.spill_loads == 0 and r.stack_bytes == 0
+    if dtype == torch.bfloat16:
+        assert r.registers > 64  # the cap is the plan's, not the default's (which would spill)
 
 
 def test_spec_compiles_the_cross_entry():
@@ -103,8 +166,11 @@ def test_spec_compiles_the_cross_entry():
         "entries/scan2d_rows_entry.cu", "vmamba2d_rows_cross_forward", False)
     assert dict(spec.defines) == {"VMAMBA2D_RS_CROSS": "1", "VMAMBA2D_RS_DTYPE": "1", "VMAMBA2D_RS_VEC": "2",
                                   "VMAMBA2D_RS_LOAD": "1", "VMAMBA2D_RS_STEPS": "4"}
-
-
+    # the bf16 56 x 56 plan: 4 columns, compiled for 6 blocks per SM (named, so the cache keeps it apart)
+    spec = cross_rows_launch.plan_spec(rows_plan.cross_plan(2, 2, 56), torch.bfloat16)
+    assert spec.name == "rows_cross_forward.bf16.v4l4s4b6"
+    assert dict(spec.defines) == {"VMAMBA2D_RS_CROSS": "1", "VMAMBA2D_RS_DTYPE": "2", "VMAMBA2D_RS_VEC": "4",
+                                  "VMAMBA2D_RS_LOAD": "4", "VMAMBA2D_RS_STEPS": "4", "VMAMBA2D_RS_MIN_BLOCKS": "6"}
 
 
 @pytest.fixture()
@@ -113,14 +179,18 @@ def launcher(tmp_path):
     return launcher, driver, tmp_path
 
 
-@pytest.mark.parametrize("dtype,out_fp32,channels_last", [(torch.bfloat16, False, False), (torch.float32, False, True),
-                                                          (torch.float16, True, False), (torch.bfloat16, False, True)])
-def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32, channels_last):
+@pytest.mark.parametrize("dtype,out_fp32,channels_last,side", [
+    (torch.bfloat16, False, False, 14), (torch.float32, False, True, 14), (torch.float16, True, False, 14),
+    (torch.bfloat16, False, True, 14), (torch.bfloat16, False, False, 56), (torch.float16, True, True, 28)])
+def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32, channels_last, side):
+    # 56 / 28 in 2-byte types: the 4-column plan, its entry compiled for 6 blocks per SM
     launcher, driver, folder = launcher
-    batch, dim, side = 3, 10, 14
+    batch, dim = 3, 10
     u, delta, A, B, C, D, bias = cross_inputs(batch, dim, side, side, dtype, channels_last=channels_last)
     design, plan, _ = cross_rows_launch.cross_forward_design(u, delta, A, B, C, D, bias, CODES, out_fp32)
     spec = cross_rows_launch.plan_spec(plan, dtype)
+    assert plan.vec == (4 if side in (56, 28) else 2)
+    assert spec.name.endswith("b6") == (plan.vec == 4)
     stub_kernel(folder, spec, TOOLCHAIN)
     seen = driver.read_params(rows_launch.RowsParams)
     y = cross_rows_launch.launch_forward(launcher, u, delta, A, B, C, D, bias, True, CODES, out_fp32)

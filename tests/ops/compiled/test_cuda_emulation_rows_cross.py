@@ -24,10 +24,10 @@ def rows():
     return rows_emulation()
 
 
-def cross_vec(width: int) -> int:
+def cross_vec(width: int, elem_bytes: int) -> int:
     """Columns per lane of the plan the CUDA four-route op launches (rows_plan.cross_plan): the widest
-    of 2, 1 that divides W with W / V <= 32 (two routes' state per column: 4 spill)."""
-    plan = cross_plan(2, 2, width)
+    of 4 (fp16 / bf16 only), 2, 1 that divides W with W / V <= 32."""
+    plan = cross_plan(elem_bytes, elem_bytes, width)
     if plan is None:
         raise ValueError(f"width {width}: no lane width divides it within 32 lanes")
     return plan.vec
@@ -50,7 +50,7 @@ def make_inputs(batch, dim, height, width, dtype, seed, groups=1, use_d=True, us
 
 def run(rows, x, y_fp32=False, order=2, vec=None, load=None, softplus=True):
     batch, dim, height, width = x["u"].shape
-    vec = cross_vec(width) if vec is None else vec
+    vec = cross_vec(width, x["u"].element_size()) if vec is None else vec
     load = vec if load is None else load
     length = height * width
     groups = x["B"].shape[2]
@@ -99,6 +99,31 @@ def test_fp32_output_of_half_inputs(rows, dtype):
 def test_every_lane_width(rows, vec, load):
     x = make_inputs(2, 5, 6, 12, torch.float32, seed=11)
     check(run(rows, x, vec=vec, load=load), reference(x), torch.float32)
+
+
+# Widths 4 divides: the model's 56 and 28, one lane (4), 8 and 12 (a few lanes, maps packed 8 / 10
+# to a warp), odd multiples of 4 (20, 28, 60: 5, 7, 15 lanes), 124 and 128 (31 and 32 lanes).
+FOUR_COLUMN_WIDTHS = (56, 28, 4, 8, 12, 20, 60, 124, 128)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("width", FOUR_COLUMN_WIDTHS)
+def test_four_columns_a_lane(rows, dtype, width):
+    # V = 4 (the plan of fp16 / bf16 wherever 4 divides W; fp32 is run at 4 too, the static report's
+    # pinned pair), y in the input type and in fp32, vector and scalar accesses, against the fp64
+    # reference; bit-equal across warp and lane orders.
+    height = 3 if width > 28 else 5
+    x = make_inputs(2, 3, height, width, dtype, seed=width + dtype.itemsize)
+    expected = reference(x)
+    if dtype != torch.float32:
+        assert cross_plan(2, 2, width).vec == 4
+    for y_fp32 in ((False, True) if dtype != torch.float32 else (False,)):
+        first = run(rows, x, y_fp32=y_fp32, vec=4, order=0)
+        check(first, expected, torch.float32 if y_fp32 else dtype)
+        for order in (1, 3, 17):
+            assert torch.equal(run(rows, x, y_fp32=y_fp32, vec=4, order=order), first), (y_fp32, order)
+        scalar = run(rows, x, y_fp32=y_fp32, vec=4, load=1, order=2)
+        check(scalar, expected, torch.float32 if y_fp32 else dtype)
 
 
 def test_without_d_and_bias_and_softplus(rows):

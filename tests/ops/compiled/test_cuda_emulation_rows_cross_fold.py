@@ -106,22 +106,42 @@ def test_warp_and_lane_order_do_not_change_a_bit(rows, dtype, side, rank):
         assert torch.equal(run(rows, x, order=order), first)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_unit_projection_is_bit_equal_to_the_unfolded_kernel(rows, dtype):
+# Widths 4 divides (the model's 56 / 28, few lanes, odd multiples of 4, 31 lanes) at V = 4: the plan of
+# fp16 / bf16 there (fp32 run at 4 too), y in the input type and fp32, ranks 1 (odd plane only), 4 (the
+# two-plane loop only) and 7 (both).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("width,rank", [(56, 6), (28, 7), (8, 1), (12, 4), (20, 7), (60, 1), (124, 4)])
+def test_four_columns_a_lane(rows, dtype, width, rank):
+    x = cross_fold_inputs(2, 3, 3 if width > 28 else 5, width, rank, dtype, seed=width + rank)
+    expected = reference(x)
+    if dtype != torch.float32:
+        assert cross_plan(2, 2, width).vec == 4
+    for y_fp32 in ((False, True) if dtype != torch.float32 else (False,)):
+        first = run(rows, x, y_fp32=y_fp32, vec=4, order=0)
+        check(first, expected, torch.float32 if y_fp32 else dtype)
+        for order in (1, 3, 17):
+            assert torch.equal(run(rows, x, y_fp32=y_fp32, vec=4, order=order), first), (y_fp32, order)
+        check(run(rows, x, y_fp32=y_fp32, vec=4, load=1, order=2), expected, torch.float32 if y_fp32 else dtype)
+
+
+@pytest.mark.parametrize("dtype,side", [(torch.float32, 14), (torch.bfloat16, 14), (torch.bfloat16, 28)])
+def test_unit_projection_is_bit_equal_to_the_unfolded_kernel(rows, dtype, side):
     # A property, not a comparison with the code's own output: with weights (1, 0, ..) each channel's
     # step sizes are exactly plane 0 of its route (fp32 FMAs: 1 * x + 0 = x, 0 * y adds +0), so the
     # folded kernel must give the unfolded kernel's y bit for bit on that plane broadcast to every
     # channel.
-    x = cross_fold_inputs(2, 3, 14, 14, 3, dtype, seed=4)
+    # (bf16 at 28: V = 4.)
+    x = cross_fold_inputs(2, 3, side, side, 3, dtype, seed=4)
     weight = torch.zeros(4, 3, 3)
     weight[..., 0] = 1.0
     folded = run(rows, x, weight=weight)
     full = x["delta"][:, :, :1].expand(-1, -1, 3, -1, -1).contiguous()
-    plan = cross_plan(x["u"].element_size(), x["u"].element_size(), 14)
+    plan = cross_plan(x["u"].element_size(), x["u"].element_size(), side)
+    cells = side * side
     y = rows.rows_cross_forward(
-        x["u"].reshape(2, 3, 196), full.reshape(2, 12, 196), x["A"], x["B"].reshape(2, 4, 1, 196),
-        x["C"].reshape(2, 4, 1, 196), x["D"], x["delta_bias"], True, 14, 14, False, 2, plan.vec, plan.load)
-    assert torch.equal(folded, y.reshape(2, 3, 14, 14))
+        x["u"].reshape(2, 3, cells), full.reshape(2, 12, cells), x["A"], x["B"].reshape(2, 4, 1, cells),
+        x["C"].reshape(2, 4, 1, cells), x["D"], x["delta_bias"], True, side, side, False, 2, plan.vec, plan.load)
+    assert torch.equal(folded, y.reshape(2, 3, side, side))
 
 
 def test_bad_weight_or_delta_is_named(rows):

@@ -38,14 +38,40 @@ def test_other_routes_fit_the_registers(route):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_four_route_kernel_holds_its_budgets(dtype):
     rows = report.run_cross(NVCC, DISASSEMBLER, ["sm_90"], [dtype], list(report.WIDTHS))
-    assert [r.vec for r in rows] == [report.cross_vec(w) for w in report.WIDTHS] == [2, 2, 2, 1][:len(rows)]
+    vecs = [2, 2, 2, 1] if dtype == "fp32" else [4, 4, 2, 1]  # rows_plan.cross_plan
+    assert [r.vec for r in rows] == [report.cross_vec(dtype, w) for w in report.WIDTHS] == vecs[:len(rows)]
     assert all(r.per_cell_channel is not None and r.loop_instructions > 50 for r in rows)
     assert report.cross_budget_failures(rows) == []
 
 
+@pytest.mark.slow
+@needs_nvcc
+def test_four_route_pair_holds_the_plans_figures():
+    # V = 2 and V = 4 at 56 / 28 in bf16 and fp32 on sm_90: within their launch bounds, no spills, and
+    # the figures rows_plan's estimate reads (CROSS_VEC_FIGURES) are the compiled ones.
+    rows = report.run_cross_pair(NVCC, DISASSEMBLER, ["bf16", "fp32"])
+    assert [(r.dtype, r.width, r.vec) for r in rows] == [(d, w, v) for d in ("bf16", "fp32") for w in (56, 28)
+                                                         for v in (2, 4)]
+    assert report.cross_pair_failures(rows) == []
+    # four columns need more than the default 64 registers: the plan's cap is what holds them
+    assert all(r.registers > 64 for r in rows if r.vec == 4)
+
+
+def test_pair_checks_catch_what_they_hold():
+    row = report.Row("sm_90", "bf16", 56, 4, 1, 2, registers=80, spill_bytes=0, stack_bytes=0, barriers=0,
+                     loop_instructions=300.0, per_cell_channel=165.7, resident_warps=24, in_flight_kib=15.8)
+    assert report.cross_pair_failures([row]) == []
+    assert report.cross_pair_failures([report.Row(**{**row.__dict__, "per_cell_channel": 180.0})]) == [
+        "four-route sm_90 bf16 W=56 V=4: rows_plan.CROSS_VEC_FIGURES has (165.7, 80), compiled (180.0, 80)"]
+    assert report.cross_pair_failures([report.Row(**{**row.__dict__, "registers": 88})])[0] == (
+        "four-route sm_90 bf16 W=56 V=4: 88 registers > 80")
+    table = report.format_pair_table([row])
+    assert table.splitlines()[-1] == "| bf16 | 56 | 4 | 6 | 80 | 0 / 0 | 165.7 | 24 | 87% | 68% | 4 |"
+
+
 def test_cross_budgets_catch_spills_and_registers():
     spilling = report.Row("sm_90", "bf16", 28, 1, 1, 1, registers=64, spill_bytes=8, stack_bytes=8, barriers=0,
-                          loop_instructions=160.0, per_cell_channel=200.0, resident_warps=32, in_flight_kib=12.0)
+                          loop_instructions=160.0, per_cell_channel=160.0, resident_warps=32, in_flight_kib=12.0)
     clean = report.Row("sm_90", "fp32", 56, 2, 1, 1, registers=64, spill_bytes=0, stack_bytes=0, barriers=0,
                        loop_instructions=170.0, per_cell_channel=190.0, resident_warps=32, in_flight_kib=24.0)
     assert report.cross_budget_failures([spilling, clean]) == ["four-route sm_90 bf16 W=28: 8 bytes of spills, "
@@ -56,6 +82,13 @@ def test_cross_budgets_catch_spills_and_registers():
     assert report.cross_budget_failures([wide]) == []
     assert report.cross_budget_failures([report.Row(**{**wide.__dict__, "dtype": "bf16"})]) == [
         "four-route sm_75 bf16 W=28: 72 registers > 64"]
+    # 4 columns a lane: the plan's blocks per SM give the cap (6 -> 80 fp16 / bf16 on every arch, 5 -> 96 fp32)
+    four = report.Row("sm_75", "fp16", 28, 4, 1, 4, registers=80, spill_bytes=0, stack_bytes=0, barriers=0,
+                      loop_instructions=170.0, per_cell_channel=150.0, resident_warps=24, in_flight_kib=15.0)
+    assert report.cross_budget_failures([four]) == []
+    assert report.cross_budget_failures([report.Row(**{**four.__dict__, "registers": 81})]) == [
+        "four-route sm_75 fp16 W=28: 81 registers > 80"]
+    assert report.cross_budget_failures([report.Row(**{**four.__dict__, "dtype": "fp32", "registers": 96})]) == []
 
 
 def test_cross_budgets_hold_the_sm90_ratchet():
@@ -106,7 +139,8 @@ def _nvrtc_headers() -> Path | None:
 
 @pytest.mark.parametrize("dtype,width,route", [("bf16", 56, 0), ("fp32", 7, 11), ("fp16", 14, 6), ("bf16", 56, -1)])
 def test_entry_compiles_with_nvrtc(dtype, width, route):
-    # route -1: the four-route entry (VMAMBA2D_RS_CROSS=1) at cross_vec's lane width.
+    # route -1: the four-route entry (VMAMBA2D_RS_CROSS=1) at its plan's lane width and blocks per SM
+    # (bf16 at 56: V = 4, 6 blocks).
     # The launcher's path: NVRTC (no nvcc), the plan's macros, the CUDA headers torch's wheels bring.
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
     headers = _nvrtc_headers()
@@ -116,9 +150,9 @@ def test_entry_compiles_with_nvrtc(dtype, width, route):
     defines["VMAMBA2D_RS_ROUTE"] = max(route, 0) & ~2
     entry = "vmamba2d_rows_forward"
     if route < 0:
-        vec = report.cross_vec(width)
-        defines.update(VMAMBA2D_RS_CROSS=1, VMAMBA2D_RS_VEC=vec, VMAMBA2D_RS_LOAD=vec,
-                       VMAMBA2D_RS_STEPS=report.rows_plan_module.scan_steps(width // vec))
+        cross = report.cross_plan_for(dtype, width)
+        defines.update(VMAMBA2D_RS_CROSS=1, VMAMBA2D_RS_VEC=cross.vec, VMAMBA2D_RS_LOAD=cross.vec,
+                       VMAMBA2D_RS_STEPS=cross.scan_steps, **cross.min_blocks_define())
         entry = "vmamba2d_rows_cross_forward"
     source = report.ENTRY.read_bytes()
     err, prog = nvrtc.nvrtcCreateProgram(source, report.ENTRY.name.encode(), 0, [], [])

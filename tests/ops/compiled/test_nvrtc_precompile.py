@@ -3,6 +3,7 @@ without a GPU, within the ptxas budgets of dev/gpu/ptxas_report.py (the nvcc bui
 static shared memory within the kernel's budget, no spill and no stack frame on any arch."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -89,9 +90,14 @@ V4_PREFIXES = ("rows_forward.", "rows_cross_forward.", "planes_forward.")
 
 
 def v4_register_cap(name: str, arch: int) -> int:
-    """Registers the v4 entry's launch bounds allow: 128 threads x 8 blocks per SM (64), but 7 blocks
-    (72) for the fp16 four-route kernel on sm_75 (csrc/cuda/entries/scan2d_rows_entry.cu)."""
-    blocks = 7 if name.startswith("rows_cross_forward.fp16.") and arch == 75 else 8
+    """Registers the v4 entry's launch bounds allow: 128 threads x 8 blocks per SM (64), the blocks a
+    four-route plan names ("b6": 6 blocks, 80 registers; rows_plan.CrossPlan.min_blocks), else 7
+    blocks (72) for the fp16 four-route kernel on sm_75 (csrc/cuda/entries/scan2d_rows_entry.cu)."""
+    named = re.search(r"b(\d+)f?$", name) if name.startswith("rows_cross_forward.") else None
+    if named:
+        blocks = int(named.group(1))
+    else:
+        blocks = 7 if name.startswith("rows_cross_forward.fp16.") and arch == 75 else 8
     return 65536 // (128 * blocks) // 8 * 8
 
 
@@ -99,6 +105,8 @@ def test_v4_register_caps_follow_the_launch_bounds():
     assert v4_register_cap("rows_forward.fp16.r0v8l8p1s3", 75) == 64
     assert v4_register_cap("rows_cross_forward.fp16.v2l2s4", 75) == 72
     assert v4_register_cap("rows_cross_forward.fp16.v2l2s4", 80) == 64
+    assert v4_register_cap("rows_cross_forward.fp16.v4l4s4b6", 75) == 80
+    assert v4_register_cap("rows_cross_forward.bf16.v4l4s3b6f", 90) == 80
 
 
 @pytest.mark.slow

@@ -194,17 +194,19 @@ def test_four_route_compiled_steps(rows, dtype, width, y_fp32, folded):
 
 
 # The scalar-access instances a launch takes for 2-byte inputs whose addresses hold no 2-column
-# vector (rows_plan.alignment below 4 bytes: a tensor sliced one element in), at a width with no
-# compiled-in steps.
+# vector (rows_plan.alignment below 4 bytes: a tensor sliced one element in), at widths with no
+# compiled-in steps: 10 (V = 2) and 12 (V = 4).
 @pytest.mark.parametrize("folded", [False, True], ids=["full-rank", "folded"])
 @pytest.mark.parametrize("dtype,y_fp32", Y_TYPES[1:], ids=lambda v: str(v))
-def test_four_route_scalar_access_instances(rows, dtype, y_fp32, folded):
-    x = cross_inputs(3, 5, 10, dtype, seed=7, rank=3 if folded else None)
+@pytest.mark.parametrize("width,vec", [(10, 2), (12, 4)])
+def test_four_route_scalar_access_instances(rows, dtype, y_fp32, folded, width, vec):
+    x = cross_inputs(3, 5, width, dtype, seed=7, rank=3 if folded else None)
     d = {k: None if v is None else v.double() for k, v in x.items()}
     expected = cross_selective_scan_2d_reference(d["u"], d["delta"], d["A"], d["B"], d["C"], d["D"],
                                                  d["delta_bias"], True, routes="cross",
                                                  delta_proj_weight=d["delta_proj_weight"])
-    assert cross_plan(dtype.itemsize, 4 if y_fp32 else dtype.itemsize, 10, 2).load == 1
+    plan = cross_plan(dtype.itemsize, 4 if y_fp32 else dtype.itemsize, width, 2)
+    assert (plan.vec, plan.load) == (vec, 1)
     y, _ = cross_run(rows, x, order=1, y_fp32=y_fp32, aligned=2)
     assert rows.rows_last_steps() == -1
     assert relative_error(y, expected) <= CROSS_TOLERANCE[torch.float32 if y_fp32 else dtype]
@@ -215,6 +217,14 @@ def test_four_route_too_few_compiled_steps_trap(rows):
     x = cross_inputs(1, 2, 56, torch.float32, seed=2)
     with pytest.raises(RuntimeError, match="compiled for 4 scan steps launched with 28 lanes"):
         cross_run(rows, x, order=0, steps=4)
+
+
+def test_four_route_four_columns_too_few_compiled_steps_trap(rows):
+    # 56 bf16 columns at V = 4: 14 lanes need 4 steps; the 3-step instance (28 wide) fails.
+    x = cross_inputs(1, 2, 56, torch.bfloat16, seed=2)
+    assert cross_plan(2, 2, 56).vec == 4
+    with pytest.raises(RuntimeError, match="compiled for 3 scan steps launched with 14 lanes"):
+        cross_run(rows, x, order=0, steps=3)
 
 
 def test_four_route_step_count_without_an_instance_is_refused(rows):

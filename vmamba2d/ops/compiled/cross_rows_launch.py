@@ -5,7 +5,8 @@ for one call of the CUDA four-route op.
 The choice is vmamba2d.ops.plan's rule for the call's routes among the designs this path launches
 (``BUILT``: RS and v3; the four-route op has no PL), after the entry's preconditions: the cross
 routes (codes 0, 4, 3, 7) in that order, N = 1, A, D, delta_bias contiguous fp32, delta, B, C
-contiguous in the op's layout and a plan (rows_plan.cross_plan: 2 or 1 columns a lane dividing W).
+contiguous in the op's layout and a plan (rows_plan.cross_plan: 4 (fp16 / bf16), 2 or 1 columns a lane
+dividing W; the entry compiled for the plan's blocks per SM).
 The op's forward saves nothing for a backward (its backward recomputes from the inputs), so the
 call never needs a gradient here. ``VMAMBA2D_SCAN_PLAN=v3`` pins v3 as for the single-route op.
 The kernel sums the routes on chip and writes y in the type the caller asks for (fp32, or the
@@ -115,7 +116,8 @@ def cross_forward_design(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, 
     aligned = rows_plan.alignment(delta, B, C, *([u] if u.is_contiguous() else []))
     plan = rows_plan.cross_plan(u.element_size(), y_bytes, width, aligned)
     if plan is None:
-        return "v3", None, (f"{design.reason}, but no lane width of 2 or 1 columns divides W = {width} within 32 "
+        widths = "4, 2 or 1" if rows_plan.cross_max_vec(u.element_size()) == 4 else "2 or 1"
+        return "v3", None, (f"{design.reason}, but no lane width of {widths} columns divides W = {width} within 32 "
                             f"lanes{projected}")
     if rank is None:
         return "rs", plan, design.reason
@@ -139,7 +141,7 @@ def folds(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor
 
 def plan_spec(plan: rows_plan.CrossPlan, dtype: torch.dtype) -> KernelSpec:
     """The NVRTC table entry of a four-route plan and input type."""
-    return rows_cross_kernel(_DTYPE_NAMES[dtype], plan.vec, plan.load, plan.scan_steps, plan.fold)
+    return rows_cross_kernel(_DTYPE_NAMES[dtype], plan.vec, plan.load, plan.scan_steps, plan.fold, plan.min_blocks)
 
 
 def cross_params(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from vmamba2d.ops import plan as scan_plan
-from vmamba2d.ops.compiled.rows_plan import (CROSS_ROUTE_CODES, MODEL_FOLD_RANKS, cross_plan, fold_rule, rows_plan,
-                                             tuning_candidates)
+from vmamba2d.ops.compiled.rows_plan import (CROSS_ROUTE_CODES, MODEL_FOLD_RANKS, ROWS_MIN_BLOCKS, cross_plan,
+                                             fold_rule, rows_plan, tuning_candidates)
 
 ELEMENT_TYPES = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 # csrc/cuda/scan2d_common.h `enum class Variant`, in its order.
@@ -77,14 +77,21 @@ def rows_kernel(dtype: str, vec: int, load: int, prefetch: int, steps: int, rout
 ROWS_CROSS_SYMBOL = "vmamba2d_rows_cross_forward"
 
 
-def rows_cross_kernel(dtype: str, vec: int, load: int, steps: int, fold: bool = False) -> KernelSpec:
+def rows_cross_kernel(dtype: str, vec: int, load: int, steps: int, fold: bool = False,
+                      min_blocks: int = ROWS_MIN_BLOCKS) -> KernelSpec:
     """The v4 four-route forward (CrossRowsForward: VMamba's cross routes in one launch) compiled for
-    one plan: dtype "fp32" / "fp16" / "bf16", the cross RowsPlan's vec / load / scan_steps (the RS entry
-    file with VMAMBA2D_RS_CROSS=1; its route and prefetch macros are not read); ``fold``: the instance
-    that projects the low-rank step sizes itself (VMAMBA2D_RS_FOLD=1, name suffix "f")."""
+    one plan: dtype "fp32" / "fp16" / "bf16", the CrossPlan's vec / load / scan_steps / min_blocks (the
+    RS entry file with VMAMBA2D_RS_CROSS=1; its route and prefetch macros are not read); ``fold``: the
+    instance that projects the low-rank step sizes itself (VMAMBA2D_RS_FOLD=1, name suffix "f");
+    ``min_blocks``: the blocks per SM its launch bounds are compiled for (VMAMBA2D_RS_MIN_BLOCKS and
+    name suffix "b<n>" where it is not the entry's default ROWS_MIN_BLOCKS)."""
     defines = (("VMAMBA2D_RS_CROSS", 1), ("VMAMBA2D_RS_DTYPE", ROWS_DTYPE_CODES[dtype]), ("VMAMBA2D_RS_VEC", vec),
                ("VMAMBA2D_RS_LOAD", load), ("VMAMBA2D_RS_STEPS", steps)) + ((("VMAMBA2D_RS_FOLD", 1),) if fold else ())
-    return KernelSpec(name=f"rows_cross_forward.{dtype}.v{vec}l{load}s{steps}{'f' if fold else ''}",
+    blocks = ""
+    if min_blocks != ROWS_MIN_BLOCKS:
+        defines += (("VMAMBA2D_RS_MIN_BLOCKS", min_blocks),)
+        blocks = f"b{min_blocks}"
+    return KernelSpec(name=f"rows_cross_forward.{dtype}.v{vec}l{load}s{steps}{blocks}{'f' if fold else ''}",
                       source=ROWS_SOURCE, symbol=ROWS_CROSS_SYMBOL, name_expression=False,
                       defines=tuple((name, str(value)) for name, value in defines))
 
@@ -153,9 +160,10 @@ def model_cross_kernels() -> list[KernelSpec]:
         for side, design in _model_designs(dtype, CROSS_ROUTE_CODES):
             plan = cross_plan(_ELEMENT_BYTES[dtype], _ELEMENT_BYTES[dtype], side, _MODEL_ALIGNMENT)
             if design == "rs" and plan is not None:
-                specs.append(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps))
+                specs.append(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps, min_blocks=plan.min_blocks))
                 if any(fold_rule(dtype, side, rank, side * side)[0] for rank in MODEL_FOLD_RANKS[side]):
-                    specs.append(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps, fold=True))
+                    specs.append(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps, fold=True,
+                                                   min_blocks=plan.min_blocks))
     return list({spec.name: spec for spec in specs}.values())
 
 

@@ -138,34 +138,155 @@ def rows_plan(elem_bytes: int, y_bytes: int, width: int, route: int, aligned_byt
 
 @dataclass(frozen=True)
 class CrossPlan(RowsPlan):
-    """A plan of the four-route kernel: a RowsPlan and ``fold``, whether the instance projects the
-    low-rank step sizes itself (CrossRowsForward's kFold; fold_rule)."""
+    """A plan of the four-route kernel: a RowsPlan, ``fold``, whether the instance projects the
+    low-rank step sizes itself (CrossRowsForward's kFold; fold_rule), and ``min_blocks``, the blocks
+    of ROWS_THREADS threads per SM the entry is compiled for (its launch bounds,
+    VMAMBA2D_RS_MIN_BLOCKS): registers a thread at most :attr:`registers`."""
 
     fold: bool = False
+    min_blocks: int = 8
+
+    @property
+    def registers(self) -> int:
+        """The register cap the launch bounds give the entry (register_cap(min_blocks))."""
+        return register_cap(self.min_blocks)
+
+    @property
+    def resident_warps(self) -> int:
+        """Warps per SM at that cap (blocks of ROWS_THREADS threads, no shared memory; sm_80 / sm_90:
+        64K registers, 64 warps): what the launch can keep resident, by the plan's register figure."""
+        return resident_warps(self.registers)
+
+    def min_blocks_define(self) -> dict[str, int]:
+        """VMAMBA2D_RS_MIN_BLOCKS where it is not the entry's default (ROWS_MIN_BLOCKS, whose sm_75
+        fp16 exception the entry keeps: scan2d_rows_entry.cu), else nothing."""
+        return {} if self.min_blocks == ROWS_MIN_BLOCKS else {"VMAMBA2D_RS_MIN_BLOCKS": self.min_blocks}
 
 
 CROSS_ROUTE_CODES = (0, 4, 3, 7)  # vmamba2d.ops.CROSS_ROUTES' codes: the four-route kernel's routes, in order
-CROSS_MAX_VEC = 2  # two routes' state per column: 4 columns a lane spill at 64 registers
+ROWS_MIN_BLOCKS = 8  # the RS entries' default blocks per SM (kRowsMinBlocks): 64 registers
+SM_REGISTERS = 65536
+SM_WARPS = 64
+# Blocks per SM of the four-route entry at 4 columns a lane, by element size: two routes' state per
+# column does not fit 64 registers (it spills 168 / 588 B bf16 / fp32 on sm_90), and fits these caps
+# without spills on sm_90 / sm_80 / sm_75 (nvcc 13.0, dev/gpu/v4_static_report.py): 6 blocks -> 80
+# registers for 2-byte types; fp32 needs 5 -> 96 (at 6 it spills 24 B at W = 56).
+CROSS_WIDE_MIN_BLOCKS = {2: 6, 4: 5}
+
+
+def register_cap(min_blocks: int) -> int:
+    """Registers per thread ptxas allows under __launch_bounds__(ROWS_THREADS, min_blocks): the SM's
+    register file over min_blocks blocks, in the allocation unit of 8 (64 for 8 blocks, 72 for 7,
+    80 for 6, 96 for 5), at most 255."""
+    return min(SM_REGISTERS // (ROWS_THREADS * min_blocks) // 8 * 8, 255)
+
+
+def resident_warps(registers: int) -> int:
+    """Warps per SM of ROWS_THREADS-thread blocks without shared memory at ``registers`` per thread
+    (allocated 256 a warp; 64K registers, at most 64 warps: sm_80 / sm_90)."""
+    per_warp = -(-max(registers, 1) * WARP_LANES // 256) * 256
+    return min(SM_REGISTERS // per_warp // (ROWS_THREADS // WARP_LANES) * (ROWS_THREADS // WARP_LANES), SM_WARPS)
+
+
+def cross_max_vec(elem_bytes: int) -> int:
+    """The most columns a lane the four-route kernel takes for inputs of ``elem_bytes`` (cross_plan):
+    4 for 2-byte types, 2 for fp32."""
+    return 4 if elem_bytes == 2 else 2
+
+
+def cross_max_width(elem_bytes: int) -> int:
+    """The widest map the four-route kernel takes: 32 lanes of cross_max_vec columns (128 fp16 / bf16,
+    64 fp32)."""
+    return WARP_LANES * cross_max_vec(elem_bytes)
 
 
 def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 16) -> Optional[CrossPlan]:
     """The plan of the four-route RS kernel (CrossRowsForward, VMamba's cross routes in one launch),
     or None where it does not apply.
 
-    V: the widest of 2, 1 that divides W with W / V <= 32 lanes (the kernel needs V | W: no ragged
-    lane; it holds two routes' state per column, and 4 columns spill in 64 registers:
-    benchmarks/scan_cuda_v4_static.md); None for odd W > 32 and W > 64. Vector accesses where
-    ``aligned_bytes`` (alignment of u, delta, B, C and y) holds a vector of the inputs and of y (y is
-    read back by the second sweep), else scalar ones. ``prefetch`` is not read by this kernel (1);
-    ``fold`` is False (the design sets it: cross_rows_launch.cross_forward_design).
+    V: the widest of cross_max_vec(elem_bytes) (4 fp16 / bf16, 2 fp32), 2, 1 that divides W with
+    W / V <= 32 lanes (the kernel needs V | W: no ragged lane); None where none does (odd W > 32, and
+    W > 64 fp32 / 128 fp16, bf16). The entry is compiled for ROWS_MIN_BLOCKS blocks per SM (64
+    registers) at V <= 2 and CROSS_WIDE_MIN_BLOCKS at V = 4 (80 registers 2-byte, 96 fp32).
+
+    Why 4 columns for 2-byte inputs and 2 for fp32 (an estimate from compiler figures, not a GPU
+    measurement; cross_estimate, CROSS_VEC_FIGURES): the kernel reaches at most the smaller of
+
+    * the issue ceiling ``issue / (bandwidth * SASS)`` x bytes, the share of copy bandwidth its
+      instructions allow: per cell·channel of the op it moves u twice, four routes' delta and y
+      written twice and read once (6 e + 3 e_y bytes: 18 B bf16, 36 B fp32) and issues SASS
+      instructions, at FOLD_ISSUE_RATE = 33.4 T lane instructions/s against FOLD_BANDWIDTH = 4.2 TB/s
+      (8.0 instructions a byte); and
+    * the in-flight ceiling: the bytes the resident warps have outstanding -- one row of u and both
+      routes' delta a warp, warps x 3 x M x W x e -- over the ~23.9 KB Little's law asks of an SM
+      (LITTLE_BYTES: 4.2 TB/s x 0.75 us / 132 SMs).
+
+    sm_90 at W = 56 (28 similar): bf16 V = 2: 221.4 SASS -> 18 x 8.0 / 221.4 = 65% issue, 32 warps x
+    3 x 56 x 2 B = 10.5 KiB -> 45% in flight: 45%; V = 4: 165.7 SASS -> 87%, 24 warps x 3 x 112 x 2 B
+    = 15.8 KiB -> 68%: 68%. fp32 V = 2: 193.7 -> 148% issue (capped at 100), 32 x 3 x 56 x 4 B =
+    21 KiB -> 90%; V = 4: 136.6 -> 100%, 20 warps x 3 x 112 x 4 B = 26 KiB -> 100%: an estimated gain
+    of ~10% that rests on the in-flight figure alone (a row of loads a warp, the latency a guess),
+    at 96 registers and 20 warps -- below the margin (CROSS_WIDE_MARGIN) this rule asks before it
+    trades occupancy, so fp32 keeps 2 columns (bf16 / fp16 gain ~50%). A GPU run of both (dev/gpu/
+    bench_v4.py times the bf16 pair) decides.
+
+    Vector accesses where ``aligned_bytes`` (alignment of u, delta, B, C and y) holds a vector of the
+    inputs and of y (y is read back by the second sweep), else scalar ones. ``prefetch`` is not read
+    by this kernel (1); ``fold`` is False (the design sets it: cross_rows_launch.cross_forward_design).
     """
     if elem_bytes not in (2, 4) or y_bytes not in (2, 4):
         raise ValueError(f"elem_bytes, y_bytes: expected 2 or 4, got {elem_bytes}, {y_bytes}")
-    vec = next((v for v in range(CROSS_MAX_VEC, 0, -1) if width % v == 0 and width // v <= WARP_LANES), None)
+    vec = next((v for v in (4, 2, 1) if v <= cross_max_vec(elem_bytes) and width % v == 0
+                and width // v <= WARP_LANES), None)
     if vec is None or width < 1:
         return None
     vector = vec > 1 and aligned_bytes % (vec * elem_bytes) == 0 and aligned_bytes % (vec * y_bytes) == 0
-    return CrossPlan(**layout(width, vec, vec if vector else 1).__dict__)
+    blocks = CROSS_WIDE_MIN_BLOCKS[elem_bytes] if vec == 4 else ROWS_MIN_BLOCKS
+    return CrossPlan(**layout(width, vec, vec if vector else 1).__dict__, min_blocks=blocks)
+
+
+# The estimate behind cross_plan's choice of V: sm_90 figures of the four-route kernel (nvcc 13.0,
+# dev/gpu/v4_static_report.py's pinned-V table in benchmarks/scan_cuda_v4_static.md, which CI holds
+# them to; compiler figures, no GPU ran) per (input type, W, V): (SASS per cell·channel of the op,
+# registers).
+CROSS_VEC_FIGURES = {
+    ("fp32", 56, 2): (193.7, 64), ("fp32", 56, 4): (136.6, 96),
+    ("fp32", 28, 2): (175.4, 64), ("fp32", 28, 4): (132.0, 96),
+    ("bf16", 56, 2): (221.4, 63), ("bf16", 56, 4): (165.7, 80),
+    ("bf16", 28, 2): (204.3, 64), ("bf16", 28, 4): (161.1, 80),
+    ("fp16", 56, 2): (214.3, 63), ("fp16", 56, 4): (157.0, 80),
+    ("fp16", 28, 2): (198.3, 64), ("fp16", 28, 4): (152.4, 80),
+}
+LITTLE_BYTES = 4.2e12 * 0.75e-6 / 132  # bytes in flight an H200 SM needs at the copy bandwidth (issue 39)
+CROSS_WIDE_MARGIN = 1.2  # the estimated gain 4 columns must show to take them (fewer warps, an estimate)
+
+
+def cross_estimate(dtype: str, width: int, vec: int) -> tuple[float, float]:
+    """(issue ceiling, in-flight ceiling) of the four-route kernel at ``vec`` columns a lane, as
+    shares of copy bandwidth (each at most 1; cross_plan's docstring): from CROSS_VEC_FIGURES'
+    SASS and registers for (dtype "fp32" / "fp16" / "bf16", width, vec)."""
+    if (dtype, width, vec) not in CROSS_VEC_FIGURES:
+        raise ValueError(f"dtype, width, vec: no figures for {(dtype, width, vec)}; have {sorted(CROSS_VEC_FIGURES)}")
+    sass, registers = CROSS_VEC_FIGURES[(dtype, width, vec)]
+    e = 4 if dtype == "fp32" else 2
+    issue = FOLD_ISSUE_RATE / FOLD_BANDWIDTH * (6 * e + 3 * e) / sass
+    seg = width // vec
+    in_flight = resident_warps(registers) * 3 * (WARP_LANES // seg) * width * e / LITTLE_BYTES
+    return min(issue, 1.0), min(in_flight, 1.0)
+
+
+def cross_wide_pays(dtype: str, width: int) -> bool:
+    """Whether the estimate (cross_estimate) takes 4 columns a lane over 2 at ``width``: the smaller
+    ceiling at V = 4 beats V = 2's by CROSS_WIDE_MARGIN."""
+    return min(cross_estimate(dtype, width, 4)) >= CROSS_WIDE_MARGIN * min(cross_estimate(dtype, width, 2))
+
+
+def describe_cross() -> str:
+    """The four-route kernel's lane rule, for backend_info()["scan_plan"]."""
+    return ("columns a lane V: fp16 / bf16 4 where 4 divides W (W <= 128; entry compiled for "
+            f"{CROSS_WIDE_MIN_BLOCKS[2]} blocks / SM, {register_cap(CROSS_WIDE_MIN_BLOCKS[2])} registers), else 2, "
+            f"1; fp32 2, 1 (W <= 64; {register_cap(ROWS_MIN_BLOCKS)} registers): the widest dividing W within 32 "
+            "lanes (rows_plan.cross_plan; an estimate from compiler figures, no GPU measured it)")
 
 
 # The rule that decides whether the four-route kernel folds the step-size projection (CrossRowsForward's
@@ -173,16 +294,16 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
 # whose full-rank output the unfolded kernel reads; docs/kernels.md, "Folded step sizes".
 #
 # Static SASS per cell·channel of the four-route op on sm_90 (nvcc 13.0, dev/gpu/v4_static_report.py,
-# benchmarks/scan_cuda_v4_static.md; compiler figures, no GPU ran) per (input type, W):
-# (unfolded, folded at R = 1, folded per two more ranks). The folded kernel at rank R takes
+# benchmarks/scan_cuda_v4_static.md; compiler figures, no GPU ran) per (input type, W), at the V of
+# cross_plan (4 for fp16 / bf16 at 56 and 28): (unfolded, folded at R = 1, folded per two more ranks). The folded kernel at rank R takes
 # at_one + per_two * (R // 2): its longest path counts the odd plane's block at every R (an upper
 # bound by about half of per_two for even R).
 CROSS_FOLD_SASS = {
     ("fp32", 56): (193.7, 235.4, 42.3), ("fp32", 28): (175.4, 226.3, 42.3), ("fp32", 14): (166.3, 217.1, 42.3),
     ("fp32", 7): (243.4, 326.9, 70.8),
-    ("bf16", 56): (221.4, 263.4, 55.5), ("bf16", 28): (204.3, 255.1, 55.5), ("bf16", 14): (195.1, 245.4, 55.5),
+    ("bf16", 56): (165.7, 199.1, 36.5), ("bf16", 28): (161.1, 194.6, 36.4), ("bf16", 14): (195.1, 245.4, 55.5),
     ("bf16", 7): (269.1, 338.9, 77.7),
-    ("fp16", 56): (214.3, 259.4, 50.6), ("fp16", 28): (198.3, 250.0, 50.6), ("fp16", 14): (189.4, 241.1, 50.3),
+    ("fp16", 56): (157.0, 193.9, 35.4), ("fp16", 28): (152.4, 189.3, 35.4), ("fp16", 14): (189.4, 241.1, 50.3),
     ("fp16", 7): (269.1, 353.1, 77.8),
 }
 # The step-size ranks of the models' SS2D layers per map side: R = ceil(C / 16) of the stage width C
