@@ -9,6 +9,8 @@ N = 1) in fp32 and bf16, through the NVRTC path (median ms of CUDA-event-timed c
 - the single-route forward by the design the rule picks (PL at 7 x 7, RS elsewhere), RS also at
   7 x 7 (launched with its plan directly), and v3 (VMAMBA2D_SCAN_PLAN=v3);
 - the four-route op (VMamba's cross routes) by the four-route RS kernel and by v3's per-route kernels;
+  where the rule takes 4 columns a lane (fp16 / bf16) at a side in PAIR_SIDES, also the kernel at 2
+  columns (its plan pinned, compiled for 8 blocks per SM): the trade rows_plan.cross_plan estimates;
 - the four-route op with the model's step-size projection (rank 6 at 56 x 56, as vmamba2d_tiny's first
   stage): projected first (project_delta, then the kernel: what the fold rule picks) against the
   folding kernel launched with its plan directly -- the measurement the rule's estimate waits for;
@@ -37,6 +39,9 @@ SHAPES = ((192, 56), (384, 28), (768, 14), (1536, 7))  # (Di, H = W) of vmamba2d
 CASES = (("single", 1536, 7), ("cross", 192, 56), ("fold", 192, 56), ("single", 192, 56), ("cross", 1536, 7),
          ("single", 384, 28), ("cross", 384, 28), ("single", 768, 14), ("cross", 768, 14))
 FOLD_RANK = 6  # vmamba2d_tiny's dt_rank: ceil(96 / 16)
+# Sides whose four-route row also times V = 2 beside the rule's V = 4 (one more kernel, compiled at
+# first use: the precompiled table holds the rule's instances only).
+PAIR_SIDES = (56,)
 CROSS_CODES = [0, 4, 3, 7]
 BATCH = 128
 MODEL_SHARE = 0.35  # of the time budget kept for the model's two precisions
@@ -158,7 +163,7 @@ def scan_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: int
 
 def cross_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: int) -> dict:
     """The four-route op (cross routes) by the four-route RS kernel and by v3's per-route kernels."""
-    from vmamba2d.ops.compiled import cross_rows_launch
+    from vmamba2d.ops.compiled import cross_rows_launch, rows_plan
 
     a = scan_inputs(dim, side, dtype, routes=len(CROSS_CODES))
     inputs = (a["u"], a["delta"], a["A"], a["B"], a["C"], a["D"], a["delta_bias"])
@@ -168,10 +173,18 @@ def cross_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: in
     bytes_moved = sum(a[k].numel() * a[k].element_size() for k in ("u", "delta", "B", "C", "u"))
     args = (*inputs, True, CROSS_CODES, False)
     calls = {"rs": _pinned("rs", lambda: kernels.cross_forward(*args))} if design == "rs" else {}
+    narrow = None
+    if design == "rs" and plan.vec == 4 and side in PAIR_SIDES:
+        narrow = rows_plan.CrossPlan(**rows_plan.layout(side, 2, 2 if plan.load > 1 else 1).__dict__)
+        calls["rs V=2"] = lambda: cross_rows_launch.launch_cross_forward(kernels.launcher, *inputs, True, False,
+                                                                         narrow)
     calls["v3"] = _pinned("v3", lambda: kernels.cross_forward(*args))
     outputs = _time_designs(calls, bytes_moved, bandwidth, repeats, row)
     if plan is not None:
-        row["rs plan"] = f"V={plan.vec} load={plan.load} S={plan.seg_lanes} M={plan.maps_per_warp}"
+        row["rs plan"] = (f"V={plan.vec} load={plan.load} S={plan.seg_lanes} M={plan.maps_per_warp} "
+                          f"blocks/SM={plan.min_blocks}")
+    if narrow is not None:
+        row["rs V=2 / rs"] = f"{float(row['rs V=2 ms']) / float(row['rs ms']):.2f}"
     _compare(row, outputs)
     return row
 
