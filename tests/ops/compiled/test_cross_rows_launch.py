@@ -68,6 +68,14 @@ def test_plan_rule():
         rows_plan.cross_plan(8, 8, 56)
 
 
+def test_backend_info_names_the_lane_rule():
+    from vmamba2d.ops import backend_info
+
+    lanes = backend_info()["scan_plan"]["cuda_four_route_lanes"]
+    assert lanes.startswith("columns a lane V: fp16 / bf16 4 where 4 divides W (W <= 128; entry compiled for 6 "
+                            "blocks / SM, 80 registers), else 2, 1; fp32 2, 1 (W <= 64; 64 registers)")
+
+
 def test_register_caps_and_resident_warps():
     # ptxas's cap under __launch_bounds__(128, blocks) and the warps an SM keeps at it (64K registers).
     assert [rows_plan.register_cap(b) for b in (8, 7, 6, 5, 4)] == [64, 72, 80, 96, 128]
