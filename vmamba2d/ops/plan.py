@@ -13,8 +13,9 @@ take, in order of preference:
      routes, codes 0, 4, 3, 7, only)                               -> v3
   5. L = H * W <= 64                                               -> PL, RS, v3
   6. W <= the backend's RS width (CUDA: 32 lanes x 16 bytes,
-     i.e. 128 fp32 / 256 fp16 and bf16 columns, 64 for the
-     four-route kernel's 2 columns a lane; Triton: 256)            -> RS, v3
+     i.e. 128 fp32 / 256 fp16 and bf16 columns; the four-route
+     kernel 32 lanes of 4 fp16 / bf16 or 2 fp32 columns, 128 / 64;
+     Triton: 256)                                                  -> RS, v3
   7. otherwise                                                     -> v3
 
 v3 is the tiled kernels (the CUDA v3 scan, Triton's tiled kernels). A backend runs the first
