@@ -334,7 +334,9 @@ def fold_budget(elem_bytes: int) -> float:
     """The SASS per cell·channel folding may add and still pay, by the estimate: the instructions the
     machine issues in the time the projection pass writes its full-rank delta (4 routes x elem_bytes
     per cell·channel at FOLD_BANDWIDTH); the unfolded kernel is instruction-bound, so the delta it
-    reads costs it no time and is not counted."""
+    reads costs it no time and is not counted (by issue; cross_estimate puts the 4-column fp16 / bf16
+    kernel at its in-flight ceiling first, where the delta read would count too: this is the
+    conservative budget until a GPU measures)."""
     return FOLD_ISSUE_RATE / FOLD_BANDWIDTH * FOLD_ROUTES * elem_bytes
 
 
