@@ -361,8 +361,8 @@ SS2D_UNROLL
 // The four-route forward of VMamba's cross scan in one kernel (CrossRowsForward, docs/kernels.md,
 // "four routes"): routes 0 (rows first) and 1 (columns first) of CROSS_ROUTES start top-left and
 // share a top-down sweep; routes 2 and 3 (their reverses) start bottom-right and share a bottom-up
-// sweep that the same warp runs next. Per row of a sweep a lane reads u once and both routes' delta,
-// B (one row ahead) and C (before the row's shuffles); the rows-first route runs the row scan then
+// sweep that the same warp runs next. Per row of a sweep a lane reads u once and both routes' delta
+// (kPrefetch rows ahead), B (one row ahead) and C (before the row's shuffles); the rows-first route runs the row scan then
 // h = Abar * h_above + hh; the columns-first route runs v = Abar * v_above + x then the row scan of
 // v; both row scans share the shuffle phases. The
 // top-down sweep writes y = (C0 h0 + (C1 h1 + (D0 + D1) u)); the bottom-up sweep reads those cells
@@ -379,7 +379,13 @@ SS2D_UNROLL
 // delta[b][k * rank + r] (fp32 FMAs in r order from 0, the low-rank values widened exactly) before
 // + delta_bias and softplus as above: the full-rank delta is never stored. A row's projection is
 // formed one row ahead, where the plain kernel loads the next row's delta, and kept in fp32.
-template <class E, int kV, int kLoad, int kSteps, bool kFold = false>
+// kPrefetch: u and both routes' delta are held P rows ahead in a ring (slot r holds stream rows
+// r, r + P, ...: the row loop is unrolled P times so every slot index is a compile-time register
+// name); B stays one row ahead (one plane shared by the channels of a group: cache hits, not the
+// DRAM bytes the ring is for) and C is loaded before the row's shuffles. P = 1 is the one-row-ahead
+// kernel. The folding instance keeps P = 1 (its ring would hold fp32 projections, 2 V registers a
+// row more, and its rank loop already keeps loads in flight).
+template <class E, int kV, int kLoad, int kSteps, bool kFold = false, int kPrefetch = 1>
 struct CrossRowsForward {
   using Raw = typename E::Raw;
   // A lane's delta of the next row: the loaded elements, or (kFold) their fp32 projections.
@@ -388,6 +394,8 @@ struct CrossRowsForward {
   using Params = typename Pick<kFold, RowsFoldParams, RowsParams>::type;
   static constexpr int kChunks = kV / kLoad;
   static_assert(kLoad == kV || kLoad == 1, "a lane's columns load as one vector or one by one");
+  static_assert(kPrefetch >= 1, "at least the next row is loaded ahead");
+  static_assert(!kFold || kPrefetch == 1, "the folding instance loads one row ahead");
 
   // Per lane: index 0 the sweep's rows-first route, 1 its columns-first route.
   struct Lane {
@@ -396,8 +404,8 @@ struct CrossRowsForward {
     float a2[2];
     float bias[2];
     float skip;       // D of both routes
-    Raw u[kV];
-    DeltaReg d[2][kV];
+    Raw u[kPrefetch][kV];           // ring slot r: stream row r mod P
+    DeltaReg d[kPrefetch][2][kV];
     Raw b[2][kV];
     Raw c[2][kV];
     float above[2][kV];
@@ -580,12 +588,14 @@ SS2D_UNROLL
       // multiplies them by 0 at the next segment's start; 0 * NaN would not vanish).
 SS2D_UNROLL
       for (int k = 0; k < kV; ++k) {
-        l.u[k] = Raw();
 SS2D_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          l.d[r][k] = DeltaReg();
-          l.b[r][k] = l.c[r][k] = Raw();
+        for (int n = 0; n < kPrefetch; ++n) {
+          l.u[n][k] = Raw();
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) l.d[n][r][k] = DeltaReg();
         }
+SS2D_UNROLL
+        for (int r = 0; r < 2; ++r) l.b[r][k] = l.c[r][k] = Raw();
       }
       const long long cell = first_row + col;
       lane_y[q] = ctx.offset(y, at_map * L + cell);
@@ -606,146 +616,183 @@ SS2D_UNROLL
         l.skip += p.D != nullptr ? ctx.read(skip, ch) : 0.f;
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) l.above[r][k] = 0.f;
-        fetch_delta<kRev>(ctx, lane_d[q], proj, lane_w[q] + r * w_next, rank, r * d_next, plane, l.valid, l.d[r]);
+        fetch_delta<kRev>(ctx, lane_d[q], proj, lane_w[q] + r * w_next, rank, r * d_next, plane, l.valid, l.d[0][r]);
         load_row<kRev>(ctx, lane_b[q], r * bc_next, l.valid, l.b[r]);
       }
-      load_row<kRev>(ctx, lane_u[q], 0, l.valid, l.u);
+      load_row<kRev>(ctx, lane_u[q], 0, l.valid, l.u[0]);
+      // The ring's other slots: rows 1 .. P - 1 (those the map has).
+SS2D_UNROLL
+      for (int n = 1; n < kPrefetch; ++n) {
+        if (n < H) {
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            fetch_delta<kRev>(ctx, lane_d[q], proj, lane_w[q] + r * w_next, rank, r * d_next + n * row_step, plane,
+                              l.valid, l.d[n][r]);
+          }
+          load_row<kRev>(ctx, lane_u[q], n * row_step, l.valid, l.u[n]);
+        }
+      }
     });
 
-    for (int i = 0; i < H; ++i) {
-      const bool ahead = i + 1 < H;
-      // Phase 1: discretise both routes, refill delta, B with the next row, the columns-first
-      // route's vertical pass, each route's lane aggregate.
-      ctx.each_lane([&](int lane) {
-        const int q = ctx.slot(lane);
-        Lane& l = lanes[q];
-        float uv[kV], dv[2][kV], bv[2][kV];
-        widen<kRev>(l.u, uv);
+    for (int i0 = 0; i0 < H; i0 += kPrefetch) {
 SS2D_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          widen_delta<kRev>(l.d[r], dv[r]);
-          widen<kRev>(l.b[r], bv[r]);
-        }
-SS2D_UNROLL
-        for (int k = 0; k < kV; ++k) {
-SS2D_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            const float z = dv[r][k] + l.bias[r];
-            const float dt = p.softplus ? softplus(z) : z;
-            l.abar[r][k] = exp2_flush(dt * l.a2[r]);
-            l.x[r][k] = dt * bv[r][k] * uv[k];
-          }
-        }
-        if (ahead) {
-SS2D_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            fetch_delta<kRev>(ctx, lane_d[q], proj, lane_w[q] + r * w_next, rank, r * d_next + row_step, plane,
-                              l.valid, l.d[r]);
-            load_row<kRev>(ctx, lane_b[q], r * bc_next + row_step, l.valid, l.b[r]);
-          }
-        }
-SS2D_UNROLL
-        for (int k = 0; k < kV; ++k) {
-          l.x[1][k] = fmaf(l.abar[1][k], l.above[1][k], l.x[1][k]);
-          l.above[1][k] = l.x[1][k];
-        }
-SS2D_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          float a = l.abar[r][0];
-          float h = l.x[r][0];
-SS2D_UNROLL
-          for (int k = 1; k < kV; ++k) {
-            h = fmaf(l.abar[r][k], h, l.x[r][k]);
-            a *= l.abar[r][k];
-          }
-          // The plain warp scan's segment start (RowsForward): the product 0 at route position 0.
-          sa[r][q] = l.s == 0 ? 0.f : a;
-          sb[r][q] = h;
-        }
-        // C of this row, issued before the shuffle phases that hide it (a row ahead, as for RS, two
-        // routes' C spill fp32 at V = 2).
-SS2D_UNROLL
-        for (int r = 0; r < 2; ++r) load_row<kRev>(ctx, lane_c[q], r * bc_next, l.valid, l.c[r]);
-      });
-
-      // Both routes' segmented scans of the lane aggregates, in route positions.
-SS2D_UNROLL
-      for (int step = 0; step < kScanSteps; ++step) {
-        const int o = 1 << step;
-        if (step >= steps) break;
-        const bool last_step = step + 1 == steps;
-SS2D_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          if (!last_step) shift<kRev>(ctx, ta[r], sa[r], o);
-          shift<kRev>(ctx, tb[r], sb[r], o);
-        }
+      for (int n = 0; n < kPrefetch; ++n) {
+        const int i = i0 + n;
+        if (i >= H) break;
+        const bool ahead = i + 1 < H;
+        const bool refill = i + kPrefetch < H;  // slot n takes row i + P
+        const int ring = refill ? kPrefetch * row_step : 0;  // (kPrefetch > 1) the row slot n is refilled with
+        // Phase 1: discretise both routes, refill delta (row i + P) and B (row i + 1), the
+        // columns-first route's vertical pass, each route's lane aggregate.
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
+          Lane& l = lanes[q];
+          float uv[kV], dv[2][kV], bv[2][kV];
+          widen<kRev>(l.u[n], uv);
 SS2D_UNROLL
           for (int r = 0; r < 2; ++r) {
-            sb[r][q] = fmaf(sa[r][q], tb[r][q], sb[r][q]);
-            if (!last_step) sa[r][q] *= ta[r][q];
+            widen_delta<kRev>(l.d[n][r], dv[r]);
+            widen<kRev>(l.b[r], bv[r]);
           }
-        });
-      }
 SS2D_UNROLL
-      for (int r = 0; r < 2; ++r) shift<kRev>(ctx, tb[r], sb[r], 1);
-
-      // Phase 2: second in-lane passes, the rows-first vertical pass, y of both routes summed on
-      // chip (plus the top-down sweep's sum in the bottom-up sweep), one store; refill u.
-      ctx.each_lane([&](int lane) {
-        const int q = ctx.slot(lane);
-        Lane& l = lanes[q];
-        float h[2];
+          for (int k = 0; k < kV; ++k) {
 SS2D_UNROLL
-        for (int r = 0; r < 2; ++r) h[r] = l.s == 0 ? 0.f : tb[r][q];
-        Out prev[kV];
-        // Only an active lane reads y back: the cells it wrote in the top-down sweep.
-        if constexpr (kRev) {
-SS2D_UNROLL
-          for (int j = 0; j < kChunks; ++j) {
-            if ((l.valid >> j) & 1u) ctx.template load<kLoad>(lane_y[q], chunk_step<kRev>(j), &prev[j * kLoad]);
-          }
-        }
-        Out v[kV];
-        float uv[kV], cv[2][kV];
-        widen<kRev>(l.u, uv);
-        widen<kRev>(l.c[0], cv[0]);
-        widen<kRev>(l.c[1], cv[1]);
-SS2D_UNROLL
-        for (int k = 0; k < kV; ++k) {
-          h[0] = fmaf(l.abar[0][k], h[0], l.x[0][k]);
-          h[1] = fmaf(l.abar[1][k], h[1], l.x[1][k]);
-          const float h0 = fmaf(l.abar[0][k], l.above[0][k], h[0]);
-          l.above[0][k] = h0;
-          float out = fmaf(cv[0][k], h0, fmaf(cv[1][k], h[1], l.skip * uv[k]));
-          if constexpr (kRev) {
-            if constexpr (kF32) {
-              out += prev[at<kRev>(k)];
-            } else {
-              out += E::to_float(prev[at<kRev>(k)]);
+            for (int r = 0; r < 2; ++r) {
+              const float z = dv[r][k] + l.bias[r];
+              const float dt = p.softplus ? softplus(z) : z;
+              l.abar[r][k] = exp2_flush(dt * l.a2[r]);
+              l.x[r][k] = dt * bv[r][k] * uv[k];
             }
           }
-          if constexpr (kF32) {
-            v[at<kRev>(k)] = out;
+          if constexpr (kPrefetch == 1) {
+            if (ahead) {
+SS2D_UNROLL
+              for (int r = 0; r < 2; ++r) {
+                fetch_delta<kRev>(ctx, lane_d[q], proj, lane_w[q] + r * w_next, rank, r * d_next + row_step, plane,
+                                  l.valid, l.d[n][r]);
+                load_row<kRev>(ctx, lane_b[q], r * bc_next + row_step, l.valid, l.b[r]);
+              }
+            }
           } else {
-            v[at<kRev>(k)] = E::from_float(out);
+            // Past the map's end a ring slot is refilled with its own row (in bounds, just read, not
+            // read again), as in RowsForward: those loads need no predicate. B keeps the predicated
+            // next row (its constant offset: 2.7 fewer SASS per cell·channel on sm_90 bf16 at 56 than a
+            // selected one).
+SS2D_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              fetch_delta<kRev>(ctx, lane_d[q], proj, lane_w[q] + r * w_next, rank, r * d_next + ring, plane, l.valid,
+                                l.d[n][r]);
+            }
+            if (ahead) {
+SS2D_UNROLL
+              for (int r = 0; r < 2; ++r) load_row<kRev>(ctx, lane_b[q], r * bc_next + row_step, l.valid, l.b[r]);
+            }
           }
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) {
+            l.x[1][k] = fmaf(l.abar[1][k], l.above[1][k], l.x[1][k]);
+            l.above[1][k] = l.x[1][k];
+          }
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            float a = l.abar[r][0];
+            float h = l.x[r][0];
+SS2D_UNROLL
+            for (int k = 1; k < kV; ++k) {
+              h = fmaf(l.abar[r][k], h, l.x[r][k]);
+              a *= l.abar[r][k];
+            }
+            // The plain warp scan's segment start (RowsForward): the product 0 at route position 0.
+            sa[r][q] = l.s == 0 ? 0.f : a;
+            sb[r][q] = h;
+          }
+          // C of this row, issued before the shuffle phases that hide it (a row ahead, as for RS, two
+          // routes' C spill fp32 at V = 2).
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) load_row<kRev>(ctx, lane_c[q], r * bc_next, l.valid, l.c[r]);
+        });
+
+        // Both routes' segmented scans of the lane aggregates, in route positions.
+SS2D_UNROLL
+        for (int step = 0; step < kScanSteps; ++step) {
+          const int o = 1 << step;
+          if (step >= steps) break;
+          const bool last_step = step + 1 == steps;
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            if (!last_step) shift<kRev>(ctx, ta[r], sa[r], o);
+            shift<kRev>(ctx, tb[r], sb[r], o);
+          }
+          ctx.each_lane([&](int lane) {
+            const int q = ctx.slot(lane);
+SS2D_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              sb[r][q] = fmaf(sa[r][q], tb[r][q], sb[r][q]);
+              if (!last_step) sa[r][q] *= ta[r][q];
+            }
+          });
         }
 SS2D_UNROLL
-        for (int j = 0; j < kChunks; ++j) {
-          ctx.template store_if<kLoad>((l.valid >> j) & 1u, lane_y[q], chunk_step<kRev>(j), &v[j * kLoad]);
-        }
-        // u of the next row after its last use (D * u is taken here, not kept).
-        if (ahead) {
-          load_row<kRev>(ctx, lane_u[q], row_step, l.valid, l.u);
-        }
-        lane_u[q] = ctx.offset(lane_u[q], row_step);
-        lane_y[q] = ctx.offset(lane_y[q], row_step);
-        lane_d[q] = ctx.offset(lane_d[q], row_step);
-        lane_b[q] = ctx.offset(lane_b[q], row_step);
-        lane_c[q] = ctx.offset(lane_c[q], row_step);
-      });
+        for (int r = 0; r < 2; ++r) shift<kRev>(ctx, tb[r], sb[r], 1);
+
+        // Phase 2: second in-lane passes, the rows-first vertical pass, y of both routes summed on
+        // chip (plus the top-down sweep's sum in the bottom-up sweep), one store; refill u.
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          Lane& l = lanes[q];
+          float h[2];
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) h[r] = l.s == 0 ? 0.f : tb[r][q];
+          Out prev[kV];
+          // Only an active lane reads y back: the cells it wrote in the top-down sweep.
+          if constexpr (kRev) {
+SS2D_UNROLL
+            for (int j = 0; j < kChunks; ++j) {
+              if ((l.valid >> j) & 1u) ctx.template load<kLoad>(lane_y[q], chunk_step<kRev>(j), &prev[j * kLoad]);
+            }
+          }
+          Out v[kV];
+          float uv[kV], cv[2][kV];
+          widen<kRev>(l.u[n], uv);
+          widen<kRev>(l.c[0], cv[0]);
+          widen<kRev>(l.c[1], cv[1]);
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) {
+            h[0] = fmaf(l.abar[0][k], h[0], l.x[0][k]);
+            h[1] = fmaf(l.abar[1][k], h[1], l.x[1][k]);
+            const float h0 = fmaf(l.abar[0][k], l.above[0][k], h[0]);
+            l.above[0][k] = h0;
+            float out = fmaf(cv[0][k], h0, fmaf(cv[1][k], h[1], l.skip * uv[k]));
+            if constexpr (kRev) {
+              if constexpr (kF32) {
+                out += prev[at<kRev>(k)];
+              } else {
+                out += E::to_float(prev[at<kRev>(k)]);
+              }
+            }
+            if constexpr (kF32) {
+              v[at<kRev>(k)] = out;
+            } else {
+              v[at<kRev>(k)] = E::from_float(out);
+            }
+          }
+SS2D_UNROLL
+          for (int j = 0; j < kChunks; ++j) {
+            ctx.template store_if<kLoad>((l.valid >> j) & 1u, lane_y[q], chunk_step<kRev>(j), &v[j * kLoad]);
+          }
+          // u of row i + P after its last use (D * u is taken here, not kept).
+          if constexpr (kPrefetch == 1) {
+            if (refill) load_row<kRev>(ctx, lane_u[q], row_step, l.valid, l.u[n]);
+          } else {
+            load_row<kRev>(ctx, lane_u[q], ring, l.valid, l.u[n]);
+          }
+          lane_u[q] = ctx.offset(lane_u[q], row_step);
+          lane_y[q] = ctx.offset(lane_y[q], row_step);
+          lane_d[q] = ctx.offset(lane_d[q], row_step);
+          lane_b[q] = ctx.offset(lane_b[q], row_step);
+          lane_c[q] = ctx.offset(lane_c[q], row_step);
+        });
+      }
     }
   }
 

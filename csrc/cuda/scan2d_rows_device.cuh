@@ -213,10 +213,11 @@ __device__ SS2D_INLINE void rows_forward_kernel(const RowsParams& p) {
 }
 
 // The four-route kernel body (CrossRowsForward): the same grid rule, RowsParams in the four-route
-// layout; kFold: the folded step sizes (a RowsFoldParams; a launch without a projection traps).
-template <class E, int kV, int kLoad, int kSteps, bool kFold = false>
+// layout; kFold: the folded step sizes (a RowsFoldParams; a launch without a projection traps);
+// kPrefetch: the rows of u and delta held ahead.
+template <class E, int kV, int kLoad, int kSteps, bool kFold = false, int kPrefetch = 1>
 __device__ SS2D_INLINE void rows_cross_forward_kernel(
-    const typename CrossRowsForward<E, kV, kLoad, kSteps, kFold>::Params& params) {
+    const typename CrossRowsForward<E, kV, kLoad, kSteps, kFold, kPrefetch>::Params& params) {
   static_assert(kSteps >= 0 && kSteps <= kScanSteps, "kSteps: rows_scan_steps of the plan");
   const RowsParams& p = rows_of(params);
   if ((1 << kSteps) < p.seg_lanes) __trap();
@@ -224,7 +225,7 @@ __device__ SS2D_INLINE void rows_cross_forward_kernel(
   RowsDeviceCtx ctx;
   const long long item = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
   if (item >= rows_items(p)) return;
-  CrossRowsForward<E, kV, kLoad, kSteps, kFold>::run(ctx, params, item);
+  CrossRowsForward<E, kV, kLoad, kSteps, kFold, kPrefetch>::run(ctx, params, item);
 }
 
 }  // namespace rows

@@ -110,15 +110,16 @@ class RowsHostCtx : public emulation::HostWarpCtx<RowsHostCtx, GlobalShadow, fai
 // (vmamba2d/ops/compiled/cuda_kernels.py; rows_plan's V = 4, 4, 2, 1 fp32, 8, 4, 2, 1 fp16 / bf16)
 // at the plan's P = 1 and the tuner's P = 2 where it offers it (rows_plan.py, tuning_candidates:
 // V <= 2), each in every route variant; four routes: cross_plan's V = 2, 2, 2, 1 fp32 and 4, 4, 2, 1
-// fp16 / bf16 (rows_plan.py; no prefetch knob).
+// fp16 / bf16 (rows_plan.py) at the plan's prefetch depth (P = 2 at V = 4, else 1) and at P = 1 for
+// every V (the pinned one-row-ahead instance the benchmark times beside the plan's).
 // Another plan is the same code with other constants; steps = -1 takes rows_scan_steps at run time.
 struct StepsPlan {
   int vec, load, prefetch, steps;
 };
 constexpr StepsPlan kRowsStepsPlans[] = {{8, 8, 1, 3}, {4, 4, 1, 4}, {4, 4, 1, 3}, {2, 2, 1, 3},
                                          {2, 2, 2, 3}, {1, 1, 1, 3}, {1, 1, 2, 3}};
-constexpr StepsPlan kCrossStepsPlans[] = {{4, 4, 1, 4}, {4, 4, 1, 3}, {2, 2, 1, 5},
-                                          {2, 2, 1, 4}, {2, 2, 1, 3}, {1, 1, 1, 3}};
+constexpr StepsPlan kCrossStepsPlans[] = {{4, 4, 2, 4}, {4, 4, 2, 3}, {4, 4, 1, 4}, {4, 4, 1, 3},
+                                          {2, 2, 1, 5}, {2, 2, 1, 4}, {2, 2, 1, 3}, {1, 1, 1, 3}};
 
 template <size_t kN>
 constexpr bool steps_compiled(const StepsPlan (&plans)[kN], int vec, int load, int prefetch, int steps) {
@@ -130,7 +131,7 @@ constexpr bool steps_compiled(const StepsPlan (&plans)[kN], int vec, int load, i
 
 // The rows a launch loads ahead: even orders run the plan's P = 1 (rows_plan.py, prefetch_rows),
 // odd orders P = 2 (a tuner's option), at every V: the tests' runs across orders thereby also hold
-// the prefetch depth numerics-neutral. The four-route kernel has no prefetch knob (1).
+// the prefetch depth numerics-neutral. The four-route kernel's depth is an argument (its plan's).
 int prefetch_of(int64_t order) { return order % 2 == 0 ? 1 : 2; }
 
 // The GPU entry's guard (rows_forward_kernel, scan2d_rows_device.cuh): a kernel compiled for fewer
@@ -286,7 +287,7 @@ at::Tensor rows_forward(const at::Tensor& u, const at::Tensor& delta, const at::
   return y;
 }
 
-template <class E, int kV, int kLoad, int kSteps, bool kFold>
+template <class E, int kV, int kLoad, int kPrefetch, int kSteps, bool kFold>
 void run_cross_items(const RowsFoldParams& fold, int64_t order, GlobalShadow* shadow) {
   const RowsParams& p = fold.rows;
   check_compiled_steps(kSteps, p);
@@ -296,19 +297,19 @@ void run_cross_items(const RowsFoldParams& fold, int64_t order, GlobalShadow* sh
     if constexpr (kFold) {
       CrossRowsForward<E, kV, kLoad, kSteps, true>::run(ctx, fold, item);
     } else {
-      CrossRowsForward<E, kV, kLoad, kSteps, false>::run(ctx, p, item);
+      CrossRowsForward<E, kV, kLoad, kSteps, false, kPrefetch>::run(ctx, p, item);
     }
   }
 }
 
-template <class E, int kV, int kLoad, bool kFold, int... kSteps>
+template <class E, int kV, int kLoad, int kPrefetch, bool kFold, int... kSteps>
 bool run_cross_compiled(const RowsFoldParams& p, int steps, int64_t order, GlobalShadow* shadow,
                         std::integer_sequence<int, kSteps...>) {
   const auto one = [&](auto fixed) {
     constexpr int kFixed = decltype(fixed)::value;
-    if constexpr (steps_compiled(kCrossStepsPlans, kV, kLoad, 1, kFixed)) {
+    if constexpr (steps_compiled(kCrossStepsPlans, kV, kLoad, kPrefetch, kFixed)) {
       if (steps == kFixed) {
-        run_cross_items<E, kV, kLoad, kFixed, kFold>(p, order, shadow);
+        run_cross_items<E, kV, kLoad, kPrefetch, kFixed, kFold>(p, order, shadow);
         return true;
       }
     }
@@ -317,28 +318,42 @@ bool run_cross_compiled(const RowsFoldParams& p, int steps, int64_t order, Globa
   return (one(std::integral_constant<int, kSteps>{}) || ...);
 }
 
-template <class E, int kV, int kLoad, bool kFold>
-void run_cross(const RowsFoldParams& p, int steps, int64_t order, GlobalShadow* shadow) {
-  if (steps < 0) return run_cross_items<E, kV, kLoad, -1, kFold>(p, order, shadow);
-  if (!run_cross_compiled<E, kV, kLoad, kFold>(p, steps, order, shadow,
-                                               std::make_integer_sequence<int, kScanSteps + 1>{})) {
-    fail("no four-route instance compiled for vec " + std::to_string(kV) + ", load " + std::to_string(kLoad) + ", " +
-         std::to_string(steps) + " scan steps (kCrossStepsPlans)");
+template <class E, int kV, int kLoad, int kPrefetch, bool kFold>
+void run_cross_depth(const RowsFoldParams& p, int steps, int64_t order, GlobalShadow* shadow) {
+  if (steps < 0) return run_cross_items<E, kV, kLoad, kPrefetch, -1, kFold>(p, order, shadow);
+  if (!run_cross_compiled<E, kV, kLoad, kPrefetch, kFold>(p, steps, order, shadow,
+                                                          std::make_integer_sequence<int, kScanSteps + 1>{})) {
+    fail("no four-route instance compiled for vec " + std::to_string(kV) + ", load " + std::to_string(kLoad) +
+         ", prefetch " + std::to_string(kPrefetch) + ", " + std::to_string(steps) + " scan steps (kCrossStepsPlans)");
   }
 }
 
+// The four-route kernel's prefetch depths the emulation has: the plan's 1 and 2 (the folding instance: 1).
+template <class E, int kV, int kLoad, bool kFold>
+void run_cross(const RowsFoldParams& p, int prefetch, int steps, int64_t order, GlobalShadow* shadow) {
+  switch (prefetch) {
+    case 1:
+      return run_cross_depth<E, kV, kLoad, 1, kFold>(p, steps, order, shadow);
+    case 2:
+      if constexpr (!kFold) return run_cross_depth<E, kV, kLoad, 2, kFold>(p, steps, order, shadow);
+      break;
+  }
+  fail("no four-route instance with prefetch " + std::to_string(prefetch) + (kFold ? " (folding: 1)" : ""));
+}
+
 template <class E, bool kFold>
-void cross_by_vec(const RowsFoldParams& p, int vec, int load, int steps, int64_t order, GlobalShadow* shadow) {
+void cross_by_vec(const RowsFoldParams& p, int vec, int load, int prefetch, int steps, int64_t order,
+                  GlobalShadow* shadow) {
   const bool vector = load == vec && vec > 1;
   switch (vec) {
     case 1:
-      return run_cross<E, 1, 1, kFold>(p, steps, order, shadow);
+      return run_cross<E, 1, 1, kFold>(p, prefetch, steps, order, shadow);
     case 2:
-      return vector ? run_cross<E, 2, 2, kFold>(p, steps, order, shadow)
-                    : run_cross<E, 2, 1, kFold>(p, steps, order, shadow);
+      return vector ? run_cross<E, 2, 2, kFold>(p, prefetch, steps, order, shadow)
+                    : run_cross<E, 2, 1, kFold>(p, prefetch, steps, order, shadow);
     case 4:
-      return vector ? run_cross<E, 4, 4, kFold>(p, steps, order, shadow)
-                    : run_cross<E, 4, 1, kFold>(p, steps, order, shadow);
+      return vector ? run_cross<E, 4, 4, kFold>(p, prefetch, steps, order, shadow)
+                    : run_cross<E, 4, 1, kFold>(p, prefetch, steps, order, shadow);
     default:
       fail("no four-route kernel with " + std::to_string(vec) + " columns per lane");
   }
@@ -376,7 +391,8 @@ std::pair<emulation::ScanSizes, int64_t> check_folded_inputs(
 // emulated four-route kernel (CrossRowsForward) with vec columns per lane (vec | W) and load
 // elements per access. u: (batch, dim, L); delta: (batch, 4 * dim, L); B, C: (batch, 4 * groups, 1,
 // L); A: (4 * dim, 1); D, delta_bias: (4 * dim,) or None. With delta_proj_weight (4, dim, R) fp32
-// the folding instance runs (kFold): delta is the low-rank (batch, 4 * R, L). Each cell of y must be
+// the folding instance runs (kFold): delta is the low-rank (batch, 4 * R, L). prefetch: the rows of u
+// and delta the kernel holds ahead (1 or 2; 1 when folding). Each cell of y must be
 // written exactly twice, both times by one lane. Returns y (batch, dim, L) in u's type, or fp32
 // with y_fp32.
 at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
@@ -384,12 +400,14 @@ at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, cons
                               const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height,
                               int64_t width, bool y_fp32, int64_t order, int64_t vec, int64_t load,
                               const std::optional<int64_t>& steps,
-                              const std::optional<at::Tensor>& delta_proj_weight) {
+                              const std::optional<at::Tensor>& delta_proj_weight, int64_t prefetch) {
   TORCH_CHECK(vec == 1 || vec == 2 || vec == 4, "vec: expected 1, 2 or 4, got ", vec);
   TORCH_CHECK(width % vec == 0 && width / vec <= kWarpLanes, "vec ", vec, ": must divide W = ", width,
               " with W / vec <= 32 lanes");
   TORCH_CHECK(load == 1 || load == vec, "load ", load, ": 1 or vec");
   const bool fold = delta_proj_weight.has_value();
+  TORCH_CHECK(prefetch >= 1 && prefetch <= 2 && (!fold || prefetch == 1), "prefetch: expected 1 or 2 (1 with ",
+              "delta_proj_weight), got ", prefetch);
   const auto [sizes, rank] =
       fold ? check_folded_inputs(u, delta, A, B, C, D, delta_bias, *delta_proj_weight, height, width)
            : std::pair{check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, /*routes=*/4,
@@ -408,17 +426,19 @@ at::Tensor rows_cross_forward(const at::Tensor& u, const at::Tensor& delta, cons
   // (the plain instance reads .rows only)
   const RowsFoldParams args{p, fold ? delta_proj_weight->data_ptr<float>() : nullptr, static_cast<int>(rank)};
 
-  const int run_steps = launch_steps(kCrossStepsPlans, static_cast<int>(vec), static_cast<int>(load), 1, p, steps);
+  const int depth = static_cast<int>(prefetch);
+  const int run_steps =
+      launch_steps(kCrossStepsPlans, static_cast<int>(vec), static_cast<int>(load), depth, p, steps);
   g_last_steps = run_steps;
   g_vector_accesses = 0;
   GlobalShadow shadow(y.numel(), 2);
   with_host_element(u.scalar_type(), [&](auto element) {
     if (fold) {
-      cross_by_vec<decltype(element), true>(args, static_cast<int>(vec), static_cast<int>(load), run_steps, order,
-                                            &shadow);
+      cross_by_vec<decltype(element), true>(args, static_cast<int>(vec), static_cast<int>(load), depth, run_steps,
+                                            order, &shadow);
     } else {
-      cross_by_vec<decltype(element), false>(args, static_cast<int>(vec), static_cast<int>(load), run_steps, order,
-                                             &shadow);
+      cross_by_vec<decltype(element), false>(args, static_cast<int>(vec), static_cast<int>(load), depth, run_steps,
+                                             order, &shadow);
     }
   });
   if (const int64_t missing = shadow.unwritten()) {
@@ -481,7 +501,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"),
         pybind11::arg("width"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
         pybind11::arg("load"), pybind11::arg("steps") = std::nullopt,
-        pybind11::arg("delta_proj_weight") = std::nullopt);
+        pybind11::arg("delta_proj_weight") = std::nullopt, pybind11::arg("prefetch") = 1);
   m.def("rows_vector_accesses", [] { return g_vector_accesses; },
         "vector global accesses of the last rows_forward call on this thread");
   m.def("rows_self_check", &rows_self_check, "run one checker scenario", pybind11::arg("scenario"));

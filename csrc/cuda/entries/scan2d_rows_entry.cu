@@ -11,7 +11,8 @@
 //   VMAMBA2D_RS_STEPS     RowsPlan::scan_steps (rows_scan_steps of the launch's seg_lanes)
 //   VMAMBA2D_RS_CROSS     1: the entry is vmamba2d_rows_cross_forward instead, the four-route kernel
 //                         (CrossRowsForward: VMamba's cross routes, RowsParams in the four-route
-//                         layout; VEC must divide W; ROUTE and PREFETCH are not read)
+//                         layout; VEC must divide W; ROUTE is not read; PREFETCH: the rows of u
+//                         and delta held ahead, CrossPlan::prefetch; 1 with FOLD)
 //   VMAMBA2D_RS_MIN_BLOCKS blocks per SM of the launch bounds (default below); the four-route plan
 //                         sets it at 4 columns a lane (CrossPlan::min_blocks: 6 fp16 / bf16, 5 fp32)
 //   VMAMBA2D_RS_FOLD      1 (with VMAMBA2D_RS_CROSS): the four-route kernel folds the step sizes
@@ -87,6 +88,7 @@ static_assert(!((VMAMBA2D_RS_ROUTE & kRouteFlat) && (VMAMBA2D_RS_ROUTE & kRouteC
 extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RS_MIN_BLOCKS)
     vmamba2d_rows_cross_forward(const vmamba2d::rows::RowsFoldParams p) {
   using namespace vmamba2d::rows;
+  static_assert(VMAMBA2D_RS_PREFETCH == 1, "VMAMBA2D_RS_PREFETCH: the folding instance loads one row ahead");
   rows_cross_forward_kernel<DeviceElement<VMAMBA2D_RS_DTYPE>::type, VMAMBA2D_RS_VEC, VMAMBA2D_RS_LOAD,
                             VMAMBA2D_RS_STEPS, true>(p);
 }
@@ -95,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMB
     vmamba2d_rows_cross_forward(const vmamba2d::rows::RowsParams p) {
   using namespace vmamba2d::rows;
   rows_cross_forward_kernel<DeviceElement<VMAMBA2D_RS_DTYPE>::type, VMAMBA2D_RS_VEC, VMAMBA2D_RS_LOAD,
-                            VMAMBA2D_RS_STEPS>(p);
+                            VMAMBA2D_RS_STEPS, false, VMAMBA2D_RS_PREFETCH>(p);
 }
 #else
 extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RS_MIN_BLOCKS)

@@ -48,8 +48,13 @@ def make_inputs(batch, dim, height, width, dtype, seed, groups=1, use_d=True, us
     }
 
 
-def run(rows, x, y_fp32=False, order=2, vec=None, load=None, softplus=True):
+def run(rows, x, y_fp32=False, order=2, vec=None, load=None, softplus=True, prefetch=None):
+    """y of the emulated kernel at ``vec`` columns a lane and ``prefetch`` rows ahead (the plan's V and
+    P unless given; P = 1 where only V is given)."""
     batch, dim, height, width = x["u"].shape
+    if prefetch is None:
+        plan = cross_plan(x["u"].element_size(), x["u"].element_size(), width)
+        prefetch = plan.prefetch if plan is not None and (vec is None or vec == plan.vec) else 1
     vec = cross_vec(width, x["u"].element_size()) if vec is None else vec
     load = vec if load is None else load
     length = height * width
@@ -57,7 +62,7 @@ def run(rows, x, y_fp32=False, order=2, vec=None, load=None, softplus=True):
     y = rows.rows_cross_forward(
         x["u"].reshape(batch, dim, length), x["delta"].reshape(batch, 4 * dim, length), x["A"],
         x["B"].reshape(batch, 4 * groups, 1, length), x["C"].reshape(batch, 4 * groups, 1, length), x["D"],
-        x["delta_bias"], softplus, height, width, y_fp32, order, vec, load)
+        x["delta_bias"], softplus, height, width, y_fp32, order, vec, load, prefetch=prefetch)
     return y.reshape(batch, dim, height, width)
 
 
@@ -124,6 +129,34 @@ def test_four_columns_a_lane(rows, dtype, width):
             assert torch.equal(run(rows, x, y_fp32=y_fp32, vec=4, order=order), first), (y_fp32, order)
         scalar = run(rows, x, y_fp32=y_fp32, vec=4, load=1, order=2)
         check(scalar, expected, torch.float32 if y_fp32 else dtype)
+
+
+# Two rows of u and delta ahead (the plan's ring for fp16 / bf16 at 4 columns a lane) against one:
+# bit-equal in every input type, y type and lane width the model's maps take (W = 56, 28, 14, 7 at
+# the plan's V; fp32 at 56 / 28 at V = 2 and 4), vector and scalar accesses, heights below the ring
+# (H = 1 < P), at it (2), just past it (3) and odd ones (5, 7): the refills past the map's end and the
+# unrolled row pair's early exit; both against the fp64 reference.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("width", [56, 28, 14, 7])
+def test_two_rows_ahead_is_bit_equal_to_one(rows, dtype, width):
+    vecs = [cross_vec(width, dtype.itemsize)] + ([4] if dtype == torch.float32 and width % 4 == 0 else [])
+    for height in (1, 2, 3, 5, 7):
+        x = make_inputs(2, 3, height, width, dtype, seed=height * 131 + width)
+        expected = reference(x)
+        for vec in vecs:
+            for y_fp32 in ((False, True) if dtype != torch.float32 else (False,)):
+                y_type = torch.float32 if y_fp32 else dtype
+                for load in dict.fromkeys((vec, 1)):
+                    one = run(rows, x, y_fp32=y_fp32, vec=vec, load=load, order=height, prefetch=1)
+                    two = run(rows, x, y_fp32=y_fp32, vec=vec, load=load, order=height + 1, prefetch=2)
+                    assert torch.equal(one, two), (height, vec, load, y_fp32)
+                    check(two, expected, y_type)
+
+
+def test_plan_holds_two_rows_ahead_for_half_inputs_at_four_columns(rows):
+    # The launch's plans at the model widths: what run() passes by default (cross_plan's P).
+    assert [cross_plan(2, 2, w).prefetch for w in (56, 28, 14, 7)] == [2, 2, 1, 1]
+    assert [cross_plan(4, 4, w).prefetch for w in (56, 28, 14, 7)] == [1, 1, 1, 1]
 
 
 def test_without_d_and_bias_and_softplus(rows):
