@@ -10,7 +10,9 @@ N = 1) in fp32 and bf16, through the NVRTC path (median ms of CUDA-event-timed c
   7 x 7 (launched with its plan directly), and v3 (VMAMBA2D_SCAN_PLAN=v3);
 - the four-route op (VMamba's cross routes) by the four-route RS kernel and by v3's per-route kernels;
   where the rule takes 4 columns a lane (fp16 / bf16) at a side in PAIR_SIDES, also the kernel at 2
-  columns (its plan pinned, compiled for 8 blocks per SM): the trade rows_plan.cross_plan estimates;
+  columns (its plan pinned, compiled for 8 blocks per SM), and where it holds more than one row ahead,
+  the kernel one row ahead (P = 1 pinned, compiled for its own blocks per SM): the trades
+  rows_plan.cross_plan estimates;
 - the four-route op with the model's step-size projection (rank 6 at 56 x 56, as vmamba2d_tiny's first
   stage): projected first (project_delta, then the kernel: what the fold rule picks) against the
   folding kernel launched with its plan directly -- the measurement the rule's estimate waits for;
@@ -39,8 +41,8 @@ SHAPES = ((192, 56), (384, 28), (768, 14), (1536, 7))  # (Di, H = W) of vmamba2d
 CASES = (("single", 1536, 7), ("cross", 192, 56), ("fold", 192, 56), ("single", 192, 56), ("cross", 1536, 7),
          ("single", 384, 28), ("cross", 384, 28), ("single", 768, 14), ("cross", 768, 14))
 FOLD_RANK = 6  # vmamba2d_tiny's dt_rank: ceil(96 / 16)
-# Sides whose four-route row also times V = 2 beside the rule's V = 4 (one more kernel, compiled at
-# first use: the precompiled table holds the rule's instances only).
+# Sides whose four-route row also times V = 2 beside the rule's V = 4 and P = 1 beside the rule's P = 2
+# (two more kernels, compiled at first use: the precompiled table holds the rule's instances only).
 PAIR_SIDES = (56,)
 CROSS_CODES = [0, 4, 3, 7]
 BATCH = 128
@@ -163,6 +165,8 @@ def scan_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: int
 
 def cross_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: int) -> dict:
     """The four-route op (cross routes) by the four-route RS kernel and by v3's per-route kernels."""
+    import dataclasses
+
     from vmamba2d.ops.compiled import cross_rows_launch, rows_plan
 
     a = scan_inputs(dim, side, dtype, routes=len(CROSS_CODES))
@@ -174,17 +178,25 @@ def cross_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: in
     args = (*inputs, True, CROSS_CODES, False)
     calls = {"rs": _pinned("rs", lambda: kernels.cross_forward(*args))} if design == "rs" else {}
     narrow = None
+    shallow = None
     if design == "rs" and plan.vec == 4 and side in PAIR_SIDES:
         narrow = rows_plan.CrossPlan(**rows_plan.layout(side, 2, 2 if plan.load > 1 else 1).__dict__)
         calls["rs V=2"] = lambda: cross_rows_launch.launch_cross_forward(kernels.launcher, *inputs, True, False,
                                                                          narrow)
+    if design == "rs" and plan.prefetch > 1 and side in PAIR_SIDES:
+        shallow = dataclasses.replace(plan, prefetch=1,
+                                      min_blocks=rows_plan.cross_min_blocks(a["u"].element_size(), plan.vec, 1))
+        calls["rs P=1"] = lambda: cross_rows_launch.launch_cross_forward(kernels.launcher, *inputs, True, False,
+                                                                         shallow)
     calls["v3"] = _pinned("v3", lambda: kernels.cross_forward(*args))
     outputs = _time_designs(calls, bytes_moved, bandwidth, repeats, row)
     if plan is not None:
-        row["rs plan"] = (f"V={plan.vec} load={plan.load} S={plan.seg_lanes} M={plan.maps_per_warp} "
-                          f"blocks/SM={plan.min_blocks}")
+        row["rs plan"] = (f"V={plan.vec} load={plan.load} P={plan.prefetch} S={plan.seg_lanes} "
+                          f"M={plan.maps_per_warp} blocks/SM={plan.min_blocks}")
     if narrow is not None:
         row["rs V=2 / rs"] = f"{float(row['rs V=2 ms']) / float(row['rs ms']):.2f}"
+    if shallow is not None:
+        row["rs P=1 / rs"] = f"{float(row['rs P=1 ms']) / float(row['rs ms']):.2f}"
     _compare(row, outputs)
     return row
 
@@ -217,7 +229,7 @@ def fold_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: int
 
     calls = {"projected": projected}
     if design == "rs":
-        folding = dataclasses.replace(plan, fold=True)
+        folding = plan.folding(a["u"].element_size())  # one row ahead, its own blocks per SM
         calls["folded"] = lambda: cross_rows_launch.launch_cross_forward(
             kernels.launcher, *inputs, True, False, folding, delta_proj_weight=weight)
     outputs = _time_designs(calls, bytes_moved, bandwidth, repeats, row)

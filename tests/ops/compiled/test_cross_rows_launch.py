@@ -51,9 +51,13 @@ def test_plan_rule():
             plan = rows_plan.cross_plan(elem_bytes, elem_bytes, width)
             assert (plan.vec, plan.load, plan.seg_lanes, plan.maps_per_warp) == (vec, vec, seg, 32 // seg), width
             assert plan.scan_steps == rows_plan.scan_steps(seg)
-            # the entry's launch bounds: 6 blocks a SM (80 registers, 24 warps) at 4 columns, else 8 (64, 32)
-            assert (plan.min_blocks, plan.registers, plan.resident_warps) == (
-                (6, 80, 24) if vec == 4 else (8, 64, 32)), width
+            # fp16 / bf16 at 4 columns hold u and delta two rows ahead, the entry compiled for 5 blocks a
+            # SM (96 registers, 20 warps); else one row ahead at 8 (64, 32)
+            assert (plan.prefetch, plan.min_blocks, plan.registers, plan.resident_warps) == (
+                (2, 5, 96, 20) if vec == 4 else (1, 8, 64, 32)), width
+            # the folding instance at the same V holds one row ahead (80 registers at 4 columns)
+            fold = plan.folding(elem_bytes)
+            assert (fold.fold, fold.vec, fold.prefetch, fold.min_blocks) == (True, vec, 1, 6 if vec == 4 else 8)
     for width in (33, 66, 68, 128):
         assert rows_plan.cross_plan(4, 4, width) is None, width
     for width in (33, 66, 130, 132):
@@ -72,30 +76,39 @@ def test_backend_info_names_the_lane_rule():
     from vmamba2d.ops import backend_info
 
     lanes = backend_info()["scan_plan"]["cuda_four_route_lanes"]
-    assert lanes.startswith("columns a lane V: fp16 / bf16 4 where 4 divides W (W <= 128; entry compiled for 6 "
-                            "blocks / SM, 80 registers), else 2, 1; fp32 2, 1 (W <= 64; 64 registers)")
+    assert lanes.startswith("columns a lane V: fp16 / bf16 4 where 4 divides W (W <= 128), holding u and delta "
+                            "P = 2 rows ahead (entry compiled for 5 blocks / SM, 96 registers), else 2, 1 at P = 1; "
+                            "fp32 2, 1 at P = 1 (W <= 64; 64 registers)")
 
 
 def test_register_caps_and_resident_warps():
     # ptxas's cap under __launch_bounds__(128, blocks) and the warps an SM keeps at it (64K registers).
     assert [rows_plan.register_cap(b) for b in (8, 7, 6, 5, 4)] == [64, 72, 80, 96, 128]
-    assert [rows_plan.resident_warps(r) for r in (48, 63, 64, 80, 94, 96)] == [40, 32, 32, 24, 20, 20]
+    assert [rows_plan.resident_warps(r) for r in (48, 63, 64, 78, 80, 92, 96)] == [40, 32, 32, 24, 24, 20, 20]
+    # the four-route entry's blocks per SM by (element size, V, P); no figures for deeper rings
+    assert [rows_plan.cross_min_blocks(e, v, p) for e, v, p in ((2, 4, 1), (4, 4, 1), (2, 2, 1), (2, 4, 2),
+                                                                (4, 2, 2))] == [6, 5, 8, 5, 7]
+    with pytest.raises(ValueError, match="P = 3"):
+        rows_plan.cross_min_blocks(2, 4, 3)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("width", [56, 28])
 def test_plan_follows_its_estimate_at_the_model_widths(dtype, width):
-    # cross_plan's V is the one its written estimate takes (rows_plan.cross_estimate from the sm_90
-    # static figures): four columns where they beat two by CROSS_WIDE_MARGIN.
+    # cross_plan's V and P are the ones its written estimate takes (rows_plan.cross_estimate from the
+    # sm_90 static figures): four columns where they beat two by CROSS_WIDE_MARGIN, two rows ahead
+    # where they beat one by it at that V.
     size = 4 if dtype == "fp32" else 2
     plan = rows_plan.cross_plan(size, size, width)
     assert plan.vec == (4 if rows_plan.cross_wide_pays(dtype, width) else 2)
-    issue, in_flight = rows_plan.cross_estimate(dtype, width, plan.vec)
+    assert plan.prefetch == (2 if rows_plan.cross_deep_pays(dtype, width, plan.vec) else 1)
+    assert plan.min_blocks == rows_plan.cross_min_blocks(size, plan.vec, plan.prefetch)
+    issue, in_flight = rows_plan.cross_estimate(dtype, width, plan.vec, plan.prefetch)
     assert 0 < issue <= 1 and 0 < in_flight <= 1
-    # each figure's registers are within the cap the plan compiles that V for
-    for vec in (2, 4):
-        blocks = rows_plan.CROSS_WIDE_MIN_BLOCKS[size] if vec == 4 else rows_plan.ROWS_MIN_BLOCKS
-        assert rows_plan.CROSS_VEC_FIGURES[(dtype, width, vec)][1] <= rows_plan.register_cap(blocks)
+    # each figure's registers are within the cap the plan compiles that (V, P) for
+    for vec, prefetch in rows_plan.cross_instances(size):
+        blocks = rows_plan.cross_min_blocks(size, vec, prefetch)
+        assert rows_plan.CROSS_VEC_FIGURES[(dtype, width, vec, prefetch)][1] <= rows_plan.register_cap(blocks)
 
 
 def test_estimate_by_hand():
@@ -106,8 +119,17 @@ def test_estimate_by_hand():
     assert rows_plan.cross_estimate("bf16", 56, 2) == pytest.approx((18 * per_byte / 221.4, 32 * 3 * 56 * 2 / little))
     assert rows_plan.cross_estimate("bf16", 56, 4) == pytest.approx((18 * per_byte / 165.7, 24 * 3 * 112 * 2 / little))
     assert rows_plan.cross_estimate("fp32", 56, 4) == (1.0, 1.0)
+    # two rows ahead: 169.0 SASS at 96 registers (20 warps) x 2 rows; in flight past 100% is capped
+    assert rows_plan.cross_estimate("bf16", 56, 4, 2) == pytest.approx((18 * per_byte / 169.0, 1.0))
+    assert 20 * 2 * 3 * 112 * 2 / little > 1
+    assert rows_plan.cross_deep_pays("bf16", 56, 4)  # 85% against 68%: x 1.25 >= 1.2
+    # fp32 at V = 2: 100% (issue 137%, 28 warps x 2 rows x 3 x 56 x 4 B in flight) against 90%: x 1.11
+    assert min(rows_plan.cross_estimate("fp32", 56, 2, 2)) == 1.0
+    assert not rows_plan.cross_deep_pays("fp32", 56, 2)
     with pytest.raises(ValueError, match="no figures"):
         rows_plan.cross_estimate("bf16", 14, 4)
+    with pytest.raises(ValueError, match="no figures"):
+        rows_plan.cross_estimate("bf16", 56, 4, 3)
 
 
 @pytest.mark.parametrize("side", [56, 28, 14, 7])
@@ -145,7 +167,7 @@ def test_other_calls_stay_on_v3(monkeypatch):
     assert cross_rows_launch.cross_forward_design(*cross_inputs(1, 4, 2, 66, torch.bfloat16), CODES, False) == (
         "v3", None, "RS: N = 1, width 66 <= 128, but no lane width of 4, 2 or 1 columns divides W = 66 within 32 lanes")
     design, plan, _ = cross_rows_launch.cross_forward_design(*cross_inputs(1, 4, 2, 68, torch.bfloat16), CODES, False)
-    assert design == "rs" and (plan.vec, plan.seg_lanes, plan.min_blocks) == (4, 17, 6)
+    assert design == "rs" and (plan.vec, plan.seg_lanes, plan.prefetch, plan.min_blocks) == (4, 17, 2, 5)
     wide = cross_rows_launch.cross_forward_design(*cross_inputs(1, 4, 2, 132, torch.float16), CODES, False)
     assert wide[0] == "v3" and "width 132 > 128" in wide[2]
     monkeypatch.setenv(rows_launch.PLAN_ENV, "v3")
@@ -154,18 +176,19 @@ def test_other_calls_stay_on_v3(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_model_entry_compiles_within_the_plans_registers_without_spills(dtype):
-    # sm_90, the 56 x 56 plan (bf16: 4 columns, compiled for 6 blocks -> 80 registers; fp32: 2 columns,
-    # 64); the static report covers every model plan, dtype and arch with nvcc.
+    # sm_90, the 56 x 56 plan (bf16: 4 columns two rows ahead, compiled for 5 blocks -> 96 registers;
+    # fp32: 2 columns one row ahead, 64); the static report covers every model plan, dtype and arch with nvcc.
     plan = rows_plan.cross_plan(dtype.itemsize, dtype.itemsize, 56)
     spec = cross_rows_launch.plan_spec(plan, dtype)
-    assert dict(spec.defines).get("VMAMBA2D_RS_MIN_BLOCKS") == ("6" if dtype == torch.bfloat16 else None)
+    assert dict(spec.defines).get("VMAMBA2D_RS_MIN_BLOCKS") == ("5" if dtype == torch.bfloat16 else None)
+    assert dict(spec.defines).get("VMAMBA2D_RS_PREFETCH") == ("2" if dtype == torch.bfloat16 else None)
     compiled = nvrtc.compile_kernel(spec, 90, TOOLCHAIN)
     r = compiled.resources
     assert compiled.lowered_name == "vmamba2d_rows_cross_forward"
-    assert r.registers <= plan.registers == (80 if dtype == torch.bfloat16 else 64)
+    assert r.registers <= plan.registers == (96 if dtype == torch.bfloat16 else 64)
     assert r.spill_stores + r.spill_loads == 0 and r.stack_bytes == 0
     if dtype == torch.bfloat16:
-        assert r.registers > 64  # the cap is the plan's, not the default's (which would spill)
+        assert r.registers > 80  # the cap is the plan's, not the one-row-ahead kernel's (which would spill)
 
 
 def test_spec_compiles_the_cross_entry():
@@ -174,11 +197,15 @@ def test_spec_compiles_the_cross_entry():
         "entries/scan2d_rows_entry.cu", "vmamba2d_rows_cross_forward", False)
     assert dict(spec.defines) == {"VMAMBA2D_RS_CROSS": "1", "VMAMBA2D_RS_DTYPE": "1", "VMAMBA2D_RS_VEC": "2",
                                   "VMAMBA2D_RS_LOAD": "1", "VMAMBA2D_RS_STEPS": "4"}
-    # the bf16 56 x 56 plan: 4 columns, compiled for 6 blocks per SM (named, so the cache keeps it apart)
+    # the bf16 56 x 56 plan: 4 columns, two rows ahead, compiled for 5 blocks per SM (both named, so the
+    # cache keeps it apart from the pinned one-row-ahead instance at 6 blocks)
     spec = cross_rows_launch.plan_spec(rows_plan.cross_plan(2, 2, 56), torch.bfloat16)
-    assert spec.name == "rows_cross_forward.bf16.v4l4s4b6"
+    assert spec.name == "rows_cross_forward.bf16.v4l4p2s4b5"
     assert dict(spec.defines) == {"VMAMBA2D_RS_CROSS": "1", "VMAMBA2D_RS_DTYPE": "2", "VMAMBA2D_RS_VEC": "4",
-                                  "VMAMBA2D_RS_LOAD": "4", "VMAMBA2D_RS_STEPS": "4", "VMAMBA2D_RS_MIN_BLOCKS": "6"}
+                                  "VMAMBA2D_RS_LOAD": "4", "VMAMBA2D_RS_STEPS": "4", "VMAMBA2D_RS_PREFETCH": "2",
+                                  "VMAMBA2D_RS_MIN_BLOCKS": "5"}
+    one = rows_cross_kernel("bf16", 4, 4, 4, min_blocks=6)
+    assert one.name == "rows_cross_forward.bf16.v4l4s4b6" and "VMAMBA2D_RS_PREFETCH" not in dict(one.defines)
 
 
 @pytest.fixture()
@@ -191,14 +218,14 @@ def launcher(tmp_path):
     (torch.bfloat16, False, False, 14), (torch.float32, False, True, 14), (torch.float16, True, False, 14),
     (torch.bfloat16, False, True, 14), (torch.bfloat16, False, False, 56), (torch.float16, True, True, 28)])
 def test_launch_passes_plan_grid_and_parameter_block(launcher, dtype, out_fp32, channels_last, side):
-    # 56 / 28 in 2-byte types: the 4-column plan, its entry compiled for 6 blocks per SM
+    # 56 / 28 in 2-byte types: the 4-column plan two rows ahead, its entry compiled for 5 blocks per SM
     launcher, driver, folder = launcher
     batch, dim = 3, 10
     u, delta, A, B, C, D, bias = cross_inputs(batch, dim, side, side, dtype, channels_last=channels_last)
     design, plan, _ = cross_rows_launch.cross_forward_design(u, delta, A, B, C, D, bias, CODES, out_fp32)
     spec = cross_rows_launch.plan_spec(plan, dtype)
     assert plan.vec == (4 if side in (56, 28) else 2)
-    assert spec.name.endswith("b6") == (plan.vec == 4)
+    assert spec.name.endswith("p2s4b5" if side == 56 else "p2s3b5") == (plan.vec == 4)
     stub_kernel(folder, spec, TOOLCHAIN)
     seen = driver.read_params(rows_launch.RowsParams)
     y = cross_rows_launch.launch_forward(launcher, u, delta, A, B, C, D, bias, True, CODES, out_fp32)

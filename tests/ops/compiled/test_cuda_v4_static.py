@@ -47,14 +47,17 @@ def test_four_route_kernel_holds_its_budgets(dtype):
 @pytest.mark.slow
 @needs_nvcc
 def test_four_route_pair_holds_the_plans_figures():
-    # V = 2 and V = 4 at 56 / 28 in bf16 and fp32 on sm_90: within their launch bounds, no spills, and
-    # the figures rows_plan's estimate reads (CROSS_VEC_FIGURES) are the compiled ones.
+    # V = 2 and V = 4 one row ahead and the deeper ring (bf16: V = 4, fp32: V = 2, two rows) at 56 / 28
+    # in bf16 and fp32 on sm_90: within their launch bounds, no spills, and the figures rows_plan's
+    # estimate reads (CROSS_VEC_FIGURES) are the compiled ones.
     rows = report.run_cross_pair(NVCC, DISASSEMBLER, ["bf16", "fp32"])
-    assert [(r.dtype, r.width, r.vec) for r in rows] == [(d, w, v) for d in ("bf16", "fp32") for w in (56, 28)
-                                                         for v in (2, 4)]
+    assert [(r.dtype, r.width, r.vec, r.prefetch) for r in rows] == [
+        (d, w, v, p) for d, deep in (("bf16", 4), ("fp32", 2)) for w in (56, 28) for v, p in ((2, 1), (4, 1), (deep, 2))]
     assert report.cross_pair_failures(rows) == []
-    # four columns need more than the default 64 registers: the plan's cap is what holds them
-    assert all(r.registers > 64 for r in rows if r.vec == 4)
+    # four columns, or two rows ahead, need more than the default 64 registers: the plan's cap holds them
+    assert all(r.registers > 64 for r in rows if r.vec == 4 or r.prefetch == 2)
+    # bf16 two rows ahead needs more than the one-row kernel's 80 (it spills there): 5 blocks, 96
+    assert all(80 < r.registers <= 96 for r in rows if r.dtype == "bf16" and r.prefetch == 2)
 
 
 def test_pair_checks_catch_what_they_hold():
@@ -62,11 +65,19 @@ def test_pair_checks_catch_what_they_hold():
                      loop_instructions=300.0, per_cell_channel=165.7, resident_warps=24, in_flight_kib=15.8)
     assert report.cross_pair_failures([row]) == []
     assert report.cross_pair_failures([report.Row(**{**row.__dict__, "per_cell_channel": 180.0})]) == [
-        "four-route sm_90 bf16 W=56 V=4: rows_plan.CROSS_VEC_FIGURES has (165.7, 80), compiled (180.0, 80)"]
+        "four-route sm_90 bf16 W=56 V=4 P=1: rows_plan.CROSS_VEC_FIGURES has (165.7, 80), compiled (180.0, 80)"]
     assert report.cross_pair_failures([report.Row(**{**row.__dict__, "registers": 88})])[0] == (
-        "four-route sm_90 bf16 W=56 V=4: 88 registers > 80")
+        "four-route sm_90 bf16 W=56 V=4 P=1: 88 registers > 80")
     table = report.format_pair_table([row])
-    assert table.splitlines()[-1] == "| bf16 | 56 | 4 | 6 | 80 | 0 / 0 | 165.7 | 24 | 87% | 68% | 4 |"
+    assert table.splitlines()[-1] == "| bf16 | 56 | 4 | 1 | 6 | 80 | 0 / 0 | 165.7 | 24 | 15.8 | 87% | 68% | 4 / 2 |"
+    deep = report.Row(**{**row.__dict__, "prefetch": 2, "registers": 96, "per_cell_channel": 169.0,
+                         "resident_warps": 20, "in_flight_kib": 26.25})
+    assert report.cross_pair_failures([deep]) == []
+    assert report.format_pair_table([deep]).splitlines()[-1] == (
+        "| bf16 | 56 | 4 | 2 | 5 | 96 | 0 / 0 | 169.0 | 20 | 26.2 | 85% | 100% | 4 / 2 |")
+    assert report.cross_pair_failures([report.Row(**{**deep.__dict__, "registers": 100})]) == [
+        "four-route sm_90 bf16 W=56 V=4 P=2: 100 registers > 96",
+        "four-route sm_90 bf16 W=56 V=4 P=2: rows_plan.CROSS_VEC_FIGURES has (169.0, 96), compiled (169.0, 100)"]
 
 
 def test_cross_budgets_catch_spills_and_registers():
@@ -77,7 +88,7 @@ def test_cross_budgets_catch_spills_and_registers():
     assert report.cross_budget_failures([spilling, clean]) == ["four-route sm_90 bf16 W=28: 8 bytes of spills, "
                                                                "8 bytes of stack"]
     # 72 registers: the fp16 kernel's launch bounds on sm_75 only.
-    wide = report.Row("sm_75", "fp16", 28, 2, 2, 2, registers=72, spill_bytes=0, stack_bytes=0, barriers=0,
+    wide = report.Row("sm_75", "fp16", 28, 2, 1, 2, registers=72, spill_bytes=0, stack_bytes=0, barriers=0,
                       loop_instructions=170.0, per_cell_channel=190.0, resident_warps=28, in_flight_kib=12.0)
     assert report.cross_budget_failures([wide]) == []
     assert report.cross_budget_failures([report.Row(**{**wide.__dict__, "dtype": "bf16"})]) == [
@@ -89,6 +100,11 @@ def test_cross_budgets_catch_spills_and_registers():
     assert report.cross_budget_failures([report.Row(**{**four.__dict__, "registers": 81})]) == [
         "four-route sm_75 fp16 W=28: 81 registers > 80"]
     assert report.cross_budget_failures([report.Row(**{**four.__dict__, "dtype": "fp32", "registers": 96})]) == []
+    # two rows ahead (fp16 / bf16 at 4 columns): 5 blocks -> 96
+    deep = report.Row(**{**four.__dict__, "prefetch": 2, "registers": 96})
+    assert report.cross_budget_failures([deep]) == []
+    assert report.cross_budget_failures([report.Row(**{**deep.__dict__, "registers": 104})]) == [
+        "four-route sm_75 fp16 W=28: 104 registers > 96"]
 
 
 def test_cross_budgets_hold_the_sm90_ratchet():
@@ -98,6 +114,15 @@ def test_cross_budgets_hold_the_sm90_ratchet():
     assert len(failures) == 1 and "251.1 SASS" in failures[0]
     # Other archs report their figures without a ratchet.
     assert report.cross_budget_failures([report.Row(**{**row.__dict__, "arch": "sm_80"})]) == []
+    # Two rows ahead: their own ratchet (bf16 within the one-row one, which the pinned P = 1 instance keeps).
+    deep = report.Row("sm_90", "bf16", 56, 4, 2, 2, registers=96, spill_bytes=0, stack_bytes=0, barriers=0,
+                      loop_instructions=590.0, per_cell_channel=169.0, resident_warps=20, in_flight_kib=26.25)
+    assert report.cross_budget_failures([deep]) == []
+    assert report.cross_budget_failures([report.Row(**{**deep.__dict__, "per_cell_channel": 171.5})]) == [
+        "four-route sm_90 bf16 W=56: 171.5 SASS per cell·channel > 171.0"]
+    for dtype in ("bf16",):
+        for width in (56, 28):
+            assert report.CROSS_DEEP_LOOP_BUDGET[(dtype, width)] <= report.CROSS_LOOP_BUDGET[(dtype, width)]
 
 
 def test_budgets_catch_what_they_hold():
@@ -140,7 +165,7 @@ def _nvrtc_headers() -> Path | None:
 @pytest.mark.parametrize("dtype,width,route", [("bf16", 56, 0), ("fp32", 7, 11), ("fp16", 14, 6), ("bf16", 56, -1)])
 def test_entry_compiles_with_nvrtc(dtype, width, route):
     # route -1: the four-route entry (VMAMBA2D_RS_CROSS=1) at its plan's lane width and blocks per SM
-    # (bf16 at 56: V = 4, 6 blocks).
+    # (bf16 at 56: V = 4, two rows ahead, 5 blocks).
     # The launcher's path: NVRTC (no nvcc), the plan's macros, the CUDA headers torch's wheels bring.
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
     headers = _nvrtc_headers()
@@ -152,7 +177,8 @@ def test_entry_compiles_with_nvrtc(dtype, width, route):
     if route < 0:
         cross = report.cross_plan_for(dtype, width)
         defines.update(VMAMBA2D_RS_CROSS=1, VMAMBA2D_RS_VEC=cross.vec, VMAMBA2D_RS_LOAD=cross.vec,
-                       VMAMBA2D_RS_STEPS=cross.scan_steps, **cross.min_blocks_define())
+                       VMAMBA2D_RS_STEPS=cross.scan_steps, VMAMBA2D_RS_PREFETCH=cross.prefetch,
+                       **cross.min_blocks_define())
         entry = "vmamba2d_rows_cross_forward"
     source = report.ENTRY.read_bytes()
     err, prog = nvrtc.nvrtcCreateProgram(source, report.ENTRY.name.encode(), 0, [], [])

@@ -17,7 +17,7 @@ needs_nvcc = pytest.mark.skipif(NVCC is None or DISASSEMBLER is None, reason="nv
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_folding_kernel_holds_its_budgets_and_the_rules_figures(dtype):
     widths = list(report.WIDTHS)
-    plain = report.run_cross(NVCC, DISASSEMBLER, ["sm_90"], [dtype], widths)
+    plain = report.run_cross(NVCC, DISASSEMBLER, ["sm_90"], [dtype], widths, prefetch=1)  # the fold's depth
     rows = report.run_cross_fold(NVCC, DISASSEMBLER, ["sm_90"], [dtype], widths)
     assert report.cross_fold_budget_failures(rows, plain) == []
     for r, base in zip(rows, plain):
@@ -45,6 +45,10 @@ def test_fold_budgets_catch_what_they_hold():
                         "the compiled 260.0"]
     assert report.cross_fold_budget_failures([_row(fold_cells={})], plain) == [
         "folding four-route sm_90 fp32 W=56: no streaming loop found"]
+    # the unfolded figure is the one-row-ahead kernel's (the folding instance's depth): a deeper ring's
+    # row does not stand in for it
+    assert report.cross_fold_budget_failures([_row()], [_row(prefetch=2, per_cell_channel=193.7, fold_cells={})]) == [
+        "folding four-route sm_90 fp32 W=56: the fold rule's unfolded figure 193.7 is not the compiled None"]
     # other archs: resources only
     assert report.cross_fold_budget_failures([_row(arch="sm_80", fold_cells={1: 999.0, 2: 1999.0})], plain) == []
 

@@ -75,7 +75,10 @@ def test_model_and_benchmark_plans_are_compiled_in(rows):
     for width in MODEL_WIDTHS:
         for elem_bytes in (2, 4):
             plan = cross_plan(elem_bytes, elem_bytes, width)
-            cross_instances.add((plan.vec, plan.load, 1, plan.scan_steps))
+            # the plan's prefetch depth, and P = 1 beside it (the benchmark's pinned one-row-ahead kernel)
+            cross_instances |= {(plan.vec, plan.load, plan.prefetch, plan.scan_steps),
+                                (plan.vec, plan.load, 1, plan.scan_steps)}
+    assert {(4, 4, 2, 4), (4, 4, 2, 3)} <= cross_instances  # fp16 / bf16 at 56 / 28 hold two rows ahead
     assert set(cross) == cross_instances
 
 
@@ -133,9 +136,10 @@ def test_too_few_compiled_steps_trap(rows):
         run(rows, x, 56, 0, 1, steps=4)  # odd order: P = 2, which the tuner does not offer at V = 4
 
 
-def cross_run(rows, x, order, steps=None, y_fp32=False, aligned=16):
+def cross_run(rows, x, order, steps=None, y_fp32=False, aligned=16, prefetch=None):
     """y of the emulated four-route kernel on the plan the launch takes for tensors ``aligned`` bytes
-    apart; with x["delta_proj_weight"] the folding instance, delta then low-rank (batch, 4, R, H, W)."""
+    apart (at ``prefetch`` rows ahead if given, else the plan's); with x["delta_proj_weight"] the
+    folding instance (its plan: CrossPlan.folding), delta then low-rank (batch, 4, R, H, W)."""
     batch, dim, height, width = x["u"].shape
     plan = cross_plan(x["u"].element_size(), 4 if y_fp32 else x["u"].element_size(), width, aligned)
     length = height * width
@@ -143,6 +147,8 @@ def cross_run(rows, x, order, steps=None, y_fp32=False, aligned=16):
     kwargs = {} if steps is None else {"steps": steps}
     if x.get("delta_proj_weight") is not None:
         kwargs["delta_proj_weight"] = x["delta_proj_weight"]
+        plan = plan.folding(x["u"].element_size())
+    kwargs["prefetch"] = plan.prefetch if prefetch is None else prefetch
     y = rows.rows_cross_forward(
         x["u"].reshape(batch, dim, length), x["delta"].reshape(batch, 4 * planes, length), x["A"],
         x["B"].reshape(batch, 4, 1, length), x["C"].reshape(batch, 4, 1, length), x["D"], x["delta_bias"], True,
@@ -191,6 +197,11 @@ def test_four_route_compiled_steps(rows, dtype, width, y_fp32, folded):
     assert rows.rows_last_steps() == -1
     assert torch.equal(compiled, runtime) and torch.equal(fixed, runtime)
     assert relative_error(compiled, expected) <= CROSS_TOLERANCE[torch.float32 if y_fp32 else dtype]
+    if not folded:
+        # The compiled-in one-row-ahead instance beside the plan's depth: bit-equal.
+        one, _ = cross_run(rows, x, order=2, y_fp32=y_fp32, prefetch=1)
+        assert rows.rows_last_steps() == steps
+        assert torch.equal(one, compiled)
 
 
 # The scalar-access instances a launch takes for 2-byte inputs whose addresses hold no 2-column
@@ -231,5 +242,16 @@ def test_four_route_step_count_without_an_instance_is_refused(rows):
     # The V = 2 four-route instances have 5 / 4 / 3 steps (W = 56 / 28 / 14); 2 is within the kernel's
     # range but has none, so it is refused before anything runs.
     x = cross_inputs(1, 2, 14, torch.float32, seed=3)
-    with pytest.raises(RuntimeError, match="no four-route instance compiled for vec 2, load 2, 2 scan steps"):
+    with pytest.raises(RuntimeError, match="no four-route instance compiled for vec 2, load 2, prefetch 1, 2 scan steps"):
         cross_run(rows, x, order=0, steps=2)
+
+
+def test_four_route_prefetch_without_an_instance_is_refused(rows):
+    # fp32 at 56 runs V = 2 one row ahead: no two-rows-ahead instance is compiled in for its 5 steps;
+    # the folding instance takes one row ahead only.
+    x = cross_inputs(1, 2, 56, torch.float32, seed=4)
+    with pytest.raises(RuntimeError, match="vec 2, load 2, prefetch 2, 5 scan steps"):
+        cross_run(rows, x, order=0, steps=5, y_fp32=True, prefetch=2)
+    folded = cross_inputs(1, 2, 56, torch.bfloat16, seed=4, rank=2)
+    with pytest.raises(RuntimeError, match="prefetch: expected 1 or 2 \\(1 with delta_proj_weight\\), got 2"):
+        cross_run(rows, folded, order=0, prefetch=2)

@@ -20,7 +20,6 @@ projects first (vmamba2d.ops.delta_proj.project_delta) and the unfolded kernel o
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 from typing import Optional, Sequence
 
 import torch
@@ -127,7 +126,7 @@ def cross_forward_design(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, 
     else:
         folds, why = rows_plan.fold_rule(_DTYPE_NAMES[u.dtype], width, rank, height * width)
     scan_plan.debug_note(("cuda four-route fold", u.dtype, height, width, rank, folds), f"cuda four-route {why}")
-    return "rs", dataclasses.replace(plan, fold=folds), f"{design.reason}; {why}"
+    return "rs", plan.folding(u.element_size()) if folds else plan, f"{design.reason}; {why}"
 
 
 def folds(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -141,7 +140,8 @@ def folds(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor
 
 def plan_spec(plan: rows_plan.CrossPlan, dtype: torch.dtype) -> KernelSpec:
     """The NVRTC table entry of a four-route plan and input type."""
-    return rows_cross_kernel(_DTYPE_NAMES[dtype], plan.vec, plan.load, plan.scan_steps, plan.fold, plan.min_blocks)
+    return rows_cross_kernel(_DTYPE_NAMES[dtype], plan.vec, plan.load, plan.scan_steps, plan.fold, plan.min_blocks,
+                             plan.prefetch)
 
 
 def cross_params(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -169,7 +169,8 @@ def cross_params(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch
 
 def tuning_candidates() -> list[dict[str, int]]:
     """Warps per block (4 first; 2, 1): bit-neutral, warp k of the grid runs item k whatever the
-    block size. The kernel has no prefetch depth to tune (C is loaded in the row, delta / B a row ahead)."""
+    block size. The prefetch depth is the plan's (rows_plan.cross_plan's estimate, compiled with its blocks
+    per SM), not a tuner's knob."""
     return [{"warps": w} for w in (rows_plan.ROWS_THREADS // rows_plan.WARP_LANES, 2, 1)]
 
 
@@ -184,7 +185,7 @@ def tuning_key(u: torch.Tensor, y: torch.Tensor, softplus: bool, plan: rows_plan
     key = {"gpu": gpu, "sms": sms, "dtype": _DTYPE_NAMES[u.dtype], "y": _DTYPE_NAMES[y.dtype], "batch": batch,
            "dim": dim, "groups": 1, "nstate": 1, "height": height, "width": width,
            "routes": list(rows_plan.CROSS_ROUTE_CODES), "direction": "forward", "softplus": bool(softplus),
-           "vec": plan.vec, "load": plan.load}
+           "vec": plan.vec, "load": plan.load, "prefetch": plan.prefetch}
     if rank:
         key["fold_rank"] = rank  # the folding kernel: another kernel, timed on its own
     return key

@@ -78,20 +78,25 @@ ROWS_CROSS_SYMBOL = "vmamba2d_rows_cross_forward"
 
 
 def rows_cross_kernel(dtype: str, vec: int, load: int, steps: int, fold: bool = False,
-                      min_blocks: int = ROWS_MIN_BLOCKS) -> KernelSpec:
+                      min_blocks: int = ROWS_MIN_BLOCKS, prefetch: int = 1) -> KernelSpec:
     """The v4 four-route forward (CrossRowsForward: VMamba's cross routes in one launch) compiled for
     one plan: dtype "fp32" / "fp16" / "bf16", the CrossPlan's vec / load / scan_steps / min_blocks (the
-    RS entry file with VMAMBA2D_RS_CROSS=1; its route and prefetch macros are not read); ``fold``: the
+    RS entry file with VMAMBA2D_RS_CROSS=1; its route macro is not read); ``fold``: the
     instance that projects the low-rank step sizes itself (VMAMBA2D_RS_FOLD=1, name suffix "f");
     ``min_blocks``: the blocks per SM its launch bounds are compiled for (VMAMBA2D_RS_MIN_BLOCKS and
-    name suffix "b<n>" where it is not the entry's default ROWS_MIN_BLOCKS)."""
+    name suffix "b<n>" where it is not the entry's default ROWS_MIN_BLOCKS); ``prefetch``: the rows of u
+    and delta held ahead (VMAMBA2D_RS_PREFETCH and "p<P>" after the load in the name where it is not 1)."""
     defines = (("VMAMBA2D_RS_CROSS", 1), ("VMAMBA2D_RS_DTYPE", ROWS_DTYPE_CODES[dtype]), ("VMAMBA2D_RS_VEC", vec),
                ("VMAMBA2D_RS_LOAD", load), ("VMAMBA2D_RS_STEPS", steps)) + ((("VMAMBA2D_RS_FOLD", 1),) if fold else ())
+    depth = ""
+    if prefetch != 1:
+        defines += (("VMAMBA2D_RS_PREFETCH", prefetch),)
+        depth = f"p{prefetch}"
     blocks = ""
     if min_blocks != ROWS_MIN_BLOCKS:
         defines += (("VMAMBA2D_RS_MIN_BLOCKS", min_blocks),)
         blocks = f"b{min_blocks}"
-    return KernelSpec(name=f"rows_cross_forward.{dtype}.v{vec}l{load}s{steps}{blocks}{'f' if fold else ''}",
+    return KernelSpec(name=f"rows_cross_forward.{dtype}.v{vec}l{load}{depth}s{steps}{blocks}{'f' if fold else ''}",
                       source=ROWS_SOURCE, symbol=ROWS_CROSS_SYMBOL, name_expression=False,
                       defines=tuple((name, str(value)) for name, value in defines))
 
@@ -160,10 +165,12 @@ def model_cross_kernels() -> list[KernelSpec]:
         for side, design in _model_designs(dtype, CROSS_ROUTE_CODES):
             plan = cross_plan(_ELEMENT_BYTES[dtype], _ELEMENT_BYTES[dtype], side, _MODEL_ALIGNMENT)
             if design == "rs" and plan is not None:
-                specs.append(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps, min_blocks=plan.min_blocks))
+                specs.append(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps, min_blocks=plan.min_blocks,
+                                               prefetch=plan.prefetch))
                 if any(fold_rule(dtype, side, rank, side * side)[0] for rank in MODEL_FOLD_RANKS[side]):
-                    specs.append(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps, fold=True,
-                                                   min_blocks=plan.min_blocks))
+                    fold = plan.folding(_ELEMENT_BYTES[dtype])
+                    specs.append(rows_cross_kernel(dtype, fold.vec, fold.load, fold.scan_steps, fold=True,
+                                                   min_blocks=fold.min_blocks))
     return list({spec.name: spec for spec in specs}.values())
 
 

@@ -8,6 +8,7 @@ consecutive columns of every row (docs/kernels.md, "v4"). The plan fixes what th
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -141,7 +142,9 @@ class CrossPlan(RowsPlan):
     """A plan of the four-route kernel: a RowsPlan, ``fold``, whether the instance projects the
     low-rank step sizes itself (CrossRowsForward's kFold; fold_rule), and ``min_blocks``, the blocks
     of ROWS_THREADS threads per SM the entry is compiled for (its launch bounds,
-    VMAMBA2D_RS_MIN_BLOCKS): registers a thread at most :attr:`registers`."""
+    VMAMBA2D_RS_MIN_BLOCKS): registers a thread at most :attr:`registers`. ``prefetch``: the rows of u
+    and both routes' delta the kernel holds ahead (CrossRowsForward's kPrefetch, VMAMBA2D_RS_PREFETCH);
+    a folding plan holds 1 (:meth:`folding`)."""
 
     fold: bool = False
     min_blocks: int = 8
@@ -156,6 +159,11 @@ class CrossPlan(RowsPlan):
         """Warps per SM at that cap (blocks of ROWS_THREADS threads, no shared memory; sm_80 / sm_90:
         64K registers, 64 warps): what the launch can keep resident, by the plan's register figure."""
         return resident_warps(self.registers)
+
+    def folding(self, elem_bytes: int) -> "CrossPlan":
+        """The plan of the folding instance at this plan's V for inputs of ``elem_bytes``: one row ahead
+        (the kernel's kFold takes P = 1), compiled for cross_min_blocks at P = 1."""
+        return dataclasses.replace(self, fold=True, prefetch=1, min_blocks=cross_min_blocks(elem_bytes, self.vec, 1))
 
     def min_blocks_define(self) -> dict[str, int]:
         """VMAMBA2D_RS_MIN_BLOCKS where it is not the entry's default (ROWS_MIN_BLOCKS, whose sm_75
@@ -172,6 +180,30 @@ SM_WARPS = 64
 # without spills on sm_90 / sm_80 / sm_75 (nvcc 13.0, dev/gpu/v4_static_report.py): 6 blocks -> 80
 # registers for 2-byte types; fp32 needs 5 -> 96 (at 6 it spills 24 B at W = 56).
 CROSS_WIDE_MIN_BLOCKS = {2: 6, 4: 5}
+# Blocks per SM of the four-route entry holding u and delta P = 2 rows ahead, by (element size, V): the
+# second row's 6 registers (bf16 V = 4: u 2, both routes' delta 4; fp32 V = 2 alike) spill at the P = 1
+# caps on sm_90 (nvcc 13.0: bf16 V = 4 at 6 blocks / 80 registers 84 + 84 B with a 32 B stack; fp32 V = 2
+# at 8 / 64 64 + 112 B) and fit these without spills: 5 -> 96 registers, 7 -> 72.
+CROSS_DEEP_MIN_BLOCKS = {(2, 4): 5, (4, 2): 7}
+CROSS_DEEP_PREFETCH = 2  # the deeper ring the four-route rule weighs against one row ahead
+
+
+def cross_min_blocks(elem_bytes: int, vec: int, prefetch: int = 1) -> int:
+    """Blocks per SM the four-route entry is compiled for at ``vec`` columns a lane and ``prefetch`` rows
+    ahead: CROSS_DEEP_MIN_BLOCKS at P = 2, CROSS_WIDE_MIN_BLOCKS at V = 4 and P = 1, else ROWS_MIN_BLOCKS
+    (64 registers). Other deeper rings have no figures (ValueError)."""
+    if prefetch == 1:
+        return CROSS_WIDE_MIN_BLOCKS[elem_bytes] if vec == 4 else ROWS_MIN_BLOCKS
+    if prefetch == CROSS_DEEP_PREFETCH and (elem_bytes, vec) in CROSS_DEEP_MIN_BLOCKS:
+        return CROSS_DEEP_MIN_BLOCKS[(elem_bytes, vec)]
+    raise ValueError(f"prefetch: no blocks per SM measured for P = {prefetch} at V = {vec}, {elem_bytes}-byte inputs")
+
+
+def cross_instances(elem_bytes: int) -> tuple[tuple[int, int], ...]:
+    """The (V, P) instances of the four-route kernel whose sm_90 figures the rule weighs (CROSS_VEC_FIGURES,
+    the static report's comparison): V = 2 and 4 one row ahead, and the deeper ring at the V the rule
+    takes (4 for 2-byte inputs, 2 for fp32)."""
+    return ((2, 1), (4, 1), (cross_max_vec(elem_bytes) if elem_bytes == 2 else 2, CROSS_DEEP_PREFETCH))
 
 
 def register_cap(min_blocks: int) -> int:
@@ -217,8 +249,8 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
       written twice and read once (6 e + 3 e_y bytes: 18 B bf16, 36 B fp32) and issues SASS
       instructions, at FOLD_ISSUE_RATE = 33.4 T lane instructions/s against FOLD_BANDWIDTH = 4.2 TB/s
       (8.0 instructions a byte); and
-    * the in-flight ceiling: the bytes the resident warps have outstanding -- one row of u and both
-      routes' delta a warp, warps x 3 x M x W x e -- over the ~23.9 KB Little's law asks of an SM
+    * the in-flight ceiling: the bytes the resident warps have outstanding -- P rows of u and both
+      routes' delta a warp, warps x P x 3 x M x W x e -- over the ~23.9 KB Little's law asks of an SM
       (LITTLE_BYTES: 4.2 TB/s x 0.75 us / 132 SMs).
 
     sm_90 at W = 56 (28 similar): bf16 V = 2: 221.4 SASS -> 18 x 8.0 / 221.4 = 65% issue, 32 warps x
@@ -230,9 +262,22 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
     trades occupancy, so fp32 keeps 2 columns (bf16 / fp16 gain ~50%). A GPU run of both (dev/gpu/
     bench_v4.py times the bf16 pair) decides.
 
+    P, the rows of u and both routes' delta held ahead (B stays one row ahead: one plane per route
+    shared by every channel of the group, cache hits rather than DRAM bytes): CROSS_DEEP_PREFETCH = 2
+    where the same estimate gains CROSS_WIDE_MARGIN over P = 1 at the rule's V, with the entry compiled
+    for CROSS_DEEP_MIN_BLOCKS (the second row does not fit the P = 1 caps without spills), else 1.
+    sm_90 at W = 56 (28 alike): bf16 V = 4, P = 1 (above): min(87%, 68%) = 68%; P = 2 at 5 blocks:
+    169.0 SASS, 96 registers -> 20 warps: 18 x 8.0 / 169.0 = 85% issue, 20 x 2 x 3 x 112 x 2 B =
+    26.3 KiB -> 100% (113%) in flight: 85%, x 1.25 -> P = 2 (fp16: 162.8 SASS, 96 registers: 88%, x 1.30;
+    at 28 bf16 87%, fp16 91%). fp32 V = 2, P = 2 at 7 blocks: 209.4 SASS, 72 registers -> 28 warps:
+    137% issue, 28 x 2 x 3 x 56 x 4 B = 36.8 KiB -> 100% in flight: 100% against 90%, x 1.11, under the
+    margin -> P = 1 (the same verdict as V = 4 for fp32). The deeper ring costs instructions (the
+    unrolled row pair, the refill offsets: +3.3 SASS bf16 / +5.8 fp16 / +15.7 fp32 per cell·channel at 56)
+    and warps, and gains only where the bytes in flight, not issue, bound the estimate.
+
     Vector accesses where ``aligned_bytes`` (alignment of u, delta, B, C and y) holds a vector of the
-    inputs and of y (y is read back by the second sweep), else scalar ones. ``prefetch`` is not read
-    by this kernel (1); ``fold`` is False (the design sets it: cross_rows_launch.cross_forward_design).
+    inputs and of y (y is read back by the second sweep), else scalar ones. ``fold`` is False (the
+    design sets it with CrossPlan.folding: cross_rows_launch.cross_forward_design).
     """
     if elem_bytes not in (2, 4) or y_bytes not in (2, 4):
         raise ValueError(f"elem_bytes, y_bytes: expected 2 or 4, got {elem_bytes}, {y_bytes}")
@@ -241,37 +286,41 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
     if vec is None or width < 1:
         return None
     vector = vec > 1 and aligned_bytes % (vec * elem_bytes) == 0 and aligned_bytes % (vec * y_bytes) == 0
-    blocks = CROSS_WIDE_MIN_BLOCKS[elem_bytes] if vec == 4 else ROWS_MIN_BLOCKS
-    return CrossPlan(**layout(width, vec, vec if vector else 1).__dict__, min_blocks=blocks)
+    # The deeper ring where the estimate takes it at the model widths (cross_deep_pays): fp16 / bf16 at
+    # V = 4; the verdict extends to every width 4 divides (no figures there), as V's does.
+    prefetch = CROSS_DEEP_PREFETCH if elem_bytes == 2 and vec == 4 else 1
+    fields = {**layout(width, vec, vec if vector else 1).__dict__, "prefetch": prefetch}
+    return CrossPlan(**fields, min_blocks=cross_min_blocks(elem_bytes, vec, prefetch))
 
 
-# The estimate behind cross_plan's choice of V: sm_90 figures of the four-route kernel (nvcc 13.0,
-# dev/gpu/v4_static_report.py's pinned-V table in benchmarks/scan_cuda_v4_static.md, which CI holds
-# them to; compiler figures, no GPU ran) per (input type, W, V): (SASS per cell·channel of the op,
-# registers).
+# The estimate behind cross_plan's choice of V and P: sm_90 figures of the four-route kernel (nvcc 13.0,
+# dev/gpu/v4_static_report.py's pinned (V, P) table in benchmarks/scan_cuda_v4_static.md, which CI holds
+# them to; compiler figures, no GPU ran) per (input type, W, V, P) of cross_instances, each compiled for
+# cross_min_blocks: (SASS per cell·channel of the op, registers).
 CROSS_VEC_FIGURES = {
-    ("fp32", 56, 2): (193.7, 64), ("fp32", 56, 4): (136.6, 96),
-    ("fp32", 28, 2): (175.4, 64), ("fp32", 28, 4): (132.0, 96),
-    ("bf16", 56, 2): (221.4, 63), ("bf16", 56, 4): (165.7, 80),
-    ("bf16", 28, 2): (204.3, 64), ("bf16", 28, 4): (161.1, 80),
-    ("fp16", 56, 2): (214.3, 63), ("fp16", 56, 4): (157.0, 80),
-    ("fp16", 28, 2): (198.3, 64), ("fp16", 28, 4): (152.4, 80),
+    ("fp32", 56, 2, 1): (193.7, 64), ("fp32", 56, 4, 1): (136.6, 96), ("fp32", 56, 2, 2): (209.4, 72),
+    ("fp32", 28, 2, 1): (175.4, 64), ("fp32", 28, 4, 1): (132.0, 96), ("fp32", 28, 2, 2): (200.3, 72),
+    ("bf16", 56, 2, 1): (221.4, 63), ("bf16", 56, 4, 1): (165.7, 80), ("bf16", 56, 4, 2): (169.0, 96),
+    ("bf16", 28, 2, 1): (204.3, 64), ("bf16", 28, 4, 1): (161.1, 80), ("bf16", 28, 4, 2): (164.4, 96),
+    ("fp16", 56, 2, 1): (214.3, 63), ("fp16", 56, 4, 1): (157.0, 80), ("fp16", 56, 4, 2): (162.8, 96),
+    ("fp16", 28, 2, 1): (198.3, 64), ("fp16", 28, 4, 1): (152.4, 80), ("fp16", 28, 4, 2): (158.2, 96),
 }
 LITTLE_BYTES = 4.2e12 * 0.75e-6 / 132  # bytes in flight an H200 SM needs at the copy bandwidth (issue 39)
 CROSS_WIDE_MARGIN = 1.2  # the estimated gain 4 columns must show to take them (fewer warps, an estimate)
 
 
-def cross_estimate(dtype: str, width: int, vec: int) -> tuple[float, float]:
-    """(issue ceiling, in-flight ceiling) of the four-route kernel at ``vec`` columns a lane, as
-    shares of copy bandwidth (each at most 1; cross_plan's docstring): from CROSS_VEC_FIGURES'
-    SASS and registers for (dtype "fp32" / "fp16" / "bf16", width, vec)."""
-    if (dtype, width, vec) not in CROSS_VEC_FIGURES:
-        raise ValueError(f"dtype, width, vec: no figures for {(dtype, width, vec)}; have {sorted(CROSS_VEC_FIGURES)}")
-    sass, registers = CROSS_VEC_FIGURES[(dtype, width, vec)]
+def cross_estimate(dtype: str, width: int, vec: int, prefetch: int = 1) -> tuple[float, float]:
+    """(issue ceiling, in-flight ceiling) of the four-route kernel at ``vec`` columns a lane and
+    ``prefetch`` rows ahead, as shares of copy bandwidth (each at most 1; cross_plan's docstring): from
+    CROSS_VEC_FIGURES' SASS and registers for (dtype "fp32" / "fp16" / "bf16", width, vec, prefetch)."""
+    key = (dtype, width, vec, prefetch)
+    if key not in CROSS_VEC_FIGURES:
+        raise ValueError(f"dtype, width, vec, prefetch: no figures for {key}; have {sorted(CROSS_VEC_FIGURES)}")
+    sass, registers = CROSS_VEC_FIGURES[key]
     e = 4 if dtype == "fp32" else 2
     issue = FOLD_ISSUE_RATE / FOLD_BANDWIDTH * (6 * e + 3 * e) / sass
     seg = width // vec
-    in_flight = resident_warps(registers) * 3 * (WARP_LANES // seg) * width * e / LITTLE_BYTES
+    in_flight = resident_warps(registers) * prefetch * 3 * (WARP_LANES // seg) * width * e / LITTLE_BYTES
     return min(issue, 1.0), min(in_flight, 1.0)
 
 
@@ -281,12 +330,23 @@ def cross_wide_pays(dtype: str, width: int) -> bool:
     return min(cross_estimate(dtype, width, 4)) >= CROSS_WIDE_MARGIN * min(cross_estimate(dtype, width, 2))
 
 
+def cross_deep_pays(dtype: str, width: int, vec: int) -> bool:
+    """Whether the estimate takes CROSS_DEEP_PREFETCH rows ahead over one at ``vec`` columns a lane: the
+    smaller ceiling at P = 2 (fewer warps: the entry compiled for CROSS_DEEP_MIN_BLOCKS) beats P = 1's
+    by CROSS_WIDE_MARGIN (the same margin as V's: the gain rests on the in-flight figure, a guessed
+    latency, while warps are given up)."""
+    deep = cross_estimate(dtype, width, vec, CROSS_DEEP_PREFETCH)
+    return min(deep) >= CROSS_WIDE_MARGIN * min(cross_estimate(dtype, width, vec, 1))
+
+
 def describe_cross() -> str:
     """The four-route kernel's lane rule, for backend_info()["scan_plan"]."""
-    return ("columns a lane V: fp16 / bf16 4 where 4 divides W (W <= 128; entry compiled for "
-            f"{CROSS_WIDE_MIN_BLOCKS[2]} blocks / SM, {register_cap(CROSS_WIDE_MIN_BLOCKS[2])} registers), else 2, "
-            f"1; fp32 2, 1 (W <= 64; {register_cap(ROWS_MIN_BLOCKS)} registers): the widest dividing W within 32 "
-            "lanes (rows_plan.cross_plan; an estimate from compiler figures, no GPU measured it)")
+    deep = cross_min_blocks(2, 4, CROSS_DEEP_PREFETCH)
+    return ("columns a lane V: fp16 / bf16 4 where 4 divides W (W <= 128), holding u and delta "
+            f"P = {CROSS_DEEP_PREFETCH} rows ahead (entry compiled for {deep} blocks / SM, {register_cap(deep)} "
+            f"registers), else 2, 1 at P = 1; fp32 2, 1 at P = 1 (W <= 64; {register_cap(ROWS_MIN_BLOCKS)} registers): "
+            "the widest V dividing W within 32 lanes, P by the in-flight estimate (rows_plan.cross_plan; an "
+            "estimate from compiler figures, no GPU measured it)")
 
 
 # The rule that decides whether the four-route kernel folds the step-size projection (CrossRowsForward's
@@ -295,7 +355,8 @@ def describe_cross() -> str:
 #
 # Static SASS per cell·channel of the four-route op on sm_90 (nvcc 13.0, dev/gpu/v4_static_report.py,
 # benchmarks/scan_cuda_v4_static.md; compiler figures, no GPU ran) per (input type, W), at the V of
-# cross_plan (4 for fp16 / bf16 at 56 and 28): (unfolded, folded at R = 1, folded per two more ranks). The folded kernel at rank R takes
+# cross_plan (4 for fp16 / bf16 at 56 and 28): (unfolded one row ahead -- the folding instance's depth, so
+# the difference is the projection's cost alone --, folded at R = 1, folded per two more ranks). The folded kernel at rank R takes
 # at_one + per_two * (R // 2): its longest path counts the odd plane's block at every R (an upper
 # bound by about half of per_two for even R).
 CROSS_FOLD_SASS = {
