@@ -22,11 +22,12 @@ type) is compiled with ``nvcc -cubin -Xptxas -v`` and disassembled with ``nvdisa
     python dev/gpu/v4_static_report.py --check         # exit 1 when a budget below is broken
 
 The four-route kernel (CrossRowsForward, entry vmamba2d_rows_cross_forward under
-VMAMBA2D_RS_CROSS=1) gets the same table at cross_vec(dtype, W) columns per lane and the blocks per SM
-of rows_plan.cross_plan (VMAMBA2D_RS_MIN_BLOCKS where not the entry's default); its budgets:
-cross_budget_failures (registers: the plan's cap). On sm_90 it is also compiled at both V = 2 and
-V = 4 for 56 and 28 (run_cross_pair), the figures behind the plan's choice of V
-(rows_plan.CROSS_VEC_FIGURES, held by cross_pair_failures).
+VMAMBA2D_RS_CROSS=1) gets the same table at cross_vec(dtype, W) columns per lane, the plan's prefetch
+depth P (u and delta held P rows ahead; the in-flight column counts P rows of u and both routes' delta)
+and the blocks per SM of rows_plan.cross_plan (VMAMBA2D_RS_MIN_BLOCKS where not the entry's default);
+its budgets: cross_budget_failures (registers: the plan's cap). On sm_90 it is also compiled at V = 2
+and V = 4 one row ahead and two rows ahead at the rule's V for 56 and 28 (run_cross_pair), the
+figures behind the plan's choice of V and P (rows_plan.CROSS_VEC_FIGURES, held by cross_pair_failures).
 
 Budgets (--check, and tests/ops/compiled/test_cuda_v4_static.py): registers <= 64, no spills / stack, no BAR,
 SASS per cell·channel on sm_90 <= LOOP_BUDGET[(dtype, W)] (four routes: CROSS_LOOP_BUDGET): the
@@ -606,7 +607,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(fold_table)
     pair_rows = run_cross_pair(nvcc, disassembler, args.dtypes) if "sm_90" in args.archs else []
     pair_table = format_pair_table(pair_rows)
-    print("\nFour-route kernel at V = 2 and V = 4 (sm_90; the estimate behind rows_plan.cross_plan's V):")
+    print("\nFour-route kernel at V = 2 and V = 4, P = 1 and P = 2 (sm_90; the estimate behind rows_plan.cross_plan's "
+          "V and P):")
     print(pair_table)
     failures = budget_failures(rows) + cross_budget_failures(cross_rows) + cross_fold_budget_failures(fold_rows,
                                                                                                       plain_rows)
@@ -623,18 +625,22 @@ def main(argv: Optional[list[str]] = None) -> int:
             "y in the input type, N = 1.",
             table + "\n\n## Four-route kernel (CrossRowsForward)\n\n"
             "VMamba's cross routes in one launch (two sweeps of two routes each; V = cross_vec(dtype, W): "
-            "rows_plan.cross_plan's, 4 for fp16 / bf16 where 4 divides W, else 2, 1; load = V; P = 1; the entry "
-            "compiled for the plan's blocks per SM: 6 at V = 4, else 8). SASS / cell·ch counts one cell·channel of "
-            "the op, i.e. all four routes and both sweeps (the mean of the innermost shuffle loops, fp32-y and "
-            "input-type-y branches alike, x 2 sweeps); in flight: a row of u and both routes' delta a warp (the "
-            "DRAM loads; B, C are shared by every channel), as rows_plan.cross_estimate counts.\n\n"
-            + cross_table + "\n\n## Four-route kernel at V = 2 and V = 4 (sm_90)\n\n"
-            "Both lane widths of each input type at 56 and 28, each compiled for its blocks per SM (V = 2: 8, "
-            "64 registers; V = 4: 6 for fp16 / bf16, 80 registers, 5 for fp32, 96), with the ceilings of "
-            "rows_plan.cross_estimate: issue = 8.0 instructions a byte (33.4 T lane instructions/s over 4.2 TB/s) "
-            "x the op's bytes per cell·channel (18 B fp16 / bf16, 36 B fp32) / SASS; in flight = the column above "
-            "over the ~23.9 KB Little's law asks of an H200 SM; each at most 100%. The plan takes 4 columns where "
-            "the smaller ceiling gains 20% (rows_plan.CROSS_WIDE_MARGIN). An estimate, no GPU ran.\n\n"
+            "rows_plan.cross_plan's, 4 for fp16 / bf16 where 4 divides W, else 2, 1; load = V; P = the plan's rows "
+            "of u and delta held ahead, 2 for fp16 / bf16 at V = 4, else 1; the entry compiled for the plan's blocks "
+            "per SM: 5 at V = 4 two rows ahead, else 8). SASS / cell·ch counts one cell·channel of the op, i.e. all "
+            "four routes and both sweeps (the mean of the innermost shuffle loops, fp32-y and input-type-y branches "
+            "alike, x 2 sweeps); in flight: P rows of u and both routes' delta a warp (the DRAM loads; B, C are "
+            "shared by every channel), as rows_plan.cross_estimate counts.\n\n"
+            + cross_table + "\n\n## Four-route kernel at V = 2 and V = 4, P = 1 and P = 2 (sm_90)\n\n"
+            "Both lane widths of each input type at 56 and 28 one row ahead, and two rows ahead at the V the rule "
+            "takes (fp16 / bf16: 4, fp32: 2), each compiled for its blocks per SM (rows_plan.cross_min_blocks: "
+            "V = 2, P = 1: 8, 64 registers; V = 4, P = 1: 6 for fp16 / bf16, 80 registers, 5 for fp32, 96; P = 2: 5 "
+            "for fp16 / bf16, 96, 7 for fp32, 72), with the ceilings of rows_plan.cross_estimate: issue = 8.0 "
+            "instructions a byte (33.4 T lane instructions/s over 4.2 TB/s) x the op's bytes per cell·channel (18 B "
+            "fp16 / bf16, 36 B fp32) / SASS; in flight = P rows of u and both routes' delta a warp (the KiB column) "
+            "over the ~23.9 KB Little's law asks of an H200 SM; each at most 100%. The plan takes 4 columns, and "
+            "then 2 rows, where the smaller ceiling gains 20% (rows_plan.CROSS_WIDE_MARGIN). An estimate, no GPU "
+            "ran.\n\n"
             + pair_table + "\n\n## Four-route kernel folding the step sizes (VMAMBA2D_RS_FOLD=1)\n\n"
             "The same kernel reading the low-rank step sizes (batch, 4, R, H, W) and the fp32 weights (4, dim, R) "
             "and projecting each channel's step sizes where it reads them (two planes a trip of a loop the rank "
