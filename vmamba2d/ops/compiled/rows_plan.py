@@ -268,7 +268,7 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
     for CROSS_DEEP_MIN_BLOCKS (the second row does not fit the P = 1 caps without spills), else 1.
     sm_90 at W = 56 (28 alike): bf16 V = 4, P = 1 (above): min(87%, 68%) = 68%; P = 2 at 5 blocks:
     169.0 SASS, 96 registers -> 20 warps: 18 x 8.0 / 169.0 = 85% issue, 20 x 2 x 3 x 112 x 2 B =
-    26.3 KiB -> 100% (113%) in flight: 85%, x 1.25 -> P = 2 (fp16: 162.8 SASS, 96 registers: 88%, x 1.30;
+    26.2 KiB -> 100% (113%) in flight: 85%, x 1.25 -> P = 2 (fp16: 162.8 SASS, 96 registers: 88%, x 1.30;
     at 28 bf16 87%, fp16 91%). fp32 V = 2, P = 2 at 7 blocks: 209.4 SASS, 72 registers -> 28 warps:
     137% issue, 28 x 2 x 3 x 56 x 4 B = 36.8 KiB -> 100% in flight: 100% against 90%, x 1.11, under the
     margin -> P = 1 (the same verdict as V = 4 for fp32). The deeper ring costs instructions (the
