@@ -239,7 +239,8 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
     V: the widest of cross_max_vec(elem_bytes) (4 fp16 / bf16, 2 fp32), 2, 1 that divides W with
     W / V <= 32 lanes (the kernel needs V | W: no ragged lane); None where none does (odd W > 32, and
     W > 64 fp32 / 128 fp16, bf16). The entry is compiled for ROWS_MIN_BLOCKS blocks per SM (64
-    registers) at V <= 2 and CROSS_WIDE_MIN_BLOCKS at V = 4 (80 registers 2-byte, 96 fp32).
+    registers) at V <= 2 and cross_min_blocks at V = 4 (one row ahead CROSS_WIDE_MIN_BLOCKS: 80 registers
+    2-byte, 96 fp32; two rows ahead CROSS_DEEP_MIN_BLOCKS: 96 2-byte).
 
     Why 4 columns for 2-byte inputs and 2 for fp32 (an estimate from compiler figures, not a GPU
     measurement; cross_estimate, CROSS_VEC_FIGURES): the kernel reaches at most the smaller of
