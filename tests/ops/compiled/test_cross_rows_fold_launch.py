@@ -227,7 +227,8 @@ def test_folding_entries_compile_without_spills(arch):
     # V = 4, else 64; 72 for fp16 on sm_75 at V <= 2), no spills, no stack.
     for dtype in ("fp32", "fp16", "bf16"):
         for side in MODEL_MAP_SIDES:
-            plan = rows_plan.cross_plan(2 if dtype != "fp32" else 4, 2 if dtype != "fp32" else 4, side)
+            size = 2 if dtype != "fp32" else 4
+            plan = rows_plan.cross_plan(size, size, side).folding(size)  # one row ahead, its own blocks
             compiled = nvrtc.compile_kernel(rows_cross_kernel(dtype, plan.vec, plan.load, plan.scan_steps, fold=True,
                                                               min_blocks=plan.min_blocks), arch, TOOLCHAIN)
             r = compiled.resources
