@@ -41,9 +41,11 @@ SHAPES = ((192, 56), (384, 28), (768, 14), (1536, 7))  # (Di, H = W) of vmamba2d
 CASES = (("single", 1536, 7), ("cross", 192, 56), ("fold", 192, 56), ("single", 192, 56), ("cross", 1536, 7),
          ("single", 384, 28), ("cross", 384, 28), ("single", 768, 14), ("cross", 768, 14))
 FOLD_RANK = 6  # vmamba2d_tiny's dt_rank: ceil(96 / 16)
-# Sides whose four-route row also times V = 2 beside the rule's V = 4 and P = 1 beside the rule's P = 2
-# (two more kernels, compiled at first use: the precompiled table holds the rule's instances only).
+# Sides whose four-route row also times V = 2 beside the rule's V = 4 (PAIR_SIDES) and P = 1 beside the
+# rule's P = 2 (DEEP_PAIR_SIDES: 56 at V = 4, 14 at V = 2, the stage with the model's largest share of
+# bytes) -- more kernels, compiled at first use: the precompiled table holds the rule's instances only.
 PAIR_SIDES = (56,)
+DEEP_PAIR_SIDES = (56, 14)
 CROSS_CODES = [0, 4, 3, 7]
 BATCH = 128
 MODEL_SHARE = 0.35  # of the time budget kept for the model's two precisions
@@ -183,7 +185,7 @@ def cross_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: in
         narrow = rows_plan.CrossPlan(**rows_plan.layout(side, 2, 2 if plan.load > 1 else 1).__dict__)
         calls["rs V=2"] = lambda: cross_rows_launch.launch_cross_forward(kernels.launcher, *inputs, True, False,
                                                                          narrow)
-    if design == "rs" and plan.prefetch > 1 and side in PAIR_SIDES:
+    if design == "rs" and plan.prefetch > 1 and side in DEEP_PAIR_SIDES:
         shallow = dataclasses.replace(plan, prefetch=1,
                                       min_blocks=rows_plan.cross_min_blocks(a["u"].element_size(), plan.vec, 1))
         calls["rs P=1"] = lambda: cross_rows_launch.launch_cross_forward(kernels.launcher, *inputs, True, False,

@@ -26,8 +26,9 @@ VMAMBA2D_RS_CROSS=1) gets the same table at cross_vec(dtype, W) columns per lane
 depth P (u and delta held P rows ahead; the in-flight column counts P rows of u and both routes' delta)
 and the blocks per SM of rows_plan.cross_plan (VMAMBA2D_RS_MIN_BLOCKS where not the entry's default);
 its budgets: cross_budget_failures (registers: the plan's cap). On sm_90 it is also compiled at V = 2
-and V = 4 one row ahead and two rows ahead at the rule's V for 56 and 28 (run_cross_pair), the
-figures behind the plan's choice of V and P (rows_plan.CROSS_VEC_FIGURES, held by cross_pair_failures).
+and V = 4 one row ahead and two rows ahead at the rule's V for 56 and 28, and at the rule's V one and two
+rows ahead for 14 and 7 (run_cross_pair), the figures behind the plan's choice of V and P
+(rows_plan.CROSS_VEC_FIGURES, held by cross_pair_failures).
 
 Budgets (--check, and tests/ops/compiled/test_cuda_v4_static.py): registers <= 64, no spills / stack, no BAR,
 SASS per cell·channel on sm_90 <= LOOP_BUDGET[(dtype, W)] (four routes: CROSS_LOOP_BUDGET): the
@@ -73,10 +74,14 @@ CROSS_LOOP_BUDGET = {
     ("bf16", 56): 171.0, ("bf16", 28): 166.0, ("bf16", 14): 201.0, ("bf16", 7): 272.5,
     ("fp16", 56): 162.0, ("fp16", 28): 157.0, ("fp16", 14): 195.5, ("fp16", 7): 273.0,
 }
-# The ratchet of the instances two rows ahead (the plan's at fp16 / bf16 56 and 28; compiled for 5 blocks
-# per SM): bf16 within the one-row budgets above (169.0 / 164.4), fp16 its figures + ~1% (162.8 / 158.2:
-# the ring's unrolled row pair and refill offsets cost +5.8 / +5.8 SASS per cell·channel over P = 1).
-CROSS_DEEP_LOOP_BUDGET = {("bf16", 56): 171.0, ("bf16", 28): 166.0, ("fp16", 56): 164.5, ("fp16", 28): 160.0}
+# The ratchet of the instances two rows ahead (the plan's at fp16 / bf16 56 and 28, compiled for 5 blocks
+# per SM; 14 at 7 blocks; 7, fp32 too, at 8): bf16 at 56 / 28 within the one-row budgets above (169.0 /
+# 164.4), fp16 there its figures + ~1% (162.8 / 158.2: the ring's unrolled row pair and refill offsets cost
+# +5.8 / +5.8 SASS per cell·channel over P = 1); at 14 and 7 their figures + ~1% (bf16 211.4 / 298.3, fp16
+# 201.0 / 292.0, fp32 7 272.3: +16.3 / +33.7, +11.6 / +26.9, +28.9 over P = 1).
+CROSS_DEEP_LOOP_BUDGET = {("bf16", 56): 171.0, ("bf16", 28): 166.0, ("fp16", 56): 164.5, ("fp16", 28): 160.0,
+                          ("bf16", 14): 213.5, ("bf16", 7): 301.5, ("fp16", 14): 203.0, ("fp16", 7): 295.0,
+                          ("fp32", 7): 275.0}
 
 
 def load_module(name: str, path: Path):
@@ -354,14 +359,15 @@ def one_row_ahead(nvcc: str, disassembler: str, rows: list[Row]) -> list[Row]:
                                                         r.vec, prefetch=1) for r in rows]
 
 
-# The widths whose four-route figures at V = 2 and V = 4, P = 1 and P = 2 side by side make
-# rows_plan.CROSS_VEC_FIGURES (the estimate behind cross_plan's V and P), on sm_90.
-PAIR_WIDTHS = (56, 28)
+# The widths whose four-route figures side by side (56 / 28: V = 2 and V = 4 one row ahead and the deeper
+# ring; 14 / 7: their V one and two rows ahead) make rows_plan.CROSS_VEC_FIGURES (the estimate behind
+# cross_plan's V and P), on sm_90.
+PAIR_WIDTHS = (56, 28, 14, 7)
 
 
-def pair_instances(dtype: str) -> tuple[tuple[int, int], ...]:
-    """The (V, P) instances the comparison compiles for an input type: rows_plan.cross_instances."""
-    return rows_plan_module.cross_instances(elem_bytes(dtype))
+def pair_instances(dtype: str, width: int = 56) -> tuple[tuple[int, int], ...]:
+    """The (V, P) instances the comparison compiles for an input type and width: rows_plan.cross_instances."""
+    return rows_plan_module.cross_instances(elem_bytes(dtype), width)
 
 
 def run_cross_pair(nvcc: str, disassembler: str, dtypes, widths=PAIR_WIDTHS) -> list[Row]:
@@ -369,7 +375,7 @@ def run_cross_pair(nvcc: str, disassembler: str, dtypes, widths=PAIR_WIDTHS) -> 
     blocks per SM, cross_min_blocks) per (dtype, width): the trade rows_plan.cross_plan decides."""
     with tempfile.TemporaryDirectory() as tmp:
         return [analyse_cross(nvcc, disassembler, "sm_90", d, w, Path(tmp), vec, prefetch=prefetch)
-                for d in dtypes for w in widths for vec, prefetch in pair_instances(d)]
+                for d in dtypes for w in widths for vec, prefetch in pair_instances(d, w)]
 
 
 def cross_pair_failures(rows: list[Row]) -> list[str]:
@@ -608,7 +614,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     pair_rows = run_cross_pair(nvcc, disassembler, args.dtypes) if "sm_90" in args.archs else []
     pair_table = format_pair_table(pair_rows)
     print("\nFour-route kernel at V = 2 and V = 4, P = 1 and P = 2 (sm_90; the estimate behind rows_plan.cross_plan's "
-          "V and P):")
+          "V and P; 14 / 7 at their V):")
     print(pair_table)
     failures = budget_failures(rows) + cross_budget_failures(cross_rows) + cross_fold_budget_failures(fold_rows,
                                                                                                       plain_rows)
@@ -626,16 +632,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             table + "\n\n## Four-route kernel (CrossRowsForward)\n\n"
             "VMamba's cross routes in one launch (two sweeps of two routes each; V = cross_vec(dtype, W): "
             "rows_plan.cross_plan's, 4 for fp16 / bf16 where 4 divides W, else 2, 1; load = V; P = the plan's rows "
-            "of u and delta held ahead, 2 for fp16 / bf16 at V = 4, else 1; the entry compiled for the plan's blocks "
-            "per SM: 5 at V = 4 two rows ahead, else 8). SASS / cell·ch counts one cell·channel of the op, i.e. all "
+            "of u and delta held ahead, 2 for fp16 / bf16 at every V and fp32 at V = 1, else 1; the entry compiled "
+            "for the plan's blocks per SM: two rows ahead 5 at V = 4, 7 at V = 2, 8 at V = 1; else 8). SASS / cell·ch counts one cell·channel of the op, i.e. all "
             "four routes and both sweeps (the mean of the innermost shuffle loops, fp32-y and input-type-y branches "
             "alike, x 2 sweeps); in flight: P rows of u and both routes' delta a warp (the DRAM loads; B, C are "
             "shared by every channel), as rows_plan.cross_estimate counts.\n\n"
             + cross_table + "\n\n## Four-route kernel at V = 2 and V = 4, P = 1 and P = 2 (sm_90)\n\n"
             "Both lane widths of each input type at 56 and 28 one row ahead, and two rows ahead at the V the rule "
-            "takes (fp16 / bf16: 4, fp32: 2), each compiled for its blocks per SM (rows_plan.cross_min_blocks: "
-            "V = 2, P = 1: 8, 64 registers; V = 4, P = 1: 6 for fp16 / bf16, 80 registers, 5 for fp32, 96; P = 2: 5 "
-            "for fp16 / bf16, 96, 7 for fp32, 72), with the ceilings of rows_plan.cross_estimate: issue = 8.0 "
+            "takes (fp16 / bf16: 4, fp32: 2); at 14 and 7 the one V that divides (2, 1) one and two rows ahead; "
+            "each compiled for its blocks per SM (rows_plan.cross_min_blocks: P = 1: 8, 64 registers, but V = 4: 6 "
+            "for fp16 / bf16, 80 registers, 5 for fp32, 96; P = 2: V = 4 fp16 / bf16 5, 96; V = 2 7, 72; V = 1 8, "
+            "64), with the ceilings of rows_plan.cross_estimate: issue = 8.0 "
             "instructions a byte (33.4 T lane instructions/s over 4.2 TB/s) x the op's bytes per cell·channel (18 B "
             "fp16 / bf16, 36 B fp32) / SASS; in flight = P rows of u and both routes' delta a warp (the KiB column) "
             "over the ~23.9 KB Little's law asks of an H200 SM; each at most 100%. The plan takes 4 columns, and "

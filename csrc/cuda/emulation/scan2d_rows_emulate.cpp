@@ -110,8 +110,8 @@ class RowsHostCtx : public emulation::HostWarpCtx<RowsHostCtx, GlobalShadow, fai
 // (vmamba2d/ops/compiled/cuda_kernels.py; rows_plan's V = 4, 4, 2, 1 fp32, 8, 4, 2, 1 fp16 / bf16)
 // at the plan's P = 1 and the tuner's P = 2 where it offers it (rows_plan.py, tuning_candidates:
 // V <= 2), each in every route variant; four routes: cross_plan's V = 2, 2, 2, 1 fp32 and 4, 4, 2, 1
-// fp16 / bf16 (rows_plan.py) at the plan's prefetch depth (P = 2 at V = 4, else 1) and at P = 1 for
-// every V (the pinned one-row-ahead instance the benchmark times beside the plan's).
+// fp16 / bf16 (rows_plan.py) at the plan's prefetch depth (P = 2 for fp16 / bf16 at every V, fp32 at V = 1;
+// else 1) and at P = 1 for every V (the pinned one-row-ahead instance the benchmark times beside the plan's).
 // Another plan is the same code with other constants; steps = -1 takes rows_scan_steps at run time.
 struct StepsPlan {
   int vec, load, prefetch, steps;
@@ -119,7 +119,8 @@ struct StepsPlan {
 constexpr StepsPlan kRowsStepsPlans[] = {{8, 8, 1, 3}, {4, 4, 1, 4}, {4, 4, 1, 3}, {2, 2, 1, 3},
                                          {2, 2, 2, 3}, {1, 1, 1, 3}, {1, 1, 2, 3}};
 constexpr StepsPlan kCrossStepsPlans[] = {{4, 4, 2, 4}, {4, 4, 2, 3}, {4, 4, 1, 4}, {4, 4, 1, 3},
-                                          {2, 2, 1, 5}, {2, 2, 1, 4}, {2, 2, 1, 3}, {1, 1, 1, 3}};
+                                          {2, 2, 1, 5}, {2, 2, 1, 4}, {2, 2, 1, 3}, {2, 2, 2, 3},
+                                          {1, 1, 1, 3}, {1, 1, 2, 3}};
 
 template <size_t kN>
 constexpr bool steps_compiled(const StepsPlan (&plans)[kN], int vec, int load, int prefetch, int steps) {

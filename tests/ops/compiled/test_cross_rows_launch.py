@@ -51,10 +51,12 @@ def test_plan_rule():
             plan = rows_plan.cross_plan(elem_bytes, elem_bytes, width)
             assert (plan.vec, plan.load, plan.seg_lanes, plan.maps_per_warp) == (vec, vec, seg, 32 // seg), width
             assert plan.scan_steps == rows_plan.scan_steps(seg)
-            # fp16 / bf16 at 4 columns hold u and delta two rows ahead, the entry compiled for 5 blocks a
-            # SM (96 registers, 20 warps); else one row ahead at 8 (64, 32)
-            assert (plan.prefetch, plan.min_blocks, plan.registers, plan.resident_warps) == (
-                (2, 5, 96, 20) if vec == 4 else (1, 8, 64, 32)), width
+            # u and delta two rows ahead: fp16 / bf16 at 4 columns with the entry compiled for 5 blocks a
+            # SM (96 registers, 20 warps), at 2 for 7 (72, 28), at 1 for 8 (64, 32); fp32 at 1 column
+            # (8: 64, 32); fp32 at 2 columns one row ahead at 8 (64, 32)
+            deep = {(2, 4): (2, 5, 96, 20), (2, 2): (2, 7, 72, 28), (2, 1): (2, 8, 64, 32), (4, 1): (2, 8, 64, 32)}
+            assert (plan.prefetch, plan.min_blocks, plan.registers, plan.resident_warps) == deep.get(
+                (elem_bytes, vec), (1, 8, 64, 32)), width
             # the folding instance at the same V holds one row ahead (80 registers at 4 columns)
             fold = plan.folding(elem_bytes)
             assert (fold.fold, fold.vec, fold.prefetch, fold.min_blocks) == (True, vec, 1, 6 if vec == 4 else 8)
@@ -76,9 +78,12 @@ def test_backend_info_names_the_lane_rule():
     from vmamba2d.ops import backend_info
 
     lanes = backend_info()["scan_plan"]["cuda_four_route_lanes"]
-    assert lanes.startswith("columns a lane V: fp16 / bf16 4 where 4 divides W (W <= 128), holding u and delta "
-                            "P = 2 rows ahead (entry compiled for 5 blocks / SM, 96 registers), else 2, 1 at P = 1; "
-                            "fp32 2, 1 at P = 1 (W <= 64; 64 registers)")
+    assert lanes.startswith("columns a lane V: fp16 / bf16 4 where 4 divides W (W <= 128), else 2, 1; fp32 2, "
+                            "else 1 (W <= 64): the widest V dividing W within 32 lanes; rows of u and delta held "
+                            "ahead P by the in-flight estimate -- fp16 / bf16 V = 4: P = 2 (5 blocks / SM, 96 "
+                            "registers), 2: P = 2 (7 blocks / SM, 72 registers), 1: P = 2 (8 blocks / SM, 64 "
+                            "registers); fp32 V = 2: P = 1 (8 blocks / SM, 64 registers), 1: P = 2 (8 blocks / SM, "
+                            "64 registers)")
 
 
 def test_register_caps_and_resident_warps():
@@ -87,26 +92,28 @@ def test_register_caps_and_resident_warps():
     assert [rows_plan.resident_warps(r) for r in (48, 63, 64, 78, 80, 92, 96)] == [40, 32, 32, 24, 24, 20, 20]
     # the four-route entry's blocks per SM by (element size, V, P); no figures for deeper rings
     assert [rows_plan.cross_min_blocks(e, v, p) for e, v, p in ((2, 4, 1), (4, 4, 1), (2, 2, 1), (2, 4, 2),
-                                                                (4, 2, 2))] == [6, 5, 8, 5, 7]
+                                                                (4, 2, 2), (2, 2, 2), (2, 1, 2), (4, 1, 2))] == [
+        6, 5, 8, 5, 7, 7, 8, 8]
     with pytest.raises(ValueError, match="P = 3"):
         rows_plan.cross_min_blocks(2, 4, 3)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("width", [56, 28])
+@pytest.mark.parametrize("width", [56, 28, 14, 7])
 def test_plan_follows_its_estimate_at_the_model_widths(dtype, width):
     # cross_plan's V and P are the ones its written estimate takes (rows_plan.cross_estimate from the
     # sm_90 static figures): four columns where they beat two by CROSS_WIDE_MARGIN, two rows ahead
     # where they beat one by it at that V.
     size = 4 if dtype == "fp32" else 2
     plan = rows_plan.cross_plan(size, size, width)
-    assert plan.vec == (4 if rows_plan.cross_wide_pays(dtype, width) else 2)
+    if width % 4 == 0:
+        assert plan.vec == (4 if rows_plan.cross_wide_pays(dtype, width) else 2)
     assert plan.prefetch == (2 if rows_plan.cross_deep_pays(dtype, width, plan.vec) else 1)
     assert plan.min_blocks == rows_plan.cross_min_blocks(size, plan.vec, plan.prefetch)
     issue, in_flight = rows_plan.cross_estimate(dtype, width, plan.vec, plan.prefetch)
     assert 0 < issue <= 1 and 0 < in_flight <= 1
     # each figure's registers are within the cap the plan compiles that (V, P) for
-    for vec, prefetch in rows_plan.cross_instances(size):
+    for vec, prefetch in rows_plan.cross_instances(size, width):
         blocks = rows_plan.cross_min_blocks(size, vec, prefetch)
         assert rows_plan.CROSS_VEC_FIGURES[(dtype, width, vec, prefetch)][1] <= rows_plan.register_cap(blocks)
 
@@ -126,6 +133,17 @@ def test_estimate_by_hand():
     # fp32 at V = 2: 100% (issue 137%, 28 warps x 2 rows x 3 x 56 x 4 B in flight) against 90%: x 1.11
     assert min(rows_plan.cross_estimate("fp32", 56, 2, 2)) == 1.0
     assert not rows_plan.cross_deep_pays("fp32", 56, 2)
+    # 14 columns, bf16 V = 2 (4 maps a warp): 195.1 SASS, 32 warps one row ahead (45% in flight) against
+    # 211.4 at 72 registers, 28 warps two rows ahead (68% issue): x 1.50
+    assert rows_plan.cross_estimate("bf16", 14, 2) == pytest.approx((18 * per_byte / 195.1, 32 * 3 * 4 * 14 * 2 / little))
+    assert rows_plan.cross_estimate("bf16", 14, 2, 2) == pytest.approx((18 * per_byte / 211.4,
+                                                                        28 * 2 * 3 * 4 * 14 * 2 / little))
+    assert rows_plan.cross_deep_pays("bf16", 14, 2) and rows_plan.cross_deep_rule(2, 2)
+    # 7 columns, V = 1: two rows ahead fit 64 registers (32 warps): the bytes in flight double
+    assert rows_plan.cross_estimate("bf16", 7, 1, 2) == pytest.approx((18 * per_byte / 298.3, 32 * 2 * 3 * 4 * 7 * 2 / little))
+    assert rows_plan.cross_deep_pays("fp32", 7, 1) and rows_plan.cross_deep_rule(4, 1)
+    # fp32 at 14: 90% (in flight) against 100%: x 1.11, as at 56 / 28
+    assert not rows_plan.cross_deep_pays("fp32", 14, 2) and not rows_plan.cross_deep_rule(4, 2)
     with pytest.raises(ValueError, match="no figures"):
         rows_plan.cross_estimate("bf16", 14, 4)
     with pytest.raises(ValueError, match="no figures"):

@@ -131,7 +131,7 @@ def test_four_columns_a_lane(rows, dtype, width):
         check(scalar, expected, torch.float32 if y_fp32 else dtype)
 
 
-# Two rows of u and delta ahead (the plan's ring for fp16 / bf16 at 4 columns a lane) against one:
+# Two rows of u and delta ahead (the plan's ring for fp16 / bf16 at every V and fp32 at V = 1) against one:
 # bit-equal in every input type, y type and lane width the model's maps take (W = 56, 28, 14, 7 at
 # the plan's V; fp32 at 56 / 28 at V = 2 and 4), vector and scalar accesses, heights below the ring
 # (H = 1 < P), at it (2), just past it (3) and odd ones (5, 7): the refills past the map's end and the
@@ -153,10 +153,11 @@ def test_two_rows_ahead_is_bit_equal_to_one(rows, dtype, width):
                     check(two, expected, y_type)
 
 
-def test_plan_holds_two_rows_ahead_for_half_inputs_at_four_columns(rows):
-    # The launch's plans at the model widths: what run() passes by default (cross_plan's P).
-    assert [cross_plan(2, 2, w).prefetch for w in (56, 28, 14, 7)] == [2, 2, 1, 1]
-    assert [cross_plan(4, 4, w).prefetch for w in (56, 28, 14, 7)] == [1, 1, 1, 1]
+def test_plan_holds_two_rows_ahead_where_the_estimate_takes_it(rows):
+    # The launch's plans at the model widths: what run() passes by default (cross_plan's P): fp16 / bf16
+    # at every V (4, 4, 2, 1), fp32 at one column a lane (W = 7) alone.
+    assert [cross_plan(2, 2, w).prefetch for w in (56, 28, 14, 7)] == [2, 2, 2, 2]
+    assert [cross_plan(4, 4, w).prefetch for w in (56, 28, 14, 7)] == [1, 1, 1, 2]
 
 
 def test_without_d_and_bias_and_softplus(rows):

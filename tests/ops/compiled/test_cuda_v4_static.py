@@ -47,17 +47,22 @@ def test_four_route_kernel_holds_its_budgets(dtype):
 @pytest.mark.slow
 @needs_nvcc
 def test_four_route_pair_holds_the_plans_figures():
-    # V = 2 and V = 4 one row ahead and the deeper ring (bf16: V = 4, fp32: V = 2, two rows) at 56 / 28
-    # in bf16 and fp32 on sm_90: within their launch bounds, no spills, and the figures rows_plan's
-    # estimate reads (CROSS_VEC_FIGURES) are the compiled ones.
+    # V = 2 and V = 4 one row ahead and the deeper ring (bf16: V = 4, fp32: V = 2, two rows) at 56 / 28,
+    # and at 14 / 7 the V that divides (2, 1) one and two rows ahead, in bf16 and fp32 on sm_90: within
+    # their launch bounds, no spills, and the figures rows_plan's estimate reads (CROSS_VEC_FIGURES) are
+    # the compiled ones.
     rows = report.run_cross_pair(NVCC, DISASSEMBLER, ["bf16", "fp32"])
+    wide = {"bf16": 4, "fp32": 2}
     assert [(r.dtype, r.width, r.vec, r.prefetch) for r in rows] == [
-        (d, w, v, p) for d, deep in (("bf16", 4), ("fp32", 2)) for w in (56, 28) for v, p in ((2, 1), (4, 1), (deep, 2))]
+        (d, w, v, p) for d in ("bf16", "fp32") for w in (56, 28, 14, 7)
+        for v, p in (((2, 1), (4, 1), (wide[d], 2)) if w % 4 == 0 else ((w // 7, 1), (w // 7, 2)))]
     assert report.cross_pair_failures(rows) == []
-    # four columns, or two rows ahead, need more than the default 64 registers: the plan's cap holds them
-    assert all(r.registers > 64 for r in rows if r.vec == 4 or r.prefetch == 2)
-    # bf16 two rows ahead needs more than the one-row kernel's 80 (it spills there): 5 blocks, 96
-    assert all(80 < r.registers <= 96 for r in rows if r.dtype == "bf16" and r.prefetch == 2)
+    # four columns, or two rows ahead at V >= 2, need more than the default 64 registers: the plan's cap
+    # holds them; at one column two rows ahead fit 64
+    assert all(r.registers > 64 for r in rows if r.vec == 4 or (r.prefetch == 2 and r.vec == 2))
+    assert all(r.registers <= 64 for r in rows if r.vec == 1)
+    # bf16 two rows ahead at 4 columns needs more than the one-row kernel's 80 (it spills there): 5 blocks, 96
+    assert all(80 < r.registers <= 96 for r in rows if r.dtype == "bf16" and r.prefetch == 2 and r.vec == 4)
 
 
 def test_pair_checks_catch_what_they_hold():
@@ -123,6 +128,11 @@ def test_cross_budgets_hold_the_sm90_ratchet():
     for dtype in ("bf16",):
         for width in (56, 28):
             assert report.CROSS_DEEP_LOOP_BUDGET[(dtype, width)] <= report.CROSS_LOOP_BUDGET[(dtype, width)]
+    # Every (dtype, W) the plan holds two rows ahead has a ratchet of its own.
+    for dtype in report.DTYPES:
+        for width in report.WIDTHS:
+            if report.cross_prefetch(dtype, width, report.cross_vec(dtype, width)) == 2:
+                assert (dtype, width) in report.CROSS_DEEP_LOOP_BUDGET, (dtype, width)
 
 
 def test_budgets_catch_what_they_hold():

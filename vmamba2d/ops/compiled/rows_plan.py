@@ -184,7 +184,12 @@ CROSS_WIDE_MIN_BLOCKS = {2: 6, 4: 5}
 # second row's 6 registers (bf16 V = 4: u 2, both routes' delta 4; fp32 V = 2 alike) spill at the P = 1
 # caps on sm_90 (nvcc 13.0: bf16 V = 4 at 6 blocks / 80 registers 84 + 84 B with a 32 B stack; fp32 V = 2
 # at 8 / 64 64 + 112 B) and fit these without spills: 5 -> 96 registers, 7 -> 72.
-CROSS_DEEP_MIN_BLOCKS = {(2, 4): 5, (4, 2): 7}
+# At W = 14 (V = 2, seven lanes a map) the second row spills at 64 registers as well (bf16 16 B, fp16 16 B,
+# fp32 176 B of spills on sm_90) and fits 7 -> 72; at one column a lane (W = 7) it fits 64 registers
+# (8 blocks) in every input type on sm_90 / sm_80 / sm_75. Other widths at those V fit the same caps on
+# sm_90 (spot checks: bf16 62 and fp16 10 at V = 2: 72 registers, 16 B of spills at 64; bf16 / fp32 31 at
+# V = 1: 64 registers).
+CROSS_DEEP_MIN_BLOCKS = {(2, 4): 5, (4, 2): 7, (2, 2): 7, (2, 1): 8, (4, 1): 8}
 CROSS_DEEP_PREFETCH = 2  # the deeper ring the four-route rule weighs against one row ahead
 
 
@@ -199,11 +204,15 @@ def cross_min_blocks(elem_bytes: int, vec: int, prefetch: int = 1) -> int:
     raise ValueError(f"prefetch: no blocks per SM measured for P = {prefetch} at V = {vec}, {elem_bytes}-byte inputs")
 
 
-def cross_instances(elem_bytes: int) -> tuple[tuple[int, int], ...]:
-    """The (V, P) instances of the four-route kernel whose sm_90 figures the rule weighs (CROSS_VEC_FIGURES,
-    the static report's comparison): V = 2 and 4 one row ahead, and the deeper ring at the V the rule
-    takes (4 for 2-byte inputs, 2 for fp32)."""
-    return ((2, 1), (4, 1), (cross_max_vec(elem_bytes) if elem_bytes == 2 else 2, CROSS_DEEP_PREFETCH))
+def cross_instances(elem_bytes: int, width: int = 56) -> tuple[tuple[int, int], ...]:
+    """The (V, P) instances of the four-route kernel whose sm_90 figures the rule weighs at ``width``
+    (CROSS_VEC_FIGURES, the static report's comparison): where 4 divides W, V = 2 and 4 one row ahead and
+    the deeper ring at the V the rule takes (4 for 2-byte inputs, 2 for fp32); elsewhere the V that
+    divides W (cross_vec) one and two rows ahead."""
+    if width % 4 == 0:
+        return ((2, 1), (4, 1), (cross_max_vec(elem_bytes) if elem_bytes == 2 else 2, CROSS_DEEP_PREFETCH))
+    vec = cross_vec(elem_bytes, width)
+    return ((vec, 1), (vec, CROSS_DEEP_PREFETCH))
 
 
 def register_cap(min_blocks: int) -> int:
@@ -232,15 +241,25 @@ def cross_max_width(elem_bytes: int) -> int:
     return WARP_LANES * cross_max_vec(elem_bytes)
 
 
+def cross_vec(elem_bytes: int, width: int) -> Optional[int]:
+    """Columns a lane of the four-route kernel at ``width`` (cross_plan): the widest of
+    cross_max_vec(elem_bytes), 2, 1 dividing W within 32 lanes, or None."""
+    if width < 1:
+        return None
+    return next((v for v in (4, 2, 1) if v <= cross_max_vec(elem_bytes) and width % v == 0
+                 and width // v <= WARP_LANES), None)
+
+
 def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 16) -> Optional[CrossPlan]:
     """The plan of the four-route RS kernel (CrossRowsForward, VMamba's cross routes in one launch),
     or None where it does not apply.
 
     V: the widest of cross_max_vec(elem_bytes) (4 fp16 / bf16, 2 fp32), 2, 1 that divides W with
     W / V <= 32 lanes (the kernel needs V | W: no ragged lane); None where none does (odd W > 32, and
-    W > 64 fp32 / 128 fp16, bf16). The entry is compiled for ROWS_MIN_BLOCKS blocks per SM (64
-    registers) at V <= 2 and cross_min_blocks at V = 4 (one row ahead CROSS_WIDE_MIN_BLOCKS: 80 registers
-    2-byte, 96 fp32; two rows ahead CROSS_DEEP_MIN_BLOCKS: 96 2-byte).
+    W > 64 fp32 / 128 fp16, bf16). The entry is compiled for cross_min_blocks(elem_bytes, V, P): one row
+    ahead ROWS_MIN_BLOCKS (64 registers) at V <= 2 and CROSS_WIDE_MIN_BLOCKS at V = 4 (80 registers 2-byte,
+    96 fp32); two rows ahead CROSS_DEEP_MIN_BLOCKS (2-byte: 96 registers at V = 4, 72 at V = 2, 64 at
+    V = 1; fp32 at V = 1: 64).
 
     Why 4 columns for 2-byte inputs and 2 for fp32 (an estimate from compiler figures, not a GPU
     measurement; cross_estimate, CROSS_VEC_FIGURES): the kernel reaches at most the smaller of
@@ -276,20 +295,32 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
     unrolled row pair, the refill offsets: +3.3 SASS bf16 / +5.8 fp16 / +15.7 fp32 per cell·channel at 56)
     and warps, and gains only where the bytes in flight, not issue, bound the estimate.
 
+    The narrow maps (sm_90, the same estimate and margin; cross_deep_rule takes a (size, V) where every
+    figure of it pays): W = 14, bf16 V = 2 (7 lanes a map, M = 4), P = 1 at 8 blocks: 195.1 SASS -> 73%
+    issue, 32 warps x 3 x 4 x 14 x 2 B = 10.5 KiB -> 45% in flight: 45%; P = 2 spills at 64 registers
+    (16 B) and fits 7 blocks: 211.4 SASS, 72 registers -> 28 warps: 68% issue, 28 x 2 x 3 x 4 x 14 x 2 B =
+    18.4 KiB -> 79%: 68%, x 1.50 -> P = 2 (fp16 189.4 -> 201.0: 45% -> 71%, x 1.58). W = 7, bf16 V = 1
+    (M = 4), P = 1: 264.6 SASS -> 54%, 5.2 KiB -> 23%: 23%; P = 2 fits 64 registers (8 blocks, 32 warps):
+    298.3 SASS -> 48%, 10.5 KiB -> 45%: 45%, x 2.0 -> P = 2 (fp16 265.1 -> 292.0: 23% -> 45%). fp32 V = 2
+    at 14: 166.3 / 191.1 SASS (64 / 72 registers): 100% issue both, 21.0 KiB -> 90% against 36.8 KiB ->
+    100%: x 1.11 -> P = 1, as at 56 / 28; fp32 V = 1 at 7: 243.4 SASS, 61 registers -> 100% issue, 10.5 KiB
+    -> 45%; P = 2 at 64 registers: 272.3 -> 100%, 21.0 KiB -> 90%: x 2.0 -> P = 2. Three rows ahead (no
+    entry in CROSS_VEC_FIGURES: below the margin over two, so not taken): bf16 14 at 7 blocks 219.8 SASS,
+    72 registers -> 65% issue (in flight 100%) against P = 2's 68%; bf16 7 at 8 blocks 301.0 -> 48% (68%
+    in flight) against 45%, x 1.06; fp16 14 215.8 -> 66%, fp16 7 301.1 -> 48%; fp32 7 284.6 -> 100% / 100%
+    against 90%, x 1.11.
+
     Vector accesses where ``aligned_bytes`` (alignment of u, delta, B, C and y) holds a vector of the
     inputs and of y (y is read back by the second sweep), else scalar ones. ``fold`` is False (the
     design sets it with CrossPlan.folding: cross_rows_launch.cross_forward_design).
     """
     if elem_bytes not in (2, 4) or y_bytes not in (2, 4):
         raise ValueError(f"elem_bytes, y_bytes: expected 2 or 4, got {elem_bytes}, {y_bytes}")
-    vec = next((v for v in (4, 2, 1) if v <= cross_max_vec(elem_bytes) and width % v == 0
-                and width // v <= WARP_LANES), None)
-    if vec is None or width < 1:
+    vec = cross_vec(elem_bytes, width)
+    if vec is None:
         return None
     vector = vec > 1 and aligned_bytes % (vec * elem_bytes) == 0 and aligned_bytes % (vec * y_bytes) == 0
-    # The deeper ring where the estimate takes it at the model widths (cross_deep_pays): fp16 / bf16 at
-    # V = 4; the verdict extends to every width 4 divides (no figures there), as V's does.
-    prefetch = CROSS_DEEP_PREFETCH if elem_bytes == 2 and vec == 4 else 1
+    prefetch = CROSS_DEEP_PREFETCH if cross_deep_rule(elem_bytes, vec) else 1
     fields = {**layout(width, vec, vec if vector else 1).__dict__, "prefetch": prefetch}
     return CrossPlan(**fields, min_blocks=cross_min_blocks(elem_bytes, vec, prefetch))
 
@@ -305,6 +336,12 @@ CROSS_VEC_FIGURES = {
     ("bf16", 28, 2, 1): (204.3, 64), ("bf16", 28, 4, 1): (161.1, 80), ("bf16", 28, 4, 2): (164.4, 96),
     ("fp16", 56, 2, 1): (214.3, 63), ("fp16", 56, 4, 1): (157.0, 80), ("fp16", 56, 4, 2): (162.8, 96),
     ("fp16", 28, 2, 1): (198.3, 64), ("fp16", 28, 4, 1): (152.4, 80), ("fp16", 28, 4, 2): (158.2, 96),
+    ("fp32", 14, 2, 1): (166.3, 64), ("fp32", 14, 2, 2): (191.1, 72),
+    ("fp32", 7, 1, 1): (243.4, 61), ("fp32", 7, 1, 2): (272.3, 64),
+    ("bf16", 14, 2, 1): (195.1, 64), ("bf16", 14, 2, 2): (211.4, 72),
+    ("bf16", 7, 1, 1): (264.6, 64), ("bf16", 7, 1, 2): (298.3, 64),
+    ("fp16", 14, 2, 1): (189.4, 64), ("fp16", 14, 2, 2): (201.0, 72),
+    ("fp16", 7, 1, 1): (265.1, 64), ("fp16", 7, 1, 2): (292.0, 64),
 }
 LITTLE_BYTES = 4.2e12 * 0.75e-6 / 132  # bytes in flight an H200 SM needs at the copy bandwidth (issue 39)
 CROSS_WIDE_MARGIN = 1.2  # the estimated gain 4 columns must show to take them (fewer warps, an estimate)
@@ -340,14 +377,29 @@ def cross_deep_pays(dtype: str, width: int, vec: int) -> bool:
     return min(deep) >= CROSS_WIDE_MARGIN * min(cross_estimate(dtype, width, vec, 1))
 
 
+def cross_deep_rule(elem_bytes: int, vec: int) -> bool:
+    """Whether the four-route plan holds CROSS_DEEP_PREFETCH rows ahead at ``vec`` columns a lane for inputs
+    of ``elem_bytes``: CROSS_VEC_FIGURES has that ring for some (input type of that size, W) and
+    cross_deep_pays at every one of them (the verdict then holds at every W taking that V, as V's does)."""
+    dtypes = ("fp16", "bf16") if elem_bytes == 2 else ("fp32",)
+    widths = [(d, w) for d, w, v, p in CROSS_VEC_FIGURES if d in dtypes and v == vec and p == CROSS_DEEP_PREFETCH]
+    return bool(widths) and all(cross_deep_pays(d, w, vec) for d, w in widths)
+
+
 def describe_cross() -> str:
     """The four-route kernel's lane rule, for backend_info()["scan_plan"]."""
-    deep = cross_min_blocks(2, 4, CROSS_DEEP_PREFETCH)
-    return ("columns a lane V: fp16 / bf16 4 where 4 divides W (W <= 128), holding u and delta "
-            f"P = {CROSS_DEEP_PREFETCH} rows ahead (entry compiled for {deep} blocks / SM, {register_cap(deep)} "
-            f"registers), else 2, 1 at P = 1; fp32 2, 1 at P = 1 (W <= 64; {register_cap(ROWS_MIN_BLOCKS)} registers): "
-            "the widest V dividing W within 32 lanes, P by the in-flight estimate (rows_plan.cross_plan; an "
-            "estimate from compiler figures, no GPU measured it)")
+    def plans(elem_bytes: int, vecs: tuple[int, ...]) -> str:
+        out = []
+        for vec in vecs:
+            prefetch = CROSS_DEEP_PREFETCH if cross_deep_rule(elem_bytes, vec) else 1
+            blocks = cross_min_blocks(elem_bytes, vec, prefetch)
+            out.append(f"{vec}: P = {prefetch} ({blocks} blocks / SM, {register_cap(blocks)} registers)")
+        return ", ".join(out)
+
+    return ("columns a lane V: fp16 / bf16 4 where 4 divides W (W <= 128), else 2, 1; fp32 2, else 1 (W <= 64): "
+            "the widest V dividing W within 32 lanes; rows of u and delta held ahead P by the in-flight "
+            f"estimate -- fp16 / bf16 V = {plans(2, (4, 2, 1))}; fp32 V = {plans(4, (2, 1))} "
+            "(rows_plan.cross_plan; an estimate from compiler figures, no GPU measured it)")
 
 
 # The rule that decides whether the four-route kernel folds the step-size projection (CrossRowsForward's
