@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.machinery
-import importlib.util
 import io
 import json
 import os
@@ -26,6 +25,8 @@ import tarfile
 from pathlib import Path
 from types import ModuleType
 from typing import Optional, Sequence
+
+from built_modules import load_by_path, load_extension
 
 REPO = Path(__file__).resolve().parents[2]
 # Kernel v2: the last commit before the v3 work of issue 19 (launch planner by resident slots).
@@ -94,7 +95,7 @@ def build(folder: Path, jobs: int) -> Path:
     files = sources(folder)
     if not files:
         raise SystemExit(f"cuda_baseline: no .cpp / .cu files under {folder / SOURCE_FOLDER}")
-    archs = _load_by_path("vmamba2d_cuda_archs", REPO / "vmamba2d" / "_cuda_archs.py")
+    archs = load_by_path("vmamba2d_cuda_archs", REPO / "vmamba2d" / "_cuda_archs.py")
     archs.point_cuda_home_at_nvcc_toolkit()  # before torch's cpp_extension reads CUDA_HOME
     from setuptools import setup
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
@@ -110,14 +111,6 @@ def build(folder: Path, jobs: int) -> Path:
     return module
 
 
-def _load_by_path(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def load(path: Path) -> ModuleType:
     """Import a module ``build`` made (``path``: the module file or its folder). Import torch first."""
     if path.is_dir():
@@ -125,11 +118,7 @@ def load(path: Path) -> ModuleType:
         if found is None:
             raise FileNotFoundError(f"no built {MODULE_NAME} module in {path} (run `cuda_baseline.py build`)")
         path = found
-    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(path))
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path, loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_extension(MODULE_NAME, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

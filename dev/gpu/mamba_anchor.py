@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.machinery
-import importlib.util
 import itertools
 import json
 import os
@@ -40,6 +38,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 from typing import Optional, Sequence
+
+from built_modules import load_by_path, load_extension
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "mamba-ssm"
@@ -236,7 +236,7 @@ def build(folder: Path, jobs: int, verbose: bool = False) -> Path:
     pairs = referenced_instantiations((source_dir / "selective_scan.cpp").read_text())
     os.environ["TORCH_CUDA_ARCH_LIST"] = build_arch()
     os.environ["MAX_JOBS"] = str(jobs)  # --jobs decides, also over a MAX_JOBS inherited from make
-    archs = _load_by_path("vmamba2d_cuda_archs", REPO / "vmamba2d" / "_cuda_archs.py")
+    archs = load_by_path("vmamba2d_cuda_archs", REPO / "vmamba2d" / "_cuda_archs.py")
     archs.point_cuda_home_at_nvcc_toolkit()  # before torch's cpp_extension reads CUDA_HOME
     _put_ninja_on_path()
     import torch
@@ -283,14 +283,6 @@ def _start_build_dir(out: Path, key: dict) -> None:
     stamp.write_text(json.dumps(key, indent=1) + "\n")
 
 
-def _load_by_path(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def load(path: Path) -> ModuleType:
     """Import the module ``build`` made (``path``: the module file or the fetch folder); import
     torch first. Its ``fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus)`` returns [y, x]."""
@@ -299,11 +291,7 @@ def load(path: Path) -> ModuleType:
         if found is None:
             raise FileNotFoundError(f"no built {MODULE_NAME} module in {path / 'build'} (run `mamba_anchor.py build`)")
         path = found
-    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(path))
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path, loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_extension(MODULE_NAME, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

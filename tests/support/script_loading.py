@@ -26,3 +26,11 @@ def load_script(relative_path: str, module_name: str | None = None) -> types.Mod
 def load_benchmark(name: str) -> types.ModuleType:
     """benchmarks/<name>.py as module "benchmark_<name>"."""
     return load_script(f"benchmarks/{name}.py", f"benchmark_{name}")
+
+
+def load_gpu_tool(name: str) -> types.ModuleType:
+    """dev/gpu/<name>.py under its own name, with dev/gpu/ importable (the tools import each other)."""
+    tools = str(REPO / "dev" / "gpu")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    return load_script(f"dev/gpu/{name}.py", name)

@@ -4,32 +4,23 @@ gpu_check's comparison plan. Nothing is timed and no GPU result is made here."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from support.script_loading import load_script
+from support.script_loading import load_gpu_tool
 
 REPO = Path(__file__).resolve().parents[3]
-TOOLS = REPO / "dev" / "gpu"
-
-
-def _load(name: str):
-    """dev/gpu/<name>.py under its own name, with dev/gpu/ importable: the tools import each other."""
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    return load_script(f"dev/gpu/{name}.py", name)
 
 
 @pytest.fixture(scope="module")
 def baseline():
-    return _load("cuda_baseline")
+    return load_gpu_tool("cuda_baseline")
 
 
 @pytest.fixture(scope="module")
 def versions():
-    return _load("bench_cuda_versions")
+    return load_gpu_tool("bench_cuda_versions")
 
 
 def _git(*args: str) -> str:
@@ -139,7 +130,7 @@ def test_without_a_gpu_the_comparison_measures_nothing(versions, capsys, monkeyp
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    return _load("gpu_check")
+    return load_gpu_tool("gpu_check")
 
 
 def test_comparison_plan_builds_both_kernels_for_this_gpu_and_fits_the_run(gpu_check, tmp_path):

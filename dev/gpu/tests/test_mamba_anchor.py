@@ -18,28 +18,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from support.script_loading import load_script
+from support.script_loading import load_gpu_tool
 
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / "dev" / "gpu"
 FETCHED = REPO / "build" / "mamba-anchor"  # where `make mamba-anchor` puts the real sources, when it ran
 
 
-def _load(name: str):
-    """dev/gpu/<name>.py under its own name, with dev/gpu/ importable: the tools import each other."""
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    return load_script(f"dev/gpu/{name}.py", name)
-
-
 @pytest.fixture(scope="module")
 def anchor():
-    return _load("mamba_anchor")
+    return load_gpu_tool("mamba_anchor")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return _load("bench_anchor")
+    return load_gpu_tool("bench_anchor")
 
 
 # ------------------------------------------------------------------------------------------------
