@@ -75,12 +75,12 @@ CROSS_LOOP_BUDGET = {
     ("fp16", 56): 162.0, ("fp16", 28): 157.0, ("fp16", 14): 195.5, ("fp16", 7): 273.0,
 }
 # The ratchet of the instances two rows ahead (the plan's at fp16 / bf16 56 and 28, compiled for 5 blocks
-# per SM; 14 at 7 blocks; 7, fp32 too, at 8): bf16 at 56 / 28 within the one-row budgets above (169.0 /
+# per SM; 14 at 6 blocks; 7, fp32 too, at 8): bf16 at 56 / 28 within the one-row budgets above (169.0 /
 # 164.4), fp16 there its figures + ~1% (162.8 / 158.2: the ring's unrolled row pair and refill offsets cost
-# +5.8 / +5.8 SASS per cell·channel over P = 1); at 14 and 7 their figures + ~1% (bf16 211.4 / 298.3, fp16
-# 201.0 / 292.0, fp32 7 272.3: +16.3 / +33.7, +11.6 / +26.9, +28.9 over P = 1).
+# +5.8 / +5.8 SASS per cell·channel over P = 1); at 14 and 7 their figures + ~1% (bf16 213.7 / 298.3, fp16
+# 196.1 / 292.0, fp32 7 272.3: +18.6 / +33.7, +6.7 / +26.9, +28.9 over P = 1).
 CROSS_DEEP_LOOP_BUDGET = {("bf16", 56): 171.0, ("bf16", 28): 166.0, ("fp16", 56): 164.5, ("fp16", 28): 160.0,
-                          ("bf16", 14): 213.5, ("bf16", 7): 301.5, ("fp16", 14): 203.0, ("fp16", 7): 295.0,
+                          ("bf16", 14): 216.0, ("bf16", 7): 301.5, ("fp16", 14): 198.0, ("fp16", 7): 295.0,
                           ("fp32", 7): 275.0}
 
 
@@ -633,7 +633,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             "VMamba's cross routes in one launch (two sweeps of two routes each; V = cross_vec(dtype, W): "
             "rows_plan.cross_plan's, 4 for fp16 / bf16 where 4 divides W, else 2, 1; load = V; P = the plan's rows "
             "of u and delta held ahead, 2 for fp16 / bf16 at every V and fp32 at V = 1, else 1; the entry compiled "
-            "for the plan's blocks per SM: two rows ahead 5 at V = 4, 7 at V = 2, 8 at V = 1; else 8). SASS / cell·ch counts one cell·channel of the op, i.e. all "
+            "for the plan's blocks per SM: two rows ahead 5 at V = 4, 6 at V = 2, 8 at V = 1; else 8). SASS / cell·ch counts one cell·channel of the op, i.e. all "
             "four routes and both sweeps (the mean of the innermost shuffle loops, fp32-y and input-type-y branches "
             "alike, x 2 sweeps); in flight: P rows of u and both routes' delta a warp (the DRAM loads; B, C are "
             "shared by every channel), as rows_plan.cross_estimate counts.\n\n"
@@ -641,7 +641,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             "Both lane widths of each input type at 56 and 28 one row ahead, and two rows ahead at the V the rule "
             "takes (fp16 / bf16: 4, fp32: 2); at 14 and 7 the one V that divides (2, 1) one and two rows ahead; "
             "each compiled for its blocks per SM (rows_plan.cross_min_blocks: P = 1: 8, 64 registers, but V = 4: 6 "
-            "for fp16 / bf16, 80 registers, 5 for fp32, 96; P = 2: V = 4 fp16 / bf16 5, 96; V = 2 7, 72; V = 1 8, "
+            "for fp16 / bf16, 80 registers, 5 for fp32, 96; P = 2: V = 4 fp16 / bf16 5, 96; V = 2 6, 80; V = 1 8, "
             "64), with the ceilings of rows_plan.cross_estimate: issue = 8.0 "
             "instructions a byte (33.4 T lane instructions/s over 4.2 TB/s) x the op's bytes per cell·channel (18 B "
             "fp16 / bf16, 36 B fp32) / SASS; in flight = P rows of u and both routes' delta a warp (the KiB column) "

@@ -48,7 +48,7 @@
 // four-route kernel at 4 columns a lane holds two routes' state for 4 columns and is compiled for 6
 // blocks (80 registers) in fp16 / bf16, 5 (96) in fp32 (rows_plan.CROSS_WIDE_MIN_BLOCKS); holding u
 // and delta two rows ahead (rows_plan.CROSS_DEEP_MIN_BLOCKS), at 4 columns 5 (96) in fp16 / bf16, at 2
-// columns 7 (72), at 1 column the default 8 (64).
+// columns 6 (80), at 1 column the default 8 (64).
 // The fp16 four-route kernel on sm_75 takes 7 (72 registers, 28 of the SM's 32 warps): at 64
 // registers ptxas (NVRTC 13.0, nvcc 13.0) spills 4+4 B with an 8 B stack frame at V = 2 with 3 or 4
 // scan steps (W = 14, 28); bf16 and fp32, and fp16 on sm_80 and newer, fit 64 without spills.

@@ -108,6 +108,8 @@ def test_v4_register_caps_follow_the_launch_bounds():
     assert v4_register_cap("rows_cross_forward.fp16.v4l4s4b6", 75) == 80
     assert v4_register_cap("rows_cross_forward.bf16.v4l4s3b6f", 90) == 80
     assert v4_register_cap("rows_cross_forward.bf16.v4l4p2s4b5", 90) == 96  # two rows ahead: 5 blocks
+    assert v4_register_cap("rows_cross_forward.fp16.v2l2p2s3b6", 86) == 80  # two rows ahead at V = 2: 6 blocks
+    assert v4_register_cap("rows_cross_forward.bf16.v1l1p2s3", 90) == 64  # at V = 1: the default 8
 
 
 @pytest.mark.slow

@@ -185,11 +185,12 @@ CROSS_WIDE_MIN_BLOCKS = {2: 6, 4: 5}
 # caps on sm_90 (nvcc 13.0: bf16 V = 4 at 6 blocks / 80 registers 84 + 84 B with a 32 B stack; fp32 V = 2
 # at 8 / 64 64 + 112 B) and fit these without spills: 5 -> 96 registers, 7 -> 72.
 # At W = 14 (V = 2, seven lanes a map) the second row spills at 64 registers as well (bf16 16 B, fp16 16 B,
-# fp32 176 B of spills on sm_90) and fits 7 -> 72; at one column a lane (W = 7) it fits 64 registers
-# (8 blocks) in every input type on sm_90 / sm_80 / sm_75. Other widths at those V fit the same caps on
-# sm_90 (spot checks: bf16 62 and fp16 10 at V = 2: 72 registers, 16 B of spills at 64; bf16 / fp32 31 at
-# V = 1: 64 registers).
-CROSS_DEEP_MIN_BLOCKS = {(2, 4): 5, (4, 2): 7, (2, 2): 7, (2, 1): 8, (4, 1): 8}
+# fp32 176 B of spills on sm_90); 2-byte inputs fit 7 -> 72 on sm_90 / sm_80 / sm_75 but fp16 spills there on
+# sm_86 / sm_89 (nvcc 24 B, NVRTC 12 + 12 B, 8 B stack), so they take 6 -> 80 (no spills on sm_90 / 86 / 80 /
+# 75: bf16 78-80 registers, fp16 72-80). At one column a lane (W = 7) it fits 64 registers (8 blocks) in
+# every input type on sm_90 / sm_80 / sm_75. Other widths at those V fit 7 blocks on sm_90 (spot checks:
+# bf16 62 and fp16 10 at V = 2: 72 registers, 16 B of spills at 64; bf16 / fp32 31 at V = 1: 64 registers).
+CROSS_DEEP_MIN_BLOCKS = {(2, 4): 5, (4, 2): 7, (2, 2): 6, (2, 1): 8, (4, 1): 8}
 CROSS_DEEP_PREFETCH = 2  # the deeper ring the four-route rule weighs against one row ahead
 
 
@@ -258,7 +259,7 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
     W / V <= 32 lanes (the kernel needs V | W: no ragged lane); None where none does (odd W > 32, and
     W > 64 fp32 / 128 fp16, bf16). The entry is compiled for cross_min_blocks(elem_bytes, V, P): one row
     ahead ROWS_MIN_BLOCKS (64 registers) at V <= 2 and CROSS_WIDE_MIN_BLOCKS at V = 4 (80 registers 2-byte,
-    96 fp32); two rows ahead CROSS_DEEP_MIN_BLOCKS (2-byte: 96 registers at V = 4, 72 at V = 2, 64 at
+    96 fp32); two rows ahead CROSS_DEEP_MIN_BLOCKS (2-byte: 96 registers at V = 4, 80 at V = 2, 64 at
     V = 1; fp32 at V = 1: 64).
 
     Why 4 columns for 2-byte inputs and 2 for fp32 (an estimate from compiler figures, not a GPU
@@ -298,8 +299,10 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
     The narrow maps (sm_90, the same estimate and margin; cross_deep_rule takes a (size, V) where every
     figure of it pays): W = 14, bf16 V = 2 (7 lanes a map, M = 4), P = 1 at 8 blocks: 195.1 SASS -> 73%
     issue, 32 warps x 3 x 4 x 14 x 2 B = 10.5 KiB -> 45% in flight: 45%; P = 2 spills at 64 registers
-    (16 B) and fits 7 blocks: 211.4 SASS, 72 registers -> 28 warps: 68% issue, 28 x 2 x 3 x 4 x 14 x 2 B =
-    18.4 KiB -> 79%: 68%, x 1.50 -> P = 2 (fp16 189.4 -> 201.0: 45% -> 71%, x 1.58). W = 7, bf16 V = 1
+    (16 B) and is compiled for 6 blocks (CROSS_DEEP_MIN_BLOCKS): 213.7 SASS, 78 registers -> 24 warps: 67%
+    issue, 24 x 2 x 3 x 4 x 14 x 2 B = 15.8 KiB -> 68%: 67%, x 1.49 -> P = 2 (fp16 189.4 -> 196.1 at 80
+    registers: 45% -> 68%, x 1.50; at 7 blocks, where sm_86 / 89 spill fp16, bf16 211.4 / fp16 201.0 at 72
+    registers, 28 warps: 68% / 71%). W = 7, bf16 V = 1
     (M = 4), P = 1: 264.6 SASS -> 54%, 5.2 KiB -> 23%: 23%; P = 2 fits 64 registers (8 blocks, 32 warps):
     298.3 SASS -> 48%, 10.5 KiB -> 45%: 45%, x 2.0 -> P = 2 (fp16 265.1 -> 292.0: 23% -> 45%). fp32 V = 2
     at 14: 166.3 / 191.1 SASS (64 / 72 registers): 100% issue both, 21.0 KiB -> 90% against 36.8 KiB ->
@@ -338,9 +341,9 @@ CROSS_VEC_FIGURES = {
     ("fp16", 28, 2, 1): (198.3, 64), ("fp16", 28, 4, 1): (152.4, 80), ("fp16", 28, 4, 2): (158.2, 96),
     ("fp32", 14, 2, 1): (166.3, 64), ("fp32", 14, 2, 2): (191.1, 72),
     ("fp32", 7, 1, 1): (243.4, 61), ("fp32", 7, 1, 2): (272.3, 64),
-    ("bf16", 14, 2, 1): (195.1, 64), ("bf16", 14, 2, 2): (211.4, 72),
+    ("bf16", 14, 2, 1): (195.1, 64), ("bf16", 14, 2, 2): (213.7, 78),
     ("bf16", 7, 1, 1): (264.6, 64), ("bf16", 7, 1, 2): (298.3, 64),
-    ("fp16", 14, 2, 1): (189.4, 64), ("fp16", 14, 2, 2): (201.0, 72),
+    ("fp16", 14, 2, 1): (189.4, 64), ("fp16", 14, 2, 2): (196.1, 80),
     ("fp16", 7, 1, 1): (265.1, 64), ("fp16", 7, 1, 2): (292.0, 64),
 }
 LITTLE_BYTES = 4.2e12 * 0.75e-6 / 132  # bytes in flight an H200 SM needs at the copy bandwidth (issue 39)
