@@ -10,8 +10,8 @@ N = 1) in fp32 and bf16, through the NVRTC path (median ms of CUDA-event-timed c
   7 x 7 (launched with its plan directly), and v3 (VMAMBA2D_SCAN_PLAN=v3);
 - the four-route op (VMamba's cross routes) by the four-route RS kernel and by v3's per-route kernels;
   where the rule takes 4 columns a lane (fp16 / bf16) at a side in PAIR_SIDES, also the kernel at 2
-  columns (its plan pinned, compiled for 8 blocks per SM), and where it holds more than one row ahead,
-  the kernel one row ahead (P = 1 pinned, compiled for its own blocks per SM): the trades
+  columns (its plan pinned, compiled for 8 blocks per SM), and where it holds more than one row ahead
+  at a side in DEEP_PAIR_SIDES, the kernel one row ahead (P = 1 pinned, compiled for its own blocks per SM): the trades
   rows_plan.cross_plan estimates;
 - the four-route op with the model's step-size projection (rank 6 at 56 x 56, as vmamba2d_tiny's first
   stage): projected first (project_delta, then the kernel: what the fold rule picks) against the
