@@ -90,3 +90,17 @@ def assert_cross_params(p, plan, inputs, batch, dim, side, delta_planes, y):
         delta_planes, 4, batch, dim, 1, side, side)
     assert (p.seg_lanes, p.maps_per_warp, p.softplus, p.y_fp32, p.from_bottom) == (
         plan.seg_lanes, plan.maps_per_warp, 1, int(y.dtype == torch.float32), 0)
+
+
+def assert_wide_lanes_agree(run, check, rows, x, expected, dtype, vec):
+    """A four-route emulation at ``vec`` columns a lane: y in the input type (and in fp32 for 2-byte
+    inputs) within ``check``'s tolerance of ``expected``, bit-equal across warp and lane orders, and the
+    scalar-access form within tolerance too. ``run(rows, x, y_fp32=, vec=, order=, load=None)`` runs
+    the kernel; ``check(y, expected, y_type)`` asserts the tolerance."""
+    for y_fp32 in ((False, True) if dtype != torch.float32 else (False,)):
+        y_type = torch.float32 if y_fp32 else dtype
+        first = run(rows, x, y_fp32=y_fp32, vec=vec, order=0)
+        check(first, expected, y_type)
+        for order in (1, 3, 17):
+            assert torch.equal(run(rows, x, y_fp32=y_fp32, vec=vec, order=order), first), (y_fp32, order)
+        check(run(rows, x, y_fp32=y_fp32, vec=vec, load=1, order=2), expected, y_type)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from support.cuda_emulation_build import rows_emulation
+from support.rows_cases import assert_wide_lanes_agree
 from vmamba2d.ops import CROSS_ROUTES, cross_selective_scan_2d_reference, selective_scan_2d_reference
 from vmamba2d.ops.compiled.rows_plan import cross_plan
 from vmamba2d.ops.routes import from_route_order, to_route_order
@@ -122,13 +123,7 @@ def test_four_columns_a_lane(rows, dtype, width):
     expected = reference(x)
     if dtype != torch.float32:
         assert cross_plan(2, 2, width).vec == 4
-    for y_fp32 in ((False, True) if dtype != torch.float32 else (False,)):
-        first = run(rows, x, y_fp32=y_fp32, vec=4, order=0)
-        check(first, expected, torch.float32 if y_fp32 else dtype)
-        for order in (1, 3, 17):
-            assert torch.equal(run(rows, x, y_fp32=y_fp32, vec=4, order=order), first), (y_fp32, order)
-        scalar = run(rows, x, y_fp32=y_fp32, vec=4, load=1, order=2)
-        check(scalar, expected, torch.float32 if y_fp32 else dtype)
+    assert_wide_lanes_agree(run, check, rows, x, expected, dtype, vec=4)
 
 
 # Two rows of u and delta ahead (the plan's ring for fp16 / bf16 at every V and fp32 at V = 1) against one:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from support.cuda_emulation_build import rows_emulation
-from support.rows_cases import cross_fold_inputs
+from support.rows_cases import assert_wide_lanes_agree, cross_fold_inputs
 from vmamba2d.ops import cross_selective_scan_2d_reference
 from vmamba2d.ops.compiled.rows_plan import cross_plan
 
@@ -116,12 +116,7 @@ def test_four_columns_a_lane(rows, dtype, width, rank):
     expected = reference(x)
     if dtype != torch.float32:
         assert cross_plan(2, 2, width).vec == 4
-    for y_fp32 in ((False, True) if dtype != torch.float32 else (False,)):
-        first = run(rows, x, y_fp32=y_fp32, vec=4, order=0)
-        check(first, expected, torch.float32 if y_fp32 else dtype)
-        for order in (1, 3, 17):
-            assert torch.equal(run(rows, x, y_fp32=y_fp32, vec=4, order=order), first), (y_fp32, order)
-        check(run(rows, x, y_fp32=y_fp32, vec=4, load=1, order=2), expected, torch.float32 if y_fp32 else dtype)
+    assert_wide_lanes_agree(run, check, rows, x, expected, dtype, vec=4)
 
 
 @pytest.mark.parametrize("dtype,side", [(torch.float32, 14), (torch.bfloat16, 14), (torch.bfloat16, 28)])
