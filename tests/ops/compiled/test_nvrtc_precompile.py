@@ -23,14 +23,21 @@ ptxas_report = load_script("dev/gpu/ptxas_report.py", "ptxas_report_for_nvrtc")
 
 def budget_problems(row: precompile.Row) -> list[str]:
     """ptxas_report's budget check of one precompiled kernel: its registers, static shared memory and
-    no spill, no stack frame on any arch."""
+    no spill, no stack frame on any arch. A v4 entry's registers are held to its own launch bounds
+    (v4_register_cap: a four-route plan compiled for 5 blocks per SM may take 96) instead of the v3
+    forward's role budget."""
     c = row.compiled
     resources = ptxas_report.KernelResources(
         source="nvrtc", arch=f"{row.arch // 10}.{row.arch % 10}", mangled=c.lowered_name, entry=True,
         registers=c.resources.registers, spill_stores=c.resources.spill_stores,
         spill_loads=c.resources.spill_loads, stack_bytes=c.resources.stack_bytes,
         static_smem=c.resources.static_smem, barriers=c.resources.barriers, name=row.kernel)
-    return ptxas_report.check_budgets(resources)
+    if not row.kernel.startswith(V4_PREFIXES):
+        return ptxas_report.check_budgets(resources)
+    cap = v4_register_cap(row.kernel, row.arch)
+    resources.entry = False  # the role budget's register check is for entries only
+    problems = ptxas_report.check_budgets(resources)
+    return problems + ([f"{c.resources.registers} registers > {cap}"] if c.resources.registers > cap else [])
 
 
 def test_budget_check_flags_spills_and_registers():
@@ -46,6 +53,13 @@ def test_budget_check_flags_spills_and_registers():
     spilled = nvrtc.CompiledKernel("backward.fp32.kOneStateRoute", 90, nvrtc.Target(90, "cubin"), b"", "_Z1f",
                                    nvrtc.Resources(registers=128, spill_stores=4, spill_loads=4, stack_bytes=8))
     assert budget_problems(precompile.Row(spilled.spec_name, 90, spilled)) == ["spills 4+4 B", "stack frame 8 B > 0"]
+    deep = nvrtc.CompiledKernel("rows_cross_forward.bf16.v4l4p2s4b5", 90, nvrtc.Target(90, "cubin"), b"", "_Z1f",
+                                nvrtc.Resources(registers=96))
+    assert budget_problems(precompile.Row("rows_cross_forward.bf16.v4l4p2s4b5", 90, deep)) == []  # 5 blocks: 96
+    wide = nvrtc.CompiledKernel("rows_cross_forward.bf16.v4l4s4b6", 90, nvrtc.Target(90, "cubin"), b"", "_Z1f",
+                                nvrtc.Resources(registers=96, spill_stores=4, spill_loads=4))
+    assert budget_problems(precompile.Row("rows_cross_forward.bf16.v4l4s4b6", 90, wide)) == ["spills 4+4 B",
+                                                                                           "96 registers > 80"]
 
 
 def test_precompile_command_prints_table_and_reuses_cache(tmp_path: Path, capsys):
