@@ -119,6 +119,18 @@ def test_four_columns_a_lane(rows, dtype, width, rank):
     assert_wide_lanes_agree(run, check, rows, x, expected, dtype, vec=4)
 
 
+# Two columns a lane in fp16 / bf16 with the scan steps compiled in: widths 4 does not divide with 15
+# and 27 lanes a map (4 and 5 steps), the folding instances a launch takes there (rank 1 folds in 2-byte
+# types); the model's 56 / 28 take 4 columns since the lane rule changed.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("width,rank", [(30, 1), (54, 1), (54, 3)])
+def test_two_columns_a_lane_in_half_types(rows, dtype, width, rank):
+    plan = cross_plan(2, 2, width)
+    assert (plan.vec, plan.load, plan.scan_steps) == (2, 2, 4 if width == 30 else 5)
+    x = cross_fold_inputs(2, 3, 4, width, rank, dtype, seed=width + rank)
+    assert_wide_lanes_agree(run, check, rows, x, reference(x), dtype, vec=2)
+
+
 @pytest.mark.parametrize("dtype,side", [(torch.float32, 14), (torch.bfloat16, 14), (torch.bfloat16, 28)])
 def test_unit_projection_is_bit_equal_to_the_unfolded_kernel(rows, dtype, side):
     # A property, not a comparison with the code's own output: with weights (1, 0, ..) each channel's
