@@ -96,10 +96,11 @@ gpu-nvrtc:
 # Issue 41's measurement, for a GPU session with time after gpu-check (about 8 minutes: 18 worker
 # processes, torch.compile in half of them): vmamba2d_tiny / vmamba_tiny / convnext_tiny at batch 128,
 # fp32, bf16 and fp16 autocast, eager and torch.compile, inference and training, on the NVRTC kernels
-# a pip install runs, each row beside the byte account's estimate.
+# a pip install runs, each row beside the byte account's estimate, with the GPU time of one inference call and
+# one training step by kernel kind (benchmarks/gpu_time.py: how much of a step the GPU is busy, and on what).
 gpu-mixed:
 	VMAMBA2D_CUDA_KERNELS=nvrtc $(PYTHON) benchmarks/bench_model.py --device cuda --models vmamba2d_tiny vmamba_tiny \
-		convnext_tiny --precisions fp32 bf16 amp --compile both --account --batch-sizes 128 --iters 5 --warmup 2 \
+		convnext_tiny --precisions fp32 bf16 amp --compile both --account --profile --batch-sizes 128 --iters 5 --warmup 2 \
 		--out benchmarks/gpu-mixed.md
 
 # The GPU instruments' own tests (dev/gpu/tests: their parsers, report arithmetic and gpu-check's plan,

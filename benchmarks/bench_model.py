@@ -16,7 +16,9 @@ GPU: ``torch.cuda.max_memory_allocated``). Prints a markdown table; ``--out FILE
 A model is a timm name, optionally with ``:key=value,...`` model arguments (e.g.
 ``vmamba2d_tiny:cross_scan=per_route`` for the per-route SS2D path). ``--profile`` adds, per
 model, torch.profiler's operators by self time of one inference call and the share of the
-route-copy operators (copy_, flip, cat, stack). ``--compile on`` runs the model under
+route-copy operators (copy_, flip, cat, stack); on CUDA instead the GPU time of one inference call
+and one training step by kernel kind, with the share of the step the GPU was busy
+(benchmarks/gpu_time.py). ``--compile on`` runs the model under
 ``torch.compile`` (default options; the compile happens in the warm-up calls, which are not
 timed), ``--compile both`` eager and compiled rows (``MODEL [torch.compile]``).
 
@@ -56,6 +58,7 @@ DEFAULT_MODELS = ["vmamba2d_tiny", "vmamba_tiny", "convnext_tiny", "swin_tiny_pa
 PUBLISHED_VMAMBA_T_IMG_S = 1686  # VMamba-T, A100, fp32, batch 128 (VMamba paper)
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a source checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_time.py beside this file, also when loaded by path
 
 
 def _synchronize(device: str) -> None:
@@ -210,13 +213,21 @@ def run_worker(args: argparse.Namespace) -> dict:
     label = args.model + (COMPILED_SUFFIX if compiled else "")
     row = dict(model=label, device=device, precision=args.precision, batch=batch,
                infer_img_s=batch / infer_s, infer_peak_mb=infer_peak)
-    if args.profile:
+    gpu_profile = args.profile and device == "cuda"
+    if args.profile and not gpu_profile:
         row["profile"] = _profile_inference(infer)
+    if gpu_profile:
+        from gpu_time import profile_step  # benchmarks/gpu_time.py, beside this script
+
+        row["gpu_profile"] = {"one inference call": profile_step(infer).as_dict()}
     if not args.no_train:
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        train_s = _timed(make_train_step(), args.iters, warmup, device)
+        train_step = make_train_step()
+        train_s = _timed(train_step, args.iters, warmup, device)
         row.update(train_img_s=batch / train_s, train_peak_mb=_peak_memory_mb(device))
+        if gpu_profile:
+            row["gpu_profile"]["one training step"] = profile_step(train_step).as_dict()
     return row
 
 
@@ -326,6 +337,13 @@ def _table(rows: list[dict]) -> list[str]:
 def _profile_tables(rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
+        if "gpu_profile" in r:
+            from gpu_time import GpuTime, markdown_table
+
+            lines += ["", f"## GPU time: {r['model']} {r['precision']} batch {r['batch']} (torch.profiler, kernels by kind)",
+                      ""]
+            for step, data in r["gpu_profile"].items():
+                lines += markdown_table(step, GpuTime.from_dict(data)) + [""]
         if "profile" not in r:
             continue
         lines += ["", f"## Profile: {r['model']} {r['precision']} batch {r['batch']} (one inference call, self CPU time)", "",
@@ -418,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-batch-sizes", nargs="+", type=int,
                         help="batch sizes that also get a training measurement (default: all of --batch-sizes)")
     parser.add_argument("--profile", action="store_true",
-                        help="add torch.profiler's top operators of one inference call per row")
+                        help="add torch.profiler's top operators of one inference call per row (CPU), or the "
+                             "GPU time by kernel kind of one inference call and one training step (CUDA)")
     parser.add_argument("--malloc", choices=MALLOC_SETTINGS, default="keep",
                         help="keep: glibc keeps freed memory for reuse in each worker (default); default: its own thresholds")
     parser.add_argument("--account", action="store_true",
