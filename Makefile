@@ -60,10 +60,14 @@ GPU_CHECK_ARGS ?=
 gpu-check:
 	$(PYTHON) dev/gpu/gpu_check.py $(GPU_CHECK_ARGS)
 
-# After gpu-check (which builds the extension), on the same machine: Nsight Compute counters of
-# the CUDA scan kernels on the model shapes (occupancy, throughput, warp-stall reasons), one report.
+# For a GPU machine, first on a fresh one if need be (no nvcc build; the NVRTC host driver and the
+# kernels compile in the run): Nsight Compute counters of the kernels the model runs on the NVRTC path --
+# the four-route op at 56x56 bf16 / fp32 and 14x14 bf16, forward and backward, and the four-route
+# kernel's top SASS stall sites -- in one report within a 420 s budget (dev/gpu/gpu_profile.py).
+# On the lease: make gpu-profile GPU_PROFILE_ARGS="--out $OUT/gpu-profile.md --csv-dir $OUT/ncu"
+GPU_PROFILE_ARGS ?= --out benchmarks/gpu-profile.md
 gpu-profile:
-	$(PYTHON) dev/gpu/gpu_profile.py --out benchmarks/gpu-profile.md
+	PYTHONUNBUFFERED=1 $(PYTHON) dev/gpu/gpu_profile.py $(GPU_PROFILE_ARGS)
 
 # The v3-vs-v2 timing: `make cuda-baseline` here (needs git; CUDA_BASELINE_COMMIT overrides the
 # kernel version, default in dev/gpu/cuda_baseline.py) exports the earlier kernel to build/cuda-baseline;
