@@ -53,9 +53,10 @@ ptxas-check:
 sass-report: setup
 	$(PY) dev/gpu/sass_report.py --jobs $(MAX_JOBS) --out out/sass_report.md
 
-# For a GPU machine: no venv, no network. Builds the extensions in place against that machine's
-# python3 / torch, runs the CUDA tests, compute-sanitizer and the benchmarks within one 10-minute
-# budget and writes one report to benchmarks/ (see dev/gpu/gpu_check.py; GPU_CHECK_ARGS passes options).
+# For a GPU machine: no venv, no network. On that machine's python3 / torch, on the NVRTC path a pip
+# install runs: compiles the kernels ahead, runs the v4 benchmark, the CUDA tests, the other benchmarks
+# and compute-sanitizer within one 10-minute budget and writes one report to benchmarks/ (see
+# dev/gpu/gpu_check.py; GPU_CHECK_ARGS passes options, e.g. --nvcc-build for the nvcc build gpu-nvrtc needs).
 GPU_CHECK_ARGS ?=
 gpu-check:
 	$(PYTHON) dev/gpu/gpu_check.py $(GPU_CHECK_ARGS)
@@ -91,9 +92,10 @@ mamba-anchor:
 gpu-anchor:
 	$(PYTHON) dev/gpu/gpu_check.py --anchor build/mamba-anchor $(GPU_CHECK_ARGS)
 
-# After gpu-check (which builds _C_cuda in place), on the same machine: the kernels compiled at
-# first use by NVRTC -- first-use and warm-start seconds, outputs bitwise against the nvcc build's,
-# vmamba2d_tiny batch-1 latency with each (dev/gpu/nvrtc_check.py; gpu-check's 10-minute budget is full).
+# After `make gpu-check GPU_CHECK_ARGS=--nvcc-build` (which builds _C_cuda in place), on the same
+# machine: the kernels compiled at first use by NVRTC -- first-use and warm-start seconds, outputs
+# bitwise against the nvcc build's, vmamba2d_tiny batch-1 latency with each (dev/gpu/nvrtc_check.py;
+# gpu-check's 10-minute budget is full).
 gpu-nvrtc:
 	$(PYTHON) dev/gpu/nvrtc_check.py
 

@@ -151,7 +151,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     current = extensions.cuda_extension()
     if current is None or not current.kernel_image_available(device.index):
-        print("bench_cuda_versions: this checkout's CUDA kernel is not built for this GPU (make gpu-check builds it).")
+        print("bench_cuda_versions: this checkout's CUDA kernel is not built for this GPU "
+              "(make gpu-compare, or gpu-check --nvcc-build, builds it).")
         return 2
     folder = args.baseline if args.baseline.is_dir() else args.baseline.parent
     info = cuda_baseline.read_info(folder) or {"short": "unknown", "subject": ""}

@@ -402,24 +402,60 @@ def device_limits(device: torch.device, cuda_module) -> Optional[DeviceLimits]:
                         cuda_module.kernel_image_arch(index))
 
 
-def plan_table(shapes: list[Shape], limits: DeviceLimits, cuda_module) -> str:
-    """The CUDA kernel's work split for every shape (2D map and the 1D path's 1 x L map) on ``limits``."""
-    lines = [
-        "| shape | map | fwd block (channels x warps, threads, smem, warps/SM) | tile-parallel fwd "
-        "| bwd block (channels x warps, threads, smem, warps/SM) | bwd slices | tile-parallel bwd |",
-        "|---|---|---|---|---|---:|---|",
-    ]
+def _split_cells(p: dict) -> list[str]:
+    """The nvcc build's plan (its ``_launch_plan`` dict) as the table's cells after shape and map."""
+    fwd = (f"{p['fwd_channels']} x {p['fwd_warps_per_channel']}, {p['fwd_threads']}, "
+           f"{p['fwd_smem_bytes'] / 1024:.1f} KiB, {p['fwd_resident_warps']}")
+    bwd = (f"{p['bwd_channels']} x {p['bwd_warps_per_channel']}, {p['bwd_threads']}, "
+           f"{p['bwd_smem_bytes'] / 1024:.1f} KiB, {p['bwd_resident_warps']}")
+    return [fwd, str(p["fwd_tile_parallel"]), bwd, str(p["bwd_slices"]), str(p["bwd_tile_parallel"])]
+
+
+def _shape_cells(shapes: dict) -> list[str]:
+    """The NVRTC host driver's launch shapes (its ``launch_shapes`` dict) as the table's cells."""
+    def one(launch) -> str:
+        grid, threads, smem, variant = launch
+        return f"{' x '.join(str(g) for g in grid)}, {threads}, {smem / 1024:.1f} KiB, {variant}"
+    return [one(shapes["forward"]), one(shapes["backward"])]
+
+
+SPLIT_HEADER = ("| shape | map | fwd block (channels x warps, threads, smem, warps/SM) | tile-parallel fwd "
+                "| bwd block (channels x warps, threads, smem, warps/SM) | bwd slices | tile-parallel bwd |\n"
+                "|---|---|---|---|---|---:|---|")
+SHAPES_HEADER = ("| shape | map | fwd launch (grid, threads, smem, variant) "
+                 "| bwd launch (grid, threads, smem, variant) |\n|---|---|---|---|")
+
+
+def plan_table(shapes: list[Shape], limits: DeviceLimits, cuda_module, device_index: int = 0) -> str:
+    """The CUDA kernel's work split for every shape (2D map and the 1D path's 1 x L map) on ``limits``:
+    the nvcc build's ``_launch_plan`` (channels, warps, shared memory, residency), else the NVRTC
+    path's ``launch_shapes`` (grid, threads, shared memory, variant on GPU ``device_index``, whose
+    limits its host driver reads itself). A row the module cannot plan says why instead."""
+    if hasattr(cuda_module, "_launch_plan"):
+        header, columns = SPLIT_HEADER, 5
+
+        def cells(shape: Shape, height: int, width: int) -> list[str]:
+            return _split_cells(cuda_module._launch_plan(shape.batch, shape.dim, shape.groups, shape.nstate, height,
+                                                         width, limits.sm_count, limits.smem_per_sm,
+                                                         limits.smem_per_block, arch=limits.arch))
+    else:
+        header, columns = SHAPES_HEADER, 2
+
+        def cells(shape: Shape, height: int, width: int) -> list[str]:
+            if not hasattr(cuda_module, "launch_shapes"):
+                raise AttributeError(f"{type(cuda_module).__name__} has neither _launch_plan (nvcc build) "
+                                     "nor launch_shapes (NVRTC host driver)")
+            return _shape_cells(cuda_module.launch_shapes(shape.batch, shape.dim, shape.groups, shape.nstate, height,
+                                                          width, device_index))
+    lines = header.splitlines()
     for shape in shapes:
         for label, (height, width) in (("2D", (shape.height, shape.width)), ("1D", (1, shape.length))):
-            p = cuda_module._launch_plan(shape.batch, shape.dim, shape.groups, shape.nstate, height, width,
-                                         limits.sm_count, limits.smem_per_sm, limits.smem_per_block,
-                                         arch=limits.arch)
-            fwd = (f"{p['fwd_channels']} x {p['fwd_warps_per_channel']}, {p['fwd_threads']}, "
-                   f"{p['fwd_smem_bytes'] / 1024:.1f} KiB, {p['fwd_resident_warps']}")
-            bwd = (f"{p['bwd_channels']} x {p['bwd_warps_per_channel']}, {p['bwd_threads']}, "
-                   f"{p['bwd_smem_bytes'] / 1024:.1f} KiB, {p['bwd_resident_warps']}")
-            lines.append(f"| {shape.label} | {label} {height}x{width} | {fwd} | {p['fwd_tile_parallel']} | {bwd} "
-                         f"| {p['bwd_slices']} | {p['bwd_tile_parallel']} |")
+            try:
+                row = cells(shape, height, width)
+            except Exception as err:  # one shape the planner refuses must not cost the table
+                row = [f"no plan: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"]
+                row += [""] * (columns - 1)
+            lines.append(f"| {shape.label} | {label} {height}x{width} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -508,10 +544,12 @@ def run(args: argparse.Namespace, device: torch.device, shapes: list[Shape], bac
     usable = device.type == "cuda" and "cuda" in backends and cuda_module is not None
     limits = device_limits(device, cuda_module) if usable else None
     if limits is not None:
+        source = ("warps/SM as modelled by the planner" if hasattr(cuda_module, "_launch_plan") else
+                  "as the NVRTC host driver launches the v3 kernels; the v4 forwards' plans: dev/gpu/bench_v4.py")
         table += (f"\n\nCUDA kernel launch plans on this GPU ({limits.sm_count} SMs, "
                   f"{limits.smem_per_sm // 1024} KiB shared memory per SM, {limits.smem_per_block // 1024} KiB "
-                  f"per block, kernels compiled for sm_{limits.arch}; warps/SM as modelled by the planner):\n\n"
-                  + plan_table(shapes, limits, cuda_module))
+                  f"per block, kernels compiled for sm_{limits.arch}; {source}):\n\n"
+                  + plan_table(shapes, limits, cuda_module, device.index or 0))
     return header + f"\n- benchmark wall time: {elapsed:.0f} s", table
 
 

@@ -2,7 +2,7 @@
 """The v4 forwards (PL, RS, the four-route RS kernel) against the v3 forward on a GPU, same tensors,
 same process.
 
-    python dev/gpu/bench_v4.py --out v4.md [--max-seconds 45]    # run by `make gpu-check` (step bench-v4)
+    python dev/gpu/bench_v4.py --out v4.md [--max-seconds 113]   # run by `make gpu-check` (step bench-v4)
 
 For the model's scan shapes (batch 128; Di = 192 / 384 / 768 / 1536 at 56 / 28 / 14 / 7; one group;
 N = 1) in fp32 and bf16, through the NVRTC path (median ms of CUDA-event-timed calls):
@@ -17,12 +17,13 @@ N = 1) in fp32 and bf16, through the NVRTC path (median ms of CUDA-event-timed c
   stage): projected first (project_delta, then the kernel: what the fold rule picks) against the
   folding kernel launched with its plan directly -- the measurement the rule's estimate waits for;
 each as a share of a device-to-device copy's bandwidth measured here (bytes: u, delta, B, C read, y
-written once), with the largest |v4 - v3| difference. Rows run in CASES' order (the designs the next
-GPU run must see first) while the time lasts. Then vmamba2d_tiny inference at batch 128, fp32 and bf16
-autocast, img/s (its four-route op now runs the four-route RS kernel where the rule picks it). Each
-part runs under its own share of --max-seconds and is reported as skipped when its time is gone; the
-table is written after every row. Everything runs through the NVRTC path (the nvcc build has v3
-only), the model too. Exit 2 without a GPU or NVRTC.
+written once), with the largest |v4 - v3| difference. Rows run in CASES' order (the four-route rows
+first, then the fold, then the single-route ones: what the next GPU run must see first) while the time
+lasts. Then vmamba2d_tiny inference at batch 128, fp32 and bf16 autocast, img/s (its four-route op
+now runs the four-route RS kernel where the rule picks it). Each part runs under its own share of
+--max-seconds and is reported as skipped when its time is gone; the table is written after every row.
+Everything runs through the NVRTC path (the nvcc build has v3 only), the model too. Exit 2 without a
+GPU or NVRTC.
 """
 from __future__ import annotations
 
@@ -37,9 +38,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 SHAPES = ((192, 56), (384, 28), (768, 14), (1536, 7))  # (Di, H = W) of vmamba2d_tiny's four stages
-# (op, Di, side), most wanted first: PL at 7 x 7, the four-route kernel at 56 x 56, then the rest.
-CASES = (("single", 1536, 7), ("cross", 192, 56), ("fold", 192, 56), ("single", 192, 56), ("cross", 1536, 7),
-         ("single", 384, 28), ("cross", 384, 28), ("single", 768, 14), ("cross", 768, 14))
+# (op, Di, side), most wanted first: the four-route kernel (the model's op) at every stage, 56 x 56 first
+# and 14 x 14 (the largest share of the model's bytes after it) next, then the step-size fold at 56 x 56,
+# then the single-route forwards (PL at 7 x 7 first). The 2026-11-29 run timed only its first row.
+CASES = (("cross", 192, 56), ("cross", 768, 14), ("cross", 384, 28), ("cross", 1536, 7), ("fold", 192, 56),
+         ("single", 1536, 7), ("single", 192, 56), ("single", 384, 28), ("single", 768, 14))
 FOLD_RANK = 6  # vmamba2d_tiny's dt_rank: ceil(96 / 16)
 # Sides whose four-route row also times V = 2 beside the rule's V = 4 (PAIR_SIDES) and P = 1 beside the
 # rule's P = 2 (DEEP_PAIR_SIDES: 56 at V = 4, 14 at V = 2, the stage with the model's largest share of
@@ -65,15 +68,28 @@ def _events_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+COPY_BYTES = 1 << 30  # the reference copy's source (and destination) size
+
+
 def copy_bandwidth(repeats: int) -> float:
-    """Bytes per ms of a 1 GiB device-to-device copy (read + write counted)."""
+    """Bytes per ms (not per second) of a 1 GiB device-to-device copy, read + write counted (2 GiB moved)."""
     import torch
 
-    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").uniform_()
+    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
     dst.copy_(src)
     ms = _events_ms(lambda: dst.copy_(src), repeats)
-    return 2 * src.numel() * 4 / ms
+    return 2 * COPY_BYTES / ms
+
+
+def copy_label(bytes_per_ms: float) -> str:
+    """The copy row's text: GB/s (bytes per ms x 1e3 / 1e9) and the copy's time."""
+    return f"{bytes_per_ms / 1e6:.0f} GB/s (1 GiB read + 1 GiB written in {2 * COPY_BYTES / bytes_per_ms:.3f} ms)"
+
+
+def percent_of_copy(bytes_moved: int, ms: float, bytes_per_ms: float) -> float:
+    """A call's bandwidth (bytes_moved in ms) as a percentage of the copy's (both in bytes per ms)."""
+    return 100 * bytes_moved / ms / bytes_per_ms
 
 
 def scan_inputs(dim: int, side: int, dtype, routes: int = 0):
@@ -109,7 +125,7 @@ def _time_designs(calls: dict, bytes_moved: int, bandwidth: float, repeats: int,
         fn()
         ms = _events_ms(fn, repeats)
         row[f"{name} ms"] = f"{ms:.3f}"
-        row[f"{name} % copy"] = f"{100 * bytes_moved / ms / bandwidth:.0f}"
+        row[f"{name} % copy"] = f"{percent_of_copy(bytes_moved, ms, bandwidth):.0f}"
     torch.cuda.synchronize()
     return outputs
 
@@ -206,8 +222,6 @@ def cross_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: in
 def fold_row(kernels, dim: int, side: int, dtype, bandwidth: float, repeats: int) -> dict:
     """The four-route op with a rank-FOLD_RANK step-size projection: projected first, then the
     kernel (the rule's choice at this rank) against the folding kernel forced by its plan."""
-    import dataclasses
-
     import torch
 
     from vmamba2d.ops.compiled import cross_rows_launch
@@ -296,8 +310,7 @@ def main(argv=None) -> int:
             args.out.write_text(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}\n\n{text}\n")
 
     bandwidth = copy_bandwidth(args.repeats)
-    rows.append({"op": "d2d copy 1 GiB", "plan": f"{bandwidth / 1e9:.0f} GB/s (read + write), "
-                                                 f"{2 * (1 << 30) / bandwidth:.3f} ms"})
+    rows.append({"op": "d2d copy 1 GiB", "plan": copy_label(bandwidth)})
     scan_deadline = start + args.max_seconds * (1 - MODEL_SHARE)
     for op, dim, side in CASES:
         for dtype in (torch.bfloat16, torch.float32):

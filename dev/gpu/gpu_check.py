@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""One command for a GPU machine: build, CUDA tests, compute-sanitizer, benchmarks, one report.
+"""One command for a GPU machine: CUDA tests, compute-sanitizer, benchmarks, one report.
 
 Meant for a machine with its own python3 and torch, no virtual environment and no network (run it
-as ``make gpu-check``, which calls this file with ``python3``). Steps, in order, each with a time
+as ``make gpu-check``, which calls this file with ``python3``). It measures the NVRTC path, what a
+pip install runs: no nvcc build unless asked for (--nvcc-build). Steps, in order, each with a time
 budget (seconds) so that the whole run ends within --budget-s (default 585, inside a 10-minute
 limit); a step that would start with less time left than it needs is skipped, one that runs past
 its budget is stopped, and the report says so:
 
-    build                VMAMBA2D_NVCC_BUILD=1 python3 setup.py build_ext --inplace (the nvcc build beside
-                         the NVRTC path, for make gpu-nvrtc), TORCH_CUDA_ARCH_LIST = this GPU's arch
     precompile           python3 -m vmamba2d.ops.precompile --arch <this GPU's> --jobs <jobs>: the NVRTC
                          kernels the model launches, into the kernel cache, so the steps that run the
-                         NVRTC path (bench-v4, the model benchmark) do not time first-use compiles
-    tests                pytest -m cuda on the scan / CUDA test files (files whose imports fail, e.g.
-                         for a package missing here, are reported as collection errors, not run)
+                         NVRTC path (bench-v4, the model benchmark) do not time first-use compiles;
+                         beside it dev/gpu/jit_prebuild.py: the NVRTC host driver and the CPU kernel
+                         (C++ compiler, no nvcc) into torch's extension cache, so that no later step
+                         JIT-compiles them inside its own budget
+    bench-v4             dev/gpu/bench_v4.py: the v4 forwards against v3 on the NVRTC path, the
+                         four-route rows first (the most wanted measurement; the biggest budget)
+    tests                pytest -m cuda -v on the test files that hold cuda-marked tests, the
+                         GPU-dispatch ones first (files whose imports fail, e.g. for a package
+                         missing here, are reported as collection errors, not run); the report lists
+                         the failed test ids, and the test running when a time-out stopped it
     triton-reverse-scan  dev/gpu/triton_reverse_scan_smoke.py: Triton's reverse associative scan on
                          a 4-D block with 4 and 8 warps against a Python loop (open upstream bug
                          report; the Triton backward depends on it)
@@ -23,18 +29,26 @@ its budget is stopped, and the report says so:
     bench-model-*        benchmarks/bench_model.py --device cuda, fp32 and bf16 autocast, batch 128:
                          vmamba2d_tiny vs vmamba_tiny and convnext_tiny, inference and training, on
                          the NVRTC kernels (VMAMBA2D_CUDA_KERNELS=nvrtc: what a pip install runs,
-                         v4 forwards where the rule picks them, not the nvcc build of the build step)
-    bench-versions       only when build/cuda-baseline (--baseline) holds an earlier kernel exported
-                         by dev/gpu/cuda_baseline.py (make cuda-baseline): that kernel builds beside
-                         this checkout's during the build step, and dev/gpu/bench_cuda_versions.py
-                         times both on the model shapes (the v3-vs-v2 ratio)
+                         v4 forwards where the rule picks them)
     sanitize-<tool>      dev/gpu/cuda_sanitize.sh with memcheck, racecheck, synccheck, initcheck, last
                          (slowest, and a hang there must not cost the measurements); memcheck and
                          initcheck with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so they see every allocation;
-                         initcheck on the CUDA kernel only (both backends take minutes); racecheck
-                         hazards that lie only in Triton's library code get their own result
+                         racecheck and initcheck on the CUDA kernels only (racecheck's Triton hazards
+                         are upstream's, triton-lang/triton#7264; initcheck checks every kernel, no
+                         filter, on three cases: see the script)
 
-Budgets per step (BUDGETS_S) add up to less than the default run budget.
+With --nvcc-build, first:
+
+    build                VMAMBA2D_NVCC_BUILD=1 python3 setup.py build_ext --inplace (the nvcc build beside
+                         the NVRTC path, for make gpu-nvrtc), TORCH_CUDA_ARCH_LIST = this GPU's arch
+    bench-versions       (after the model benchmarks) only when build/cuda-baseline (--baseline) holds
+                         an earlier kernel exported by dev/gpu/cuda_baseline.py (make cuda-baseline):
+                         that kernel builds beside this checkout's during the build step, and
+                         dev/gpu/bench_cuda_versions.py times both on the model shapes (the v3-vs-v2 ratio)
+
+Budgets per step (BUDGETS_S) add up to less than the default run budget; the nvcc build's
+(NVCC_BUDGETS_S) do not fit beside them, so with --nvcc-build the last steps get what is left or
+are skipped (--dry-run says so; --skip frees time).
 
 The report (benchmarks/gpu-check-<date>-<gpu>-<commit>.md) holds the GPU name, driver, torch,
 triton, commit and date, each step's result, time and output tail, and the benchmark tables. It is
@@ -43,6 +57,7 @@ rewritten after every step, so a run that is cut off still leaves what it measur
     python3 dev/gpu/gpu_check.py                      # everything
     python3 dev/gpu/gpu_check.py --dry-run            # print the plan (steps, budgets, commands)
     python3 dev/gpu/gpu_check.py --copy-to DIR        # also copy the report into DIR
+    python3 dev/gpu/gpu_check.py --nvcc-build         # also the nvcc build (for make gpu-nvrtc after it)
 
 A second, separate run (``make gpu-compare``, its own 10-minute call) times this checkout's CUDA
 kernel against an earlier version on the same tensors: ``--compare-baseline DIR`` builds the
@@ -77,7 +92,9 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
-TEST_FILE_PATTERNS = ("test_scan*.py", "test_cuda*.py")
+CUDA_MARK = "pytest.mark.cuda"  # how a test file marks its GPU tests (pytest.ini: cuda)
+# The tests step runs these first: the NVRTC path's dispatch to the v4 forwards and the CUDA op's GPU tests.
+GPU_TESTS_FIRST = ("tests/ops/compiled/test_cuda_v4_dispatch.py", "tests/ops/compiled/test_scan_cuda.py")
 MODEL_BENCH_MODELS = ("vmamba2d_tiny", "vmamba_tiny", "convnext_tiny")
 OUTPUT_TAIL_LINES = 40
 REPORT_RESERVE_S = 10  # kept back from the last step for writing the report
@@ -99,6 +116,7 @@ class Step:
     table: Optional[Path] = None
     meanings: dict = field(default_factory=dict)  # exit code -> result text other than FAIL
     time_option: Optional[str] = None  # option that tells the command its own time limit (seconds)
+    time_margin_s: float = 30  # the time_option's limit is the step's timeout less this (time to write its table)
     # a second command run beside this one, within the same budget (its exit code does not decide
     # the step's result; a later step that needs what it made fails if it did not)
     companion: Optional[list[str]] = None
@@ -189,28 +207,47 @@ def report_path(out_dir: Path, env: Environment, kind: str = "gpu-check") -> Pat
 # ------------------------------------------------------------------------------------------------
 # plan
 # ------------------------------------------------------------------------------------------------
-def scan_test_files() -> list[str]:
-    found = sorted({p for pattern in TEST_FILE_PATTERNS for p in (REPO / "tests").rglob(pattern)})
-    return [str(p.relative_to(REPO)) for p in found]
+def cuda_test_files() -> list[str]:
+    """The test files under tests/ that hold a cuda-marked test (the others run nothing under
+    ``-m cuda`` and only cost their collection), GPU_TESTS_FIRST first, the rest in path order with
+    Triton's last (its kernels compile at first use, most of the step's time)."""
+    found = [p.relative_to(REPO).as_posix() for p in sorted((REPO / "tests").rglob("test_*.py"))
+             if CUDA_MARK in p.read_text(errors="replace")]
+    first = [f for f in GPU_TESTS_FIRST if f in found]
+    rest = sorted((f for f in found if f not in first), key=lambda f: ("/triton/" in f, f))
+    return first + rest
 
 
 # Sanitizers that track allocations see through torch's caching allocator only when it is off.
 UNCACHED_SANITIZERS = ("memcheck", "initcheck")
 # Per-step budgets (seconds); they add up to less than the run's default budget (585 s, itself
-# inside a 10-minute limit) minus REPORT_RESERVE_S, so that the first run on a GPU reaches the end.
-# Measured on an H200 (2026-11-28, benchmarks/gpu-followup-20261128-h200-798a329.md): build 102 s
-# (12 jobs, the v2 kernel building beside it), CUDA + Triton tests ~100 s (Triton compiles most of
-# it), the Triton smoke test 6 s, bench-scan 50 s, cross-scan 27 s, each model benchmark 55-60 s,
-# the v3-vs-v2 timing 20 s, memcheck 26 s, racecheck 20 s, synccheck 14 s; initcheck on both
-# backends did not finish in 125 s, so it checks the CUDA kernel alone.
-# bench-v4 (v4 PL / RS / four-route RS vs v3 forward, dev/gpu/bench_v4.py) is not measured yet; its 45 s
-# come from build (to 110), bench-scan (to 45) and bench-versions (to 20), which cut their own rows to
-# their --max-seconds; it times its rows most-wanted first and marks the rest skipped.
-BUDGETS_S = {"build": 110, "precompile": 25, "tests": 95, "bench-v4": 45, "triton-reverse-scan": 10, "bench-scan": 40,
-             "bench-cross-scan": 25, "bench-model-fp32": 60, "bench-model-bf16": 60, "bench-versions": 20,
-             "sanitize-memcheck": 30, "sanitize-racecheck": 20, "sanitize-synccheck": 15, "sanitize-initcheck": 20}
-# Backends each sanitizer checks (dev/gpu/cuda_sanitize.sh's BACKENDS).
-SANITIZER_BACKENDS = {"memcheck": "cuda triton", "racecheck": "cuda triton", "synccheck": "cuda triton",
+# inside a 10-minute limit) minus REPORT_RESERVE_S, so that a run on a GPU reaches the end.
+# Measured on an H200. 2026-11-28 (benchmarks/gpu-followup-20261128-h200-798a329.md): the Triton smoke
+# test 6 s, cross-scan 27 s, each model benchmark 55-60 s, memcheck 26 s, synccheck 14 s; initcheck on
+# both backends did not finish in 125 s. 2026-11-29 (benchmarks/gpu-check-20261129-1903-h200-0c5e707.md):
+# - the nvcc build did not finish in 110 s and nothing after it used it (the measured path is NVRTC):
+#   it left the default plan (--nvcc-build), its time went to bench-v4 and tests;
+# - precompile 21 s; bench-v4 (35 s) timed one row, most of that compiling the host driver at first
+#   use, and the tests were stopped at 95 s, most likely after JIT-building the CPU kernel in a test: both
+#   C++ parts now build beside precompile (dev/gpu/jit_prebuild.py; 104 s together on 2 shared cores,
+#   in parallel there), hence its 50 s;
+# - bench-scan's 10 s of rows (40 s less a 30 s margin) held 4 rows: a 15 s margin now;
+# - racecheck reached the Triton cases at 20 s (now CUDA only); initcheck spent its 20 s printing
+#   reports most likely caused by its kernel filter (now unfiltered, on 3 cases).
+BUDGETS_S = {"precompile": 50, "bench-v4": 120, "tests": 110, "triton-reverse-scan": 10, "bench-scan": 40,
+             "bench-cross-scan": 25, "bench-model-fp32": 60, "bench-model-bf16": 60, "sanitize-memcheck": 30,
+             "sanitize-racecheck": 20, "sanitize-synccheck": 15, "sanitize-initcheck": 30}
+# With --nvcc-build only: the nvcc build (102 s with 12 jobs on 2026-11-28, not finished in 110 s with
+# 16 on 2026-11-29) and, with an exported earlier kernel, the v3-vs-v2 timing (20 s).
+NVCC_BUDGETS_S = {"build": 140, "bench-versions": 20}
+# bench-scan writes its table only at its end, after the measurement running at --max-seconds (a
+# Triton compile or a torch-backend row: seconds) and its start-up before the clock (imports): 15 s.
+BENCH_SCAN_MARGIN_S = 15
+# Backends each sanitizer checks (dev/gpu/cuda_sanitize.sh's BACKENDS). racecheck: the CUDA kernels
+# only -- Triton's backward has known hazards in Triton's own reduction code (triton-lang/triton#7264,
+# which the script tells apart: BACKENDS="cuda triton" TOOLS=racecheck dev/gpu/cuda_sanitize.sh on a
+# machine with time), and its cases took the rest of a 20 s budget on 2026-11-29.
+SANITIZER_BACKENDS = {"memcheck": "cuda triton", "racecheck": "cuda", "synccheck": "cuda triton",
                       "initcheck": "cuda"}
 SANITIZER_MEANINGS = {2: "not run (no GPU backend or no compute-sanitizer)",
                       4: "hazards only in Triton's own code (triton-lang/triton#7264), none in ours"}
@@ -236,35 +273,43 @@ def _versions_bench(python: str, baseline: Path, out: Path) -> list[str]:
 VERSIONS_MEANINGS = {2: "not run (no GPU, or a kernel without an image for it)"}
 
 
-def plan(python: str, env: Environment, work: Path, jobs: int, baseline: Optional[Path] = None) -> list[Step]:
+def plan(python: str, env: Environment, work: Path, jobs: int, baseline: Optional[Path] = None,
+         nvcc_build: bool = False) -> list[Step]:
     """The steps for this machine, in first-run order (what must work before what is worth timing;
-    the slow sanitizers last), with their budgets (seconds). With ``baseline`` (a folder that
-    ``dev/gpu/cuda_baseline.py export`` wrote) the earlier kernel builds beside this checkout's and
-    a step times the two against each other."""
-    steps = [
-        Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=BUDGETS_S["build"], min_s=60,
-             env={"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs), "VMAMBA2D_NVCC_BUILD": "1"},
-             # the earlier kernel with a quarter of the jobs, so this checkout's build finishes first
-             companion=_baseline_build(python, baseline, max(1, jobs // 4)) if baseline is not None else None),
+    the slow sanitizers last), with their budgets (seconds). With ``nvcc_build`` the nvcc build
+    comes first, and with ``baseline`` too (a folder that ``dev/gpu/cuda_baseline.py export``
+    wrote) the earlier kernel builds beside it and a step times the two against each other."""
+    steps = []
+    if nvcc_build:
+        steps.append(Step("build", [python, "setup.py", "build_ext", "--inplace"], budget_s=NVCC_BUDGETS_S["build"],
+                          min_s=60, env={"TORCH_CUDA_ARCH_LIST": env.capability, "MAX_JOBS": str(jobs),
+                                         "VMAMBA2D_NVCC_BUILD": "1"},
+                          # the earlier kernel with a quarter of the jobs, so this checkout's build finishes first
+                          companion=_baseline_build(python, baseline, max(1, jobs // 4)) if baseline else None))
+    steps += [
         # the NVRTC kernels the model launches, compiled in parallel into the kernel cache, so that the
-        # benchmarks below (each NVRTC compile at first use is serial, ~2-4 s) time kernels, not compiles
+        # benchmarks below (each NVRTC compile at first use is serial, ~2-4 s) time kernels, not compiles;
+        # beside it the C++ parts a checkout JIT-compiles at first use (the host driver, the CPU kernel), into
+        # torch's extension cache for every later step (nothing to do where a finished nvcc build made them)
         Step("precompile", [python, "-m", "vmamba2d.ops.precompile", "--arch", env.capability.replace(".", ""),
                             "--jobs", str(jobs)], budget_s=BUDGETS_S["precompile"], min_s=10,
-             meanings={2: "not run (no NVRTC)"}),
-        # first after the build: the v4 forward is what the next GPU run must measure (its table is
-        # written after every row, so it keeps only a 7 s margin of its budget)
+             env={"MAX_JOBS": str(jobs)}, meanings={2: "not run (no NVRTC)"},
+             companion=[python, "dev/gpu/jit_prebuild.py"]),
+        # first after it: the v4 forward is what the next GPU run must measure (its table is written
+        # after every row, so it keeps only a 7 s margin of its budget)
         Step("bench-v4", [python, "dev/gpu/bench_v4.py", "--out", str(work / "bench_v4.md"),
                           "--max-seconds", str(BUDGETS_S["bench-v4"] - 7)],
              budget_s=BUDGETS_S["bench-v4"], min_s=20, table=work / "bench_v4.md",
              meanings={2: "not run (no GPU or no NVRTC)"}),
-        Step("tests", [python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
-                       "--continue-on-collection-errors", *scan_test_files()], budget_s=BUDGETS_S["tests"],
+        # -v: one line per test as it ends, so a step stopped by its budget still names its failures
+        Step("tests", [python, "-m", "pytest", "-m", "cuda", "-v", "--tb=short", "-p", "no:cacheprovider",
+                       "--continue-on-collection-errors", *cuda_test_files()], budget_s=BUDGETS_S["tests"],
              min_s=30, meanings={5: "no cuda-marked tests collected"}),
         Step("triton-reverse-scan", [python, "dev/gpu/triton_reverse_scan_smoke.py"],
              budget_s=BUDGETS_S["triton-reverse-scan"], min_s=5, meanings={2: "not run (no GPU or no Triton)"}),
         Step("bench-scan", [python, "benchmarks/bench_scan.py", "--device", "cuda", "--warmup", "2", "--repeats", "5",
-                            "--out", str(work / "bench_scan.md")], budget_s=BUDGETS_S["bench-scan"], min_s=40,
-             table=work / "bench_scan.md", time_option="--max-seconds"),
+                            "--out", str(work / "bench_scan.md")], budget_s=BUDGETS_S["bench-scan"], min_s=30,
+             table=work / "bench_scan.md", time_option="--max-seconds", time_margin_s=BENCH_SCAN_MARGIN_S),
         # the four-route op vs its routes one by one on copies (cuda, triton), stages 1 and 3 of the tiny model
         Step("bench-cross-scan", [python, "benchmarks/bench_cross_scan.py", "--device", "cuda", "--backends", "cuda",
                                   "triton", "--scans", "2d", "--stages", "0", "2", "--repeats", "3",
@@ -278,10 +323,11 @@ def plan(python: str, env: Environment, work: Path, jobs: int, baseline: Optiona
                                  "--precisions", precision, "--batch-sizes", "128", "--iters", "5", "--warmup", "2",
                                  "--out", str(out)], budget_s=BUDGETS_S[name], min_s=30, table=out,
                           env={"VMAMBA2D_CUDA_KERNELS": "nvrtc"}))
-    if baseline is not None:
+    if nvcc_build and baseline is not None:
         out = work / "bench_cuda_versions.md"
-        steps.append(Step("bench-versions", _versions_bench(python, baseline, out), budget_s=BUDGETS_S["bench-versions"],
-                          min_s=20, table=out, time_option="--max-seconds", meanings=VERSIONS_MEANINGS))
+        steps.append(Step("bench-versions", _versions_bench(python, baseline, out),
+                          budget_s=NVCC_BUDGETS_S["bench-versions"], min_s=20, table=out,
+                          time_option="--max-seconds", meanings=VERSIONS_MEANINGS))
     for tool in SANITIZER_TOOLS:
         name = f"sanitize-{tool}"
         tool_env = {"TOOLS": tool, "PYTHON": python, "BACKENDS": SANITIZER_BACKENDS[tool]}
@@ -413,7 +459,7 @@ def run_all(steps: list[Step], budget_s: float, on_step_done) -> None:
         else:
             timeout = min(step.budget_s, left)
             if step.time_option:  # leave it time to write its table before it is stopped
-                step.command += [step.time_option, f"{max(timeout - 30, 10):.0f}"]
+                step.command += [step.time_option, f"{max(timeout - step.time_margin_s, 10):.0f}"]
             print(f"== {step.name} (budget {timeout:.0f} s): {' '.join(step.command)}", flush=True)
             run_step(step, timeout)
         on_step_done()
@@ -432,6 +478,38 @@ def _highlights(step: Step) -> list[str]:
     wanted = re.compile(r"(ERROR SUMMARY|RACECHECK SUMMARY|^=+ .*(passed|failed|error|skipped).* =+$"
                         r"|^(FAILED|ERROR) |backend \w+: )")
     return [line for line in step.output.splitlines() if wanted.search(line)][:30]
+
+
+# pytest's lines naming a test that did not pass: -v's "<id> FAILED [ 40%]" as each test ends, and the
+# short summary's "FAILED <id> - <message>" / "ERROR <id>" (a collection error names the file alone).
+_VERBOSE_FAILURE = re.compile(r"^(?P<id>\S+\.py::\S.*?) (?:FAILED|ERROR)(?: |$)")
+_SUMMARY_FAILURE = re.compile(r"^(?:FAILED|ERROR) (?P<id>\S.*?)(?: - .*)?$")
+_COLLECTION_ERROR = re.compile(r"^_+ ERROR collecting (?P<id>\S+) _+$")
+# -v's line of a test that started: its id, then (once it ends) the outcome.
+_VERBOSE_START = re.compile(r"^(?P<id>\S+\.py::\S.*?)(?: (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b.*)?$")
+
+
+def failed_tests(output: str) -> list[str]:
+    """The ids of the tests (or files, for collection errors) pytest reported as failed or erroring
+    in ``output``, each once, in the order first named; from -v's per-test lines, so they are there
+    even when the run was stopped before its summary."""
+    found: dict[str, None] = {}
+    for line in output.splitlines():
+        match = (_VERBOSE_FAILURE.match(line) or _SUMMARY_FAILURE.match(line)
+                 or _COLLECTION_ERROR.match(line.strip()))
+        if match:
+            found.setdefault(match["id"], None)
+    return list(found)
+
+
+def unfinished_test(output: str) -> Optional[str]:
+    """The id of the test pytest -v had started and not finished when ``output`` ends (the one a
+    time-out stopped), else None."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if not lines:
+        return None
+    match = _VERBOSE_START.match(lines[-1])
+    return match["id"] if match and not match["outcome"] else None
 
 
 def _companion_label(step: Step) -> str:
@@ -465,6 +543,12 @@ def format_report(env: Environment, steps: list[Step], budget_s: float, started:
         highlights = _highlights(step)
         if highlights:
             lines += ["", "Summary lines:", ""] + [f"    {h}" for h in highlights]
+        failed = failed_tests(step.output)
+        if failed:
+            lines += ["", f"Failed tests ({len(failed)}):", ""] + [f"    {test}" for test in failed]
+        stopped_in = unfinished_test(step.output) if step.result.startswith("timed out") else None
+        if stopped_in:
+            lines += ["", f"Stopped while running: `{stopped_in}`"]
         if step.output:
             lines += ["", f"Output (last {OUTPUT_TAIL_LINES} lines):", "", "```", _tail(step.output), "```"]
     return "\n".join(lines) + "\n"
@@ -480,6 +564,16 @@ def write_report(path: Path, text: str, copy_to: Optional[Path]) -> None:
         shutil.copyfile(path, copy_to / path.name)
 
 
+def budget_note(steps: list[Step], budget_s: float) -> str:
+    """One line: the steps' budgets against the run's (less the report's reserve), and what happens
+    when they do not fit."""
+    total, room = sum(s.budget_s for s in steps), budget_s - REPORT_RESERVE_S
+    if total <= room:
+        return f"step budgets add up to {total:.0f} s of the run's {room:.0f} s (report reserve excluded)"
+    return (f"step budgets add up to {total:.0f} s, more than the run's {room:.0f} s (report reserve excluded): "
+            "the last steps get what is left or are skipped (--skip frees time)")
+
+
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-s", type=float, default=585, help="the whole run, seconds")
@@ -488,10 +582,13 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--commit", help="commit to name in the report when git is unavailable here")
     parser.add_argument("--skip", nargs="+", default=[], help="step names to leave out (e.g. bench-model-bf16)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="parallel compile jobs")
+    parser.add_argument("--nvcc-build", action="store_true",
+                        help="also build the nvcc extension first (VMAMBA2D_NVCC_BUILD=1, for make gpu-nvrtc after "
+                             "the check); the steps measure the NVRTC path either way")
     parser.add_argument("--baseline", type=Path, metavar="DIR", default=DEFAULT_BASELINE,
-                        help="an earlier kernel exported by `dev/gpu/cuda_baseline.py export` (make cuda-baseline): "
-                             "when DIR holds one, it builds beside this checkout's and bench-versions times both "
-                             "(default: %(default)s)")
+                        help="with --nvcc-build: an earlier kernel exported by `dev/gpu/cuda_baseline.py export` "
+                             "(make cuda-baseline): when DIR holds one, it builds beside this checkout's and "
+                             "bench-versions times both (default: %(default)s)")
     parser.add_argument("--compare-baseline", type=Path, metavar="DIR",
                         help="instead of the check: time this checkout's CUDA kernel against the earlier one "
                              "exported to DIR by `dev/gpu/cuda_baseline.py export` (make gpu-compare)")
@@ -525,7 +622,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             planned = compare_plan(python, env, Path(tmp), args.jobs, args.compare_baseline.resolve())
         else:
             baseline = args.baseline.resolve() if (args.baseline / BASELINE_INFO).is_file() else None
-            planned = plan(python, env, Path(tmp), args.jobs, baseline)
+            if baseline is not None and not args.nvcc_build:
+                print(f"gpu_check: {args.baseline} holds an exported kernel; timing it needs the nvcc build "
+                      "(--nvcc-build, or its own run: make gpu-compare), so this check leaves it out.")
+            planned = plan(python, env, Path(tmp), args.jobs, baseline, nvcc_build=args.nvcc_build)
         unknown = set(args.skip) - {s.name for s in planned}
         if unknown:
             print(f"gpu_check: --skip names unknown steps {sorted(unknown)}; steps: {[s.name for s in planned]}")
@@ -538,6 +638,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(f"{step.name:20s} budget {step.budget_s:4.0f} s (min {step.min_s:3.0f}): {extra} {' '.join(step.command)}")
                 if step.companion:
                     print(f"{'':20s} beside it: {' '.join(step.companion)}")
+            print(budget_note(steps, args.budget_s))
             return 0
         if env.gpu == "unknown":
             print(f"gpu_check: no GPU visible to {python} (torch {env.torch}); nothing to check, no report written.")

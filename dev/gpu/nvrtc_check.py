@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The NVRTC path of the CUDA scan on a GPU, against the nvcc build of the same sources.
 
-    python dev/gpu/nvrtc_check.py            # run by `make gpu-check` after its in-place build
+    python dev/gpu/nvrtc_check.py            # make gpu-nvrtc, after `make gpu-check GPU_CHECK_ARGS=--nvcc-build`
 
 Prints, for the current GPU:
 

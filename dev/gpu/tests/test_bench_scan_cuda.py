@@ -107,3 +107,60 @@ def test_gpu_benchmark_plan_table_shows_every_shape_and_its_1d_path():
     cells = [cell.strip() for cell in table[2].strip("|").split("|")]
     assert cells[:2] == ["model 56x56 x 384 ch", "2D 56x56"]
     assert cells[2].startswith("4 x 1, 128,") and cells[4].startswith("4 x 1, 128,")
+
+
+class _H100Launcher:
+    """A stand-in kernel launcher for the NVRTC host driver: an H100's limits, no launches."""
+
+    def __call__(self, *args):
+        raise AssertionError("the plan table launches nothing")
+
+    def device_info(self, index: int):
+        from vmamba2d.ops.compiled.cuda_launch import DeviceInfo
+
+        return DeviceInfo(index=index, arch=90, code_arch=90, sm_count=132, smem_per_block=227 * 1024,
+                          smem_per_sm=228 * 1024, reserved_smem_per_block=1024)
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_gpu_benchmark_plan_table_on_the_nvrtc_path_agrees_with_the_nvcc_builds_planner():
+    """The 2026-11-29 run crashed here: the NVRTC backend has no _launch_plan. Its host driver's
+    launch_shapes (the same planner compiled by the C++ compiler) fills the table, and each row's
+    threads and shared memory are the ones the nvcc build's _launch_plan gives on the same GPU."""
+    from vmamba2d.ops.compiled import nvrtc_backend
+
+    bench = _load_gpu_bench()
+    kernels = nvrtc_backend.NvrtcKernels(_H100Launcher())
+    shapes = bench.default_shapes(["model", "table3"], bench.TABLE3_MAPS)
+    h100 = bench.DeviceLimits(sm_count=132, smem_per_sm=228 * 1024, smem_per_block=227 * 1024, arch=90)
+    table = bench.plan_table(shapes, h100, kernels).splitlines()
+    assert len(table) == 2 + 2 * len(shapes) and "no plan" not in "\n".join(table)
+    nvcc = bench.plan_table(shapes, h100, v3_emulation()).splitlines()
+    for row, planned in zip(table[2:], nvcc[2:]):
+        shape, fwd, bwd = _cells(row)[:2], _cells(row)[2], _cells(row)[3]
+        assert shape == _cells(planned)[:2]
+        # "grid, threads, smem KiB, variant" against "channels x warps, threads, smem KiB, warps/SM"
+        assert fwd.split(", ")[1:3] == _cells(planned)[2].split(", ")[1:3], (row, planned)
+        assert bwd.split(", ")[1:3] == _cells(planned)[4].split(", ")[1:3], (row, planned)
+
+
+def test_gpu_benchmark_plan_table_says_why_a_row_has_no_plan():
+    bench = _load_gpu_bench()
+    shapes = bench.default_shapes(["model"], bench.TABLE3_MAPS)
+    limits = bench.DeviceLimits(sm_count=132, smem_per_sm=228 * 1024, smem_per_block=227 * 1024, arch=90)
+    table = bench.plan_table(shapes, limits, object()).splitlines()  # a module with neither planner
+    assert len(table) == 2 + 2 * len(shapes)
+    assert all("no plan: AttributeError" in row and "launch_shapes" in row for row in table[2:])
+
+    class RefusesOneD:
+        def launch_shapes(self, batch, dim, groups, nstate, height, width, device):
+            if height == 1:
+                raise ValueError("one row\nmore")
+            return {"forward": ((1, 2, 3), 128, 2048, "kGeneral"), "backward": ((4, 5, 6), 64, 1024, "kRoute")}
+
+    table = bench.plan_table(shapes, limits, RefusesOneD()).splitlines()
+    assert _cells(table[2])[2:] == ["1 x 2 x 3, 128, 2.0 KiB, kGeneral", "4 x 5 x 6, 64, 1.0 KiB, kRoute"]
+    assert _cells(table[3])[2:] == ["no plan: ValueError: one row", ""]

@@ -160,6 +160,15 @@ class NvrtcKernels:
             raise RuntimeError(f"the NVRTC path's host driver (vmamba2d._C_nvrtc) could not be built: {err}") from err
         return True
 
+    def launch_shapes(self, batch: int, dim: int, groups: int, nstate: int, height: int, width: int,
+                      device_index: int) -> dict:
+        """How the host driver launches the v3 kernels for these shapes on GPU ``device_index`` (its
+        planner, on that GPU's limits): ``forward`` / ``backward`` = ((grid x, y, z), threads per
+        block, dynamic shared memory bytes, kernel variant) of each pass's main grid. The nvcc
+        build's counterpart is its ``_launch_plan``; the v4 forwards plan in rows_launch /
+        cross_rows_launch."""
+        return self._prepare(device_index).launch_shapes(batch, dim, groups, nstate, height, width, device_index)
+
     def kernel_image_arch(self, device_index: int) -> int:
         """Compute capability x 10 of the code that runs on the GPU (the cubin's or the PTX's arch)."""
         return self._launcher.device_info(device_index).code_arch
