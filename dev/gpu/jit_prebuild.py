@@ -25,10 +25,16 @@ PARTS = {
     "CPU kernel": ("import sys; from vmamba2d.ops.compiled import extensions; "
                    "sys.exit(0 if extensions.cpu_extension() is not None else extensions.failure_reason('cpu'))"),
 }
+# Run first in each child: SIGTERM (gpu_check stopping the step at its budget) becomes SystemExit, so the
+# build's `finally` clauses run. Before torch's OS-level build lock (this checkout's torch has it, a GPU
+# machine's may not), torch removed its lock file only in a `finally`, and a lock file left by a killed
+# build made every later load of that module wait for it forever.
+ON_TERM = "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); "
 
 
 def main() -> int:
-    children = {name: subprocess.Popen([sys.executable, "-c", code], cwd=REPO) for name, code in PARTS.items()}
+    children = {name: subprocess.Popen([sys.executable, "-c", ON_TERM + code], cwd=REPO)
+                for name, code in PARTS.items()}
     failed = []
     for name, child in children.items():
         ok = child.wait() == 0

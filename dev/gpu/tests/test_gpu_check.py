@@ -446,6 +446,19 @@ def test_bench_v4_copy_row_is_in_gb_per_second():
     assert bench_v4.percent_of_copy(2 ** 31, 1.024, bytes_per_ms) == pytest.approx(50)
 
 
+def test_a_stopped_prebuild_still_runs_its_cleanup(gpu_check, tmp_path):
+    """A build stopped at the step's budget (SIGTERM to its process group) must leave no lock behind:
+    the stand-in holds a lock file the way torch's older JIT build did (removed in a `finally`) while it
+    waits on a child, like ninja."""
+    jit_prebuild = load_script("dev/gpu/jit_prebuild.py", "jit_prebuild")
+    lock = tmp_path / "lock"
+    build = (f"import pathlib, subprocess\nlock = pathlib.Path({str(lock)!r})\nlock.touch()\n"
+             "try:\n    subprocess.run(['sleep', '60'])\nfinally:\n    lock.unlink()\n")
+    step = gpu_check.Step("stopped", _python(jit_prebuild.ON_TERM + build), budget_s=3, min_s=0)
+    gpu_check.run_all([step], budget_s=60, on_step_done=lambda: None)
+    assert step.result.startswith("timed out") and not lock.exists()
+
+
 @pytest.mark.slow  # two child processes import torch and vmamba2d
 def test_jit_prebuild_makes_both_cpp_parts_available(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(TOOL.parents[2]))
