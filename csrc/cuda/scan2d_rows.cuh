@@ -379,9 +379,9 @@ SS2D_UNROLL
 // delta[b][k * rank + r] (fp32 FMAs in r order from 0, the low-rank values widened exactly) before
 // + delta_bias and softplus as above: the full-rank delta is never stored. A row's projection is
 // formed one row ahead, where the plain kernel loads the next row's delta, and kept in fp32.
-// kPrefetch: u and both routes' delta are held P rows ahead in a ring (slot r holds stream rows
-// r, r + P, ...: the row loop is unrolled P times so every slot index is a compile-time register
-// name); B stays one row ahead (one plane shared by the channels of a group: cache hits, not the
+// kPrefetch: u and both routes' delta (and, kYAhead, in the bottom-up sweep the top-down sweep's y
+// it adds) are held P rows ahead in a ring (slot r holds stream rows r, r + P, ...: the row loop is unrolled
+// P times so every slot index is a compile-time register name); B stays one row ahead (one plane shared by the channels of a group: cache hits, not the
 // DRAM bytes the ring is for) and C is loaded before the row's shuffles. P = 1 is the one-row-ahead
 // kernel. The folding instance keeps P = 1 (its ring would hold fp32 projections, 2 V registers a
 // row more, and its rank loop already keeps loads in flight).
@@ -396,6 +396,10 @@ struct CrossRowsForward {
   static_assert(kLoad == kV || kLoad == 1, "a lane's columns load as one vector or one by one");
   static_assert(kPrefetch >= 1, "at least the next row is loaded ahead");
   static_assert(!kFold || kPrefetch == 1, "the folding instance loads one row ahead");
+  // Whether the bottom-up sweep holds the top-down sweep's y in the ring (P rows ahead) or reads it in
+  // the row that adds it: the folding instance reads it there (a row of y held across its row would
+  // spill the bf16 instance compiled for 6 blocks per SM).
+  static constexpr bool kYAhead = !kFold;
 
   // Per lane: index 0 the sweep's rows-first route, 1 its columns-first route.
   struct Lane {
@@ -438,6 +442,19 @@ SS2D_UNROLL
 SS2D_UNROLL
     for (int j = 0; j < kChunks; ++j) {
       if (kLoad == kV || ((valid >> j) & 1u)) ctx.template load<kLoad>(at, chunk_step<kRev>(j), &dst[j * kLoad]);
+    }
+  }
+
+  // The bottom-up sweep's read-back: the top-down sweep's y of one row, `off` elements from the lane's
+  // view, in load-buffer order -- only an active lane's chunks (the cells it wrote; an idle lane's view
+  // lies in a map another lane owns).
+  template <bool kRev, class Ctx, class View, class T>
+  static SS2D_HD SS2D_INLINE void load_own_row(Ctx& ctx, const View& view, long long off, unsigned valid,
+                                               T (&dst)[kV]) {
+    const auto at = ctx.offset(view, off);
+SS2D_UNROLL
+    for (int j = 0; j < kChunks; ++j) {
+      if ((valid >> j) & 1u) ctx.template load<kLoad>(at, chunk_step<kRev>(j), &dst[j * kLoad]);
     }
   }
 
@@ -566,6 +583,9 @@ SS2D_UNROLL
     decltype(ctx.offset(y, 0LL)) lane_y[K];
 
     Lane lanes[K];
+    // The bottom-up sweep's ring of the top-down sweep's y, held P rows ahead like u (slot n: stream
+    // rows n, n + P, ...), so the read-back's latency is not paid in the row it is added in.
+    Out top_down_y[K][kPrefetch][kV];
     float sa[2][K], sb[2][K], ta[2][K], tb[2][K];
 
     ctx.each_lane([&](int lane) {
@@ -630,6 +650,14 @@ SS2D_UNROLL
                               l.valid, l.d[n][r]);
           }
           load_row<kRev>(ctx, lane_u[q], n * row_step, l.valid, l.u[n]);
+        }
+      }
+      if constexpr (kRev && kYAhead) {
+SS2D_UNROLL
+        for (int n = 0; n < kPrefetch; ++n) {
+SS2D_UNROLL
+          for (int k = 0; k < kV; ++k) top_down_y[q][n][k] = Out();
+          if (n < H) load_own_row<kRev>(ctx, lane_y[q], n * row_step, l.valid, top_down_y[q][n]);
         }
       }
     });
@@ -743,14 +771,10 @@ SS2D_UNROLL
           float h[2];
 SS2D_UNROLL
           for (int r = 0; r < 2; ++r) h[r] = l.s == 0 ? 0.f : tb[r][q];
-          Out prev[kV];
-          // Only an active lane reads y back: the cells it wrote in the top-down sweep.
-          if constexpr (kRev) {
-SS2D_UNROLL
-            for (int j = 0; j < kChunks; ++j) {
-              if ((l.valid >> j) & 1u) ctx.template load<kLoad>(lane_y[q], chunk_step<kRev>(j), &prev[j * kLoad]);
-            }
-          }
+          // (kRev) The top-down sweep's y of this row: from the ring, or read here.
+          Out read_back[kV];
+          if constexpr (kRev && !kYAhead) load_own_row<kRev>(ctx, lane_y[q], 0, l.valid, read_back);
+          const Out (&prev)[kV] = kYAhead ? top_down_y[q][n] : read_back;
           Out v[kV];
           float uv[kV], cv[2][kV];
           widen<kRev>(l.u[n], uv);
@@ -785,6 +809,10 @@ SS2D_UNROLL
             if (refill) load_row<kRev>(ctx, lane_u[q], row_step, l.valid, l.u[n]);
           } else {
             load_row<kRev>(ctx, lane_u[q], ring, l.valid, l.u[n]);
+          }
+          // (kRev) The top-down y of row i + P, not yet rewritten by this sweep.
+          if constexpr (kRev && kYAhead) {
+            if (refill) load_own_row<kRev>(ctx, lane_y[q], kPrefetch * row_step, l.valid, top_down_y[q][n]);
           }
           lane_u[q] = ctx.offset(lane_u[q], row_step);
           lane_y[q] = ctx.offset(lane_y[q], row_step);

@@ -51,9 +51,14 @@
 // columns 6 (80), at 1 column the default 8 (64).
 // The fp16 four-route kernel on sm_75 takes 7 (72 registers, 28 of the SM's 32 warps): at 64
 // registers ptxas (NVRTC 13.0, nvcc 13.0) spills 4+4 B with an 8 B stack frame at V = 2 with 3 or 4
-// scan steps (W = 14, 28); bf16 and fp32, and fp16 on sm_80 and newer, fit 64 without spills.
+// scan steps (W = 14, 28). The unfolded fp32 one takes 7 on sm_75 and sm_80 since its bottom-up sweep
+// holds the y read-back a row ahead: at 64 registers NVRTC 13.0 spills 32+32 B with a 16 B frame there
+// at W = 14, 28. bf16, the fp32 folding instance, fp16 on sm_80 and newer, and fp32 on sm_86 and newer
+// fit 64 without spills.
 #ifndef VMAMBA2D_RS_MIN_BLOCKS
-#if VMAMBA2D_RS_CROSS && VMAMBA2D_RS_DTYPE == 1 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 750
+#if VMAMBA2D_RS_CROSS && defined(__CUDA_ARCH__) && \
+    ((VMAMBA2D_RS_DTYPE == 1 && __CUDA_ARCH__ == 750) || \
+     (VMAMBA2D_RS_DTYPE == 0 && !VMAMBA2D_RS_FOLD && (__CUDA_ARCH__ == 750 || __CUDA_ARCH__ == 800)))
 #define VMAMBA2D_RS_MIN_BLOCKS 7
 #else
 #define VMAMBA2D_RS_MIN_BLOCKS vmamba2d::rows::kRowsMinBlocks

@@ -34,7 +34,7 @@ def _row(**changes):
 
 
 def test_fold_budgets_catch_what_they_hold():
-    plain = [_row(per_cell_channel=193.7, fold_cells={})]
+    plain = [_row(per_cell_channel=187.4, fold_cells={})]
     assert report.cross_fold_budget_failures([_row()], plain) == []
     failures = report.cross_fold_budget_failures([_row(registers=72, spill_bytes=8, stack_bytes=8, barriers=1)],
                                                  plain)
@@ -47,13 +47,13 @@ def test_fold_budgets_catch_what_they_hold():
         "folding four-route sm_90 fp32 W=56: no streaming loop found"]
     # the unfolded figure is the one-row-ahead kernel's (the folding instance's depth): a deeper ring's
     # row does not stand in for it
-    assert report.cross_fold_budget_failures([_row()], [_row(prefetch=2, per_cell_channel=193.7, fold_cells={})]) == [
-        "folding four-route sm_90 fp32 W=56: the fold rule's unfolded figure 193.7 is not the compiled None"]
+    assert report.cross_fold_budget_failures([_row()], [_row(prefetch=2, per_cell_channel=187.4, fold_cells={})]) == [
+        "folding four-route sm_90 fp32 W=56: the fold rule's unfolded figure 187.4 is not the compiled None"]
     # other archs: resources only
     assert report.cross_fold_budget_failures([_row(arch="sm_80", fold_cells={1: 999.0, 2: 1999.0})], plain) == []
 
 
 def test_fold_table_names_the_rule_limit():
-    table = report.format_fold_table([_row()], [_row(per_cell_channel=193.7, fold_cells={})])
+    table = report.format_fold_table([_row()], [_row(per_cell_channel=187.4, fold_cells={})])
     line = table.splitlines()[-1]
-    assert line == "| sm_90 | fp32 | 56 | 2 | 64 | 0 / 0 | 0 | 193.7 | 235.4 | 277.7 | 6: 362, 8: 405 | 5 |"
+    assert line == "| sm_90 | fp32 | 56 | 2 | 64 | 0 / 0 | 0 | 187.4 | 235.4 | 277.7 | 6: 362, 8: 405 | 3 |"

@@ -106,12 +106,15 @@ V4_PREFIXES = ("rows_forward.", "rows_cross_forward.", "planes_forward.")
 def v4_register_cap(name: str, arch: int) -> int:
     """Registers the v4 entry's launch bounds allow: 128 threads x 8 blocks per SM (64), the blocks a
     four-route plan names ("b6": 6 blocks, 80 registers, "b5": 5, 96; rows_plan.CrossPlan.min_blocks), else 7
-    blocks (72) for the fp16 four-route kernel on sm_75 (csrc/cuda/entries/scan2d_rows_entry.cu)."""
+    blocks (72) for the fp16 four-route kernel on sm_75 and the unfolded fp32 one on sm_75 / sm_80
+    (csrc/cuda/entries/scan2d_rows_entry.cu)."""
     named = re.search(r"b(\d+)f?$", name) if name.startswith("rows_cross_forward.") else None
     if named:
         blocks = int(named.group(1))
     else:
-        blocks = 7 if name.startswith("rows_cross_forward.fp16.") and arch == 75 else 8
+        seven = (name.startswith("rows_cross_forward.fp16.") and arch == 75) or (
+            name.startswith("rows_cross_forward.fp32.") and not name.endswith("f") and arch in (75, 80))
+        blocks = 7 if seven else 8
     return 65536 // (128 * blocks) // 8 * 8
 
 
@@ -119,6 +122,10 @@ def test_v4_register_caps_follow_the_launch_bounds():
     assert v4_register_cap("rows_forward.fp16.r0v8l8p1s3", 75) == 64
     assert v4_register_cap("rows_cross_forward.fp16.v2l2s4", 75) == 72
     assert v4_register_cap("rows_cross_forward.fp16.v2l2s4", 80) == 64
+    assert v4_register_cap("rows_cross_forward.fp32.v2l2s4", 75) == 72
+    assert v4_register_cap("rows_cross_forward.fp32.v2l2s4", 80) == 72
+    assert v4_register_cap("rows_cross_forward.fp32.v2l2s4", 86) == 64
+    assert v4_register_cap("rows_cross_forward.fp32.v2l2s3f", 75) == 64  # the folding instance
     assert v4_register_cap("rows_cross_forward.fp16.v4l4s4b6", 75) == 80
     assert v4_register_cap("rows_cross_forward.bf16.v4l4s3b6f", 90) == 80
     assert v4_register_cap("rows_cross_forward.bf16.v4l4p2s4b5", 90) == 96  # two rows ahead: 5 blocks

@@ -274,6 +274,11 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
       routes' delta a warp, warps x P x 3 x M x W x e -- over the ~23.9 KB Little's law asks of an SM
       (LITTLE_BYTES: 4.2 TB/s x 0.75 us / 132 SMs).
 
+    The worked figures below are those of 0c5e707, before the bottom-up sweep's y read-back joined the
+    ring (CROSS_VEC_FIGURES holds today's; every choice below is unchanged by them). The second H200
+    run measured the kernel at 11% (bf16) / 21% (fp32) of copy bandwidth at 56 x 56 where this estimate
+    says 83% / 90%: it ranks the choices, it does not predict the speed.
+
     sm_90 at W = 56 (28 similar): bf16 V = 2: 221.4 SASS -> 18 x 8.0 / 221.4 = 65% issue, 32 warps x
     3 x 56 x 2 B = 10.5 KiB -> 45% in flight: 45%; V = 4: 165.7 SASS -> 87%, 24 warps x 3 x 112 x 2 B
     = 15.8 KiB -> 68%: 68%. fp32 V = 2: 193.7 -> 148% issue (capped at 100), 32 x 3 x 56 x 4 B =
@@ -333,18 +338,18 @@ def cross_plan(elem_bytes: int, y_bytes: int, width: int, aligned_bytes: int = 1
 # them to; compiler figures, no GPU ran) per (input type, W, V, P) of cross_instances, each compiled for
 # cross_min_blocks: (SASS per cell·channel of the op, registers).
 CROSS_VEC_FIGURES = {
-    ("fp32", 56, 2, 1): (193.7, 64), ("fp32", 56, 4, 1): (136.6, 96), ("fp32", 56, 2, 2): (209.4, 72),
-    ("fp32", 28, 2, 1): (175.4, 64), ("fp32", 28, 4, 1): (132.0, 96), ("fp32", 28, 2, 2): (200.3, 72),
-    ("bf16", 56, 2, 1): (221.4, 63), ("bf16", 56, 4, 1): (165.7, 80), ("bf16", 56, 4, 2): (169.0, 96),
-    ("bf16", 28, 2, 1): (204.3, 64), ("bf16", 28, 4, 1): (161.1, 80), ("bf16", 28, 4, 2): (164.4, 96),
-    ("fp16", 56, 2, 1): (214.3, 63), ("fp16", 56, 4, 1): (157.0, 80), ("fp16", 56, 4, 2): (162.8, 96),
-    ("fp16", 28, 2, 1): (198.3, 64), ("fp16", 28, 4, 1): (152.4, 80), ("fp16", 28, 4, 2): (158.2, 96),
-    ("fp32", 14, 2, 1): (166.3, 64), ("fp32", 14, 2, 2): (191.1, 72),
-    ("fp32", 7, 1, 1): (243.4, 61), ("fp32", 7, 1, 2): (272.3, 64),
-    ("bf16", 14, 2, 1): (195.1, 64), ("bf16", 14, 2, 2): (213.7, 78),
-    ("bf16", 7, 1, 1): (264.6, 64), ("bf16", 7, 1, 2): (298.3, 64),
-    ("fp16", 14, 2, 1): (189.4, 64), ("fp16", 14, 2, 2): (196.1, 80),
-    ("fp16", 7, 1, 1): (265.1, 64), ("fp16", 7, 1, 2): (292.0, 64),
+    ("fp32", 56, 2, 1): (187.4, 64), ("fp32", 56, 4, 1): (136.9, 96), ("fp32", 56, 2, 2): (213.3, 72),
+    ("fp32", 28, 2, 1): (192.0, 64), ("fp32", 28, 4, 1): (132.3, 96), ("fp32", 28, 2, 2): (204.3, 72),
+    ("bf16", 56, 2, 1): (215.7, 64), ("bf16", 56, 4, 1): (164.4, 80), ("bf16", 56, 4, 2): (172.0, 96),
+    ("bf16", 28, 2, 1): (206.6, 64), ("bf16", 28, 4, 1): (159.9, 80), ("bf16", 28, 4, 2): (167.4, 96),
+    ("fp16", 56, 2, 1): (209.1, 64), ("fp16", 56, 4, 1): (156.9, 80), ("fp16", 56, 4, 2): (165.7, 96),
+    ("fp16", 28, 2, 1): (200.0, 64), ("fp16", 28, 4, 1): (152.3, 80), ("fp16", 28, 4, 2): (161.2, 96),
+    ("fp32", 14, 2, 1): (182.9, 64), ("fp32", 14, 2, 2): (195.7, 72),
+    ("fp32", 7, 1, 1): (248.0, 63), ("fp32", 7, 1, 2): (283.4, 64),
+    ("bf16", 14, 2, 1): (197.4, 64), ("bf16", 14, 2, 2): (213.3, 79),
+    ("bf16", 7, 1, 1): (266.3, 64), ("bf16", 7, 1, 2): (312.9, 64),
+    ("fp16", 14, 2, 1): (191.1, 64), ("fp16", 14, 2, 2): (198.3, 80),
+    ("fp16", 7, 1, 1): (264.0, 64), ("fp16", 7, 1, 2): (312.9, 64),
 }
 LITTLE_BYTES = 4.2e12 * 0.75e-6 / 132  # bytes in flight an H200 SM needs at the copy bandwidth (issue 39)
 CROSS_WIDE_MARGIN = 1.2  # the estimated gain 4 columns must show to take them (fewer warps, an estimate)
@@ -411,13 +416,15 @@ def describe_cross() -> str:
 #
 # Static SASS per cell·channel of the four-route op on sm_90 (nvcc 13.0, dev/gpu/v4_static_report.py,
 # benchmarks/scan_cuda_v4_static.md; compiler figures, no GPU ran) per (input type, W), at the V of
-# cross_plan (4 for fp16 / bf16 at 56 and 28): (unfolded one row ahead -- the folding instance's depth, so
-# the difference is the projection's cost alone --, folded at R = 1, folded per two more ranks). The folded kernel at rank R takes
+# cross_plan (4 for fp16 / bf16 at 56 and 28): (unfolded one row ahead -- the folding instance's depth;
+# the unfolded kernel also holds the bottom-up sweep's y read-back in its ring, the folding one reads it in
+# the row, so the difference is the projection's cost less that ring's --, folded at R = 1, folded per two
+# more ranks). The folded kernel at rank R takes
 # at_one + per_two * (R // 2): its longest path counts the odd plane's block at every R (an upper
 # bound by about half of per_two for even R).
 CROSS_FOLD_SASS = {
-    ("fp32", 56): (193.7, 235.4, 42.3), ("fp32", 28): (175.4, 226.3, 42.3), ("fp32", 14): (166.3, 217.1, 42.3),
-    ("fp32", 7): (243.4, 326.9, 70.8),
+    ("fp32", 56): (187.4, 235.4, 42.3), ("fp32", 28): (192.0, 226.3, 42.3), ("fp32", 14): (182.9, 217.1, 42.3),
+    ("fp32", 7): (248.0, 326.9, 70.8),
     ("bf16", 56): (165.7, 199.1, 36.5), ("bf16", 28): (161.1, 194.6, 36.4), ("bf16", 14): (195.1, 245.4, 55.5),
     ("bf16", 7): (269.1, 338.9, 77.7),
     ("fp16", 56): (157.0, 193.9, 35.4), ("fp16", 28): (152.4, 189.3, 35.4), ("fp16", 14): (189.4, 241.1, 50.3),
