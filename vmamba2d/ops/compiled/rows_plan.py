@@ -473,7 +473,7 @@ def fold_rule(dtype: str, width: int, rank: int, cells_per_sample: int) -> tuple
     if rank < 1:
         raise ValueError(f"rank: expected >= 1, got {rank}")
     if FOLD_ROUTES * rank * cells_per_sample >= 2**31:
-        return False, f"step sizes projected first (4 * R * H * W >= 2^31: the folding kernel's offsets are 32-bit)"
+        return False, "step sizes projected first (4 * R * H * W >= 2^31: the folding kernel's offsets are 32-bit)"
     extra = fold_extra_sass(dtype, width, rank)
     budget = fold_budget(2 if dtype in ("fp16", "bf16") else 4)
     verdict = "folded" if extra <= budget else "projected first"
