@@ -148,6 +148,27 @@ def test_two_rows_ahead_is_bit_equal_to_one(rows, dtype, width):
                     check(two, expected, y_type)
 
 
+
+# The instances the test above leaves out, so the bottom-up sweep's y ring (held P rows ahead, or one)
+# runs in every one a launch or bench_v4's pins can take: fp16 / bf16 one row ahead at two columns a
+# lane with 5 and 4 scan steps compiled in (W = 56, 28: bench_v4's pinned V = 2) and every type at
+# run-time step counts (W = 8 at V = 2, 16 at V = 4, 9 at V = 1); P = 1 bit-equal to P = 2 and both
+# against the fp64 reference, both y types, vector and scalar accesses, heights below the ring and past it.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("width,vec", [(56, 2), (28, 2), (8, 2), (16, 4), (9, 1)])
+def test_rows_ahead_at_pinned_and_run_time_step_instances(rows, dtype, width, vec):
+    for height in (1, 2, 5):
+        x = make_inputs(2, 3, height, width, dtype, seed=height * 17 + width)
+        expected = reference(x)
+        for y_fp32 in ((False, True) if dtype != torch.float32 else (False,)):
+            y_type = torch.float32 if y_fp32 else dtype
+            for load in dict.fromkeys((vec, 1)):
+                one = run(rows, x, y_fp32=y_fp32, vec=vec, load=load, order=height, prefetch=1)
+                two = run(rows, x, y_fp32=y_fp32, vec=vec, load=load, order=height + 1, prefetch=2)
+                assert torch.equal(one, two), (height, load, y_fp32)
+                check(one, expected, y_type)
+                check(two, expected, y_type)
+
 def test_plan_holds_two_rows_ahead_where_the_estimate_takes_it(rows):
     # The launch's plans at the model widths: what run() passes by default (cross_plan's P): fp16 / bf16
     # at every V (4, 4, 2, 1), fp32 at one column a lane (W = 7) alone.
