@@ -57,14 +57,15 @@ struct IsFloat<float> {
 // (kV or 1), kOrder and kFromRight: the route's passes (Order); kPrefetch rows loaded ahead;
 // kSteps: the segmented scan's steps, rows_scan_steps(seg_lanes) (>= it is correct, fewer is not;
 // the GPU entry checks), or -1 to take rows_scan_steps at run time (the host emulation). kSave
-// (rows-first routes): also store h of every kBandRows-th row for the backward (run_saving).
+// (2D routes): also store the vertical state (h, or v columns first) of every kBandRows-th row for
+// the backward (run_saving).
 template <class E, int kV, int kLoad, Order kOrder, bool kFromRight, int kPrefetch, int kSteps, bool kSave = false>
 struct RowsForward {
   using Raw = typename E::Raw;
   static constexpr int kChunks = kV / kLoad;
   static_assert(kLoad == kV || kLoad == 1, "a lane's columns load as one vector or one by one");
   static_assert(kPrefetch >= 1, "at least the next row is loaded ahead");
-  static_assert(!kSave || kOrder == Order::kRowsFirst, "carries are saved for rows-first routes");
+  static_assert(!kSave || kOrder != Order::kFlat, "carries are saved for 2D routes");
 
   // A lane's registers that live across the phases of a row and from row to row.
   struct Lane {
@@ -128,8 +129,9 @@ SS2D_UNROLL
   }
 
   // run, and with kSave the band carries: fp32 carries[map][rows_carry_rows(H)][W] (map = b * dim +
-  // d), row k holding h of stream row (k + 1) * kBandRows - 1 in memory column order (stream rows
-  // count from the route's first row: bottom-up for from_bottom routes).
+  // d), row k holding the vertical state (h, or v columns first) of stream row (k + 1) * kBandRows - 1
+  // in memory column order (stream rows count from the route's first row: bottom-up for from_bottom
+  // routes).
   template <class Ctx>
   static SS2D_HD void run_saving(Ctx& ctx, const RowsParams& p, long long item, float* carries) {
     if (!IsFloat<Raw>::value && p.y_fp32) {

@@ -1,5 +1,5 @@
-// The RS backward of the single-route 2D selective scan at N = 1, route 0 (top-left corner, rows
-// first): docs/kernels.md, "RS backward". Written once for the device context
+// The RS backward of the single-route 2D selective scan at N = 1, every 2D route (codes 0-7: either
+// pass order, from any corner): docs/kernels.md, "RS backward". Written once for the device context
 // (scan2d_rows_backward_device.cuh) and the host emulation (emulation/scan2d_rows_backward_emulate.cpp),
 // under the rules of scan2d_rows.cuh (per-lane state indexed by ctx.slot(lane), shuffles between
 // each_lane phases, global memory only inside them), plus: a lane's band buffer (ctx.band_get /
@@ -14,8 +14,17 @@
 //   du = dy D + dx dt B     dB = dx dt u (summed over the group's channels)     dC = dy h
 //   d dt = dx B u + da a A                       ddelta = d dt sigmoid(delta + bias) (softplus)
 //   dA = sum da a dt        dD = sum dy u        ddelta_bias = sum ddelta    (over the map's cells)
-// The map is cut into bands of kBandRows rows; the forward saved h of the row above every band but
-// the first (RowsForward::run_saving). Bands run bottom-up: the warp recomputes the band's rows
+// A columns-first route runs the passes the other way round,
+//   v[i, j] = a[i, j] v[i-1, j] + x[i, j]        h[i, j] = a[i, j] h[i, j-1] + v[i, j]
+// and so does its adjoint: R (of h) along the row first, then G (of v) up the columns,
+//   R[i, j] = dy C + a[i, j+1] R[i, j+1]         G[i, j] = R[i, j] + a[i+1, j] G[i+1, j]
+//   da = G v[i-1, j] + R h[i, j-1]               dx = G
+// with the rest as above. Both orders keep, per row, the vertical state (h, or v) of the row above
+// and the horizontal one (hh, or h) of the column before, so one band buffer and one da serve both.
+// Indices i, j count in route order: a from_bottom route streams the rows bottom-up (its adjoint
+// walks them top-down), a from_right route reverses each row, as in RowsForward.
+// The map is cut into bands of kBandRows rows; the forward saved the vertical state of the row above
+// every band but the first (RowsForward::run_saving). Bands run bottom-up: the warp recomputes the band's rows
 // top-down from that carry (the forward's row scan), keeping each row's h and hh[i, j-1] in the
 // lane's band buffer, then walks the band's rows bottom-up with G and the a of the row below in
 // registers, R as a reversed segmented warp scan (the suffix scan of the lanes' (product, value)
@@ -37,7 +46,7 @@ namespace vmamba2d {
 namespace rows {
 
 // One launch. u, delta, dy, du, ddelta: [batch][dim][L] (dy in the inputs' type, or fp32 with
-// dy_fp32); B, C: [batch][groups][L]; A, D, delta_bias: fp32 [dim] (D, delta_bias may be null; their
+// dy_fp32), cells in map order whatever the route; B, C: [batch][groups][L]; A, D, delta_bias: fp32 [dim] (D, delta_bias may be null; their
 // partials are then not written); carries: fp32 [batch * dim][rows_carry_rows(H)][W] from the
 // saving forward; dBC_part: fp32 [2][batch][groups][chunks][L] (dB's partials, then dC's, one
 // buffer: a lane keeps one view for both); dA_part, dD_part, ddb_part:
@@ -69,14 +78,16 @@ struct RowsBackwardParams {
   int chunks;         // ceil((dim / groups) / M)
   int softplus;
   int dy_fp32;
+  int from_bottom;  // 1: the route streams its rows from the last up (route bit 2)
 };
 
 SS2D_HD inline long long rows_backward_items(const RowsBackwardParams& p) {
   return static_cast<long long>(p.batch) * p.groups * p.chunks;
 }
 
-// Band-buffer slots per lane for kV columns: h of the row above the band and of its kBandRows rows,
-// then hh[i, j-1] of its rows.
+// Band-buffer slots per lane for kV columns: the vertical state (h, or v columns first) of the row
+// above the band and of its kBandRows rows, then the horizontal one of the column before (hh[i, j-1],
+// or h[i, j-1]) of its rows.
 template <int kV>
 SS2D_HD SS2D_INLINE constexpr int band_slots() {
   return (2 * kBandRows + 1) * kV;
@@ -87,14 +98,20 @@ SS2D_HD SS2D_INLINE float sigmoid_from_dt(float z, float dt) { return exp2_flush
 
 // E: element traits (as RowsForward); kV columns per lane, kLoad elements per access (kV or 1),
 // kSteps: the segmented scans' steps, rows_scan_steps(seg_lanes), kMaps: maps_per_warp (the dB / dC
-// sums over the maps unroll), each -1 to take it at run time (the host emulation).
-template <class E, int kV, int kLoad, int kSteps, int kMaps>
+// sums over the maps unroll), each -1 to take it at run time (the host emulation); kOrder and
+// kFromRight: the route's passes (rows or columns first; flat routes have no RS backward);
+// kFromBottom: 1 / 0 the route streams its rows bottom-up / top-down, -1 as p.from_bottom says (a
+// run-time row direction costs the fp32 instances at V = 4 some 24 bytes of spills on sm_90).
+template <class E, int kV, int kLoad, int kSteps, int kMaps, Order kOrder = Order::kRowsFirst, bool kFromRight = false,
+          int kFromBottom = 0>
 struct RowsBackward {
   using Raw = typename E::Raw;
   static constexpr int kChunks = kV / kLoad;
-  static constexpr int kHAbove = 0;                   // slots kHAbove + r * kV: h of band row r - 1
-  static constexpr int kHhPrev = (kBandRows + 1) * kV;  // slots kHhPrev + r * kV: hh[i, j-1] of row r
+  static constexpr bool kCols = kOrder == Order::kColumnsFirst;
+  static constexpr int kHAbove = 0;                   // slots kHAbove + r * kV: vertical state of band row r - 1
+  static constexpr int kHhPrev = (kBandRows + 1) * kV;  // slots kHhPrev + r * kV: horizontal state, column before
   static_assert(kLoad == kV || kLoad == 1, "a lane's columns load as one vector or one by one");
+  static_assert(kOrder != Order::kFlat, "flat routes have no RS backward");
 
   struct Lane {
     int s;           // position in the segment
@@ -109,20 +126,47 @@ struct RowsBackward {
     float acc_da, acc_dd, acc_db;
   };
 
+  // Element k of a lane's columns in route order lives at this index of its load buffers, and chunk
+  // j at this memory offset from the lane's first one (RowsForward's: a from_right route walks each
+  // chunk's memory elements backwards).
+  static SS2D_HD SS2D_INLINE constexpr int at(int k) {
+    return kFromRight ? (k / kLoad) * kLoad + (kLoad - 1 - k % kLoad) : k;
+  }
+  static SS2D_HD SS2D_INLINE constexpr int chunk_step(int j) { return kFromRight ? -j * kLoad : j * kLoad; }
+
+  // A lane's memory-order load buffer as floats in route order, and route-order values into a
+  // store buffer.
+  template <class T>
+  static SS2D_HD SS2D_INLINE void widen(const T (&in)[kV], float (&out)[kV]) {
+    float m[kV];
+    if constexpr (IsFloat<T>::value) {
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) m[k] = in[k];
+    } else {
+      E::template widen<kV>(in, m);
+    }
+SS2D_UNROLL
+    for (int k = 0; k < kV; ++k) out[k] = m[at(k)];
+  }
+
   template <class Ctx, class View, class T>
   static SS2D_HD SS2D_INLINE void load_row(Ctx& ctx, const View& view, int off, unsigned chunks_in, T (&dst)[kV]) {
 SS2D_UNROLL
     for (int j = 0; j < kChunks; ++j) {
-      if (kLoad == kV || ((chunks_in >> j) & 1u)) ctx.template load<kLoad>(view, off + j * kLoad, &dst[j * kLoad]);
+      if (kLoad == kV || ((chunks_in >> j) & 1u)) ctx.template load<kLoad>(view, off + chunk_step(j), &dst[j * kLoad]);
     }
   }
 
+  // Stores route-order values `src` (element k at memory index at(k)).
   template <class Ctx, class View, class T>
   static SS2D_HD SS2D_INLINE void store_row(Ctx& ctx, const View& view, int off, unsigned chunks_in,
                                             const T (&src)[kV]) {
+    T m[kV];
+SS2D_UNROLL
+    for (int k = 0; k < kV; ++k) m[at(k)] = src[k];
 SS2D_UNROLL
     for (int j = 0; j < kChunks; ++j) {
-      ctx.template store_if<kLoad>((chunks_in >> j) & 1u, view, off + j * kLoad, &src[j * kLoad]);
+      ctx.template store_if<kLoad>((chunks_in >> j) & 1u, view, off + chunk_step(j), &m[j * kLoad]);
     }
   }
 
@@ -207,13 +251,14 @@ SS2D_UNROLL
       l.s = lane - m * S;
       const int ch = chunk * M + m;
       const bool active = m < M && ch < cpg;
-      // An idle lane's views are those of the warp's first map at column 0 (it loads, stores nothing).
+      // An idle lane's views are those of the warp's first map at route column 0 (it loads, stores
+      // nothing).
       const int d = g * cpg + (active ? ch : chunk * M);
       const long long map = static_cast<long long>(b) * p.dim + d;
-      const int col = active ? l.s * kV : 0;
+      const int col = lane_column(active ? l.s : 0, W);
       l.valid = 0;
 SS2D_UNROLL
-      for (int k = 0; k < kV; ++k) l.valid |= (active && col + k < W) ? 1u << k : 0u;
+      for (int k = 0; k < kV; ++k) l.valid |= (active && l.s * kV + k < W) ? 1u << k : 0u;
       l.d = d;
       lane_m[q] = map * L + col;
       lane_p[q] = plane * L + col;
@@ -241,15 +286,18 @@ SS2D_UNROLL
         for (int k = 0; k < kV; ++k) h[k] = 0.f;
         if (band > 0) {
           const long long map = static_cast<long long>(b) * p.dim + l.d;
-          const int col = l.valid != 0 ? l.s * kV : 0;
-          load_row(ctx, ctx.offset(carries, (map * carry_rows + band - 1) * W + col), 0, chunk_bits(l.valid), h);
+          const int col = lane_column(l.valid != 0 ? l.s : 0, W);
+          float hm[kV] = {};
+          load_row(ctx, ctx.offset(carries, (map * carry_rows + band - 1) * W + col), 0, chunk_bits(l.valid), hm);
+          widen(hm, h);
         }
 SS2D_UNROLL
         for (int k = 0; k < kV; ++k) ctx.band_put(kHAbove + k, lane, ((l.valid >> k) & 1u) ? h[k] : 0.f);
       });
       for (int r = 0; r < rows; ++r) {
-        const int off = (r0 + r) * W;
-        // The forward's row: a, x; the lane's aggregate of the row scan.
+        const int off = row_offset(p, r0 + r);
+        // The forward's row: a, x (columns first: v = a v_above + x, the row scan's input); the lane's
+        // aggregate of the row scan.
         float a_row[K][kV], x_row[K][kV];
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
@@ -260,9 +308,9 @@ SS2D_UNROLL
           load_row(ctx, ctx.offset(B, ctx.fresh(lane_p[q])), off, in, br);
           load_row(ctx, ctx.offset(u, ctx.fresh(lane_m[q])), off, in, ur);
           float z[kV], bv[kV], uv[kV], dt[kV];
-          E::template widen<kV>(dr, z);
-          E::template widen<kV>(br, bv);
-          E::template widen<kV>(ur, uv);
+          widen(dr, z);
+          widen(br, bv);
+          widen(ur, uv);
 SS2D_UNROLL
           for (int k = 0; k < kV; ++k) z[k] += l.bias;
           discretize(l, p.softplus, z, dt, a_row[q]);
@@ -271,6 +319,10 @@ SS2D_UNROLL
             const bool on = (l.valid >> k) & 1u;
             a_row[q][k] = on ? a_row[q][k] : 0.f;
             x_row[q][k] = on ? dt[k] * bv[k] * uv[k] : 0.f;
+            if constexpr (kCols) {
+              x_row[q][k] = fmaf(a_row[q][k], ctx.band_get(kHAbove + r * kV + k, lane), x_row[q][k]);
+              ctx.band_put(kHAbove + (r + 1) * kV + k, lane, x_row[q][k]);
+            }
           }
           float a = a_row[q][0];
           float h = x_row[q][0];
@@ -284,7 +336,8 @@ SS2D_UNROLL
         });
         prefix_scan(ctx, sa, sb, ta, tb, steps);
         ctx.shfl_up(tb, sb, 1);
-        // hh[i, j-1] and h of the row into the band buffer.
+        // The horizontal state of the column before (hh[i, j-1], or h[i, j-1]) and, rows first, h of
+        // the row into the band buffer.
         ctx.each_lane([&](int lane) {
           const int q = ctx.slot(lane);
           const Lane& l = lanes[q];
@@ -294,15 +347,18 @@ SS2D_UNROLL
             const bool on = (l.valid >> k) & 1u;
             ctx.band_put(kHhPrev + r * kV + k, lane, on ? hh : 0.f);
             hh = fmaf(a_row[q][k], hh, x_row[q][k]);
-            const float h = fmaf(a_row[q][k], ctx.band_get(kHAbove + r * kV + k, lane), hh);
-            ctx.band_put(kHAbove + (r + 1) * kV + k, lane, on ? h : 0.f);
+            if constexpr (!kCols) {
+              const float h = fmaf(a_row[q][k], ctx.band_get(kHAbove + r * kV + k, lane), hh);
+              ctx.band_put(kHAbove + (r + 1) * kV + k, lane, on ? h : 0.f);
+            }
           }
         });
       }
 
-      // The adjoint, the band's rows bottom-up.
+      // The adjoint, the band's rows bottom-up (in route order). g_row: the row scan's input -- G
+      // (rows first), or dy C (columns first).
       for (int r = rows - 1; r >= 0; --r) {
-        const int off = (r0 + r) * W;
+        const int off = row_offset(p, r0 + r);
         float a_row[K][kV], g_row[K][kV], dt_row[K][kV], z_row[K][kV], dy_row[K][kV];
         float next_a[K];
         ctx.each_lane([&](int lane) {
@@ -315,9 +371,9 @@ SS2D_UNROLL
           load_row(ctx, ctx.offset(C, ctx.fresh(lane_p[q])), off, in, cr);
           load_row(ctx, ctx.offset(dy, ctx.fresh(lane_m[q])), off, in, yr);
           float cv[kV];
-          E::template widen<kV>(dr, z_row[q]);
-          E::template widen<kV>(cr, cv);
-          widen_dy<kDyF32>(yr, dy_row[q]);
+          widen(dr, z_row[q]);
+          widen(cr, cv);
+          widen(yr, dy_row[q]);
 SS2D_UNROLL
           for (int k = 0; k < kV; ++k) z_row[q][k] += l.bias;
           discretize(l, p.softplus, z_row[q], dt_row[q], a_row[q]);
@@ -325,7 +381,8 @@ SS2D_UNROLL
           for (int k = 0; k < kV; ++k) {
             const bool on = (l.valid >> k) & 1u;
             a_row[q][k] = on ? a_row[q][k] : 0.f;
-            g_row[q][k] = on ? fmaf(l.a_below[k], l.g_below[k], dy_row[q][k] * cv[k]) : 0.f;
+            const float dyc = dy_row[q][k] * cv[k];
+            g_row[q][k] = on ? (kCols ? dyc : fmaf(l.a_below[k], l.g_below[k], dyc)) : 0.f;
           }
           next_a[q] = a_row[q][0];
         });
@@ -358,8 +415,8 @@ SS2D_UNROLL
           load_row(ctx, ctx.offset(B, ctx.fresh(lane_p[q])), off, in, br);
           load_row(ctx, ctx.offset(u, ctx.fresh(lane_m[q])), off, in, ur);
           float bv[kV], uv[kV];
-          E::template widen<kV>(br, bv);
-          E::template widen<kV>(ur, uv);
+          widen(br, bv);
+          widen(ur, uv);
           Raw du_out[kV], dd_out[kV];
           float rr = l.s == S - 1 ? 0.f : tb[q];
           float decay = next_a[q];
@@ -369,14 +426,18 @@ SS2D_UNROLL
             decay = a_row[q][k];
             const bool on = (l.valid >> k) & 1u;
             const float dyv = dy_row[q][k];
-            const float h_up = ctx.band_get(kHAbove + r * kV + k, lane);
-            const float h = ctx.band_get(kHAbove + (r + 1) * kV + k, lane);
-            const float hh_prev = ctx.band_get(kHhPrev + r * kV + k, lane);
-            const float da = fmaf(g_row[q][k], h_up, rr * hh_prev);
+            // G and dx: rows first G = g_row, dx = R; columns first G = R + a_below G_below, dx = G.
+            const float g = kCols ? (on ? fmaf(l.a_below[k], l.g_below[k], rr) : 0.f) : g_row[q][k];
+            const float dx = kCols ? g : rr;
+            const float v_up = ctx.band_get(kHAbove + r * kV + k, lane);
+            const float v = ctx.band_get(kHAbove + (r + 1) * kV + k, lane);
+            const float h_prev = ctx.band_get(kHhPrev + r * kV + k, lane);
+            const float h = kCols ? fmaf(a_row[q][k], h_prev, v) : v;
+            const float da = fmaf(g, v_up, rr * h_prev);
             const float dt = dt_row[q][k];
-            const float dxdt = rr * dt;
+            const float dxdt = dx * dt;
             const float da_a = da * a_row[q][k];
-            const float ddt = fmaf(rr, bv[k] * uv[k], da_a * l.A);
+            const float ddt = fmaf(dx, bv[k] * uv[k], da_a * l.A);
             const float dz = p.softplus ? ddt * sigmoid_from_dt(z_row[q][k], dt) : ddt;
             du_out[k] = E::from_float(fmaf(dyv, l.skip, dxdt * bv[k]));
             dd_out[k] = E::from_float(dz);
@@ -385,7 +446,7 @@ SS2D_UNROLL
             l.acc_da += on ? da_a * dt : 0.f;
             l.acc_dd += on ? dyv * uv[k] : 0.f;
             l.acc_db += on ? dz : 0.f;
-            l.g_below[k] = g_row[q][k];
+            l.g_below[k] = g;
             l.a_below[k] = a_row[q][k];
           }
           store_row(ctx, ctx.offset(du, ctx.fresh(lane_m[q])), off, in, du_out);
@@ -467,15 +528,14 @@ SS2D_UNROLL
     return bits;
   }
 
-  template <bool kDyF32, class T>
-  static SS2D_HD SS2D_INLINE void widen_dy(const T (&in)[kV], float (&out)[kV]) {
-    if constexpr (kDyF32) {
-SS2D_UNROLL
-      for (int k = 0; k < kV; ++k) out[k] = in[k];
-    } else {
-      E::template widen<kV>(in, out);
-    }
+  // The element offset in its map of the route's stream row t (bottom-up rows for from_bottom routes).
+  static SS2D_HD SS2D_INLINE int row_offset(const RowsBackwardParams& p, int t) {
+    const bool up = kFromBottom >= 0 ? kFromBottom == 1 : p.from_bottom != 0;
+    return (up ? p.height - 1 - t : t) * p.width;
   }
+
+  // The memory column of the first chunk of the lane at segment position s (route order).
+  static SS2D_HD SS2D_INLINE int lane_column(int s, int W) { return kFromRight ? W - s * kV - kLoad : s * kV; }
 
   // The segmented inclusive scan of the lanes' (product, value) pairs up the lanes (the forward's
   // plain warp scan: a segment's first lane holds the product 0).

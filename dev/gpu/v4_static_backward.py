@@ -3,8 +3,9 @@
 forward, no GPU: compiler figures only.
 
 For the model's map widths (56, 28, 14, 7) x input type (fp32, bf16, fp16) x arch (sm_90, sm_80,
-sm_75), the instance the backward plan picks (vmamba2d/ops/compiled/rows_backward_launch.py:
-backward_plan; dy in the input type):
+sm_75) at route 0, and on sm_90 at the other routes of VMamba's cross scan (codes 4, 3, 7: columns
+first, from the bottom-right corner), the instance the backward plan picks
+(vmamba2d/ops/compiled/rows_backward_launch.py: backward_plan; dy in the input type):
 
 * registers, spills, stack, static shared memory, block barriers of the NVRTC build (what a user's GPU
   runs: vmamba2d.ops.compiled.nvrtc.compile_kernel) of the backward and of the saving forward;
@@ -46,6 +47,8 @@ sass_report = static_report.sass_report
 ENTRY = static_report.CUDA_SOURCES / "entries" / "scan2d_rows_backward_entry.cu"
 SYMBOL = "vmamba2d_rows_backward"
 ARCHS = (90, 80, 75)
+# The cross scan's other routes, reported on the first arch of --archs.
+OTHER_ROUTES = (4, 3, 7)
 WIDTHS = (56, 28, 14, 7)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SMEM_PER_SM = {90: 228 * 1024, 80: 164 * 1024, 75: 64 * 1024}
@@ -53,6 +56,7 @@ SMEM_PER_SM = {90: 228 * 1024, 80: 164 * 1024, 75: 64 * 1024}
 
 @dataclass
 class Row:
+    route: int
     arch: int
     dtype: str
     width: int
@@ -102,25 +106,26 @@ def nvcc_loops(nvcc: str, disassembler: str, arch: int, defines: dict[str, str],
     return count(recompute), count(adjoint)
 
 
-def analyse(nvcc: str, disassembler: str, toolchain, arch: int, dtype: str, width: int, workdir: Path) -> Row:
+def analyse(nvcc: str, disassembler: str, toolchain, arch: int, dtype: str, width: int, workdir: Path,
+            route: int = 0) -> Row:
     torch_dtype = DTYPES[dtype]
     plan = rbl.backward_plan(torch_dtype.itemsize, torch_dtype.itemsize, width)
-    spec = rbl.backward_spec(plan, torch_dtype)
+    spec = rbl.backward_spec(plan, torch_dtype, route)
     r = nvrtc.compile_kernel(spec, arch, toolchain).resources
-    s = nvrtc.compile_kernel(rbl.save_spec(plan, torch_dtype), arch, toolchain).resources
+    s = nvrtc.compile_kernel(rbl.save_spec(plan, torch_dtype, route), arch, toolchain).resources
     recompute, adjoint = nvcc_loops(nvcc, disassembler, arch, dict(spec.defines), workdir)
-    return Row(arch, dtype, width, plan.vec, plan.maps_per_warp, r.registers, r.spill_stores + r.spill_loads,
+    return Row(route, arch, dtype, width, plan.vec, plan.maps_per_warp, r.registers, r.spill_stores + r.spill_loads,
                r.stack_bytes, r.static_smem, r.barriers, resident_warps(r.registers, r.static_smem, arch),
                s.registers, s.spill_stores + s.spill_loads, recompute, adjoint)
 
 
 def format_table(rows: list[Row]) -> str:
-    lines = ["| arch | dtype | W | V | M | regs | spill B (st+ld) | stack B | smem B | BAR | warps / SM | "
+    lines = ["| route | arch | dtype | W | V | M | regs | spill B (st+ld) | stack B | smem B | BAR | warps / SM | "
              "recompute loop: static / cell·ch | adjoint loop: static / cell·ch | sum | saving fwd regs / spill B |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rec, adj = r.per_cell
-        lines.append(f"| sm_{r.arch} | {r.dtype} | {r.width} | {r.vec} | {r.maps} | {r.registers} | {r.spill_bytes} | "
+        lines.append(f"| {r.route} | sm_{r.arch} | {r.dtype} | {r.width} | {r.vec} | {r.maps} | {r.registers} | {r.spill_bytes} | "
                      f"{r.stack_bytes} | {r.smem} | {r.barriers} | {r.warps} | {r.recompute} -> {rec:.1f} | "
                      f"{r.adjoint} -> {adj:.1f} | {rec + adj:.1f} | {r.save_registers} / {r.save_spill_bytes} |")
     return "\n".join(lines)
@@ -128,7 +133,7 @@ def format_table(rows: list[Row]) -> str:
 
 def report(rows: list[Row], toolchain) -> str:
     head = [
-        "# RS backward (route 0, N = 1): static figures",
+        "# RS backward (N = 1): static figures",
         "",
         "Compiler figures, no GPU ran. Written by `python dev/gpu/v4_static_backward.py --write "
         "benchmarks/scan_cuda_v4_backward_static.md` on " + datetime.date.today().isoformat()
@@ -140,7 +145,8 @@ def report(rows: list[Row], toolchain) -> str:
         "not an executed count; both softplus paths and the dB / dC sums over the warp's M maps (unrolled: M "
         "is compiled in) are in it. The RS forward for comparison: 34.0 (fp32) / "
         "39.1 (bf16) SASS per cell·channel at W = 56 on sm_90 (benchmarks/scan_cuda_v4_static.md, a "
-        "longest-path count of its loop).",
+        "longest-path count of its loop). Route codes: 0 rows first from the top-left (every arch), 4 columns "
+        "first, 3 / 7 their reverses from the bottom-right (the first arch only).",
         "",
         format_table(rows),
         "",
@@ -161,6 +167,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows = [analyse(nvcc, disassembler, toolchain, arch, dtype, width, Path(tmp))
                 for arch in args.archs for dtype in DTYPES for width in WIDTHS]
+        rows += [analyse(nvcc, disassembler, toolchain, args.archs[0], dtype, width, Path(tmp), route)
+                 for route in OTHER_ROUTES for dtype in DTYPES for width in WIDTHS]
     text = report(rows, toolchain)
     if args.write:
         args.write.write_text(text)

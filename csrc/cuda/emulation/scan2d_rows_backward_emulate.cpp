@@ -135,45 +135,74 @@ at::Tensor nan_filled(at::IntArrayRef shape, const at::Tensor& like, at::ScalarT
   return at::full(shape, std::numeric_limits<float>::quiet_NaN(), like.options().dtype(type));
 }
 
-template <class E, int kV, int kLoad, int kPrefetch>
+template <class E, int kV, int kLoad, int kPrefetch, Order kOrder, bool kFromRight>
 void run_save_with(const RowsParams& p, int64_t order, const Outputs& outputs, float* carries) {
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_items(p))) {
     BackwardHostCtx ctx(item, schedule, outputs, 0);
-    RowsForward<E, kV, kLoad, Order::kRowsFirst, false, kPrefetch, -1, true>::run_saving(ctx, p, item, carries);
+    RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch, -1, true>::run_saving(ctx, p, item, carries);
   }
 }
 
 template <class E, int kV, int kLoad>
 struct SaveJob {
-  // Even orders P = 1 (the plan's), odd orders P = 2: the runs across orders hold P numerics-neutral.
-  static void run(const RowsParams& p, int64_t order, const Outputs& outputs, float* carries) {
-    if (order % 2 == 0) return run_save_with<E, kV, kLoad, 1>(p, order, outputs, carries);
-    run_save_with<E, kV, kLoad, 2>(p, order, outputs, carries);
+  // Route 0: even orders P = 1 (the plan's), odd orders P = 2 (the runs across orders hold P
+  // numerics-neutral); the other passes and column orders P = 1 (the prefetch is route-blind code).
+  static void run(const RowsParams& p, int64_t order, const Outputs& outputs, float* carries, int route) {
+    switch (route & (kRouteColumnsFirst | kRouteFromRight)) {
+      case 0:
+        if (order % 2 == 0) return run_save_with<E, kV, kLoad, 1, Order::kRowsFirst, false>(p, order, outputs, carries);
+        return run_save_with<E, kV, kLoad, 2, Order::kRowsFirst, false>(p, order, outputs, carries);
+      case kRouteFromRight:
+        return run_save_with<E, kV, kLoad, 1, Order::kRowsFirst, true>(p, order, outputs, carries);
+      case kRouteColumnsFirst:
+        return run_save_with<E, kV, kLoad, 1, Order::kColumnsFirst, false>(p, order, outputs, carries);
+      default:
+        return run_save_with<E, kV, kLoad, 1, Order::kColumnsFirst, true>(p, order, outputs, carries);
+    }
   }
 };
 
-template <class E, int kV, int kLoad, int kSteps, int kMaps>
+template <class E, int kV, int kLoad, int kSteps, int kMaps, Order kOrder, bool kFromRight, int kFromBottom = -1>
 void run_backward_with(const RowsBackwardParams& p, int64_t order, const Outputs& outputs) {
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_backward_items(p))) {
     BackwardHostCtx ctx(item, schedule, outputs, band_slots<kV>());
-    RowsBackward<E, kV, kLoad, kSteps, kMaps>::run(ctx, p, item);
+    RowsBackward<E, kV, kLoad, kSteps, kMaps, kOrder, kFromRight, kFromBottom>::run(ctx, p, item);
   }
 }
 
 template <class E, int kV, int kLoad>
 struct BackwardJob {
-  // Even orders run the scan steps and maps per warp compiled in as the GPU entry does
+  // Route 0: even orders run the scan steps and maps per warp compiled in as the GPU entry does
   // (VMAMBA2D_RSB_STEPS / _MAPS) for the model's segments -- 14 lanes (4 steps, 2 maps: W = 56) and
   // 7 lanes (3 steps, 4 maps: W = 28, 14, 7) --, odd orders take both at run time: the runs across
-  // orders hold the two forms bit-equal.
-  static void run(const RowsBackwardParams& p, int64_t order, const Outputs& outputs) {
-    if (order % 2 == 0 && p.seg_lanes == 14) return run_backward_with<E, kV, kLoad, 4, 2>(p, order, outputs);
-    if (order % 2 == 0 && p.seg_lanes == 7) return run_backward_with<E, kV, kLoad, 3, 4>(p, order, outputs);
-    run_backward_with<E, kV, kLoad, -1, -1>(p, order, outputs);
+  // orders hold the two forms bit-equal. The other passes and column orders take them at run time,
+  // and every route but 0 its row direction (the GPU entry compiles it: addressing only).
+  static void run(const RowsBackwardParams& p, int64_t order, const Outputs& outputs, int route) {
+    switch (route & (kRouteColumnsFirst | kRouteFromRight)) {
+      case 0:
+        if (p.from_bottom) return run_backward_with<E, kV, kLoad, -1, -1, Order::kRowsFirst, false>(p, order, outputs);
+        if (order % 2 == 0 && p.seg_lanes == 14) {
+          return run_backward_with<E, kV, kLoad, 4, 2, Order::kRowsFirst, false, 0>(p, order, outputs);
+        }
+        if (order % 2 == 0 && p.seg_lanes == 7) {
+          return run_backward_with<E, kV, kLoad, 3, 4, Order::kRowsFirst, false, 0>(p, order, outputs);
+        }
+        return run_backward_with<E, kV, kLoad, -1, -1, Order::kRowsFirst, false, 0>(p, order, outputs);
+      case kRouteFromRight:
+        return run_backward_with<E, kV, kLoad, -1, -1, Order::kRowsFirst, true>(p, order, outputs);
+      case kRouteColumnsFirst:
+        return run_backward_with<E, kV, kLoad, -1, -1, Order::kColumnsFirst, false>(p, order, outputs);
+      default:
+        return run_backward_with<E, kV, kLoad, -1, -1, Order::kColumnsFirst, true>(p, order, outputs);
+    }
   }
 };
+
+void check_route(int64_t route) {
+  TORCH_CHECK(route >= 0 && route < 8, "route: expected a 2D route code in [0, 8), got ", route);
+}
 
 // Job<E, kV, kLoad>::run(args...) for the run-time type, vec (1, 2, 4) and load (1 or vec).
 template <template <class, int, int> class Job, class E, class... Args>
@@ -193,8 +222,8 @@ void dispatch(at::ScalarType type, int64_t vec, int64_t load, const Args&... arg
   emulation::with_host_element(type, [&](auto element) { by_vec<Job, decltype(element)>(vec, load, args...); });
 }
 
-// The route-0 forward of the N = 1 scan that also saves the band carries (the saving RS entry) on
-// the emulation, with vec columns per lane and load elements per access. u, delta: (batch, dim, L);
+// The forward of the N = 1 scan along a 2D route (code 0-7) that also saves the band carries (the
+// saving RS entry) on the emulation, with vec columns per lane and load elements per access. u, delta: (batch, dim, L);
 // B, C: (batch, groups, 1, L); A: (dim, 1); D, delta_bias: (dim,) or None. Returns (y (batch, dim,
 // L) in u's type or fp32 with y_fp32, carries fp32 (batch * dim, rows_carry_rows(H), W)).
 std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
@@ -202,7 +231,8 @@ std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const 
                                                      const std::optional<at::Tensor>& D,
                                                      const std::optional<at::Tensor>& delta_bias, bool softplus,
                                                      int64_t height, int64_t width, bool y_fp32, int64_t order,
-                                                     int64_t vec, int64_t load) {
+                                                     int64_t vec, int64_t load, int64_t route) {
+  check_route(route);
   const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load);
   const emulation::ScanSizes sizes{s.batch, s.dim, s.length, s.groups};
   at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
@@ -211,25 +241,26 @@ std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const 
   emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, 1, 0, height, width, softplus);
   p.seg_lanes = static_cast<int>((width + vec - 1) / vec);
   p.maps_per_warp = kWarpLanes / p.seg_lanes;
-  p.from_bottom = 0;
+  p.from_bottom = (route & kRouteFromBottom) ? 1 : 0;
   OutputShadow y_shadow("y", y.numel()), carry_shadow("carries", carries.numel());
   const Outputs outputs{{y.data_ptr(), &y_shadow}, {carries.data_ptr(), &carry_shadow}};
   float* carry_ptr = carries.numel() > 0 ? carries.data_ptr<float>() : nullptr;
-  dispatch<SaveJob>(u.scalar_type(), vec, load, p, order, outputs, carry_ptr);
+  dispatch<SaveJob>(u.scalar_type(), vec, load, p, order, outputs, carry_ptr, static_cast<int>(route));
   y_shadow.check_complete();
   carry_shadow.check_complete();
   return {y, carries};
 }
 
 // The RS backward on the emulation. Inputs as rows_forward_save, dy (batch, dim, L) in u's type or
-// fp32, carries as rows_forward_save returns them. Returns the kernel's outputs unreduced: du, ddelta
+// fp32, carries as rows_forward_save returns them for the same route. Returns the kernel's outputs unreduced: du, ddelta
 // (batch, dim, L) in u's type; dBC_part fp32 (2, batch, groups, chunks, L) (dB's partials, dC's);
 // dA_part, dD_part, ddb_part fp32 (batch, dim) (dD_part / ddb_part empty without D / delta_bias).
 std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
                                       const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
                                       const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height,
                                       int64_t width, const at::Tensor& dy, const at::Tensor& carries, int64_t order,
-                                      int64_t vec, int64_t load) {
+                                      int64_t vec, int64_t load, int64_t route) {
+  check_route(route);
   const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load);
   TORCH_CHECK(dy.scalar_type() == u.scalar_type() || dy.scalar_type() == at::kFloat, "dy: expected ",
               u.scalar_type(), " or float32, got ", dy.scalar_type());
@@ -273,6 +304,7 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
   p.chunks = static_cast<int>(chunks);
   p.softplus = softplus ? 1 : 0;
   p.dy_fp32 = dy.scalar_type() == at::kFloat && type != at::kFloat ? 1 : 0;
+  p.from_bottom = (route & kRouteFromBottom) ? 1 : 0;
 
   std::vector<std::pair<at::Tensor, std::string>> named = {
       {du, "du"}, {ddelta, "ddelta"}, {dBC, "dBC_part"}, {dA, "dA_part"}, {dD, "dD_part"},
@@ -284,7 +316,7 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
     shadows.push_back(std::make_unique<OutputShadow>(name, t.numel()));
     outputs[t.data_ptr()] = shadows.back().get();
   }
-  dispatch<BackwardJob>(type, vec, load, p, order, outputs);
+  dispatch<BackwardJob>(type, vec, load, p, order, outputs, static_cast<int>(route));
   for (const auto& shadow : shadows) shadow->check_complete();
   return {du, ddelta, dBC, dA, dD, ddb};
 }
@@ -336,15 +368,16 @@ void rows_backward_self_check(const std::string& scenario) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace vmamba2d::rows;
   m.doc() = "Host emulation of the RS backward and its carry-saving forward (tests only)";
-  m.def("rows_forward_save", &rows_forward_save, "route-0 RS forward saving the band carries", pybind11::arg("u"),
-        pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"), pybind11::arg("D"),
-        pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
-        pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"), pybind11::arg("load"));
+  m.def("rows_forward_save", &rows_forward_save, "RS forward of a 2D route saving the band carries",
+        pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
+        pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"),
+        pybind11::arg("width"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
+        pybind11::arg("load"), pybind11::arg("route") = 0);
   m.def("rows_backward", &rows_backward, "RS backward (unreduced partials)", pybind11::arg("u"),
         pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"), pybind11::arg("D"),
         pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
         pybind11::arg("dy"), pybind11::arg("carries"), pybind11::arg("order"), pybind11::arg("vec"),
-        pybind11::arg("load"));
+        pybind11::arg("load"), pybind11::arg("route") = 0);
   m.def("rows_backward_self_check", &rows_backward_self_check, "run one band-buffer checker scenario",
         pybind11::arg("scenario"));
   m.attr("band_rows") = kBandRows;

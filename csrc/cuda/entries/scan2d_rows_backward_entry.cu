@@ -1,4 +1,4 @@
-// The extern "C" entries of the RS backward at route 0 (scan2d_rows_backward.cuh), compiled with
+// The extern "C" entries of the RS backward of a 2D route (scan2d_rows_backward.cuh), compiled with
 // csrc/cuda as the include path and configured by macros (NVRTC -D options; nvcc -cubin for the
 // static report), so a launcher compiles exactly the instance a RowsPlan asks for:
 //   VMAMBA2D_RSB_DTYPE     0 fp32, 1 fp16, 2 bf16 (u, delta, B, C, du, ddelta; dy too unless fp32)
@@ -6,7 +6,10 @@
 //   VMAMBA2D_RSB_LOAD      RowsPlan::load
 //   VMAMBA2D_RSB_STEPS     RowsPlan::scan_steps
 //   VMAMBA2D_RSB_MAPS      RowsPlan::maps_per_warp (the backward only)
-//   VMAMBA2D_RSB_SAVE      1: the entry is vmamba2d_rows_forward_save instead, the route-0 forward
+//   VMAMBA2D_RSB_ROUTE     a 2D route code (0-7); the saving forward's has bit 2 (from_bottom, a
+//                          run-time field of RowsParams) clear: 0, 1, 4 or 5; the backward compiles
+//                          it (RowsBackwardParams::from_bottom must match)
+//   VMAMBA2D_RSB_SAVE      1: the entry is vmamba2d_rows_forward_save instead, the route's forward
 //                          that also stores the band carries (RowsParams, then float* carries)
 //   VMAMBA2D_RSB_PREFETCH  RowsPlan::prefetch (the saving forward only)
 // (vmamba2d/ops/compiled/rows_backward_launch.py builds these.)
@@ -34,6 +37,9 @@
 #ifndef VMAMBA2D_RSB_PREFETCH
 #define VMAMBA2D_RSB_PREFETCH 1
 #endif
+#ifndef VMAMBA2D_RSB_ROUTE
+#define VMAMBA2D_RSB_ROUTE 0
+#endif
 // Blocks per SM the backward is compiled for: at V = 4 the band buffers (34 KiB a block) let at
 // most 6 blocks share an sm_90 SM (sm_80: 4, sm_75: 1), so 6 there (80 registers; at 64 every
 // instance spilled 8-56 bytes under NVRTC) costs no occupancy; narrower lanes: kRowsMinBlocks (64).
@@ -60,16 +66,22 @@ struct BackwardElement<2> {
 };
 
 static_assert(VMAMBA2D_RSB_VEC == 1 || VMAMBA2D_RSB_VEC == 2 || VMAMBA2D_RSB_VEC == 4, "VMAMBA2D_RSB_VEC: 1, 2 or 4");
+static_assert(VMAMBA2D_RSB_ROUTE >= 0 && VMAMBA2D_RSB_ROUTE < 8, "VMAMBA2D_RSB_ROUTE: a 2D route code");
+constexpr Order kBackwardOrder = (VMAMBA2D_RSB_ROUTE & kRouteColumnsFirst) ? Order::kColumnsFirst : Order::kRowsFirst;
+constexpr bool kBackwardFromRight = (VMAMBA2D_RSB_ROUTE & kRouteFromRight) != 0;
+constexpr int kBackwardFromBottom = (VMAMBA2D_RSB_ROUTE & kRouteFromBottom) ? 1 : 0;
 
 }  // namespace rows
 }  // namespace vmamba2d
 
 #if defined(VMAMBA2D_RSB_SAVE) && VMAMBA2D_RSB_SAVE
+static_assert((VMAMBA2D_RSB_ROUTE & vmamba2d::rows::kRouteFromBottom) == 0,
+              "VMAMBA2D_RSB_ROUTE of the saving forward: from_bottom is RowsParams::from_bottom");
 extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, vmamba2d::rows::kRowsMinBlocks)
     vmamba2d_rows_forward_save(const vmamba2d::rows::RowsParams p, float* carries) {
   using namespace vmamba2d::rows;
   rows_forward_saving_kernel<BackwardElement<VMAMBA2D_RSB_DTYPE>::type, VMAMBA2D_RSB_VEC, VMAMBA2D_RSB_LOAD,
-                             VMAMBA2D_RSB_PREFETCH, VMAMBA2D_RSB_STEPS>(p, carries);
+                             VMAMBA2D_RSB_PREFETCH, VMAMBA2D_RSB_STEPS, kBackwardOrder, kBackwardFromRight>(p, carries);
 }
 #else
 extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMBA2D_RSB_MIN_BLOCKS)
@@ -77,6 +89,7 @@ extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMB
   using namespace vmamba2d::rows;
   __shared__ float band[rows_backward_smem_floats<VMAMBA2D_RSB_VEC>()];
   rows_backward_kernel<BackwardElement<VMAMBA2D_RSB_DTYPE>::type, VMAMBA2D_RSB_VEC, VMAMBA2D_RSB_LOAD,
-                       VMAMBA2D_RSB_STEPS, VMAMBA2D_RSB_MAPS>(p, band);
+                       VMAMBA2D_RSB_STEPS, VMAMBA2D_RSB_MAPS, kBackwardOrder, kBackwardFromRight,
+                       kBackwardFromBottom>(p, band);
 }
 #endif

@@ -1,5 +1,6 @@
-"""Launching the RS backward of the single-route op (route 0, N = 1; csrc/cuda/scan2d_rows_backward.cuh)
-and the RS forward that saves its band carries, through the NVRTC launcher.
+"""Launching the RS backward of the single-route scan along any 2D route (codes 0-7, N = 1;
+csrc/cuda/scan2d_rows_backward.cuh) and the RS forward that saves its band carries, through the NVRTC
+launcher.
 
 The backward takes the carries -- fp32 h of every 8th row, (batch * dim, (H - 1) // 8, W) -- from
 :func:`launch_forward_save`; it writes du, ddelta and fp32 partials of the reduced gradients, which
@@ -37,7 +38,7 @@ class RowsBackwardParams(ctypes.Structure):
         ("dD_part", ctypes.c_void_p), ("ddb_part", ctypes.c_void_p),
         ("batch", ctypes.c_int), ("dim", ctypes.c_int), ("groups", ctypes.c_int), ("height", ctypes.c_int),
         ("width", ctypes.c_int), ("seg_lanes", ctypes.c_int), ("maps_per_warp", ctypes.c_int),
-        ("chunks", ctypes.c_int), ("softplus", ctypes.c_int), ("dy_fp32", ctypes.c_int),
+        ("chunks", ctypes.c_int), ("softplus", ctypes.c_int), ("dy_fp32", ctypes.c_int), ("from_bottom", ctypes.c_int),
     ]
 
 
@@ -70,24 +71,36 @@ def carry_rows(height: int) -> int:
     return (height - 1) // BAND_ROWS
 
 
-def backward_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
-    """The NVRTC entry of the backward for a plan and input type."""
+def check_route(route: int) -> int:
+    """``route`` if it is a 2D route code (0-7: the routes with an RS backward), else ValueError."""
+    if isinstance(route, bool) or not isinstance(route, int) or not 0 <= route < 8:
+        raise ValueError(f"route: expected a 2D route code in [0, 8), got {route!r}")
+    return route
+
+
+def backward_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype, route: int = 0) -> KernelSpec:
+    """The NVRTC entry of the backward for a plan, input type and 2D route code (all three bits compiled)."""
+    compiled = check_route(route)
     defines = (("VMAMBA2D_RSB_DTYPE", ROWS_DTYPE_CODES[_DTYPE_NAMES[dtype]]), ("VMAMBA2D_RSB_VEC", plan.vec),
                ("VMAMBA2D_RSB_LOAD", plan.load), ("VMAMBA2D_RSB_STEPS", plan.scan_steps),
-               ("VMAMBA2D_RSB_MAPS", plan.maps_per_warp))
+               ("VMAMBA2D_RSB_MAPS", plan.maps_per_warp), ("VMAMBA2D_RSB_ROUTE", compiled))
     return KernelSpec(name=f"rows_backward.{_DTYPE_NAMES[dtype]}.v{plan.vec}l{plan.load}s{plan.scan_steps}"
-                           f"m{plan.maps_per_warp}",
+                           f"m{plan.maps_per_warp}r{compiled}",
                       source=SOURCE, symbol=BACKWARD_SYMBOL, name_expression=False,
                       defines=tuple((name, str(value)) for name, value in defines))
 
 
-def save_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
-    """The NVRTC entry of the route-0 forward that saves the band carries, for a plan and input type."""
+def save_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype, route: int = 0) -> KernelSpec:
+    """The NVRTC entry of the forward that saves the band carries, for a plan, input type and 2D route
+    (from_bottom, bit 2, is a field of its parameters, as for the RS forward)."""
+    compiled = check_route(route) & ~2
     defines = (("VMAMBA2D_RSB_SAVE", 1), ("VMAMBA2D_RSB_DTYPE", ROWS_DTYPE_CODES[_DTYPE_NAMES[dtype]]),
                ("VMAMBA2D_RSB_VEC", plan.vec), ("VMAMBA2D_RSB_LOAD", plan.load),
-               ("VMAMBA2D_RSB_PREFETCH", plan.prefetch), ("VMAMBA2D_RSB_STEPS", plan.scan_steps))
+               ("VMAMBA2D_RSB_PREFETCH", plan.prefetch), ("VMAMBA2D_RSB_STEPS", plan.scan_steps),
+               ("VMAMBA2D_RSB_ROUTE", compiled))
     return KernelSpec(
-        name=f"rows_forward_save.{_DTYPE_NAMES[dtype]}.v{plan.vec}l{plan.load}p{plan.prefetch}s{plan.scan_steps}",
+        name=f"rows_forward_save.{_DTYPE_NAMES[dtype]}.v{plan.vec}l{plan.load}p{plan.prefetch}s{plan.scan_steps}"
+             f"r{compiled}",
         source=SOURCE, symbol=SAVE_SYMBOL, name_expression=False,
         defines=tuple((name, str(value)) for name, value in defines))
 
@@ -95,36 +108,42 @@ def save_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
 def launch_forward_save(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                         C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
                         softplus: bool, height: int, width: int, out_fp32: bool,
-                        plan: rows_plan.RowsPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, carries): the route-0 RS forward on the current stream, y (batch, dim, L) fp32 if ``out_fp32``
-    else u's type, carries fp32 (batch * dim, carry_rows(H), W) for :func:`launch_rows_backward`.
+                        plan: rows_plan.RowsPlan, route: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, carries): the RS forward along the 2D route ``route`` (code 0-7) on the current stream, y
+    (batch, dim, L) fp32 if ``out_fp32`` else u's type, carries fp32 (batch * dim, carry_rows(H), W)
+    for :func:`launch_rows_backward` with the same route.
 
     u, delta (batch, dim, L); A (dim, 1); B, C (batch, groups, 1, L); D, delta_bias (dim,) or None;
-    contiguous, A / D / delta_bias fp32; ``plan`` from :func:`backward_plan` or rows_plan.rows_plan.
+    contiguous, A / D / delta_bias fp32, cells in map order; ``plan`` from :func:`backward_plan` or
+    rows_plan.rows_plan.
     """
+    spec = save_spec(plan, u.dtype, route)
     batch, dim, _ = u.shape
     y = torch.empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device)
     carries = torch.empty((batch * dim, carry_rows(height), width), dtype=torch.float32, device=u.device)
     if y.numel() == 0:
         return y, carries
-    params = bytes(rows_params(u, delta, A, B, C, D, delta_bias, y, softplus, height, width, plan))
+    params = rows_params(u, delta, A, B, C, D, delta_bias, y, softplus, height, width, plan)
+    params.from_bottom = int(bool(route & 2))
     pointer = ctypes.c_void_p(carries.data_ptr() if carries.numel() else None)
-    launcher.launch(save_spec(plan, u.dtype), (plan.blocks(batch, dim, WARPS_PER_BLOCK), 1, 1),
-                    rows_plan.ROWS_THREADS, 0, [params, bytes(pointer)])
+    launcher.launch(spec, (plan.blocks(batch, dim, WARPS_PER_BLOCK), 1, 1),
+                    rows_plan.ROWS_THREADS, 0, [bytes(params), bytes(pointer)])
     return y, carries
 
 
 def launch_rows_backward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                          C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
                          softplus: bool, height: int, width: int, dy: torch.Tensor, carries: torch.Tensor,
-                         plan: rows_plan.RowsPlan) -> tuple:
-    """(du, ddelta, dA, dB, dC, dD, ddelta_bias) of the route-0 scan at N = 1, from the RS backward
-    on the current stream and :func:`reduce_partials` (inputs as :func:`launch_forward_save`; dy
-    (batch, dim, L) in u's type or fp32; carries from launch_forward_save with the same inputs).
+                         plan: rows_plan.RowsPlan, route: int = 0) -> tuple:
+    """(du, ddelta, dA, dB, dC, dD, ddelta_bias) of the scan along the 2D route ``route`` at N = 1,
+    from the RS backward on the current stream and :func:`reduce_partials` (inputs as
+    :func:`launch_forward_save`; dy (batch, dim, L) in u's type or fp32; carries from
+    launch_forward_save with the same inputs and route).
 
     Raises:
-        ValueError: carries or dy of the wrong shape / type, or 2^31 warps or more.
+        ValueError: a route that is not 2D, carries or dy of the wrong shape / type, or 2^31 warps or more.
     """
+    spec = backward_spec(plan, u.dtype, route)
     batch, dim, length = u.shape
     groups = B.shape[1]
     if tuple(carries.shape) != (batch * dim, carry_rows(height), width) or carries.dtype != torch.float32:
@@ -149,9 +168,9 @@ def launch_rows_backward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torc
             ptr(u), ptr(delta), ptr(B), ptr(C), ptr(A), ptr(D), ptr(delta_bias), ptr(dy), ptr(carries), ptr(du),
             ptr(ddelta), ptr(dBC_part), ptr(dA_part), ptr(dD_part), ptr(ddb_part),
             batch, dim, groups, height, width, plan.seg_lanes, plan.maps_per_warp, chunks, int(bool(softplus)),
-            int(dy.dtype == torch.float32 and u.dtype != torch.float32))
+            int(dy.dtype == torch.float32 and u.dtype != torch.float32), int(bool(route & 2)))
         items = batch * groups * chunks
-        launcher.launch(backward_spec(plan, u.dtype), (-(-items // WARPS_PER_BLOCK), 1, 1), rows_plan.ROWS_THREADS,
+        launcher.launch(spec, (-(-items // WARPS_PER_BLOCK), 1, 1), rows_plan.ROWS_THREADS,
                         0, [bytes(params)])
     else:
         for t in (dBC_part, dA_part, dD_part, ddb_part):
