@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""GPU check of the RS backward (route 0, N = 1; vmamba2d/ops/compiled/rows_backward_launch.py), which
-CI runs only on the host emulation: on a CUDA GPU, per model map (56, 28, 14, 7) and input type
-(fp32, bf16),
+"""GPU check of the RS backward (N = 1; vmamba2d/ops/compiled/rows_backward_launch.py), which CI runs
+only on the host emulation: on a CUDA GPU, per model map (56, 28, 14, 7) and input type (fp32, bf16),
+at route 0:
 
 * the gradients of the saving forward + backward against autograd through the fp64 reference on a
   small batch (relative error per gradient), and bit-equality of two runs;
@@ -9,7 +9,12 @@ CI runs only on the host emulation: on a CUDA GPU, per model map (56, 28, 14, 7)
   forward + backward (the op's path today) at the model's batch, by CUDA events (median of 5 after a
   warm-up).
 
-    python dev/gpu/check_rows_backward.py [--batch 128] [--out results.md]
+With --cross, the four-route backward as RS route passes (vmamba2d/ops/compiled/cross_rows_backward.py,
+VMamba's cross routes 0, 4, 3, 7) instead: its gradients against the op's v3 backward
+(vmamba2d::cross_selective_scan_2d_bwd on the same tensors, relative error per gradient) and
+bit-equality of two runs on a small batch, and the times of both at the model's batch.
+
+    python dev/gpu/check_rows_backward.py [--batch 128] [--cross] [--out results.md]
 
 Prints a markdown table (and writes it with --out). Exit 1 when a gradient misses its tolerance or
 two runs differ.
@@ -114,15 +119,69 @@ def timings(launcher, batch, dim, side, dtype) -> tuple[float, float, float]:
     return timed(rs_forward), timed(rs_both), timed(v3_both)
 
 
+def cross_inputs(batch, dim, side, dtype, seed=0):
+    """The four-route op's N = 1 tensors on the GPU, u channels-last as in the models."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    x = {"u": rand(batch, dim, side, side).to(dtype).contiguous(memory_format=torch.channels_last),
+         "delta": (rand(batch, 4, dim, side, side) * 0.5 - 1).to(dtype),
+         "A": -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05), "B": rand(batch, 4, 1, side, side).to(dtype),
+         "C": rand(batch, 4, 1, side, side).to(dtype), "D": rand(4 * dim), "delta_bias": rand(4 * dim) * 0.3}
+    dy = rand(batch, dim, side, side).to(dtype).contiguous(memory_format=torch.channels_last)
+    return {k: v.cuda() for k, v in x.items()}, dy.cuda()
+
+
+def cross_main(launcher, batch: int) -> tuple[list[str], bool]:
+    from vmamba2d.ops.compiled.cross_ops import cross_selective_scan_2d_bwd
+    from vmamba2d.ops.compiled.cross_rows_backward import cross_rows_backward, nvrtc_passes
+
+    passes = nvrtc_passes(launcher)
+    routes = [0, 4, 3, 7]
+
+    def rs(x, dy):
+        return cross_rows_backward(*passes, *(x[k] for k in NAMES), True, routes, dy)
+
+    def v3(x, dy):
+        return cross_selective_scan_2d_bwd(*(x[k] for k in NAMES), True, routes, dy)[:7]
+
+    lines = [f"Four-route RS backward (route passes) on {torch.cuda.get_device_name()} (batch {batch} for the "
+             "timings; errors relative to the op's v3 backward)", "",
+             "| map | dtype | max rel. error vs v3 | bit-equal runs | RS passes ms | v3 backward op ms |",
+             "|---|---|---|---|---|---|"]
+    ok = True
+    for side, dim in MODEL_MAPS:
+        for dtype in (torch.float32, torch.bfloat16):
+            x, dy = cross_inputs(2, 8, side, dtype)
+            first, second, ref = rs(x, dy), rs(x, dy), v3(x, dy)
+            same = all(torch.equal(a, b) for a, b in zip(first, second) if a is not None)
+            err = max(((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+                      for a, b in zip(first, ref) if a is not None)
+            ok &= err <= TOLERANCE[dtype] * 4 and same
+            x, dy = cross_inputs(batch, dim, side, dtype)
+            rs_ms, v3_ms = timed(lambda: rs(x, dy)), timed(lambda: v3(x, dy))
+            lines.append(f"| {side}x{side} x {dim} | {str(dtype)[6:]} | {err:.2e} | {same} | {rs_ms:.3f} | "
+                         f"{v3_ms:.3f} |")
+            print(lines[-1], flush=True)
+    return lines, ok
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--cross", action="store_true", help="the four-route backward as RS route passes")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA GPU", file=sys.stderr)
         return 2
     launcher = KernelLauncher(toolchain=nvrtc.find_toolchain())
+    if args.cross:
+        lines, ok = cross_main(launcher, args.batch)
+        text = "\n".join(lines) + "\n"
+        if args.out:
+            args.out.write_text(text)
+        print(text)
+        return 0 if ok else 1
     lines = [f"RS backward on {torch.cuda.get_device_name()} (batch {args.batch} for the timings)", "",
              "| map | dtype | max rel. error vs fp64 | bit-equal runs | RS fwd ms | RS save-fwd + bwd ms | "
              "v3 fwd + bwd (op, autograd) ms |", "|---|---|---|---|---|---|---|"]

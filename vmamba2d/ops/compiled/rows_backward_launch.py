@@ -16,7 +16,7 @@ import torch
 
 from vmamba2d.ops.compiled import rows_plan
 from vmamba2d.ops.compiled.cuda_kernels import ROWS_DTYPE_CODES, KernelSpec
-from vmamba2d.ops.compiled.rows_launch import RowsParams, rows_params
+from vmamba2d.ops.compiled.rows_launch import rows_params
 
 SOURCE = "entries/scan2d_rows_backward_entry.cu"
 BACKWARD_SYMBOL = "vmamba2d_rows_backward"

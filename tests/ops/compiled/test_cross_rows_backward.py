@@ -1,0 +1,143 @@
+"""The four-route backward as RS route passes (vmamba2d/ops/compiled/cross_rows_backward.py) on the host
+emulation of the saving forward and the RS backward: every gradient against autograd through the
+four-route fp64 reference (VMamba's cross routes and the corner routes; channels-last u; fp32 and
+bf16; without D / delta_bias), and the argument checks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from support.cuda_emulation_build import build_emulation
+from vmamba2d.ops import cross_selective_scan_2d_reference
+from vmamba2d.ops.compiled import rows_backward_launch as rbl
+from vmamba2d.ops.compiled.cross_rows_backward import cross_rows_backward
+from vmamba2d.ops.routes import CORNER_ROUTES, CROSS_ROUTES
+
+NAMES = ("u", "delta", "A", "B", "C", "D", "delta_bias")
+TOLERANCE = {torch.float32: 5e-5, torch.bfloat16: 1.6e-2}
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return build_emulation("vmamba2d_rows_backward_emulation", ("emulation/scan2d_rows_backward_emulate.cpp",))
+
+
+def emulated_passes(emu, order=2):
+    """The route passes on the emulation, each at the lane layout backward_plan picks."""
+
+    def layout(u, width):
+        plan = rbl.backward_plan(u.element_size(), u.element_size(), width)
+        return plan.vec, plan.load
+
+    def save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route):
+        return emu.rows_forward_save(u, delta, A, B, C, D, delta_bias, softplus, height, width, False, order,
+                                     *layout(u, width), route)[1]
+
+    def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route):
+        parts = emu.rows_backward(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, order,
+                                  *layout(u, width), route)
+        du, ddelta, dBC, dA, dD, ddb = parts
+        return rbl.reduce_partials(du, ddelta, dBC, dA, dD if D is not None else None,
+                                   ddb if delta_bias is not None else None, B.dtype)
+
+    return save_pass, backward_pass
+
+
+def inputs(batch, dim, height, width, dtype, seed, use_d=True, use_bias=True):
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return {
+        "u": rand(batch, dim, height, width).to(dtype),
+        "delta": (rand(batch, 4, dim, height, width) * 0.5 - 1.0).to(dtype),
+        "A": -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05),
+        "B": rand(batch, 4, 1, height, width).to(dtype),
+        "C": rand(batch, 4, 1, height, width).to(dtype),
+        "D": rand(4 * dim) if use_d else None,
+        "delta_bias": rand(4 * dim) * 0.3 if use_bias else None,
+    }
+
+
+def reference_grads(x, routes, dy):
+    leaves = {k: None if x[k] is None else x[k].double().requires_grad_() for k in NAMES}
+    y = cross_selective_scan_2d_reference(*(leaves[k] for k in NAMES), True, routes=routes)
+    y.backward(dy.double())
+    return {k: leaves[k].grad for k in NAMES if leaves[k] is not None}
+
+
+def check(grads, x, expected, dtype):
+    got = dict(zip(NAMES, grads))
+    for name in NAMES:
+        if x[name] is None:
+            assert got[name] is None, name
+            continue
+        g = got[name]
+        assert g.shape == x[name].shape and g.dtype == x[name].dtype, name
+        ref = expected[name]
+        err = ((g.double() - ref).abs().max() / ref.abs().max()).item()
+        assert err <= TOLERANCE[dtype], f"{name}: relative error {err:.3g} > {TOLERANCE[dtype]}"
+
+
+@pytest.mark.parametrize("routes", [CROSS_ROUTES, CORNER_ROUTES], ids=["cross", "corners"])
+@pytest.mark.parametrize("shape", [(2, 3, 17, 12), (1, 4, 9, 14), (2, 2, 7, 7)], ids=lambda s: "x".join(map(str, s)))
+def test_fp32_gradients_match_the_four_route_reference(emu, shape, routes):
+    batch, dim, height, width = shape
+    x = inputs(batch, dim, height, width, torch.float32, seed=height + width)
+    dy = torch.randn(batch, dim, height, width, generator=torch.Generator().manual_seed(3))
+    codes = [r.code for r in routes]
+    grads = cross_rows_backward(*emulated_passes(emu), *(x[k] for k in NAMES), True, codes, dy)
+    check(grads, x, reference_grads(x, routes, dy), torch.float32)
+
+
+def test_bf16_channels_last_gradients_match_the_reference(emu):
+    x = inputs(2, 4, 16, 28, torch.bfloat16, seed=5)
+    x["u"] = x["u"].contiguous(memory_format=torch.channels_last)
+    dy = torch.randn(2, 4, 16, 28, generator=torch.Generator().manual_seed(6)).bfloat16()
+    grads = cross_rows_backward(*emulated_passes(emu), *(x[k] for k in NAMES), True,
+                                [r.code for r in CROSS_ROUTES], dy)
+    assert grads[0].is_contiguous(memory_format=torch.channels_last)
+    check(grads, x, reference_grads(x, CROSS_ROUTES, dy.float()), torch.bfloat16)
+
+
+def test_without_d_and_delta_bias(emu):
+    x = inputs(1, 3, 10, 14, torch.float32, seed=7, use_d=False, use_bias=False)
+    dy = torch.randn(1, 3, 10, 14, generator=torch.Generator().manual_seed(8))
+    grads = cross_rows_backward(*emulated_passes(emu), *(x[k] for k in NAMES), True,
+                                [r.code for r in CROSS_ROUTES], dy)
+    check(grads, x, reference_grads(x, CROSS_ROUTES, dy), torch.float32)
+
+
+def test_gradients_are_bit_equal_across_warp_and_lane_orders(emu):
+    x = inputs(2, 3, 11, 14, torch.bfloat16, seed=9)
+    dy = torch.randn(2, 3, 11, 14, generator=torch.Generator().manual_seed(10)).bfloat16()
+    codes = [r.code for r in CROSS_ROUTES]
+    runs = [cross_rows_backward(*emulated_passes(emu, order), *(x[k] for k in NAMES), True, codes, dy)
+            for order in (0, 1, 3)]
+    for grads in runs[1:]:
+        for name, a, b in zip(NAMES, grads, runs[0]):
+            assert torch.equal(a, b), name
+
+
+def _never(*args):
+    raise AssertionError("no pass may run on refused arguments")
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda x: x.update(delta=x["delta"][:, :3]), "delta: expected"),
+    (lambda x: x.update(B=x["B"].expand(-1, -1, 2, -1, -1)), "B: expected"),
+    (lambda x: x.update(A=x["A"][:4]), "A: expected"),
+    (lambda x: x.update(D=x["D"][:4]), "D: expected"),
+    (lambda x: x.update(u=x["u"][0]), "u: expected"),
+])
+def test_bad_shapes_are_refused_before_any_pass(change, message):
+    x = inputs(1, 2, 5, 6, torch.float32, seed=11)
+    dy = torch.zeros(1, 2, 5, 6)
+    change(x)
+    with pytest.raises(ValueError, match=message):
+        cross_rows_backward(_never, _never, *(x[k] for k in NAMES), True, [0, 4, 3, 7], dy)
+
+
+@pytest.mark.parametrize("routes", [[0, 4, 3, 8], [0, 4, 3, 15]])
+def test_flat_routes_are_refused(routes):
+    x = inputs(1, 2, 5, 6, torch.float32, seed=12)
+    with pytest.raises(ValueError, match="route: expected a 2D route code"):
+        cross_rows_backward(_never, _never, *(x[k] for k in NAMES), True, routes, torch.zeros(1, 2, 5, 6))
