@@ -27,7 +27,7 @@ def design(backend="cuda", built=ALL, **fields):
 
 @pytest.mark.parametrize("backend", plan.BACKENDS)
 def test_rows_that_name_v3_only(backend):
-    assert design(backend, direction="backward").name == "v3"
+    assert design("triton", direction="backward").name == "v3"
     got = design(backend, grad=True)
     assert got.name == "v3" and "backward" in got.reason
     assert design(backend, nstate=16).name == "v3"
@@ -139,10 +139,41 @@ def test_cuda_takes_pl_on_the_7x7_stage_and_rs_on_the_others():
         assert rows_launch.forward_design(u, delta, A, B, C, D, bias, side, False, False, H200)[0] == "rs"
 
 
-def test_backend_info_names_the_designs_each_path_has():
+def test_backend_info_names_the_designs_each_path_has(monkeypatch):
     built = plan.describe()["built"]
     assert built == {"cuda single-route": ["pl", "rs", "v3"], "cuda four-route": ["rs", "v3"],
-                     "triton single-route": ["rs", "v3"]}
+                     "triton single-route": ["rs", "v3"], "cuda four-route backward": ["rs", "v3"]}
+    monkeypatch.delenv(plan.BACKWARD_ENV, raising=False)
+    assert plan.describe()["backward_pin"] is None
+    monkeypatch.setenv(plan.BACKWARD_ENV, "auto")
+    assert plan.describe()["backward_pin"] == "auto"
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({}, "rs"),
+    ({"routes": (0, 4, 3, 7)}, "rs"),
+    ({"routes": (0, 5, 2, 6), "width": 128, "dtype": torch.bfloat16}, "rs"),
+    ({"width": 129}, "v3"),
+    ({"nstate": 16}, "v3"),
+    ({"dtype": torch.float64}, "v3"),
+    ({"dtype": None}, "v3"),
+    ({"routes": (0, 8)}, "v3"),
+])
+def test_cuda_backward_rule(fields, expected):
+    got = design("cuda", direction="backward", **fields)
+    assert got.name == expected, got.reason
+    assert got.reason.startswith("RS: backward at N = 1" if expected == "rs" else "V3: backward")
+    assert design("cuda", ("v3",), direction="backward", **fields).name == "v3"
+
+
+def test_backward_pin(monkeypatch):
+    monkeypatch.delenv(plan.BACKWARD_ENV, raising=False)
+    assert plan.backward_pin() == "v3"
+    monkeypatch.setenv(plan.BACKWARD_ENV, " Auto ")
+    assert plan.backward_pin() == "auto"
+    monkeypatch.setenv(plan.BACKWARD_ENV, "rs")
+    with pytest.raises(ValueError, match="VMAMBA2D_SCAN_BACKWARD: expected one of v3, auto"):
+        plan.backward_pin()
 
 
 def test_rs_precondition_on_the_tensors_keeps_v3():

@@ -5,6 +5,9 @@ the direction and whether a gradient is needed -- never by timing (docs/kernels.
 tuner"). The rows below are tried in order; the first that matches names the designs the call may
 take, in order of preference:
 
+  0. backward (CUDA), N = 1, inputs of one type among fp32 / fp16 /
+     bf16, every route 2D (codes 0-7), W <= 128 (32 lanes of 4
+     columns)                                                      -> RS, v3
   1. backward, or a forward that saves what a backward reads      -> v3
   2. N != 1                                                        -> v3
   3. inputs not all of one type among fp32 / fp16 / bf16           -> v3
@@ -20,7 +23,9 @@ take, in order of preference:
 
 v3 is the tiled kernels (the CUDA v3 scan, Triton's tiled kernels). A backend runs the first
 design of the row that it has a kernel for (``built``); a design passed over for want of a kernel
-is named in the plan's reason ("PL (...): not built for cuda").
+is named in the plan's reason ("PL (...): not built for cuda"). The RS backward (row 0) is the
+four-route op's route passes (vmamba2d.ops.compiled.cross_rows_backward); until a GPU run has
+measured it against v3, ``VMAMBA2D_SCAN_BACKWARD`` keeps v3 unless set to ``auto`` (:func:`backward_pin`).
 """
 from __future__ import annotations
 
@@ -33,12 +38,17 @@ from typing import Collection, Optional
 import torch
 
 from .compiled.rows_plan import CROSS_ROUTE_CODES, WARP_LANES, cross_max_width, describe_cross, route_streams_rows
+from .settings import env_choice
 
 DESIGNS = ("pl", "rs", "v3")
 # The designs each GPU path has kernels for (its ``built``), per op; the launchers read theirs from here.
-BUILT = {"cuda single-route": ("pl", "rs", "v3"), "cuda four-route": ("rs", "v3"), "triton single-route": ("rs", "v3")}
+BUILT = {"cuda single-route": ("pl", "rs", "v3"), "cuda four-route": ("rs", "v3"), "triton single-route": ("rs", "v3"),
+         "cuda four-route backward": ("rs", "v3")}
 BACKENDS = ("cuda", "triton")
 PL_MAX_CELLS = 64
+RS_BACKWARD_MAX_WIDTH = WARP_LANES * 4  # the RS backward's widest lane holds 4 columns
+BACKWARD_ENV = "VMAMBA2D_SCAN_BACKWARD"
+BACKWARD_CHOICES = ("v3", "auto")
 TRITON_RS_MAX_WIDTH = 256
 RS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DEBUG_ENV = "VMAMBA2D_DEBUG_PLAN"
@@ -95,7 +105,7 @@ def preferred(call: ScanCall, backend: str) -> list[tuple[str, str]]:
     if call.direction not in ("forward", "backward"):
         raise ValueError(f"direction: expected 'forward' or 'backward', got {call.direction!r}")
     if call.direction == "backward":
-        return [("v3", "backward: only v3 has one")]
+        return _backward(call, backend)
     if call.grad:
         return [("v3", "gradients needed: the v3 backward reads the v3 forward's tile carries")]
     if call.nstate != 1:
@@ -113,6 +123,34 @@ def preferred(call: ScanCall, backend: str) -> list[tuple[str, str]]:
     cells = call.height * call.width
     pl = [("pl", f"L = {cells} <= {PL_MAX_CELLS}")] if cells <= PL_MAX_CELLS else []
     return pl + rs + [("v3", f"width {call.width} > {limit}" if not rs else "the fallback")]
+
+
+def _backward(call: ScanCall, backend: str) -> list[tuple[str, str]]:
+    if backend != "cuda":
+        return [("v3", f"backward: {backend} has only the v3 backward")]
+    if call.nstate != 1:
+        return [("v3", f"backward at N = {call.nstate}: the RS backward runs d_state 1 only")]
+    if call.dtype not in RS_DTYPES:
+        return [("v3", f"backward with inputs {call.dtype or 'of mixed types'}: the RS backward takes one of "
+                       "fp32 / fp16 / bf16")]
+    flat = [r for r in call.routes if not 0 <= r < 8]
+    if flat:
+        return [("v3", f"backward along route {flat[0]}: the RS backward runs 2D routes (codes 0-7)")]
+    if call.width > RS_BACKWARD_MAX_WIDTH:
+        return [("v3", f"backward at width {call.width} > {RS_BACKWARD_MAX_WIDTH}: wider than the RS backward's "
+                       "32 lanes of 4 columns")]
+    return [("rs", f"backward at N = 1, 2D routes, width {call.width} <= {RS_BACKWARD_MAX_WIDTH}"),
+            ("v3", "the fallback")]
+
+
+def backward_pin() -> str:
+    """The VMAMBA2D_SCAN_BACKWARD setting: "v3" (unset: the default until a GPU run has measured the
+    RS backward against v3) or "auto" (the rule's design).
+
+    Raises:
+        ValueError: any other value.
+    """
+    return env_choice(BACKWARD_ENV, BACKWARD_CHOICES, "v3")
 
 
 def choose_design(call: ScanCall, backend: str, built: Collection[str]) -> Design:
@@ -159,7 +197,8 @@ def debug_note(key: tuple, line: str) -> None:
 
 def describe() -> dict:
     """The rule and the designs each path has, for ``backend_info()``."""
-    return {"rule": "backward / gradient / N != 1 / other input types / a route RS does not stream: v3; "
+    return {"rule": "backward (CUDA, N = 1, fp32 / fp16 / bf16, 2D routes, W <= 128): RS; "
+                    "other backward / gradient / N != 1 / other input types / a route RS does not stream: v3; "
                     f"L <= {PL_MAX_CELLS}: PL; W <= the backend's RS width (CUDA 32 lanes x 16 bytes, "
                     f"Triton {TRITON_RS_MAX_WIDTH}): RS; else v3 (a design without a kernel falls to the next)",
             "built": {path: list(designs) for path, designs in BUILT.items()},
@@ -168,4 +207,8 @@ def describe() -> dict:
                                     "added SASS within the issue time of the projection pass's bytes), else they "
                                     "are projected first; the plan's reason says which",
             "cuda_four_route_lanes": describe_cross(),
+            "cuda_four_route_backward": f"{BACKWARD_ENV}=auto takes the rule's design (RS route passes where "
+                                        "row 0 holds); unset or v3 keeps the v3 backward until a GPU run has "
+                                        "measured RS against it",
+            "backward_pin": os.environ.get(BACKWARD_ENV) or None,
             "debug_env": DEBUG_ENV}

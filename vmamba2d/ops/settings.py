@@ -1,4 +1,4 @@
-"""Environment settings of the scan ops that take one of a few words (``VMAMBA2D_SCAN_PLAN``,
+"""Environment settings of the scan ops that take one of a few words (``VMAMBA2D_SCAN_PLAN``, ``VMAMBA2D_SCAN_BACKWARD``,
 ``VMAMBA2D_TRITON_PLAN``, ``VMAMBA2D_CUDA_KERNELS``): read when used, never at import."""
 from __future__ import annotations
 

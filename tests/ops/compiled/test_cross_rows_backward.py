@@ -1,7 +1,8 @@
 """The four-route backward as RS route passes (vmamba2d/ops/compiled/cross_rows_backward.py) on the host
 emulation of the saving forward and the RS backward: every gradient against autograd through the
 four-route fp64 reference (VMamba's cross routes and the corner routes; channels-last u; fp32 and
-bf16; without D / delta_bias), and the argument checks."""
+bf16; without D / delta_bias), the argument checks, and the design the NVRTC path's backward takes
+(the VMAMBA2D_SCAN_BACKWARD pin, the rule, the tensors)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 from support.cuda_emulation_build import build_emulation
 from vmamba2d.ops import cross_selective_scan_2d_reference
 from vmamba2d.ops.compiled import rows_backward_launch as rbl
-from vmamba2d.ops.compiled.cross_rows_backward import cross_rows_backward
+from vmamba2d.ops import plan as scan_plan
+from vmamba2d.ops.compiled.cross_rows_backward import backward_design, cross_rows_backward, launch_backward
 from vmamba2d.ops.routes import CORNER_ROUTES, CROSS_ROUTES
 
 NAMES = ("u", "delta", "A", "B", "C", "D", "delta_bias")
@@ -141,3 +143,45 @@ def test_flat_routes_are_refused(routes):
     x = inputs(1, 2, 5, 6, torch.float32, seed=12)
     with pytest.raises(ValueError, match="route: expected a 2D route code"):
         cross_rows_backward(_never, _never, *(x[k] for k in NAMES), True, routes, torch.zeros(1, 2, 5, 6))
+
+
+def _design_args(x, dy, routes=(0, 4, 3, 7)):
+    return (*(x[k] for k in NAMES), list(routes), dy)
+
+
+def test_backward_design_is_v3_unless_opted_in(monkeypatch):
+    x = inputs(1, 2, 14, 14, torch.bfloat16, seed=13)
+    dy = torch.zeros(1, 2, 14, 14, dtype=torch.bfloat16)
+    monkeypatch.delenv(scan_plan.BACKWARD_ENV, raising=False)
+    design, why = backward_design(*_design_args(x, dy))
+    assert design == "v3" and "VMAMBA2D_SCAN_BACKWARD unset or v3" in why
+    # No pass, no device: the v3 answer comes before anything touches a GPU.
+    assert launch_backward(None, x["u"], x["delta"], x["A"], x["B"], x["C"], x["D"], x["delta_bias"], True,
+                           [0, 4, 3, 7], dy) is None
+    monkeypatch.setenv(scan_plan.BACKWARD_ENV, "auto")
+    assert backward_design(*_design_args(x, dy)) == (
+        "rs", "RS: backward at N = 1, 2D routes, width 14 <= 128")
+    assert backward_design(*_design_args(x, dy.float()))[0] == "rs"
+
+
+@pytest.mark.parametrize("change,reason", [
+    (lambda x: x.update(u=torch.zeros(1, 2, 3, 130), delta=torch.zeros(1, 4, 2, 3, 130),
+                        B=torch.zeros(1, 4, 1, 3, 130), C=torch.zeros(1, 4, 1, 3, 130)), "width 130 > 128"),
+    (lambda x: x.update(B=x["B"].expand(-1, -1, 2, -1, -1), C=x["C"].expand(-1, -1, 2, -1, -1)), "N = 2"),
+    (lambda x: x.update(u=x["u"].double()), "mixed types"),
+    (lambda x: x.update(D=x["D"].double()), "not what the RS passes take"),
+])
+def test_backward_design_falls_to_v3_with_the_reason(monkeypatch, change, reason):
+    monkeypatch.setenv(scan_plan.BACKWARD_ENV, "auto")
+    x = inputs(1, 2, 6, 10, torch.float32, seed=14)
+    change(x)
+    dy = torch.zeros(x["u"].shape, dtype=x["u"].dtype)
+    design, why = backward_design(*_design_args(x, dy))
+    assert design == "v3" and reason in why, why
+
+
+def test_backward_design_refuses_flat_routes_by_the_rule(monkeypatch):
+    monkeypatch.setenv(scan_plan.BACKWARD_ENV, "auto")
+    x = inputs(1, 2, 6, 10, torch.float32, seed=15)
+    design, why = backward_design(*_design_args(x, torch.zeros(1, 2, 6, 10), routes=(8, 12, 11, 15)))
+    assert design == "v3" and "route 8" in why

@@ -1,5 +1,6 @@
-"""The v4 forwards the NVRTC path dispatches to (PL, RS, the four-route RS kernel) on a GPU, against the
-fp64 references and against the v3 kernels (VMAMBA2D_SCAN_PLAN=v3) on the same inputs. GPU only
+"""The v4 forwards the NVRTC path dispatches to (PL, RS, the four-route RS kernel) and its four-route RS
+backward (VMAMBA2D_SCAN_BACKWARD=auto) on a GPU, against the fp64 references and against the v3
+kernels (VMAMBA2D_SCAN_PLAN=v3, the backward's default) on the same inputs. GPU only
 (``-m cuda``; `make gpu-check` runs them); without a GPU the launch glue is tested by
 test_nvrtc_rows_launch.py / test_cross_rows_launch.py and the kernel bodies by the host emulation."""
 from __future__ import annotations
@@ -9,7 +10,8 @@ import torch
 
 from support.rows_cases import make_inputs, reference
 from vmamba2d.ops import cross_selective_scan_2d_reference
-from vmamba2d.ops.compiled import cross_rows_launch, nvrtc, rows_launch
+from vmamba2d.ops import plan as scan_plan
+from vmamba2d.ops.compiled import cross_rows_backward, cross_rows_launch, nvrtc, rows_launch
 
 HAS_GPU = torch.cuda.is_available()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")]
@@ -97,3 +99,26 @@ def test_four_route_forward_with_the_step_size_projection(kernels, dtype, side, 
                                                  routes="cross", delta_proj_weight=x["delta_proj_weight"].double())
     y = kernels.cross_forward(*on_gpu, True, CODES, False, gpu["delta_proj_weight"])
     assert relative_error(y, expected) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype,side", [(torch.float32, 56), (torch.bfloat16, 28), (torch.bfloat16, 7)])
+def test_four_route_backward_opt_in_agrees_with_v3(kernels, monkeypatch, dtype, side):
+    g = torch.Generator().manual_seed(side + 1)
+    batch, dim = 2, 8
+    u = torch.randn(batch, dim, side, side, generator=g).to(dtype).cuda().contiguous(memory_format=torch.channels_last)
+    delta = (torch.randn(batch, 4, dim, side, side, generator=g) * 0.5 - 1.0).to(dtype).cuda()
+    B, C = (torch.randn(batch, 4, 1, side, side, generator=g).to(dtype).cuda() for _ in range(2))
+    A = -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05).cuda()
+    D, bias = torch.randn(4 * dim, generator=g).cuda(), (torch.randn(4 * dim, generator=g) * 0.3).cuda()
+    dy = torch.randn(batch, dim, side, side, generator=g).to(dtype).cuda().contiguous(memory_format=torch.channels_last)
+    args = (u, delta, A, B, C, D, bias, True, CODES, dy)
+    monkeypatch.delenv(scan_plan.BACKWARD_ENV, raising=False)
+    v3 = kernels.cross_backward(*args)
+    monkeypatch.setenv(scan_plan.BACKWARD_ENV, "auto")
+    assert cross_rows_backward.backward_design(u, delta, A, B, C, D, bias, CODES, dy)[0] == "rs"
+    rs = kernels.cross_backward(*args)
+    assert rs[0].is_contiguous(memory_format=torch.channels_last)
+    for name, a, b in zip(("du", "ddelta", "dA", "dB", "dC", "dD", "ddelta_bias"), rs, v3):
+        assert a.shape == b.shape, name
+        err = ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+        assert err <= 4 * TOLERANCE[dtype], (name, err)

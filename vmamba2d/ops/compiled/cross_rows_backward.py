@@ -3,9 +3,10 @@ carries) and one RS backward (csrc/cuda/scan2d_rows_backward.cuh, every 2D route
 gradients put back into the four-route layout and du summed over the routes in fp32.
 
 The passes are arguments, so the same composition runs the NVRTC kernels on a GPU
-(:func:`nvrtc_passes`) and their host emulation in the tests. Not wired into the op yet: the op's
-backward runs v3 until a GPU run has measured this against it (dev/gpu/check_rows_backward.py
---cross; docs/kernels.md, "RS backward").
+(:func:`nvrtc_passes`) and their host emulation in the tests. The NVRTC path's four-route backward
+takes it where :func:`backward_design` says so: the rule's row 0 (vmamba2d.ops.plan) and the
+``VMAMBA2D_SCAN_BACKWARD=auto`` opt-in -- unset, the op keeps the v3 backward until a GPU run has
+measured this against it (dev/gpu/check_rows_backward.py --cross; docs/kernels.md, "RS backward").
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from vmamba2d.ops import plan as scan_plan
 from vmamba2d.ops.compiled import rows_backward_launch as rbl
 from vmamba2d.ops.compiled.rows_plan import alignment
 
@@ -22,6 +24,53 @@ SavePass = Callable[..., Tensor]
 # backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route)
 #   -> (du, ddelta, dA, dB, dC, dD, ddelta_bias) of one route, as rows_backward_launch.launch_rows_backward
 BackwardPass = Callable[..., tuple]
+BUILT = scan_plan.BUILT["cuda four-route backward"]
+_FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def backward_design(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
+                    delta_bias: Optional[Tensor], routes: Sequence[int], dy: Tensor) -> tuple[str, str]:
+    """("rs", why) where the four-route backward runs as RS route passes, else ("v3", why): the
+    VMAMBA2D_SCAN_BACKWARD pin (v3 unless ``auto``), then the rule (vmamba2d.ops.plan, direction
+    "backward") on the call's shape, then the tensors the passes take (shapes as
+    :func:`cross_rows_backward`, fp32 A / D / delta_bias, dy in u's type or fp32).
+
+    Raises:
+        ValueError: VMAMBA2D_SCAN_BACKWARD set to something else than v3 / auto.
+    """
+    if scan_plan.backward_pin() == "v3":
+        return "v3", (f"{scan_plan.BACKWARD_ENV} unset or v3: the v3 backward until a GPU run has measured the RS "
+                      "route passes against it")
+    dtype = u.dtype if all(t.dtype == u.dtype for t in (delta, B, C)) else None
+    height, width = (u.shape[2], u.shape[3]) if u.dim() == 4 else (0, 0)
+    nstate = B.shape[2] if B.dim() == 5 else 0
+    call = scan_plan.ScanCall(nstate, height, width, dtype, tuple(int(r) for r in routes), "backward", False)
+    design = scan_plan.choose_design(call, "cuda", BUILT)
+    if design.name != "rs":
+        return "v3", design.reason
+    K = len(routes)
+    fp32 = all(t is None or t.dtype == torch.float32 for t in (A, D, delta_bias))
+    shapes = (delta.shape == (u.shape[0], K, *u.shape[1:]) and A.shape == (K * u.shape[1], 1)
+              and B.shape == C.shape == (u.shape[0], K, 1, height, width) and dy.shape == u.shape)
+    if not (fp32 and shapes and dy.dtype in (u.dtype, torch.float32) and u.dtype in _FLOAT_TYPES):
+        return "v3", (f"{design.reason}, but the tensors are not what the RS passes take (the four-route shapes, "
+                      "fp32 A / D / delta_bias, dy in u's type or fp32)")
+    return "rs", design.reason
+
+
+def launch_backward(launcher, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
+                    delta_bias: Optional[Tensor], softplus: bool, routes: Sequence[int], dy: Tensor
+                    ) -> Optional[tuple]:
+    """The four-route backward as RS route passes on u's GPU where :func:`backward_design` picks them
+    (the gradients, as :func:`cross_rows_backward`), else None (the caller runs v3). The decision is
+    printed once per shape where VMAMBA2D_DEBUG_PLAN is set."""
+    design, why = backward_design(u, delta, A, B, C, D, delta_bias, routes, dy)
+    scan_plan.debug_note(("cuda four-route backward", u.dtype, tuple(u.shape[2:]), design),
+                         f"cuda four-route backward {tuple(u.shape[2:])} {u.dtype} -> {design} ({why})")
+    if design != "rs":
+        return None
+    with torch.cuda.device(u.device):
+        return cross_rows_backward(*nvrtc_passes(launcher), u, delta, A, B, C, D, delta_bias, softplus, routes, dy)
 
 
 def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Tensor, delta: Tensor, A: Tensor,

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from vmamba2d.ops.compiled import cross_rows_launch, nvrtc, rows_launch
+from vmamba2d.ops.compiled import cross_rows_backward, cross_rows_launch, nvrtc, rows_launch
 from vmamba2d.ops.delta_proj import project_delta
 from vmamba2d.ops.compiled.cuda_launch import KernelLauncher
 
@@ -139,8 +139,17 @@ class NvrtcKernels:
                                                       out_fp32)
         return y
 
-    def cross_backward(self, u, *args):
-        return self._prepare_for(u).cross_backward(u, *args)
+    def cross_backward(self, u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy):
+        """The four-route backward (full-rank delta): the RS route passes where
+        cross_rows_backward.backward_design picks them (VMAMBA2D_SCAN_BACKWARD=auto and the rule), else
+        v3's per-route kernels through the host driver."""
+        if not u.is_cuda:
+            self._prepare_for(u)  # raises: a tensor off the GPU is refused before any device query
+        grads = cross_rows_backward.launch_backward(self._launcher, u, delta, A, B, C, D, delta_bias, delta_softplus,
+                                                    routes, dy)
+        if grads is not None:
+            return grads
+        return self._prepare_for(u).cross_backward(u, delta, A, B, C, D, delta_bias, delta_softplus, routes, dy)
 
     def kernel_image_available(self, device_index: int) -> bool:
         """True when NVRTC can produce code this GPU runs (a cubin, or PTX for a newer GPU) and the
