@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 export MAX_JOBS ?= 2
 
-.PHONY: setup demo test test-fast bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare mamba-anchor gpu-anchor gpu-nvrtc gpu-mixed test-gpu-tools clean
+.PHONY: setup demo test test-fast bench ptxas-check sass-report gpu-check gpu-profile cuda-baseline gpu-compare mamba-anchor gpu-anchor gpu-nvrtc gpu-mixed gpu-rs-backward test-gpu-tools clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -108,6 +108,16 @@ gpu-mixed:
 	VMAMBA2D_CUDA_KERNELS=nvrtc $(PYTHON) benchmarks/bench_model.py --device cuda --models vmamba2d_tiny vmamba_tiny \
 		convnext_tiny --precisions fp32 bf16 amp --compile both --account --profile --batch-sizes 128 --iters 5 --warmup 2 \
 		--out benchmarks/gpu-mixed.md
+
+# The four-route op's RS backward (opt-in, VMAMBA2D_SCAN_BACKWARD=auto) against its v3 backward on a GPU:
+# the op-level check (gradients, times per SS2D map), then vmamba2d_tiny's training step with it. About 5
+# minutes; GPU_OUT is where the two reports go (the device tool's $$OUT to get them back).
+GPU_OUT ?= benchmarks
+gpu-rs-backward:
+	VMAMBA2D_CUDA_KERNELS=nvrtc $(PYTHON) dev/gpu/check_rows_backward.py --cross --out $(GPU_OUT)/rs-cross-backward.md
+	VMAMBA2D_CUDA_KERNELS=nvrtc VMAMBA2D_SCAN_BACKWARD=auto $(PYTHON) benchmarks/bench_model.py --device cuda \
+		--models vmamba2d_tiny --precisions fp32 bf16 --profile --batch-sizes 128 --iters 5 --warmup 2 \
+		--out $(GPU_OUT)/rs-backward-model.md
 
 # The GPU instruments' own tests (dev/gpu/tests: their parsers, report arithmetic and gpu-check's plan,
 # run on the CPU), kept out of `make test`; the checks that guard the kernels (host emulation,
