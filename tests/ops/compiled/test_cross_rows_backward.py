@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support.cuda_emulation_build import build_emulation
+from support.cuda_emulation_build import rows_backward_emulation
 from vmamba2d.ops import cross_selective_scan_2d_reference
 from vmamba2d.ops.compiled import rows_backward_launch as rbl
 from vmamba2d.ops import plan as scan_plan
@@ -21,7 +21,7 @@ TOLERANCE = {torch.float32: 5e-5, torch.bfloat16: 1.6e-2}
 
 @pytest.fixture(scope="module")
 def emu():
-    return build_emulation("vmamba2d_rows_backward_emulation", ("emulation/scan2d_rows_backward_emulate.cpp",))
+    return rows_backward_emulation()
 
 
 def emulated_passes(emu, order=2):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support.cuda_emulation_build import build_emulation
+from support.cuda_emulation_build import rows_backward_emulation
 from support.rows_cases import make_inputs, reference
 from vmamba2d.ops import selective_scan_2d_reference
 from vmamba2d.ops.compiled import rows_backward_launch as rbl
@@ -22,7 +22,7 @@ TOLERANCE = {torch.float32: 5e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 @pytest.fixture(scope="module")
 def emu():
-    return build_emulation("vmamba2d_rows_backward_emulation", ("emulation/scan2d_rows_backward_emulate.cpp",))
+    return rows_backward_emulation()
 
 
 def reference_grads(x, height, width, dy, softplus=True, route=0):
