@@ -128,7 +128,7 @@ SS2D_UNROLL
     run_saving(ctx, p, item, nullptr);
   }
 
-  // run, and with kSave the band carries: fp32 carries[map][rows_carry_rows(H)][W] (map = b * dim +
+  // run, and with kSave the band carries (and y unless p.y is null): fp32 carries[map][rows_carry_rows(H)][W] (map = b * dim +
   // d), row k holding the vertical state (h, or v columns first) of stream row (k + 1) * kBandRows - 1
   // in memory column order (stream rows count from the route's first row: bottom-up for from_bottom
   // routes).
@@ -159,7 +159,9 @@ SS2D_UNROLL
     const auto bcount = (p.batch - 1) * p.bc_planes * L + p.groups * L;
     const auto B = ctx.global(static_cast<const Raw*>(p.B), bcount);
     const auto C = ctx.global(static_cast<const Raw*>(p.C), bcount);
-    const auto y = ctx.global(static_cast<Out*>(p.y), maps * L);
+    // kSave with a null y stores the carries only (the four-route backward's route passes).
+    const bool store_y = !kSave || p.y != nullptr;
+    const auto y = ctx.global(static_cast<Out*>(p.y), store_y ? maps * L : 0);
     const auto A = ctx.global(p.A, p.dim);
     const auto bias = ctx.global(p.delta_bias, p.delta_bias != nullptr ? p.dim : 0);
     const auto skip = ctx.global(p.D, p.D != nullptr ? p.dim : 0);
@@ -336,7 +338,8 @@ SS2D_UNROLL
           }
 SS2D_UNROLL
           for (int j = 0; j < kChunks; ++j) {
-            ctx.template store_if<kLoad>((l.valid >> j) & 1u, lane_y[q], row + chunk_step(j), &v[j * kLoad]);
+            ctx.template store_if<kLoad>(store_y && ((l.valid >> j) & 1u), lane_y[q], row + chunk_step(j),
+                                         &v[j * kLoad]);
           }
           if constexpr (kSave) {
             if (i % kBandRows == kBandRows - 1 && i + 1 < H) {

@@ -225,28 +225,31 @@ void dispatch(at::ScalarType type, int64_t vec, int64_t load, const Args&... arg
 // The forward of the N = 1 scan along a 2D route (code 0-7) that also saves the band carries (the
 // saving RS entry) on the emulation, with vec columns per lane and load elements per access. u, delta: (batch, dim, L);
 // B, C: (batch, groups, 1, L); A: (dim, 1); D, delta_bias: (dim,) or None. Returns (y (batch, dim,
-// L) in u's type or fp32 with y_fp32, carries fp32 (batch * dim, rows_carry_rows(H), W)).
+// L) in u's type or fp32 with y_fp32 -- empty without store_y: a null y, the carries only --,
+// carries fp32 (batch * dim, rows_carry_rows(H), W)).
 std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
                                                      const at::Tensor& B, const at::Tensor& C,
                                                      const std::optional<at::Tensor>& D,
                                                      const std::optional<at::Tensor>& delta_bias, bool softplus,
                                                      int64_t height, int64_t width, bool y_fp32, int64_t order,
-                                                     int64_t vec, int64_t load, int64_t route) {
+                                                     int64_t vec, int64_t load, int64_t route, bool store_y) {
   check_route(route);
   const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load);
   const emulation::ScanSizes sizes{s.batch, s.dim, s.length, s.groups};
-  at::Tensor y = emulation::nan_output(u, sizes, y_fp32);
+  at::Tensor y = store_y ? emulation::nan_output(u, sizes, y_fp32) : u.new_empty({0});
   at::Tensor carries = nan_filled({s.batch * s.dim, rows_carry_rows(static_cast<int>(height)), width}, u, at::kFloat);
   RowsParams p{};
   emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, 1, 0, height, width, softplus);
   p.seg_lanes = static_cast<int>((width + vec - 1) / vec);
   p.maps_per_warp = kWarpLanes / p.seg_lanes;
   p.from_bottom = (route & kRouteFromBottom) ? 1 : 0;
+  if (!store_y) p.y = nullptr;
   OutputShadow y_shadow("y", y.numel()), carry_shadow("carries", carries.numel());
-  const Outputs outputs{{y.data_ptr(), &y_shadow}, {carries.data_ptr(), &carry_shadow}};
+  Outputs outputs{{carries.data_ptr(), &carry_shadow}};
+  if (store_y) outputs[y.data_ptr()] = &y_shadow;
   float* carry_ptr = carries.numel() > 0 ? carries.data_ptr<float>() : nullptr;
   dispatch<SaveJob>(u.scalar_type(), vec, load, p, order, outputs, carry_ptr, static_cast<int>(route));
-  y_shadow.check_complete();
+  if (store_y) y_shadow.check_complete();
   carry_shadow.check_complete();
   return {y, carries};
 }
@@ -372,7 +375,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"),
         pybind11::arg("width"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
-        pybind11::arg("load"), pybind11::arg("route") = 0);
+        pybind11::arg("load"), pybind11::arg("route") = 0, pybind11::arg("store_y") = true);
   m.def("rows_backward", &rows_backward, "RS backward (unreduced partials)", pybind11::arg("u"),
         pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"), pybind11::arg("D"),
         pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),

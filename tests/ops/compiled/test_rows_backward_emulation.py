@@ -279,3 +279,14 @@ def test_route_codes_outside_the_2d_routes_are_refused(emu, route):
     x = make_inputs(1, 2, 1, 9, 14, torch.float32, seed=41)
     with pytest.raises(RuntimeError, match="route: expected a 2D route code"):
         emu.rows_forward_save(*(x[k] for k in NAMES), True, 9, 14, False, 0, 2, 2, route)
+
+
+@pytest.mark.parametrize("route", (0, 7))
+def test_saving_forward_without_y_stores_the_same_carries(emu, route):
+    x = make_inputs(2, 3, 1, 17, 12, torch.bfloat16, seed=43)
+    args = [x[k] for k in NAMES]
+    vec, load = plan_for(x, x["u"], 12)
+    y, carries = emu.rows_forward_save(*args, True, 17, 12, False, 2, vec, load, route)
+    none, only = emu.rows_forward_save(*args, True, 17, 12, False, 2, vec, load, route, False)
+    assert y.shape == x["u"].shape and none.numel() == 0
+    assert torch.equal(only, carries)

@@ -136,6 +136,19 @@ def test_routes_compile_their_passes_and_pass_from_bottom(launcher, route, compi
     assert p_save.from_bottom == p_backward.from_bottom == from_bottom
 
 
+def test_saving_forward_without_y_passes_a_null_y(launcher):
+    launcher, driver, folder = launcher
+    u, delta, A, B, C, D, bias, _ = scan_inputs(2, 4, 9, 14)
+    plan = rbl.backward_plan(4, 4, 14)
+    stub_kernel(folder, rbl.save_spec(plan, torch.float32, 4), TOOLCHAIN)
+    seen = driver.read_params(rows_launch.RowsParams, ctypes.c_void_p)
+    y, carries = rbl.launch_forward_save(launcher, u, delta, A, B, C, D, bias, True, 9, 14, False, plan, 4,
+                                         store_y=False)
+    assert y is None and carries.shape == (8, 1, 14)
+    ((p, carry_ptr),) = seen
+    assert p.y is None and p.u == u.data_ptr() and carry_ptr.value == carries.data_ptr()
+
+
 @pytest.mark.parametrize("route", [8, -1, 12, True, 2.0])
 def test_routes_without_an_rs_backward_are_refused(launcher, route):
     launcher, driver, _ = launcher

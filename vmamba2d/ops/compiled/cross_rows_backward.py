@@ -134,7 +134,7 @@ def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Ten
 
 
 def nvrtc_passes(launcher) -> tuple[SavePass, BackwardPass]:
-    """The route passes on a GPU: the NVRTC saving forward (its y discarded) and RS backward of
+    """The route passes on a GPU: the NVRTC saving forward (carries only, no y) and RS backward of
     rows_backward_launch, each with the plan backward_plan picks for the pass's tensors."""
 
     def plan_of(u, delta, B, C, dy, width):
@@ -148,7 +148,7 @@ def nvrtc_passes(launcher) -> tuple[SavePass, BackwardPass]:
     def save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route):
         plan = plan_of(u, delta, B, C, None, width)
         return rbl.launch_forward_save(launcher, u, delta, A, B, C, D, delta_bias, softplus, height, width, False,
-                                       plan, route)[1]
+                                       plan, route, store_y=False)[1]
 
     def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route):
         plan = plan_of(u, delta, B, C, dy, width)

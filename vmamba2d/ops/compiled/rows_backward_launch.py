@@ -108,10 +108,12 @@ def save_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype, route: int = 0) -> K
 def launch_forward_save(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                         C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
                         softplus: bool, height: int, width: int, out_fp32: bool,
-                        plan: rows_plan.RowsPlan, route: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                        plan: rows_plan.RowsPlan, route: int = 0,
+                        store_y: bool = True) -> tuple[Optional[torch.Tensor], torch.Tensor]:
     """(y, carries): the RS forward along the 2D route ``route`` (code 0-7) on the current stream, y
-    (batch, dim, L) fp32 if ``out_fp32`` else u's type, carries fp32 (batch * dim, carry_rows(H), W)
-    for :func:`launch_rows_backward` with the same route.
+    (batch, dim, L) fp32 if ``out_fp32`` else u's type (None with ``store_y`` False: the kernel writes
+    the carries only), carries fp32 (batch * dim, carry_rows(H), W) for :func:`launch_rows_backward`
+    with the same route.
 
     u, delta (batch, dim, L); A (dim, 1); B, C (batch, groups, 1, L); D, delta_bias (dim,) or None;
     contiguous, A / D / delta_bias fp32, cells in map order; ``plan`` from :func:`backward_plan` or
@@ -119,12 +121,14 @@ def launch_forward_save(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch
     """
     spec = save_spec(plan, u.dtype, route)
     batch, dim, _ = u.shape
-    y = torch.empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device)
+    y = torch.empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device) if store_y else None
     carries = torch.empty((batch * dim, carry_rows(height), width), dtype=torch.float32, device=u.device)
-    if y.numel() == 0:
+    if u.numel() == 0:
         return y, carries
-    params = rows_params(u, delta, A, B, C, D, delta_bias, y, softplus, height, width, plan)
+    params = rows_params(u, delta, A, B, C, D, delta_bias, y if store_y else u, softplus, height, width, plan)
     params.from_bottom = int(bool(route & 2))
+    if not store_y:
+        params.y = None
     pointer = ctypes.c_void_p(carries.data_ptr() if carries.numel() else None)
     launcher.launch(spec, (plan.blocks(batch, dim, WARPS_PER_BLOCK), 1, 1),
                     rows_plan.ROWS_THREADS, 0, [bytes(params), bytes(pointer)])
