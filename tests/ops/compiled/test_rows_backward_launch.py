@@ -162,6 +162,22 @@ def test_routes_without_an_rs_backward_are_refused(launcher, route):
     assert not driver.of("launch")
 
 
+def test_backward_writes_ddelta_into_the_given_buffer(launcher):
+    launcher, driver, folder = launcher
+    u, delta, A, B, C, D, bias, dy = scan_inputs(2, 4, 9, 14)
+    plan = rbl.backward_plan(4, 4, 14)
+    stub_kernel(folder, rbl.backward_spec(plan, torch.float32), TOOLCHAIN)
+    seen = driver.read_params(rbl.RowsBackwardParams)
+    routes = torch.zeros(3, *delta.shape)
+    carries = torch.zeros(8, 1, 14)
+    grads = rbl.launch_rows_backward(launcher, u, delta, A, B, C, D, bias, True, 9, 14, dy, carries, plan, 0, routes[1])
+    ((p,),) = seen
+    assert p.ddelta == routes[1].data_ptr() and grads[1].data_ptr() == routes[1].data_ptr()
+    for bad in (routes[1].half(), routes[1][:, :2], torch.zeros(2, 126, 4).transpose(1, 2)):
+        with pytest.raises(ValueError, match="ddelta_out: expected a contiguous"):
+            rbl.launch_rows_backward(launcher, u, delta, A, B, C, D, bias, True, 9, 14, dy, carries, plan, 0, bad)
+
+
 def test_backward_without_d_and_bias_passes_null(launcher):
     launcher, driver, folder = launcher
     u, delta, A, B, C, _, _, dy = scan_inputs(2, 4, 9, 14)

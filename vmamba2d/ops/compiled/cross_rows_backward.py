@@ -21,8 +21,9 @@ from vmamba2d.ops.compiled.rows_plan import alignment
 Tensor = torch.Tensor
 # save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route) -> carries
 SavePass = Callable[..., Tensor]
-# backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route)
-#   -> (du, ddelta, dA, dB, dC, dD, ddelta_bias) of one route, as rows_backward_launch.launch_rows_backward
+# backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out)
+#   -> (du, ddelta, dA, dB, dC, dD, ddelta_bias) of one route, as rows_backward_launch.launch_rows_backward,
+#   ddelta written into ddelta_out
 BackwardPass = Callable[..., tuple]
 BUILT = scan_plan.BUILT["cuda four-route backward"]
 _FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -81,9 +82,10 @@ def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Ten
     u, dy (batch, dim, H, W), any layout (du comes back in u's: contiguous, or channels-last);
     delta (batch, K, dim, H, W); A (K * dim, 1) fp32; B, C (batch, K, 1, H, W); D, delta_bias
     (K * dim,) fp32 or None; routes: K 2D route codes (0-7). The gradients have their inputs' shapes
-    and types (du in u's type; dD / ddelta_bias None without D / delta_bias). Route k's pass reads its
-    delta, B, C planes as contiguous copies and adds its own D term to du; du is the routes' sum in
-    fp32, rounded once to u's type.
+    and types (du in u's type; dD / ddelta_bias None without D / delta_bias; ddelta a view of a
+    route-major buffer, (K, batch, dim, H, W) in memory, into which each pass writes its route's part).
+    Route k's pass reads its delta, B, C planes as contiguous copies (none where they already are) and
+    adds its own D term to du; du is the routes' sum in fp32, rounded once to u's type.
 
     Raises:
         ValueError: shapes that do not match, N != 1, or a route code outside 0-7.
@@ -109,7 +111,8 @@ def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Ten
     flat_u = u.contiguous().view(batch, dim, length)
     flat_dy = dy.contiguous().view(batch, dim, length)
     du = torch.zeros(batch, dim, length, dtype=torch.float32, device=u.device)
-    ddelta, dA, dB, dC, dD, dbias = [], [], [], [], [], []
+    ddelta = torch.empty((K, batch, dim, length), dtype=delta.dtype, device=delta.device)
+    dA, dB, dC, dD, dbias = [], [], [], [], []
     for k, route in enumerate(routes):
         channels = slice(k * dim, (k + 1) * dim)
         part = (flat_u, delta[:, k].contiguous().view(batch, dim, length), A[channels].contiguous(),
@@ -117,10 +120,9 @@ def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Ten
                 None if D is None else D[channels].contiguous(),
                 None if delta_bias is None else delta_bias[channels].contiguous())
         carries = save_pass(*part, softplus, height, width, route)
-        g_u, g_delta, g_A, g_B, g_C, g_D, g_bias = backward_pass(*part, softplus, height, width, flat_dy, carries,
-                                                                 route)
+        g_u, _, g_A, g_B, g_C, g_D, g_bias = backward_pass(*part, softplus, height, width, flat_dy, carries, route,
+                                                           ddelta[k])
         du += g_u.float()
-        ddelta.append(g_delta.view(batch, dim, height, width))
         dA.append(g_A)
         dB.append(g_B.view(batch, 1, height, width))
         dC.append(g_C.view(batch, 1, height, width))
@@ -129,8 +131,8 @@ def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Ten
     du = du.to(u.dtype).view(batch, dim, height, width)
     if not u.is_contiguous():
         du = du.contiguous(memory_format=torch.channels_last)
-    return (du, torch.stack(ddelta, 1), torch.cat(dA), torch.stack(dB, 1), torch.stack(dC, 1),
-            None if D is None else torch.cat(dD), None if delta_bias is None else torch.cat(dbias))
+    return (du, ddelta.view(K, batch, dim, height, width).transpose(0, 1), torch.cat(dA), torch.stack(dB, 1),
+            torch.stack(dC, 1), None if D is None else torch.cat(dD), None if delta_bias is None else torch.cat(dbias))
 
 
 def nvrtc_passes(launcher) -> tuple[SavePass, BackwardPass]:
@@ -150,9 +152,9 @@ def nvrtc_passes(launcher) -> tuple[SavePass, BackwardPass]:
         return rbl.launch_forward_save(launcher, u, delta, A, B, C, D, delta_bias, softplus, height, width, False,
                                        plan, route, store_y=False)[1]
 
-    def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route):
+    def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out):
         plan = plan_of(u, delta, B, C, dy, width)
         return rbl.launch_rows_backward(launcher, u, delta, A, B, C, D, delta_bias, softplus, height, width, dy,
-                                        carries, plan, route)
+                                        carries, plan, route, ddelta_out)
 
     return save_pass, backward_pass

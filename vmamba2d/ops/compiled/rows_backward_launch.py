@@ -138,14 +138,18 @@ def launch_forward_save(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch
 def launch_rows_backward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                          C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
                          softplus: bool, height: int, width: int, dy: torch.Tensor, carries: torch.Tensor,
-                         plan: rows_plan.RowsPlan, route: int = 0) -> tuple:
+                         plan: rows_plan.RowsPlan, route: int = 0,
+                         ddelta_out: Optional[torch.Tensor] = None) -> tuple:
     """(du, ddelta, dA, dB, dC, dD, ddelta_bias) of the scan along the 2D route ``route`` at N = 1,
     from the RS backward on the current stream and :func:`reduce_partials` (inputs as
     :func:`launch_forward_save`; dy (batch, dim, L) in u's type or fp32; carries from
-    launch_forward_save with the same inputs and route).
+    launch_forward_save with the same inputs and route). ``ddelta_out``, a contiguous tensor shaped
+    and typed like delta, receives ddelta (e.g. one route's part of a larger buffer); by default a
+    new one.
 
     Raises:
-        ValueError: a route that is not 2D, carries or dy of the wrong shape / type, or 2^31 warps or more.
+        ValueError: a route that is not 2D, carries, dy or ddelta_out of the wrong shape / type, or 2^31
+            warps or more.
     """
     spec = backward_spec(plan, u.dtype, route)
     batch, dim, length = u.shape
@@ -161,7 +165,12 @@ def launch_rows_backward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torc
         raise ValueError(f"u: {batch} x {dim} maps need {batch * groups * chunks} warps, more than the kernel's "
                          "32-bit item index")
     f32 = {"dtype": torch.float32, "device": u.device}
-    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
+    if ddelta_out is not None and (ddelta_out.shape != delta.shape or ddelta_out.dtype != delta.dtype
+                                   or not ddelta_out.is_contiguous() or ddelta_out.device != delta.device):
+        raise ValueError(f"ddelta_out: expected a contiguous {delta.dtype} tensor of shape {tuple(delta.shape)} on "
+                         f"{delta.device}, got {ddelta_out.dtype} {tuple(ddelta_out.shape)} on {ddelta_out.device}")
+    du = torch.empty_like(u)
+    ddelta = torch.empty_like(delta) if ddelta_out is None else ddelta_out
     dBC_part = torch.empty((2, batch, groups, chunks, length), **f32)
     dA_part = torch.empty((batch, dim), **f32)
     dD_part = torch.empty((batch, dim), **f32) if D is not None else None
