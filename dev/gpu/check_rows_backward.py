@@ -121,8 +121,8 @@ def timings(launcher, batch, dim, side, dtype) -> tuple[float, float, float]:
     return timed(rs_forward), timed(rs_both), timed(v3_both)
 
 
-def cross_inputs(batch, dim, side, dtype, seed=0):
-    """The four-route op's N = 1 tensors on the GPU, u channels-last as in the models."""
+def cross_inputs(batch, dim, side, dtype, seed=0, device="cuda"):
+    """The four-route op's N = 1 tensors on ``device``, u and dy channels-last as in the models."""
     g = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     x = {"u": rand(batch, dim, side, side).to(dtype).contiguous(memory_format=torch.channels_last),
@@ -130,41 +130,55 @@ def cross_inputs(batch, dim, side, dtype, seed=0):
          "A": -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05), "B": rand(batch, 4, 1, side, side).to(dtype),
          "C": rand(batch, 4, 1, side, side).to(dtype), "D": rand(4 * dim), "delta_bias": rand(4 * dim) * 0.3}
     dy = rand(batch, dim, side, side).to(dtype).contiguous(memory_format=torch.channels_last)
-    return {k: v.cuda() for k, v in x.items()}, dy.cuda()
+    return {k: v.to(device) for k, v in x.items()}, dy.to(device)
 
 
-def cross_main(launcher, batch: int) -> tuple[list[str], bool]:
-    from vmamba2d.ops.compiled.cross_ops import cross_selective_scan_2d_bwd
-    from vmamba2d.ops.compiled.cross_rows_backward import cross_rows_backward, nvrtc_passes
+def cross_rows(passes, v3_backward, batch: int, maps=CROSS_MAPS, device: str = "cuda", timer=None,
+               title: str = "") -> tuple[list[str], bool]:
+    """The --cross table: per (side, channels) of ``maps`` and fp32 / bf16, the four-route RS backward
+    (cross_rows_backward over ``passes``) against ``v3_backward`` (the op's backward, same arguments as
+    vmamba2d::cross_selective_scan_2d_bwd): the largest relative error over the gradients and
+    bit-equality of two runs at batch 2 x 8 channels, then both timed by ``timer`` (default
+    :func:`timed`) at ``batch`` x channels. Returns (markdown lines, every row within 4x the
+    tolerance and bit-equal)."""
+    from vmamba2d.ops.compiled.cross_rows_backward import cross_rows_backward
 
-    passes = nvrtc_passes(launcher)
+    timer = timer or timed
     routes = [0, 4, 3, 7]
 
     def rs(x, dy):
         return cross_rows_backward(*passes, *(x[k] for k in NAMES), True, routes, dy)
 
     def v3(x, dy):
-        return cross_selective_scan_2d_bwd(*(x[k] for k in NAMES), True, routes, dy)[:7]
+        return v3_backward(*(x[k] for k in NAMES), True, routes, dy)[:7]
 
-    lines = [f"Four-route RS backward (route passes) on {torch.cuda.get_device_name()} (batch {batch} for the "
-             "timings; errors relative to the op's v3 backward)", "",
+    lines = [f"Four-route RS backward (route passes){title} (batch {batch} for the timings; errors relative "
+             "to the op's v3 backward)", "",
              "| map | dtype | max rel. error vs v3 | bit-equal runs | RS passes ms | v3 backward op ms |",
              "|---|---|---|---|---|---|"]
     ok = True
-    for side, dim in CROSS_MAPS:
+    for side, dim in maps:
         for dtype in (torch.float32, torch.bfloat16):
-            x, dy = cross_inputs(2, 8, side, dtype)
+            x, dy = cross_inputs(2, 8, side, dtype, device=device)
             first, second, ref = rs(x, dy), rs(x, dy), v3(x, dy)
             same = all(torch.equal(a, b) for a, b in zip(first, second) if a is not None)
             err = max(((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
                       for a, b in zip(first, ref) if a is not None)
             ok &= err <= TOLERANCE[dtype] * 4 and same
-            x, dy = cross_inputs(batch, dim, side, dtype)
-            rs_ms, v3_ms = timed(lambda: rs(x, dy)), timed(lambda: v3(x, dy))
+            x, dy = cross_inputs(batch, dim, side, dtype, device=device)
+            rs_ms, v3_ms = timer(lambda: rs(x, dy)), timer(lambda: v3(x, dy))
             lines.append(f"| {side}x{side} x {dim} | {str(dtype)[6:]} | {err:.2e} | {same} | {rs_ms:.3f} | "
                          f"{v3_ms:.3f} |")
             print(lines[-1], flush=True)
     return lines, ok
+
+
+def cross_main(launcher, batch: int) -> tuple[list[str], bool]:
+    from vmamba2d.ops.compiled.cross_ops import cross_selective_scan_2d_bwd
+    from vmamba2d.ops.compiled.cross_rows_backward import nvrtc_passes
+
+    return cross_rows(nvrtc_passes(launcher), cross_selective_scan_2d_bwd, batch,
+                      title=f" on {torch.cuda.get_device_name()}")
 
 
 def main(argv=None) -> int:

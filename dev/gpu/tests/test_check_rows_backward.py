@@ -1,0 +1,73 @@
+"""dev/gpu/check_rows_backward.py --cross on the CPU: its table logic with the RS route passes on the host
+emulation and the CPU kernel's backward op in the GPU's places (the script itself runs on a GPU only).
+No GPU result is produced."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from support.cuda_emulation_build import rows_backward_emulation
+from support.script_loading import load_script
+from vmamba2d.ops.compiled import rows_backward_launch as rbl
+from vmamba2d.ops.compiled.cross_ops import cross_selective_scan_2d_bwd
+
+
+@pytest.fixture(scope="module")
+def check():
+    return load_script("dev/gpu/check_rows_backward.py", "check_rows_backward")
+
+
+def emulated_passes():
+    emu = rows_backward_emulation()
+
+    def layout(u, width):
+        plan = rbl.backward_plan(u.element_size(), u.element_size(), width)
+        return plan.vec, plan.load
+
+    def save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route):
+        return emu.rows_forward_save(u, delta, A, B, C, D, delta_bias, softplus, height, width, False, 2,
+                                     *layout(u, width), route, False)[1]
+
+    def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out):
+        du, ddelta, dBC, dA, dD, ddb = emu.rows_backward(u, delta, A, B, C, D, delta_bias, softplus, height, width,
+                                                          dy, carries, 2, *layout(u, width), route)
+        ddelta_out.copy_(ddelta)
+        return rbl.reduce_partials(du, ddelta_out, dBC, dA, dD, ddb, B.dtype)
+
+    return save_pass, backward_pass
+
+
+def cpu_backward(u, delta, A, B, C, D, delta_bias, softplus, routes, dy):
+    """The CPU kernel's backward op (fp32 / fp64 only: 2-byte inputs widened, as the op's interface does)."""
+    widen = lambda t: t.float() if t is not None and t.dtype == torch.bfloat16 else t  # noqa: E731
+    return cross_selective_scan_2d_bwd(*(widen(t) for t in (u, delta, A, B, C, D, delta_bias)), softplus, routes,
+                                       widen(dy))
+
+
+def cpu_timer(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def test_cross_table_agrees_with_the_cpu_backward_op(check):
+    lines, ok = check.cross_rows(emulated_passes(), cpu_backward, 2, maps=((9, 3), (7, 4)),
+                                 device="cpu", timer=cpu_timer)
+    rows = [line for line in lines if line.startswith("| 9x9") or line.startswith("| 7x7")]
+    assert ok and len(rows) == 4, lines
+    assert all(row.split(" | ")[3] == "True" for row in rows)  # bit-equal runs
+    assert all(float(row.split(" | ")[2]) < 1e-2 for row in rows)
+
+
+def test_a_wrong_pass_fails_the_table(check):
+    save_pass, backward_pass = emulated_passes()
+
+    def off_by_a_bit(*args):
+        grads = backward_pass(*args)
+        return (grads[0] * 1.1,) + tuple(grads[1:])
+
+    _, ok = check.cross_rows((save_pass, off_by_a_bit), cpu_backward, 2, maps=((7, 2),),
+                             device="cpu", timer=cpu_timer)
+    assert not ok
