@@ -125,10 +125,8 @@ def launch_forward_save(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch
     carries = torch.empty((batch * dim, carry_rows(height), width), dtype=torch.float32, device=u.device)
     if u.numel() == 0:
         return y, carries
-    params = rows_params(u, delta, A, B, C, D, delta_bias, y if store_y else u, softplus, height, width, plan)
+    params = rows_params(u, delta, A, B, C, D, delta_bias, y, softplus, height, width, plan)
     params.from_bottom = int(bool(route & 2))
-    if not store_y:
-        params.y = None
     pointer = ctypes.c_void_p(carries.data_ptr() if carries.numel() else None)
     launcher.launch(spec, (plan.blocks(batch, dim, WARPS_PER_BLOCK), 1, 1),
                     rows_plan.ROWS_THREADS, 0, [bytes(params), bytes(pointer)])

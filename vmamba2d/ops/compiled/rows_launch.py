@@ -105,16 +105,18 @@ def plan_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
 
 
 def rows_params(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], y: torch.Tensor, softplus: bool,
-                height: int, width: int, plan: rows_plan.RowsPlan) -> RowsParams:
-    """The kernel's parameter block for one single-route launch (shapes as in :func:`forward_design`)."""
+                D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], y: Optional[torch.Tensor],
+                softplus: bool, height: int, width: int, plan: rows_plan.RowsPlan) -> RowsParams:
+    """The kernel's parameter block for one single-route launch (shapes as in :func:`forward_design`);
+    y None: a null y (the saving forward then stores the carries only)."""
     batch, dim, _ = u.shape
     groups = B.shape[1]
     return RowsParams(
         u.data_ptr(), delta.data_ptr(), B.data_ptr(), C.data_ptr(), A.data_ptr(),
-        None if D is None else D.data_ptr(), None if delta_bias is None else delta_bias.data_ptr(), y.data_ptr(),
-        dim, groups, batch, dim, groups, height, width, plan.seg_lanes, plan.maps_per_warp,
-        int(bool(softplus)), int(y.dtype == torch.float32), int(bool(OP_ROUTE & 2)))
+        None if D is None else D.data_ptr(), None if delta_bias is None else delta_bias.data_ptr(),
+        None if y is None else y.data_ptr(), dim, groups, batch, dim, groups, height, width, plan.seg_lanes,
+        plan.maps_per_warp, int(bool(softplus)), int(y is not None and y.dtype == torch.float32),
+        int(bool(OP_ROUTE & 2)))
 
 
 def tuning_key(u: torch.Tensor, y: torch.Tensor, B: torch.Tensor, softplus: bool, height: int, width: int,
