@@ -48,6 +48,23 @@ def four_route_inputs(batch, dim, groups, height, width, dtype, seed):
     return x
 
 
+def cross_op_inputs(batch, dim, height, width, dtype, seed, groups=1, use_d=True, use_bias=True):
+    """Random four-route inputs at N = 1 in the cross op's layout: u (batch, dim, H, W); delta (batch, 4,
+    dim, H, W) around the softplus knee; B, C (batch, 4, groups, H, W) (groups planes a route, N = 1
+    each); A (4 * dim, 1) < 0, D, delta_bias (4 * dim,) fp32 or None."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return {
+        "u": rand(batch, dim, height, width).to(dtype),
+        "delta": (rand(batch, 4, dim, height, width) * 0.5 - 1.0).to(dtype),
+        "A": -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05),
+        "B": rand(batch, 4, groups, height, width).to(dtype),
+        "C": rand(batch, 4, groups, height, width).to(dtype),
+        "D": rand(4 * dim) if use_d else None,
+        "delta_bias": rand(4 * dim) * 0.3 if use_bias else None,
+    }
+
+
 def route_part(x, index, dim, groups):
     """Route ``index``'s single-route inputs out of four_route_inputs': its delta, B, C planes, A and
     delta_bias, and D of the first dim channels (each launch adds its own D term); A, D, delta_bias

@@ -174,12 +174,21 @@ void run_backward_with(const RowsBackwardParams& p, int64_t order, const Outputs
 
 template <class E, int kV, int kLoad>
 struct BackwardJob {
-  // Route 0: even orders run the scan steps and maps per warp compiled in as the GPU entry does
-  // (VMAMBA2D_RSB_STEPS / _MAPS) for the model's segments -- 14 lanes (4 steps, 2 maps: W = 56) and
-  // 7 lanes (3 steps, 4 maps: W = 28, 14, 7) --, odd orders take both at run time: the runs across
-  // orders hold the two forms bit-equal. The other passes and column orders take them at run time,
-  // and every route but 0 its row direction (the GPU entry compiles it: addressing only).
+  // Even orders run the scan steps, maps per warp and row direction compiled in as the GPU entry does
+  // (VMAMBA2D_RSB_STEPS / _MAPS / _ROUTE) for the model's segments -- 14 lanes (4 steps, 2 maps: W =
+  // 56) and 7 lanes (3 steps, 4 maps: W = 28, 14, 7) --, odd orders take all three at run time: the
+  // runs across orders hold the two forms bit-equal. Route 0 has the compiled forms at every lane
+  // layout; the other routes at 4 columns a lane with vector accesses (W = 56) and at 2 (W = 14),
+  // which keeps the module's build time in check.
   static void run(const RowsBackwardParams& p, int64_t order, const Outputs& outputs, int route) {
+    if (route != 0 && order % 2 == 0) {
+      if constexpr (kV == 4 && kLoad == 4) {
+        if (p.seg_lanes == 14) return compiled<4, 2>(p, order, outputs, route);
+      }
+      if constexpr (kV == 2 && kLoad == 2) {
+        if (p.seg_lanes == 7) return compiled<3, 4>(p, order, outputs, route);
+      }
+    }
     switch (route & (kRouteColumnsFirst | kRouteFromRight)) {
       case 0:
         if (p.from_bottom) return run_backward_with<E, kV, kLoad, -1, -1, Order::kRowsFirst, false>(p, order, outputs);
@@ -196,6 +205,22 @@ struct BackwardJob {
         return run_backward_with<E, kV, kLoad, -1, -1, Order::kColumnsFirst, false>(p, order, outputs);
       default:
         return run_backward_with<E, kV, kLoad, -1, -1, Order::kColumnsFirst, true>(p, order, outputs);
+    }
+  }
+
+  // A route's instance with the steps, maps and row direction compiled in (the GPU entry's).
+  template <int kSteps, int kMaps>
+  static void compiled(const RowsBackwardParams& p, int64_t order, const Outputs& outputs, int route) {
+    constexpr Order kRows = Order::kRowsFirst;
+    constexpr Order kCols = Order::kColumnsFirst;
+    switch (route) {
+      case 1: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kRows, true, 0>(p, order, outputs);
+      case 2: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kRows, false, 1>(p, order, outputs);
+      case 3: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kRows, true, 1>(p, order, outputs);
+      case 4: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kCols, false, 0>(p, order, outputs);
+      case 5: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kCols, true, 0>(p, order, outputs);
+      case 6: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kCols, false, 1>(p, order, outputs);
+      default: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kCols, true, 1>(p, order, outputs);
     }
   }
 };

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from support.cuda_emulation_build import rows_backward_emulation
+from support.rows_cases import cross_op_inputs
 from vmamba2d.ops import cross_selective_scan_2d_reference
 from vmamba2d.ops.compiled import rows_backward_launch as rbl
 from vmamba2d.ops import plan as scan_plan
@@ -48,20 +49,6 @@ def emulated_passes(emu, order=2):
     return save_pass, backward_pass
 
 
-def inputs(batch, dim, height, width, dtype, seed, use_d=True, use_bias=True):
-    g = torch.Generator().manual_seed(seed)
-    rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
-    return {
-        "u": rand(batch, dim, height, width).to(dtype),
-        "delta": (rand(batch, 4, dim, height, width) * 0.5 - 1.0).to(dtype),
-        "A": -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05),
-        "B": rand(batch, 4, 1, height, width).to(dtype),
-        "C": rand(batch, 4, 1, height, width).to(dtype),
-        "D": rand(4 * dim) if use_d else None,
-        "delta_bias": rand(4 * dim) * 0.3 if use_bias else None,
-    }
-
-
 def reference_grads(x, routes, dy):
     leaves = {k: None if x[k] is None else x[k].double().requires_grad_() for k in NAMES}
     y = cross_selective_scan_2d_reference(*(leaves[k] for k in NAMES), True, routes=routes)
@@ -86,7 +73,7 @@ def check(grads, x, expected, dtype):
 @pytest.mark.parametrize("shape", [(2, 3, 17, 12), (1, 4, 9, 14), (2, 2, 7, 7)], ids=lambda s: "x".join(map(str, s)))
 def test_fp32_gradients_match_the_four_route_reference(emu, shape, routes):
     batch, dim, height, width = shape
-    x = inputs(batch, dim, height, width, torch.float32, seed=height + width)
+    x = cross_op_inputs(batch, dim, height, width, torch.float32, seed=height + width)
     dy = torch.randn(batch, dim, height, width, generator=torch.Generator().manual_seed(3))
     codes = [r.code for r in routes]
     grads = cross_rows_backward(*emulated_passes(emu), *(x[k] for k in NAMES), True, codes, dy)
@@ -95,7 +82,7 @@ def test_fp32_gradients_match_the_four_route_reference(emu, shape, routes):
 
 
 def test_bf16_channels_last_gradients_match_the_reference(emu):
-    x = inputs(2, 4, 16, 28, torch.bfloat16, seed=5)
+    x = cross_op_inputs(2, 4, 16, 28, torch.bfloat16, seed=5)
     x["u"] = x["u"].contiguous(memory_format=torch.channels_last)
     dy = torch.randn(2, 4, 16, 28, generator=torch.Generator().manual_seed(6)).bfloat16()
     grads = cross_rows_backward(*emulated_passes(emu), *(x[k] for k in NAMES), True,
@@ -105,7 +92,7 @@ def test_bf16_channels_last_gradients_match_the_reference(emu):
 
 
 def test_without_d_and_delta_bias(emu):
-    x = inputs(1, 3, 10, 14, torch.float32, seed=7, use_d=False, use_bias=False)
+    x = cross_op_inputs(1, 3, 10, 14, torch.float32, seed=7, use_d=False, use_bias=False)
     dy = torch.randn(1, 3, 10, 14, generator=torch.Generator().manual_seed(8))
     grads = cross_rows_backward(*emulated_passes(emu), *(x[k] for k in NAMES), True,
                                 [r.code for r in CROSS_ROUTES], dy)
@@ -113,7 +100,7 @@ def test_without_d_and_delta_bias(emu):
 
 
 def test_gradients_are_bit_equal_across_warp_and_lane_orders(emu):
-    x = inputs(2, 3, 11, 14, torch.bfloat16, seed=9)
+    x = cross_op_inputs(2, 3, 11, 14, torch.bfloat16, seed=9)
     dy = torch.randn(2, 3, 11, 14, generator=torch.Generator().manual_seed(10)).bfloat16()
     codes = [r.code for r in CROSS_ROUTES]
     runs = [cross_rows_backward(*emulated_passes(emu, order), *(x[k] for k in NAMES), True, codes, dy)
@@ -135,7 +122,7 @@ def _never(*args):
     (lambda x: x.update(u=x["u"][0]), "u: expected"),
 ])
 def test_bad_shapes_are_refused_before_any_pass(change, message):
-    x = inputs(1, 2, 5, 6, torch.float32, seed=11)
+    x = cross_op_inputs(1, 2, 5, 6, torch.float32, seed=11)
     dy = torch.zeros(1, 2, 5, 6)
     change(x)
     with pytest.raises(ValueError, match=message):
@@ -144,7 +131,7 @@ def test_bad_shapes_are_refused_before_any_pass(change, message):
 
 @pytest.mark.parametrize("routes", [[0, 4, 3, 8], [0, 4, 3, 15]])
 def test_flat_routes_are_refused(routes):
-    x = inputs(1, 2, 5, 6, torch.float32, seed=12)
+    x = cross_op_inputs(1, 2, 5, 6, torch.float32, seed=12)
     with pytest.raises(ValueError, match="route: expected a 2D route code"):
         cross_rows_backward(_never, _never, *(x[k] for k in NAMES), True, routes, torch.zeros(1, 2, 5, 6))
 
@@ -154,7 +141,7 @@ def _design_args(x, dy, routes=(0, 4, 3, 7)):
 
 
 def test_backward_design_is_v3_unless_opted_in(monkeypatch):
-    x = inputs(1, 2, 14, 14, torch.bfloat16, seed=13)
+    x = cross_op_inputs(1, 2, 14, 14, torch.bfloat16, seed=13)
     dy = torch.zeros(1, 2, 14, 14, dtype=torch.bfloat16)
     monkeypatch.delenv(scan_plan.BACKWARD_ENV, raising=False)
     design, why = backward_design(*_design_args(x, dy))
@@ -177,7 +164,7 @@ def test_backward_design_is_v3_unless_opted_in(monkeypatch):
 ])
 def test_backward_design_falls_to_v3_with_the_reason(monkeypatch, change, reason):
     monkeypatch.setenv(scan_plan.BACKWARD_ENV, "auto")
-    x = inputs(1, 2, 6, 10, torch.float32, seed=14)
+    x = cross_op_inputs(1, 2, 6, 10, torch.float32, seed=14)
     change(x)
     dy = torch.zeros(x["u"].shape, dtype=x["u"].dtype)
     design, why = backward_design(*_design_args(x, dy))
@@ -186,6 +173,6 @@ def test_backward_design_falls_to_v3_with_the_reason(monkeypatch, change, reason
 
 def test_backward_design_refuses_flat_routes_by_the_rule(monkeypatch):
     monkeypatch.setenv(scan_plan.BACKWARD_ENV, "auto")
-    x = inputs(1, 2, 6, 10, torch.float32, seed=15)
+    x = cross_op_inputs(1, 2, 6, 10, torch.float32, seed=15)
     design, why = backward_design(*_design_args(x, torch.zeros(1, 2, 6, 10), routes=(8, 12, 11, 15)))
     assert design == "v3" and "route 8" in why

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from support.cuda_emulation_build import rows_emulation
-from support.rows_cases import assert_wide_lanes_agree
+from support.rows_cases import assert_wide_lanes_agree, cross_op_inputs
 from vmamba2d.ops import CROSS_ROUTES, cross_selective_scan_2d_reference, selective_scan_2d_reference
 from vmamba2d.ops.compiled.rows_plan import cross_plan
 from vmamba2d.ops.routes import from_route_order, to_route_order
@@ -32,21 +32,6 @@ def cross_vec(width: int, elem_bytes: int) -> int:
     if plan is None:
         raise ValueError(f"width {width}: no lane width divides it within 32 lanes")
     return plan.vec
-
-
-def make_inputs(batch, dim, height, width, dtype, seed, groups=1, use_d=True, use_bias=True):
-    """Random four-route inputs at N = 1 in the cross op's layout (B, C with `groups` planes per route)."""
-    g = torch.Generator().manual_seed(seed)
-    rand = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
-    return {
-        "u": rand(batch, dim, height, width).to(dtype),
-        "delta": (rand(batch, 4, dim, height, width) * 0.5 - 1.0).to(dtype),
-        "A": -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05),
-        "B": rand(batch, 4, groups, height, width).to(dtype),
-        "C": rand(batch, 4, groups, height, width).to(dtype),
-        "D": rand(4 * dim) if use_d else None,
-        "delta_bias": rand(4 * dim) * 0.3 if use_bias else None,
-    }
 
 
 def run(rows, x, y_fp32=False, order=2, vec=None, load=None, softplus=True, prefetch=None):
@@ -88,13 +73,13 @@ def test_routes_are_the_kernels_sweeps():
 @pytest.mark.parametrize("shape", [(56, 56), (14, 14), (7, 7), (1, 1), (9, 13), (5, 28), (31, 3)])
 def test_four_routes_against_the_reference(rows, dtype, shape):
     batch, dim = (1, 2) if shape[0] * shape[1] > 1000 else (2, 3)
-    x = make_inputs(batch, dim, *shape, dtype, seed=shape[0] * 97 + shape[1])
+    x = cross_op_inputs(batch, dim, *shape, dtype, seed=shape[0] * 97 + shape[1])
     check(run(rows, x), reference(x), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fp32_output_of_half_inputs(rows, dtype):
-    x = make_inputs(2, 3, 14, 28, dtype, seed=5)
+    x = cross_op_inputs(2, 3, 14, 28, dtype, seed=5)
     y = run(rows, x, y_fp32=True)
     assert y.dtype == torch.float32
     # The reference takes the same rounded inputs: an fp32 y is as close as the fp32 kernel's.
@@ -103,7 +88,7 @@ def test_fp32_output_of_half_inputs(rows, dtype):
 
 @pytest.mark.parametrize("vec,load", [(1, 1), (2, 1), (2, 2), (4, 1), (4, 4)])
 def test_every_lane_width(rows, vec, load):
-    x = make_inputs(2, 5, 6, 12, torch.float32, seed=11)
+    x = cross_op_inputs(2, 5, 6, 12, torch.float32, seed=11)
     check(run(rows, x, vec=vec, load=load), reference(x), torch.float32)
 
 
@@ -119,7 +104,7 @@ def test_four_columns_a_lane(rows, dtype, width):
     # pinned pair), y in the input type and in fp32, vector and scalar accesses, against the fp64
     # reference; bit-equal across warp and lane orders.
     height = 3 if width > 28 else 5
-    x = make_inputs(2, 3, height, width, dtype, seed=width + dtype.itemsize)
+    x = cross_op_inputs(2, 3, height, width, dtype, seed=width + dtype.itemsize)
     expected = reference(x)
     if dtype != torch.float32:
         assert cross_plan(2, 2, width).vec == 4
@@ -136,7 +121,7 @@ def test_four_columns_a_lane(rows, dtype, width):
 def test_two_rows_ahead_is_bit_equal_to_one(rows, dtype, width):
     vecs = [cross_vec(width, dtype.itemsize)] + ([4] if dtype == torch.float32 and width % 4 == 0 else [])
     for height in (1, 2, 3, 5, 7):
-        x = make_inputs(2, 3, height, width, dtype, seed=height * 131 + width)
+        x = cross_op_inputs(2, 3, height, width, dtype, seed=height * 131 + width)
         expected = reference(x)
         for vec in vecs:
             for y_fp32 in ((False, True) if dtype != torch.float32 else (False,)):
@@ -158,7 +143,7 @@ def test_two_rows_ahead_is_bit_equal_to_one(rows, dtype, width):
 @pytest.mark.parametrize("width,vec", [(56, 2), (28, 2), (8, 2), (16, 4), (9, 1)])
 def test_rows_ahead_at_pinned_and_run_time_step_instances(rows, dtype, width, vec):
     for height in (1, 2, 5):
-        x = make_inputs(2, 3, height, width, dtype, seed=height * 17 + width)
+        x = cross_op_inputs(2, 3, height, width, dtype, seed=height * 17 + width)
         expected = reference(x)
         for y_fp32 in ((False, True) if dtype != torch.float32 else (False,)):
             y_type = torch.float32 if y_fp32 else dtype
@@ -177,7 +162,7 @@ def test_plan_holds_two_rows_ahead_where_the_estimate_takes_it(rows):
 
 
 def test_without_d_and_bias_and_softplus(rows):
-    x = make_inputs(1, 4, 8, 8, torch.float32, seed=3, use_d=False, use_bias=False)
+    x = cross_op_inputs(1, 4, 8, 8, torch.float32, seed=3, use_d=False, use_bias=False)
     x["delta"] = x["delta"].abs() * 0.2 + 0.02
     check(run(rows, x, softplus=False), reference(x, softplus=False), torch.float32)
 
@@ -185,7 +170,7 @@ def test_without_d_and_bias_and_softplus(rows):
 def test_groups_read_their_own_planes(rows):
     # The cross op has one B / C plane per route; the kernel also takes groups (channel d reads
     # plane d / (dim / groups) of its route): against the single-route reference per route, summed.
-    x = make_inputs(2, 4, 6, 8, torch.float32, seed=21, groups=2)
+    x = cross_op_inputs(2, 4, 6, 8, torch.float32, seed=21, groups=2)
     expected = torch.zeros(2, 4, 6, 8, dtype=torch.float64)
     for k, route in enumerate(CROSS_ROUTES):
         rows_, cols = route.grid(6, 8)
@@ -201,7 +186,7 @@ def test_groups_read_their_own_planes(rows):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_warp_and_lane_order_do_not_change_a_bit(rows, dtype):
-    x = make_inputs(3, 5, 14, 14, dtype, seed=8)
+    x = cross_op_inputs(3, 5, 14, 14, dtype, seed=8)
     first = run(rows, x, order=0)
     for order in (1, 2, 3, 17):
         assert torch.equal(run(rows, x, order=order), first)
@@ -212,7 +197,7 @@ def test_a_non_finite_map_never_changes_another_map_to_a_finite_wrong_value(rows
     # Both sweeps' row scans are plain warp scans (up the lanes top-down, down the lanes bottom-up)
     # whose segments start with the product 0: a NaN or inf in one map may turn the maps of its warp
     # to NaN, never to another finite value (and idle lanes of a scalar plan hold zeros, not garbage).
-    x = make_inputs(2, 5, 6, 12, torch.float32, seed=13)
+    x = cross_op_inputs(2, 5, 6, 12, torch.float32, seed=13)
     clean = run(rows, x, vec=vec, load=load)
     for bad, value in ((3, float("nan")), (6, float("-inf"))):
         spoiled = dict(x, u=x["u"].clone())
@@ -227,7 +212,7 @@ def test_a_non_finite_map_never_changes_another_map_to_a_finite_wrong_value(rows
 
 def test_misaligned_vector_access_is_caught(rows):
     # A base off the 16-byte boundary with a vector plan: the emulation's alignment check objects.
-    x = make_inputs(1, 2, 4, 8, torch.float32, seed=1)
+    x = cross_op_inputs(1, 2, 4, 8, torch.float32, seed=1)
     u = torch.empty(2 * 32 + 1)[1:].reshape(1, 2, 4, 8)
     u.copy_(x["u"])
     x["u"] = u
@@ -237,6 +222,6 @@ def test_misaligned_vector_access_is_caught(rows):
 
 
 def test_rejects_widths_the_lanes_do_not_divide(rows):
-    x = make_inputs(1, 2, 3, 6, torch.float32, seed=2)
+    x = cross_op_inputs(1, 2, 3, 6, torch.float32, seed=2)
     with pytest.raises(RuntimeError, match="must divide"):
         run(rows, x, vec=4)

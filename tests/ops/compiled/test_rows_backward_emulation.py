@@ -208,11 +208,12 @@ OTHER_ROUTES = (1, 2, 3, 4, 5, 6, 7)
 
 
 @pytest.mark.parametrize("route", OTHER_ROUTES)
-@pytest.mark.parametrize("shape", [(2, 3, 1, 17, 12), (2, 6, 2, 9, 14), (1, 3, 1, 13, 7), (2, 2, 1, 1, 1)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(2, 3, 1, 17, 12), (2, 6, 2, 9, 14), (1, 3, 1, 13, 7), (2, 2, 1, 1, 1),
+                                   (1, 2, 1, 10, 56)], ids=lambda s: "x".join(map(str, s)))
 def test_routes_fp32_gradients_match_the_fp64_reference(emu, shape, route):
-    # 17 x 12: three bands (one ragged) at 4 columns a lane; 9 x 14: grouped B / C at 2; 13 x 7: one
-    # column a lane, the bands cut across the columns-first route's rows.
+    # 17 x 12: three bands (one ragged) at 4 columns a lane; 9 x 14: grouped B / C at 2 (the GPU
+    # entry's compiled steps, maps and row direction: 7 lanes); 13 x 7: one column a lane, the bands cut
+    # across the columns-first route's rows; 10 x 56: 4 columns a lane, compiled at 14 lanes.
     batch, dim, groups, height, width = shape
     x = make_inputs(batch, dim, groups, height, width, torch.float32, seed=route * 7 + height)
     dy = torch.randn(batch, dim, height * width, generator=torch.Generator().manual_seed(route))
@@ -263,11 +264,14 @@ def test_columns_first_carries_are_v_of_every_band_s_last_row(emu, route):
     torch.testing.assert_close(carries.double(), expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("route", (3, 5))
-def test_routes_gradients_are_bit_equal_across_warp_and_lane_orders(emu, route):
-    x = make_inputs(2, 6, 2, 19, 14, torch.bfloat16, seed=37)
-    dy = torch.randn(2, 6, 19 * 14, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
-    runs = [run(emu, x, 19, 14, dy, order=order, route=route) for order in (0, 1, 2, 3)]
+@pytest.mark.parametrize("route", OTHER_ROUTES)
+@pytest.mark.parametrize("width", (14, 56))
+def test_routes_gradients_are_bit_equal_across_warp_and_lane_orders(emu, route, width):
+    # Even orders run the steps, maps and row direction compiled in (the GPU entry's instance at 7 and
+    # 14 lanes), odd orders at run time: the two forms agree bit for bit.
+    x = make_inputs(2, 6, 2, 19, width, torch.bfloat16, seed=37)
+    dy = torch.randn(2, 6, 19 * width, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    runs = [run(emu, x, 19, width, dy, order=order, route=route) for order in (0, 1, 2, 3)]
     for grads, carries, y in runs[1:]:
         assert torch.equal(carries, runs[0][1]) and torch.equal(y, runs[0][2])
         for name in grads:
@@ -290,3 +294,22 @@ def test_saving_forward_without_y_stores_the_same_carries(emu, route):
     none, only = emu.rows_forward_save(*args, True, 17, 12, False, 2, vec, load, route, False)
     assert y.shape == x["u"].shape and none.numel() == 0
     assert torch.equal(only, carries)
+
+
+@pytest.mark.parametrize("route", (3, 4, 7))
+@pytest.mark.parametrize("width", (14, 56))
+def test_routes_fp32_dy_with_bf16_inputs(emu, route, width):
+    # The models' autocast path: y (so dy) in fp32 where the next op is an fp32 LayerNorm.
+    x = make_inputs(2, 4, 1, 12, width, torch.bfloat16, seed=47 + route)
+    dy = torch.randn(2, 4, 12 * width, generator=torch.Generator().manual_seed(route))
+    grads, _, _ = run(emu, x, 12, width, dy, route=route)
+    check(grads, reference_grads(x, 12, width, dy, route=route), torch.bfloat16)
+
+
+@pytest.mark.parametrize("route", (4, 7, 2))
+@pytest.mark.parametrize("use_d,use_bias,softplus", [(False, False, True), (True, False, False), (False, True, False)])
+def test_routes_without_d_bias_or_softplus(emu, route, use_d, use_bias, softplus):
+    x = make_inputs(2, 3, 1, 10, 14, torch.float32, seed=53, use_d=use_d, use_bias=use_bias, softplus=softplus)
+    dy = torch.randn(2, 3, 140, generator=torch.Generator().manual_seed(9))
+    grads, _, _ = run(emu, x, 10, 14, dy, softplus=softplus, route=route)
+    check(grads, reference_grads(x, 10, 14, dy, softplus, route=route), torch.float32)

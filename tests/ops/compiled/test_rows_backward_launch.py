@@ -162,12 +162,17 @@ def test_routes_without_an_rs_backward_are_refused(launcher, route):
     assert not driver.of("launch")
 
 
-def test_backward_writes_ddelta_into_the_given_buffer(launcher):
+def stubbed_9x14_backward(launcher):
+    """(launcher, the parameter blocks it will pass, fp32 inputs of a 2 x 4 x 9 x 14 call, their plan) with
+    the route-0 backward's kernel stubbed."""
     launcher, driver, folder = launcher
-    u, delta, A, B, C, D, bias, dy = scan_inputs(2, 4, 9, 14)
     plan = rbl.backward_plan(4, 4, 14)
     stub_kernel(folder, rbl.backward_spec(plan, torch.float32), TOOLCHAIN)
-    seen = driver.read_params(rbl.RowsBackwardParams)
+    return launcher, driver.read_params(rbl.RowsBackwardParams), scan_inputs(2, 4, 9, 14), plan
+
+
+def test_backward_writes_ddelta_into_the_given_buffer(launcher):
+    launcher, seen, (u, delta, A, B, C, D, bias, dy), plan = stubbed_9x14_backward(launcher)
     routes = torch.zeros(3, *delta.shape)
     carries = torch.zeros(8, 1, 14)
     grads = rbl.launch_rows_backward(launcher, u, delta, A, B, C, D, bias, True, 9, 14, dy, carries, plan, 0, routes[1])
@@ -179,11 +184,7 @@ def test_backward_writes_ddelta_into_the_given_buffer(launcher):
 
 
 def test_backward_without_d_and_bias_passes_null(launcher):
-    launcher, driver, folder = launcher
-    u, delta, A, B, C, _, _, dy = scan_inputs(2, 4, 9, 14)
-    plan = rbl.backward_plan(4, 4, 14)
-    stub_kernel(folder, rbl.backward_spec(plan, torch.float32), TOOLCHAIN)
-    seen = driver.read_params(rbl.RowsBackwardParams)
+    launcher, seen, (u, delta, A, B, C, _, _, dy), plan = stubbed_9x14_backward(launcher)
     grads = rbl.launch_rows_backward(launcher, u, delta, A, B, C, None, None, False, 9, 14, dy,
                                      torch.zeros(8, 1, 14), plan)
     assert grads[5] is None and grads[6] is None

@@ -16,6 +16,7 @@ import torch
 
 from vmamba2d.ops import plan as scan_plan
 from vmamba2d.ops.compiled import rows_backward_launch as rbl
+from vmamba2d.ops.compiled.cross_rows_launch import scan_call
 from vmamba2d.ops.compiled.rows_plan import alignment
 
 Tensor = torch.Tensor
@@ -42,17 +43,13 @@ def backward_design(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D
     if scan_plan.backward_pin() == "v3":
         return "v3", (f"{scan_plan.BACKWARD_ENV} unset or v3: the v3 backward until a GPU run has measured the RS "
                       "route passes against it")
-    dtype = u.dtype if all(t.dtype == u.dtype for t in (delta, B, C)) else None
-    height, width = (u.shape[2], u.shape[3]) if u.dim() == 4 else (0, 0)
-    nstate = B.shape[2] if B.dim() == 5 else 0
-    call = scan_plan.ScanCall(nstate, height, width, dtype, tuple(int(r) for r in routes), "backward", False)
-    design = scan_plan.choose_design(call, "cuda", BUILT)
+    design = scan_plan.choose_design(scan_call(u, delta, B, C, routes, "backward"), "cuda", BUILT)
     if design.name != "rs":
         return "v3", design.reason
     K = len(routes)
     fp32 = all(t is None or t.dtype == torch.float32 for t in (A, D, delta_bias))
     shapes = (delta.shape == (u.shape[0], K, *u.shape[1:]) and A.shape == (K * u.shape[1], 1)
-              and B.shape == C.shape == (u.shape[0], K, 1, height, width) and dy.shape == u.shape)
+              and B.shape == C.shape == (u.shape[0], K, 1, *u.shape[2:]) and dy.shape == u.shape)
     if not (fp32 and shapes and dy.dtype in (u.dtype, torch.float32) and u.dtype in _FLOAT_TYPES):
         return "v3", (f"{design.reason}, but the tensors are not what the RS passes take (the four-route shapes, "
                       "fp32 A / D / delta_bias, dy in u's type or fp32)")

@@ -81,6 +81,16 @@ def _layout_holds(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torc
             and _float32_or_none(D, ROUTES * dim) and _float32_or_none(delta_bias, ROUTES * dim))
 
 
+def scan_call(u: torch.Tensor, delta: torch.Tensor, B: torch.Tensor, C: torch.Tensor, routes: Sequence[int],
+              direction: str) -> scan_plan.ScanCall:
+    """What the design rule reads of a four-route call (u (batch, dim, H, W), B (batch, K, N, H, W);
+    the input type None where u, delta, B, C differ; N and the map 0 where the shapes are not these)."""
+    dtype = u.dtype if all(t.dtype == u.dtype for t in (delta, B, C)) else None
+    height, width = (u.shape[2], u.shape[3]) if u.dim() == 4 else (0, 0)
+    nstate = B.shape[2] if B.dim() == 5 else 0
+    return scan_plan.ScanCall(nstate, height, width, dtype, tuple(int(r) for r in routes), direction, False)
+
+
 def cross_forward_design(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                          D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], routes: Sequence[int],
                          out_fp32: bool, delta_proj_weight: Optional[torch.Tensor] = None
@@ -101,10 +111,8 @@ def cross_forward_design(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, 
     projected = "" if rank is None else "; step sizes projected first"
     if pinned_plan() == "v3":
         return "v3", None, f"{PLAN_ENV}=v3{projected}"
-    dtype = u.dtype if all(t.dtype == u.dtype for t in (delta, B, C)) else None
-    height, width = (u.shape[2], u.shape[3]) if u.dim() == 4 else (0, 0)
-    nstate = B.shape[2] if B.dim() == 5 else 0
-    call = scan_plan.ScanCall(nstate, height, width, dtype, tuple(int(r) for r in routes), "forward", False)
+    call = scan_call(u, delta, B, C, routes, "forward")
+    height, width = call.height, call.width
     design = scan_plan.choose_design(call, "cuda", BUILT)
     if design.name != "rs":
         return "v3", None, design.reason + projected
