@@ -45,13 +45,18 @@
 namespace vmamba2d {
 namespace rows {
 
-// One launch. u, delta, dy, du, ddelta: [batch][dim][L] (dy in the inputs' type, or fp32 with
-// dy_fp32), cells in map order whatever the route; B, C: [batch][groups][L]; A, D, delta_bias: fp32 [dim] (D, delta_bias may be null; their
+// One launch. u, dy, du: [batch][dim][L] (dy in the inputs' type, or fp32 with dy_fp32; du in the
+// inputs' type, or fp32 with du_fp32), cells in map order whatever the route; delta and ddelta:
+// [batch][delta_planes][L], the first dim planes of each batch entry; B, C: [batch][bc_planes][L],
+// the first groups planes (a multi-route op's route k passes its planes' first element and the
+// whole layout's planes per batch entry: no copy); A, D, delta_bias: fp32 [dim] (D, delta_bias may be null; their
 // partials are then not written); carries: fp32 [batch * dim][rows_carry_rows(H)][W] from the
 // saving forward; dBC_part: fp32 [2][batch][groups][chunks][L] (dB's partials, then dC's, one
 // buffer: a lane keeps one view for both); dA_part, dD_part, ddb_part:
 // fp32 [batch][dim]. chunks = ceil((dim / groups) / maps_per_warp); items (warps) =
-// batch * groups * chunks.
+// batch * groups * chunks. du_sum: null, or fp32 [batch][dim][L], the other routes' du so far (a
+// multi-route op's running sum): du = du_sum + this route's du, rounded once where du is not fp32.
+// du may be du_sum itself (each element is read and then written by the same lane).
 struct RowsBackwardParams {
   const void* u;
   const void* delta;
@@ -68,6 +73,9 @@ struct RowsBackwardParams {
   float* dA_part;
   float* dD_part;
   float* ddb_part;
+  const float* du_sum;
+  long long delta_planes;  // >= dim
+  long long bc_planes;     // >= groups
   int batch;
   int dim;
   int groups;
@@ -79,6 +87,7 @@ struct RowsBackwardParams {
   int softplus;
   int dy_fp32;
   int from_bottom;  // 1: the route streams its rows from the last up (route bit 2)
+  int du_fp32;      // 1: du is fp32 (2-byte inputs; fp32 inputs have an fp32 du either way)
 };
 
 SS2D_HD inline long long rows_backward_items(const RowsBackwardParams& p) {
@@ -101,9 +110,10 @@ SS2D_HD SS2D_INLINE float sigmoid_from_dt(float z, float dt) { return exp2_flush
 // sums over the maps unroll), each -1 to take it at run time (the host emulation); kOrder and
 // kFromRight: the route's passes (rows or columns first; flat routes have no RS backward);
 // kFromBottom: 1 / 0 the route streams its rows bottom-up / top-down, -1 as p.from_bottom says (a
-// run-time row direction costs the fp32 instances at V = 4 some 24 bytes of spills on sm_90).
+// run-time row direction costs the fp32 instances at V = 4 some 24 bytes of spills on sm_90);
+// kDuF32: 1 / 0 du is fp32 / in the inputs' type, -1 as p.du_fp32 says (only the store differs).
 template <class E, int kV, int kLoad, int kSteps, int kMaps, Order kOrder = Order::kRowsFirst, bool kFromRight = false,
-          int kFromBottom = 0>
+          int kFromBottom = 0, int kDuF32 = 0>
 struct RowsBackward {
   using Raw = typename E::Raw;
   static constexpr int kChunks = kV / kLoad;
@@ -212,13 +222,20 @@ SS2D_UNROLL
     const int carry_rows = rows_carry_rows(H);
     const long long planes = static_cast<long long>(p.batch) * p.groups;
     const auto u = ctx.global(static_cast<const Raw*>(p.u), maps * L);
-    const auto delta = ctx.global(static_cast<const Raw*>(p.delta), maps * L);
+    const long long delta_count = (p.batch - 1) * p.delta_planes * L + p.dim * L;
+    const auto delta = ctx.global(static_cast<const Raw*>(p.delta), delta_count);
     const auto dy = ctx.global(static_cast<const Dy*>(p.dy), maps * L);
-    const auto B = ctx.global(static_cast<const Raw*>(p.B), planes * L);
-    const auto C = ctx.global(static_cast<const Raw*>(p.C), planes * L);
+    const long long bc_count = (p.batch - 1) * p.bc_planes * L + p.groups * L;
+    const auto B = ctx.global(static_cast<const Raw*>(p.B), bc_count);
+    const auto C = ctx.global(static_cast<const Raw*>(p.C), bc_count);
     const auto carries = ctx.global(p.carries, maps * carry_rows * W);
-    const auto du = ctx.global(static_cast<Raw*>(p.du), maps * L);
-    const auto ddelta = ctx.global(static_cast<Raw*>(p.ddelta), maps * L);
+    // du's one view in its type (a 2-byte instance's other view is empty: the store takes the one
+    // du_fp32 names), and the running sum it adds.
+    const bool du_f32 = !IsFloat<Raw>::value && (kDuF32 >= 0 ? kDuF32 == 1 : p.du_fp32 != 0);
+    const auto du = ctx.global(static_cast<Raw*>(p.du), du_f32 ? 0 : maps * L);
+    const auto du_wide = ctx.global(static_cast<float*>(p.du), du_f32 ? maps * L : 0);
+    const auto du_sum = ctx.global(p.du_sum, p.du_sum != nullptr ? maps * L : 0);
+    const auto ddelta = ctx.global(static_cast<Raw*>(p.ddelta), delta_count);
     const long long part_plane = planes * p.chunks * L;  // dC's partials after dB's
     const auto dBC = ctx.global(p.dBC_part, 2 * part_plane);
     const auto dA = ctx.global(p.dA_part, maps);
@@ -234,12 +251,13 @@ SS2D_UNROLL
     const int b = plane / p.groups;
     const int g = plane - b * p.groups;
 
-    // Views at each lane's first column of row 0: the map's (u, delta, dy, du, ddelta), the group's
+    // Views at each lane's first column of row 0: the map's (u, dy, du; delta, ddelta), the group's
     // (B, C) and the warp's partial row of dB (dC's lies part_plane further); the carries' view is
     // made per band (a view kept for the whole walk spills a 2-byte instance on sm_90).
-    // Kept as element offsets (the map's, the group plane's, the partial row's), the views made at
-    // each access from the launch's pointers: eight 64-bit views held across the walk spill on sm_90.
-    long long lane_m[K], lane_p[K], lane_w[K];
+    // Kept as element offsets (the map's, its delta plane's, the group plane's, the partial row's),
+    // the views made at each access from the launch's pointers: eight 64-bit views held across the
+    // walk spill on sm_90.
+    long long lane_m[K], lane_d[K], lane_p[K], lane_w[K];
 
     Lane lanes[K];
     float sa[K], sb[K], ta[K], tb[K];
@@ -261,7 +279,8 @@ SS2D_UNROLL
       for (int k = 0; k < kV; ++k) l.valid |= (active && l.s * kV + k < W) ? 1u << k : 0u;
       l.d = d;
       lane_m[q] = map * L + col;
-      lane_p[q] = plane * L + col;
+      lane_d[q] = (static_cast<long long>(b) * p.delta_planes + d) * L + col;
+      lane_p[q] = (static_cast<long long>(b) * p.bc_planes + g) * L + col;
       lane_w[q] = (static_cast<long long>(plane) * p.chunks + chunk) * L + col;
       l.A = ctx.read(A, d);
       l.a2 = l.A * kLog2e;
@@ -304,7 +323,7 @@ SS2D_UNROLL
           const Lane& l = lanes[q];
           const unsigned in = chunk_bits(l.valid);
           Raw dr[kV] = {}, br[kV] = {}, ur[kV] = {};
-          load_row(ctx, ctx.offset(delta, ctx.fresh(lane_m[q])), off, in, dr);
+          load_row(ctx, ctx.offset(delta, ctx.fresh(lane_d[q])), off, in, dr);
           load_row(ctx, ctx.offset(B, ctx.fresh(lane_p[q])), off, in, br);
           load_row(ctx, ctx.offset(u, ctx.fresh(lane_m[q])), off, in, ur);
           float z[kV], bv[kV], uv[kV], dt[kV];
@@ -367,7 +386,7 @@ SS2D_UNROLL
           const unsigned in = chunk_bits(l.valid);
           Raw dr[kV] = {}, cr[kV] = {};
           Dy yr[kV] = {};
-          load_row(ctx, ctx.offset(delta, ctx.fresh(lane_m[q])), off, in, dr);
+          load_row(ctx, ctx.offset(delta, ctx.fresh(lane_d[q])), off, in, dr);
           load_row(ctx, ctx.offset(C, ctx.fresh(lane_p[q])), off, in, cr);
           load_row(ctx, ctx.offset(dy, ctx.fresh(lane_m[q])), off, in, yr);
           float cv[kV];
@@ -414,10 +433,14 @@ SS2D_UNROLL
           Raw br[kV] = {}, ur[kV] = {};
           load_row(ctx, ctx.offset(B, ctx.fresh(lane_p[q])), off, in, br);
           load_row(ctx, ctx.offset(u, ctx.fresh(lane_m[q])), off, in, ur);
-          float bv[kV], uv[kV];
+          float bv[kV], uv[kV], du_in[kV];
           widen(br, bv);
           widen(ur, uv);
-          Raw du_out[kV], dd_out[kV];
+          float sum_mem[kV] = {};
+          if (p.du_sum != nullptr) load_row(ctx, ctx.offset(du_sum, ctx.fresh(lane_m[q])), off, in, sum_mem);
+          widen(sum_mem, du_in);
+          float du_out[kV];
+          Raw dd_out[kV];
           float rr = l.s == S - 1 ? 0.f : tb[q];
           float decay = next_a[q];
 SS2D_UNROLL
@@ -439,7 +462,7 @@ SS2D_UNROLL
             const float da_a = da * a_row[q][k];
             const float ddt = fmaf(dx, bv[k] * uv[k], da_a * l.A);
             const float dz = p.softplus ? ddt * sigmoid_from_dt(z_row[q][k], dt) : ddt;
-            du_out[k] = E::from_float(fmaf(dyv, l.skip, dxdt * bv[k]));
+            du_out[k] = fmaf(dyv, l.skip, dxdt * bv[k]) + du_in[k];
             dd_out[k] = E::from_float(dz);
             dB_row[k][q] = on ? dxdt * uv[k] : 0.f;
             dC_row[k][q] = on ? dyv * h : 0.f;
@@ -449,8 +472,15 @@ SS2D_UNROLL
             l.g_below[k] = g;
             l.a_below[k] = a_row[q][k];
           }
-          store_row(ctx, ctx.offset(du, ctx.fresh(lane_m[q])), off, in, du_out);
-          store_row(ctx, ctx.offset(ddelta, ctx.fresh(lane_m[q])), off, in, dd_out);
+          if (du_f32) {
+            store_row(ctx, ctx.offset(du_wide, ctx.fresh(lane_m[q])), off, in, du_out);
+          } else {
+            Raw du_raw[kV];
+SS2D_UNROLL
+            for (int k = 0; k < kV; ++k) du_raw[k] = E::from_float(du_out[k]);
+            store_row(ctx, ctx.offset(du, ctx.fresh(lane_m[q])), off, in, du_raw);
+          }
+          store_row(ctx, ctx.offset(ddelta, ctx.fresh(lane_d[q])), off, in, dd_out);
         });
         // dB / dC of the row summed over the warp's segments, segment 0 first, 1, ... M - 1: one
         // shuffle a column and tensor per further segment.

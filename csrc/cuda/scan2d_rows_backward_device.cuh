@@ -34,18 +34,23 @@ SS2D_HD constexpr int rows_backward_smem_floats() {
 }
 
 // Warp w of the grid takes item w; `smem` holds rows_backward_smem_floats<kV>() floats.
-template <class E, int kV, int kLoad, int kSteps, int kMaps, Order kOrder, bool kFromRight, int kFromBottom>
+template <class E, int kV, int kLoad, int kSteps, int kMaps, Order kOrder, bool kFromRight, int kFromBottom,
+          int kDuF32>
 __device__ SS2D_INLINE void rows_backward_kernel(const RowsBackwardParams& p, float* smem) {
   static_assert(kSteps >= 0 && kSteps <= kScanSteps, "kSteps: rows_scan_steps of the plan");
   static_assert(kMaps >= 1 && kMaps <= kWarpLanes, "kMaps: maps_per_warp of the plan");
   static_assert(kFromBottom == 0 || kFromBottom == 1, "kFromBottom: the route's row direction");
-  // Compiled for another plan or row direction.
-  if ((1 << kSteps) < p.seg_lanes || p.maps_per_warp != kMaps || p.from_bottom != kFromBottom) __trap();
+  static_assert(kDuF32 == 0 || kDuF32 == 1, "kDuF32: du's type");
+  // Compiled for another plan, row direction or du type.
+  if ((1 << kSteps) < p.seg_lanes || p.maps_per_warp != kMaps || p.from_bottom != kFromBottom ||
+      p.du_fp32 != kDuF32) {
+    __trap();
+  }
   RowsBackwardDeviceCtx ctx;
   ctx.band = smem + (threadIdx.x / kWarpLanes) * band_slots<kV>() * kWarpLanes;
   const long long item = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
   if (item >= rows_backward_items(p)) return;
-  RowsBackward<E, kV, kLoad, kSteps, kMaps, kOrder, kFromRight, kFromBottom>::run(ctx, p, item);
+  RowsBackward<E, kV, kLoad, kSteps, kMaps, kOrder, kFromRight, kFromBottom, kDuF32>::run(ctx, p, item);
 }
 
 // The forward of a 2D route that also stores the band carries (RowsForward::run_saving).

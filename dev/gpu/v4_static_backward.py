@@ -8,7 +8,9 @@ first, from the bottom-right corner), the instance the backward plan picks
 (vmamba2d/ops/compiled/rows_backward_launch.py: backward_plan; dy in the input type):
 
 * registers, spills, stack, static shared memory, block barriers of the NVRTC build (what a user's GPU
-  runs: vmamba2d.ops.compiled.nvrtc.compile_kernel) of the backward and of the saving forward;
+  runs: vmamba2d.ops.compiled.nvrtc.compile_kernel) of the backward and of the saving forward, and
+  for 2-byte inputs the registers and spills of the backward's fp32-du form (a multi-route op's
+  routes before the last: VMAMBA2D_RSB_DU_F32);
 * resident warps per SM of the backward's 128-thread blocks from those registers and the band
   buffers' shared memory (65536 registers allocated 256 a warp; 228 / 164 / 64 KiB of shared
   memory per SM on sm_90 / sm_80 / sm_75 with 1 KiB reserved per block on sm_80+);
@@ -70,6 +72,7 @@ class Row:
     warps: int
     save_registers: int
     save_spill_bytes: int
+    sum_form: str  # "regs / spill B" of the fp32-du form, "-" for fp32 inputs
     recompute: int
     adjoint: int
 
@@ -113,21 +116,27 @@ def analyse(nvcc: str, disassembler: str, toolchain, arch: int, dtype: str, widt
     spec = rbl.backward_spec(plan, torch_dtype, route)
     r = nvrtc.compile_kernel(spec, arch, toolchain).resources
     s = nvrtc.compile_kernel(rbl.save_spec(plan, torch_dtype, route), arch, toolchain).resources
+    sum_form = "-"
+    if torch_dtype != torch.float32:
+        f = nvrtc.compile_kernel(rbl.backward_spec(plan, torch_dtype, route, du_fp32=True), arch, toolchain).resources
+        sum_form = f"{f.registers} / {f.spill_stores + f.spill_loads}"
     recompute, adjoint = nvcc_loops(nvcc, disassembler, arch, dict(spec.defines), workdir)
     return Row(route, arch, dtype, width, plan.vec, plan.maps_per_warp, r.registers, r.spill_stores + r.spill_loads,
                r.stack_bytes, r.static_smem, r.barriers, resident_warps(r.registers, r.static_smem, arch),
-               s.registers, s.spill_stores + s.spill_loads, recompute, adjoint)
+               s.registers, s.spill_stores + s.spill_loads, sum_form, recompute, adjoint)
 
 
 def format_table(rows: list[Row]) -> str:
     lines = ["| route | arch | dtype | W | V | M | regs | spill B (st+ld) | stack B | smem B | BAR | warps / SM | "
-             "recompute loop: static / cell·ch | adjoint loop: static / cell·ch | sum | saving fwd regs / spill B |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "recompute loop: static / cell·ch | adjoint loop: static / cell·ch | sum | saving fwd regs / spill B | "
+             "fp32-du form regs / spill B |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rec, adj = r.per_cell
         lines.append(f"| {r.route} | sm_{r.arch} | {r.dtype} | {r.width} | {r.vec} | {r.maps} | {r.registers} | {r.spill_bytes} | "
                      f"{r.stack_bytes} | {r.smem} | {r.barriers} | {r.warps} | {r.recompute} -> {rec:.1f} | "
-                     f"{r.adjoint} -> {adj:.1f} | {rec + adj:.1f} | {r.save_registers} / {r.save_spill_bytes} |")
+                     f"{r.adjoint} -> {adj:.1f} | {rec + adj:.1f} | {r.save_registers} / {r.save_spill_bytes} | "
+                     f"{r.sum_form} |")
     return "\n".join(lines)
 
 

@@ -53,6 +53,18 @@ class OutputShadow {
     const auto missing = std::count(writer_.begin(), writer_.end(), int64_t{-1});
     if (missing) fail(std::to_string(missing) + " elements of " + name_ + " were written by no lane");
   }
+  // A buffer of `parts` parts `stride` elements apart, each `count` long (one route's planes of a
+  // multi-route layout): every element of a part written, none between the parts.
+  void check_parts(int64_t parts, int64_t stride, int64_t count) const {
+    for (int64_t i = 0; i < static_cast<int64_t>(writer_.size()); ++i) {
+      const bool inside = i % stride < count && i / stride < parts;
+      if (inside && writer_[i] < 0) fail(name_ + " element " + std::to_string(i) + " was written by no lane");
+      if (!inside && writer_[i] >= 0) {
+        fail(name_ + " element " + std::to_string(i) + ", outside the route's planes, written by lane " +
+             std::to_string(writer_[i]));
+      }
+    }
+  }
 
  private:
   std::string name_;
@@ -118,13 +130,17 @@ struct Shapes {
   int64_t batch, dim, groups, length;
 };
 
-// The single-route op's inputs (route 0's planes) and a lane layout of vec columns, load elements an
-// access.
+// The inputs of one route's pass -- delta, B, C in the layout of `routes` routes (their planes of
+// route route_index: no copy), A, D, delta_bias the route's -- and a lane layout of vec columns, load
+// elements an access.
 Shapes check_inputs(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
                     const at::Tensor& C, const std::optional<at::Tensor>& D,
                     const std::optional<at::Tensor>& delta_bias, int64_t height, int64_t width, int64_t vec,
-                    int64_t load) {
-  const emulation::ScanSizes s = emulation::check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, 1, 1);
+                    int64_t load, int64_t routes, int64_t route_index) {
+  TORCH_CHECK(routes >= 1 && route_index >= 0 && route_index < routes, "route_index: expected [0, ", routes,
+              "), got ", route_index);
+  const emulation::ScanSizes s =
+      emulation::check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, routes, 1);
   TORCH_CHECK(vec == 1 || vec == 2 || vec == 4, "vec: expected 1, 2 or 4, got ", vec);
   TORCH_CHECK((width + vec - 1) / vec <= kWarpLanes, "vec ", vec, " puts a row of ", width, " on more than 32 lanes");
   TORCH_CHECK(load == 1 || (load == vec && width % vec == 0), "load ", load, ": 1, or vec where vec divides W");
@@ -168,7 +184,7 @@ void run_backward_with(const RowsBackwardParams& p, int64_t order, const Outputs
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_backward_items(p))) {
     BackwardHostCtx ctx(item, schedule, outputs, band_slots<kV>());
-    RowsBackward<E, kV, kLoad, kSteps, kMaps, kOrder, kFromRight, kFromBottom>::run(ctx, p, item);
+    RowsBackward<E, kV, kLoad, kSteps, kMaps, kOrder, kFromRight, kFromBottom, -1>::run(ctx, p, item);
   }
 }
 
@@ -248,8 +264,10 @@ void dispatch(at::ScalarType type, int64_t vec, int64_t load, const Args&... arg
 }
 
 // The forward of the N = 1 scan along a 2D route (code 0-7) that also saves the band carries (the
-// saving RS entry) on the emulation, with vec columns per lane and load elements per access. u, delta: (batch, dim, L);
-// B, C: (batch, groups, 1, L); A: (dim, 1); D, delta_bias: (dim,) or None. Returns (y (batch, dim,
+// saving RS entry) on the emulation, with vec columns per lane and load elements per access. u:
+// (batch, dim, L); delta: (batch, routes * dim, L); B, C: (batch, routes * groups, 1, L), the pass
+// reading route route_index's planes of each (a multi-route op's layout, no copy); A: (dim, 1); D,
+// delta_bias: (dim,) or None. Returns (y (batch, dim,
 // L) in u's type or fp32 with y_fp32 -- empty without store_y: a null y, the carries only --,
 // carries fp32 (batch * dim, rows_carry_rows(H), W)).
 std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
@@ -257,14 +275,16 @@ std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const 
                                                      const std::optional<at::Tensor>& D,
                                                      const std::optional<at::Tensor>& delta_bias, bool softplus,
                                                      int64_t height, int64_t width, bool y_fp32, int64_t order,
-                                                     int64_t vec, int64_t load, int64_t route, bool store_y) {
+                                                     int64_t vec, int64_t load, int64_t route, bool store_y,
+                                                     int64_t routes, int64_t route_index) {
   check_route(route);
-  const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load);
+  const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load, routes, route_index);
   const emulation::ScanSizes sizes{s.batch, s.dim, s.length, s.groups};
   at::Tensor y = store_y ? emulation::nan_output(u, sizes, y_fp32) : u.new_empty({0});
   at::Tensor carries = nan_filled({s.batch * s.dim, rows_carry_rows(static_cast<int>(height)), width}, u, at::kFloat);
   RowsParams p{};
-  emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, 1, 0, height, width, softplus);
+  emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, y, sizes, routes, route_index, height, width,
+                              softplus);
   p.seg_lanes = static_cast<int>((width + vec - 1) / vec);
   p.maps_per_warp = kWarpLanes / p.seg_lanes;
   p.from_bottom = (route & kRouteFromBottom) ? 1 : 0;
@@ -279,17 +299,24 @@ std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const 
   return {y, carries};
 }
 
-// The RS backward on the emulation. Inputs as rows_forward_save, dy (batch, dim, L) in u's type or
-// fp32, carries as rows_forward_save returns them for the same route. Returns the kernel's outputs unreduced: du, ddelta
-// (batch, dim, L) in u's type; dBC_part fp32 (2, batch, groups, chunks, L) (dB's partials, dC's);
-// dA_part, dD_part, ddb_part fp32 (batch, dim) (dD_part / ddb_part empty without D / delta_bias).
+// The RS backward on the emulation. Inputs as rows_forward_save (delta, B, C in the layout of
+// `routes` routes, the pass's planes those of route route_index), dy (batch, dim, L) in u's type or
+// fp32, carries as rows_forward_save returns them for the same route, du_sum None or fp32 (batch,
+// dim, L) (the running sum the kernel adds to du; du_fp32: du in fp32 -- the emulation takes the
+// du type at run time, the GPU entry compiles it in). Returns the kernel's outputs unreduced: du
+// (batch, dim, L) in u's type or fp32, ddelta (batch, routes * dim, L) in u's type (NaN but for the
+// route's planes); dBC_part fp32 (2, batch, groups, chunks,
+// L) (dB's partials, dC's); dA_part, dD_part, ddb_part fp32 (batch, dim) (dD_part / ddb_part empty
+// without D / delta_bias).
 std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
                                       const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,
                                       const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height,
                                       int64_t width, const at::Tensor& dy, const at::Tensor& carries, int64_t order,
-                                      int64_t vec, int64_t load, int64_t route) {
+                                      int64_t vec, int64_t load, int64_t route,
+                                      const std::optional<at::Tensor>& du_sum, bool du_fp32, int64_t routes,
+                                      int64_t route_index) {
   check_route(route);
-  const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load);
+  const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load, routes, route_index);
   TORCH_CHECK(dy.scalar_type() == u.scalar_type() || dy.scalar_type() == at::kFloat, "dy: expected ",
               u.scalar_type(), " or float32, got ", dy.scalar_type());
   check_tensor(dy, "dy", dy.scalar_type(), {s.batch, s.dim, s.length});
@@ -300,28 +327,35 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
   const int64_t cpg = s.dim / s.groups;
   const int64_t chunks = (cpg + maps_per_warp - 1) / maps_per_warp;
   const at::ScalarType type = u.scalar_type();
-  at::Tensor du = nan_filled({s.batch, s.dim, s.length}, u, type);
-  at::Tensor ddelta = nan_filled({s.batch, s.dim, s.length}, u, type);
+  if (du_sum) check_tensor(*du_sum, "du_sum", at::kFloat, {s.batch, s.dim, s.length});
+  at::Tensor du = nan_filled({s.batch, s.dim, s.length}, u, du_fp32 ? at::kFloat : type);
+  at::Tensor ddelta = nan_filled({s.batch, routes * s.dim, s.length}, u, type);
   at::Tensor dBC = nan_filled({2, s.batch, s.groups, chunks, s.length}, u, at::kFloat);
   at::Tensor dA = nan_filled({s.batch, s.dim}, u, at::kFloat);
   at::Tensor dD = nan_filled({D ? s.batch : 0, D ? s.dim : 0}, u, at::kFloat);
   at::Tensor ddb = nan_filled({delta_bias ? s.batch : 0, delta_bias ? s.dim : 0}, u, at::kFloat);
   RowsBackwardParams p{};
+  const int64_t elem = u.element_size();
+  const int64_t delta_skip = route_index * s.dim * s.length;
+  const int64_t bc_skip = route_index * s.groups * s.length * elem;
   p.u = u.data_ptr();
-  p.delta = delta.data_ptr();
-  p.B = B.data_ptr();
-  p.C = C.data_ptr();
+  p.delta = static_cast<const char*>(delta.data_ptr()) + delta_skip * elem;
+  p.B = static_cast<const char*>(B.data_ptr()) + bc_skip;
+  p.C = static_cast<const char*>(C.data_ptr()) + bc_skip;
+  p.delta_planes = routes * s.dim;
+  p.bc_planes = routes * s.groups;
   p.A = A.data_ptr<float>();
   p.D = D ? D->data_ptr<float>() : nullptr;
   p.delta_bias = delta_bias ? delta_bias->data_ptr<float>() : nullptr;
   p.dy = dy.data_ptr();
   p.carries = carries.numel() > 0 ? carries.data_ptr<float>() : nullptr;
   p.du = du.data_ptr();
-  p.ddelta = ddelta.data_ptr();
+  p.ddelta = static_cast<char*>(ddelta.data_ptr()) + delta_skip * elem;
   p.dBC_part = dBC.data_ptr<float>();
   p.dA_part = dA.data_ptr<float>();
   p.dD_part = D ? dD.data_ptr<float>() : nullptr;
   p.ddb_part = delta_bias ? ddb.data_ptr<float>() : nullptr;
+  p.du_sum = du_sum && du_sum->numel() > 0 ? du_sum->data_ptr<float>() : nullptr;
   p.batch = static_cast<int>(s.batch);
   p.dim = static_cast<int>(s.dim);
   p.groups = static_cast<int>(s.groups);
@@ -333,10 +367,10 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
   p.softplus = softplus ? 1 : 0;
   p.dy_fp32 = dy.scalar_type() == at::kFloat && type != at::kFloat ? 1 : 0;
   p.from_bottom = (route & kRouteFromBottom) ? 1 : 0;
+  p.du_fp32 = du_fp32 && type != at::kFloat ? 1 : 0;
 
   std::vector<std::pair<at::Tensor, std::string>> named = {
-      {du, "du"}, {ddelta, "ddelta"}, {dBC, "dBC_part"}, {dA, "dA_part"}, {dD, "dD_part"},
-      {ddb, "ddb_part"}};
+      {du, "du"}, {dBC, "dBC_part"}, {dA, "dA_part"}, {dD, "dD_part"}, {ddb, "ddb_part"}};
   std::vector<std::unique_ptr<OutputShadow>> shadows;
   Outputs outputs;
   for (auto& [t, name] : named) {
@@ -344,8 +378,12 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
     shadows.push_back(std::make_unique<OutputShadow>(name, t.numel()));
     outputs[t.data_ptr()] = shadows.back().get();
   }
+  // ddelta from the route's first plane to the layout's end; the kernel writes the route's planes only.
+  OutputShadow ddelta_shadow("ddelta", ddelta.numel() - delta_skip);
+  if (ddelta.numel() > 0) outputs[p.ddelta] = &ddelta_shadow;
   dispatch<BackwardJob>(type, vec, load, p, order, outputs, static_cast<int>(route));
   for (const auto& shadow : shadows) shadow->check_complete();
+  if (ddelta.numel() > 0) ddelta_shadow.check_parts(s.batch, routes * s.dim * s.length, s.dim * s.length);
   return {du, ddelta, dBC, dA, dD, ddb};
 }
 
@@ -400,12 +438,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"),
         pybind11::arg("width"), pybind11::arg("y_fp32"), pybind11::arg("order"), pybind11::arg("vec"),
-        pybind11::arg("load"), pybind11::arg("route") = 0, pybind11::arg("store_y") = true);
+        pybind11::arg("load"), pybind11::arg("route") = 0, pybind11::arg("store_y") = true,
+        pybind11::arg("routes") = 1, pybind11::arg("route_index") = 0);
   m.def("rows_backward", &rows_backward, "RS backward (unreduced partials)", pybind11::arg("u"),
         pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"), pybind11::arg("D"),
         pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
         pybind11::arg("dy"), pybind11::arg("carries"), pybind11::arg("order"), pybind11::arg("vec"),
-        pybind11::arg("load"), pybind11::arg("route") = 0);
+        pybind11::arg("load"), pybind11::arg("route") = 0, pybind11::arg("du_sum") = pybind11::none(),
+        pybind11::arg("du_fp32") = false, pybind11::arg("routes") = 1, pybind11::arg("route_index") = 0);
   m.def("rows_backward_self_check", &rows_backward_self_check, "run one band-buffer checker scenario",
         pybind11::arg("scenario"));
   m.attr("band_rows") = kBandRows;

@@ -9,6 +9,8 @@
 //   VMAMBA2D_RSB_ROUTE     a 2D route code (0-7); the saving forward's has bit 2 (from_bottom, a
 //                          run-time field of RowsParams) clear: 0, 1, 4 or 5; the backward compiles
 //                          it (RowsBackwardParams::from_bottom must match)
+//   VMAMBA2D_RSB_DU_F32    1: du is fp32 (RowsBackwardParams::du_fp32 must match; a 2-byte
+//                          instance's, for a multi-route op's running sum), 0: in the inputs' type
 //   VMAMBA2D_RSB_SAVE      1: the entry is vmamba2d_rows_forward_save instead, the route's forward
 //                          that also stores the band carries (RowsParams, then float* carries)
 //   VMAMBA2D_RSB_PREFETCH  RowsPlan::prefetch (the saving forward only)
@@ -39,6 +41,9 @@
 #endif
 #ifndef VMAMBA2D_RSB_ROUTE
 #define VMAMBA2D_RSB_ROUTE 0
+#endif
+#ifndef VMAMBA2D_RSB_DU_F32
+#define VMAMBA2D_RSB_DU_F32 0
 #endif
 // Blocks per SM the backward is compiled for: at V = 4 the band buffers (34 KiB a block) let at
 // most 6 blocks share an sm_90 SM (sm_80: 4, sm_75: 1), so 6 there (80 registers; at 64 every
@@ -90,6 +95,6 @@ extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, VMAMB
   __shared__ float band[rows_backward_smem_floats<VMAMBA2D_RSB_VEC>()];
   rows_backward_kernel<BackwardElement<VMAMBA2D_RSB_DTYPE>::type, VMAMBA2D_RSB_VEC, VMAMBA2D_RSB_LOAD,
                        VMAMBA2D_RSB_STEPS, VMAMBA2D_RSB_MAPS, kBackwardOrder, kBackwardFromRight,
-                       kBackwardFromBottom>(p, band);
+                       kBackwardFromBottom, VMAMBA2D_RSB_DU_F32>(p, band);
 }
 #endif

@@ -26,14 +26,17 @@ def emulated_passes():
         plan = rbl.backward_plan(u.element_size(), u.element_size(), width)
         return plan.vec, plan.load
 
-    def save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route):
+    def save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route, routes, route_index):
         return emu.rows_forward_save(u, delta, A, B, C, D, delta_bias, softplus, height, width, False, 2,
-                                     *layout(u, width), route, False)[1]
+                                     *layout(u, width), route, False, routes, route_index)[1]
 
-    def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out):
+    def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out,
+                      du_sum, du_fp32, routes, route_index):
         du, ddelta, dBC, dA, dD, ddb = emu.rows_backward(u, delta, A, B, C, D, delta_bias, softplus, height, width,
-                                                          dy, carries, 2, *layout(u, width), route)
-        ddelta_out.copy_(ddelta)
+                                                          dy, carries, 2, *layout(u, width), route, du_sum, du_fp32,
+                                                          routes, route_index)
+        mine = lambda t: t.view(t.shape[0], routes, -1)[:, route_index]  # noqa: E731
+        mine(ddelta_out).copy_(mine(ddelta))
         return rbl.reduce_partials(du, ddelta_out, dBC, dA, dD, ddb, B.dtype)
 
     return save_pass, backward_pass

@@ -32,17 +32,22 @@ def emulated_passes(emu, order=2):
         plan = rbl.backward_plan(u.element_size(), u.element_size(), width)
         return plan.vec, plan.load
 
-    def save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route):
+    def save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route, routes, route_index):
         y, carries = emu.rows_forward_save(u, delta, A, B, C, D, delta_bias, softplus, height, width, False, order,
-                                           *layout(u, width), route, False)
+                                           *layout(u, width), route, False, routes, route_index)
         assert y.numel() == 0  # the carries only
         return carries
 
-    def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out):
+    def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out,
+                      du_sum, du_fp32, routes, route_index):
         parts = emu.rows_backward(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, order,
-                                  *layout(u, width), route)
+                                  *layout(u, width), route, du_sum, du_fp32, routes, route_index)
         du, ddelta, dBC, dA, dD, ddb = parts
-        ddelta_out.copy_(ddelta)  # the emulation allocates its outputs (NaN-filled, every element checked)
+        # The emulation allocates its outputs (NaN-filled, every element checked; ddelta in the routes'
+        # layout, the route's planes written and no other).
+        mine = lambda t: t.view(t.shape[0], routes, -1)[:, route_index]  # noqa: E731
+        assert torch.isnan(ddelta.view(ddelta.shape[0], routes, -1)).sum() == ddelta.numel() // routes * (routes - 1)
+        mine(ddelta_out).copy_(mine(ddelta))
         return rbl.reduce_partials(du, ddelta, dBC, dA, dD if D is not None else None,
                                    ddb if delta_bias is not None else None, B.dtype)
 
@@ -78,7 +83,7 @@ def test_fp32_gradients_match_the_four_route_reference(emu, shape, routes):
     codes = [r.code for r in routes]
     grads = cross_rows_backward(*emulated_passes(emu), *(x[k] for k in NAMES), True, codes, dy)
     check(grads, x, reference_grads(x, routes, dy), torch.float32)
-    assert grads[1].transpose(0, 1).is_contiguous()  # each pass wrote its route's part of one buffer
+    assert grads[1].is_contiguous()  # each pass wrote its route's planes of one buffer
 
 
 def test_bf16_channels_last_gradients_match_the_reference(emu):
@@ -108,6 +113,27 @@ def test_gradients_are_bit_equal_across_warp_and_lane_orders(emu):
     for grads in runs[1:]:
         for name, a, b in zip(NAMES, grads, runs[0]):
             assert torch.equal(a, b), name
+
+
+def test_du_is_the_routes_fp32_sum_rounded_once(emu):
+    # Against the routes' own passes: each route's du in fp32 (no running sum), summed in route order by
+    # torch and rounded once -- not a sum of rounded route gradients.
+    x = cross_op_inputs(2, 3, 10, 14, torch.bfloat16, seed=13)
+    dy = torch.randn(2, 3, 10, 14, generator=torch.Generator().manual_seed(14)).bfloat16()
+    codes = [r.code for r in CORNER_ROUTES]
+    du = cross_rows_backward(*emulated_passes(emu), *(x[k] for k in NAMES), True, codes, dy)[0]
+    save_pass, backward_pass = emulated_passes(emu)
+    flat = lambda t: t.contiguous().view(2, -1, 140)  # noqa: E731
+    total = torch.zeros(2, 3, 140)
+    for k, route in enumerate(codes):
+        part = (flat(x["u"]), flat(x["delta"][:, k]), x["A"][3 * k:3 * k + 3], flat(x["B"][:, k:k + 1]).unsqueeze(2),
+                flat(x["C"][:, k:k + 1]).unsqueeze(2), x["D"][3 * k:3 * k + 3], x["delta_bias"][3 * k:3 * k + 3])
+        carries = save_pass(*part, True, 10, 14, route, 1, 0)
+        alone = backward_pass(*part, True, 10, 14, flat(dy), carries, route, torch.empty(2, 3, 140).bfloat16(),
+                              None, True, 1, 0)[0]
+        assert alone.dtype == torch.float32
+        total = total + alone
+    assert torch.equal(du, total.bfloat16().view(2, 3, 10, 14))
 
 
 def _never(*args):

@@ -313,3 +313,78 @@ def test_routes_without_d_bias_or_softplus(emu, route, use_d, use_bias, softplus
     dy = torch.randn(2, 3, 140, generator=torch.Generator().manual_seed(9))
     grads, _, _ = run(emu, x, 10, 14, dy, softplus=softplus, route=route)
     check(grads, reference_grads(x, 10, 14, dy, softplus, route=route), torch.float32)
+
+
+@pytest.mark.parametrize("route", (0, 7))
+@pytest.mark.parametrize("width", (14, 56))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_du_adds_the_running_sum_and_rounds_once(emu, dtype, width, route):
+    # A multi-route op's du: each route's pass adds its du to the fp32 sum of the routes before it, the
+    # last one rounds the total to the inputs' type as it stores it.
+    x = make_inputs(2, 3, 1, 10, width, dtype, seed=59 + route)
+    args = [x[k] for k in NAMES]
+    dy = torch.randn(2, 3, 10 * width, generator=torch.Generator().manual_seed(11)).to(dtype)
+    vec, load = plan_for(x, dy, width)
+    _, carries = emu.rows_forward_save(*args, True, 10, width, False, 2, vec, load, route, False)
+    running = torch.randn(2, 3, 10 * width, generator=torch.Generator().manual_seed(12))
+
+    def backward(du_sum, du_fp32):
+        return emu.rows_backward(*args, True, 10, width, dy, carries, 2, vec, load, route, du_sum, du_fp32)
+
+    alone = backward(None, True)
+    assert alone[0].dtype == torch.float32
+    check_types = [(running, True, alone[0] + running, torch.float32),
+                   (running, False, (alone[0] + running).to(dtype), dtype),
+                   (None, False, alone[0].to(dtype), dtype)]
+    for du_sum, du_fp32, expected, du_type in check_types:
+        outputs = backward(du_sum, du_fp32)
+        assert outputs[0].dtype == du_type
+        assert torch.equal(outputs[0], expected), (du_sum is not None, du_fp32)
+        for got, want in zip(outputs[1:], alone[1:]):
+            assert torch.equal(got, want)  # nothing else depends on du's form
+
+
+def test_a_running_sum_of_the_wrong_shape_is_refused(emu):
+    x = make_inputs(1, 2, 1, 9, 14, torch.float32, seed=61)
+    args = [x[k] for k in NAMES]
+    _, carries = emu.rows_forward_save(*args, True, 9, 14, False, 0, 2, 2, 0, False)
+    with pytest.raises(RuntimeError, match="du_sum: expected a contiguous CPU tensor of Float"):
+        emu.rows_backward(*args, True, 9, 14, x["u"], carries, 0, 2, 2, 0, torch.zeros(1, 2, 125), True)
+
+
+@pytest.mark.parametrize("route,width", [(0, 56), (7, 14), (4, 9)])
+def test_a_route_s_planes_are_read_and_written_in_the_multi_route_layout(emu, route, width):
+    # A multi-route op's pass reads its delta, B, C planes in place (batch stride: all routes' planes)
+    # and writes its ddelta planes into the op's gradient, none of the other routes' (the emulator
+    # fails a write outside them): bit-equal to the pass on contiguous copies of the planes.
+    routes, index, groups = 3, 1, 2
+    x = make_inputs(2, 4, groups, 9, width, torch.bfloat16, seed=67 + route)
+    g = torch.Generator().manual_seed(13)
+    wide = {k: torch.randn(2, routes, *x[k].shape[1:], generator=g).to(x[k].dtype) for k in ("delta", "B", "C")}
+    for k in wide:
+        wide[k][:, index] = x[k]
+    dy = torch.randn(2, 4, 9 * width, generator=g).bfloat16()
+    vec, load = plan_for(x, dy, width)
+    alone_args = [x[k] for k in NAMES]
+    laid_args = [x["u"], wide["delta"].flatten(1, 2), x["A"], wide["B"].flatten(1, 2), wide["C"].flatten(1, 2),
+                 x["D"], x["delta_bias"]]
+    y1, carries = emu.rows_forward_save(*alone_args, True, 9, width, False, 2, vec, load, route)
+    y2, laid_carries = emu.rows_forward_save(*laid_args, True, 9, width, False, 2, vec, load, route, True, routes,
+                                             index)
+    assert torch.equal(y1, y2) and torch.equal(carries, laid_carries)
+    alone = emu.rows_backward(*alone_args, True, 9, width, dy, carries, 2, vec, load, route)
+    laid = emu.rows_backward(*laid_args, True, 9, width, dy, carries, 2, vec, load, route, None, False, routes, index)
+    ddelta = laid[1].view(2, routes, 4, -1)
+    assert torch.equal(ddelta[:, index], alone[1])
+    assert torch.isnan(ddelta[:, [0, 2]]).all()
+    for a, b in zip(alone[2:], laid[2:]):
+        assert torch.equal(a, b)
+    assert torch.equal(alone[0], laid[0])
+
+
+def test_a_route_index_outside_the_layout_is_refused(emu):
+    x = make_inputs(1, 2, 1, 9, 14, torch.float32, seed=71)
+    with pytest.raises(RuntimeError, match=r"route_index: expected \[0, 2\), got 2"):
+        emu.rows_forward_save(x["u"], x["delta"].repeat(1, 2, 1), x["A"], x["B"].repeat(1, 2, 1, 1),
+                              x["C"].repeat(1, 2, 1, 1), x["D"], x["delta_bias"], True, 9, 14, False, 0, 2, 2, 0,
+                              False, 2, 2)

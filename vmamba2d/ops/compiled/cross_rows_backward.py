@@ -20,11 +20,13 @@ from vmamba2d.ops.compiled.cross_rows_launch import scan_call
 from vmamba2d.ops.compiled.rows_plan import alignment
 
 Tensor = torch.Tensor
-# save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route) -> carries
+# save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route, routes, route_index) -> carries
 SavePass = Callable[..., Tensor]
-# backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out)
-#   -> (du, ddelta, dA, dB, dC, dD, ddelta_bias) of one route, as rows_backward_launch.launch_rows_backward,
-#   ddelta written into ddelta_out
+# backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out,
+#               du_sum, du_fp32, routes, route_index)
+#   -> (du, ddelta, dA, dB, dC, dD, ddelta_bias) of one route, as rows_backward_launch.launch_rows_backward:
+#   delta, B, C and ddelta_out in the K routes' layout (the pass reading / writing route_index's planes),
+#   du = the route's du + du_sum (fp32 or None), fp32 with du_fp32
 BackwardPass = Callable[..., tuple]
 BUILT = scan_plan.BUILT["cuda four-route backward"]
 _FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -79,10 +81,11 @@ def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Ten
     u, dy (batch, dim, H, W), any layout (du comes back in u's: contiguous, or channels-last);
     delta (batch, K, dim, H, W); A (K * dim, 1) fp32; B, C (batch, K, 1, H, W); D, delta_bias
     (K * dim,) fp32 or None; routes: K 2D route codes (0-7). The gradients have their inputs' shapes
-    and types (du in u's type; dD / ddelta_bias None without D / delta_bias; ddelta a view of a
-    route-major buffer, (K, batch, dim, H, W) in memory, into which each pass writes its route's part).
-    Route k's pass reads its delta, B, C planes as contiguous copies (none where they already are) and
-    adds its own D term to du; du is the routes' sum in fp32, rounded once to u's type.
+    and types (du in u's type; dD / ddelta_bias None without D / delta_bias; ddelta contiguous, each
+    pass writing its route's planes). Route k's pass reads its delta, B, C planes in place (delta, B,
+    C are copied once only where they are not contiguous) and adds its own D term to du. du is the
+    routes' sum in fp32 inside the kernels: each pass adds its route's du to the running fp32 sum of
+    the routes before it, and the last pass rounds it once to u's type as it stores it.
 
     Raises:
         ValueError: shapes that do not match, N != 1, or a route code outside 0-7.
@@ -107,28 +110,29 @@ def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Ten
     length = height * width
     flat_u = u.contiguous().view(batch, dim, length)
     flat_dy = dy.contiguous().view(batch, dim, length)
-    du = torch.zeros(batch, dim, length, dtype=torch.float32, device=u.device)
-    ddelta = torch.empty((K, batch, dim, length), dtype=delta.dtype, device=delta.device)
+    flat_delta = delta.contiguous().view(batch, K * dim, length)
+    flat_B = B.contiguous().view(batch, K, 1, length)
+    flat_C = C.contiguous().view(batch, K, 1, length)
+    du = None
+    ddelta = torch.empty((batch, K * dim, length), dtype=delta.dtype, device=delta.device)
     dA, dB, dC, dD, dbias = [], [], [], [], []
     for k, route in enumerate(routes):
         channels = slice(k * dim, (k + 1) * dim)
-        part = (flat_u, delta[:, k].contiguous().view(batch, dim, length), A[channels].contiguous(),
-                B[:, k:k + 1].contiguous().view(batch, 1, 1, length), C[:, k:k + 1].contiguous().view(batch, 1, 1, length),
+        part = (flat_u, flat_delta, A[channels].contiguous(), flat_B, flat_C,
                 None if D is None else D[channels].contiguous(),
                 None if delta_bias is None else delta_bias[channels].contiguous())
-        carries = save_pass(*part, softplus, height, width, route)
-        g_u, _, g_A, g_B, g_C, g_D, g_bias = backward_pass(*part, softplus, height, width, flat_dy, carries, route,
-                                                           ddelta[k])
-        du += g_u.float()
+        carries = save_pass(*part, softplus, height, width, route, K, k)
+        du, _, g_A, g_B, g_C, g_D, g_bias = backward_pass(*part, softplus, height, width, flat_dy, carries, route,
+                                                          ddelta, du, k + 1 < K, K, k)
         dA.append(g_A)
         dB.append(g_B.view(batch, 1, height, width))
         dC.append(g_C.view(batch, 1, height, width))
         dD.append(g_D)
         dbias.append(g_bias)
-    du = du.to(u.dtype).view(batch, dim, height, width)
+    du = du.view(batch, dim, height, width)
     if not u.is_contiguous():
         du = du.contiguous(memory_format=torch.channels_last)
-    return (du, ddelta.view(K, batch, dim, height, width).transpose(0, 1), torch.cat(dA), torch.stack(dB, 1),
+    return (du, ddelta.view(batch, K, dim, height, width), torch.cat(dA), torch.stack(dB, 1),
             torch.stack(dC, 1), None if D is None else torch.cat(dD), None if delta_bias is None else torch.cat(dbias))
 
 
@@ -144,14 +148,15 @@ def nvrtc_passes(launcher) -> tuple[SavePass, BackwardPass]:
                              f"{rbl.MAX_VEC * 32} columns")
         return plan
 
-    def save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route):
+    def save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route, routes, route_index):
         plan = plan_of(u, delta, B, C, None, width)
         return rbl.launch_forward_save(launcher, u, delta, A, B, C, D, delta_bias, softplus, height, width, False,
-                                       plan, route, store_y=False)[1]
+                                       plan, route, False, routes, route_index)[1]
 
-    def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out):
+    def backward_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, dy, carries, route, ddelta_out,
+                      du_sum, du_fp32, routes, route_index):
         plan = plan_of(u, delta, B, C, dy, width)
         return rbl.launch_rows_backward(launcher, u, delta, A, B, C, D, delta_bias, softplus, height, width, dy,
-                                        carries, plan, route, ddelta_out)
+                                        carries, plan, route, ddelta_out, du_sum, du_fp32, routes, route_index)
 
     return save_pass, backward_pass

@@ -35,10 +35,12 @@ class RowsBackwardParams(ctypes.Structure):
         ("A", ctypes.c_void_p), ("D", ctypes.c_void_p), ("delta_bias", ctypes.c_void_p), ("dy", ctypes.c_void_p),
         ("carries", ctypes.c_void_p), ("du", ctypes.c_void_p), ("ddelta", ctypes.c_void_p),
         ("dBC_part", ctypes.c_void_p), ("dA_part", ctypes.c_void_p),
-        ("dD_part", ctypes.c_void_p), ("ddb_part", ctypes.c_void_p),
+        ("dD_part", ctypes.c_void_p), ("ddb_part", ctypes.c_void_p), ("du_sum", ctypes.c_void_p),
+        ("delta_planes", ctypes.c_longlong), ("bc_planes", ctypes.c_longlong),
         ("batch", ctypes.c_int), ("dim", ctypes.c_int), ("groups", ctypes.c_int), ("height", ctypes.c_int),
         ("width", ctypes.c_int), ("seg_lanes", ctypes.c_int), ("maps_per_warp", ctypes.c_int),
         ("chunks", ctypes.c_int), ("softplus", ctypes.c_int), ("dy_fp32", ctypes.c_int), ("from_bottom", ctypes.c_int),
+        ("du_fp32", ctypes.c_int),
     ]
 
 
@@ -71,6 +73,22 @@ def carry_rows(height: int) -> int:
     return (height - 1) // BAND_ROWS
 
 
+def check_route_layout(u: torch.Tensor, delta: torch.Tensor, B: torch.Tensor, C: torch.Tensor, routes: int,
+                       route_index: int) -> None:
+    """ValueError unless delta (batch, routes * dim, L) and B, C (batch, routes * groups, 1, L) hold
+    ``routes`` routes' planes for u (batch, dim, L) and 0 <= route_index < routes."""
+    if not 0 <= route_index < routes:
+        raise ValueError(f"route_index: expected [0, {routes}), got {route_index}")
+    batch, dim, length = u.shape
+    if delta.shape != (batch, routes * dim, length):
+        raise ValueError(f"delta: expected {(batch, routes * dim, length)} ({routes} routes' planes), got "
+                         f"{tuple(delta.shape)}")
+    if (B.dim() != 4 or B.shape[0] != batch or B.shape[1] % routes or B.shape[1] == 0 or B.shape[2:] != (1, length)
+            or C.shape != B.shape):
+        raise ValueError(f"B, C: expected (batch, {routes} * groups, 1, L) = ({batch}, {routes} * groups, 1, {length}), "
+                         f"got {tuple(B.shape)} and {tuple(C.shape)}")
+
+
 def check_route(route: int) -> int:
     """``route`` if it is a 2D route code (0-7: the routes with an RS backward), else ValueError."""
     if isinstance(route, bool) or not isinstance(route, int) or not 0 <= route < 8:
@@ -78,14 +96,23 @@ def check_route(route: int) -> int:
     return route
 
 
-def backward_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype, route: int = 0) -> KernelSpec:
-    """The NVRTC entry of the backward for a plan, input type and 2D route code (all three bits compiled)."""
+def du_in_fp32(dtype: torch.dtype, du_fp32: bool) -> bool:
+    """Whether the backward's du is an fp32 tensor of its own type: asked for (``du_fp32``) with 2-byte
+    inputs (fp32 inputs have an fp32 du either way, and compile no du type)."""
+    return bool(du_fp32) and dtype != torch.float32
+
+
+def backward_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype, route: int = 0, du_fp32: bool = False) -> KernelSpec:
+    """The NVRTC entry of the backward for a plan, input type, 2D route code (all three bits compiled)
+    and du type (``du_fp32``: fp32, a 2-byte instance's running-sum form; name suffix "f")."""
     compiled = check_route(route)
+    wide = du_in_fp32(dtype, du_fp32)
     defines = (("VMAMBA2D_RSB_DTYPE", ROWS_DTYPE_CODES[_DTYPE_NAMES[dtype]]), ("VMAMBA2D_RSB_VEC", plan.vec),
                ("VMAMBA2D_RSB_LOAD", plan.load), ("VMAMBA2D_RSB_STEPS", plan.scan_steps),
-               ("VMAMBA2D_RSB_MAPS", plan.maps_per_warp), ("VMAMBA2D_RSB_ROUTE", compiled))
+               ("VMAMBA2D_RSB_MAPS", plan.maps_per_warp), ("VMAMBA2D_RSB_ROUTE", compiled),
+               ("VMAMBA2D_RSB_DU_F32", int(wide)))
     return KernelSpec(name=f"rows_backward.{_DTYPE_NAMES[dtype]}.v{plan.vec}l{plan.load}s{plan.scan_steps}"
-                           f"m{plan.maps_per_warp}r{compiled}",
+                           f"m{plan.maps_per_warp}r{compiled}{'f' if wide else ''}",
                       source=SOURCE, symbol=BACKWARD_SYMBOL, name_expression=False,
                       defines=tuple((name, str(value)) for name, value in defines))
 
@@ -108,24 +135,29 @@ def save_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype, route: int = 0) -> K
 def launch_forward_save(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                         C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
                         softplus: bool, height: int, width: int, out_fp32: bool,
-                        plan: rows_plan.RowsPlan, route: int = 0,
-                        store_y: bool = True) -> tuple[Optional[torch.Tensor], torch.Tensor]:
+                        plan: rows_plan.RowsPlan, route: int = 0, store_y: bool = True, routes: int = 1,
+                        route_index: int = 0) -> tuple[Optional[torch.Tensor], torch.Tensor]:
     """(y, carries): the RS forward along the 2D route ``route`` (code 0-7) on the current stream, y
     (batch, dim, L) fp32 if ``out_fp32`` else u's type (None with ``store_y`` False: the kernel writes
     the carries only), carries fp32 (batch * dim, carry_rows(H), W) for :func:`launch_rows_backward`
     with the same route.
 
-    u, delta (batch, dim, L); A (dim, 1); B, C (batch, groups, 1, L); D, delta_bias (dim,) or None;
-    contiguous, A / D / delta_bias fp32, cells in map order; ``plan`` from :func:`backward_plan` or
-    rows_plan.rows_plan.
+    u (batch, dim, L); delta (batch, routes * dim, L); B, C (batch, routes * groups, 1, L) -- a
+    multi-route op's layout, the pass reading route ``route_index``'s planes in place; A (dim, 1); D,
+    delta_bias (dim,) or None; contiguous, A / D / delta_bias fp32, cells in map order; ``plan`` from
+    :func:`backward_plan` or rows_plan.rows_plan.
+
+    Raises:
+        ValueError: delta, B or C not in the layout of ``routes`` routes, or route_index outside it.
     """
     spec = save_spec(plan, u.dtype, route)
+    check_route_layout(u, delta, B, C, routes, route_index)
     batch, dim, _ = u.shape
     y = torch.empty(u.shape, dtype=torch.float32 if out_fp32 else u.dtype, device=u.device) if store_y else None
     carries = torch.empty((batch * dim, carry_rows(height), width), dtype=torch.float32, device=u.device)
     if u.numel() == 0:
         return y, carries
-    params = rows_params(u, delta, A, B, C, D, delta_bias, y, softplus, height, width, plan)
+    params = rows_params(u, delta, A, B, C, D, delta_bias, y, softplus, height, width, plan, routes, route_index)
     params.from_bottom = int(bool(route & 2))
     pointer = ctypes.c_void_p(carries.data_ptr() if carries.numel() else None)
     launcher.launch(spec, (plan.blocks(batch, dim, WARPS_PER_BLOCK), 1, 1),
@@ -137,21 +169,29 @@ def launch_rows_backward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torc
                          C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor],
                          softplus: bool, height: int, width: int, dy: torch.Tensor, carries: torch.Tensor,
                          plan: rows_plan.RowsPlan, route: int = 0,
-                         ddelta_out: Optional[torch.Tensor] = None) -> tuple:
+                         ddelta_out: Optional[torch.Tensor] = None, du_sum: Optional[torch.Tensor] = None,
+                         du_fp32: bool = False, routes: int = 1, route_index: int = 0) -> tuple:
     """(du, ddelta, dA, dB, dC, dD, ddelta_bias) of the scan along the 2D route ``route`` at N = 1,
     from the RS backward on the current stream and :func:`reduce_partials` (inputs as
-    :func:`launch_forward_save`; dy (batch, dim, L) in u's type or fp32; carries from
-    launch_forward_save with the same inputs and route). ``ddelta_out``, a contiguous tensor shaped
-    and typed like delta, receives ddelta (e.g. one route's part of a larger buffer); by default a
-    new one.
+    :func:`launch_forward_save`, the same ``routes`` / ``route_index``; dy (batch, dim, L) in u's type
+    or fp32; carries from launch_forward_save with the same inputs and route; dB, dC (batch, groups,
+    1, L) of the route's planes). ddelta has delta's shape, the kernel writing route ``route_index``'s
+    planes only: into ``ddelta_out``, a contiguous tensor shaped and typed like delta (a multi-route
+    op's gradient, each route's pass filling its planes), or by default a new one (its other routes'
+    planes uninitialised).
+
+    du is this route's du plus ``du_sum`` (a contiguous fp32 (batch, dim, L) running sum of other
+    routes' du, or None), in fp32 with ``du_fp32`` (else in u's type, rounded once); with both, the
+    kernel adds into ``du_sum`` in place and returns it.
 
     Raises:
-        ValueError: a route that is not 2D, carries, dy or ddelta_out of the wrong shape / type, or 2^31
-            warps or more.
+        ValueError: a route that is not 2D, delta / B / C not in the layout of ``routes`` routes, carries,
+            dy, ddelta_out or du_sum of the wrong shape / type, or 2^31 warps or more.
     """
-    spec = backward_spec(plan, u.dtype, route)
+    spec = backward_spec(plan, u.dtype, route, du_fp32)
+    check_route_layout(u, delta, B, C, routes, route_index)
     batch, dim, length = u.shape
-    groups = B.shape[1]
+    groups = B.shape[1] // routes
     if tuple(carries.shape) != (batch * dim, carry_rows(height), width) or carries.dtype != torch.float32:
         raise ValueError(f"carries: expected fp32 of shape {(batch * dim, carry_rows(height), width)} (the saving "
                          f"forward's), got {carries.dtype} {tuple(carries.shape)}")
@@ -167,7 +207,15 @@ def launch_rows_backward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torc
                                    or not ddelta_out.is_contiguous() or ddelta_out.device != delta.device):
         raise ValueError(f"ddelta_out: expected a contiguous {delta.dtype} tensor of shape {tuple(delta.shape)} on "
                          f"{delta.device}, got {ddelta_out.dtype} {tuple(ddelta_out.shape)} on {ddelta_out.device}")
-    du = torch.empty_like(u)
+    if du_sum is not None and (du_sum.shape != u.shape or du_sum.dtype != torch.float32
+                               or not du_sum.is_contiguous() or du_sum.device != u.device):
+        raise ValueError(f"du_sum: expected a contiguous float32 tensor of shape {tuple(u.shape)} on {u.device}, got "
+                         f"{du_sum.dtype} {tuple(du_sum.shape)} on {du_sum.device}")
+    wide = du_in_fp32(u.dtype, du_fp32)
+    if du_sum is not None and (du_fp32 or u.dtype == torch.float32):
+        du = du_sum
+    else:
+        du = torch.empty(u.shape, dtype=torch.float32 if wide else u.dtype, device=u.device)
     ddelta = torch.empty_like(delta) if ddelta_out is None else ddelta_out
     dBC_part = torch.empty((2, batch, groups, chunks, length), **f32)
     dA_part = torch.empty((batch, dim), **f32)
@@ -175,11 +223,13 @@ def launch_rows_backward(launcher, u: torch.Tensor, delta: torch.Tensor, A: torc
     ddb_part = torch.empty((batch, dim), **f32) if delta_bias is not None else None
     if u.numel() > 0:
         ptr = lambda t: None if t is None or t.numel() == 0 else t.data_ptr()  # noqa: E731
+        delta_skip = route_index * dim * length * delta.element_size()
+        bc_skip = route_index * groups * length * B.element_size()
         params = RowsBackwardParams(
-            ptr(u), ptr(delta), ptr(B), ptr(C), ptr(A), ptr(D), ptr(delta_bias), ptr(dy), ptr(carries), ptr(du),
-            ptr(ddelta), ptr(dBC_part), ptr(dA_part), ptr(dD_part), ptr(ddb_part),
-            batch, dim, groups, height, width, plan.seg_lanes, plan.maps_per_warp, chunks, int(bool(softplus)),
-            int(dy.dtype == torch.float32 and u.dtype != torch.float32), int(bool(route & 2)))
+            ptr(u), ptr(delta) + delta_skip, ptr(B) + bc_skip, ptr(C) + bc_skip, ptr(A), ptr(D), ptr(delta_bias),
+            ptr(dy), ptr(carries), ptr(du), ptr(ddelta) + delta_skip, ptr(dBC_part), ptr(dA_part), ptr(dD_part),
+            ptr(ddb_part), ptr(du_sum), routes * dim, routes * groups, batch, dim, groups, height, width, plan.seg_lanes, plan.maps_per_warp, chunks, int(bool(softplus)),
+            int(dy.dtype == torch.float32 and u.dtype != torch.float32), int(bool(route & 2)), int(wide))
         items = batch * groups * chunks
         launcher.launch(spec, (-(-items // WARPS_PER_BLOCK), 1, 1), rows_plan.ROWS_THREADS,
                         0, [bytes(params)])

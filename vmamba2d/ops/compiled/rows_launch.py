@@ -106,16 +106,21 @@ def plan_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
 
 def rows_params(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], y: Optional[torch.Tensor],
-                softplus: bool, height: int, width: int, plan: rows_plan.RowsPlan) -> RowsParams:
+                softplus: bool, height: int, width: int, plan: rows_plan.RowsPlan, routes: int = 1,
+                route_index: int = 0) -> RowsParams:
     """The kernel's parameter block for one single-route launch (shapes as in :func:`forward_design`);
-    y None: a null y (the saving forward then stores the carries only)."""
-    batch, dim, _ = u.shape
-    groups = B.shape[1]
+    y None: a null y (the saving forward then stores the carries only). With ``routes`` > 1, delta
+    (batch, routes * dim, L) and B, C (batch, routes * groups, 1, L) hold a multi-route op's planes and
+    the launch reads route ``route_index``'s (its first element, the layout's planes per batch entry)."""
+    batch, dim, length = u.shape
+    groups = B.shape[1] // routes
+    delta_at = delta.data_ptr() + route_index * dim * length * delta.element_size()
+    bc_skip = route_index * groups * length * B.element_size()
     return RowsParams(
-        u.data_ptr(), delta.data_ptr(), B.data_ptr(), C.data_ptr(), A.data_ptr(),
+        u.data_ptr(), delta_at, B.data_ptr() + bc_skip, C.data_ptr() + bc_skip, A.data_ptr(),
         None if D is None else D.data_ptr(), None if delta_bias is None else delta_bias.data_ptr(),
-        None if y is None else y.data_ptr(), dim, groups, batch, dim, groups, height, width, plan.seg_lanes,
-        plan.maps_per_warp, int(bool(softplus)), int(y is not None and y.dtype == torch.float32),
+        None if y is None else y.data_ptr(), routes * dim, routes * groups, batch, dim, groups, height, width,
+        plan.seg_lanes, plan.maps_per_warp, int(bool(softplus)), int(y is not None and y.dtype == torch.float32),
         int(bool(OP_ROUTE & 2)))
 
 
