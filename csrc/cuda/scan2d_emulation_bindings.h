@@ -5,7 +5,8 @@
 // one translation unit per module.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "scan2d_driver.h"
 #include "scan2d_emulate.h"

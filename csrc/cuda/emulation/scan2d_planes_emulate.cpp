@@ -13,7 +13,8 @@
 //   * global memory: bounds, alignment of every vector store, each cell of y written exactly once;
 //   * barriers only between per-thread phases, phases not nested.
 // y starts filled with NaN so a cell the kernel did not write also shows in the results.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cstring>

@@ -11,7 +11,8 @@
 //   * shuffles only between per-lane phases, per-lane phases not nested, global and band accesses
 //     only inside them.
 // Outputs start as NaN, so an element the kernel did not write also shows in the results.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <map>
 #include <memory>

@@ -10,7 +10,8 @@
 //   * shuffles only between per-lane phases (where every lane of the warp reaches them), per-lane
 //     phases not nested.
 // y starts filled with NaN so a cell the kernel did not write also shows in the results.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,7 @@
 // Test-only extension: the v3 CUDA kernels' host emulation, race detector and launch planner,
 // built by the C++ compiler alone (tests/support/cuda_emulation_build.py), so the CPU tests need no nvcc.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "scan2d_emulation_bindings.h"
 

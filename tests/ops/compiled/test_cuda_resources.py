@@ -317,13 +317,17 @@ def test_planted_local_array_in_a_binary_fails_the_check(tmp_path, capsys):
 @needs_nvcc
 @pytest.mark.slow
 def test_scan_kernels_are_within_their_resource_budgets(tmp_path, capsys):
-    """Every default build arch nvcc supports (ptxas allocates registers per arch: a kernel may spill
-    on one arch only, e.g. on sm_86 and not on sm_80 / sm_90), so no arch's machine code spills.
-    Read off the built extension where it has every one of them (as `make test` builds it: the same
-    registers and stack frames as compiling, in a second instead of minutes); compiled otherwise."""
+    """The nvcc build's kernels within their budgets: read off the built extension for every default
+    build arch nvcc supports where it has them all (a second); else compiled for the newest of them
+    only, the arch of the GPU comparison the opt-in nvcc build is for (ptxas allocates registers per
+    arch -- a kernel may spill on sm_86 and not on sm_80 / sm_90 --, so `make ptxas-check` compiles
+    every arch: about four minutes on 2 cores; what pip users run, the NVRTC images, is held on every
+    arch by test_nvrtc_precompile)."""
     archs_here, _ = ptxas_report.default_archs(NVCC)
     out = tmp_path / "ptxas.md"
     library = _built_cuda_library(archs_here)
+    if not library:
+        archs_here = archs_here[-1:]
     source = ["--binary", str(library)] if library else ["--jobs", "2"]
     status = ptxas_report.main([*source, "--archs", *archs_here, "--out", str(out)])
     printed = capsys.readouterr().out
