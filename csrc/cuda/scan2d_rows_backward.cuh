@@ -623,5 +623,196 @@ SS2D_UNROLL
   }
 };
 
+// The band carries of VMamba's four cross routes (codes 0, 4, 3, 7) in one launch: the saving
+// forward of the four-route op's RS backward. CrossRowsForward's two sweeps (routes 0 and 1 of
+// CROSS_ROUTES top-down, 2 and 3 bottom-up: u read once a sweep, both routes' delta and B) without
+// what only y needs -- no C, no y, no D u, and no row scan of the columns-first route (its vertical
+// state v is its carry) --: per band boundary each route's vertical state (h rows first, v columns
+// first) of its stream row 8 c + 7 goes to carries[route][map][c][memory column], the layout
+// RowsForward::run_saving stores for one route. Layout (RowsParams) as CrossRowsForward's: u [batch]
+// [dim][L]; delta [batch][4 * dim][L] (delta_planes), B, C [batch][4 * groups][L] (bc_planes; C is
+// not read); A, D, delta_bias fp32 [4 * dim] (D is not read); y and from_bottom are not read. The
+// plan needs V | W, as the four-route forward's. kSteps as RowsForward's (-1: at run time).
+template <class E, int kV, int kLoad, int kSteps>
+struct CrossRowsCarries {
+  using Raw = typename E::Raw;
+  using Forward = CrossRowsForward<E, kV, kLoad, kSteps>;
+  static constexpr int kChunks = kV / kLoad;
+
+  struct Lane {
+    int s;           // position in the segment, in the sweep's route order
+    unsigned valid;  // bit j: chunk j belongs to a real map (active lane)
+    float a2[2];
+    float bias[2];
+    Raw u[kV];       // the row being scanned
+    Raw d[2][kV];
+    Raw b[2][kV];
+    float above[2][kV];  // the vertical states: h of the rows-first route, v of the columns-first one
+    float abar[kV];      // the rows-first route's, between the phases
+    float x[kV];
+  };
+
+  template <class Ctx>
+  static SS2D_HD void run(Ctx& ctx, const RowsParams& p, long long item, float* carries) {
+    sweep<false>(ctx, p, item, carries);
+    sweep<true>(ctx, p, item, carries);
+  }
+
+  // One sweep: routes 2 * kRev (rows first) and 2 * kRev + 1 (columns first) of CROSS_ROUTES.
+  template <bool kRev, class Ctx>
+  static SS2D_HD void sweep(Ctx& ctx, const RowsParams& p, long long item, float* carries) {
+    constexpr int K = Ctx::kLanes;
+    const int H = p.height;
+    const int W = p.width;
+    const long long L = static_cast<long long>(H) * W;
+    const long long maps = static_cast<long long>(p.batch) * p.dim;
+    const int S = p.seg_lanes;
+    const int steps = kSteps >= 0 ? kSteps : rows_scan_steps(S);
+    const int row_step = kRev ? -W : W;
+    const int first_row = kRev ? (H - 1) * W : 0;
+    const int carry_rows = rows_carry_rows(H);
+    const long long route_carries = maps * carry_rows * W;
+    const auto u = ctx.global(static_cast<const Raw*>(p.u), maps * L);
+    const auto delta = ctx.global(static_cast<const Raw*>(p.delta), (p.batch - 1) * p.delta_planes * L + 4LL * p.dim * L);
+    const auto B = ctx.global(static_cast<const Raw*>(p.B), (p.batch - 1) * p.bc_planes * L + 4LL * p.groups * L);
+    const auto A = ctx.global(p.A, 4 * p.dim);
+    const auto bias = ctx.global(p.delta_bias, p.delta_bias != nullptr ? 4 * p.dim : 0);
+    const auto carry = ctx.global(carries, 4 * route_carries);
+    using InView = decltype(ctx.offset(u, 0LL));
+    // Route 0 of the sweep's views; route 1's planes lie a constant distance further on.
+    InView lane_u[K], lane_d[K], lane_b[K];
+    decltype(ctx.offset(carry, 0LL)) lane_carry[K];
+    const long long d_next = static_cast<long long>(p.dim) * L;
+    const long long bc_next = static_cast<long long>(p.groups) * L;
+
+    Lane lanes[K];
+    float sa[K], sb[K], ta[K], tb[K];
+
+    ctx.each_lane([&](int lane) {
+      const int q = ctx.slot(lane);
+      Lane& l = lanes[q];
+      const auto pl = Forward::template place<kRev>(p, item, lane);
+      l.s = pl.s;
+      l.valid = pl.active ? (1u << kChunks) - 1u : 0u;
+      const int route0 = kRev ? 2 : 0;
+      const long long cell = first_row + pl.col;
+      lane_u[q] = ctx.offset(u, pl.map * L + cell);
+      lane_d[q] = ctx.offset(delta, (static_cast<long long>(pl.b) * p.delta_planes + route0 * p.dim + pl.d) * L + cell);
+      lane_b[q] = ctx.offset(B, (static_cast<long long>(pl.b) * p.bc_planes + route0 * p.groups + pl.g) * L + cell);
+      lane_carry[q] = ctx.offset(carry, route0 * route_carries + pl.map * carry_rows * W + pl.col);
+SS2D_UNROLL
+      for (int k = 0; k < kV; ++k) l.u[k] = Raw();
+SS2D_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int ch = (route0 + r) * p.dim + pl.d;
+        l.a2[r] = ctx.read(A, ch) * kLog2e;
+        l.bias[r] = p.delta_bias != nullptr ? ctx.read(bias, ch) : 0.f;
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) {
+          l.above[r][k] = 0.f;
+          l.d[r][k] = l.b[r][k] = Raw();
+        }
+        Forward::template load_row<kRev>(ctx, lane_d[q], r * d_next, l.valid, l.d[r]);
+        Forward::template load_row<kRev>(ctx, lane_b[q], r * bc_next, l.valid, l.b[r]);
+      }
+      Forward::template load_row<kRev>(ctx, lane_u[q], 0, l.valid, l.u);
+    });
+
+    for (int i = 0; i < H; ++i) {
+      const bool ahead = i + 1 < H;
+      // Phase 1: discretise both routes, the columns-first route's vertical pass (its whole update:
+      // v = a v_above + x), the rows-first route's lane aggregate; delta and B of the next row.
+      ctx.each_lane([&](int lane) {
+        const int q = ctx.slot(lane);
+        Lane& l = lanes[q];
+        float uv[kV], dv[2][kV], bv[2][kV];
+        Forward::template widen<kRev>(l.u, uv);
+SS2D_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          Forward::template widen<kRev>(l.d[r], dv[r]);
+          Forward::template widen<kRev>(l.b[r], bv[r]);
+        }
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) {
+          float abar[2], x[2];
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            const float z = dv[r][k] + l.bias[r];
+            const float dt = p.softplus ? softplus(z) : z;
+            abar[r] = exp2_flush(dt * l.a2[r]);
+            x[r] = dt * bv[r][k] * uv[k];
+          }
+          l.abar[k] = abar[0];
+          l.x[k] = x[0];
+          l.above[1][k] = fmaf(abar[1], l.above[1][k], x[1]);
+        }
+        if (ahead) {
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            Forward::template load_row<kRev>(ctx, lane_d[q], r * d_next + row_step, l.valid, l.d[r]);
+            Forward::template load_row<kRev>(ctx, lane_b[q], r * bc_next + row_step, l.valid, l.b[r]);
+          }
+        }
+        float a = l.abar[0];
+        float h = l.x[0];
+SS2D_UNROLL
+        for (int k = 1; k < kV; ++k) {
+          h = fmaf(l.abar[k], h, l.x[k]);
+          a *= l.abar[k];
+        }
+        sa[q] = l.s == 0 ? 0.f : a;
+        sb[q] = h;
+      });
+
+      // The rows-first route's segmented scan of the lane aggregates, in route positions.
+SS2D_UNROLL
+      for (int step = 0; step < kScanSteps; ++step) {
+        if (step >= steps) break;
+        const bool last_step = step + 1 == steps;
+        if (!last_step) Forward::template shift<kRev>(ctx, ta, sa, 1 << step);
+        Forward::template shift<kRev>(ctx, tb, sb, 1 << step);
+        ctx.each_lane([&](int lane) {
+          const int q = ctx.slot(lane);
+          sb[q] = fmaf(sa[q], tb[q], sb[q]);
+          if (!last_step) sa[q] *= ta[q];
+        });
+      }
+      Forward::template shift<kRev>(ctx, tb, sb, 1);
+
+      // Phase 2: the rows-first route's row and vertical pass; at a band's last row both routes'
+      // vertical states to the carries; u of the next row.
+      ctx.each_lane([&](int lane) {
+        const int q = ctx.slot(lane);
+        Lane& l = lanes[q];
+        float h = l.s == 0 ? 0.f : tb[q];
+SS2D_UNROLL
+        for (int k = 0; k < kV; ++k) {
+          h = fmaf(l.abar[k], h, l.x[k]);
+          l.above[0][k] = fmaf(l.abar[k], l.above[0][k], h);
+        }
+        if (i % kBandRows == kBandRows - 1 && ahead) {
+          const int band_off = (i / kBandRows) * W;
+SS2D_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            float hv[kV];
+SS2D_UNROLL
+            for (int k = 0; k < kV; ++k) hv[Forward::template at<kRev>(k)] = l.above[r][k];
+SS2D_UNROLL
+            for (int j = 0; j < kChunks; ++j) {
+              ctx.template store_if<kLoad>((l.valid >> j) & 1u, lane_carry[q],
+                                           r * route_carries + band_off + Forward::template chunk_step<kRev>(j),
+                                           &hv[j * kLoad]);
+            }
+          }
+        }
+        if (ahead) Forward::template load_row<kRev>(ctx, lane_u[q], row_step, l.valid, l.u);
+        lane_u[q] = ctx.offset(lane_u[q], row_step);
+        lane_d[q] = ctx.offset(lane_d[q], row_step);
+        lane_b[q] = ctx.offset(lane_b[q], row_step);
+      });
+    }
+  }
+};
+
 }  // namespace rows
 }  // namespace vmamba2d

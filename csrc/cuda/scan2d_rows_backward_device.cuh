@@ -64,5 +64,16 @@ __device__ SS2D_INLINE void rows_forward_saving_kernel(const RowsParams& p, floa
   RowsForward<E, kV, kLoad, kOrder, kFromRight, kPrefetch, kSteps, true>::run_saving(ctx, p, item, carries);
 }
 
+// The four cross routes' band carries (CrossRowsCarries): warp w of the grid takes item w.
+template <class E, int kV, int kLoad, int kSteps>
+__device__ SS2D_INLINE void rows_cross_save_kernel(const RowsParams& p, float* carries) {
+  static_assert(kSteps >= 0 && kSteps <= kScanSteps, "kSteps: rows_scan_steps of the plan");
+  if ((1 << kSteps) < p.seg_lanes || p.width % kV != 0) __trap();
+  RowsDeviceCtx ctx;
+  const long long item = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpLanes;
+  if (item >= rows_items(p)) return;
+  CrossRowsCarries<E, kV, kLoad, kSteps>::run(ctx, p, item, carries);
+}
+
 }  // namespace rows
 }  // namespace vmamba2d

@@ -134,9 +134,9 @@ def cross_inputs(batch, dim, side, dtype, seed=0, device="cuda"):
 
 
 def cross_rows(passes, v3_backward, batch: int, maps=CROSS_MAPS, device: str = "cuda", timer=None,
-               title: str = "") -> tuple[list[str], bool]:
+               title: str = "", cross_save=None) -> tuple[list[str], bool]:
     """The --cross table: per (side, channels) of ``maps`` and fp32 / bf16, the four-route RS backward
-    (cross_rows_backward over ``passes``) against ``v3_backward`` (the op's backward, same arguments as
+    (cross_rows_backward over ``passes``, the carries from ``cross_save`` where it applies) against ``v3_backward`` (the op's backward, same arguments as
     vmamba2d::cross_selective_scan_2d_bwd): the largest relative error over the gradients and
     bit-equality of two runs at batch 2 x 8 channels, then both timed by ``timer`` (default
     :func:`timed`) at ``batch`` x channels. Returns (markdown lines, every row within 4x the
@@ -147,12 +147,12 @@ def cross_rows(passes, v3_backward, batch: int, maps=CROSS_MAPS, device: str = "
     routes = [0, 4, 3, 7]
 
     def rs(x, dy):
-        return cross_rows_backward(*passes, *(x[k] for k in NAMES), True, routes, dy)
+        return cross_rows_backward(*passes, *(x[k] for k in NAMES), True, routes, dy, cross_save=cross_save)
 
     def v3(x, dy):
         return v3_backward(*(x[k] for k in NAMES), True, routes, dy)[:7]
 
-    lines = [f"Four-route RS backward (route passes){title} (batch {batch} for the timings; errors relative "
+    lines = [f"Four-route RS backward (route passes, one carries launch){title} (batch {batch} for the timings; errors relative "
              "to the op's v3 backward)", "",
              "| map | dtype | max rel. error vs v3 | bit-equal runs | RS passes ms | v3 backward op ms |",
              "|---|---|---|---|---|---|"]
@@ -175,10 +175,10 @@ def cross_rows(passes, v3_backward, batch: int, maps=CROSS_MAPS, device: str = "
 
 def cross_main(launcher, batch: int) -> tuple[list[str], bool]:
     from vmamba2d.ops.compiled.cross_ops import cross_selective_scan_2d_bwd
-    from vmamba2d.ops.compiled.cross_rows_backward import nvrtc_passes
+    from vmamba2d.ops.compiled.cross_rows_backward import nvrtc_cross_save, nvrtc_passes
 
     return cross_rows(nvrtc_passes(launcher), cross_selective_scan_2d_bwd, batch,
-                      title=f" on {torch.cuda.get_device_name()}")
+                      title=f" on {torch.cuda.get_device_name()}", cross_save=nvrtc_cross_save(launcher))
 
 
 def main(argv=None) -> int:

@@ -14,6 +14,9 @@ first, from the bottom-right corner), the instance the backward plan picks
 * resident warps per SM of the backward's 128-thread blocks from those registers and the band
   buffers' shared memory (65536 registers allocated 256 a warp; 228 / 164 / 64 KiB of shared
   memory per SM on sm_90 / sm_80 / sm_75 with 1 KiB reserved per block on sm_80+);
+* the same for the four cross routes' carries in one launch (vmamba2d_rows_cross_save: the saving
+  forward of the four-route backward) at route 0's widths and types on the first arch: registers,
+  spills, and the SASS of its top-down and bottom-up sweeps' row loops per cell, channel and route;
 * SASS of its two row loops from ``nvcc -cubin`` + ``nvdisasm -c`` (dev/gpu/sass_report.py's natural
   loops): the recompute loop (the innermost loop with shuffles up and none down: one forward row)
   and the adjoint loop (the innermost loop with loads and shuffles down and none up: one row
@@ -92,9 +95,12 @@ def resident_warps(registers: int, smem: int, arch: int) -> int:
     return min(by_registers, by_smem, max_warps // 4) * 4
 
 
-def nvcc_loops(nvcc: str, disassembler: str, arch: int, defines: dict[str, str], workdir: Path) -> tuple[int, int]:
-    """Static instructions of the recompute and the adjoint row loops of the nvcc build."""
-    compiled = static_report.compile_entry(nvcc, disassembler, f"sm_{arch}", defines, workdir, SYMBOL, ENTRY, "rsb")
+def nvcc_loops(nvcc: str, disassembler: str, arch: int, defines: dict[str, str], workdir: Path,
+               symbol: str = SYMBOL, prefix: str = "rsb") -> tuple[int, int]:
+    """Static instructions of the entry's two row loops in the nvcc build: the innermost loop with
+    shuffles up and none down (the backward's recompute loop, the cross carries' top-down sweep) and
+    the one with loads and shuffles down and none up (the adjoint loop, the bottom-up sweep)."""
+    compiled = static_report.compile_entry(nvcc, disassembler, f"sm_{arch}", defines, workdir, symbol, ENTRY, prefix)
     instructions = compiled.instructions
     blocks = sass_report.basic_blocks(instructions, compiled.labels)
     loops = sass_report.natural_loops(blocks)
@@ -103,10 +109,10 @@ def nvcc_loops(nvcc: str, disassembler: str, arch: int, defines: dict[str, str],
         return sum(1 for b in body for i in instructions[blocks[b].start:blocks[b].end]
                    if opcode is None or i.opcode.startswith(opcode))
 
-    recompute = min((body for body in loops if count(body, "SHFL.UP") and not count(body, "SHFL.DOWN")), key=len)
-    adjoint = min((body for body in loops if count(body, "SHFL.DOWN") and count(body, "LDG")
-                   and not count(body, "SHFL.UP")), key=len)
-    return count(recompute), count(adjoint)
+    up = min((body for body in loops if count(body, "SHFL.UP") and not count(body, "SHFL.DOWN")), key=len)
+    down = min((body for body in loops if count(body, "SHFL.DOWN") and count(body, "LDG")
+                and not count(body, "SHFL.UP")), key=len)
+    return count(up), count(down)
 
 
 def analyse(nvcc: str, disassembler: str, toolchain, arch: int, dtype: str, width: int, workdir: Path,
@@ -126,6 +132,46 @@ def analyse(nvcc: str, disassembler: str, toolchain, arch: int, dtype: str, widt
                s.registers, s.spill_stores + s.spill_loads, sum_form, recompute, adjoint)
 
 
+@dataclass
+class CrossSaveRow:
+    arch: int
+    dtype: str
+    width: int
+    vec: int
+    maps: int
+    registers: int
+    spill_bytes: int
+    top_down: int
+    bottom_up: int
+
+    @property
+    def per_cell_route(self) -> float:
+        # Each sweep's loop body scans one row of its two routes for the warp's M maps.
+        return (self.top_down + self.bottom_up) * 32 / (self.maps * self.width) / 4
+
+
+def analyse_cross_save(nvcc: str, disassembler: str, toolchain, arch: int, dtype: str, width: int,
+                       workdir: Path) -> CrossSaveRow:
+    torch_dtype = DTYPES[dtype]
+    plan = rbl.backward_plan(torch_dtype.itemsize, torch_dtype.itemsize, width)
+    spec = rbl.cross_save_spec(plan, torch_dtype)
+    r = nvrtc.compile_kernel(spec, arch, toolchain).resources
+    top_down, bottom_up = nvcc_loops(nvcc, disassembler, arch, dict(spec.defines), workdir, rbl.CROSS_SAVE_SYMBOL,
+                                     "rsc")
+    return CrossSaveRow(arch, dtype, width, plan.vec, plan.maps_per_warp, r.registers,
+                        r.spill_stores + r.spill_loads, top_down, bottom_up)
+
+
+def format_cross_save_table(rows: list[CrossSaveRow]) -> str:
+    lines = ["| arch | dtype | W | V | M | regs | spill B (st+ld) | top-down loop | bottom-up loop | "
+             "static / cell·ch·route |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| sm_{r.arch} | {r.dtype} | {r.width} | {r.vec} | {r.maps} | {r.registers} | {r.spill_bytes} | "
+                     f"{r.top_down} | {r.bottom_up} | {r.per_cell_route:.1f} |")
+    return "\n".join(lines)
+
+
 def format_table(rows: list[Row]) -> str:
     lines = ["| route | arch | dtype | W | V | M | regs | spill B (st+ld) | stack B | smem B | BAR | warps / SM | "
              "recompute loop: static / cell·ch | adjoint loop: static / cell·ch | sum | saving fwd regs / spill B | "
@@ -140,7 +186,7 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def report(rows: list[Row], toolchain) -> str:
+def report(rows: list[Row], toolchain, cross_rows: list[CrossSaveRow]) -> str:
     head = [
         "# RS backward (N = 1): static figures",
         "",
@@ -158,6 +204,15 @@ def report(rows: list[Row], toolchain) -> str:
         "first, 3 / 7 their reverses from the bottom-right (the first arch only).",
         "",
         format_table(rows),
+        "",
+        "## The cross routes' carries in one launch (the four-route backward's saving forward)",
+        "",
+        "vmamba2d_rows_cross_save: VMamba's four cross routes in two sweeps (no C, no y, no row scan of the "
+        "columns-first routes). \"static / cell·ch·route\": both sweeps' row-loop bodies x 32 / (M x W) / 4 "
+        "routes, to set beside a route's saving pass (the recompute loop above is the RS backward's own "
+        "forward row, a close stand-in for it).",
+        "",
+        format_cross_save_table(cross_rows),
         "",
     ]
     return "\n".join(head)
@@ -178,7 +233,9 @@ def main(argv=None) -> int:
                 for arch in args.archs for dtype in DTYPES for width in WIDTHS]
         rows += [analyse(nvcc, disassembler, toolchain, args.archs[0], dtype, width, Path(tmp), route)
                  for route in OTHER_ROUTES for dtype in DTYPES for width in WIDTHS]
-    text = report(rows, toolchain)
+        cross_rows = [analyse_cross_save(nvcc, disassembler, toolchain, args.archs[0], dtype, width, Path(tmp))
+                      for dtype in DTYPES for width in WIDTHS]
+    text = report(rows, toolchain, cross_rows)
     if args.write:
         args.write.write_text(text)
     print(text)

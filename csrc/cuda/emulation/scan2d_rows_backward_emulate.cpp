@@ -1,6 +1,7 @@
-// Host emulation of the RS backward (scan2d_rows_backward.cuh) and of the forward that saves its
-// band carries (RowsForward::run_saving), built by the C++ compiler alone as a test-only torch
-// extension (tests/support/cuda_emulation_build.py: build_emulation; include path csrc/cuda). Warps
+// Host emulation of the RS backward (scan2d_rows_backward.cuh) and of the forwards that save its
+// band carries (RowsForward::run_saving, one route; CrossRowsCarries, VMamba's four cross routes),
+// built by the C++ compiler alone as a test-only torch extension
+// (tests/support/cuda_emulation_build.py: build_emulation; include path csrc/cuda). Warps
 // run in a chosen order (forward, reversed or shuffled), the 32 lanes of a warp one after another in
 // every per-lane phase in that order, the shuffles move values between the lanes' slots. Checks, each
 // a RuntimeError naming what went wrong:
@@ -300,6 +301,49 @@ std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const 
   return {y, carries};
 }
 
+template <class E, int kV, int kLoad>
+struct CrossSaveJob {
+  static void run(const RowsParams& p, int64_t order, const Outputs& outputs, float* carries) {
+    Schedule schedule(order);
+    for (int64_t item : schedule.permutation(rows_items(p))) {
+      BackwardHostCtx ctx(item, schedule, outputs, 0);
+      CrossRowsCarries<E, kV, kLoad, -1>::run(ctx, p, item, carries);
+    }
+  }
+};
+
+// The band carries of VMamba's four cross routes in one launch (CrossRowsCarries) on the emulation:
+// u (batch, dim, L); delta (batch, 4 * dim, L); B, C (batch, 4 * groups, 1, L); A (4 * dim, 1); D,
+// delta_bias (4 * dim,) or None; vec | W. Returns carries fp32 (4, batch * dim, rows_carry_rows(H),
+// W), route k of CROSS_ROUTES as rows_forward_save stores it for that route alone.
+at::Tensor rows_cross_save(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
+                           const at::Tensor& C, const std::optional<at::Tensor>& D,
+                           const std::optional<at::Tensor>& delta_bias, bool softplus, int64_t height, int64_t width,
+                           int64_t order, int64_t vec, int64_t load) {
+  const emulation::ScanSizes sizes =
+      emulation::check_scan_inputs(u, delta, A, B, C, D, delta_bias, height, width, 4, 4);
+  TORCH_CHECK(vec == 1 || vec == 2 || vec == 4, "vec: expected 1, 2 or 4, got ", vec);
+  TORCH_CHECK(width % vec == 0 && width / vec <= kWarpLanes, "vec ", vec, ": expected to divide W = ", width,
+              " into at most 32 lanes");
+  TORCH_CHECK(load == 1 || load == vec, "load ", load, ": 1, or vec");
+  at::Tensor carries =
+      nan_filled({4, sizes.batch * sizes.dim, rows_carry_rows(static_cast<int>(height)), width}, u, at::kFloat);
+  RowsParams p{};
+  emulation::fill_scan_params(p, u, delta, A, B, C, D, delta_bias, u.new_empty({0}), sizes, 4, 0, height, width,
+                              softplus);
+  p.y = nullptr;
+  p.D = nullptr;
+  p.seg_lanes = static_cast<int>(width / vec);
+  p.maps_per_warp = kWarpLanes / p.seg_lanes;
+  OutputShadow shadow("carries", carries.numel());
+  Outputs outputs;
+  if (carries.numel() > 0) outputs[carries.data_ptr()] = &shadow;
+  float* carry_ptr = carries.numel() > 0 ? carries.data_ptr<float>() : nullptr;
+  dispatch<CrossSaveJob>(u.scalar_type(), vec, load, p, order, outputs, carry_ptr);
+  shadow.check_complete();
+  return carries;
+}
+
 // The RS backward on the emulation. Inputs as rows_forward_save (delta, B, C in the layout of
 // `routes` routes, the pass's planes those of route route_index), dy (batch, dim, L) in u's type or
 // fp32, carries as rows_forward_save returns them for the same route, du_sum None or fp32 (batch,
@@ -447,6 +491,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("dy"), pybind11::arg("carries"), pybind11::arg("order"), pybind11::arg("vec"),
         pybind11::arg("load"), pybind11::arg("route") = 0, pybind11::arg("du_sum") = pybind11::none(),
         pybind11::arg("du_fp32") = false, pybind11::arg("routes") = 1, pybind11::arg("route_index") = 0);
+  m.def("rows_cross_save", &rows_cross_save, "the band carries of the four cross routes in one launch",
+        pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
+        pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"),
+        pybind11::arg("width"), pybind11::arg("order"), pybind11::arg("vec"), pybind11::arg("load"));
   m.def("rows_backward_self_check", &rows_backward_self_check, "run one band-buffer checker scenario",
         pybind11::arg("scenario"));
   m.attr("band_rows") = kBandRows;

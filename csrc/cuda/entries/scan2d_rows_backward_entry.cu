@@ -13,6 +13,10 @@
 //                          instance's, for a multi-route op's running sum), 0: in the inputs' type
 //   VMAMBA2D_RSB_SAVE      1: the entry is vmamba2d_rows_forward_save instead, the route's forward
 //                          that also stores the band carries (RowsParams, then float* carries)
+//                          2: vmamba2d_rows_cross_save instead, the band carries of VMamba's four
+//                          cross routes in one launch (CrossRowsCarries: RowsParams in the
+//                          four-route layout, then float* carries [4][batch * dim][carry rows][W];
+//                          VEC must divide W; ROUTE and PREFETCH are not read)
 //   VMAMBA2D_RSB_PREFETCH  RowsPlan::prefetch (the saving forward only)
 // (vmamba2d/ops/compiled/rows_backward_launch.py builds these.)
 // Launch: vmamba2d_rows_backward(RowsBackwardParams) with up to kRowsThreads (128) threads per
@@ -79,7 +83,17 @@ constexpr int kBackwardFromBottom = (VMAMBA2D_RSB_ROUTE & kRouteFromBottom) ? 1 
 }  // namespace rows
 }  // namespace vmamba2d
 
-#if defined(VMAMBA2D_RSB_SAVE) && VMAMBA2D_RSB_SAVE
+#if defined(VMAMBA2D_RSB_SAVE) && VMAMBA2D_RSB_SAVE == 2
+// At 4 columns a lane the two routes' state takes 80 registers (6 blocks per SM: at 64, NVRTC 13.0
+// spilled 28-36 B of the fp32 / fp16 instances on sm_75 .. sm_90), as the four-route forward's.
+extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads,
+                                             VMAMBA2D_RSB_VEC == 4 ? 6 : vmamba2d::rows::kRowsMinBlocks)
+    vmamba2d_rows_cross_save(const vmamba2d::rows::RowsParams p, float* carries) {
+  using namespace vmamba2d::rows;
+  rows_cross_save_kernel<BackwardElement<VMAMBA2D_RSB_DTYPE>::type, VMAMBA2D_RSB_VEC, VMAMBA2D_RSB_LOAD,
+                         VMAMBA2D_RSB_STEPS>(p, carries);
+}
+#elif defined(VMAMBA2D_RSB_SAVE) && VMAMBA2D_RSB_SAVE
 static_assert((VMAMBA2D_RSB_ROUTE & vmamba2d::rows::kRouteFromBottom) == 0,
               "VMAMBA2D_RSB_ROUTE of the saving forward: from_bottom is RowsParams::from_bottom");
 extern "C" __global__ void __launch_bounds__(vmamba2d::rows::kRowsThreads, vmamba2d::rows::kRowsMinBlocks)

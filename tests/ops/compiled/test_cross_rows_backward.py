@@ -54,6 +54,22 @@ def emulated_passes(emu, order=2):
     return save_pass, backward_pass
 
 
+def emulated_cross_save(emu, order=2, calls=None):
+    """The cross routes' carries from one emulated launch at the backward plan's lane layout (None where
+    its V does not divide W, as on the GPU)."""
+
+    def cross_save(u, delta, A, B, C, D, delta_bias, softplus, height, width):
+        plan = rbl.backward_plan(u.element_size(), u.element_size(), width)
+        if width % plan.vec:
+            return None
+        if calls is not None:
+            calls.append(width)
+        return emu.rows_cross_save(u, delta, A, B, C, D, delta_bias, softplus, height, width, order, plan.vec,
+                                   plan.load)
+
+    return cross_save
+
+
 def reference_grads(x, routes, dy):
     leaves = {k: None if x[k] is None else x[k].double().requires_grad_() for k in NAMES}
     y = cross_selective_scan_2d_reference(*(leaves[k] for k in NAMES), True, routes=routes)
@@ -134,6 +150,39 @@ def test_du_is_the_routes_fp32_sum_rounded_once(emu):
         assert alone.dtype == torch.float32
         total = total + alone
     assert torch.equal(du, total.bfloat16().view(2, 3, 10, 14))
+
+
+@pytest.mark.parametrize("dtype,shape", [(torch.float32, (2, 3, 17, 12)), (torch.bfloat16, (2, 4, 16, 28)),
+                                         (torch.bfloat16, (1, 3, 9, 66))])
+def test_cross_routes_take_their_carries_from_one_launch(emu, dtype, shape):
+    # VMamba's cross routes in their order: one carries launch instead of four save passes, and the same
+    # gradients bit for bit (W = 66: V = 4 does not divide the row, so the save passes run).
+    x = cross_op_inputs(*shape, dtype, seed=15)
+    dy = torch.randn(*shape, generator=torch.Generator().manual_seed(16)).to(dtype)
+    codes = [r.code for r in CROSS_ROUTES]
+    save_pass, backward_pass = emulated_passes(emu)
+    saves, launches = [], []
+
+    def counted_save(*args):
+        saves.append(args[-3])
+        return save_pass(*args)
+
+    one = cross_rows_backward(counted_save, backward_pass, *(x[k] for k in NAMES), True, codes, dy,
+                              cross_save=emulated_cross_save(emu, calls=launches))
+    passes = cross_rows_backward(save_pass, backward_pass, *(x[k] for k in NAMES), True, codes, dy)
+    assert (launches, saves) == (([], codes) if shape[3] == 66 else ([shape[3]], []))
+    for name, a, b in zip(NAMES, one, passes):
+        assert (a is None and b is None) or torch.equal(a, b), name
+
+
+def test_other_route_orders_run_the_save_passes(emu):
+    x = cross_op_inputs(1, 2, 9, 12, torch.float32, seed=17)
+    dy = torch.randn(1, 2, 9, 12, generator=torch.Generator().manual_seed(18))
+    launches = []
+    grads = cross_rows_backward(*emulated_passes(emu), *(x[k] for k in NAMES), True, [r.code for r in CORNER_ROUTES],
+                                dy, cross_save=emulated_cross_save(emu, calls=launches))
+    assert launches == []
+    check(grads, x, reference_grads(x, CORNER_ROUTES, dy), torch.float32)
 
 
 def _never(*args):

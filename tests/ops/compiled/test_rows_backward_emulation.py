@@ -388,3 +388,40 @@ def test_a_route_index_outside_the_layout_is_refused(emu):
         emu.rows_forward_save(x["u"], x["delta"].repeat(1, 2, 1), x["A"], x["B"].repeat(1, 2, 1, 1),
                               x["C"].repeat(1, 2, 1, 1), x["D"], x["delta_bias"], True, 9, 14, False, 0, 2, 2, 0,
                               False, 2, 2)
+
+
+CROSS_CODES = (0, 4, 3, 7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,vec,load", [((2, 3, 1, 17, 12), 4, 4), ((1, 2, 1, 56, 56), 4, 4), ((2, 4, 2, 9, 14), 2, 2),
+                                            ((2, 3, 1, 16, 7), 1, 1), ((1, 2, 1, 1, 1), 1, 1), ((2, 2, 1, 10, 8), 4, 1)],
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_cross_carries_equal_each_route_s_own_saving_pass(emu, shape, vec, load, dtype):
+    # One launch for VMamba's four cross routes (two sweeps, no C / y, no row scan of the columns-first
+    # routes) stores, per route, bit for bit what that route's own saving forward stores.
+    batch, dim, groups, height, width = shape
+    g = torch.Generator().manual_seed(height * width)
+    L = height * width
+    x = {"u": torch.randn(batch, dim, L, generator=g).to(dtype),
+         "delta": (torch.randn(batch, 4 * dim, L, generator=g) * 0.5 - 1.0).to(dtype),
+         "A": -(torch.rand(4 * dim, 1, generator=g) * 1.5 + 0.05),
+         "B": torch.randn(batch, 4 * groups, 1, L, generator=g).to(dtype),
+         "C": torch.randn(batch, 4 * groups, 1, L, generator=g).to(dtype),
+         "D": torch.randn(4 * dim, generator=g), "delta_bias": torch.randn(4 * dim, generator=g) * 0.3}
+    carries = emu.rows_cross_save(*(x[k] for k in NAMES), True, height, width, 3, vec, load)
+    assert carries.shape == (4, batch * dim, (height - 1) // 8, width)
+    for k, code in enumerate(CROSS_CODES):
+        own = slice(k * dim, (k + 1) * dim)
+        _, alone = emu.rows_forward_save(x["u"], x["delta"], x["A"][own], x["B"], x["C"], x["D"][own],
+                                         x["delta_bias"][own], True, height, width, False, 2, vec, load, code, False,
+                                         4, k)
+        assert torch.equal(carries[k], alone), code
+
+
+def test_cross_carries_refuse_a_lane_width_that_does_not_divide_the_row(emu):
+    x = make_inputs(1, 2, 1, 9, 14, torch.float32, seed=73)
+    four = {"u": x["u"], "delta": x["delta"].repeat(1, 4, 1), "A": x["A"].repeat(4, 1), "B": x["B"].repeat(1, 4, 1, 1),
+            "C": x["C"].repeat(1, 4, 1, 1), "D": x["D"].repeat(4), "delta_bias": x["delta_bias"].repeat(4)}
+    with pytest.raises(RuntimeError, match="vec 4: expected to divide W = 14"):
+        emu.rows_cross_save(*(four[k] for k in NAMES), True, 9, 14, 0, 4, 4)

@@ -265,6 +265,47 @@ def test_a_bad_multi_route_layout_is_refused(launcher, delta_planes, bc_planes, 
     assert not driver.of("launch")
 
 
+def test_cross_carries_launch_reads_the_four_route_layout(launcher):
+    launcher, driver, folder = launcher
+    batch, dim, groups, height, width = 2, 6, 2, 17, 28
+    L = height * width
+    u = torch.randn(batch, dim, L).bfloat16()
+    delta = torch.randn(batch, 4 * dim, L).bfloat16()
+    B, C = (torch.randn(batch, 4 * groups, 1, L).bfloat16() for _ in range(2))
+    A, D, bias = -torch.rand(4 * dim, 1), torch.randn(4 * dim), torch.randn(4 * dim)
+    plan = rbl.backward_plan(2, 2, width)
+    spec = rbl.cross_save_spec(plan, torch.bfloat16)
+    assert spec.name == "rows_cross_save.bf16.v4l4s3" and dict(spec.defines)["VMAMBA2D_RSB_SAVE"] == "2"
+    stub_kernel(folder, spec, TOOLCHAIN)
+    seen = driver.read_params(rows_launch.RowsParams, ctypes.c_void_p)
+    carries = rbl.launch_cross_save(launcher, u, delta, A, B, C, D, bias, True, height, width, plan)
+    assert carries.shape == (4, batch * dim, 2, width) and carries.dtype == torch.float32
+    (launch,) = driver.of("launch")
+    assert launch[2:6] == ((plan.blocks(batch, dim, 4), 1, 1), 128, 0, 1000)
+    ((p, carry_ptr),) = seen
+    assert (p.delta, p.B, p.C, p.A, p.y, p.D) == (delta.data_ptr(), B.data_ptr(), C.data_ptr(), A.data_ptr(), None, None)
+    assert (p.delta_planes, p.bc_planes, p.dim, p.groups, p.softplus) == (4 * dim, 4 * groups, dim, groups, 1)
+    assert carry_ptr.value == carries.data_ptr()
+
+
+def test_cross_carries_refuse_a_ragged_plan_and_other_layouts(launcher):
+    launcher, driver, _ = launcher
+    u = torch.zeros(1, 2, 9 * 66)
+    delta, B = torch.zeros(1, 8, 9 * 66), torch.zeros(1, 4, 1, 9 * 66)
+    A = torch.zeros(8, 1)
+    with pytest.raises(ValueError, match="plan: V = 4 must divide W = 66"):
+        rbl.launch_cross_save(launcher, u, delta, A, B, B, None, None, True, 9, 66, rbl.backward_plan(4, 4, 66))
+    plan = rbl.backward_plan(4, 4, 14)
+    u = torch.zeros(1, 2, 126)
+    with pytest.raises(ValueError, match="delta: expected"):
+        rbl.launch_cross_save(launcher, u, torch.zeros(1, 6, 126), A, torch.zeros(1, 4, 1, 126),
+                              torch.zeros(1, 4, 1, 126), None, None, True, 9, 14, plan)
+    with pytest.raises(ValueError, match="A, delta_bias: expected"):
+        rbl.launch_cross_save(launcher, u, torch.zeros(1, 8, 126), A[:2], torch.zeros(1, 4, 1, 126),
+                              torch.zeros(1, 4, 1, 126), None, None, True, 9, 14, plan)
+    assert not driver.of("launch")
+
+
 def test_a_bad_running_du_sum_is_refused(launcher):
     launcher, seen, (u, delta, A, B, C, D, bias, dy), plan = stubbed_9x14_backward(launcher)
     for bad in (torch.zeros(u.shape, dtype=torch.float64), torch.zeros(2, 4, 125), torch.zeros(2, 126, 4).transpose(1, 2)):
@@ -341,3 +382,15 @@ def test_other_routes_compile_within_the_register_budget(width, dtype, route):
                                  KNOWN_SPILLS.get((name, width), 0) + 8), (rbl.save_spec(plan, dtype, route), 64, 0)):
         r = nvrtc.compile_kernel(spec, 90, TOOLCHAIN).resources
         assert r.registers <= limit and r.spill_stores <= spills and r.barriers == 0, (spec.name, r)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [90, 75])
+def test_cross_carries_instances_compile_without_spills(arch):
+    # 4 columns a lane hold both routes' state in 80 registers (6 blocks per SM), narrower lanes in 64.
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for width in (56, 28, 14, 7):
+            plan = rbl.backward_plan(dtype.itemsize, dtype.itemsize, width)
+            r = nvrtc.compile_kernel(rbl.cross_save_spec(plan, dtype), arch, TOOLCHAIN).resources
+            limit = 80 if plan.vec == 4 else 64
+            assert r.registers <= limit and r.spill_stores == 0 and r.stack_bytes == 0, (dtype, width, r)

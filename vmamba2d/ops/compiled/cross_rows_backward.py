@@ -18,6 +18,7 @@ from vmamba2d.ops import plan as scan_plan
 from vmamba2d.ops.compiled import rows_backward_launch as rbl
 from vmamba2d.ops.compiled.cross_rows_launch import scan_call
 from vmamba2d.ops.compiled.rows_plan import alignment
+from vmamba2d.ops.routes import CROSS_ROUTES
 
 Tensor = torch.Tensor
 # save_pass(u, delta, A, B, C, D, delta_bias, softplus, height, width, route, routes, route_index) -> carries
@@ -28,6 +29,11 @@ SavePass = Callable[..., Tensor]
 #   delta, B, C and ddelta_out in the K routes' layout (the pass reading / writing route_index's planes),
 #   du = the route's du + du_sum (fp32 or None), fp32 with du_fp32
 BackwardPass = Callable[..., tuple]
+# cross_save(u, delta, A, B, C, D, delta_bias, softplus, height, width) -> the band carries of VMamba's
+#   four cross routes from one launch, (4, batch * dim, carry rows, W) in CROSS_ROUTES order
+#   (rows_backward_launch.launch_cross_save), or None where it does not apply (the save passes run)
+CrossSave = Callable[..., Optional[Tensor]]
+CROSS_CODES = [route.code for route in CROSS_ROUTES]
 BUILT = scan_plan.BUILT["cuda four-route backward"]
 _FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -70,12 +76,13 @@ def launch_backward(launcher, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C:
     if design != "rs":
         return None
     with torch.cuda.device(u.device):
-        return cross_rows_backward(*nvrtc_passes(launcher), u, delta, A, B, C, D, delta_bias, softplus, routes, dy)
+        return cross_rows_backward(*nvrtc_passes(launcher), u, delta, A, B, C, D, delta_bias, softplus, routes, dy,
+                                   cross_save=nvrtc_cross_save(launcher))
 
 
 def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Tensor, delta: Tensor, A: Tensor,
                         B: Tensor, C: Tensor, D: Optional[Tensor], delta_bias: Optional[Tensor], softplus: bool,
-                        routes: Sequence[int], dy: Tensor) -> tuple:
+                        routes: Sequence[int], dy: Tensor, cross_save: Optional[CrossSave] = None) -> tuple:
     """(du, ddelta, dA, dB, dC, dD, ddelta_bias) of the K-route scan at N = 1 from K route passes.
 
     u, dy (batch, dim, H, W), any layout (du comes back in u's: contiguous, or channels-last);
@@ -85,7 +92,9 @@ def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Ten
     pass writing its route's planes). Route k's pass reads its delta, B, C planes in place (delta, B,
     C are copied once only where they are not contiguous) and adds its own D term to du. du is the
     routes' sum in fp32 inside the kernels: each pass adds its route's du to the running fp32 sum of
-    the routes before it, and the last pass rounds it once to u's type as it stores it.
+    the routes before it, and the last pass rounds it once to u's type as it stores it. For VMamba's
+    cross routes in their order (0, 4, 3, 7), ``cross_save`` -- where given and where it applies --
+    gives every route's band carries from one launch instead of the K save passes.
 
     Raises:
         ValueError: shapes that do not match, N != 1, or a route code outside 0-7.
@@ -116,12 +125,18 @@ def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Ten
     du = None
     ddelta = torch.empty((batch, K * dim, length), dtype=delta.dtype, device=delta.device)
     dA, dB, dC, dD, dbias = [], [], [], [], []
+    all_carries = None
+    if cross_save is not None and routes == CROSS_CODES:
+        all_carries = cross_save(flat_u, flat_delta, A, flat_B, flat_C, D, delta_bias, softplus, height, width)
     for k, route in enumerate(routes):
         channels = slice(k * dim, (k + 1) * dim)
         part = (flat_u, flat_delta, A[channels].contiguous(), flat_B, flat_C,
                 None if D is None else D[channels].contiguous(),
                 None if delta_bias is None else delta_bias[channels].contiguous())
-        carries = save_pass(*part, softplus, height, width, route, K, k)
+        if all_carries is not None:
+            carries = all_carries[k]
+        else:
+            carries = save_pass(*part, softplus, height, width, route, K, k)
         du, _, g_A, g_B, g_C, g_D, g_bias = backward_pass(*part, softplus, height, width, flat_dy, carries, route,
                                                           ddelta, du, k + 1 < K, K, k)
         dA.append(g_A)
@@ -134,6 +149,19 @@ def cross_rows_backward(save_pass: SavePass, backward_pass: BackwardPass, u: Ten
         du = du.contiguous(memory_format=torch.channels_last)
     return (du, ddelta.view(batch, K, dim, height, width), torch.cat(dA), torch.stack(dB, 1),
             torch.stack(dC, 1), None if D is None else torch.cat(dD), None if delta_bias is None else torch.cat(dbias))
+
+
+def nvrtc_cross_save(launcher) -> CrossSave:
+    """The cross routes' carries on a GPU from one NVRTC launch (rows_backward_launch.launch_cross_save)
+    at the lane layout backward_plan picks, or None where its V does not divide W."""
+
+    def cross_save(u, delta, A, B, C, D, delta_bias, softplus, height, width):
+        plan = rbl.backward_plan(u.element_size(), u.element_size(), width, alignment(u, delta, B, C))
+        if plan is None or width % plan.vec:
+            return None
+        return rbl.launch_cross_save(launcher, u, delta, A, B, C, D, delta_bias, softplus, height, width, plan)
+
+    return cross_save
 
 
 def nvrtc_passes(launcher) -> tuple[SavePass, BackwardPass]:

@@ -21,6 +21,7 @@ from vmamba2d.ops.compiled.rows_launch import rows_params
 SOURCE = "entries/scan2d_rows_backward_entry.cu"
 BACKWARD_SYMBOL = "vmamba2d_rows_backward"
 SAVE_SYMBOL = "vmamba2d_rows_forward_save"
+CROSS_SAVE_SYMBOL = "vmamba2d_rows_cross_save"
 BAND_ROWS = 8  # kBandRows of csrc/cuda/scan2d_rows_common.h
 MAX_VEC = 4  # the backward's widest lane (its band buffers are sized for it)
 WARPS_PER_BLOCK = rows_plan.ROWS_THREADS // rows_plan.WARP_LANES
@@ -130,6 +131,48 @@ def save_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype, route: int = 0) -> K
              f"r{compiled}",
         source=SOURCE, symbol=SAVE_SYMBOL, name_expression=False,
         defines=tuple((name, str(value)) for name, value in defines))
+
+
+def cross_save_spec(plan: rows_plan.RowsPlan, dtype: torch.dtype) -> KernelSpec:
+    """The NVRTC entry of the four cross routes' band carries in one launch (plan.vec must divide W)."""
+    defines = (("VMAMBA2D_RSB_SAVE", 2), ("VMAMBA2D_RSB_DTYPE", ROWS_DTYPE_CODES[_DTYPE_NAMES[dtype]]),
+               ("VMAMBA2D_RSB_VEC", plan.vec), ("VMAMBA2D_RSB_LOAD", plan.load),
+               ("VMAMBA2D_RSB_STEPS", plan.scan_steps))
+    return KernelSpec(name=f"rows_cross_save.{_DTYPE_NAMES[dtype]}.v{plan.vec}l{plan.load}s{plan.scan_steps}",
+                      source=SOURCE, symbol=CROSS_SAVE_SYMBOL, name_expression=False,
+                      defines=tuple((name, str(value)) for name, value in defines))
+
+
+def launch_cross_save(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                      C: torch.Tensor, D: Optional[torch.Tensor], delta_bias: Optional[torch.Tensor], softplus: bool,
+                      height: int, width: int, plan: rows_plan.RowsPlan) -> torch.Tensor:
+    """The band carries of VMamba's four cross routes (CROSS_ROUTES, codes 0, 4, 3, 7, in that order)
+    from one launch on the current stream: fp32 (4, batch * dim, carry_rows(H), W), route k's as
+    :func:`launch_forward_save` stores them for that route alone (its
+    :func:`launch_rows_backward` input).
+
+    u (batch, dim, L); delta (batch, 4 * dim, L); B, C (batch, 4 * groups, 1, L) (C is not read); A
+    (4 * dim, 1); D (not read), delta_bias (4 * dim,) or None; contiguous, A / delta_bias fp32;
+    ``plan`` from :func:`backward_plan` with plan.vec dividing W.
+
+    Raises:
+        ValueError: a plan whose V does not divide W, or inputs not in the four-route layout.
+    """
+    if width % plan.vec:
+        raise ValueError(f"plan: V = {plan.vec} must divide W = {width} (the cross carries take no ragged lane)")
+    check_route_layout(u, delta, B, C, 4, 0)
+    batch, dim, _ = u.shape
+    if A.shape != (4 * dim, 1) or (delta_bias is not None and delta_bias.shape != (4 * dim,)):
+        raise ValueError(f"A, delta_bias: expected {(4 * dim, 1)} and {(4 * dim,)} or None, got {tuple(A.shape)} and "
+                         f"{None if delta_bias is None else tuple(delta_bias.shape)}")
+    spec = cross_save_spec(plan, u.dtype)
+    carries = torch.empty((4, batch * dim, carry_rows(height), width), dtype=torch.float32, device=u.device)
+    if u.numel() == 0 or carries.numel() == 0:
+        return carries
+    params = rows_params(u, delta, A, B, C, None, delta_bias, None, softplus, height, width, plan, 4, 0)
+    launcher.launch(spec, (plan.blocks(batch, dim, WARPS_PER_BLOCK), 1, 1), rows_plan.ROWS_THREADS, 0,
+                    [bytes(params), bytes(ctypes.c_void_p(carries.data_ptr()))])
+    return carries
 
 
 def launch_forward_save(launcher, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
