@@ -142,7 +142,8 @@ def test_cuda_takes_pl_on_the_7x7_stage_and_rs_on_the_others():
 def test_backend_info_names_the_designs_each_path_has(monkeypatch):
     built = plan.describe()["built"]
     assert built == {"cuda single-route": ["pl", "rs", "v3"], "cuda four-route": ["rs", "v3"],
-                     "triton single-route": ["rs", "v3"], "cuda four-route backward": ["rs", "v3"]}
+                     "triton single-route": ["rs", "v3"], "cuda four-route backward": ["rs", "v3"],
+                     "cuda single-route backward": ["rs", "v3"]}
     monkeypatch.delenv(plan.BACKWARD_ENV, raising=False)
     assert plan.describe()["backward_pin"] is None
     monkeypatch.setenv(plan.BACKWARD_ENV, "auto")

@@ -24,7 +24,8 @@ take, in order of preference:
 v3 is the tiled kernels (the CUDA v3 scan, Triton's tiled kernels). A backend runs the first
 design of the row that it has a kernel for (``built``); a design passed over for want of a kernel
 is named in the plan's reason ("PL (...): not built for cuda"). The RS backward (row 0) is the
-four-route op's route passes (vmamba2d.ops.compiled.cross_rows_backward); until a GPU run has
+four-route op's route passes (vmamba2d.ops.compiled.cross_rows_backward) and the single-route op's
+saving forward and RS backward (vmamba2d.ops.compiled.rows_route_backward); until a GPU run has
 measured it against v3, ``VMAMBA2D_SCAN_BACKWARD`` keeps v3 unless set to ``auto`` (:func:`backward_pin`).
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ from .settings import env_choice
 DESIGNS = ("pl", "rs", "v3")
 # The designs each GPU path has kernels for (its ``built``), per op; the launchers read theirs from here.
 BUILT = {"cuda single-route": ("pl", "rs", "v3"), "cuda four-route": ("rs", "v3"), "triton single-route": ("rs", "v3"),
-         "cuda four-route backward": ("rs", "v3")}
+         "cuda four-route backward": ("rs", "v3"), "cuda single-route backward": ("rs", "v3")}
 BACKENDS = ("cuda", "triton")
 PL_MAX_CELLS = 64
 RS_BACKWARD_MAX_WIDTH = WARP_LANES * 4  # the RS backward's widest lane holds 4 columns

@@ -1,5 +1,5 @@
-"""The v4 forwards the NVRTC path dispatches to (PL, RS, the four-route RS kernel) and its four-route RS
-backward (VMAMBA2D_SCAN_BACKWARD=auto) on a GPU, against the fp64 references and against the v3
+"""The v4 forwards the NVRTC path dispatches to (PL, RS, the four-route RS kernel) and its RS backwards
+of both ops (VMAMBA2D_SCAN_BACKWARD=auto) on a GPU, against the fp64 references and against the v3
 kernels (VMAMBA2D_SCAN_PLAN=v3, the backward's default) on the same inputs. GPU only
 (``-m cuda``; `make gpu-check` runs them); without a GPU the launch glue is tested by
 test_nvrtc_rows_launch.py / test_cross_rows_launch.py and the kernel bodies by the host emulation."""
@@ -118,6 +118,23 @@ def test_four_route_backward_opt_in_agrees_with_v3(kernels, monkeypatch, dtype, 
     assert cross_rows_backward.backward_design(u, delta, A, B, C, D, bias, CODES, dy)[0] == "rs"
     rs = kernels.cross_backward(*args)
     assert rs[0].is_contiguous(memory_format=torch.channels_last)
+    for name, a, b in zip(("du", "ddelta", "dA", "dB", "dC", "dD", "ddelta_bias"), rs, v3):
+        assert a.shape == b.shape, name
+        err = ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+        assert err <= 4 * TOLERANCE[dtype], (name, err)
+
+
+@pytest.mark.parametrize("dtype,side", [(torch.float32, 56), (torch.bfloat16, 14)])
+def test_single_route_backward_opt_in_agrees_with_v3(kernels, monkeypatch, dtype, side):
+    x = make_inputs(2, 8, 1, side, side, dtype, seed=side + 2)
+    gpu = {k: None if v is None else v.cuda() for k, v in x.items()}
+    dy = torch.randn(2, 8, side * side, generator=torch.Generator().manual_seed(side)).to(dtype).cuda()
+    args = (gpu["u"], gpu["delta"], gpu["A"], gpu["B"], gpu["C"], gpu["D"], gpu["delta_bias"], True, side, side, dy)
+    monkeypatch.delenv(scan_plan.BACKWARD_ENV, raising=False)
+    _, carry_h, carry_v = kernels.forward(*args[:10], False, True)
+    v3 = kernels.backward(*args, carry_h, carry_v)
+    monkeypatch.setenv(scan_plan.BACKWARD_ENV, "auto")
+    rs = kernels.backward(*args, carry_h, carry_v)
     for name, a, b in zip(("du", "ddelta", "dA", "dB", "dC", "dD", "ddelta_bias"), rs, v3):
         assert a.shape == b.shape, name
         err = ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from vmamba2d.ops.compiled import cross_rows_backward, cross_rows_launch, nvrtc, rows_launch
+from vmamba2d.ops.compiled import cross_rows_backward, cross_rows_launch, nvrtc, rows_launch, rows_route_backward
 from vmamba2d.ops.delta_proj import project_delta
 from vmamba2d.ops.compiled.cuda_launch import KernelLauncher
 
@@ -110,8 +110,18 @@ class NvrtcKernels:
         empty = A.new_empty(0, dtype=torch.float32)
         return y, empty, empty.clone()
 
-    def backward(self, u, *args):
-        return self._prepare_for(u).backward(u, *args)
+    def backward(self, u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy, carry_h, carry_v):
+        """The single-route backward: the RS saving forward and backward where
+        rows_route_backward.backward_design picks them (VMAMBA2D_SCAN_BACKWARD=auto and the rule), else
+        the v3 kernel through the host driver (reading the forward's carries)."""
+        if not u.is_cuda:
+            self._prepare_for(u)  # raises: a tensor off the GPU is refused before any device query
+        grads = rows_route_backward.launch_backward(self._launcher, u, delta, A, B, C, D, delta_bias, delta_softplus,
+                                                    height, width, dy)
+        if grads is not None:
+            return grads
+        return self._prepare_for(u).backward(u, delta, A, B, C, D, delta_bias, delta_softplus, height, width, dy,
+                                             carry_h, carry_v)
 
     def cross_folds(self, u, delta, A, B, C, D, delta_bias, routes, out_fp32, delta_proj_weight) -> bool:
         """Whether :meth:`cross_forward` folds the step-size projection ``delta_proj_weight`` (K, dim, R)
