@@ -537,37 +537,6 @@ SS2D_UNROLL
     }
   }
 
-  // A lane's place in a sweep: its route position, its map (on an idle lane the warp's first map,
-  // whose cells it loads but never stores), that map's batch entry, channel and group, and the lane's
-  // first memory column in route order (W % V == 0: the same columns in both sweeps).
-  struct Place {
-    int s;
-    bool active;
-    long long map;
-    int b;
-    int d;
-    int g;
-    int col;
-  };
-  template <bool kRev>
-  static SS2D_HD SS2D_INLINE Place place(const RowsParams& p, long long item, int lane) {
-    const int S = p.seg_lanes;
-    const int M = p.maps_per_warp;
-    const int m = lane / S;
-    const long long map = item * M + m;
-    const int s_mem = lane - m * S;
-    Place pl;
-    pl.s = kRev ? S - 1 - s_mem : s_mem;
-    pl.active = m < M && map < static_cast<long long>(p.batch) * p.dim;
-    pl.map = pl.active ? map : item * M;
-    pl.b = static_cast<int>(pl.map / p.dim);
-    pl.d = static_cast<int>(pl.map - static_cast<long long>(pl.b) * p.dim);
-    pl.g = pl.d / (p.dim / p.groups);
-    const int s_at = pl.active ? s_mem : 0;
-    pl.col = kRev ? s_at * kV + kV - kLoad : s_at * kV;
-    return pl;
-  }
-
   // Shuffle towards higher route positions: up the lanes top-down, down the lanes bottom-up.
   template <bool kRev, class Ctx, class Arr>
   static SS2D_HD SS2D_INLINE void shift(Ctx& ctx, Arr& out, const Arr& in, int o) {
@@ -589,6 +558,7 @@ SS2D_UNROLL
     const long long L = static_cast<long long>(H) * W;
     const long long maps = static_cast<long long>(p.batch) * p.dim;
     const int S = p.seg_lanes;
+    const int M = p.maps_per_warp;
     const int steps = kSteps >= 0 ? kSteps : rows_scan_steps(S);
     const int row_step = kRev ? -W : W;
     const int first_row = kRev ? (H - 1) * W : 0;
@@ -626,11 +596,19 @@ SS2D_UNROLL
     ctx.each_lane([&](int lane) {
       const int q = ctx.slot(lane);
       Lane& l = lanes[q];
-      const Place pl = place<kRev>(p, item, lane);
-      const long long at_map = pl.map;
-      const int bi = pl.b, d = pl.d, g = pl.g, col = pl.col;
-      l.s = pl.s;
-      l.valid = pl.active ? (1u << kChunks) - 1u : 0u;
+      const int m = lane / S;
+      const long long map = item * M + m;
+      const int s_mem = lane - m * S;
+      l.s = kRev ? S - 1 - s_mem : s_mem;
+      const bool active = m < M && map < maps;
+      const long long at_map = active ? map : item * M;
+      const int bi = static_cast<int>(at_map / p.dim);
+      const int d = static_cast<int>(at_map - static_cast<long long>(bi) * p.dim);
+      const int g = d / (p.dim / p.groups);
+      const int s_at = active ? s_mem : 0;
+      // The lane's first memory column in route order (W % V == 0: the same columns both sweeps).
+      const int col = kRev ? s_at * kV + kV - kLoad : s_at * kV;
+      l.valid = active ? (1u << kChunks) - 1u : 0u;
       // An idle lane of a scalar plan loads nothing: zeros keep its values finite (the warp scan
       // multiplies them by 0 at the next segment's start; 0 * NaN would not vanish).
 SS2D_UNROLL

@@ -691,20 +691,31 @@ struct CrossRowsCarries {
     ctx.each_lane([&](int lane) {
       const int q = ctx.slot(lane);
       Lane& l = lanes[q];
-      const auto pl = Forward::template place<kRev>(p, item, lane);
-      l.s = pl.s;
-      l.valid = pl.active ? (1u << kChunks) - 1u : 0u;
+      // The lane's place as in CrossRowsForward::sweep: route position, map (an idle lane: the warp's
+      // first map, loaded, never stored), first memory column in route order.
+      const int M = p.maps_per_warp;
+      const int m = lane / S;
+      const long long map = item * M + m;
+      const int s_mem = lane - m * S;
+      l.s = kRev ? S - 1 - s_mem : s_mem;
+      const bool active = m < M && map < maps;
+      const long long at_map = active ? map : item * M;
+      const int bi = static_cast<int>(at_map / p.dim);
+      const int d = static_cast<int>(at_map - static_cast<long long>(bi) * p.dim);
+      const int g = d / (p.dim / p.groups);
+      const int col = kRev ? (active ? s_mem : 0) * kV + kV - kLoad : (active ? s_mem : 0) * kV;
+      l.valid = active ? (1u << kChunks) - 1u : 0u;
       const int route0 = kRev ? 2 : 0;
-      const long long cell = first_row + pl.col;
-      lane_u[q] = ctx.offset(u, pl.map * L + cell);
-      lane_d[q] = ctx.offset(delta, (static_cast<long long>(pl.b) * p.delta_planes + route0 * p.dim + pl.d) * L + cell);
-      lane_b[q] = ctx.offset(B, (static_cast<long long>(pl.b) * p.bc_planes + route0 * p.groups + pl.g) * L + cell);
-      lane_carry[q] = ctx.offset(carry, route0 * route_carries + pl.map * carry_rows * W + pl.col);
+      const long long cell = first_row + col;
+      lane_u[q] = ctx.offset(u, at_map * L + cell);
+      lane_d[q] = ctx.offset(delta, (static_cast<long long>(bi) * p.delta_planes + route0 * p.dim + d) * L + cell);
+      lane_b[q] = ctx.offset(B, (static_cast<long long>(bi) * p.bc_planes + route0 * p.groups + g) * L + cell);
+      lane_carry[q] = ctx.offset(carry, route0 * route_carries + at_map * carry_rows * W + col);
 SS2D_UNROLL
       for (int k = 0; k < kV; ++k) l.u[k] = Raw();
 SS2D_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const int ch = (route0 + r) * p.dim + pl.d;
+        const int ch = (route0 + r) * p.dim + d;
         l.a2[r] = ctx.read(A, ch) * kLog2e;
         l.bias[r] = p.delta_bias != nullptr ? ctx.read(bias, ch) : 0.f;
 SS2D_UNROLL
