@@ -436,8 +436,16 @@ SS2D_UNROLL
           float bv[kV], uv[kV], du_in[kV];
           widen(br, bv);
           widen(ur, uv);
+          // The running sum: only the lane's own cells (du may be du_sum, and an idle lane's vector
+          // view lies on cells another lane rewrites in this phase).
           float sum_mem[kV] = {};
-          if (p.du_sum != nullptr) load_row(ctx, ctx.offset(du_sum, ctx.fresh(lane_m[q])), off, in, sum_mem);
+          if (p.du_sum != nullptr) {
+            const auto at = ctx.offset(du_sum, ctx.fresh(lane_m[q]));
+SS2D_UNROLL
+            for (int j = 0; j < kChunks; ++j) {
+              if ((in >> j) & 1u) ctx.template load<kLoad>(at, off + chunk_step(j), &sum_mem[j * kLoad]);
+            }
+          }
           widen(sum_mem, du_in);
           float du_out[kV];
           Raw dd_out[kV];
@@ -775,18 +783,13 @@ SS2D_UNROLL
         sb[q] = h;
       });
 
-      // The rows-first route's segmented scan of the lane aggregates, in route positions.
-SS2D_UNROLL
-      for (int step = 0; step < kScanSteps; ++step) {
-        if (step >= steps) break;
-        const bool last_step = step + 1 == steps;
-        if (!last_step) Forward::template shift<kRev>(ctx, ta, sa, 1 << step);
-        Forward::template shift<kRev>(ctx, tb, sb, 1 << step);
-        ctx.each_lane([&](int lane) {
-          const int q = ctx.slot(lane);
-          sb[q] = fmaf(sa[q], tb[q], sb[q]);
-          if (!last_step) sa[q] *= ta[q];
-        });
+      // The rows-first route's segmented scan of the lane aggregates towards higher route positions:
+      // up the lanes top-down, down the lanes bottom-up (RowsBackward's two warp scans).
+      using Scans = RowsBackward<E, kV, kLoad, kSteps, 1>;
+      if constexpr (kRev) {
+        Scans::suffix_scan(ctx, sa, sb, ta, tb, steps);
+      } else {
+        Scans::prefix_scan(ctx, sa, sb, ta, tb, steps);
       }
       Forward::template shift<kRev>(ctx, tb, sb, 1);
 

@@ -92,6 +92,18 @@ class BackwardHostCtx : public emulation::HostWarpCtx<BackwardHostCtx, OutputSha
   }
   int64_t fresh(int64_t v) const { return v; }
 
+  // A read-only view of one of the launch's outputs (du_sum where du is du_sum itself) carries the
+  // output's shadow too: a read of a cell another lane wrote is a race.
+  template <class V>
+  auto global(V* ptr, int64_t count) const {
+    auto view = HostWarpCtx::global(ptr, count);
+    if constexpr (std::is_const_v<V>) {
+      const auto it = outputs_.find(static_cast<const void*>(ptr));
+      if (ptr != nullptr && count > 0 && it != outputs_.end()) view.shadow = it->second;
+    }
+    return view;
+  }
+
   float band_get(int t, int lane) const {
     const size_t i = band_index(t, lane, "read");
     if (!band_written_[i]) {
@@ -181,13 +193,24 @@ struct SaveJob {
   }
 };
 
-template <class E, int kV, int kLoad, int kSteps, int kMaps, Order kOrder, bool kFromRight, int kFromBottom = -1>
+template <class E, int kV, int kLoad, int kSteps, int kMaps, Order kOrder, bool kFromRight, int kFromBottom = -1,
+          int kDuF32 = -1>
 void run_backward_with(const RowsBackwardParams& p, int64_t order, const Outputs& outputs) {
   Schedule schedule(order);
   for (int64_t item : schedule.permutation(rows_backward_items(p))) {
     BackwardHostCtx ctx(item, schedule, outputs, band_slots<kV>());
-    RowsBackward<E, kV, kLoad, kSteps, kMaps, kOrder, kFromRight, kFromBottom, -1>::run(ctx, p, item);
+    RowsBackward<E, kV, kLoad, kSteps, kMaps, kOrder, kFromRight, kFromBottom, kDuF32>::run(ctx, p, item);
   }
+}
+
+// A compiled form as the GPU entry builds it: du's type compiled in too (VMAMBA2D_RSB_DU_F32; fp32
+// inputs compile none).
+template <class E, int kV, int kLoad, int kSteps, int kMaps, Order kOrder, bool kFromRight, int kFromBottom>
+void run_compiled(const RowsBackwardParams& p, int64_t order, const Outputs& outputs) {
+  if (!IsFloat<typename E::Raw>::value && p.du_fp32) {
+    return run_backward_with<E, kV, kLoad, kSteps, kMaps, kOrder, kFromRight, kFromBottom, 1>(p, order, outputs);
+  }
+  return run_backward_with<E, kV, kLoad, kSteps, kMaps, kOrder, kFromRight, kFromBottom, 0>(p, order, outputs);
 }
 
 template <class E, int kV, int kLoad>
@@ -211,10 +234,10 @@ struct BackwardJob {
       case 0:
         if (p.from_bottom) return run_backward_with<E, kV, kLoad, -1, -1, Order::kRowsFirst, false>(p, order, outputs);
         if (order % 2 == 0 && p.seg_lanes == 14) {
-          return run_backward_with<E, kV, kLoad, 4, 2, Order::kRowsFirst, false, 0>(p, order, outputs);
+          return run_compiled<E, kV, kLoad, 4, 2, Order::kRowsFirst, false, 0>(p, order, outputs);
         }
         if (order % 2 == 0 && p.seg_lanes == 7) {
-          return run_backward_with<E, kV, kLoad, 3, 4, Order::kRowsFirst, false, 0>(p, order, outputs);
+          return run_compiled<E, kV, kLoad, 3, 4, Order::kRowsFirst, false, 0>(p, order, outputs);
         }
         return run_backward_with<E, kV, kLoad, -1, -1, Order::kRowsFirst, false, 0>(p, order, outputs);
       case kRouteFromRight:
@@ -226,19 +249,19 @@ struct BackwardJob {
     }
   }
 
-  // A route's instance with the steps, maps and row direction compiled in (the GPU entry's).
+  // A route's instance with the steps, maps, row direction and du type compiled in (the GPU entry's).
   template <int kSteps, int kMaps>
   static void compiled(const RowsBackwardParams& p, int64_t order, const Outputs& outputs, int route) {
     constexpr Order kRows = Order::kRowsFirst;
     constexpr Order kCols = Order::kColumnsFirst;
     switch (route) {
-      case 1: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kRows, true, 0>(p, order, outputs);
-      case 2: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kRows, false, 1>(p, order, outputs);
-      case 3: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kRows, true, 1>(p, order, outputs);
-      case 4: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kCols, false, 0>(p, order, outputs);
-      case 5: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kCols, true, 0>(p, order, outputs);
-      case 6: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kCols, false, 1>(p, order, outputs);
-      default: return run_backward_with<E, kV, kLoad, kSteps, kMaps, kCols, true, 1>(p, order, outputs);
+      case 1: return run_compiled<E, kV, kLoad, kSteps, kMaps, kRows, true, 0>(p, order, outputs);
+      case 2: return run_compiled<E, kV, kLoad, kSteps, kMaps, kRows, false, 1>(p, order, outputs);
+      case 3: return run_compiled<E, kV, kLoad, kSteps, kMaps, kRows, true, 1>(p, order, outputs);
+      case 4: return run_compiled<E, kV, kLoad, kSteps, kMaps, kCols, false, 0>(p, order, outputs);
+      case 5: return run_compiled<E, kV, kLoad, kSteps, kMaps, kCols, true, 0>(p, order, outputs);
+      case 6: return run_compiled<E, kV, kLoad, kSteps, kMaps, kCols, false, 1>(p, order, outputs);
+      default: return run_compiled<E, kV, kLoad, kSteps, kMaps, kCols, true, 1>(p, order, outputs);
     }
   }
 };
@@ -303,11 +326,20 @@ std::tuple<at::Tensor, at::Tensor> rows_forward_save(const at::Tensor& u, const 
 
 template <class E, int kV, int kLoad>
 struct CrossSaveJob {
+  // Even orders at the model's segments run the scan steps compiled in as the GPU entry does
+  // (VMAMBA2D_RSB_STEPS: 14 lanes 4 steps, 7 lanes 3), odd orders take them at run time.
   static void run(const RowsParams& p, int64_t order, const Outputs& outputs, float* carries) {
+    if (order % 2 == 0 && p.seg_lanes == 14) return with_steps<4>(p, order, outputs, carries);
+    if (order % 2 == 0 && p.seg_lanes == 7) return with_steps<3>(p, order, outputs, carries);
+    with_steps<-1>(p, order, outputs, carries);
+  }
+
+  template <int kSteps>
+  static void with_steps(const RowsParams& p, int64_t order, const Outputs& outputs, float* carries) {
     Schedule schedule(order);
     for (int64_t item : schedule.permutation(rows_items(p))) {
       BackwardHostCtx ctx(item, schedule, outputs, 0);
-      CrossRowsCarries<E, kV, kLoad, -1>::run(ctx, p, item, carries);
+      CrossRowsCarries<E, kV, kLoad, kSteps>::run(ctx, p, item, carries);
     }
   }
 };
@@ -347,8 +379,9 @@ at::Tensor rows_cross_save(const at::Tensor& u, const at::Tensor& delta, const a
 // The RS backward on the emulation. Inputs as rows_forward_save (delta, B, C in the layout of
 // `routes` routes, the pass's planes those of route route_index), dy (batch, dim, L) in u's type or
 // fp32, carries as rows_forward_save returns them for the same route, du_sum None or fp32 (batch,
-// dim, L) (the running sum the kernel adds to du; du_fp32: du in fp32 -- the emulation takes the
-// du type at run time, the GPU entry compiles it in). Returns the kernel's outputs unreduced: du
+// dim, L) (the running sum the kernel adds to du; du_fp32: du in fp32 -- the GPU entry compiles
+// the du type in, the emulation's run-time forms take it at run time; du_in_place: du is du_sum
+// itself, as the GPU launcher passes it, its reads race-checked like du's writes). Returns the kernel's outputs unreduced: du
 // (batch, dim, L) in u's type or fp32, ddelta (batch, routes * dim, L) in u's type (NaN but for the
 // route's planes); dBC_part fp32 (2, batch, groups, chunks,
 // L) (dB's partials, dC's); dA_part, dD_part, ddb_part fp32 (batch, dim) (dD_part / ddb_part empty
@@ -359,7 +392,7 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
                                       int64_t width, const at::Tensor& dy, const at::Tensor& carries, int64_t order,
                                       int64_t vec, int64_t load, int64_t route,
                                       const std::optional<at::Tensor>& du_sum, bool du_fp32, int64_t routes,
-                                      int64_t route_index) {
+                                      int64_t route_index, bool du_in_place) {
   check_route(route);
   const Shapes s = check_inputs(u, delta, A, B, C, D, delta_bias, height, width, vec, load, routes, route_index);
   TORCH_CHECK(dy.scalar_type() == u.scalar_type() || dy.scalar_type() == at::kFloat, "dy: expected ",
@@ -373,7 +406,9 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
   const int64_t chunks = (cpg + maps_per_warp - 1) / maps_per_warp;
   const at::ScalarType type = u.scalar_type();
   if (du_sum) check_tensor(*du_sum, "du_sum", at::kFloat, {s.batch, s.dim, s.length});
-  at::Tensor du = nan_filled({s.batch, s.dim, s.length}, u, du_fp32 ? at::kFloat : type);
+  TORCH_CHECK(!du_in_place || (du_sum && (du_fp32 || type == at::kFloat)),
+              "du_in_place: needs du_sum and an fp32 du (du_fp32 or fp32 inputs)");
+  at::Tensor du = du_in_place ? *du_sum : nan_filled({s.batch, s.dim, s.length}, u, du_fp32 ? at::kFloat : type);
   at::Tensor ddelta = nan_filled({s.batch, routes * s.dim, s.length}, u, type);
   at::Tensor dBC = nan_filled({2, s.batch, s.groups, chunks, s.length}, u, at::kFloat);
   at::Tensor dA = nan_filled({s.batch, s.dim}, u, at::kFloat);
@@ -435,7 +470,8 @@ std::vector<at::Tensor> rows_backward(const at::Tensor& u, const at::Tensor& del
 // One synthetic warp that breaks (or keeps) a rule of the checker; throws when the checker objects.
 // Scenarios: own_slots, one_store_per_lane (pass); other_lanes_slot, read_before_write,
 // band_outside_lane_phase, two_lanes_store_one_cell, store_twice, read_of_another_lanes_output,
-// store_into_an_input (throw).
+// read_only_read_of_another_lanes_output (an output read through a read-only view, as du_sum where
+// du is du_sum), store_into_an_input (throw); read_only_read_of_own_output (pass).
 void rows_backward_self_check(const std::string& scenario) {
   Schedule schedule(3);
   float data[kWarpLanes] = {};
@@ -456,6 +492,14 @@ void rows_backward_self_check(const std::string& scenario) {
   } else if (scenario == "read_of_another_lanes_output") {
     ctx.each_lane([&](int lane) { ctx.store<1>(out, lane, &one); });
     ctx.each_lane([&](int lane) { ctx.load<1>(out, (lane + 1) % kWarpLanes, &v); });
+  } else if (scenario == "read_only_read_of_another_lanes_output") {
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane, &one); });
+    const auto in = ctx.global(static_cast<const float*>(data), kWarpLanes);
+    ctx.each_lane([&](int lane) { ctx.load<1>(in, (lane + 1) % kWarpLanes, &v); });
+  } else if (scenario == "read_only_read_of_own_output") {
+    ctx.each_lane([&](int lane) { ctx.store<1>(out, lane, &one); });
+    const auto in = ctx.global(static_cast<const float*>(data), kWarpLanes);
+    ctx.each_lane([&](int lane) { ctx.load<1>(in, lane, &v); });
   } else if (scenario == "store_into_an_input") {
     ctx.each_lane([&](int lane) { ctx.store<1>(ctx.global(static_cast<float*>(input), kWarpLanes), lane, &one); });
   } else if (scenario == "own_slots") {
@@ -490,7 +534,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"), pybind11::arg("width"),
         pybind11::arg("dy"), pybind11::arg("carries"), pybind11::arg("order"), pybind11::arg("vec"),
         pybind11::arg("load"), pybind11::arg("route") = 0, pybind11::arg("du_sum") = pybind11::none(),
-        pybind11::arg("du_fp32") = false, pybind11::arg("routes") = 1, pybind11::arg("route_index") = 0);
+        pybind11::arg("du_fp32") = false, pybind11::arg("routes") = 1, pybind11::arg("route_index") = 0,
+        pybind11::arg("du_in_place") = false);
   m.def("rows_cross_save", &rows_cross_save, "the band carries of the four cross routes in one launch",
         pybind11::arg("u"), pybind11::arg("delta"), pybind11::arg("A"), pybind11::arg("B"), pybind11::arg("C"),
         pybind11::arg("D"), pybind11::arg("delta_bias"), pybind11::arg("softplus"), pybind11::arg("height"),

@@ -172,6 +172,8 @@ def test_non_finite_input_of_one_map_leaves_the_other_batch_entries_clean(emu):
     ("two_lanes_store_one_cell", "written twice"),
     ("store_twice", "written twice"),
     ("read_of_another_lanes_output", "global-memory race"),
+    ("read_only_read_of_another_lanes_output", "global-memory race"),
+    ("read_only_read_of_own_output", None),
     ("store_into_an_input", "none of the launch's outputs"),
 ])
 def test_checker(emu, scenario, message):
@@ -352,18 +354,19 @@ def test_a_running_sum_of_the_wrong_shape_is_refused(emu):
         emu.rows_backward(*args, True, 9, 14, x["u"], carries, 0, 2, 2, 0, torch.zeros(1, 2, 125), True)
 
 
-@pytest.mark.parametrize("route,width", [(0, 56), (7, 14), (4, 9)])
-def test_a_route_s_planes_are_read_and_written_in_the_multi_route_layout(emu, route, width):
+@pytest.mark.parametrize("route,width,dtype", [(0, 56, torch.bfloat16), (7, 14, torch.bfloat16), (4, 9, torch.bfloat16),
+                                               (3, 66, torch.float16), (5, 28, torch.float32)])
+def test_a_route_s_planes_are_read_and_written_in_the_multi_route_layout(emu, route, width, dtype):
     # A multi-route op's pass reads its delta, B, C planes in place (batch stride: all routes' planes)
     # and writes its ddelta planes into the op's gradient, none of the other routes' (the emulator
     # fails a write outside them): bit-equal to the pass on contiguous copies of the planes.
     routes, index, groups = 3, 1, 2
-    x = make_inputs(2, 4, groups, 9, width, torch.bfloat16, seed=67 + route)
+    x = make_inputs(2, 4, groups, 9, width, dtype, seed=67 + route)
     g = torch.Generator().manual_seed(13)
     wide = {k: torch.randn(2, routes, *x[k].shape[1:], generator=g).to(x[k].dtype) for k in ("delta", "B", "C")}
     for k in wide:
         wide[k][:, index] = x[k]
-    dy = torch.randn(2, 4, 9 * width, generator=g).bfloat16()
+    dy = torch.randn(2, 4, 9 * width, generator=g).to(dtype)
     vec, load = plan_for(x, dy, width)
     alone_args = [x[k] for k in NAMES]
     laid_args = [x["u"], wide["delta"].flatten(1, 2), x["A"], wide["B"].flatten(1, 2), wide["C"].flatten(1, 2),
@@ -393,13 +396,15 @@ def test_a_route_index_outside_the_layout_is_refused(emu):
 CROSS_CODES = (0, 4, 3, 7)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape,vec,load", [((2, 3, 1, 17, 12), 4, 4), ((1, 2, 1, 56, 56), 4, 4), ((2, 4, 2, 9, 14), 2, 2),
                                             ((2, 3, 1, 16, 7), 1, 1), ((1, 2, 1, 1, 1), 1, 1), ((2, 2, 1, 10, 8), 4, 1)],
                          ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
 def test_cross_carries_equal_each_route_s_own_saving_pass(emu, shape, vec, load, dtype):
     # One launch for VMamba's four cross routes (two sweeps, no C / y, no row scan of the columns-first
-    # routes) stores, per route, bit for bit what that route's own saving forward stores.
+    # routes) stores, per route, bit for bit what that route's own saving forward stores; the scan
+    # steps compiled in (even orders at 14 and 7 lanes, as the GPU entry) and taken at run time (odd)
+    # store the same.
     batch, dim, groups, height, width = shape
     g = torch.Generator().manual_seed(height * width)
     L = height * width
@@ -411,6 +416,7 @@ def test_cross_carries_equal_each_route_s_own_saving_pass(emu, shape, vec, load,
          "D": torch.randn(4 * dim, generator=g), "delta_bias": torch.randn(4 * dim, generator=g) * 0.3}
     carries = emu.rows_cross_save(*(x[k] for k in NAMES), True, height, width, 3, vec, load)
     assert carries.shape == (4, batch * dim, (height - 1) // 8, width)
+    assert torch.equal(emu.rows_cross_save(*(x[k] for k in NAMES), True, height, width, 2, vec, load), carries)
     for k, code in enumerate(CROSS_CODES):
         own = slice(k * dim, (k + 1) * dim)
         _, alone = emu.rows_forward_save(x["u"], x["delta"], x["A"][own], x["B"], x["C"], x["D"][own],
@@ -425,3 +431,55 @@ def test_cross_carries_refuse_a_lane_width_that_does_not_divide_the_row(emu):
             "C": x["C"].repeat(1, 4, 1, 1), "D": x["D"].repeat(4), "delta_bias": x["delta_bias"].repeat(4)}
     with pytest.raises(RuntimeError, match="vec 4: expected to divide W = 14"):
         emu.rows_cross_save(*(four[k] for k in NAMES), True, 9, 14, 0, 4, 4)
+
+
+
+# (dtype, dy in fp32, width, groups, vec, load, route): vector lanes at the model's segments (14 and 7
+# lanes: the compiled forms on even orders, du's type compiled in too), scalar accesses, a ragged last
+# lane (W = 66), one column a lane, grouped B / C, fp32 dy with 2-byte inputs, fp32 inputs.
+IN_PLACE_CASES = [
+    (torch.bfloat16, False, 56, 1, None, None, 0),
+    (torch.bfloat16, True, 28, 2, None, None, 3),
+    (torch.float16, False, 14, 1, None, None, 7),
+    (torch.float16, False, 7, 1, None, None, 0),
+    (torch.bfloat16, False, 66, 1, None, None, 5),
+    (torch.bfloat16, False, 24, 1, 4, 1, 4),
+    (torch.float16, True, 10, 2, 2, 1, 6),
+    (torch.float32, False, 56, 1, None, None, 0),
+    (torch.float32, False, 13, 1, 1, 1, 2),
+]
+
+
+@pytest.mark.parametrize("dtype,dy_fp32,width,groups,vec,load,route", IN_PLACE_CASES,
+                         ids=lambda v: str(v).removeprefix("torch."))
+def test_du_added_in_place_to_the_running_sum_under_the_race_detector(emu, dtype, dy_fp32, width, groups, vec, load,
+                                                                      route):
+    # As the GPU launcher passes it: du is du_sum itself. Reads of the running sum are race-checked
+    # like du's writes (each cell read, then written, by its own lane only); the result is bit-equal
+    # to the route's fp32 du plus the sum, on every warp / lane order (even orders: compiled forms).
+    x = make_inputs(2, 4, groups, 11, width, dtype, seed=width + route)
+    args = [x[k] for k in NAMES]
+    g = torch.Generator().manual_seed(route)
+    dy = torch.randn(2, 4, 11 * width, generator=g)
+    dy = dy if dy_fp32 else dy.to(dtype)
+    vec, load = plan_for(x, dy, width, vec, load)
+    _, carries = emu.rows_forward_save(*args, True, 11, width, False, 2, vec, load, route, False)
+    running = torch.randn(2, 4, 11 * width, generator=g)
+    alone = emu.rows_backward(*args, True, 11, width, dy, carries, 2, vec, load, route, None, True)
+    for order in (0, 2, 3):
+        total = running.clone()
+        outputs = emu.rows_backward(*args, True, 11, width, dy, carries, order, vec, load, route, total, True, 1, 0,
+                                    True)
+        assert outputs[0].data_ptr() == total.data_ptr()
+        assert torch.equal(total, alone[0] + running), order
+        for got, want in zip(outputs[1:], alone[1:]):
+            assert torch.equal(got, want), order
+
+
+def test_in_place_du_needs_the_running_sum_and_an_fp32_du(emu):
+    x = make_inputs(1, 2, 1, 9, 14, torch.bfloat16, seed=79)
+    args = [x[k] for k in NAMES]
+    _, carries = emu.rows_forward_save(*args, True, 9, 14, False, 0, 2, 2, 0, False)
+    for du_sum, du_fp32 in ((None, True), (torch.zeros(1, 2, 126), False)):
+        with pytest.raises(RuntimeError, match="du_in_place: needs du_sum and an fp32 du"):
+            emu.rows_backward(*args, True, 9, 14, x["u"], carries, 0, 2, 2, 0, du_sum, du_fp32, 1, 0, True)
